@@ -1,0 +1,171 @@
+"""QuantizedOptimizer: a torch.optim.Optimizer whose states are stored as QuantizedState.
+
+Per parameter, `optimizer.state[p]` holds plain tensors only (so a checkpoint loads with
+`weights_only=True`):
+
+    step         int64: optimizer steps taken (keys the random streams; never reset)
+    since_reset  int64: steps since the last reset (drives bias correction)
+    nonfinite    int64: gradient elements that were NaN/Inf (treated as 0, see below)
+    m, v         {"codes", "scales", "written"} of each QuantizedState
+
+Policy for non-finite gradients: each NaN/Inf gradient element is replaced by 0 before
+the update (the element's moments decay, its parameter still moves by its decayed
+momentum) and counted in `nonfinite`; nothing crashes and nothing else is touched.
+
+Random streams: stream (seed, tensor_id, state_id) with tensor_id = the parameter's
+position across param_groups and state_id = 0 for m, 1 for v.
+
+Tensors with fewer than `min_quant_numel` elements keep fp32 states (as bitsandbytes
+does below 4096); pass 0 to quantize everything.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..quant.config import StateConfig, StateSpec, parse_config, parse_spec
+from ..quant.quantizer import Stream
+from ..quant.state import QuantizedState
+from .reset import ResetPolicy
+
+FP32_SPEC = parse_spec("fp32")
+STATE_IDS = {"m": 0, "v": 1}
+
+
+class QuantizedOptimizer(torch.optim.Optimizer):
+    state_names: tuple[str, ...] = ("m",)
+    beta_for_reset: str = "beta2"  # which hyper-parameter sets the 'auto' reset period
+
+    def __init__(self, params, defaults: dict, states="bred-4bit", reset=None, seed: int = 0,
+                 min_quant_numel: int = 4096):
+        cfg = states if isinstance(states, StateConfig) else parse_config(str(states))
+        defaults = dict(defaults, states=str(cfg) if cfg.name else cfg.canonical(), seed=int(seed),
+                        min_quant_numel=int(min_quant_numel))
+        super().__init__(params, defaults)
+        self.reset_policy = ResetPolicy.parse(reset)
+        if self.reset_policy.auto:
+            self.reset_policy = self._resolve_auto_reset()
+
+    # ---- configuration -------------------------------------------------------------
+    def config(self, group) -> StateConfig:
+        return parse_config(group["states"])
+
+    def spec_for(self, group, p: torch.Tensor, name: str) -> StateSpec:
+        if p.numel() < group["min_quant_numel"]:
+            return FP32_SPEC
+        return self.config(group).spec(name)
+
+    def tensor_ids(self) -> dict[int, int]:
+        ids, i = {}, 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                ids[id(p)] = i
+                i += 1
+        return ids
+
+    def _resolve_auto_reset(self) -> ResetPolicy:
+        from ..theory import reset_period  # theory-guided period (staleness model)
+
+        group = self.param_groups[0]
+        spec = self.config(group).spec("v" if "v" in self.state_names else "m")
+        beta = group.get(self.beta_for_reset, group.get("betas", (0.9, 0.999))[-1])
+        return self.reset_policy.resolved(reset_period(spec, float(beta)))
+
+    # ---- state access ----------------------------------------------------------------
+    def load_states(self, group, p, tensor_id: int) -> dict[str, QuantizedState]:
+        st = self.state[p]
+        if not st:
+            st["step"] = torch.zeros((), dtype=torch.int64)
+            st["since_reset"] = torch.zeros((), dtype=torch.int64)
+            st["nonfinite"] = torch.zeros((), dtype=torch.int64, device=p.device)
+            for name in self.state_names:
+                q = QuantizedState(self.spec_for(group, p, name), p.shape,
+                                   self._stream(group, tensor_id, name), device=p.device)
+                st[name] = q.to_tensors()
+        return {name: QuantizedState.from_tensors(self.spec_for(group, p, name), p.shape,
+                                                  self._stream(group, tensor_id, name), st[name])
+                for name in self.state_names}
+
+    def _stream(self, group, tensor_id: int, name: str) -> Stream:
+        return Stream(group["seed"], tensor_id, STATE_IDS[name])
+
+    def state_nbytes(self) -> int:
+        """Bytes held by all optimizer states (codes + scales) right now."""
+        total = 0
+        for st in self.state.values():
+            for name in self.state_names:
+                if name in st:
+                    total += sum(t.numel() * t.element_size() for k, t in st[name].items() if k != "written")
+        return total
+
+    def nonfinite_count(self) -> int:
+        return int(sum(int(st["nonfinite"]) for st in self.state.values() if "nonfinite" in st))
+
+    # ---- the step ----------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        ids = self.tensor_ids()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                self._step_param(group, p, ids[id(p)])
+        return loss
+
+    def _step_param(self, group, p, tensor_id: int) -> None:
+        states = self.load_states(group, p, tensor_id)
+        st = self.state[p]
+        step = int(st["step"]) + 1
+        since = int(st["since_reset"])
+        if self.reset_policy.should_reset(step, since):
+            for q in states.values():
+                q.reset()
+            since = 0
+        since += 1
+        g = p.grad.detach().to(torch.float32)
+        finite = torch.isfinite(g)
+        st["nonfinite"] += (~finite).sum()
+        g = torch.where(finite, g, torch.zeros((), device=g.device))
+        x_hat = {name: q.decode() for name, q in states.items()}
+        if "v" in x_hat:
+            x_hat["v"] = x_hat["v"].clamp(min=0.0)  # a dithered v read back below 0
+        first = {name: q.written == 0 for name, q in states.items()}
+        p32, new = self.update(group, p.detach().to(torch.float32), g, x_hat, since, first)
+        for name, q in states.items():
+            q.encode(new[name], step)
+            st[name] = q.to_tensors()
+        st["step"] = torch.tensor(step, dtype=torch.int64)
+        st["since_reset"] = torch.tensor(since, dtype=torch.int64)
+        p.copy_(p32)
+
+    def update(self, group, p32, g, x_hat: dict, since_reset: int, first: dict):
+        """The rule: returns (new fp32 parameter, {state name: new fp32 state})."""
+        raise NotImplementedError
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Like torch's, but keeps every state tensor's dtype (codes are uint8, scales
+        fp32 whatever the parameter dtype); only the device follows the parameter."""
+        sd = copy.deepcopy(state_dict)
+        saved_state = sd.pop("state")
+        super().load_state_dict({**sd, "state": {}})
+        params = [p for g in self.param_groups for p in g["params"]]
+        for idx, value in saved_state.items():
+            p = params[int(idx)]
+            self.state[p] = {k: v if k in HOST_KEYS else _to_device(v, p.device) for k, v in value.items()}
+
+
+HOST_KEYS = ("step", "since_reset")  # step counters live on the host
+
+
+def _to_device(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value

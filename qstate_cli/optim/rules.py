@@ -1,0 +1,118 @@
+"""The update rules, written once, in fp32, exactly as the Triton kernels compute them.
+
+Each rule takes the parameter p (fp32), the gradient g (fp32, non-finite elements
+already zeroed), the states read back from storage (x_hat) and the step scalars, and
+returns the new parameter and the new fp32 states (which the caller then quantizes).
+The parameter update uses the fp32 states *before* quantization, as bitsandbytes and
+torchao do; only what is stored is quantized.
+
+All scalar factors come from `step_scalars`, computed with torch fp32 ops on the
+parameter's device, so the kernels read the same fp32 numbers (and an LR schedule
+causes no recompilation and no host sync).
+
+EMA recursion (BRIEF §2): x = beta * x_hat + (1 - beta) * f(g), f(g) = g (m), g*g (v).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..quant.quantizer import sqrt_rn
+
+
+@dataclass
+class Scalars:
+    """fp32 0-dim tensors (or floats) that one step of a rule needs."""
+
+    lr: torch.Tensor
+    decay: torch.Tensor  # 1 - lr * weight_decay (decoupled weight decay)
+    step_size: torch.Tensor  # AdamW: lr / (1 - beta1**t)
+    bc2_sqrt: torch.Tensor  # AdamW: sqrt(1 - beta2**t)
+
+
+def f32(x, device) -> torch.Tensor:
+    return torch.as_tensor(x, dtype=torch.float32, device=device)
+
+
+def step_scalars(lr, weight_decay: float, beta1: float, beta2: float, t: int, device) -> Scalars:
+    """Scalars for step t (t = steps since the last reset, >= 1), fp32 on device."""
+    lr_t = f32(lr, device)
+    decay = 1.0 - lr_t * f32(weight_decay, device)
+    tt = f32(t, device)
+    bc1 = 1.0 - torch.pow(f32(beta1, device), tt)
+    bc2 = 1.0 - torch.pow(f32(beta2, device), tt)
+    return Scalars(lr=lr_t, decay=decay, step_size=lr_t / bc1, bc2_sqrt=sqrt_rn(bc2))
+
+
+def ema(x_hat: torch.Tensor, target: torch.Tensor, beta: float) -> torch.Tensor:
+    """beta * x_hat + (1 - beta) * target, as two fp32 products and one sum."""
+    return x_hat * beta + target * (1.0 - beta)
+
+
+def adamw(p, g, m_hat, v_hat, s: Scalars, beta1: float, beta2: float, eps: float):
+    """AdamW (Loshchilov & Hutter): decoupled decay, bias-corrected Adam step.
+
+    m = b1 m_hat + (1-b1) g;  v = b2 v_hat + (1-b2) g^2
+    p <- p * (1 - lr wd) - (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+    """
+    m = ema(m_hat, g, beta1)
+    v = ema(v_hat, g * g, beta2)
+    denom = sqrt_rn(v) / s.bc2_sqrt + eps
+    p = p * s.decay - (m / denom) * s.step_size
+    return p, m, v
+
+
+def lion(p, g, m_hat, s: Scalars, beta1: float, beta2: float):
+    """Lion (Chen et al. 2023): p <- p (1 - lr wd) - lr sign(b1 m + (1-b1) g);
+    m = b2 m_hat + (1-b2) g."""
+    c = ema(m_hat, g, beta1)
+    p = p * s.decay - torch.sign(c) * s.lr
+    m = ema(m_hat, g, beta2)
+    return p, m
+
+
+def sgd(p, g, m_hat, s: Scalars, momentum: float, dampening: float, nesterov: bool, first: bool):
+    """SGD with momentum, torch.optim.SGD semantics (coupled weight decay is applied to g
+    by the caller): buf = mu buf_hat + (1 - dampening) g (buf = g at the first step);
+    d = g + mu buf (Nesterov) or buf;  p <- p - lr d."""
+    buf = g.clone() if first else m_hat * momentum + g * (1.0 - dampening)
+    d = g + buf * momentum if nesterov else buf
+    return p - d * s.lr, buf
+
+
+def muon_momentum(g, m_hat, beta: float, nesterov: bool):
+    """Muon's momentum (Jordan et al. 2024): buf = b buf_hat + (1-b) g;
+    update = (1-b) g + b buf (Nesterov) or buf. Returns (update, buf)."""
+    buf = ema(m_hat, g, beta)
+    upd = g * (1.0 - beta) + buf * beta if nesterov else buf
+    return upd, buf
+
+
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+
+
+def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """Approximately orthogonalize a 2-D matrix with the quintic Newton-Schulz iteration
+    X <- aX + (b A + c A^2) X, A = X X^T, in fp32 (Muon; coefficients from Jordan et al.)."""
+    a, b, c = NS_COEFFS
+    x = g.to(torch.float32)
+    transposed = x.shape[0] > x.shape[1]
+    if transposed:
+        x = x.T
+    x = x / (x.norm() + eps)
+    for _ in range(steps):
+        A = x @ x.T
+        B = b * A + c * (A @ A)
+        x = a * x + B @ x
+    return x.T if transposed else x
+
+
+def muon_direction(upd: torch.Tensor) -> torch.Tensor:
+    """Orthogonalized update for a >= 2-D parameter (flattened to (rows, -1)), scaled by
+    sqrt(max(1, rows / cols)); 1-D parameters keep the momentum update itself."""
+    if upd.ndim < 2:
+        return upd
+    mat = upd.reshape(upd.shape[0], -1)
+    o = newton_schulz(mat) * max(1.0, mat.shape[0] / mat.shape[1]) ** 0.5
+    return o.reshape(upd.shape)

@@ -1,0 +1,211 @@
+"""Names for state configurations: one small grammar, used by the CLI, YAML and results.
+
+One state (m, v or a momentum buffer)::
+
+    spec    := FORMAT [":" ROUNDING] [":b" BLOCK] [":sqrt"] [":sbf16"]
+    FORMAT  := fp32 | bf16 | fp16 | e4m3 (fp8) | e5m2 | e2m1 (fp4) | e2m2
+             | int4 | uint4 | int8 | uint8 | de8 | de8u | de4 | de4u | *nz | lin4nz
+    ROUNDING:= nearest (nr) | stochastic (sr) | bred
+
+`b128` sets the block size: one absmax scale per block (required by int/uint/de/lin
+formats, default 128 at 4 bits and 256 at 8 bits; optional for floats, which are then
+block scaled so that the absmax maps to the format's largest value). `sqrt` stores
+sqrt(x) and reads back its square (for the non-negative v). `sbf16` keeps the scales in
+bf16, rounded up so no value overflows.
+
+An optimizer's configuration names each state, or gives one spec for all of them, or
+names a preset::
+
+    config  := PRESET | spec | "m=" spec ["," "v=" spec]
+
+e.g. ``bred-4bit`` == ``m=int4:bred:b128,v=uint4:bred:b128:sqrt``.
+
+How BReD treats what is not a uniform grid (design decision, documented in README):
+- non-negative states (v): the presets dither sqrt(v) (``:sqrt``), so the value read back
+  (sqrt-domain value squared) can never be negative; without ``:sqrt`` a v read back
+  below zero is clamped to 0 by the optimizers. Both costs show up in `qstate diagnose`.
+- non-uniform grids (DE code books, minifloats): the dither is applied to the *ordinal*
+  (the code index, linear in value between neighbouring codes) and subtracted there on
+  read, then mapped back by linear interpolation. Error is uniform in ordinal units.
+- unscaled floats (no ``b``): dither blocks of DITHER_BLOCK elements.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import QstateError
+from .formats import Format, get_format, suggest
+
+ROUNDINGS = {"nearest": "nearest", "nr": "nearest", "rne": "nearest",
+             "stochastic": "stochastic", "sr": "stochastic", "bred": "bred", "dither": "bred"}
+ROUNDING_HELP = {
+    "nearest": "round half to even (tables: ties up, as torchao); deterministic, biased, stalls",
+    "stochastic": "round up with probability = position between codes; unbiased, one random number per element",
+    "bred": "subtractive dither, one per block per step, replayed from the hash; error uniform, zero mean, var = step^2/12",
+}
+DITHER_BLOCK = 128
+MIN_BLOCK, MAX_BLOCK = 32, 2048
+STATE_NAMES = ("m", "v")
+
+
+def default_block(fmt: Format) -> int:
+    return 128 if fmt.bits <= 4 else 256
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """How one optimizer state is stored."""
+
+    fmt: Format
+    rounding: str = "nearest"
+    block: int | None = None
+    sqrt: bool = False
+    scale_dtype: str = "fp32"
+
+    def __post_init__(self):
+        if self.fmt.kind == "identity":
+            return
+        if self.block is None and self.fmt.blocked:
+            object.__setattr__(self, "block", default_block(self.fmt))
+        if self.block is not None and not (MIN_BLOCK <= self.block <= MAX_BLOCK and self.block % 2 == 0):
+            raise QstateError(f"block size {self.block} out of range: use an even size from {MIN_BLOCK} to {MAX_BLOCK}")
+
+    @property
+    def scaled(self) -> bool:
+        return self.block is not None and self.fmt.kind != "identity"
+
+    @property
+    def dither_block(self) -> int:
+        return self.block if self.block else DITHER_BLOCK
+
+    @property
+    def scale_bytes(self) -> int:
+        return 2 if self.scale_dtype == "bf16" else 4
+
+    @property
+    def bits(self) -> int:
+        return self.fmt.bits
+
+    def bytes_per_element(self) -> float:
+        return self.fmt.bits / 8 + (self.scale_bytes / self.block if self.scaled else 0.0)
+
+    def __str__(self) -> str:
+        if self.fmt.kind == "identity":
+            return self.fmt.name
+        parts = [self.fmt.name, self.rounding]
+        if self.block is not None:
+            parts.append(f"b{self.block}")
+        if self.sqrt:
+            parts.append("sqrt")
+        if self.scale_dtype == "bf16":
+            parts.append("sbf16")
+        return ":".join(parts)
+
+
+def parse_spec(text: str) -> StateSpec:
+    tokens = [t.strip() for t in text.strip().split(":") if t.strip()]
+    if not tokens:
+        raise QstateError("empty state spec: expected FORMAT[:ROUNDING][:bBLOCK][:sqrt]")
+    fmt = get_format(tokens[0])
+    rounding, block, sqrt, scale_dtype = "nearest", None, False, "fp32"
+    for tok in tokens[1:]:
+        low = tok.lower()
+        if low in ROUNDINGS:
+            rounding = ROUNDINGS[low]
+        elif low.startswith("b") and low[1:].isdigit():
+            block = int(low[1:])
+        elif low == "sqrt":
+            sqrt = True
+        elif low in ("sbf16", "s16"):
+            scale_dtype = "bf16"
+        elif low in ("sfp32", "s32"):
+            scale_dtype = "fp32"
+        else:
+            raise QstateError(f"unknown option {tok!r} in state spec {text!r}"
+                              f"{suggest(low, list(ROUNDINGS) + ['b128', 'sqrt', 'sbf16'])}")
+    return StateSpec(fmt, rounding, block, sqrt, scale_dtype)
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """Per-state storage for one optimizer: m (first moment / momentum) and v."""
+
+    m: StateSpec
+    v: StateSpec
+    name: str = ""
+
+    def spec(self, state: str) -> StateSpec:
+        return self.m if state == "m" else self.v
+
+    def canonical(self) -> str:
+        return f"m={self.m},v={self.v}"
+
+    def __str__(self) -> str:
+        return self.name or self.canonical()
+
+    def with_name(self, name: str) -> "StateConfig":
+        return replace(self, name=name)
+
+
+PRESETS: dict[str, tuple[str, str]] = {
+    # name: (canonical config, what it is)
+    "fp32": ("m=fp32,v=fp32", "full-precision states (torch.optim.AdamW)"),
+    "bf16": ("m=bf16:nearest,v=bf16:nearest", "bf16 states, round to nearest"),
+    "bf16-sr": ("m=bf16:stochastic,v=bf16:stochastic", "bf16 states, stochastic rounding"),
+    "fp8": ("m=e4m3:nearest:b256,v=e4m3:nearest:b256", "fp8 E4M3 with block-256 scales (torchao AdamWFp8)"),
+    "fp8-sr": ("m=e4m3:stochastic:b256,v=e4m3:stochastic:b256", "fp8 E4M3, stochastic rounding"),
+    "fp4": ("m=e2m1:nearest:b128,v=e2m2:nearest:b128", "fp4: E2M1 m, unsigned E2M2 v (staleness paper), block 128"),
+    "fp4-sr": ("m=e2m1:stochastic:b128,v=e2m2:stochastic:b128", "fp4, stochastic rounding"),
+    "bnb-8bit": ("m=de8:nearest:b256,v=de8u:nearest:b256", "bitsandbytes AdamW8bit: DE maps, block 256, nearest"),
+    "torchao-8bit": ("m=de8:nearest:b256,v=de8u:nearest:b256", "torchao AdamW8bit: DE maps, block 256, nearest"),
+    "torchao-4bit": ("m=de4:nearest:b128,v=lin4nz:nearest:b128", "torchao AdamW4bit: 4-bit DE m, no-zero linear v, block 128"),
+    "nearest-4bit": ("m=int4:nearest:b128,v=uint4:nearest:b128", "linear 4-bit, round to nearest"),
+    "sr-4bit": ("m=int4:stochastic:b128,v=uint4:stochastic:b128", "linear 4-bit, stochastic rounding"),
+    "bred-4bit": ("m=int4:bred:b128,v=uint4:bred:b128:sqrt", "linear 4-bit, BReD dithering (v dithered as sqrt(v))"),
+    "nearest-8bit": ("m=int8:nearest:b256,v=uint8:nearest:b256", "linear 8-bit, round to nearest"),
+    "sr-8bit": ("m=int8:stochastic:b256,v=uint8:stochastic:b256", "linear 8-bit, stochastic rounding"),
+    "bred-8bit": ("m=int8:bred:b256,v=uint8:bred:b256:sqrt", "linear 8-bit, BReD dithering"),
+}
+
+
+def parse_config(text: str) -> StateConfig:
+    """Parse a preset name or an explicit configuration (see module docstring)."""
+    raw = text.strip()
+    if not raw:
+        raise QstateError("empty state configuration")
+    if raw.lower() in PRESETS:
+        return _parse_explicit(PRESETS[raw.lower()][0]).with_name(raw.lower())
+    if "=" not in raw and ":" not in raw and raw.lower() not in _format_names():
+        raise QstateError(f"unknown configuration {raw!r}{suggest(raw, list(PRESETS) + list(_format_names()))}")
+    cfg = _parse_explicit(raw)
+    return cfg.with_name(_preset_name(cfg) or cfg.canonical())
+
+
+def _format_names():
+    from .formats import ALIASES, FORMATS
+    return set(FORMATS) | set(ALIASES)
+
+
+def _parse_explicit(raw: str) -> StateConfig:
+    if "=" not in raw:
+        spec = parse_spec(raw)
+        return StateConfig(spec, spec)
+    specs: dict[str, StateSpec] = {}
+    for part in raw.split(","):
+        if "=" not in part:
+            raise QstateError(f"in {raw!r}: expected STATE=SPEC for every state, got {part!r}")
+        key, _, val = part.partition("=")
+        key = key.strip().lower()
+        if key not in STATE_NAMES:
+            raise QstateError(f"unknown state {key!r} in {raw!r}: states are m and v")
+        specs[key] = parse_spec(val)
+    if "m" not in specs:
+        raise QstateError(f"in {raw!r}: the m state needs a spec")
+    return StateConfig(specs["m"], specs.get("v", specs["m"]))
+
+
+def _preset_name(cfg: StateConfig) -> str | None:
+    for name, (canon, _) in PRESETS.items():
+        if _parse_explicit(canon).canonical() == cfg.canonical():
+            return name
+    return None

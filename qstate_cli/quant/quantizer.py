@@ -1,0 +1,154 @@
+"""Encode and decode one state tensor: the reference every kernel must equal bit for bit.
+
+encode(x):                                   (all fp32; `/` and sqrt correctly rounded)
+  1. non-finite values are stored as 0 (policy; the optimizers count them in gradients)
+  2. sqrt domain: x <- sqrt(max(x, 0));  unsigned formats: x <- max(x, 0)
+  3. block scaling: absmax per block (bf16 scales: rounded up), delta = absmax / top,
+     n = x / delta (0 where delta == 0);  unscaled: n = x
+  4. floor ordinal k and position frac of n (formats.py); for signed floats on |n|
+  5. rounding picks r in {0, 1} and q = k + r (clamped to the code range):
+       nearest     r = frac > 1/2, ties to even q   (tables: n - lo >= (hi - lo)/2)
+       stochastic  r = u_i < frac                   u_i per element  (counter = index i)
+       bred        r = u_b >= 1 - frac              u_b per block    (counter = block b)
+     (bred is q = round(n + d) with d = u_b - 1/2 in ordinal units, BRIEF §2)
+decode(q):
+  t = q (bred: t = q - d, d = u_b - 1/2, replayed from the step the state was written)
+  x_hat = value(t) * delta  (signed floats: sign applied to the magnitude), then squared
+  in the sqrt domain.
+
+Random numbers: hash.uniform over stream (seed, tensor_id, state_id, step).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import hash as qhash
+from .config import StateSpec
+from .packing import pack, to_blocks, unpack
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Identity of a random stream: which seed, tensor and state (0 = m, 1 = v)."""
+
+    seed: int = 0
+    tensor_id: int = 0
+    state_id: int = 0
+
+    def keys(self, step: int) -> tuple[int, int]:
+        return qhash.stream_keys(self.seed, self.tensor_id, self.state_id, step)
+
+
+def sqrt_rn(x: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded fp32 sqrt (torch's vectorised CPU sqrt is not; CUDA's is)."""
+    if x.is_cuda:
+        return torch.sqrt(x)
+    return torch.sqrt(x.double()).float()
+
+
+def bf16_round_up(x: torch.Tensor) -> torch.Tensor:
+    """Smallest bf16 value >= x (x >= 0), returned in fp32."""
+    bits = x.view(torch.int32)
+    down = bits & ~0xFFFF
+    up = torch.where((bits & 0xFFFF) != 0, down + 0x10000, down)
+    return up.view(torch.float32)
+
+
+def _block_scale(xb: torch.Tensor, spec: StateSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    absmax = xb.abs().amax(dim=1)
+    if spec.scale_dtype == "bf16":
+        absmax = bf16_round_up(absmax)
+    delta = absmax / spec.fmt.top
+    return absmax, delta
+
+
+def _uniform_elements(stream: Stream, step: int, shape, device) -> torch.Tensor:
+    n = shape[0] * shape[1]
+    return qhash.uniform(stream.keys(step), torch.arange(n, device=device)).view(shape)
+
+
+def _uniform_blocks(stream: Stream, step: int, nblocks: int, device) -> torch.Tensor:
+    return qhash.uniform(stream.keys(step), torch.arange(nblocks, device=device))
+
+
+def encode(x: torch.Tensor, spec: StateSpec, step: int, stream: Stream = Stream()):
+    """Quantize x (any shape) -> (storage, scales or None). See module docstring."""
+    fmt = spec.fmt
+    x = x.detach().reshape(-1).to(torch.float32)
+    x = torch.where(torch.isfinite(x), x, torch.zeros((), device=x.device))
+    if spec.sqrt:
+        x = sqrt_rn(x.clamp(min=0.0))
+    if fmt.kind == "identity":
+        return x.clone(), None
+    if not fmt.signed:
+        x = x.clamp(min=0.0)
+    numel = x.numel()
+    xb = to_blocks(x, spec.dither_block)  # [nblocks, B]
+    absmax = None
+    if spec.scaled:
+        absmax, delta = _block_scale(xb, spec)
+        d = delta[:, None]
+        n = torch.where(d > 0, xb / torch.where(d > 0, d, 1.0), torch.zeros((), device=x.device))
+    else:
+        n = xb
+    is_float = fmt.kind == "float"
+    k, frac = fmt.floor_frac(n)
+    if spec.rounding == "nearest":
+        if fmt.kind == "table":
+            lo, hi = fmt.code_value(k), fmt.code_value(k + 1)
+            up = (n - lo) >= (hi - lo) * 0.5
+        else:
+            up = (frac > 0.5) | ((frac == 0.5) & ((k & 1) == 1))
+    elif spec.rounding == "stochastic":
+        up = _uniform_elements(stream, step, n.shape, x.device) < frac
+    else:  # bred
+        u = _uniform_blocks(stream, step, n.shape[0], x.device)[:, None]
+        up = u >= (1.0 - frac)
+    q = k + up.to(torch.int32)
+    lo_code, hi_code = fmt.code_range
+    q = q.clamp(lo_code, hi_code)
+    if is_float and fmt.signed:
+        q = q | (torch.signbit(n).to(torch.int32) << (fmt.bits - 1))
+    elif fmt.kind == "linear" and fmt.signed:
+        q = q & ((1 << fmt.bits) - 1)
+    storage = pack(q.reshape(-1)[:numel], fmt.bits)
+    if absmax is not None and spec.scale_dtype == "bf16":
+        absmax = absmax.to(torch.bfloat16)  # exact: rounded up to a bf16 value above
+    return storage, absmax
+
+
+def decode(storage: torch.Tensor, scales: torch.Tensor | None, spec: StateSpec, numel: int,
+           step: int, stream: Stream = Stream()) -> torch.Tensor:
+    """Dequantize to a flat fp32 tensor of numel values."""
+    fmt = spec.fmt
+    if fmt.kind == "identity":
+        x = storage.to(torch.float32)
+    else:
+        codes = unpack(storage, fmt.bits, numel)
+        neg = None
+        if fmt.kind == "linear" and fmt.signed:
+            half = 1 << (fmt.bits - 1)
+            codes = (codes ^ half) - half
+        elif fmt.kind == "float" and fmt.signed:
+            sign_bit = 1 << (fmt.bits - 1)
+            neg = (codes & sign_bit) != 0
+            codes = codes & (sign_bit - 1)
+        B = spec.dither_block
+        cb = to_blocks(codes, B)
+        if spec.rounding == "bred":
+            d = _uniform_blocks(stream, step, cb.shape[0], codes.device)[:, None] - 0.5
+            t = cb.to(torch.float32) - d
+            val = fmt.ordinal_value(t)
+        else:
+            val = fmt.ordinal_value(cb)
+        if neg is not None:
+            val = torch.where(to_blocks(neg, B), -val, val)
+        if spec.scaled:
+            delta = scales.to(torch.float32) / fmt.top
+            val = val * delta[:, None]
+        x = val.reshape(-1)[:numel]
+    if spec.sqrt:
+        x = x * x
+    return x

@@ -1,0 +1,101 @@
+"""QuantizedState: one stored optimizer state (codes + block scales) and how it was written.
+
+The object holds only tensors and small integers, so an optimizer can keep its fields in
+`optimizer.state` (plain tensors survive `torch.save(..., weights_only=True)`) and
+rebuild the object with `from_tensors`.
+
+    codes    uint8 (packed 4/8-bit), int16 (bf16/fp16 bit patterns) or fp32 (identity)
+    scales   fp32 (or bf16) absmax per block, or None
+    written  the optimizer step at which the codes were written (0: never, reads as 0);
+             BReD and stochastic rounding replay their random bits from it
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import StateSpec
+from .formats import state_bytes
+from .packing import num_blocks
+from .quantizer import Stream, decode, encode
+
+
+class QuantizedState:
+    def __init__(self, spec: StateSpec, shape, stream: Stream = Stream(), device=None):
+        self.spec = spec
+        self.shape = torch.Size(shape)
+        self.stream = stream
+        self.codes, self.scales = _empty_storage(spec, self.shape.numel(), device)
+        self.written = 0
+
+    # ---- the three operations ------------------------------------------------------
+    def encode(self, x: torch.Tensor, step: int) -> None:
+        """Store x (fp32 math) as written at optimizer step `step` (>= 1)."""
+        if x.shape != self.shape and x.numel() != self.numel:
+            raise ValueError(f"state of shape {tuple(self.shape)} cannot store {tuple(x.shape)}")
+        self.codes, self.scales = encode(x, self.spec, step, self.stream)
+        self.written = int(step)
+
+    def decode(self) -> torch.Tensor:
+        """The stored value as fp32, in the state's shape (zeros if never written)."""
+        if self.written == 0:
+            return torch.zeros(self.shape, dtype=torch.float32, device=self.codes.device)
+        flat = decode(self.codes, self.scales, self.spec, self.numel, self.written, self.stream)
+        return flat.view(self.shape)
+
+    def reset(self) -> None:
+        """Back to the never-written state (reads as exact zeros)."""
+        self.codes, self.scales = _empty_storage(self.spec, self.numel, self.codes.device)
+        self.written = 0
+
+    # ---- accounting ------------------------------------------------------------------
+    @property
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: packed codes plus scales (equals formats.state_bytes)."""
+        n = self.codes.numel() * self.codes.element_size()
+        if self.scales is not None:
+            n += self.scales.numel() * self.scales.element_size()
+        return n
+
+    def expected_nbytes(self) -> int:
+        block = self.spec.block if self.spec.scaled else None
+        return state_bytes(self.spec.fmt, self.numel, block, self.spec.scale_bytes)
+
+    # ---- plain-tensor round trip -----------------------------------------------------
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        out = {"codes": self.codes, "written": torch.tensor(self.written, dtype=torch.int64)}
+        if self.scales is not None:
+            out["scales"] = self.scales
+        return out
+
+    @classmethod
+    def from_tensors(cls, spec: StateSpec, shape, stream: Stream, tensors: dict) -> "QuantizedState":
+        st = cls.__new__(cls)
+        st.spec, st.shape, st.stream = spec, torch.Size(shape), stream
+        st.codes = tensors["codes"]
+        st.scales = tensors.get("scales")
+        st.written = int(tensors["written"])
+        return st
+
+    def __repr__(self) -> str:
+        return (f"QuantizedState({self.spec}, shape={tuple(self.shape)}, written={self.written}, "
+                f"nbytes={self.nbytes})")
+
+
+def _empty_storage(spec: StateSpec, numel: int, device):
+    fmt = spec.fmt
+    if fmt.kind == "identity":
+        return torch.zeros(numel, dtype=torch.float32, device=device), None
+    nbytes = -(-numel * fmt.bits // 8)
+    if fmt.bits == 16:
+        codes = torch.zeros(numel, dtype=torch.int16, device=device)
+    else:
+        codes = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    scales = None
+    if spec.scaled:
+        dtype = torch.bfloat16 if spec.scale_dtype == "bf16" else torch.float32
+        scales = torch.zeros(num_blocks(numel, spec.block), dtype=dtype, device=device)
+    return codes, scales

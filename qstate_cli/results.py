@@ -1,0 +1,165 @@
+"""Result files: JSON with `schema_version`, an `env` block and flat records.
+
+    {
+      "schema_version": 1,
+      "kind": "kernels" | "memory" | "diagnose" | "train" | "compare" | ...,
+      "env": {device, device_name, torch, triton, python, qstate, git_sha, argv, created},
+      "meta": {...free-form settings of the run...},
+      "records": [{flat row}, ...]          # pandas.DataFrame(records) just works
+    }
+
+Writes are atomic (write a temporary file in the same folder, then rename), so an
+interrupted run never leaves a truncated file; `ResultWriter` rewrites the file after
+every finished row, which is what makes Ctrl-C keep the rows already measured.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import __version__
+from .errors import QstateError
+
+SCHEMA_VERSION = 1
+
+
+def device_info(device: str | None = None) -> dict:
+    """What ran the numbers: device type and name, and the CUDA build if any."""
+    import torch
+
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    info = {"device": dev, "device_name": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    if dev.startswith("cuda") and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.device(dev))
+        info.update(device_name=props.name, cuda=torch.version.cuda,
+                    sm_count=props.multi_processor_count,
+                    gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                    l2_mib=round(getattr(props, "L2_cache_size", 0) / 2**20, 1))
+    return info
+
+
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(device: str | None = None) -> dict:
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:  # noqa: BLE001 - triton is optional on CPU
+        triton_version = None
+    return {
+        **device_info(device),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "qstate": __version__,
+        "git_sha": git_sha(),
+        "argv": list(sys.argv),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def document(kind: str, records: list[dict], meta: dict | None = None, env: dict | None = None) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "kind": kind, "env": env or environment(),
+            "meta": meta or {}, "records": records}
+
+
+def write_json_atomic(path, obj) -> Path:
+    """Write JSON to `path` atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(obj, fh, indent=1, default=_json_default, allow_nan=True)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_text_atomic(path, text: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def _json_default(obj):
+    if hasattr(obj, "item"):
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    return str(obj)
+
+
+def load(path) -> dict:
+    """Load and validate a results file; bad input raises QstateError (exit 2)."""
+    path = Path(path)
+    if not path.is_file():
+        raise QstateError(f"{path}: no such results file")
+    try:
+        doc = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise QstateError(f"{path}: not a JSON results file ({exc})") from None
+    if not isinstance(doc, dict) or "schema_version" not in doc or "records" not in doc:
+        raise QstateError(f"{path}: not a qstate results file (no schema_version/records)")
+    if doc["schema_version"] > SCHEMA_VERSION:
+        raise QstateError(f"{path}: schema_version {doc['schema_version']} is newer than this qstate "
+                          f"understands ({SCHEMA_VERSION}); upgrade qstate")
+    if not isinstance(doc["records"], list):
+        raise QstateError(f"{path}: 'records' must be a list")
+    return doc
+
+
+def frame(doc: dict):
+    """Records as a pandas DataFrame."""
+    import pandas as pd
+
+    return pd.DataFrame(doc["records"])
+
+
+class ResultWriter:
+    """Collects rows and rewrites the JSON file atomically after each one."""
+
+    def __init__(self, path, kind: str, meta: dict | None = None, env: dict | None = None,
+                 records: list[dict] | None = None):
+        self.path = Path(path) if path else None
+        self.doc = document(kind, list(records or []), meta, env)
+
+    @property
+    def records(self) -> list[dict]:
+        return self.doc["records"]
+
+    def add(self, record: dict) -> None:
+        self.records.append(record)
+        self.flush()
+
+    def flush(self) -> None:
+        if self.path is not None:
+            write_json_atomic(self.path, self.doc)

@@ -1,0 +1,55 @@
+"""`qstate --version`, `--help` and `formats`, through CliRunner and as a real subprocess."""
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from qstate_cli import __version__
+from qstate_cli.cli import app
+from qstate_cli.quant import FORMATS, PRESETS
+
+runner = CliRunner()
+
+
+def test_version_and_help():
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout.strip() == f"qstate {__version__}"
+    r = runner.invoke(app, ["--help"])
+    assert r.exit_code == 0 and "formats" in r.stdout
+
+
+def test_formats_table_lists_every_format_rounding_and_preset():
+    r = runner.invoke(app, ["formats"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    for name in list(FORMATS) + list(PRESETS) + ["nearest", "stochastic", "bred"]:
+        assert name in r.stdout
+
+
+def test_formats_json_has_bytes_at_the_block_size():
+    r = runner.invoke(app, ["formats", "--json", "--block-size", "64"])
+    assert r.exit_code == 0
+    doc = json.loads(r.stdout)
+    rows = {row["format"]: row for row in doc["formats"]}
+    assert rows["int4"]["bytes_per_element"] == 0.5 + 4 / 64
+    assert rows["e4m3"]["bytes_per_element"] == 1 + 4 / 64  # floats scaled when a block is asked
+    assert rows["fp32"]["bytes_per_element"] == 4
+    presets = {row["preset"]: row for row in doc["presets"]}
+    assert presets["bred-4bit"]["adamw_bytes_per_param"] == 1.0625
+    assert {r_["rounding"] for r_ in doc["roundings"]} == {"nearest", "stochastic", "bred"}
+
+
+def test_bad_block_size_is_a_one_line_usage_error():
+    r = runner.invoke(app, ["formats", "--block-size", "33"])
+    assert r.exit_code == 2
+    assert r.output.strip().count("\n") == 0 and "block-size 33" in r.output
+
+
+def test_real_subprocess():
+    out = subprocess.run([sys.executable, "-m", "qstate_cli", "formats", "--json"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)["formats"]) == len(FORMATS)
+    bad = subprocess.run([sys.executable, "-m", "qstate_cli", "formats", "-b", "5000"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.startswith("error:")

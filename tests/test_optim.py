@@ -1,0 +1,225 @@
+"""Reference optimizers: fp32 states equal torch.optim; quantized states' bytes; resets;
+non-finite gradients; checkpoints that resume bit for bit."""
+import io
+
+import pytest
+import torch
+
+from qstate_cli.optim import SGD, AdamW, Adam, Lion, Muon, ResetPolicy
+from qstate_cli.optim import rules
+from qstate_cli.quant import parse_config
+
+
+def run_pair(ours, theirs, shape=(64, 48), steps=25, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w0 = torch.randn(shape, generator=g)
+    a, b = torch.nn.Parameter(w0.clone()), torch.nn.Parameter(w0.clone())
+    oa, ob = ours([a]), theirs([b])
+    for _ in range(steps):
+        grad = torch.randn(shape, generator=g)
+        a.grad, b.grad = grad.clone(), grad.clone()
+        oa.step()
+        ob.step()
+    return a.detach(), b.detach(), oa
+
+
+def test_fp32_adamw_equals_torch_adamw():
+    a, b, _ = run_pair(lambda p: AdamW(p, lr=1e-2, weight_decay=0.1, states="fp32", min_quant_numel=0),
+                       lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, foreach=False))
+    torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+
+
+def test_fp32_adam_equals_torch_adam_with_l2():
+    a, b, _ = run_pair(lambda p: Adam(p, lr=1e-2, weight_decay=0.05, states="fp32", min_quant_numel=0),
+                       lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.05, foreach=False))
+    torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_fp32_sgd_equals_torch_sgd(nesterov):
+    a, b, _ = run_pair(lambda p: SGD(p, lr=1e-2, momentum=0.9, weight_decay=0.01, nesterov=nesterov, states="fp32",
+                                     min_quant_numel=0),
+                       lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, weight_decay=0.01, nesterov=nesterov,
+                                                 foreach=False))
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+class PlainLion(torch.optim.Optimizer):
+    """Lion written from the paper, for comparison."""
+
+    def __init__(self, params, lr, betas, weight_decay):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for gr in self.param_groups:
+            for p in gr["params"]:
+                m = self.state[p].setdefault("m", torch.zeros_like(p))
+                b1, b2 = gr["betas"]
+                c = m * b1 + p.grad * (1 - b1)
+                p.mul_(1 - gr["lr"] * gr["weight_decay"]).add_(torch.sign(c), alpha=-gr["lr"])
+                m.mul_(b2).add_(p.grad, alpha=1 - b2)
+
+
+def test_fp32_lion_equals_the_paper():
+    a, b, _ = run_pair(lambda p: Lion(p, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, states="fp32", min_quant_numel=0),
+                       lambda p: PlainLion(p, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1))
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+class PlainMuon(torch.optim.Optimizer):
+    def __init__(self, params, lr, momentum):
+        super().__init__(params, dict(lr=lr, momentum=momentum))
+
+    @torch.no_grad()
+    def step(self):
+        for gr in self.param_groups:
+            for p in gr["params"]:
+                buf = self.state[p].setdefault("buf", torch.zeros_like(p))
+                buf.lerp_(p.grad, 1 - gr["momentum"])
+                upd = p.grad.lerp(buf, gr["momentum"])
+                o = rules.newton_schulz(upd) * max(1, p.shape[0] / p.shape[1]) ** 0.5
+                p.add_(o, alpha=-gr["lr"])
+
+
+def test_fp32_muon_equals_a_plain_muon():
+    a, b, _ = run_pair(lambda p: Muon(p, lr=0.02, momentum=0.95, states="fp32", min_quant_numel=0),
+                       lambda p: PlainMuon(p, lr=0.02, momentum=0.95), steps=10)
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_newton_schulz_orthogonalizes():
+    g = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))
+    o = rules.newton_schulz(g)
+    s = torch.linalg.svdvals(o)
+    assert s.min() > 0.5 and s.max() < 1.3  # singular values pushed towards ~1
+
+
+@pytest.mark.parametrize("cls,states,cfg", [
+    (AdamW, ("m", "v"), "bred-4bit"), (AdamW, ("m", "v"), "bnb-8bit"), (AdamW, ("m", "v"), "torchao-4bit"),
+    (AdamW, ("m", "v"), "bf16"), (Lion, ("m",), "nearest-4bit"), (SGD, ("m",), "sr-4bit"), (Muon, ("m",), "fp8")])
+def test_state_bytes_match_the_accounting(cls, states, cfg):
+    shapes = [(300, 17), (4096,), (33,)]
+    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    opt = cls(params, states=cfg, min_quant_numel=64)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    c = parse_config(cfg)
+    want = 0
+    for p in params:
+        for name in states:
+            spec = c.spec(name)
+            if p.numel() < 64:
+                want += 4 * p.numel()  # small tensors keep fp32 states
+                continue
+            blocks = -(-p.numel() // spec.block) if spec.scaled else 0
+            want += -(-p.numel() * spec.bits // 8) + blocks * spec.scale_bytes
+    assert opt.state_nbytes() == want
+
+
+def test_four_bit_adamw_state_is_1_0625_bytes_per_param():
+    p = torch.nn.Parameter(torch.randn(128 * 1000))
+    opt = AdamW([p], states="bred-4bit")
+    p.grad = torch.randn_like(p)
+    opt.step()
+    assert opt.state_nbytes() / p.numel() == 1.0625
+
+
+def test_nonfinite_gradients_are_counted_and_zeroed():
+    p = torch.nn.Parameter(torch.ones(256))
+    q = torch.nn.Parameter(torch.ones(256))
+    opt = AdamW([p], states="bred-4bit", min_quant_numel=0, seed=3)
+    ref = AdamW([q], states="bred-4bit", min_quant_numel=0, seed=3)
+    g = torch.randn(256)
+    bad = g.clone()
+    bad[[0, 5, 9]] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    clean = g.clone()
+    clean[[0, 5, 9]] = 0.0
+    p.grad, q.grad = bad, clean
+    opt.step()
+    ref.step()
+    assert opt.nonfinite_count() == 3 and ref.nonfinite_count() == 0
+    assert torch.isfinite(p).all() and torch.equal(p, q)
+
+
+def test_reset_every_n_steps_zeroes_states_and_restarts_bias_correction():
+    p = torch.nn.Parameter(torch.randn(512))
+    opt = AdamW([p], states="fp32", reset=3, min_quant_numel=0)
+    seen = []
+    for _ in range(7):
+        p.grad = torch.randn(512)
+        opt.step()
+        seen.append(int(opt.state[p]["since_reset"]))
+    assert seen == [1, 2, 3, 1, 2, 3, 1]
+    # right after a reset the state holds only one step's worth: m = (1 - beta1) g
+    p.grad = torch.randn(512)
+    opt2 = AdamW([torch.nn.Parameter(p.detach().clone())], states="fp32", reset=ResetPolicy(fn=lambda s, k: True),
+                 min_quant_numel=0)
+    opt2.param_groups[0]["params"][0].grad = p.grad.clone()
+    opt2.step()
+    opt2.step()
+    m = opt2.state[opt2.param_groups[0]["params"][0]]["m"]["codes"]
+    torch.testing.assert_close(m, p.grad * 0.1)
+
+
+def test_reset_policy_parsing():
+    assert ResetPolicy.parse("none").period is None
+    assert ResetPolicy.parse("250").period == 250
+    assert ResetPolicy.parse("auto").auto
+    with pytest.raises(Exception, match="reset"):
+        ResetPolicy.parse("sometimes")
+
+
+@pytest.mark.parametrize("cls,cfg", [(AdamW, "bred-4bit"), (AdamW, "sr-4bit"), (Lion, "torchao-4bit"),
+                                     (SGD, "bnb-8bit"), (Muon, "bred-4bit")])
+def test_checkpoint_resume_continues_bit_for_bit(cls, cfg):
+    def make(seed_params=0):
+        torch.manual_seed(seed_params)
+        ps = [torch.nn.Parameter(torch.randn(40, 33)), torch.nn.Parameter(torch.randn(300))]
+        return ps, cls(ps, states=cfg, min_quant_numel=0, seed=123)
+
+    grads = [[torch.randn(40, 33), torch.randn(300)] for _ in range(8)]
+    ps, opt = make()
+    for i in range(4):
+        for p, g in zip(ps, grads[i]):
+            p.grad = g.clone()
+        opt.step()
+    buf = io.BytesIO()
+    torch.save({"params": [p.detach().clone() for p in ps], "opt": opt.state_dict()}, buf)
+    for i in range(4, 8):
+        for p, g in zip(ps, grads[i]):
+            p.grad = g.clone()
+        opt.step()
+    # resume in a fresh optimizer from the checkpoint (loaded as a stranger's file would be)
+    buf.seek(0)
+    ck = torch.load(buf, weights_only=True)
+    ps2, opt2 = make(seed_params=99)
+    with torch.no_grad():
+        for p, saved in zip(ps2, ck["params"]):
+            p.copy_(saved)
+    opt2.load_state_dict(ck["opt"])
+    assert opt2.param_groups[0]["seed"] == 123
+    for i in range(4, 8):
+        for p, g in zip(ps2, grads[i]):
+            p.grad = g.clone()
+        opt2.step()
+    for a, b in zip(ps, ps2):
+        assert torch.equal(a, b)
+    for p, p2 in zip(ps, ps2):
+        for k in opt.state_names:
+            for part in opt.state[p][k]:
+                assert torch.equal(opt.state[p][k][part], opt2.state[p2][k][part])
+                assert opt.state[p][k][part].dtype == opt2.state[p2][k][part].dtype
+
+
+def test_bf16_parameters_keep_fp32_scales_through_a_checkpoint():
+    p = torch.nn.Parameter(torch.randn(1024, dtype=torch.bfloat16))
+    opt = AdamW([p], states="bred-4bit", min_quant_numel=0)
+    p.grad = torch.randn_like(p)
+    opt.step()
+    sd = opt.state_dict()
+    opt2 = AdamW([p], states="bred-4bit", min_quant_numel=0)
+    opt2.load_state_dict(sd)
+    assert opt2.state[p]["m"]["scales"].dtype == torch.float32
+    assert opt2.state[p]["m"]["codes"].dtype == torch.uint8
