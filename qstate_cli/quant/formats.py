@@ -95,21 +95,22 @@ class Format:
         return k.to(torch.int32), frac
 
     def ordinal_value(self, t: torch.Tensor) -> torch.Tensor:
-        """Value at ordinal t (integer: exact code value; fractional: interpolated,
-        extrapolated linearly beyond the ends). floats: t is a magnitude ordinal."""
+        """Value at integer ordinal t (floats: t is a magnitude ordinal)."""
         if self.kind == "linear":
             return t.to(torch.float32)
-        if t.dtype.is_floating_point:
-            k = torch.floor(t)
-            if self.kind == "table":
-                k = k.clamp(0, len(self.table) - 2)
-            else:
-                k = k.clamp(0, self.max_ordinal)
-            f = t - k
-            k = k.to(torch.int32)
-            lo, hi = self.code_value(k), self.code_value(k + 1)
-            return lo + f * (hi - lo)
         return self.code_value(t.to(torch.int32))
+
+    def interp(self, k: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        """Value at the fractional ordinal k + f (k integer, f in [0, 1]): linear between
+        neighbouring codes, extrapolated beyond the ends. Taking k and f apart (rather than
+        t = k + f) keeps f's 24 bits even where ordinals are large (bf16: up to 2**15)."""
+        if self.kind == "linear":
+            return k.to(torch.float32) + f
+        top = len(self.table) - 2 if self.kind == "table" else self.max_ordinal
+        kc = k.clamp(0, top)
+        f = f + (k - kc).to(torch.float32)
+        lo, hi = self.code_value(kc), self.code_value(kc + 1)
+        return lo + f * (hi - lo)
 
     def code_value(self, k: torch.Tensor) -> torch.Tensor:
         if self.kind == "table":

@@ -12,7 +12,8 @@ encode(x):                                   (all fp32; `/` and sqrt correctly r
        bred        r = u_b >= 1 - frac              u_b per block    (counter = block b)
      (bred is q = round(n + d) with d = u_b - 1/2 in ordinal units, BRIEF §2)
 decode(q):
-  t = q (bred: t = q - d, d = u_b - 1/2, replayed from the step the state was written)
+  t = q (bred: t = q - d, d = u_b - 1/2, replayed from the step the state was written;
+  for non-linear formats evaluated as the integer k and fraction f of t, exactly)
   x_hat = value(t) * delta  (signed floats: sign applied to the magnitude), then squared
   in the sqrt domain.
 
@@ -139,8 +140,11 @@ def decode(storage: torch.Tensor, scales: torch.Tensor | None, spec: StateSpec, 
         cb = to_blocks(codes, B)
         if spec.rounding == "bred":
             d = _uniform_blocks(stream, step, cb.shape[0], codes.device)[:, None] - 0.5
-            t = cb.to(torch.float32) - d
-            val = fmt.ordinal_value(t)
+            if fmt.kind == "linear":
+                val = cb.to(torch.float32) - d
+            else:  # read at ordinal q - d, as (k, f) = (q - 1, 1 - d) if d > 0 else (q, -d)
+                pos = d > 0
+                val = fmt.interp(torch.where(pos, cb - 1, cb), torch.where(pos, 1.0 - d, -d))
         else:
             val = fmt.ordinal_value(cb)
         if neg is not None:
