@@ -17,6 +17,12 @@ position across param_groups and state_id = 0 for m, 1 for v.
 
 Tensors with fewer than `min_quant_numel` elements keep fp32 states (as bitsandbytes
 does below 4096); pass 0 to quantize everything.
+
+Backends (`backend=`): "reference" steps every parameter with the pure-torch rules;
+"triton" uses the fused kernels (on CUDA tensors, or in Triton's interpreter on CPU when
+TRITON_INTERPRET=1 is set); "auto" (default) is triton for CUDA tensors when the kernels
+are available and reference otherwise. `path_for(p)` names what steps p: "triton",
+"triton-interpreter" or "reference" (benchmarks label every row with it).
 """
 from __future__ import annotations
 
@@ -24,12 +30,14 @@ import copy
 
 import torch
 
+from ..errors import QstateError
 from ..quant.config import StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
 from .reset import ResetPolicy
 
 FP32_SPEC = parse_spec("fp32")
+BACKENDS = ("auto", "reference", "triton")
 STATE_IDS = {"m": 0, "v": 1}
 
 
@@ -38,7 +46,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     beta_for_reset: str = "beta2"  # which hyper-parameter sets the 'auto' reset period
 
     def __init__(self, params, defaults: dict, states="bred-4bit", reset=None, seed: int = 0,
-                 min_quant_numel: int = 4096):
+                 min_quant_numel: int = 4096, backend: str = "auto"):
         cfg = states if isinstance(states, StateConfig) else parse_config(str(states))
         defaults = dict(defaults, states=str(cfg) if cfg.name else cfg.canonical(), seed=int(seed),
                         min_quant_numel=int(min_quant_numel))
@@ -46,6 +54,22 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         self.reset_policy = ResetPolicy.parse(reset)
         if self.reset_policy.auto:
             self.reset_policy = self._resolve_auto_reset()
+        if backend not in BACKENDS:
+            raise QstateError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
+        self.backend = backend
+
+    def path_for(self, p: torch.Tensor) -> str:
+        """'triton', 'triton-interpreter' or 'reference': what steps parameter p."""
+        from .. import kernels
+
+        if self.backend == "reference":
+            return "reference"
+        if self.backend == "auto":
+            return "triton" if p.is_cuda and kernels.available(p.device) else "reference"
+        if not kernels.available(p.device):
+            raise QstateError(f"backend='triton' needs Triton and a CUDA device or TRITON_INTERPRET=1 "
+                              f"({kernels.unavailable_reason(p.device)})")
+        return "triton" if p.is_cuda else "triton-interpreter"
 
     # ---- configuration -------------------------------------------------------------
     def config(self, group) -> StateConfig:
@@ -114,6 +138,8 @@ class QuantizedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
+                if self.path_for(p) != "reference":
+                    raise QstateError("the Triton kernel path is not built yet; use backend='reference'")
                 self._step_param(group, p, ids[id(p)])
         return loss
 

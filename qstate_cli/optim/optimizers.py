@@ -18,9 +18,10 @@ class AdamW(QuantizedOptimizer):
     state_names = ("m", "v")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, decoupled=True):
+                 states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, decoupled=True,
+                 backend="auto"):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decoupled=decoupled)
-        super().__init__(params, defaults, states, reset, seed, min_quant_numel)
+        super().__init__(params, defaults, states, reset, seed, min_quant_numel, backend)
 
     def update(self, group, p32, g, x_hat, since_reset, first):
         beta1, beta2 = group["betas"]
@@ -42,9 +43,9 @@ class Lion(QuantizedOptimizer):
     """Lion with a quantized momentum m."""
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0,
-                 states="bred-4bit", reset=None, seed=0, min_quant_numel=4096):
+                 states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, backend="auto"):
         defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay)
-        super().__init__(params, defaults, states, reset, seed, min_quant_numel)
+        super().__init__(params, defaults, states, reset, seed, min_quant_numel, backend)
 
     def update(self, group, p32, g, x_hat, since_reset, first):
         beta1, beta2 = group["betas"]
@@ -59,10 +60,10 @@ class SGD(QuantizedOptimizer):
     beta_for_reset = "momentum"
 
     def __init__(self, params, lr=1e-2, momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=False,
-                 states="bred-4bit", reset=None, seed=0, min_quant_numel=4096):
+                 states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, backend="auto"):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov)
-        super().__init__(params, defaults, states, reset, seed, min_quant_numel)
+        super().__init__(params, defaults, states, reset, seed, min_quant_numel, backend)
 
     def update(self, group, p32, g, x_hat, since_reset, first):
         if group["weight_decay"]:
@@ -81,9 +82,9 @@ class Muon(QuantizedOptimizer):
     beta_for_reset = "momentum"
 
     def __init__(self, params, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0,
-                 states="bred-4bit", reset=None, seed=0, min_quant_numel=4096):
+                 states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, backend="auto"):
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
-        super().__init__(params, defaults, states, reset, seed, min_quant_numel)
+        super().__init__(params, defaults, states, reset, seed, min_quant_numel, backend)
 
     def update(self, group, p32, g, x_hat, since_reset, first):
         s = rules.step_scalars(group["lr"], group["weight_decay"], 0.0, 0.0, 1, p32.device)
