@@ -114,7 +114,8 @@ def key_name(loc: tuple) -> str:
 def apply_sets(data: dict, sets: list[str]) -> dict[tuple, str]:
     """Apply `KEY=VALUE` overrides in place (VALUE is YAML). A dotted KEY is a path in the
     document (`runs.kernels.axes.numel=[4096]`, a run by index or name); a bare KEY sets
-    that parameter in every run: the axis of that name becomes [VALUE], else a default.
+    that parameter in the runs that have it (as an axis, which becomes [VALUE], or as a
+    default), or in every run when none has it.
     Returns {loc: the --set text} for error reports."""
     where: dict[tuple, str] = {}
     for text in sets:
@@ -130,7 +131,10 @@ def apply_sets(data: dict, sets: list[str]) -> dict[tuple, str]:
             where[_set_path(data, key.split("."), value, text)] = text
             continue
         targets = [(("runs", i), r) for i, r in enumerate(data.get("runs") or []) if isinstance(r, dict)]
-        for prefix, target in targets or [((), data)]:
+        targets = targets or [((), data)]
+        having = [(p, t) for p, t in targets if key in (t.get("axes") or {}) or key in (t.get("defaults") or {})
+                  or key in (data.get("defaults") or {})]
+        for prefix, target in having or targets:  # the runs that have KEY, else all of them
             axes = target.get("axes")
             if isinstance(axes, dict) and key in axes:
                 axes[key] = value if isinstance(value, list) else [value]

@@ -59,6 +59,13 @@ def _open_writer(path: Path, run: dict, suite: LoadedSuite, points: list[Point],
     return ResultWriter(path, run["kind"], meta={"suite": suite_meta}, env=env), set()
 
 
+def _in_point_order(writer: ResultWriter, order: dict[str, int]) -> None:
+    """Rows in the order of their points, so a resumed file equals an uninterrupted one."""
+    for key, rows in writer.doc.items():
+        if key not in ("env", "meta") and isinstance(rows, list):
+            rows.sort(key=lambda r: order.get(r.get("point"), len(order)) if isinstance(r, dict) else len(order))
+
+
 def _merge(writer: ResultWriter, point: Point, out: dict, hook_name: str) -> None:
     if not isinstance(out, dict) or not isinstance(out.get("records"), list):
         raise QstateError(f"the {point.kind} hook ({hook_name}) returned no 'records' list for {point.label}")
@@ -74,6 +81,8 @@ def _merge(writer: ResultWriter, point: Point, out: dict, hook_name: str) -> Non
 def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, console=None) -> list[Path]:
     """Run every point of every run; returns the results files (one per run)."""
     out_dir = Path(out_dir)
+    if console is None:
+        from ..cli.output import stderr as console
     plans = suite.points()
     hooks = {run["kind"]: hook_for(run["kind"]) for run, _ in plans}  # fail before measuring anything
     writers = []
@@ -89,6 +98,7 @@ def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, console=None) -
         for (run, points), (path, writer, done) in zip(plans, writers):
             hook = hooks[run["kind"]]
             hook_name = getattr(hook, "__qualname__", repr(hook))
+            order = {p.key: i for i, p in enumerate(points)}
             writer.flush()
             for point in points:
                 if point.key in done:
@@ -105,6 +115,7 @@ def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, console=None) -
                     progress.console.print(f"[yellow]failed[/] {run['name']}: {point.label}: {exc}")
                 else:
                     state["done"].append(point.key)
+                _in_point_order(writer, order)
                 writer.flush()
                 progress.advance(task)
     return [path for path, _, _ in writers]
