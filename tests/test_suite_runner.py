@@ -217,3 +217,32 @@ def test_ctrl_c_in_a_real_process_keeps_finished_points(suite_file, tmp_path):
         register_hook("diagnose", None)
     doc = load(out / "sweep.json")
     assert len(doc["records"]) == 12 and doc["meta"]["suite"]["done"][:len(done)] == done
+
+
+NO_PYDANTIC = """
+import sys
+sys.modules["pydantic"] = None  # as on the GPU machine: importing pydantic fails
+from qstate_cli.cli import app
+from qstate_cli.compare import compare_paths
+from qstate_cli.report import render_html
+from qstate_cli.suites import SuiteError, load_suite
+data = "tests/data/results/compare/"
+verdict = compare_paths(data + "baseline", data + "new")
+html = render_html([verdict.document()])
+suite = load_suite("suites/quick.yaml")
+print(suite.notes[0])
+try:
+    load_suite(sys.argv[1])
+except SuiteError as exc:
+    print(exc.issues[0])
+"""
+
+
+def test_runs_reports_and_compares_without_pydantic(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: kernels\ncolour: red\n")
+    out = subprocess.run([sys.executable, "-c", NO_PYDANTIC, str(bad)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["pydantic is not installed: the suite had a basic check only",
+                                       f"{bad}:2: colour: unknown key"]

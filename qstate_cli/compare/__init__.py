@@ -200,5 +200,5 @@ def verdict_markdown(verdict: Verdict) -> str:
         t = verdict_table(changed)
         out += [table_md(Table("", t.headers, t.rows, fold=False)), ""]
     full = verdict_table(rows)
-    out.append(table_md(Table(f"All {len(rows)} verdicts", full.headers, full.rows, fold=True)))
+    out.append(table_md(Table("All verdicts", full.headers, full.rows, fold=True)))
     return "\n".join(out).replace("\\*\\*", "**") + "\n"

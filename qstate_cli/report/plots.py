@@ -90,7 +90,7 @@ def bars(labels: list[str], values: list[float], xlabel: str, title: str, palett
     ax.set_yticks(y, labels)
     ax.invert_yaxis()
     for yi, v in zip(y, values):
-        ax.annotate(f"{v:.4g}", (v, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+        ax.annotate(f"{v:.5g}", (v, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
     ax.set(xlabel=xlabel, title=title)
     ax.grid(False, axis="y")
     return to_png(fig)
