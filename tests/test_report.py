@@ -99,8 +99,8 @@ def test_html_escapes_user_strings(hostile_html):
     assert HOSTILE in text and "<b>gpu</b>" in text  # shown literally, as text
 
 
-def test_html_has_every_section_and_the_summary(docs):
-    html = render_html(docs)
+def test_html_has_every_section_and_the_summary(hostile_html):
+    html = hostile_html
     for heading in ("Environment", "Summary", "Kernels: time and roofline", "Memory: optimizer-state bytes",
                     "Diagnose: drift, stalling, staleness", "Training: loss per configuration",
                     "Staleness model", "Recommended reset periods", "Not measured"):
@@ -162,3 +162,17 @@ def test_report_of_bad_input_is_a_one_line_error(tmp_path):
     empty.mkdir()
     r = runner.invoke(app, ["report", str(empty)])
     assert r.exit_code == 2 and "no results files" in r.output
+
+
+@pytest.mark.parametrize("kind", ["kernels", "memory", "diagnose", "train", "compare", "something-else"])
+def test_sparse_documents_still_render(kind):
+    """No records, or rows with most fields missing or null, render without plots failing."""
+    sparse = [{"name": "a", "config": "a", "status": "ok", "time_ms": None, "numel": None, "state": "v",
+               "bytes_per_param": float("nan"), "stall_rate": 0.1, "stall_rate_predicted": None},
+              {"name": "b", "status": "failed", "reason": "boom", "extra": {"nested": [1]}}]
+    for records in ([], sparse):
+        d = {"schema_version": 1, "kind": kind, "env": None, "meta": {}, "records": records,
+             "series": [{"config": "a", "state": "v", "step": 1, "drift": None, "stall_rate": float("nan")}]}
+        page = parse(render_html([d]))
+        assert all(attrs["src"].startswith("data:image/png;base64,") for tag, attrs in page.tags if tag == "img")
+        assert render_markdown([d]).startswith("## qstate report")

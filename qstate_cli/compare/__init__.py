@@ -33,6 +33,8 @@ def _rows_by_identity(kind: str, docs: list[dict]) -> dict[tuple, dict]:
     out: dict[tuple, dict] = {}
     for doc in docs:
         for row in doc["records"]:
+            if not isinstance(row, dict):
+                raise QstateError(f"a {kind} results file has a record that is not a mapping: {str(row)[:60]}")
             key = identity(kind, row)
             n = 2
             while key in out:  # the same row twice (e.g. two suite points): keep both

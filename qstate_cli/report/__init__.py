@@ -53,8 +53,9 @@ def _source(doc: dict, i: int) -> str:
 
 
 def _generic(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
-    rows = doc["records"]
-    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if not isinstance(rows[0].get(k), (list, dict))][:14]
+    rows = [r for r in doc["records"] if isinstance(r, dict)]
+    keys = [k for k in dict.fromkeys(k for r in rows for k in r)
+            if not any(isinstance(r.get(k), (list, dict)) for r in rows)][:14]
     sec = Section(f"{doc.get('kind', 'results')}", str(doc.get("kind")), source,
                   tables=[Table.of("Records", rows, [(k, k) for k in keys])])
     return sec, [f"{doc.get('kind')}: {len(rows)} rows"]

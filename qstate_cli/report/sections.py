@@ -65,12 +65,13 @@ def kernels(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
 def _kernels_summary(rows, sweep) -> str:
     counts = _status_counts(rows)
     line = f"kernels: {counts}"
-    ours = [r for r in sweep if not is_baseline(r) and _finite(r.get("time_ms"))]
+    ours = [r for r in sweep if not is_baseline(r) and _finite(r.get("time_ms")) and _finite(r.get("numel"))
+            and r["time_ms"] > 0]
     if not ours:
         return line
     top = max(r["numel"] for r in ours)
     best = min((r for r in ours if r["numel"] == top), key=lambda r: r["time_ms"])
-    line += (f"; at numel {top:,} the fastest of ours is {best['name']} ({best['path']}): {cell(best['time_ms'], '.4g')} ms, "
+    line += (f"; at numel {top:,.0f} the fastest of ours is {best['name']} ({best['path']}): {cell(best['time_ms'], '.4g')} ms, "
              f"{cell(best.get('pct_of_copy'), '.1f')}% of copy bandwidth")
     fused = [r for r in sweep if r.get("path") == "torch-fused" and r.get("numel") == top and _finite(r.get("time_ms"))
              and r.get("param_dtype") == best.get("param_dtype")]
