@@ -139,3 +139,24 @@ def test_suite_points():
         suite.kernels_point({"json": "out.json"})
     with pytest.raises(QstateError, match="did you mean numel"):
         suite.memory_point({"numl": 5})
+
+
+@pytest.mark.cuda
+def test_cuda_rows_events_flush_graph_and_measured_memory():
+    # backend "reference": this checks the bench machinery, whatever the kernels' state
+    rows = run_kernels(device="cuda", numel=[1 << 20], dtype=["bf16"], config=["bred-4bit"], backend=["reference"],
+                       baseline=["torch-fused"], copy_numel=1 << 24)
+    for r in rows:
+        assert r["device"] == "cuda" and r["l2_flush_bytes"] > 0, r
+    assert rows[0]["status"] == "ok" and rows[2]["status"] == "ok"
+    graph = run_kernels(device="cuda", numel=[1 << 20], config=["bred-4bit"], baseline=["torch-fused"], backend=["reference"],
+                        cuda_graph=True, copy_numel=1 << 24)
+    assert graph[2]["status"] == "ok" and graph[2]["cuda_graph"]  # torch fused, capturable
+    assert graph[1]["status"] in ("ok", "unavailable")            # ours: capture may be refused
+    mem = by_name(memory.run(memory.plan(MemoryOptions(device="cuda", numel=[1 << 20], config=["bred-4bit"],
+                                                       baseline=["torch-fused"], backend="reference"))))
+    for r in mem.values():
+        assert r["status"] == "ok" and r["measured_reason"] is None
+        # the caching allocator rounds each tensor up (512 B blocks): measured >= counted
+        assert r["state_bytes"] <= r["measured_state_bytes"] <= 1.01 * r["state_bytes"] + 64 * 1024
+        assert r["peak_extra_mib"] >= 0

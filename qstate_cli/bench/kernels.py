@@ -37,7 +37,7 @@ CONFIGS_BY_BITS = {
 # Defaults per device: the CPU sweep finishes in well under a minute on 2 cores; the
 # CUDA sweep reaches past 1e8 elements (2**27 = 134M), where a step is bandwidth bound.
 DEFAULTS = {
-    "cpu": dict(numel=(1 << 14, 1 << 18), dtype=("fp32",), warmup_ms=10.0, rep_ms=100.0, copy_numel=1 << 24),
+    "cpu": dict(numel=(1 << 14, 1 << 18), dtype=("fp32",), warmup_ms=10.0, rep_ms=100.0, copy_numel=1 << 26),
     "cuda": dict(numel=(1 << 20, 1 << 23, 1 << 26, 1 << 27), dtype=("fp32", "bf16"), warmup_ms=25.0,
                  rep_ms=100.0, copy_numel=1 << 28),
 }

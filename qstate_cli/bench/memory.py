@@ -32,7 +32,7 @@ import torch
 from ..errors import QstateError
 from ..results import device_info
 from .bytes_model import DTYPE_NAMES, DTYPES, tensor_state_bytes
-from .kernels import Target, Tensors, free_memory, is_oom, resolve_device
+from .kernels import BACKENDS, Target, Tensors, free_memory, is_oom, resolve_device
 from .shapes import model_shapes
 from .subjects import STATES, Context, Subject, Unavailable, ours, select_baselines
 
@@ -57,6 +57,7 @@ class MemoryOptions:
     dtype: str = "fp32"
     device: str = "auto"
     baseline: list[str] = field(default_factory=list)
+    backend: str = "auto"
     seed: int = 0
 
 
@@ -68,6 +69,7 @@ class MemoryPlan:
     targets: list[Target]
     subjects: list[Subject]
     seed: int
+    backend: str = "auto"
 
     @property
     def total_rows(self) -> int:
@@ -86,7 +88,9 @@ def plan(opts: MemoryOptions) -> MemoryPlan:
     targets = [Target([(n,)], None) for n in opts.numel] + [Target(model_shapes(m), m) for m in models]
     subjects = [ours(c) for c in (opts.config or DEFAULT_CONFIGS)]
     subjects += select_baselines(opts.optimizer, opts.baseline or ["all"])
-    return MemoryPlan(device, opts.optimizer, opts.dtype, targets, subjects, int(opts.seed))
+    if opts.backend not in BACKENDS:
+        raise QstateError(f"unknown backend {opts.backend!r}: choose from {', '.join(BACKENDS)}")
+    return MemoryPlan(device, opts.optimizer, opts.dtype, targets, subjects, int(opts.seed), opts.backend)
 
 
 def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
@@ -149,7 +153,7 @@ def run(p: MemoryPlan, on_row: Callable[[dict], None] | None = None,
         for subject in p.subjects:
             if on_start:
                 on_start(f"{subject.name} {target.model or f'{target.numel:,}'}", len(rows), p.total_rows)
-            ctx = Context(p.optimizer, p.device)
+            ctx = Context(p.optimizer, p.device, backend=p.backend if subject.role == "config" else "auto")
             row = base_row(subject, ctx, target, dtype, info)
             if alloc_error:
                 row.update(status="failed", reason=alloc_error)

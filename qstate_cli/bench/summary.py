@@ -18,7 +18,7 @@ KERNEL_HEADERS = {"param_dtype": "dtype", "time_ms": "ms (median)", "iqr_pct": "
 
 MEMORY_COLUMNS = ["name", "path", "model", "params", "bytes_per_param", "reduction_pct", "state_mib",
                   "measured_mib", "peak_extra_mib", "note"]
-MEMORY_FORMATS = {"bytes_per_param": ".4f", "reduction_pct": ".1f", "state_mib": ".3f", "measured_mib": ".3f",
+MEMORY_FORMATS = {"bytes_per_param": ".4f", "reduction_pct": lambda v: f"{v:.1f}" if abs(v) >= 0.05 else "0.0", "state_mib": ".3f", "measured_mib": ".3f",
                   "peak_extra_mib": ".3f", "params": ","}
 MEMORY_HEADERS = {"bytes_per_param": "bytes/param", "reduction_pct": "% less than fp32",
                   "state_mib": "state MiB", "measured_mib": "measured MiB", "peak_extra_mib": "peak extra MiB"}

@@ -64,7 +64,10 @@ def _row_line(row: dict) -> str:
 
 def _run(kind: str, p, engine, meta: dict, json_path, csv_path, show) -> None:
     to_stdout = json_path is not None and str(json_path) == "-"
-    sink = RowSink(kind, None if to_stdout else json_path, csv_path, meta, environment(str(p.device)))
+    env = environment(str(p.device))
+    sink = RowSink(kind, None if to_stdout else json_path, csv_path, meta, env)
+    output.stderr.print(f"bench {kind} on {env['device']} ({env['device_name']}, torch threads {env['torch_threads']}, "
+                        f"torch {env['torch']}): {p.total_rows} rows", highlight=False, markup=False)
     try:
         with _progress(p.total_rows) as (on_start, on_row):
             engine.run(p, on_row=lambda r: (sink.add(r), on_row(r)), on_start=on_start)
@@ -93,7 +96,7 @@ def kernels(
     warmup_ms: Optional[float] = typer.Option(None, "--warmup-ms", help="Warm-up time per row (default: 10 on CPU, 25 on CUDA)."),
     rep_ms: Optional[float] = typer.Option(None, "--rep-ms", help="Timed repetitions per row, in ms (at least 5 reps; default 100)."),
     cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Capture each step in a CUDA graph and time its replays."),
-    copy_numel: Optional[str] = typer.Option(None, "--copy-numel", help="fp32 elements of the copy that measures bandwidth (default: 2^24 on CPU, 2^28 on CUDA)."),
+    copy_numel: Optional[str] = typer.Option(None, "--copy-numel", help="fp32 elements of the copy that measures bandwidth (default: 2^26 on CPU, 2^28 on CUDA)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the results JSON here (rewritten after every row); '-' prints it to stdout instead of the table."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write the rows as CSV here (rewritten after every row)."),
 ):
@@ -121,16 +124,18 @@ def memory(
     dtype: str = typer.Option("fp32", "--dtype", help="Parameter dtype: fp32, bf16, fp16."),
     device: str = typer.Option("auto", "--device", help="auto, cuda or cpu."),
     baseline: Optional[List[str]] = typer.Option(None, "--baseline", help="Baselines (repeatable), all (default) or none."),
+    backend: str = typer.Option("auto", "--backend", help="Our optimizers' backend: auto, reference, triton."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the results JSON here; '-' prints it to stdout."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write the rows as CSV here."),
 ):
     opts = memory_engine.MemoryOptions(
         model=list(model or []), numel=[parse_count(n) for n in split_list(numel)], config=list(config or []),
-        optimizer=optimizer.lower(), dtype=dtype, device=device, baseline=split_list(baseline))
+        optimizer=optimizer.lower(), dtype=dtype, device=device, baseline=split_list(baseline), backend=backend)
     p = memory_engine.plan(opts)
 
     def show(rows):
-        title = f"Optimizer-state memory ({p.optimizer}, {p.dtype} parameters, {p.device.type})"
+        title = f"Optimizer-state memory ({p.optimizer}, {p.dtype} parameters, {p.device.type}"
+        title += "; measured columns need CUDA)" if p.device.type != "cuda" else ")"
         output.stdout.print(output.table(title, summary.memory_display_rows(rows), summary.MEMORY_COLUMNS,
                                          summary.MEMORY_FORMATS, summary.MEMORY_HEADERS))
 
