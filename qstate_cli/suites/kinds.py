@@ -86,20 +86,19 @@ def hook_for(kind: str) -> Callable[[dict], dict]:
 def command_params(kind: str) -> set[str] | None:
     """Parameter names of the kind's CLI command (`--warmup-ms` -> warmup_ms, argument
     TRACE -> trace), without output options; None when the command is not in this build."""
-    import click
     import typer
 
     from ..cli import app
 
-    cmd: click.Command | None = typer.main.get_command(app)
+    # duck-typed: Typer >= 0.20 vendors its own click, so no isinstance on click classes
+    cmd = typer.main.get_command(app)
     for part in KINDS[kind].command:
-        if not isinstance(cmd, click.Group):
+        commands = getattr(cmd, "commands", None)
+        if commands is None or part not in commands:
             return None
-        cmd = cmd.commands.get(part)
-        if cmd is None:
-            return None
+        cmd = commands[part]
     names: set[str] = set()
     for param in cmd.params:
         long_opts = [opt[2:].replace("-", "_") for opt in param.opts if opt.startswith("--")]
-        names.update(long_opts if isinstance(param, click.Option) else [param.name])
+        names.update(long_opts if param.param_type_name == "option" else [param.name])
     return names - set(OUTPUT_OPTIONS) - {"help"}
