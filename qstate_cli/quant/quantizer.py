@@ -1,6 +1,7 @@
 """Encode and decode one state tensor: the reference every kernel must equal bit for bit.
 
-encode(x):                                   (all fp32; `/` and sqrt correctly rounded)
+encode(x):                                   (all fp32; `/` and sqrt correctly rounded
+                                              on every device: see sqrt_rn, div_scalar)
   1. non-finite values are stored as 0 (policy; the optimizers count them in gradients)
   2. sqrt domain: x <- sqrt(max(x, 0));  unsigned formats: x <- max(x, 0)
   3. block scaling: absmax per block (bf16 scales: rounded up), delta = absmax / top,
@@ -49,6 +50,13 @@ def sqrt_rn(x: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(x.double()).float()
 
 
+def div_scalar(x: torch.Tensor, c: float) -> torch.Tensor:
+    """x / c, correctly rounded on every device. (On CUDA, `tensor / python_number` is
+    computed as `tensor * (1 / c)`, which can differ in the last bit; a tensor divisor
+    keeps the true division, as the kernels' `div_rn` does.)"""
+    return x / torch.full_like(x, c)
+
+
 def bf16_round_up(x: torch.Tensor) -> torch.Tensor:
     """Smallest bf16 value >= x (x >= 0), returned in fp32."""
     bits = x.view(torch.int32)
@@ -61,7 +69,7 @@ def _block_scale(xb: torch.Tensor, spec: StateSpec) -> tuple[torch.Tensor, torch
     absmax = xb.abs().amax(dim=1)
     if spec.scale_dtype == "bf16":
         absmax = bf16_round_up(absmax)
-    delta = absmax / spec.fmt.top
+    delta = div_scalar(absmax, spec.fmt.top)
     return absmax, delta
 
 
@@ -150,7 +158,7 @@ def decode(storage: torch.Tensor, scales: torch.Tensor | None, spec: StateSpec, 
         if neg is not None:
             val = torch.where(to_blocks(neg, B), -val, val)
         if spec.scaled:
-            delta = scales.to(torch.float32) / fmt.top
+            delta = div_scalar(scales.to(torch.float32), fmt.top)
             val = val * delta[:, None]
         x = val.reshape(-1)[:numel]
     if spec.sqrt:
