@@ -88,7 +88,7 @@ def summarize(ptx: str) -> dict:
     """Instruction counts in the whole kernel and in its unmasked (full tile) branch."""
     full = ptx.split("$L__BB0_1:", 1)[1] if "$L__BB0_1:" in ptx else ""
     count = lambda text: dict(Counter(re.findall(OPS, text, re.M)))  # noqa: E731
-    return {"all": count(ptx), "full_tile": count(full)}
+    return {"all": count(ptx), "full_tile": count(full), "ftz": len(re.findall(r"\.ftz\b", ptx))}
 
 
 VARIANTS = [("adamw", "bred-4bit", torch.bfloat16), ("adamw", "torchao-4bit", torch.float32),

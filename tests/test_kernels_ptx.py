@@ -1,7 +1,8 @@
 """The kernels compiled for sm_90 (no GPU needed): what the interpreter cannot show.
 
-- no fp32 multiply-add is contracted into an FMA (enable_fp_fusion=False), and every
-  division and square root is the correctly rounded one: the GPU rounds like the reference;
+- no fp32 multiply-add is contracted into an FMA (enable_fp_fusion=False), every division
+  and square root is the correctly rounded one, and no instruction flushes subnormals to
+  zero: the GPU rounds like the reference (torch's CUDA kernels keep subnormals too);
 - a full tile moves its widest values (AdamW: the parameter and gradient; Muon: the fp32
   update) with 16-byte vector accesses and converts no register layout through shared
   memory (launch.tile_shape)."""
@@ -29,10 +30,10 @@ def probes():
     return rows
 
 
-def test_no_fma_and_only_correctly_rounded_division_and_sqrt(probes):
+def test_no_fma_no_flush_to_zero_and_only_correctly_rounded_division_and_sqrt(probes):
     for r in probes:
         ops = r["all"]
-        assert "fma.rn.f32" not in ops, r
+        assert "fma.rn.f32" not in ops and r["ftz"] == 0, r
         assert ops.get("div.rn.f32", 0) > 0, r
         assert not any(k.startswith(("div.full", "div.approx", "sqrt.approx")) for k in ops), r
         if r["op"] == "adamw":

@@ -292,9 +292,9 @@ def encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, key, step,
     n = tl.where(dpos[:, None], tl.math.div_rn(x, divisor), 0.0)
     # floor ordinal k and position frac between k and k + 1
     if KIND == LINEAR:
-        kf = tl.floor(n)
-        frac = n - kf
-        k = kf.to(tl.int32)
+        k = n.to(tl.int32)  # toward zero, then down: floor without tl.floor's flush-to-zero
+        k = tl.where(k.to(tl.float32) > n, k - 1, k)  # (|n| <= 2**bits, so int32 is exact)
+        frac = n - k.to(tl.float32)
         if ROUND == NEAREST:  # half to even
             up = (frac > 0.5) | ((frac == 0.5) & ((k & 1) == 1))
     else:
