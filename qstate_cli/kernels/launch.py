@@ -125,7 +125,10 @@ class Member:
 
 @dataclass
 class Batch:
-    """The device tables of one multi-tensor launch (see module docstring)."""
+    """The device tables of one multi-tensor launch (see module docstring). They hold raw
+    addresses, not references: the caller keeps the members' tensors alive while it
+    launches with the batch (the optimizers do: the tensors are parameters, gradients
+    and states; a cached batch whose tensors died is never used, its key no longer matches)."""
 
     meta: torch.Tensor  # int64 [T, NCOL]
     programs: torch.Tensor  # int32 [grid]
