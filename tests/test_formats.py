@@ -208,3 +208,18 @@ def test_state_bytes_match_the_accounting(text, numel):
     block = spec.block if spec.scaled else None
     want = math.ceil(numel * spec.bits / 8) + (math.ceil(numel / block) * spec.scale_bytes if block else 0)
     assert st_.nbytes == want == state_bytes(spec.fmt, numel, block, spec.scale_bytes) == st_.expected_nbytes()
+
+
+def test_normalize_multiplies_by_one_reciprocal_per_block():
+    """n = x * (1 / delta), the reciprocal a true fp32 division once per block; x / delta
+    where 1 / delta overflows (delta < 2**-128); 0 in a zero block."""
+    from qstate_cli.quant.quantizer import normalize
+
+    g = torch.Generator().manual_seed(0)
+    xb = torch.randn(4, 64, generator=g)
+    delta = torch.tensor([0.37, 1e-39, 0.0, 3.0])
+    n = normalize(xb, delta)
+    inv = (torch.ones(()) / delta[0]).item()
+    assert torch.equal(n[0], xb[0] * inv) and torch.equal(n[3], xb[3] * (torch.ones(()) / 3.0))
+    assert torch.equal(n[1], xb[1] / delta[1]) and torch.isfinite(n[1]).all()
+    assert torch.equal(n[2], torch.zeros(64))

@@ -37,7 +37,7 @@ class Scalars:
     lr: torch.Tensor
     decay: torch.Tensor  # 1 - lr * weight_decay (decoupled weight decay)
     step_size: torch.Tensor  # AdamW: lr / (1 - beta1**t)
-    bc2_sqrt: torch.Tensor  # AdamW: sqrt(1 - beta2**t)
+    inv_bc2_sqrt: torch.Tensor  # AdamW: 1 / sqrt(1 - beta2**t)
 
 
 def f32(x, device) -> torch.Tensor:
@@ -54,27 +54,28 @@ def fp32_round(x: float) -> float:
 
 
 def bias_corrections(beta1: float, beta2: float, t: int) -> tuple[float, float]:
-    """(1 - beta1**t, sqrt(1 - beta2**t)) as fp32 values, from float64 on the host; the
-    sqrt is the correctly rounded fp32 sqrt of the fp32 value of 1 - beta2**t."""
+    """(1 - beta1**t, 1 / sqrt(1 - beta2**t)) as fp32 values, each computed in float64 on
+    the host and rounded once."""
     bc1 = fp32_round(1.0 - float(beta1) ** int(t))
-    bc2 = fp32_round(1.0 - float(beta2) ** int(t))
-    return bc1, fp32_round(math.sqrt(bc2))
+    bc2 = 1.0 - float(beta2) ** int(t)
+    return bc1, fp32_round(1.0 / math.sqrt(bc2)) if bc2 > 0 else math.inf
 
 
 def step_scalars(lr, weight_decay: float, beta1: float, beta2: float, t: int, device) -> Scalars:
     """Scalars for step t (t = steps since the last reset, >= 1), fp32 on device.
 
-    decay = 1 - lr * wd;  step_size = lr / (1 - beta1**t);  bc2_sqrt = sqrt(1 - beta2**t)
+    decay = 1 - lr * wd;  step_size = lr / (1 - beta1**t);  inv_bc2_sqrt = 1 / sqrt(1 - beta2**t)
     """
     lr_t = f32(lr, device)
     decay = 1.0 - lr_t * f32(weight_decay, device)
-    bc1, bc2_sqrt = bias_corrections(beta1, beta2, t)
-    return Scalars(lr=lr_t, decay=decay, step_size=lr_t / f32(bc1, device), bc2_sqrt=f32(bc2_sqrt, device))
+    bc1, inv_bc2_sqrt = bias_corrections(beta1, beta2, t)
+    return Scalars(lr=lr_t, decay=decay, step_size=lr_t / f32(bc1, device),
+                   inv_bc2_sqrt=f32(inv_bc2_sqrt, device))
 
 
 def pack_scalars(s: Scalars) -> torch.Tensor:
-    """[lr, decay, step_size, bc2_sqrt] as one fp32 tensor: what the kernels read."""
-    return torch.stack([s.lr, s.decay, s.step_size, s.bc2_sqrt])
+    """[lr, decay, step_size, inv_bc2_sqrt] as one fp32 tensor: what the kernels read."""
+    return torch.stack([s.lr, s.decay, s.step_size, s.inv_bc2_sqrt])
 
 
 def ema(x_hat: torch.Tensor, target: torch.Tensor, beta: float) -> torch.Tensor:
@@ -86,11 +87,12 @@ def adamw(p, g, m_hat, v_hat, s: Scalars, beta1: float, beta2: float, eps: float
     """AdamW (Loshchilov & Hutter): decoupled decay, bias-corrected Adam step.
 
     m = b1 m_hat + (1-b1) g;  v = b2 v_hat + (1-b2) g^2
-    p <- p * (1 - lr wd) - (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+    p <- p * (1 - lr wd) - (lr / bc1) * m / (sqrt(v) * (1 / sqrt(bc2)) + eps)
+    (1 / sqrt(bc2) is a host scalar: one division per element, m / denom, not two)
     """
     m = ema(m_hat, g, beta1)
     v = ema(v_hat, g * g, beta2)
-    denom = sqrt_rn(v) / s.bc2_sqrt + eps
+    denom = sqrt_rn(v) * s.inv_bc2_sqrt + eps
     p = p * s.decay - (m / denom) * s.step_size
     return p, m, v
 

@@ -5,7 +5,9 @@ encode(x):                                   (all fp32; `/` and sqrt correctly r
   1. non-finite values are stored as 0 (policy; the optimizers count them in gradients)
   2. sqrt domain: x <- sqrt(max(x, 0));  unsigned formats: x <- max(x, 0)
   3. block scaling: absmax per block (bf16 scales: rounded up), delta = absmax / top,
-     n = x / delta (0 where delta == 0);  unscaled: n = x
+     n = x * (1 / delta): one division per block, not per element (as bitsandbytes);
+     n = x / delta in a block whose 1 / delta overflows (delta < 2**-128); 0 where
+     delta == 0;  unscaled: n = x
   4. floor ordinal k and position frac of n (formats.py); for signed floats on |n|
   5. rounding picks r in {0, 1} and q = k + r (clamped to the code range):
        nearest     r = frac > 1/2, ties to even q   (tables: n - lo >= (hi - lo)/2)
@@ -57,6 +59,15 @@ def div_scalar(x: torch.Tensor, c: float) -> torch.Tensor:
     return x / torch.full_like(x, c)
 
 
+def normalize(xb: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """n = x * (1 / delta) per block row (x / delta where 1 / delta overflows; 0 where
+    delta == 0). The reciprocal is a true fp32 division, once per block."""
+    d = torch.where(delta > 0, delta, torch.ones((), device=delta.device))[:, None]
+    inv = torch.ones_like(d) / d
+    n = torch.where(torch.isinf(inv), xb / d, xb * inv)
+    return torch.where(delta[:, None] > 0, n, torch.zeros((), device=xb.device))
+
+
 def bf16_round_up(x: torch.Tensor) -> torch.Tensor:
     """Smallest bf16 value >= x (x >= 0), returned in fp32."""
     bits = x.view(torch.int32)
@@ -98,8 +109,7 @@ def encode(x: torch.Tensor, spec: StateSpec, step: int, stream: Stream = Stream(
     absmax = None
     if spec.scaled:
         absmax, delta = _block_scale(xb, spec)
-        d = delta[:, None]
-        n = torch.where(d > 0, xb / torch.where(d > 0, d, 1.0), torch.zeros((), device=x.device))
+        n = normalize(xb, delta)
     else:
         n = xb
     is_float = fmt.kind == "float"
