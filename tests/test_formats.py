@@ -217,6 +217,7 @@ def test_normalize_multiplies_by_one_reciprocal_per_block():
 
     g = torch.Generator().manual_seed(0)
     xb = torch.randn(4, 64, generator=g)
+    xb[1] *= 1e-39  # a block of subnormal-sized values (|n| stays a few units)
     delta = torch.tensor([0.37, 1e-39, 0.0, 3.0])
     n = normalize(xb, delta)
     inv = (torch.ones(()) / delta[0]).item()
