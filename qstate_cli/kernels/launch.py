@@ -16,21 +16,30 @@ e5m2, e2m1, e2m2).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
 
+from ..quant import hash as qhash
 from ..quant.codebooks import codebook_tensor
 from ..quant.config import StateSpec
 
 META_COLUMNS = ("param", "grad", "m_codes", "m_scales", "v_codes", "v_scales", "nonfinite", "out",
-                "numel", "tensor_id", "first_program")
+                "numel", "tensor_id", "first_program", "m_key", "v_key")
 COL = {name: i for i, name in enumerate(META_COLUMNS)}
 NCOL = len(META_COLUMNS)  # common.py names the same columns for the kernels
 VALUE_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 ROUNDING_CODES = {"nearest": 0, "stochastic": 1, "bred": 2}
 DEFAULT_WARPS = 8
+MAX_TILES_PER_PROGRAM = 8
+PROGRAMS_WANTED = 1024  # ~8 programs per SM on an H100/H200 before tiles per program grow
 LAUNCH_OPTIONS = {"enable_fp_fusion": False}  # no FMA contraction: fp32 ops round as torch's
+
+
+def interpreting() -> bool:
+    """Triton's interpreter is on (set before the kernels were imported)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,23 @@ def tile_shape(block: int, value_bytes: int = 4) -> tuple[int, int, int]:
     return bp, rows, warps
 
 
+def tiles_per_program(total_tiles: int) -> int:
+    """Consecutive tiles one program steps (1, 2, 4 or 8): enough programs to fill the GPU
+    (PROGRAMS_WANTED), as few as that allows, so that per-program work (the address
+    table, the hash keys of the step) is spread over up to 8 tiles."""
+    tiles = 1
+    while tiles < MAX_TILES_PER_PROGRAM and total_tiles >= 2 * tiles * PROGRAMS_WANTED:
+        tiles *= 2
+    return tiles
+
+
+def stream_key(seed: int, tensor_id: int, state_id: int) -> int:
+    """k = hash32(hash32(hash32(seed) ^ tensor_id) ^ state_id) (quant/hash.stream_keys)."""
+    k = qhash.hash32(int(seed) & qhash.MASK32)
+    k = qhash.hash32(k ^ (int(tensor_id) & qhash.MASK32))
+    return qhash.hash32(k ^ state_id)
+
+
 def as_int32(value: int) -> int:
     """A uint32 value as the signed int32 with the same bits (kernel scalar arguments stay i32)."""
     value = int(value) & 0xFFFFFFFF
@@ -135,25 +161,33 @@ class Batch:
     grid: int
     aligned: bool  # every address 16-byte aligned: kernels may use 16-byte vector accesses
     value_bytes: int  # widest parameter/gradient element: sets the tile (tile_shape)
+    tiles: int  # tiles per program (tiles_per_program)
     key: tuple
     keep: list = field(default_factory=list)
 
 
-def batch_key(members: list[Member], block: int) -> tuple:
-    return (int(block), value_bytes(members)) + tuple((m.addresses(), m.param.numel(), m.tensor_id) for m in members)
+def batch_key(members: list[Member], block: int, seed: int, tiles: int | None = None) -> tuple:
+    return ((int(block), value_bytes(members), int(seed), tiles)
+            + tuple((m.addresses(), m.param.numel(), m.tensor_id) for m in members))
 
 
-def build_batch(members: list[Member], block: int) -> Batch:
-    """Address and program tables for `members` (all on one device), tiles of `block`."""
+def build_batch(members: list[Member], block: int, seed: int = 0, tiles: int | None = None) -> Batch:
+    """Address and program tables for `members` (all on one device): tiles of ROWS blocks
+    of `block` elements, `tiles` per program (default: tiles_per_program), the stream keys
+    of random stream `seed` (state 0 = m, 1 = v; tensor id = Member.tensor_id)."""
     device = members[0].param.device
     _, rows, _ = tile_shape(block, value_bytes(members))
-    table, programs, first = [], [], 0
-    for i, m in enumerate(members):
-        numel = m.param.numel()
-        if m.grad.numel() != numel or not (m.param.is_contiguous() and m.grad.is_contiguous()):
+    counts = []
+    for m in members:
+        if m.grad.numel() != m.param.numel() or not (m.param.is_contiguous() and m.grad.is_contiguous()):
             raise ValueError("kernel launch needs contiguous parameter and gradient of equal size")
-        nprog = -(-(-(-numel // block)) // rows)
-        table.append(list(m.addresses()) + [numel, m.tensor_id, first])
+        counts.append(-(-m.param.numel() // (rows * block)))
+    per_program = tiles or tiles_per_program(sum(counts))
+    table, programs, first = [], [], 0
+    for i, (m, ntiles) in enumerate(zip(members, counts)):
+        nprog = -(-ntiles // per_program)
+        keys = [stream_key(seed, m.tensor_id, s) for s in (0, 1)]
+        table.append(list(m.addresses()) + [m.param.numel(), m.tensor_id, first] + keys)
         programs.append(torch.full((nprog,), i, dtype=torch.int32))
         first += nprog
     meta = torch.tensor(table, dtype=torch.int64)
@@ -161,8 +195,8 @@ def build_batch(members: list[Member], block: int) -> Batch:
     addresses = [a for row in table for a in row[:8] if a]
     aligned = all(a % 16 == 0 for a in addresses)
     return Batch(meta=_to_device(meta, device), programs=_to_device(prog, device), grid=first,
-                 aligned=aligned, value_bytes=value_bytes(members), key=batch_key(members, block),
-                 keep=[meta, prog])
+                 aligned=aligned, value_bytes=value_bytes(members), tiles=per_program,
+                 key=batch_key(members, block, seed, tiles), keep=[meta, prog])
 
 
 def value_bytes(members: list[Member]) -> int:

@@ -100,7 +100,7 @@ def step_group(opt, group, params: list, ids: dict) -> None:
         block = next(iter(run.layouts.values())).block
         if opt.kernel_needs_out:
             _attach_workspace(opt, run)
-        batch = _cached_batch(opt, run.members, block)
+        batch = _cached_batch(opt, run.members, block, group["seed"])
         opt.launch_kernel(group, batch, run)
         for p in run.params:
             st = opt.state[p]
@@ -110,16 +110,16 @@ def step_group(opt, group, params: list, ids: dict) -> None:
                 st[n]["written"] = torch.tensor(run.step, dtype=torch.int64)
 
 
-def _cached_batch(opt, members, block):
+def _cached_batch(opt, members, block, seed):
     from ..kernels import launch
 
     cache = opt.__dict__.setdefault("_kernel_batches", {})
-    key = launch.batch_key(members, block)
+    key = launch.batch_key(members, block, seed)
     batch = cache.get(key)
     if batch is None:
         if len(cache) >= MAX_CACHED_BATCHES:
             cache.clear()
-        batch = cache[key] = launch.build_batch(members, block)
+        batch = cache[key] = launch.build_batch(members, block, seed)
     return batch
 
 

@@ -46,7 +46,7 @@ class AdamW(QuantizedOptimizer):
             wd, l2 = 0.0, wd
         s = rules.pack_scalars(rules.step_scalars(group["lr"], wd, beta1, beta2, run.since, run.device))
         adamw_step(batch, s, run.layouts["m"], run.layouts["v"], p_kind=run.p_kind, g_kind=run.g_kind,
-                   seed=group["seed"], step=run.step, written=(run.written["m"], run.written["v"]),
+                   step=run.step, written=(run.written["m"], run.written["v"]),
                    fresh=(run.fresh["m"], run.fresh["v"]), beta1=beta1, beta2=beta2, eps=group["eps"],
                    l2_wd=l2, tables=(run.tables["m"], run.tables["v"]))
 
@@ -78,8 +78,7 @@ class Lion(QuantizedOptimizer):
         beta1, beta2 = group["betas"]
         s = rules.step_scalars(group["lr"], group["weight_decay"], beta1, beta2, run.since, run.device)
         lion_step(batch, rules.pack_scalars(s), run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
-                  seed=group["seed"], step=run.step, written=run.written["m"], fresh=run.fresh["m"],
-                  beta1=beta1, beta2=beta2, table=run.tables["m"])
+                  step=run.step, written=run.written["m"], fresh=run.fresh["m"], beta1=beta1, beta2=beta2, table=run.tables["m"])
 
 
 class SGD(QuantizedOptimizer):
@@ -107,7 +106,7 @@ class SGD(QuantizedOptimizer):
 
         s = rules.step_scalars(group["lr"], 0.0, 0.0, 0.0, 1, run.device)
         sgd_step(batch, rules.pack_scalars(s), run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
-                 seed=group["seed"], step=run.step, written=run.written["m"], fresh=run.fresh["m"],
+                 step=run.step, written=run.written["m"], fresh=run.fresh["m"],
                  momentum=group["momentum"], dampening=group["dampening"],
                  weight_decay=group["weight_decay"], nesterov=group["nesterov"], table=run.tables["m"])
 
@@ -137,7 +136,7 @@ class Muon(QuantizedOptimizer):
     def launch_kernel(self, group, batch, run):
         from ..kernels.muon import muon_momentum_step
 
-        muon_momentum_step(batch, run.layouts["m"], g_kind=run.g_kind, seed=group["seed"], step=run.step,
+        muon_momentum_step(batch, run.layouts["m"], g_kind=run.g_kind, step=run.step,
                            written=run.written["m"], fresh=run.fresh["m"], momentum=group["momentum"],
                            nesterov=group["nesterov"], table=run.tables["m"])
         s = rules.step_scalars(group["lr"], group["weight_decay"], 0.0, 0.0, 1, run.device)
