@@ -27,17 +27,17 @@ class Recorder:
         return lambda *args, **kw: self.calls.append((args, kw))
 
 
-def record(op: str, states: str, dtype: torch.dtype):
+def record(op: str, states: str, dtype: torch.dtype, numel: int = 4096):
     from qstate_cli.kernels import adamw, launch, muon
     from qstate_cli.optim import rules
     from qstate_cli.quant import QuantizedState, parse_config
 
     c = parse_config(states)
-    p = torch.zeros(4096, dtype=dtype)
+    p = torch.zeros(numel, dtype=dtype)
     qs = {n: QuantizedState(c.spec(n), p.shape) for n in "mv"}
     member = launch.Member(p, p.clone(), {n: (q.codes, q.scales) for n, q in qs.items()},
                            torch.zeros((), dtype=torch.int64), 0,
-                           out=torch.zeros(4096) if op == "muon" else None)
+                           out=torch.zeros(numel) if op == "muon" else None)
     batch = launch.build_batch([member], c.m.block)
     lm, lv = launch.kernel_layout(c.m), launch.kernel_layout(c.v)
     scal = rules.pack_scalars(rules.step_scalars(1e-3, 0.0, 0.9, 0.999, 1, "cpu"))

@@ -188,3 +188,37 @@ def test_tensors_beyond_two_to_the_31_elements_use_64_bit_offsets():
     assert_bits_equal("tail of param", p.detach()[start:], q.detach())
     assert_bits_equal("tail of m codes", opt.state[p]["m"]["codes"][start // 2:], ref.state[q]["m"]["codes"])
     assert_bits_equal("tail of v scales", opt.state[p]["v"]["scales"][start // 128:], ref.state[q]["v"]["scales"])
+
+
+def test_programs_that_loop_over_several_tiles_equal_one_tile_per_program():
+    """A program steps up to 8 consecutive tiles (launch.tiles_per_program); the last one
+    of a tensor may be short. Same bits as one tile per program."""
+    shapes = [(6 * 2048 + 77,), (3000,)]  # bf16, block 128: tiles of 16 blocks = 2048 elements
+    c, looped = _members(shapes, "m=int4:bred:b128,v=uint4:sr:b128:sqrt", torch.bfloat16, torch.Generator().manual_seed(1))
+    _, single = _members(shapes, "m=int4:bred:b128,v=uint4:sr:b128:sqrt", torch.bfloat16, torch.Generator().manual_seed(1))
+    for step in (1, 2):
+        batch = launch.build_batch(looped, 128, seed=1, tiles=4)
+        assert batch.tiles == 4 and batch.grid == 2 + 1  # 7 tiles -> 2 programs; 2 tiles -> 1
+        _launch(batch, c, step)
+        _launch(launch.build_batch(single, 128, seed=1, tiles=1), c, step)
+        for i, (a, b) in enumerate(zip(looped, single)):
+            assert_bits_equal(f"param {i}", a.param, b.param)
+            for n in "mv":
+                assert_bits_equal(f"param {i} {n} codes", a.states[n][0], b.states[n][0])
+                assert_bits_equal(f"param {i} {n} scales", a.states[n][1], b.states[n][1])
+
+
+def test_optimizer_with_looping_programs_equals_reference(monkeypatch):
+    monkeypatch.setattr(launch, "PROGRAMS_WANTED", 1)  # small tensors get 8 tiles per program
+    ref, ker = make_pair(AdamW, [(9 * 2048 + 5,), (300,)], dtype=torch.bfloat16, states="bred-4bit")
+    gen = torch.Generator().manual_seed(7)
+    for t in (1, 2):
+        step_both(ref, ker, gen, poison=(t == 2))
+        assert_same_state(ref, ker, t)
+    assert next(iter(ker._kernel_batches.values())).tiles == 8  # 10 + 1 tiles: programs of 8 + 2 and 1
+
+
+def test_tiles_per_program_fills_the_gpu_first():
+    assert launch.tiles_per_program(10) == 1
+    assert launch.tiles_per_program(2 * launch.PROGRAMS_WANTED) == 2
+    assert launch.tiles_per_program(10 ** 6) == launch.MAX_TILES_PER_PROGRAM
