@@ -31,6 +31,7 @@ keep the same state layout, so checkpoints move between them (optim/fused.py).
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 
@@ -100,7 +101,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
 
     # ---- configuration -------------------------------------------------------------
     def config(self, group) -> StateConfig:
-        return parse_config(group["states"])
+        return _parsed(group["states"])
 
     def spec_for(self, group, p: torch.Tensor, name: str) -> StateSpec:
         if p.numel() < group["min_quant_numel"]:
@@ -222,6 +223,12 @@ class QuantizedOptimizer(torch.optim.Optimizer):
             p = params[int(idx)]
             self.state[p] = {k: _to_device(k, v, p.device) for k, v in value.items()}
         self.__dict__.pop("_kernel_batches", None)  # launch tables hold the old addresses
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> StateConfig:
+    """parse_config, once per configuration text (StateConfig is immutable)."""
+    return parse_config(text)
 
 
 HOST_KEYS = ("step", "since_reset", "written")  # step counters live on the host: reading them never syncs

@@ -71,43 +71,44 @@ def step_group(opt, group, params: list, ids: dict) -> None:
     """Step `params` (all covered by the kernels) of one param group."""
     from ..kernels import launch
 
+    names = opt.state_names
     runs: dict[tuple, Run] = {}
     for p in params:
-        tensor_id = ids[id(p)]
-        states = opt.load_states(group, p, tensor_id)
         st = opt.state[p]
+        if not st:
+            opt.load_states(group, p, ids[id(p)])  # creates the (empty) states
         step = int(st["step"]) + 1
         since = int(st["since_reset"])
         reset = opt.reset_policy.should_reset(step, since)
         since = 1 if reset else since + 1
-        fresh = {n: reset or q.written == 0 for n, q in states.items()}
-        written = {n: 0 if fresh[n] else q.written for n, q in states.items()}
+        written = tuple(0 if reset else int(st[n]["written"]) for n in names)
         grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
-        key = (p.device, p.dtype, grad.dtype, step, since, tuple(written.values()), tuple(fresh.values()))
+        key = (p.get_device(), p.dtype, grad.dtype, step, since, written)
         run = runs.get(key)
         if run is None:
-            run = runs[key] = Run(p.device, launch.VALUE_KINDS[p.dtype], launch.VALUE_KINDS[grad.dtype],
-                                  step, since, written, fresh)
-            for n in opt.state_names:
+            run = runs[key] = Run(p.device, launch.VALUE_KINDS[p.dtype], launch.VALUE_KINDS[grad.dtype], step, since,
+                                  written=dict(zip(names, written)), fresh={n: w == 0 for n, w in zip(names, written)})
+            for n in names:
                 layout = launch.kernel_layout(opt.spec_for(group, p, n))
                 run.layouts[n] = layout
                 run.tables[n] = layout.table(p.device)
         run.params.append(p)
-        run.members.append(launch.Member(
-            param=p, grad=grad, states={n: (st[n]["codes"], st[n]["scales"]) for n in opt.state_names},
-            nonfinite=st["nonfinite"], tensor_id=tensor_id))
+        run.members.append(launch.Member(param=p, grad=grad, states={n: (st[n]["codes"], st[n]["scales"]) for n in names},
+                                         nonfinite=st["nonfinite"], tensor_id=ids[id(p)]))
     for run in runs.values():
         block = next(iter(run.layouts.values())).block
         if opt.kernel_needs_out:
             _attach_workspace(opt, run)
         batch = _cached_batch(opt, run.members, block, group["seed"])
         opt.launch_kernel(group, batch, run)
+        # host counters: one (never mutated) tensor per value, shared by the launch's parameters
+        step_t = torch.tensor(run.step, dtype=torch.int64)
+        since_t = torch.tensor(run.since, dtype=torch.int64)
         for p in run.params:
             st = opt.state[p]
-            st["step"] = torch.tensor(run.step, dtype=torch.int64)
-            st["since_reset"] = torch.tensor(run.since, dtype=torch.int64)
-            for n in opt.state_names:
-                st[n]["written"] = torch.tensor(run.step, dtype=torch.int64)
+            st["step"], st["since_reset"] = step_t, since_t
+            for n in names:
+                st[n]["written"] = step_t
 
 
 def _cached_batch(opt, members, block, seed):
