@@ -205,9 +205,8 @@ def load_grad(ptr, rem, KIND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, R
 @triton.jit
 def code_to_float(u, BITS: tl.constexpr, SIGNED: tl.constexpr):
     """The integer value of an unsigned BITS-bit code u (two's complement if SIGNED), as fp32."""
-    if SIGNED:
-        half: tl.constexpr = 1 << (BITS - 1)
-        return ((u ^ half) | INT_BASE_BITS).to(tl.float32, bitcast=True) - (INT_BASE + half)
+    if SIGNED:  # (u ^ half) - half, half = 2**(BITS-1)
+        return ((u ^ (1 << (BITS - 1))) | INT_BASE_BITS).to(tl.float32, bitcast=True) - (INT_BASE + (1 << (BITS - 1)))
     return (u | INT_BASE_BITS).to(tl.float32, bitcast=True) - INT_BASE
 
 
