@@ -1,10 +1,16 @@
-"""Shared test settings: deterministic threads, hypothesis profile, CUDA marker."""
+"""Shared test settings: deterministic threads, hypothesis profile, CUDA marker, and
+Triton's interpreter for the kernel tests when there is no GPU."""
 import os
 
 import pytest
 import torch
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+if not torch.cuda.is_available():
+    # The kernels run in Triton's interpreter on CPU tensors. Triton reads this when a
+    # kernel is decorated, so it must be set before anything imports the kernel modules.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 try:
     from hypothesis import settings

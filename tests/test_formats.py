@@ -127,7 +127,7 @@ def test_error_is_bounded_by_the_local_grid(template, rounding, values, step):
             else:
                 assert scale == absmax
             absmax = scale
-        if spec.scaled and absmax / spec.fmt.top == 0:  # zero block (or a scale that underflows)
+        if spec.scaled and absmax < spec.fmt.top * 2 ** -126:  # zero block, or a subnormal step: reads 0
             assert torch.all(yb == 0)
             continue
         grid = representable(spec, absmax)
@@ -208,3 +208,22 @@ def test_state_bytes_match_the_accounting(text, numel):
     block = spec.block if spec.scaled else None
     want = math.ceil(numel * spec.bits / 8) + (math.ceil(numel / block) * spec.scale_bytes if block else 0)
     assert st_.nbytes == want == state_bytes(spec.fmt, numel, block, spec.scale_bytes) == st_.expected_nbytes()
+
+
+def test_normalize_multiplies_by_one_reciprocal_per_block():
+    """n = x * (top / absmax), one true fp32 division per block; a block with
+    absmax < top * 2**-126 (subnormal step) or all zero has step 0 and reads back as 0."""
+    from qstate_cli.quant.quantizer import normalize, step_of
+
+    absmax = torch.tensor([2.59, 1e-40, 0.0, 21.0, 7 * 2.0 ** -126])
+    delta = step_of(absmax, 7.0)
+    assert delta[0].item() == (torch.tensor(2.59) / torch.tensor(7.0)).item()
+    assert delta[1].item() == 0.0 and delta[2].item() == 0.0 and delta[4].item() == 2.0 ** -126
+    xb = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
+    xb[1] *= 1e-41
+    n = normalize(xb, absmax, 7.0)
+    assert torch.equal(n[0], xb[0] * (torch.tensor(7.0) / absmax[0]))
+    assert torch.equal(n[3], xb[3] * (torch.tensor(7.0) / absmax[3]))
+    assert torch.equal(n[1], torch.zeros(64)) and torch.equal(n[2], torch.zeros(64)) and torch.isfinite(n).all()
+    y, _, _, _ = roundtrip(torch.tensor([1e-40, -3e-39] * 64), "int4:bred:b128")
+    assert torch.equal(y, torch.zeros(128))

@@ -223,3 +223,27 @@ def test_bf16_parameters_keep_fp32_scales_through_a_checkpoint():
     opt2.load_state_dict(sd)
     assert opt2.state[p]["m"]["scales"].dtype == torch.float32
     assert opt2.state[p]["m"]["codes"].dtype == torch.uint8
+
+
+def test_step_scalars_are_device_independent_fp32_values():
+    """Bias corrections come from float64 on the host, rounded once to fp32; lr / bc1 is a
+    true fp32 division (never a multiply by a reciprocal), so every device agrees."""
+    import numpy as np
+
+    s = rules.step_scalars(3e-4, 0.1, 0.9, 0.999, 7, "cpu")
+    bc1 = np.float32(1.0 - 0.9 ** 7)
+    assert s.step_size.item() == float(np.float32(3e-4) / bc1)
+    assert s.inv_bc2_sqrt.item() == float(np.float32(1 / np.sqrt(1.0 - 0.999 ** 7)))
+    assert s.decay.item() == float(np.float32(1.0) - np.float32(3e-4) * np.float32(0.1))
+    lr = torch.tensor(3e-4)  # a scheduled lr held in a tensor gives the same numbers
+    assert torch.equal(rules.pack_scalars(rules.step_scalars(lr, 0.1, 0.9, 0.999, 7, "cpu")), rules.pack_scalars(s))
+
+
+def test_div_scalar_is_true_division():
+    import numpy as np
+
+    from qstate_cli.quant.quantizer import div_scalar
+
+    x = torch.randn(4096) * torch.exp(torch.randn(4096) * 10)
+    want = torch.from_numpy(x.numpy() / np.float32(7.0))
+    assert torch.equal(div_scalar(x, 7.0), want)

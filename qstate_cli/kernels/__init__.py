@@ -1,5 +1,14 @@
 """Fused Triton kernels (one module per op) that reproduce quant/ and optim/rules.py bit for bit.
 
+    common.py    Triton helpers: the hash, the state codec (decode/encode), casts
+    launch.py    host side: which specs are covered, the multi-tensor launch tables, tiles
+    adamw.py     fused AdamW/Adam step (two states)
+    lion.py      fused Lion step (one state)
+    sgd.py       fused SGD-momentum step (one state)
+    muon.py      fused Muon momentum update (one state + fp32 update for Newton-Schulz)
+    headline.py  the headline measurement (copy vs fused 4-bit AdamW vs torch fused AdamW)
+
+The optimizers (optim/fused.py) import these lazily; nothing here is imported by the math.
 `available(device)` says whether kernels can run for tensors on `device`: Triton must
 import, and the device must be CUDA, or Triton's interpreter must be on
 (TRITON_INTERPRET=1, set before triton is imported) for CPU tensors.

@@ -21,12 +21,17 @@ does below 4096); pass 0 to quantize everything.
 Backends (`backend=`): "reference" steps every parameter with the pure-torch rules;
 "triton" uses the fused kernels (on CUDA tensors, or in Triton's interpreter on CPU when
 TRITON_INTERPRET=1 is set); "auto" (default) is triton for CUDA tensors when the kernels
-are available and reference otherwise. `path_for(p)` names what steps p: "triton",
-"triton-interpreter" or "reference" (benchmarks label every row with it).
+are available and reference otherwise. Either way a parameter the kernels do not cover
+(states in fp32 or a minifloat format, small tensors below `min_quant_numel`, fp64 or
+non-contiguous parameters, m and v with different block sizes; `why_reference(p)` says
+which) is stepped by the reference. `path_for(p)` names what steps p: "triton",
+"triton-interpreter" or "reference" (benchmarks label every row with it). Both paths
+keep the same state layout, so checkpoints move between them (optim/fused.py).
 """
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 
@@ -44,6 +49,8 @@ STATE_IDS = {"m": 0, "v": 1}
 class QuantizedOptimizer(torch.optim.Optimizer):
     state_names: tuple[str, ...] = ("m",)
     beta_for_reset: str = "beta2"  # which hyper-parameter sets the 'auto' reset period
+    kernel: str | None = None  # name of the fused kernel module (kernels/<kernel>.py)
+    kernel_needs_out = False  # the kernel writes an fp32 update per parameter (Muon)
 
     def __init__(self, params, defaults: dict, states="bred-4bit", reset=None, seed: int = 0,
                  min_quant_numel: int = 4096, backend: str = "auto"):
@@ -60,20 +67,41 @@ class QuantizedOptimizer(torch.optim.Optimizer):
 
     def path_for(self, p: torch.Tensor) -> str:
         """'triton', 'triton-interpreter' or 'reference': what steps parameter p."""
-        from .. import kernels
+        return self._path(self._group_of(p), p)
+
+    def why_reference(self, p: torch.Tensor) -> str | None:
+        """Why the reference steps p although kernels were asked for (None if they step it)."""
+        from . import fused
+
+        return fused.why_reference(self, self._group_of(p), p)
+
+    def _path(self, group, p: torch.Tensor) -> str:
+        from . import fused
 
         if self.backend == "reference":
             return "reference"
-        if self.backend == "auto":
-            return "triton" if p.is_cuda and kernels.available(p.device) else "reference"
+        if self.backend == "auto" and not p.is_cuda:
+            return "reference"
+        from .. import kernels
+
         if not kernels.available(p.device):
+            if self.backend == "auto":
+                return "reference"
             raise QstateError(f"backend='triton' needs Triton and a CUDA device or TRITON_INTERPRET=1 "
                               f"({kernels.unavailable_reason(p.device)})")
+        if fused.why_reference(self, group, p) is not None:
+            return "reference"
         return "triton" if p.is_cuda else "triton-interpreter"
+
+    def _group_of(self, p: torch.Tensor) -> dict:
+        for group in self.param_groups:
+            if any(q is p for q in group["params"]):
+                return group
+        raise QstateError("parameter is not in this optimizer")
 
     # ---- configuration -------------------------------------------------------------
     def config(self, group) -> StateConfig:
-        return parse_config(group["states"])
+        return _parsed(group["states"])
 
     def spec_for(self, group, p: torch.Tensor, name: str) -> StateSpec:
         if p.numel() < group["min_quant_numel"]:
@@ -135,13 +163,23 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         ids = self.tensor_ids()
         for group in self.param_groups:
+            fused_params = []
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if self.path_for(p) != "reference":
-                    raise QstateError("the Triton kernel path is not built yet; use backend='reference'")
-                self._step_param(group, p, ids[id(p)])
+                if self._path(group, p) == "reference":
+                    self._step_param(group, p, ids[id(p)])
+                else:
+                    fused_params.append(p)
+            if fused_params:
+                from . import fused
+
+                fused.step_group(self, group, fused_params, ids)
         return loss
+
+    def launch_kernel(self, group, batch, run) -> None:
+        """Step the tensors of `batch` with this optimizer's fused kernel (optim/fused.py)."""
+        raise NotImplementedError
 
     def _step_param(self, group, p, tensor_id: int) -> None:
         states = self.load_states(group, p, tensor_id)
@@ -183,15 +221,24 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         params = [p for g in self.param_groups for p in g["params"]]
         for idx, value in saved_state.items():
             p = params[int(idx)]
-            self.state[p] = {k: v if k in HOST_KEYS else _to_device(v, p.device) for k, v in value.items()}
+            self.state[p] = {k: _to_device(k, v, p.device) for k, v in value.items()}
+        self.__dict__.pop("_kernel_batches", None)  # launch tables hold the old addresses
 
 
-HOST_KEYS = ("step", "since_reset")  # step counters live on the host
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> StateConfig:
+    """parse_config, once per configuration text (StateConfig is immutable)."""
+    return parse_config(text)
 
 
-def _to_device(value, device):
+HOST_KEYS = ("step", "since_reset", "written")  # step counters live on the host: reading them never syncs
+
+
+def _to_device(key, value, device):
+    if key in HOST_KEYS:
+        return value.cpu() if isinstance(value, torch.Tensor) else value
     if isinstance(value, torch.Tensor):
-        return value.to(device)
+        return value.to(device).contiguous()
     if isinstance(value, dict):
-        return {k: _to_device(v, device) for k, v in value.items()}
+        return {k: _to_device(k, v, device) for k, v in value.items()}
     return value

@@ -4,9 +4,12 @@
 
 `states` is a preset or configuration name (quant/config.py); `reset` a reset policy
 (optim/reset.py). The update rules are the full-precision ones (optim/rules.py); only
-the stored states change.
+the stored states change. `update` is the reference step of one parameter;
+`launch_kernel` the fused step of many (kernels/<kernel>.py), the same rule op for op.
 """
 from __future__ import annotations
+
+import torch
 
 from .base import QuantizedOptimizer
 from . import rules
@@ -16,6 +19,7 @@ class AdamW(QuantizedOptimizer):
     """AdamW with quantized m and v. `decoupled=False` gives Adam (L2 added to g)."""
 
     state_names = ("m", "v")
+    kernel = "adamw"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, decoupled=True,
@@ -33,6 +37,19 @@ class AdamW(QuantizedOptimizer):
         p, m, v = rules.adamw(p32, g, x_hat["m"], x_hat["v"], s, beta1, beta2, group["eps"])
         return p, {"m": m, "v": v}
 
+    def launch_kernel(self, group, batch, run):
+        from ..kernels.adamw import adamw_step
+
+        beta1, beta2 = group["betas"]
+        wd, l2 = group["weight_decay"], 0.0
+        if not group["decoupled"] and wd:
+            wd, l2 = 0.0, wd
+        s = rules.pack_scalars(rules.step_scalars(group["lr"], wd, beta1, beta2, run.since, run.device))
+        adamw_step(batch, s, run.layouts["m"], run.layouts["v"], p_kind=run.p_kind, g_kind=run.g_kind,
+                   step=run.step, written=(run.written["m"], run.written["v"]),
+                   fresh=(run.fresh["m"], run.fresh["v"]), beta1=beta1, beta2=beta2, eps=group["eps"],
+                   l2_wd=l2, tables=(run.tables["m"], run.tables["v"]))
+
 
 class Adam(AdamW):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, **kw):
@@ -41,6 +58,8 @@ class Adam(AdamW):
 
 class Lion(QuantizedOptimizer):
     """Lion with a quantized momentum m."""
+
+    kernel = "lion"
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0,
                  states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, backend="auto"):
@@ -53,11 +72,20 @@ class Lion(QuantizedOptimizer):
         p, m = rules.lion(p32, g, x_hat["m"], s, beta1, beta2)
         return p, {"m": m}
 
+    def launch_kernel(self, group, batch, run):
+        from ..kernels.lion import lion_step
+
+        beta1, beta2 = group["betas"]
+        s = rules.step_scalars(group["lr"], group["weight_decay"], beta1, beta2, run.since, run.device)
+        lion_step(batch, rules.pack_scalars(s), run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
+                  step=run.step, written=run.written["m"], fresh=run.fresh["m"], beta1=beta1, beta2=beta2, table=run.tables["m"])
+
 
 class SGD(QuantizedOptimizer):
     """SGD with a quantized momentum buffer (torch.optim.SGD semantics)."""
 
     beta_for_reset = "momentum"
+    kernel = "sgd"
 
     def __init__(self, params, lr=1e-2, momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=False,
                  states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, backend="auto"):
@@ -73,13 +101,26 @@ class SGD(QuantizedOptimizer):
                            group["nesterov"], first["m"])
         return p, {"m": buf}
 
+    def launch_kernel(self, group, batch, run):
+        from ..kernels.sgd import sgd_step
+
+        s = rules.step_scalars(group["lr"], 0.0, 0.0, 0.0, 1, run.device)
+        sgd_step(batch, rules.pack_scalars(s), run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
+                 step=run.step, written=run.written["m"], fresh=run.fresh["m"],
+                 momentum=group["momentum"], dampening=group["dampening"],
+                 weight_decay=group["weight_decay"], nesterov=group["nesterov"], table=run.tables["m"])
+
 
 class Muon(QuantizedOptimizer):
     """Muon with a quantized momentum buffer: Newton-Schulz orthogonalized updates on
     parameters with >= 2 dimensions (flattened to (rows, -1)); 1-D parameters take the
-    momentum update itself (route them to AdamW, as usual with Muon)."""
+    momentum update itself (route them to AdamW, as usual with Muon). On the kernel path
+    the momentum update is fused (kernels/muon.py, all tensors in one launch); the
+    Newton-Schulz iteration and the parameter update run in torch per matrix."""
 
     beta_for_reset = "momentum"
+    kernel = "muon"
+    kernel_needs_out = True
 
     def __init__(self, params, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0,
                  states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, backend="auto"):
@@ -91,6 +132,17 @@ class Muon(QuantizedOptimizer):
         upd, buf = rules.muon_momentum(g, x_hat["m"], group["momentum"], group["nesterov"])
         p = p32 * s.decay - rules.muon_direction(upd) * s.lr
         return p, {"m": buf}
+
+    def launch_kernel(self, group, batch, run):
+        from ..kernels.muon import muon_momentum_step
+
+        muon_momentum_step(batch, run.layouts["m"], g_kind=run.g_kind, step=run.step,
+                           written=run.written["m"], fresh=run.fresh["m"], momentum=group["momentum"],
+                           nesterov=group["nesterov"], table=run.tables["m"])
+        s = rules.step_scalars(group["lr"], group["weight_decay"], 0.0, 0.0, 1, run.device)
+        for p, member in zip(run.params, run.members):
+            p32 = p.detach().to(torch.float32)
+            p.copy_(p32 * s.decay - rules.muon_direction(member.out) * s.lr)
 
 
 OPTIMIZERS = {"adamw": AdamW, "adam": Adam, "lion": Lion, "sgd": SGD, "muon": Muon}

@@ -6,14 +6,23 @@ returns the new parameter and the new fp32 states (which the caller then quantiz
 The parameter update uses the fp32 states *before* quantization, as bitsandbytes and
 torchao do; only what is stored is quantized.
 
-All scalar factors come from `step_scalars`, computed with torch fp32 ops on the
-parameter's device, so the kernels read the same fp32 numbers (and an LR schedule
-causes no recompilation and no host sync).
+All scalar factors come from `step_scalars`: the bias corrections 1 - beta**t from the
+host step counter (float64, then rounded once to fp32), everything that involves lr with
+torch fp32 ops on the parameter's device (lr may be a device tensor). The kernels read
+these very fp32 numbers from device memory, so an LR schedule causes no recompilation
+and no host sync, and reference and kernels agree bit for bit.
+
+Every `/` and sqrt is correctly rounded fp32 on every device (quant.quantizer.sqrt_rn;
+tensor / tensor, never tensor / python-number, which CUDA turns into a multiply by the
+reciprocal), and no product is fused into an FMA; the kernels do the same ops in the
+same order (`tl.math.div_rn`, `tl.sqrt_rn`, launched with enable_fp_fusion=False).
 
 EMA recursion (BRIEF §2): x = beta * x_hat + (1 - beta) * f(g), f(g) = g (m), g*g (v).
 """
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -28,21 +37,45 @@ class Scalars:
     lr: torch.Tensor
     decay: torch.Tensor  # 1 - lr * weight_decay (decoupled weight decay)
     step_size: torch.Tensor  # AdamW: lr / (1 - beta1**t)
-    bc2_sqrt: torch.Tensor  # AdamW: sqrt(1 - beta2**t)
+    inv_bc2_sqrt: torch.Tensor  # AdamW: 1 / sqrt(1 - beta2**t)
 
 
 def f32(x, device) -> torch.Tensor:
-    return torch.as_tensor(x, dtype=torch.float32, device=device)
+    """x as a 0-dim fp32 tensor on device; a Python number is written by a fill kernel
+    (no host-to-device copy, so no sync), a tensor (a scheduled lr) is used as is."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device=device, dtype=torch.float32).reshape(())
+    return torch.full((), float(x), dtype=torch.float32, device=device)
+
+
+def fp32_round(x: float) -> float:
+    """The fp32 value nearest to a Python float (round to nearest even)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def bias_corrections(beta1: float, beta2: float, t: int) -> tuple[float, float]:
+    """(1 - beta1**t, 1 / sqrt(1 - beta2**t)) as fp32 values, each computed in float64 on
+    the host and rounded once."""
+    bc1 = fp32_round(1.0 - float(beta1) ** int(t))
+    bc2 = 1.0 - float(beta2) ** int(t)
+    return bc1, fp32_round(1.0 / math.sqrt(bc2)) if bc2 > 0 else math.inf
 
 
 def step_scalars(lr, weight_decay: float, beta1: float, beta2: float, t: int, device) -> Scalars:
-    """Scalars for step t (t = steps since the last reset, >= 1), fp32 on device."""
+    """Scalars for step t (t = steps since the last reset, >= 1), fp32 on device.
+
+    decay = 1 - lr * wd;  step_size = lr / (1 - beta1**t);  inv_bc2_sqrt = 1 / sqrt(1 - beta2**t)
+    """
     lr_t = f32(lr, device)
     decay = 1.0 - lr_t * f32(weight_decay, device)
-    tt = f32(t, device)
-    bc1 = 1.0 - torch.pow(f32(beta1, device), tt)
-    bc2 = 1.0 - torch.pow(f32(beta2, device), tt)
-    return Scalars(lr=lr_t, decay=decay, step_size=lr_t / bc1, bc2_sqrt=sqrt_rn(bc2))
+    bc1, inv_bc2_sqrt = bias_corrections(beta1, beta2, t)
+    return Scalars(lr=lr_t, decay=decay, step_size=lr_t / f32(bc1, device),
+                   inv_bc2_sqrt=f32(inv_bc2_sqrt, device))
+
+
+def pack_scalars(s: Scalars) -> torch.Tensor:
+    """[lr, decay, step_size, inv_bc2_sqrt] as one fp32 tensor: what the kernels read."""
+    return torch.stack([s.lr, s.decay, s.step_size, s.inv_bc2_sqrt])
 
 
 def ema(x_hat: torch.Tensor, target: torch.Tensor, beta: float) -> torch.Tensor:
@@ -54,11 +87,12 @@ def adamw(p, g, m_hat, v_hat, s: Scalars, beta1: float, beta2: float, eps: float
     """AdamW (Loshchilov & Hutter): decoupled decay, bias-corrected Adam step.
 
     m = b1 m_hat + (1-b1) g;  v = b2 v_hat + (1-b2) g^2
-    p <- p * (1 - lr wd) - (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+    p <- p * (1 - lr wd) - (lr / bc1) * m / (sqrt(v) * (1 / sqrt(bc2)) + eps)
+    (1 / sqrt(bc2) is a host scalar: one division per element, m / denom, not two)
     """
     m = ema(m_hat, g, beta1)
     v = ema(v_hat, g * g, beta2)
-    denom = sqrt_rn(v) / s.bc2_sqrt + eps
+    denom = sqrt_rn(v) * s.inv_bc2_sqrt + eps
     p = p * s.decay - (m / denom) * s.step_size
     return p, m, v
 

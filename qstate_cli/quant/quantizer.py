@@ -1,16 +1,26 @@
 """Encode and decode one state tensor: the reference every kernel must equal bit for bit.
 
-encode(x):                                   (all fp32; `/` and sqrt correctly rounded)
+encode(x):                                   (all fp32; `/` and sqrt correctly rounded
+                                              on every device: see sqrt_rn, div_scalar)
   1. non-finite values are stored as 0 (policy; the optimizers count them in gradients)
   2. sqrt domain: x <- sqrt(max(x, 0));  unsigned formats: x <- max(x, 0)
-  3. block scaling: absmax per block (bf16 scales: rounded up), delta = absmax / top,
-     n = x / delta (0 where delta == 0);  unscaled: n = x
-  4. floor ordinal k and position frac of n (formats.py); for signed floats on |n|
-  5. rounding picks r in {0, 1} and q = k + r (clamped to the code range):
+  3. block scaling: absmax per block (bf16 scales: rounded up); a block with
+     absmax < top * 2**-126 (a subnormal step, absmax < ~1e-36; or all zero) has step 0
+     and reads back as 0; otherwise the step (decode) is delta = absmax / top and
+     n = x * (top / absmax): one division per block, not per element (as bitsandbytes);
+     unscaled: n = x
+  4. linear formats: q = rint(n + d) (fp32 add, then round half to even), with
+       nearest     d = 0
+       stochastic  d = u_i - 1/2                    u_i per element  (counter = index i)
+       bred        d = u_b - 1/2                    u_b per block    (counter = block b)
+     (BRIEF §2: q = round(x/delta + u), u ~ U[-1/2, 1/2); P(round up) = the position
+     of n between its neighbours, up to fp32 rounding of n + d)
+  5. other formats: floor ordinal k and position frac of n (formats.py; for signed
+     floats on |n|); rounding picks r in {0, 1} and q = k + r:
        nearest     r = frac > 1/2, ties to even q   (tables: n - lo >= (hi - lo)/2)
-       stochastic  r = u_i < frac                   u_i per element  (counter = index i)
-       bred        r = u_b >= 1 - frac              u_b per block    (counter = block b)
-     (bred is q = round(n + d) with d = u_b - 1/2 in ordinal units, BRIEF §2)
+       stochastic  r = u_i < frac
+       bred        r = u_b >= 1 - frac
+  6. q is clamped to the code range
 decode(q):
   t = q (bred: t = q - d, d = u_b - 1/2, replayed from the step the state was written;
   for non-linear formats evaluated as the integer k and fraction f of t, exactly)
@@ -49,6 +59,35 @@ def sqrt_rn(x: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(x.double()).float()
 
 
+def div_scalar(x: torch.Tensor, c: float) -> torch.Tensor:
+    """x / c, correctly rounded on every device. (On CUDA, `tensor / python_number` is
+    computed as `tensor * (1 / c)`, which can differ in the last bit; a tensor divisor
+    keeps the true division, as the kernels' `div_rn` does.)"""
+    return x / torch.full_like(x, c)
+
+
+MIN_STEP = 2.0 ** -126  # smallest normal fp32: blocks with a smaller (subnormal) step read 0
+
+
+def scaled(absmax: torch.Tensor, top: float) -> torch.Tensor:
+    """Blocks that are quantized at all: absmax >= top * 2**-126 (exact comparison)."""
+    return absmax >= top * MIN_STEP
+
+
+def step_of(absmax: torch.Tensor, top: float) -> torch.Tensor:
+    """delta = absmax / top (true fp32 division), 0 in blocks that are not scaled()."""
+    return torch.where(scaled(absmax, top), div_scalar(absmax, top), torch.zeros((), device=absmax.device))
+
+
+def normalize(xb: torch.Tensor, absmax: torch.Tensor, top: float) -> torch.Tensor:
+    """n = x * (top / absmax) per block row (one true fp32 division per block), 0 in
+    blocks that are not scaled()."""
+    ok = scaled(absmax, top)
+    safe = torch.where(ok, absmax, torch.ones((), device=absmax.device))
+    inv = torch.where(ok, torch.full_like(safe, top) / safe, torch.zeros((), device=safe.device))
+    return xb * inv[:, None]
+
+
 def bf16_round_up(x: torch.Tensor) -> torch.Tensor:
     """Smallest bf16 value >= x (x >= 0), returned in fp32."""
     bits = x.view(torch.int32)
@@ -57,12 +96,11 @@ def bf16_round_up(x: torch.Tensor) -> torch.Tensor:
     return up.view(torch.float32)
 
 
-def _block_scale(xb: torch.Tensor, spec: StateSpec) -> tuple[torch.Tensor, torch.Tensor]:
+def _block_scale(xb: torch.Tensor, spec: StateSpec) -> torch.Tensor:
     absmax = xb.abs().amax(dim=1)
     if spec.scale_dtype == "bf16":
         absmax = bf16_round_up(absmax)
-    delta = absmax / spec.fmt.top
-    return absmax, delta
+    return absmax
 
 
 def _uniform_elements(stream: Stream, step: int, shape, device) -> torch.Tensor:
@@ -89,12 +127,18 @@ def encode(x: torch.Tensor, spec: StateSpec, step: int, stream: Stream = Stream(
     xb = to_blocks(x, spec.dither_block)  # [nblocks, B]
     absmax = None
     if spec.scaled:
-        absmax, delta = _block_scale(xb, spec)
-        d = delta[:, None]
-        n = torch.where(d > 0, xb / torch.where(d > 0, d, 1.0), torch.zeros((), device=x.device))
+        absmax = _block_scale(xb, spec)
+        n = normalize(xb, absmax, spec.fmt.top)
     else:
         n = xb
     is_float = fmt.kind == "float"
+    if fmt.kind == "linear":
+        if spec.rounding == "stochastic":
+            n = n + (_uniform_elements(stream, step, n.shape, x.device) - 0.5)
+        elif spec.rounding == "bred":
+            n = n + (_uniform_blocks(stream, step, n.shape[0], x.device)[:, None] - 0.5)
+        q = torch.round(n).to(torch.int32)  # half to even
+        return _store(q, fmt, spec, absmax, numel, signbit=None)
     k, frac = fmt.floor_frac(n)
     if spec.rounding == "nearest":
         if fmt.kind == "table":
@@ -108,10 +152,16 @@ def encode(x: torch.Tensor, spec: StateSpec, step: int, stream: Stream = Stream(
         u = _uniform_blocks(stream, step, n.shape[0], x.device)[:, None]
         up = u >= (1.0 - frac)
     q = k + up.to(torch.int32)
+    return _store(q, fmt, spec, absmax, numel, signbit=torch.signbit(n) if is_float and fmt.signed else None)
+
+
+def _store(q, fmt, spec: StateSpec, absmax, numel: int, signbit):
+    """Clamp codes to the format's range, add the sign bit of signed floats (or reduce
+    signed linear codes to two's complement), pack; scales as stored."""
     lo_code, hi_code = fmt.code_range
     q = q.clamp(lo_code, hi_code)
-    if is_float and fmt.signed:
-        q = q | (torch.signbit(n).to(torch.int32) << (fmt.bits - 1))
+    if signbit is not None:
+        q = q | (signbit.to(torch.int32) << (fmt.bits - 1))
     elif fmt.kind == "linear" and fmt.signed:
         q = q & ((1 << fmt.bits) - 1)
     storage = pack(q.reshape(-1)[:numel], fmt.bits)
@@ -150,7 +200,7 @@ def decode(storage: torch.Tensor, scales: torch.Tensor | None, spec: StateSpec, 
         if neg is not None:
             val = torch.where(to_blocks(neg, B), -val, val)
         if spec.scaled:
-            delta = scales.to(torch.float32) / fmt.top
+            delta = step_of(scales.to(torch.float32), fmt.top)
             val = val * delta[:, None]
         x = val.reshape(-1)[:numel]
     if spec.sqrt:

@@ -1,0 +1,155 @@
+"""Fused AdamW / Adam step on quantized m and v: one pass over memory, many tensors per launch.
+
+Per element the kernel reads the parameter (p bytes), the gradient (g bytes), the packed
+codes of m and v (bits/8 each) and, per block of B, two fp32 scales; it writes the
+parameter, both codes and both scales. Bytes moved per element:
+
+    2p + g + 2 * (bits/8) * 2 + 8 * 2 / B
+    4-bit, B=128:  bf16 p and g  8.125 B/elem;  fp32 p and g  14.125 B/elem
+    (torch's fused AdamW with fp32 states: 22 and 28 B/elem, so at equal bandwidth the
+    4-bit step can be up to 22/8.125 = 2.7x faster)
+
+No full-size temporary is allocated: decode, update and requantization happen in
+registers, one tile of ROWS quantization blocks per program (common.py). The rule is
+optim/rules.adamw, op for op:
+
+    m = m_hat * b1 + g * (1 - b1);   v = v_hat * b2 + (g * g) * (1 - b2)
+    p = p * decay - (m / (sqrt(v) * inv_bc2_sqrt + eps)) * step_size
+    (Adam: g = g + p * wd first, decay = 1)
+
+lr, decay, step_size and inv_bc2_sqrt are read from device memory (rules.pack_scalars),
+the step counters are plain (unspecialized) integer arguments: an LR schedule neither
+recompiles nor syncs. sqrt(v) serves both the update and v's `:sqrt` storage domain.
+
+Compute per element (H100/H200 are near their issue limit at 8.125 B/elem): one div.rn
+and one sqrt.rn, no int<->float conversion (common.py), the per-step hash keys once per
+program of up to 8 tiles, the BReD dither once per block row.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import common as c
+from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_shape
+
+
+@triton.jit
+def _adamw_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+                rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
+                decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
+                P_KIND: tl.constexpr, G_KIND: tl.constexpr, L2: tl.constexpr, INTERPRET: tl.constexpr,
+                M_KIND: tl.constexpr, M_BITS: tl.constexpr, M_SIGNED: tl.constexpr, M_TOP: tl.constexpr,
+                M_NT: tl.constexpr, M_ROUND: tl.constexpr, M_SQRT: tl.constexpr, M_SBF16: tl.constexpr,
+                V_KIND: tl.constexpr, V_BITS: tl.constexpr, V_SIGNED: tl.constexpr, V_TOP: tl.constexpr,
+                V_NT: tl.constexpr, V_ROUND: tl.constexpr, V_SQRT: tl.constexpr, V_SBF16: tl.constexpr,
+                FRESH_M: tl.constexpr, FRESH_V: tl.constexpr,
+                B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr):
+    """One tile: (wm*, wv*) are the keys of the step m and v were written at, (km*, kv*)
+    those of this step. Returns where the gradient was not finite (int32 0/1)."""
+    p = c.load_values(p_ptr, rem, P_KIND, B, BP, ROWS, MASKED)
+    g, bad = c.load_grad(g_ptr, rem, G_KIND, B, BP, ROWS, MASKED)
+    if L2:  # Adam: coupled weight decay
+        g = g + p * l2_wd
+    m_hat = c.decode_state(mc_ptr, ms_ptr, table_m_ptr, rem, row0, wm1, wm2, M_KIND, M_BITS, M_SIGNED, M_TOP,
+                           M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH_M, B, BP, ROWS, MASKED)
+    v_hat = c.decode_state(vc_ptr, vs_ptr, table_v_ptr, rem, row0, wv1, wv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
+                           V_NT, V_ROUND, V_SQRT, V_SBF16, FRESH_V, B, BP, ROWS, MASKED)
+    if V_SQRT == 0:  # a dithered v read back below 0 (a square never is)
+        v_hat = tl.where(v_hat < 0.0, 0.0, v_hat)
+    m = m_hat * beta1 + g * omb1
+    v = v_hat * beta2 + (g * g) * omb2  # >= 0: v's storage needs no clamp (PREPARED)
+    sqrt_v = tl.sqrt_rn(v)
+    p = p * decay - tl.math.div_rn(m, sqrt_v * inv_bc2_sqrt + eps) * step_size
+    c.store_values(p_ptr, p, rem, P_KIND, INTERPRET, B, BP, ROWS, MASKED)
+    c.encode_state(m, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED, M_TOP,
+                   M_NT, M_ROUND, M_SQRT, M_SBF16, False, B, BP, ROWS, MASKED)
+    if V_SQRT:
+        c.encode_state(sqrt_v, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
+                       V_NT, V_ROUND, V_SQRT, V_SBF16, True, B, BP, ROWS, MASKED)
+    else:
+        c.encode_state(v, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
+                       V_NT, V_ROUND, V_SQRT, V_SBF16, True, B, BP, ROWS, MASKED)
+    return bad
+
+
+@triton.jit(do_not_specialize=["step", "written_m", "written_v"])
+def _adamw_kernel(
+    meta_ptr,  # int64 [T, NCOL]: addresses, sizes and stream keys of each tensor (launch.META_COLUMNS)
+    prog_ptr,  # int32 [grid]: the tensor each program works on
+    scal_ptr,  # fp32 [4]: lr, decay = 1 - lr * wd, step_size = lr / (1 - b1**t), 1 / sqrt(1 - b2**t)
+    table_m_ptr, table_v_ptr,  # fp32 code books of m and v (table formats only)
+    step, written_m, written_v,  # int32 bit patterns of uint32 steps: this one, and when m, v were written
+    beta1, omb1, beta2, omb2, eps, l2_wd,  # fp32 hyper-parameters (omb = 1 - beta, from float64)
+    P_KIND: tl.constexpr, G_KIND: tl.constexpr, L2: tl.constexpr, INTERPRET: tl.constexpr,
+    M_KIND: tl.constexpr, M_BITS: tl.constexpr, M_SIGNED: tl.constexpr, M_TOP: tl.constexpr,
+    M_NT: tl.constexpr, M_ROUND: tl.constexpr, M_SQRT: tl.constexpr, M_SBF16: tl.constexpr,
+    V_KIND: tl.constexpr, V_BITS: tl.constexpr, V_SIGNED: tl.constexpr, V_TOP: tl.constexpr,
+    V_NT: tl.constexpr, V_ROUND: tl.constexpr, V_SQRT: tl.constexpr, V_SBF16: tl.constexpr,
+    FRESH_M: tl.constexpr, FRESH_V: tl.constexpr,  # the state reads as 0 (never written, or reset)
+    B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr, ALIGNED: tl.constexpr,
+    NC: tl.constexpr,
+):
+    meta, numel, tile0, ntiles = c.program_tiles(meta_ptr, prog_ptr, NC, B, ROWS, TILES)
+    key_m = tl.load(meta + c.M_KEY).to(tl.uint32)
+    key_v = tl.load(meta + c.V_KEY).to(tl.uint32)
+    km1, km2 = c.step_keys(key_m, step.to(tl.uint32, bitcast=True))
+    kv1, kv2 = c.step_keys(key_v, step.to(tl.uint32, bitcast=True))
+    wm1, wm2 = c.step_keys(key_m, written_m.to(tl.uint32, bitcast=True))
+    wv1, wv2 = c.step_keys(key_v, written_v.to(tl.uint32, bitcast=True))
+    decay = tl.load(scal_ptr + 1)
+    step_size = tl.load(scal_ptr + 2)
+    inv_bc2_sqrt = tl.load(scal_ptr + 3)
+    p_base = c.value_ptr(tl.load(meta + c.PARAM), P_KIND, ALIGNED)
+    g_base = c.value_ptr(tl.load(meta + c.GRAD), G_KIND, ALIGNED)
+    mc_base = c.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
+    ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
+    vc_base = c.codes_ptr_at(tl.load(meta + c.V_CODES), ALIGNED)
+    vs_base = c.scales_ptr_at(tl.load(meta + c.V_SCALES), V_SBF16)
+    bad = tl.zeros([ROWS, BP], tl.int32)
+    for i in range(0, ntiles):
+        row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
+        p_ptr, g_ptr = p_base + base, g_base + base
+        mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
+        vc_ptr, vs_ptr = vc_base + base * V_BITS // 8, vs_base + row0
+        if full:  # every element of the tile exists: no masks
+            bad += _adamw_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+                               rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
+                               decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
+                               P_KIND, G_KIND, L2, INTERPRET,
+                               M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
+                               V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
+                               FRESH_M, FRESH_V, B, BP, ROWS, False)
+        else:
+            bad += _adamw_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+                               rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
+                               decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
+                               P_KIND, G_KIND, L2, INTERPRET,
+                               M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
+                               V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
+                               FRESH_M, FRESH_V, B, BP, ROWS, True)
+    c.count_nonfinite(meta, bad)
+
+
+def adamw_step(batch: Batch, scalars, m: StateLayout, v: StateLayout, *, p_kind: int, g_kind: int,
+               step: int, written: tuple[int, int], fresh: tuple[bool, bool],
+               beta1: float, beta2: float, eps: float, l2_wd: float = 0.0, tables=(None, None)) -> None:
+    """Launch one fused AdamW step over every tensor of `batch` (launch.build_batch, which
+    holds the random streams' keys).
+
+    scalars: fp32 [4] device tensor (rules.pack_scalars); written/fresh per state (m, v);
+    tables: the code book tensors of table formats (None for linear ones).
+    """
+    if m.block != v.block:
+        raise ValueError("m and v must share a block size to be stepped by one kernel")
+    bp, rows, warps = tile_shape(m.block, batch.value_bytes)
+    table_m = tables[0] if tables[0] is not None else scalars
+    table_v = tables[1] if tables[1] is not None else scalars
+    _adamw_kernel[(batch.grid,)](
+        batch.meta, batch.programs, scalars, table_m, table_v,
+        as_int32(step), as_int32(written[0]), as_int32(written[1]),
+        float(beta1), 1.0 - float(beta1), float(beta2), 1.0 - float(beta2), float(eps), float(l2_wd),
+        P_KIND=p_kind, G_KIND=g_kind, L2=int(l2_wd != 0.0), INTERPRET=interpreting(),
+        **m.constexprs("M_"), **v.constexprs("V_"), FRESH_M=int(bool(fresh[0])), FRESH_V=int(bool(fresh[1])),
+        B=m.block, BP=bp, ROWS=rows, TILES=batch.tiles, ALIGNED=batch.aligned, NC=NCOL,
+        num_warps=warps, **LAUNCH_OPTIONS)

@@ -1,0 +1,86 @@
+"""Fused Lion step on a quantized momentum m: one pass over memory, many tensors per launch.
+
+Bytes moved per element (one state): 2p + g + 2 * (bits/8) + 8 / B
+    4-bit, B=128: bf16 p and g 7.06 B/elem; fp32 p and g 13.06 B/elem
+    (fp32 momentum: 10 and 16 B/elem)
+
+The rule is optim/rules.lion, op for op:
+
+    c = m_hat * b1 + g * (1 - b1);  p = p * decay - sign(c) * lr;  m = m_hat * b2 + g * (1 - b2)
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import common as c
+from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_shape
+
+@triton.jit
+def _lion_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr, decay,
+               beta1, omb1, beta2, omb2, P_KIND: tl.constexpr, G_KIND: tl.constexpr, INTERPRET: tl.constexpr,
+               KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
+               NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr, FRESH: tl.constexpr,
+               B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr):
+    p = c.load_values(p_ptr, rem, P_KIND, B, BP, ROWS, MASKED)
+    g, bad = c.load_grad(g_ptr, rem, G_KIND, B, BP, ROWS, MASKED)
+    m_hat = c.decode_state(mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, KIND, BITS, SIGNED, TOP, NT, ROUND,
+                           SQRT, SBF16, FRESH, B, BP, ROWS, MASKED)
+    cm = m_hat * beta1 + g * omb1
+    p = p * decay - tl.where(cm > 0.0, 1.0, tl.where(cm < 0.0, -1.0, 0.0)) * lr
+    m = m_hat * beta2 + g * omb2
+    c.store_values(p_ptr, p, rem, P_KIND, INTERPRET, B, BP, ROWS, MASKED)
+    c.encode_state(m, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND,
+                   SQRT, SBF16, False, B, BP, ROWS, MASKED)
+    return bad
+
+@triton.jit(do_not_specialize=["step", "written"])
+def _lion_kernel(
+    meta_ptr,  # int64 [T, NCOL]: addresses, sizes and stream keys of each tensor (launch.META_COLUMNS)
+    prog_ptr,  # int32 [grid]: the tensor each program works on
+    scal_ptr,  # fp32 [4]: lr, decay = 1 - lr * wd, (unused) x 2
+    table_ptr,  # fp32 code book of m (table formats only)
+    step, written,  # int32 bit patterns of uint32 steps: this one, and when m was written
+    beta1, omb1, beta2, omb2,  # fp32 hyper-parameters (omb = 1 - beta, from float64)
+    P_KIND: tl.constexpr, G_KIND: tl.constexpr, INTERPRET: tl.constexpr,
+    M_KIND: tl.constexpr, M_BITS: tl.constexpr, M_SIGNED: tl.constexpr, M_TOP: tl.constexpr,
+    M_NT: tl.constexpr, M_ROUND: tl.constexpr, M_SQRT: tl.constexpr, M_SBF16: tl.constexpr, FRESH: tl.constexpr,
+    B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr, ALIGNED: tl.constexpr,
+    NC: tl.constexpr,
+):
+    meta, numel, tile0, ntiles = c.program_tiles(meta_ptr, prog_ptr, NC, B, ROWS, TILES)
+    key = tl.load(meta + c.M_KEY).to(tl.uint32)
+    k1, k2 = c.step_keys(key, step.to(tl.uint32, bitcast=True))
+    w1, w2 = c.step_keys(key, written.to(tl.uint32, bitcast=True))
+    lr = tl.load(scal_ptr + 0)
+    decay = tl.load(scal_ptr + 1)
+    p_base = c.value_ptr(tl.load(meta + c.PARAM), P_KIND, ALIGNED)
+    g_base = c.value_ptr(tl.load(meta + c.GRAD), G_KIND, ALIGNED)
+    mc_base = c.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
+    ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
+    bad = tl.zeros([ROWS, BP], tl.int32)
+    for i in range(0, ntiles):
+        row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
+        p_ptr, g_ptr = p_base + base, g_base + base
+        mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
+        if full:  # every element of the tile exists: no masks
+            bad += _lion_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr, decay,
+                              beta1, omb1, beta2, omb2, P_KIND, G_KIND, INTERPRET, M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
+                              FRESH, B, BP, ROWS, False)
+        else:
+            bad += _lion_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr, decay,
+                              beta1, omb1, beta2, omb2, P_KIND, G_KIND, INTERPRET, M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
+                              FRESH, B, BP, ROWS, True)
+    c.count_nonfinite(meta, bad)
+
+
+def lion_step(batch: Batch, scalars, m: StateLayout, *, p_kind: int, g_kind: int, step: int,
+              written: int, fresh: bool, beta1: float, beta2: float, table=None) -> None:
+    """Launch one fused Lion step over every tensor of `batch` (launch.build_batch)."""
+    bp, rows, warps = tile_shape(m.block, batch.value_bytes)
+    _lion_kernel[(batch.grid,)](
+        batch.meta, batch.programs, scalars, table if table is not None else scalars,
+        as_int32(step), as_int32(written), float(beta1), 1.0 - float(beta1), float(beta2), 1.0 - float(beta2),
+        P_KIND=p_kind, G_KIND=g_kind, INTERPRET=interpreting(), **m.constexprs("M_"), FRESH=int(bool(fresh)),
+        B=m.block, BP=bp, ROWS=rows, TILES=batch.tiles, ALIGNED=batch.aligned, NC=NCOL,
+        num_warps=warps, **LAUNCH_OPTIONS)

@@ -1,0 +1,86 @@
+"""Fused Muon momentum update on a quantized buffer: the new buffer is requantized in place
+and the fp32 update written out for the Newton-Schulz orthogonalization (torch, per matrix).
+
+Bytes moved per element (one state): g + 2 * (bits/8) + 4 (fp32 update out) + 8 / B
+    4-bit, B=128: bf16 g 7.06 B/elem (fp32 buffer: 14 B/elem)
+
+The rule is optim/rules.muon_momentum, op for op:
+
+    buf = buf_hat * b + g * (1 - b);  update = g * (1 - b) + buf * b (Nesterov) or buf
+
+The parameter itself is updated in torch after the orthogonalization
+(p = p * decay - orth(update) * lr), exactly as the reference does.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import common as c
+from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_shape
+
+@triton.jit
+def _muon_tile(g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, beta, omb,
+               G_KIND: tl.constexpr, NESTEROV: tl.constexpr,
+               KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
+               NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr, FRESH: tl.constexpr,
+               B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr):
+    g, bad = c.load_grad(g_ptr, rem, G_KIND, B, BP, ROWS, MASKED)
+    buf_hat = c.decode_state(mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, KIND, BITS, SIGNED, TOP, NT, ROUND,
+                             SQRT, SBF16, FRESH, B, BP, ROWS, MASKED)
+    buf = buf_hat * beta + g * omb
+    if NESTEROV:
+        upd = g * omb + buf * beta
+    else:
+        upd = buf
+    c.store_values(out_ptr, upd, rem, 0, False, B, BP, ROWS, MASKED)
+    c.encode_state(buf, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND,
+                   SQRT, SBF16, False, B, BP, ROWS, MASKED)
+    return bad
+
+@triton.jit(do_not_specialize=["step", "written"])
+def _muon_kernel(
+    meta_ptr,  # int64 [T, NCOL]: addresses, sizes and stream keys of each tensor (launch.META_COLUMNS)
+    prog_ptr,  # int32 [grid]: the tensor each program works on
+    table_ptr,  # fp32 code book of the buffer (table formats only)
+    step, written,  # int32 bit patterns of uint32 steps: this one, and when the buffer was written
+    beta, omb,  # fp32 momentum and 1 - momentum (from float64)
+    G_KIND: tl.constexpr, NESTEROV: tl.constexpr,
+    M_KIND: tl.constexpr, M_BITS: tl.constexpr, M_SIGNED: tl.constexpr, M_TOP: tl.constexpr,
+    M_NT: tl.constexpr, M_ROUND: tl.constexpr, M_SQRT: tl.constexpr, M_SBF16: tl.constexpr, FRESH: tl.constexpr,
+    B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr, ALIGNED: tl.constexpr,
+    NC: tl.constexpr,
+):
+    meta, numel, tile0, ntiles = c.program_tiles(meta_ptr, prog_ptr, NC, B, ROWS, TILES)
+    key = tl.load(meta + c.M_KEY).to(tl.uint32)
+    k1, k2 = c.step_keys(key, step.to(tl.uint32, bitcast=True))
+    w1, w2 = c.step_keys(key, written.to(tl.uint32, bitcast=True))
+    g_base = c.value_ptr(tl.load(meta + c.GRAD), G_KIND, ALIGNED)
+    out_base = c.value_ptr(tl.load(meta + c.OUT), 0, ALIGNED)
+    mc_base = c.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
+    ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
+    bad = tl.zeros([ROWS, BP], tl.int32)
+    for i in range(0, ntiles):
+        row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
+        g_ptr, out_ptr = g_base + base, out_base + base
+        mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
+        if full:  # every element of the tile exists: no masks
+            bad += _muon_tile(g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, beta, omb,
+                              G_KIND, NESTEROV, M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH, B, BP, ROWS, False)
+        else:
+            bad += _muon_tile(g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, beta, omb,
+                              G_KIND, NESTEROV, M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH, B, BP, ROWS, True)
+    c.count_nonfinite(meta, bad)
+
+
+def muon_momentum_step(batch: Batch, m: StateLayout, *, g_kind: int, step: int, written: int,
+                       fresh: bool, momentum: float, nesterov: bool, table=None) -> None:
+    """Launch the fused momentum update over every tensor of `batch`; each member's `out`
+    (fp32, the parameter's shape) receives its update."""
+    bp, rows, warps = tile_shape(m.block, batch.value_bytes)
+    _muon_kernel[(batch.grid,)](
+        batch.meta, batch.programs, table if table is not None else batch.meta,
+        as_int32(step), as_int32(written), float(momentum), 1.0 - float(momentum),
+        G_KIND=g_kind, NESTEROV=int(bool(nesterov)), **m.constexprs("M_"), FRESH=int(bool(fresh)),
+        B=m.block, BP=bp, ROWS=rows, TILES=batch.tiles, ALIGNED=batch.aligned, NC=NCOL,
+        num_warps=warps, **LAUNCH_OPTIONS)

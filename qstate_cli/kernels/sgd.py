@@ -1,0 +1,97 @@
+"""Fused SGD-with-momentum step on a quantized momentum buffer (torch.optim.SGD semantics).
+
+Bytes moved per element (one state): 2p + g + 2 * (bits/8) + 8 / B
+    4-bit, B=128: bf16 p and g 7.06 B/elem; fp32 p and g 13.06 B/elem
+
+The rule is optim/rules.sgd, op for op (coupled weight decay first, as torch does):
+
+    g = g + p * wd;  buf = g (first step) or buf_hat * mu + g * (1 - dampening)
+    d = g + buf * mu (Nesterov) or buf;  p = p - d * lr
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import common as c
+from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_shape
+
+@triton.jit
+def _sgd_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr,
+              momentum, one_minus_dampening, wd, P_KIND: tl.constexpr, G_KIND: tl.constexpr,
+              INTERPRET: tl.constexpr, WD: tl.constexpr, NESTEROV: tl.constexpr,
+              KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
+              NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr, FRESH: tl.constexpr,
+              B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr):
+    p = c.load_values(p_ptr, rem, P_KIND, B, BP, ROWS, MASKED)
+    g, bad = c.load_grad(g_ptr, rem, G_KIND, B, BP, ROWS, MASKED)
+    if WD:
+        g = g + p * wd
+    if FRESH:  # first step (or after a reset): the buffer starts as the gradient
+        buf = g
+    else:
+        buf_hat = c.decode_state(mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, KIND, BITS, SIGNED, TOP, NT,
+                                 ROUND, SQRT, SBF16, False, B, BP, ROWS, MASKED)
+        buf = buf_hat * momentum + g * one_minus_dampening
+    if NESTEROV:
+        d = g + buf * momentum
+    else:
+        d = buf
+    p = p - d * lr
+    c.store_values(p_ptr, p, rem, P_KIND, INTERPRET, B, BP, ROWS, MASKED)
+    c.encode_state(buf, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND,
+                   SQRT, SBF16, False, B, BP, ROWS, MASKED)
+    return bad
+
+@triton.jit(do_not_specialize=["step", "written"])
+def _sgd_kernel(
+    meta_ptr,  # int64 [T, NCOL]: addresses, sizes and stream keys of each tensor (launch.META_COLUMNS)
+    prog_ptr,  # int32 [grid]: the tensor each program works on
+    scal_ptr,  # fp32 [4]: lr, (unused) x 3
+    table_ptr,  # fp32 code book of the buffer (table formats only)
+    step, written,  # int32 bit patterns of uint32 steps: this one, and when the buffer was written
+    momentum, one_minus_dampening, wd,  # fp32 hyper-parameters
+    P_KIND: tl.constexpr, G_KIND: tl.constexpr, INTERPRET: tl.constexpr, WD: tl.constexpr,
+    NESTEROV: tl.constexpr,
+    M_KIND: tl.constexpr, M_BITS: tl.constexpr, M_SIGNED: tl.constexpr, M_TOP: tl.constexpr,
+    M_NT: tl.constexpr, M_ROUND: tl.constexpr, M_SQRT: tl.constexpr, M_SBF16: tl.constexpr, FRESH: tl.constexpr,
+    B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr, ALIGNED: tl.constexpr,
+    NC: tl.constexpr,
+):
+    meta, numel, tile0, ntiles = c.program_tiles(meta_ptr, prog_ptr, NC, B, ROWS, TILES)
+    key = tl.load(meta + c.M_KEY).to(tl.uint32)
+    k1, k2 = c.step_keys(key, step.to(tl.uint32, bitcast=True))
+    w1, w2 = c.step_keys(key, written.to(tl.uint32, bitcast=True))
+    lr = tl.load(scal_ptr + 0)
+    p_base = c.value_ptr(tl.load(meta + c.PARAM), P_KIND, ALIGNED)
+    g_base = c.value_ptr(tl.load(meta + c.GRAD), G_KIND, ALIGNED)
+    mc_base = c.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
+    ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
+    bad = tl.zeros([ROWS, BP], tl.int32)
+    for i in range(0, ntiles):
+        row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
+        p_ptr, g_ptr = p_base + base, g_base + base
+        mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
+        if full:  # every element of the tile exists: no masks
+            bad += _sgd_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr,
+                             momentum, one_minus_dampening, wd, P_KIND, G_KIND, INTERPRET, WD, NESTEROV,
+                             M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH, B, BP, ROWS, False)
+        else:
+            bad += _sgd_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr,
+                             momentum, one_minus_dampening, wd, P_KIND, G_KIND, INTERPRET, WD, NESTEROV,
+                             M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH, B, BP, ROWS, True)
+    c.count_nonfinite(meta, bad)
+
+
+def sgd_step(batch: Batch, scalars, m: StateLayout, *, p_kind: int, g_kind: int, step: int,
+             written: int, fresh: bool, momentum: float, dampening: float, weight_decay: float,
+             nesterov: bool, table=None) -> None:
+    """Launch one fused SGD-momentum step over every tensor of `batch` (launch.build_batch)."""
+    bp, rows, warps = tile_shape(m.block, batch.value_bytes)
+    _sgd_kernel[(batch.grid,)](
+        batch.meta, batch.programs, scalars, table if table is not None else scalars,
+        as_int32(step), as_int32(written), float(momentum), 1.0 - float(dampening), float(weight_decay),
+        P_KIND=p_kind, G_KIND=g_kind, INTERPRET=interpreting(), WD=int(weight_decay != 0.0),
+        NESTEROV=int(bool(nesterov)), **m.constexprs("M_"), FRESH=int(bool(fresh)),
+        B=m.block, BP=bp, ROWS=rows, TILES=batch.tiles, ALIGNED=batch.aligned, NC=NCOL,
+        num_warps=warps, **LAUNCH_OPTIONS)

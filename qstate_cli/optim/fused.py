@@ -1,0 +1,141 @@
+"""The kernel path of QuantizedOptimizer: a param group steps in one (or a few) launches.
+
+Per step, the parameters of a group that the kernels cover are grouped by what a launch
+shares: device, parameter and gradient dtype, step counter, steps since reset (the
+bias corrections), the step each state was written at, and whether it reads as zero
+(never written, or reset now). Normally that is one launch per group. Each optimizer's
+`launch_kernel(group, batch, run)` picks its kernel and hyper-parameters.
+
+State layout: exactly the reference's (`optimizer.state[p]`: step, since_reset,
+nonfinite, and per state {codes, scales, written}); the kernels update codes and scales
+in place. Checkpoints therefore move freely between the reference and the kernel path,
+and the random streams (seed, tensor id, state id, step) are the same on both.
+
+Launch tables (kernels/launch.py) are cached per set of addresses: with stable gradient
+buffers a step issues no host-to-device copy at all; otherwise one small non-blocking copy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+MAX_CACHED_BATCHES = 16
+
+
+def why_reference(opt, group, p: torch.Tensor) -> str | None:
+    """None if the kernels can step p in this group, else why the reference steps it."""
+    from ..kernels import launch
+
+    if opt.kernel is None:
+        return f"{type(opt).__name__} has no kernel"
+    if p.dtype not in launch.VALUE_KINDS:
+        return f"parameter dtype {p.dtype} has no kernel (fp32, bf16, fp16 do)"
+    if not p.is_contiguous():
+        return "parameter is not contiguous"
+    g = p.grad
+    if g is not None and (g.is_sparse or g.dtype not in launch.VALUE_KINDS):
+        return f"gradient ({g.dtype}{', sparse' if g.is_sparse else ''}) has no kernel"
+    blocks = set()
+    for name in opt.state_names:
+        spec = opt.spec_for(group, p, name)
+        reason = launch.why_not_covered(spec)
+        if reason:
+            if p.numel() < group["min_quant_numel"]:
+                return f"small tensor ({p.numel()} < min_quant_numel={group['min_quant_numel']}) keeps fp32 states"
+            return f"state {name}: {reason}"
+        blocks.add(spec.block)
+    if len(blocks) > 1:
+        return "m and v have different block sizes"
+    return None
+
+
+@dataclass
+class Run:
+    """What one launch shares (see module docstring)."""
+
+    device: torch.device
+    p_kind: int
+    g_kind: int
+    step: int
+    since: int  # steps since the last reset, including this one (bias corrections)
+    written: dict  # state name -> step its codes were written at (0 if fresh)
+    fresh: dict  # state name -> reads as zero
+    layouts: dict = field(default_factory=dict)  # state name -> launch.StateLayout
+    tables: dict = field(default_factory=dict)  # state name -> code book tensor or None
+    params: list = field(default_factory=list)
+    members: list = field(default_factory=list)
+
+
+def step_group(opt, group, params: list, ids: dict) -> None:
+    """Step `params` (all covered by the kernels) of one param group."""
+    from ..kernels import launch
+
+    names = opt.state_names
+    runs: dict[tuple, Run] = {}
+    for p in params:
+        st = opt.state[p]
+        if not st:
+            opt.load_states(group, p, ids[id(p)])  # creates the (empty) states
+        step = int(st["step"]) + 1
+        since = int(st["since_reset"])
+        reset = opt.reset_policy.should_reset(step, since)
+        since = 1 if reset else since + 1
+        written = tuple(0 if reset else int(st[n]["written"]) for n in names)
+        grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
+        key = (p.get_device(), p.dtype, grad.dtype, step, since, written)
+        run = runs.get(key)
+        if run is None:
+            run = runs[key] = Run(p.device, launch.VALUE_KINDS[p.dtype], launch.VALUE_KINDS[grad.dtype], step, since,
+                                  written=dict(zip(names, written)), fresh={n: w == 0 for n, w in zip(names, written)})
+            for n in names:
+                layout = launch.kernel_layout(opt.spec_for(group, p, n))
+                run.layouts[n] = layout
+                run.tables[n] = layout.table(p.device)
+        run.params.append(p)
+        run.members.append(launch.Member(param=p, grad=grad, states={n: (st[n]["codes"], st[n]["scales"]) for n in names},
+                                         nonfinite=st["nonfinite"], tensor_id=ids[id(p)]))
+    for run in runs.values():
+        block = next(iter(run.layouts.values())).block
+        if opt.kernel_needs_out:
+            _attach_workspace(opt, run)
+        batch = _cached_batch(opt, run.members, block, group["seed"])
+        opt.launch_kernel(group, batch, run)
+        # host counters: one (never mutated) tensor per value, shared by the launch's parameters
+        step_t = torch.tensor(run.step, dtype=torch.int64)
+        since_t = torch.tensor(run.since, dtype=torch.int64)
+        for p in run.params:
+            st = opt.state[p]
+            st["step"], st["since_reset"] = step_t, since_t
+            for n in names:
+                st[n]["written"] = step_t
+
+
+def _cached_batch(opt, members, block, seed):
+    from ..kernels import launch
+
+    cache = opt.__dict__.setdefault("_kernel_batches", {})
+    key = launch.batch_key(members, block, seed)
+    batch = cache.get(key)
+    if batch is None:
+        if len(cache) >= MAX_CACHED_BATCHES:
+            cache.clear()
+        batch = cache[key] = launch.build_batch(members, block, seed)
+    return batch
+
+
+def _attach_workspace(opt, run: Run) -> None:
+    """Give each member an fp32 output view (Muon's update) in one reused buffer; offsets
+    are multiples of 4 elements, so every view stays 16-byte aligned."""
+    sizes = [-(-m.param.numel() // 4) * 4 for m in run.members]
+    key = (run.device, tuple(id(p) for p in run.params))
+    spaces = opt.__dict__.setdefault("_kernel_workspaces", {})
+    ws = spaces.get(key)
+    if ws is None or ws.numel() < sum(sizes):
+        if len(spaces) >= MAX_CACHED_BATCHES:
+            spaces.clear()
+        ws = spaces[key] = torch.empty(sum(sizes), dtype=torch.float32, device=run.device)
+    offset = 0
+    for m, size in zip(run.members, sizes):
+        m.out = ws[offset:offset + m.param.numel()].view(m.param.shape)
+        offset += size

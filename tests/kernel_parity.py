@@ -1,0 +1,75 @@
+"""Helpers of the kernel tests (tests/test_kernels_*.py): run the reference optimizer and
+the kernel path side by side on the same parameters and gradients, and compare bits."""
+from __future__ import annotations
+
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit patterns (so -0.0 != 0.0 and NaN == NaN, as 'bit for bit' means)."""
+    t = t.detach()
+    return t.view(_INT_VIEW[t.dtype]) if t.dtype in _INT_VIEW else t
+
+
+def assert_bits_equal(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal bit for bit, else fail naming the first mismatching flat indices."""
+    assert got.dtype == want.dtype and got.shape == want.shape, \
+        f"{what}: {got.dtype}{tuple(got.shape)} vs reference {want.dtype}{tuple(want.shape)}"
+    diff = (bits(got) != bits(want)).reshape(-1)
+    if diff.any():
+        idx = diff.nonzero().flatten()[:8]
+        g, w = got.reshape(-1)[idx].tolist(), want.reshape(-1)[idx].tolist()
+        raise AssertionError(f"{what}: {int(diff.sum())} of {diff.numel()} differ; first at {idx.tolist()}: "
+                             f"kernel {g} vs reference {w}")
+
+
+def make_pair(cls, shapes, dtype=torch.float32, seed=0, **kw):
+    """Two optimizers of class `cls` on equal parameters: (reference, kernel path)."""
+    gen = torch.Generator().manual_seed(seed)
+    init = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+    ref_params = [torch.nn.Parameter(w.clone().to(DEVICE)) for w in init]
+    ker_params = [torch.nn.Parameter(w.clone().to(DEVICE)) for w in init]
+    kw = dict(dict(min_quant_numel=0, seed=11), **kw)
+    return cls(ref_params, backend="reference", **kw), cls(ker_params, backend="triton", **kw)
+
+
+def step_both(ref, ker, gen: torch.Generator, scale: float = 1.0, poison: bool = False) -> None:
+    """One step of both with the same fresh gradients (poison: a NaN, +Inf, -Inf in each)."""
+    for a, b in zip(_params(ref), _params(ker)):
+        g = (torch.randn(a.shape, generator=gen) * scale).to(a.dtype)
+        if poison and g.numel() >= 3:
+            g.view(-1)[[0, g.numel() // 2, g.numel() - 1]] = torch.tensor([float("nan"), float("inf"), -float("inf")]).to(g.dtype)
+        a.grad, b.grad = g.to(DEVICE), g.clone().to(DEVICE)
+    ref.step()
+    ker.step()
+
+
+def assert_same_state(ref, ker, step: int = -1) -> None:
+    """Parameters, codes, scales and counters of the two optimizers are equal bit for bit."""
+    for i, (a, b) in enumerate(zip(_params(ref), _params(ker))):
+        assert ker.path_for(b) != "reference", f"param {i} was not stepped by the kernels: {ker.why_reference(b)}"
+        assert_bits_equal(f"step {step} param {i} {tuple(a.shape)}", b, a)
+        sa, sb = ref.state[a], ker.state[b]
+        for name in ref.state_names:
+            for part in sa[name]:
+                assert_bits_equal(f"step {step} param {i} {name}.{part}", sb[name][part], sa[name][part])
+        for key in ("step", "since_reset", "nonfinite"):
+            assert int(sa[key]) == int(sb[key]), f"param {i} {key}: {int(sb[key])} vs {int(sa[key])}"
+
+
+def run_parity(cls, states: str, shapes, dtype=torch.float32, steps: int = 3, poison_step: int = 2,
+               seed: int = 0, **kw):
+    """Step both paths `steps` times and compare after every step."""
+    ref, ker = make_pair(cls, shapes, dtype, seed=seed, states=states, **kw)
+    gen = torch.Generator().manual_seed(seed + 1)
+    for t in range(1, steps + 1):
+        step_both(ref, ker, gen, poison=(t == poison_step))
+        assert_same_state(ref, ker, t)
+    return ref, ker
+
+
+def _params(opt):
+    return [p for g in opt.param_groups for p in g["params"]]

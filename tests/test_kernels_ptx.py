@@ -1,0 +1,53 @@
+"""The kernels compiled for sm_90 (no GPU needed): what the interpreter cannot show.
+
+- no fp32 multiply-add is contracted into an FMA (enable_fp_fusion=False), every division
+  and square root is the correctly rounded one, and no instruction flushes subnormals to
+  zero: the GPU rounds like the reference (torch's CUDA kernels keep subnormals too);
+- the widest values (AdamW: the parameter and gradient; Muon: the fp32 update) move with
+  16-byte vector accesses, and no tile-sized register layout conversion goes through
+  shared memory (launch.tile_shape)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def probes():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "kernel_ptx_probe.py")], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    if all("unavailable" in r for r in rows):
+        pytest.skip(f"Triton cannot compile for CUDA here: {rows[0]['unavailable']}")
+    return rows
+
+
+def test_no_fma_no_flush_to_zero_and_only_correctly_rounded_division_and_sqrt(probes):
+    for r in probes:
+        ops = r["all"]
+        assert "fma.rn.f32" not in ops and r["ftz"] == 0, r
+        assert ops.get("div.rn.f32", 0) > 0, r
+        assert not any(k.startswith(("div.full", "div.approx", "sqrt.approx")) for k in ops), r
+        if r["op"] == "adamw":
+            assert ops.get("sqrt.rn.f32", 0) > 0, r
+
+
+def test_widest_values_move_in_16_byte_vectors_and_tiles_need_no_layout_conversion(probes):
+    for r in probes:
+        ops = r["all"]
+        assert ops.get("st.global.v4.b32", 0) >= 1, r
+        if r["op"] == "adamw":
+            assert ops.get("ld.global.v4.b32", 0) >= 2, r  # parameter and gradient
+        else:  # Muon: bf16 gradient, 4 per thread to match the fp32 update
+            assert ops.get("ld.global.v2.b32", 0) >= 1, r
+        # a tile-sized register layout conversion goes through shared memory in 128-bit
+        # pieces; only per-row vectors (block scales, a few values) may pass there
+        assert not any(k.startswith(("ld.shared.v4", "st.shared.v4")) for k in ops), r
