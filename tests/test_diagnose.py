@@ -265,3 +265,35 @@ def test_unsupported_optimizer_is_a_clear_error():
     trace = constant_trace(torch.ones(100), 2, optimizer="rmsprop")
     with pytest.raises(QstateError, match="optimizer 'rmsprop' is not supported"):
         diagnose(trace, select_configs(["bf16"]))
+
+
+def test_a_v_stored_as_sqrt_stalls_like_one_fraction_bit_fewer():
+    """sqrt(v) changes by dv / (2v): the stall window doubles, i.e. rho of p - 1 bits; checked
+    against a seeded simulation of the stored sqrt(v) at steady state."""
+    spec = parse_spec("bf16:nearest:sqrt")
+    assert theory.stall_probability(spec, 0.999) == pytest.approx(theory.p_stall_nearest(theory.rho(6, 0.999)))
+    n, beta = 40_000, 0.99
+    gen = torch.Generator().manual_seed(4)
+    sigma2 = 4.0 ** torch.rand(n, generator=gen)  # sqrt(v) log-uniform over one binade
+    s_hat = sigma2.sqrt().bfloat16().float()  # stored sqrt(v) at its level
+    g2 = sigma2 * torch.randn(n, generator=gen) ** 2
+    new = (s_hat * s_hat * beta + g2 * (1 - beta)).sqrt().bfloat16().float()
+    observed = float((new == s_hat).float().mean())
+    assert observed == pytest.approx(float(theory.stall_probability(spec, beta)), abs=0.03)
+
+
+@pytest.mark.cuda
+def test_cuda_replay_equals_the_cpu_replay():
+    """The same seed replays the same bits on CPU and GPU: stored states equal, statistics
+    equal up to the order of floating-point sums."""
+    _, _, trace = run_reference(lambda ps: AdamW(ps, states="bf16", min_quant_numel=0), [(5000,), (40, 70)], 12)
+    cfgs = select_configs()
+    cpu_doc, cpu = diagnose(trace, cfgs, device="cpu", keep_states=True)
+    gpu_doc, gpu = diagnose(trace, cfgs, device="cuda", keep_states=True)
+    for name in cpu["final_states"]:
+        for s in ("m", "v"):
+            for a, b in zip(cpu["final_states"][name][s], gpu["final_states"][name][s]):
+                assert torch.equal(a, b), (name, s)
+    for a, b in zip(cpu_doc["records"], gpu_doc["records"]):
+        assert a["stall_rate"] == pytest.approx(b["stall_rate"], abs=1e-12)
+        assert a["rel_rms_error"] == pytest.approx(b["rel_rms_error"], rel=1e-4, abs=1e-9)

@@ -13,6 +13,17 @@ from qstate_cli.trace import BLOCK, Recorder, load_trace, sample_blocks, save_tr
 from qstate_cli.trace.schema import from_dict
 
 
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tests run many tiny ops: one thread avoids a fork/join barrier per op (costly on
+    a busy 2-core machine); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def small_model(seed=0):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(80, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
@@ -234,4 +245,4 @@ def test_readme_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README example", "exec"), {})
     tr = load_trace(tmp_path / "my_trace.pt")
-    assert tr.optimizer == "adamw" and tr.n_steps == 200
+    assert tr.optimizer == "adamw" and tr.n_steps == 100

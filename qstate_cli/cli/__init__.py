@@ -53,9 +53,11 @@ def root(version: bool = typer.Option(False, "--version", callback=_version, is_
 
 
 def _register_commands() -> None:
-    from . import formats_cmd
+    from . import diagnose_cmd, formats_cmd, trace_cmd
 
     formats_cmd.register(app)
+    trace_cmd.register(app)
+    diagnose_cmd.register(app)
 
 
 _register_commands()

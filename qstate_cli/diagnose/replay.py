@@ -44,7 +44,7 @@ class ReplayOptions:
     reset: str = "none"  # none | N | auto
     steps_limit: int | None = None
     device: str = "auto"
-    snapshots: int = 64  # staleness / dimension snapshots over the replay
+    snapshots: int = 32  # staleness / dimension snapshots over the replay
     keep_states: bool = False  # return the final stored states (tests)
     profile: bool = False  # synchronize around phases (CUDA) so the timings are exact
 
@@ -157,7 +157,7 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
     invalid = ~layout.valid if layout.valid is not None else None
     nonfinite = torch.zeros(layout.n_units, dtype=torch.float64, device=device)
     nonfinite_steps = torch.zeros(n_steps, dtype=torch.float64, device=device)
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), time.process_time()
     for i in range(n_steps):
         step = trace.step_start + i
         with timer("gather"):
@@ -204,10 +204,10 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
             progress(i + 1, n_steps)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    wall = time.perf_counter() - t_start
+    wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
     out = {
         "trace": trace, "recursion": rec, "layout": layout, "n_steps": n_steps, "device": str(device),
-        "wall_s": wall, "timings_s": timer.totals, "nonfinite_units": nonfinite.cpu().numpy(),
+        "wall_s": wall, "cpu_s": cpu, "threads": torch.get_num_threads(), "timings_s": timer.totals, "nonfinite_units": nonfinite.cpu().numpy(),
         "nonfinite_steps": nonfinite_steps.cpu().numpy(),
         "configs": [{"cfg": c.cfg, "period": c.period, "period_reason": c.period_reason,
                      "states": {s: c.stats[s].collect() for s in rec.states},

@@ -87,15 +87,18 @@ def diagnose(trace: Trace | str | Path, configs: list[StateConfig], reset="none"
 
 
 def profile(raw: dict, total_s: float) -> dict:
-    """Replay throughput: element-steps (recorded elements x steps) per second."""
+    """Replay throughput: element-steps (recorded elements x steps) per second of wall time,
+    and per CPU-second (what the replay gets on a machine that other work also uses)."""
     n_cfg = len(raw["configs"])
     element_steps = raw["layout"].n_valid * raw["n_steps"]
     wall = raw["wall_s"]
     per_cfg = {k: v for k, v in raw["timings_s"].items() if k not in ("gather", "shadow")}
+    cpu = raw["cpu_s"]
     return {
-        "device": raw["device"], "element_steps": element_steps, "configs": n_cfg, "replay_s": round(wall, 3),
-        "total_s": round(total_s, 3),
+        "device": raw["device"], "threads": raw["threads"], "element_steps": element_steps, "configs": n_cfg,
+        "replay_s": round(wall, 3), "replay_cpu_s": round(cpu, 3), "total_s": round(total_s, 3),
         "element_steps_per_s_per_config": round(element_steps * n_cfg / wall) if wall > 0 else None,
+        "element_steps_per_cpu_s_per_config": round(element_steps * n_cfg / cpu) if cpu > 0 else None,
         "phases_s": {k: round(v, 3) for k, v in raw["timings_s"].items()},
         "config_element_steps_per_s": {k: round(element_steps / v) for k, v in per_cfg.items() if v > 0},
         "layout": {"unit": raw["layout"].unit, "padded_elements": raw["layout"].n},

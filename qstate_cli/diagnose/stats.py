@@ -56,6 +56,7 @@ class StateStats:
         self.dims = [2 ** k for k in range(int(math.log2(max(1, layout.n // 4))) + 1)]
         self.dim_ms = torch.zeros(len(self.dims), dtype=torch.float64, device=dev)
         self.n_snapshots = 0
+        self._ones = torch.ones(layout.n, dtype=torch.int64, device=dev)
 
     def observe(self, i: int, x: torch.Tensor, prev: torch.Tensor, new: torch.Tensor,
                 shadow: torch.Tensor, shadow_x2_units: torch.Tensor, storage: torch.Tensor | None) -> None:
@@ -86,22 +87,22 @@ class StateStats:
         if self.code_mode == "binade":
             code = (code >> fmt.man_bits) & (self.n_codes - 1)
         # 0: no nominal update, 1: updated and changed, 2: stalled  (padding: always 0)
-        idx = code * 3 + nominal.to(torch.int32) + stall.to(torch.int32)
-        self.codes += torch.bincount(idx, minlength=3 * self.n_codes)
+        idx = (code * 3 + nominal.to(torch.int32) + stall.to(torch.int32)).long()
+        self.codes.scatter_add_(0, idx, self._ones)  # a bincount that never waits on the host
 
     def _snapshot(self, step: int, err: torch.Tensor, shadow_x2_units: torch.Tensor) -> None:
         lay = self.layout
         stale = (step - self.last_change).to(torch.int64) + 1
         if lay.valid is not None:
             stale = torch.where(lay.valid, stale, 0)
-        self.staleness += torch.bincount(stale, minlength=self.staleness.numel())[: self.staleness.numel()]
+        self.staleness.scatter_add_(0, stale.clamp_(max=self.staleness.numel() - 1), self._ones)
         n_el = torch.tensor(lay.lengths, dtype=torch.float64, device=err.device)
         rms = (lay.per_tensor(shadow_x2_units.double()) / n_el).sqrt()[lay.unit_tensor]
         rms = torch.where(rms > 0, rms, 1.0)
         e = (err.view(-1, lay.unit).double() / rms[:, None]).reshape(-1)
-        for j, d in enumerate(self.dims):
-            s = e[: e.numel() // d * d].view(-1, d).sum(1)
-            self.dim_ms[j] += (s * s).mean()
+        for j, _ in enumerate(self.dims):  # chunk sums of d = 1, 2, 4, ...: pairwise from the last
+            self.dim_ms[j] += (e * e).mean()
+            e = e[: e.numel() // 2 * 2].view(-1, 2).sum(1)
         self.n_snapshots += 1
 
     def collect(self) -> dict:
