@@ -297,3 +297,18 @@ def test_cuda_replay_equals_the_cpu_replay():
     for a, b in zip(cpu_doc["records"], gpu_doc["records"]):
         assert a["stall_rate"] == pytest.approx(b["stall_rate"], abs=1e-12)
         assert a["rel_rms_error"] == pytest.approx(b["rel_rms_error"], rel=1e-4, abs=1e-9)
+
+
+def test_layout_stream_keys_are_the_hash_stream_keys():
+    from qstate_cli.diagnose.layout import Layout
+    from qstate_cli.quant import hash as qhash
+
+    trace = constant_trace(torch.ones(5000), 2)
+    trace.tensors[0].index = 7
+    lay = Layout(trace, 128, "cpu")
+    st = lay.stream(seed=12345, state_id=1, counter="block", block=128)
+    k1, k2 = st.keys(99)
+    ref1, ref2 = qhash.stream_keys(12345, 7, 1, 99)
+    orig = torch.arange(k1.numel())  # a full tensor: layout block b is block b
+    assert torch.equal(k1 ^ torch.arange(k1.numel()) ^ orig, torch.full_like(k1, ref1))
+    assert torch.equal(k2, torch.full_like(k2, ref2))

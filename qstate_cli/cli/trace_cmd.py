@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from ..results import document, environment, write_json_atomic
 from . import new_group, output
 
 trace_app = new_group("trace", "Gradient traces: record a demo trace, summarize a trace.")
@@ -42,15 +40,12 @@ def demo(
 def info(
     trace: Path = typer.Argument(..., help="Trace file or directory of shards."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary and tensor rows as JSON."),
-    json_path: Optional[Path] = typer.Option(None, "--json-file", help="Also write them to this file."),
 ):
     """Summarize a trace: optimizer, steps, tensors, recorded blocks, gradient RMS, NaN/Inf."""
     from ..trace import load_trace
     from ..trace.demo import info as trace_info
 
     summary, rows = trace_info(load_trace(trace))
-    if json_path is not None:
-        write_json_atomic(json_path, document("trace", rows, summary, environment("cpu")))
     if as_json:
         output.print_json({"summary": summary, "tensors": rows})
         return

@@ -93,13 +93,19 @@ class LayoutStream:
             owner = layout.unit_tensor.cpu().repeat_interleave(layout.unit // block)
         self.fold = (pos ^ orig).to(layout.device)
         self.owner = owner.to(layout.device)
+        # hash.stream_keys, split: the per-(seed, tensor, state) part once, the step part per step
+        base = [qhash.hash32(qhash.hash32(qhash.hash32(seed & qhash.MASK32) ^ (tid & qhash.MASK32)) ^ state_id)
+                for tid in layout.tensor_ids]
+        self.base = torch.tensor(base, dtype=torch.int64)
         self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def keys(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k1', k2') per counter position for `step` (cached for the last two steps)."""
         if step not in self._cache:
-            pairs = [qhash.stream_keys(self.seed, tid, self.state_id, step) for tid in self.layout.tensor_ids]
-            k = torch.tensor(pairs, dtype=torch.int64).to(self.layout.device)
+            k1 = qhash.hash32(self.base ^ (int(step) & qhash.MASK32))  # = stream_keys(...)[0] per tensor
+            k2 = qhash.hash32(k1 ^ qhash.GOLDEN)
+            k1, k2 = k1.to(self.layout.device), k2.to(self.layout.device)
             if len(self._cache) >= 2:
                 self._cache.pop(min(self._cache))
-            self._cache[step] = (k[:, 0][self.owner] ^ self.fold, k[:, 1][self.owner])
+            self._cache[step] = (k1[self.owner] ^ self.fold, k2[self.owner])
         return self._cache[step]

@@ -28,7 +28,8 @@ def summary_columns(rows: list[dict]):
         cols += [f"drift_{s}", f"rel_rms_{s}", f"stall_{s}"]
         if any(f"pred_{s}" in r for r in rows):
             cols.append(f"pred_{s}")
-        cols += [f"stale90_{s}", f"slope_{s}"]
+        if s == states[-1]:  # the slowest state: where staleness and dimension scaling tell most
+            cols += [f"stale90_{s}", f"slope_{s}"]
     cols.append("reset_period")
     pct = lambda v: f"{v:.1%}"
     fmts = {"bytes_per_param": ".4f", "update_cosine": ".4f", "update_rel_error": ".3g"}
