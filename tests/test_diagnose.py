@@ -11,7 +11,7 @@ from qstate_cli.diagnose import diagnose, select_configs
 from qstate_cli.diagnose.recommend import observed_period, recommend
 from qstate_cli.diagnose.suite import diagnose_point
 from qstate_cli.errors import QstateError
-from qstate_cli.optim import SGD, AdamW
+from qstate_cli.optim import SGD, AdamW, Lion, Muon
 from qstate_cli.quant import QuantizedState, Stream, parse_config, parse_spec
 from qstate_cli.trace import Recorder, save_trace
 from qstate_cli.trace.schema import Trace, TraceTensor
@@ -63,11 +63,17 @@ def test_replay_stores_what_the_reference_adamw_stores_bit_for_bit(cfg, reset, b
     assert {r["state"] for r in doc["records"]} == {"m", "v"}
 
 
-def test_replay_matches_the_reference_sgd_momentum():
-    params, opt, trace = run_reference(lambda ps: SGD(ps, lr=0.1, momentum=0.9, states="bred-4bit", seed=2,
-                                                      min_quant_numel=0), [(3000,)], 6)
-    _, raw = diagnose(trace, [parse_config("bred-4bit")], keep_states=True)
-    assert torch.equal(raw["final_states"]["bred-4bit"]["m"][0], stored(opt, params[0], "m", 0))
+@pytest.mark.parametrize("factory", [
+    lambda ps: SGD(ps, lr=0.1, momentum=0.9, states="bred-4bit", seed=2, min_quant_numel=0),
+    lambda ps: Lion(ps, lr=1e-3, states="sr-4bit", seed=3, min_quant_numel=0),
+    lambda ps: Muon(ps, lr=0.02, states="m=e4m3:bred:b128", seed=4, min_quant_numel=0),
+], ids=["sgd", "lion", "muon"])
+def test_replay_matches_the_reference_momentum_optimizers(factory):
+    params, opt, trace = run_reference(factory, [(3000,), (48, 40)], 6)
+    cfg = parse_config(opt.param_groups[0]["states"])
+    _, raw = diagnose(trace, [cfg], keep_states=True)
+    for j, p in enumerate(params):
+        assert torch.equal(raw["final_states"][str(cfg)]["m"][j], stored(opt, p, "m", j))
 
 
 def constant_trace(g: torch.Tensor, steps: int, beta1=0.9, beta2=0.999, optimizer="adamw") -> Trace:

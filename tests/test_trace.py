@@ -246,3 +246,17 @@ def test_readme_example_runs(tmp_path, monkeypatch):
     exec(compile(code, "README example", "exec"), {})
     tr = load_trace(tmp_path / "my_trace.pt")
     assert tr.optimizer == "adamw" and tr.n_steps == 100
+
+
+def test_recorder_without_an_optimizer_hook(tmp_path):
+    model = small_model()
+    rec = Recorder(params=model.parameters(), optimizer_name="lion", hparams={"betas": [0.9, 0.99]},
+                   blocks_per_tensor=None)
+    for _ in range(3):
+        model(torch.randn(2, 80)).sum().backward()
+        rec.capture()
+        model.zero_grad()
+    tr = rec.trace()
+    assert tr.optimizer == "lion" and tr.n_steps == 3 and tr.tensors[0].name == "param0"
+    with pytest.raises(QstateError, match="needs an optimizer"):
+        Recorder(params=model.parameters())
