@@ -46,7 +46,7 @@ def diagnose(
     configs = engine.select_configs(config, bits, rounding, block_size)
     with _progress(f"replaying {len(configs)} configurations") as advance:
         doc, _ = engine.diagnose(trace, configs, reset=reset, steps_limit=steps_limit, device=device,
-                                 progress=advance)
+                                 progress=advance, profile_phases=profile)
     _emit(doc, json_path, html, markdown, lambda: _print_summary(doc, profile))
 
 

@@ -124,23 +124,59 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
         raise QstateError("no configurations to replay")
     rec = recursion_for(trace.optimizer, trace.hparams)
     n_steps = min(trace.n_steps, opts.steps_limit or trace.n_steps)
-    unit = max(spec.dither_block for cfg in opts.configs for spec in (cfg.m, cfg.v) if spec.fmt.kind != "identity") \
-        if any(spec.fmt.kind != "identity" for cfg in opts.configs for spec in (cfg.m, cfg.v)) else 128
+    blocks = [spec.dither_block for cfg in opts.configs for spec in (cfg.m, cfg.v) if spec.fmt.kind != "identity"]
+    unit = max(blocks, default=128)
+    if any(unit % b for b in blocks):
+        raise QstateError(f"block sizes {sorted(set(blocks))} do not all divide {unit}: the replay needs "
+                          f"power-of-two block sizes (32..2048)")
     layout = Layout(trace, unit, device)
-    for cfg in opts.configs:
-        for spec in (cfg.m, cfg.v):
-            if spec.fmt.kind != "identity" and unit % spec.dither_block:
-                raise QstateError(f"block size {spec.dither_block} of {cfg} does not divide {unit}: the replay needs "
-                                  f"power-of-two block sizes (32..2048)")
-    timer = _Timer(device, opts.profile)
-    snap_every = max(1, n_steps // max(1, opts.snapshots))
     sign = -1.0 if rec.hparams.get("maximize") else 1.0
     if sign < 0:
         rec.notes.append("maximize: gradients negated, as the optimizer does")
+    configs, shadows = _setup(trace, opts, rec, layout, n_steps)
+    timer = _Timer(device, opts.profile)
+    invalid = ~layout.valid if layout.valid is not None else None
+    nonfinite = torch.zeros(layout.n_units, dtype=torch.float64, device=device)
+    t_start, cpu_start = time.perf_counter(), time.process_time()
+    for i in range(n_steps):
+        with timer("gather"):
+            g = layout.gradients(i)
+            bad = ~torch.isfinite(g)
+            nonfinite += unit_sums(bad, unit)
+            g.masked_fill_(bad, 0.0)  # the optimizers' policy: count, then treat as 0
+            if sign < 0:
+                g.neg_()
+        with timer("shadow"):
+            for sh in shadows.values():
+                _step_shadow(sh, rec, g, layout)
+        for c in configs:
+            with timer(str(c.cfg)):
+                _step_config(c, shadows[c.period], rec, g, i, trace.step_start + i, invalid, layout)
+        if progress is not None:
+            progress(i + 1, n_steps)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
+    out = {
+        "trace": trace, "recursion": rec, "layout": layout, "n_steps": n_steps, "device": str(device),
+        "wall_s": wall, "cpu_s": cpu, "threads": torch.get_num_threads(), "timings_s": timer.totals,
+        "timings_synchronized": timer.sync or device.type != "cuda",
+        "nonfinite_units": nonfinite.cpu().numpy(),
+        "configs": [{"cfg": c.cfg, "period": c.period, "period_reason": c.period_reason,
+                     "states": {s: c.stats[s].collect() for s in rec.states},
+                     "update": c.update.collect()} for c in configs],
+    }
+    if opts.keep_states:
+        out["final_states"] = {str(c.cfg): {s: _split(layout, c.x_hat[s]) for s in rec.states} for c in configs}
+    return out
 
+
+def _setup(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout, n_steps: int):
+    """One _ConfigReplay per configuration, one _Shadow per distinct reset period."""
     def zeros():
-        return torch.zeros(layout.n, dtype=torch.float32, device=device)
+        return torch.zeros(layout.n, dtype=torch.float32, device=layout.device)
 
+    snap_every = max(1, n_steps // max(1, opts.snapshots))
     configs, shadows = [], {}
     for cfg in opts.configs:
         period, why = reset_schedule(opts.reset, cfg, rec)
@@ -149,74 +185,48 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
         for s in rec.states:
             spec = cfg.spec(s)
             stream = _stream(layout, spec, int(trace.seed), STATE_IDS[s])
-            qs[s] = QuantizedState(spec, (layout.n,), stream, device=device)
+            qs[s] = QuantizedState(spec, (layout.n,), stream, device=layout.device)
             stats[s] = StateStats(layout, spec, n_steps, snap_every)
             clamp[s] = s == "v" and spec.rounding == "bred" and not spec.sqrt
         configs.append(_ConfigReplay(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
                                      UpdateStats(layout, n_steps), clamp))
-    invalid = ~layout.valid if layout.valid is not None else None
-    nonfinite = torch.zeros(layout.n_units, dtype=torch.float64, device=device)
-    nonfinite_steps = torch.zeros(n_steps, dtype=torch.float64, device=device)
-    t_start, cpu_start = time.perf_counter(), time.process_time()
-    for i in range(n_steps):
-        step = trace.step_start + i
-        with timer("gather"):
-            g = layout.gradients(i)
-            bad = ~torch.isfinite(g)
-            u_bad = unit_sums(bad, unit)
-            nonfinite += u_bad
-            nonfinite_steps[i] = u_bad.sum()
-            g.masked_fill_(bad, 0.0)
-            if sign < 0:
-                g.neg_()
-        with timer("shadow"):
-            for sh in shadows.values():
-                sh.reset_now = sh.period is not None and sh.since >= sh.period
-                if sh.reset_now:
-                    sh.x = {s: zeros() for s in rec.states}
-                    sh.since = 0
-                first = {s: sh.since == 0 for s in rec.states}
-                sh.since += 1
-                sh.update, sh.x = rec.step(g, sh.x, sh.since, first)
-                sh.x2_units = {s: unit_sums(sh.x[s] * sh.x[s], unit) for s in rec.states}
-                sh.ref2_units = unit_sums(sh.update * sh.update, unit)
-        for c in configs:
-            sh = shadows[c.period]
-            with timer(str(c.cfg)):
-                if sh.reset_now:
-                    for s, q in c.states.items():
-                        c.stats[s].on_reset(i, c.x_hat[s])
-                        q.reset()
-                        c.x_hat[s] = zeros()
-                first = {s: q.written == 0 for s, q in c.states.items()}
-                u, new = rec.step(g, c.x_hat, sh.since, first)
-                for s, q in c.states.items():
-                    q.encode(new[s], step)
-                    x_hat = q.decode()
-                    if c.clamp[s]:
-                        x_hat = x_hat.clamp(min=0.0)
-                    if invalid is not None:
-                        x_hat.masked_fill_(invalid, 0.0)
-                    c.stats[s].observe(i, new[s], c.x_hat[s], x_hat, sh.x[s], sh.x2_units[s], q.codes)
-                    c.x_hat[s] = x_hat
-                c.update.observe(i, u, sh.update, sh.ref2_units)
-        if progress is not None:
-            progress(i + 1, n_steps)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
-    out = {
-        "trace": trace, "recursion": rec, "layout": layout, "n_steps": n_steps, "device": str(device),
-        "wall_s": wall, "cpu_s": cpu, "threads": torch.get_num_threads(), "timings_s": timer.totals, "nonfinite_units": nonfinite.cpu().numpy(),
-        "nonfinite_steps": nonfinite_steps.cpu().numpy(),
-        "configs": [{"cfg": c.cfg, "period": c.period, "period_reason": c.period_reason,
-                     "states": {s: c.stats[s].collect() for s in rec.states},
-                     "update": c.update.collect()} for c in configs],
-    }
-    if opts.keep_states:
-        out["final_states"] = {str(c.cfg): {s: _split(layout, c.x_hat[s]) for s in rec.states} for c in configs}
-        out["final_codes"] = {str(c.cfg): {s: (q.codes, q.scales) for s, q in c.states.items()} for c in configs}
-    return out
+    return configs, shadows
+
+
+def _step_shadow(sh: _Shadow, rec: Recursion, g: torch.Tensor, layout: Layout) -> None:
+    """fp32 states: reset when the schedule says so, then one step of the rule."""
+    sh.reset_now = sh.period is not None and sh.since >= sh.period
+    if sh.reset_now:
+        sh.x = {s: torch.zeros_like(x) for s, x in sh.x.items()}
+        sh.since = 0
+    first = {s: sh.since == 0 for s in rec.states}
+    sh.since += 1
+    sh.update, sh.x = rec.step(g, sh.x, sh.since, first)
+    sh.x2_units = {s: unit_sums(sh.x[s] * sh.x[s], layout.unit) for s in rec.states}
+    sh.ref2_units = unit_sums(sh.update * sh.update, layout.unit)
+
+
+def _step_config(c: _ConfigReplay, sh: _Shadow, rec: Recursion, g: torch.Tensor, i: int, step: int,
+                 invalid, layout: Layout) -> None:
+    """One optimizer step of a quantized configuration, as QuantizedOptimizer._step_param
+    does it, then its statistics against the shadow."""
+    if sh.reset_now:
+        for s, q in c.states.items():
+            c.stats[s].on_reset(i, c.x_hat[s])
+            q.reset()
+            c.x_hat[s] = torch.zeros_like(c.x_hat[s])
+    first = {s: q.written == 0 for s, q in c.states.items()}
+    u, new = rec.step(g, c.x_hat, sh.since, first)
+    for s, q in c.states.items():
+        q.encode(new[s], step)
+        x_hat = q.decode()
+        if c.clamp[s]:
+            x_hat = x_hat.clamp(min=0.0)  # a dithered v read back below 0 (base.py)
+        if invalid is not None:
+            x_hat.masked_fill_(invalid, 0.0)  # padding stays 0
+        c.stats[s].observe(i, new[s], c.x_hat[s], x_hat, sh.x[s], sh.x2_units[s], q.codes)
+        c.x_hat[s] = x_hat
+    c.update.observe(i, u, sh.update, sh.ref2_units)
 
 
 def _stream(layout: Layout, spec, seed: int, state_id: int):

@@ -59,13 +59,16 @@ def with_block_size(cfg: StateConfig, block: int) -> StateConfig:
 
 
 def diagnose(trace: Trace | str | Path, configs: list[StateConfig], reset="none", steps_limit: int | None = None,
-             device: str = "auto", progress=None, keep_states: bool = False) -> tuple[dict, dict]:
-    """Replay `trace` through `configs`; returns (result document, raw replay results)."""
+             device: str = "auto", progress=None, keep_states: bool = False,
+             profile_phases: bool = False) -> tuple[dict, dict]:
+    """Replay `trace` through `configs`; returns (result document, raw replay results).
+    `profile_phases` synchronizes CUDA around each phase so the per-phase times are exact."""
     if not isinstance(trace, Trace):
         trace = load_trace(trace)
     if steps_limit is not None and steps_limit < 1:
         raise QstateError(f"steps limit must be >= 1, got {steps_limit}")
-    opts = ReplayOptions(list(configs), reset=reset, steps_limit=steps_limit, device=device, keep_states=keep_states)
+    opts = ReplayOptions(list(configs), reset=reset, steps_limit=steps_limit, device=device, keep_states=keep_states,
+                         profile=profile_phases)
     t0 = time.perf_counter()
     raw = replay(trace, opts, progress)
     rows = build(raw)
@@ -100,6 +103,7 @@ def profile(raw: dict, total_s: float) -> dict:
         "element_steps_per_s_per_config": round(element_steps * n_cfg / wall) if wall > 0 else None,
         "element_steps_per_cpu_s_per_config": round(element_steps * n_cfg / cpu) if cpu > 0 else None,
         "phases_s": {k: round(v, 3) for k, v in raw["timings_s"].items()},
+        "phases_synchronized": raw["timings_synchronized"],
         "config_element_steps_per_s": {k: round(element_steps / v) for k, v in per_cfg.items() if v > 0},
         "layout": {"unit": raw["layout"].unit, "padded_elements": raw["layout"].n},
     }
