@@ -69,7 +69,7 @@ class StateStats:
         u = torch.stack([unit_sums(err, unit), unit_sums(err * err, unit),
                          unit_sums(stall, unit), unit_sums(nominal, unit), shadow_x2_units])
         self.units += u
-        self.series[:, i] = u.sum(1)
+        self.series[:, i] = u.sum(1, dtype=torch.float64)
         self.last_change.masked_fill_(changed, step)
         if self.n_codes and storage is not None:
             self._count_codes(storage, nominal, stall)
@@ -139,7 +139,7 @@ class UpdateStats:
         d = u - ref
         s = torch.stack([unit_sums(u * ref, unit), unit_sums(u * u, unit), unit_sums(d * d, unit), ref2_units])
         self.units += s
-        self.series[:, i] = s.sum(1)
+        self.series[:, i] = s.sum(1, dtype=torch.float64)
 
     def collect(self) -> dict:
         ser = self.series.cpu().numpy()

@@ -147,63 +147,65 @@ def per_tensor_rows(name: str, state: str, layout, st: dict, upd: dict, n_steps:
 
 
 def build(raw: dict) -> dict:
-    """records + series/histograms/per_code/per_tensor/dim_scaling/theory + meta pieces."""
-    rec, layout, n_steps = raw["recursion"], raw["layout"], raw["n_steps"]
-    nonfinite = int(raw["nonfinite_units"].sum())
+    """records + series/histograms/per_code/per_tensor/dim_scaling/theory rows."""
+    rec = raw["recursion"]
     out = {k: [] for k in ("records", "series", "histograms", "per_code", "per_tensor", "dim_scaling", "theory")}
     slow = rec.slowest_state
     for c in raw["configs"]:
-        cfg, name = c["cfg"], str(c["cfg"])
-        upd = c["update"]
+        cfg = c["cfg"]
         stall_slow = state_series(c["states"][slow])["stall_rate"]
-        period, reason = recommend(cfg.spec(slow), slow, rec.optimizer, rec.betas[slow], stall_slow, c["period"])
-        bpp = sum(cfg.spec(s).bytes_per_element() for s in rec.states)
-        for s, st in c["states"].items():
-            spec = cfg.spec(s)
-            ser = state_series(st)
-            pred = predicted_curve(cfg, s, rec, n_steps, c["period"])
-            nominal = st["nominal"].sum()
-            record = {
-                "config": name, "state": s, "format": spec.fmt.name, "rounding": spec.rounding,
-                "bits": spec.bits, "block_size": spec.block, "sqrt": spec.sqrt, "numel": layout.n_valid,
-                "steps": n_steps, "optimizer": rec.optimizer, "beta": rec.betas[s],
-                "bytes_per_param": round(bpp, 6),
-                "drift_final": _f(ser["drift"][-1]), "drift_mean": _nanmean(ser["drift"]),
-                "drift_max_abs": _f(np.nanmax(np.abs(ser["drift"]))) if np.isfinite(ser["drift"]).any() else None,
-                "rel_rms_error": _nanmean(ser["rel_rms_error"]), "error_var": _nanmean(ser["error_var"]),
-                "dim_slope": dim_slope(st["dims"], st["dim_ms"], spec.dither_block),
-                "stall_rate": _f(st["stalls"].sum() / nominal) if nominal > 0 else None,
-                "stall_rate_predicted": None if pred is None else float(np.mean(pred)),
-                **staleness_summary(st["staleness_counts"]),
-                "update_cosine": _nanmean(upd["cosine"]), "update_rel_error": _nanmean(upd["rel_error"]),
-                "nonfinite_grads": nonfinite, "reset_applied": c["period"],
-                "reset_period": period, "reset_reason": reason,
-            }
-            out["records"].append(record)
-            steps, arr = downsample({**ser, "stall_rate_predicted": pred, "update_cosine": upd["cosine"],
-                                     "update_rel_error": upd["rel_error"]}, n_steps)
-            for j, t in enumerate(steps):
-                out["series"].append({"config": name, "state": s, "step": int(t),
-                                      **{k: (None if a is None else _f(a[j])) for k, a in arr.items()}})
-            edges, counts = log2_histogram(st["staleness_counts"])
-            out["histograms"].append({"config": name, "state": s, "metric": "staleness", "edges": edges,
-                                      "counts": counts})
-            if st["codes"] is not None:
-                vals = code_values(spec, st["code_mode"], st["codes"].shape[0])
-                for code, (_, changed, stalled) in enumerate(st["codes"]):
-                    if changed + stalled:
-                        out["per_code"].append({"config": name, "state": s, "code": code,
-                                                "code_unit": st["code_mode"], "code_value": _f(vals[code]),
-                                                "count": int(changed + stalled),
-                                                "stall_rate": float(stalled / (changed + stalled))})
-            out["per_tensor"] += per_tensor_rows(name, s, layout, st, upd, n_steps)
-            out["dim_scaling"] += [{"config": name, "state": s, "d": int(d), "rms_sum": _f(math.sqrt(m))}
-                                   for d, m in zip(st["dims"], st["dim_ms"])]
+        advice = recommend(cfg.spec(slow), slow, rec.optimizer, rec.betas[slow], stall_slow, c["period"])
+        for s in c["states"]:
+            _state_rows(out, raw, c, s, advice)
         if rec.optimizer in ("adamw", "adam"):
             row = theory.theory_rows([cfg.spec("v")], rec.betas["v"])[0]
-            out["theory"].append({"config": name, **row})
+            out["theory"].append({"config": str(cfg), **row})
     _rank(out["records"])
     return out
+
+
+def _state_rows(out: dict, raw: dict, c: dict, s: str, advice: tuple) -> None:
+    """Every row of one (configuration, state)."""
+    rec, layout, n_steps = raw["recursion"], raw["layout"], raw["n_steps"]
+    cfg, name, st, upd = c["cfg"], str(c["cfg"]), c["states"][s], c["update"]
+    spec = cfg.spec(s)
+    ser = state_series(st)
+    pred = predicted_curve(cfg, s, rec, n_steps, c["period"])
+    nominal = st["nominal"].sum()
+    drift = ser["drift"]
+    out["records"].append({
+        "config": name, "state": s, "format": spec.fmt.name, "rounding": spec.rounding,
+        "bits": spec.bits, "block_size": spec.block, "sqrt": spec.sqrt, "numel": layout.n_valid,
+        "steps": n_steps, "optimizer": rec.optimizer, "beta": rec.betas[s],
+        "bytes_per_param": round(sum(cfg.spec(x).bytes_per_element() for x in rec.states), 6),
+        "drift_final": _f(drift[-1]), "drift_mean": _nanmean(drift),
+        "drift_max_abs": _f(np.nanmax(np.abs(drift))) if np.isfinite(drift).any() else None,
+        "rel_rms_error": _nanmean(ser["rel_rms_error"]), "error_var": _nanmean(ser["error_var"]),
+        "dim_slope": dim_slope(st["dims"], st["dim_ms"], spec.dither_block),
+        "stall_rate": _f(st["stalls"].sum() / nominal) if nominal > 0 else None,
+        "stall_rate_predicted": None if pred is None else float(np.mean(pred)),
+        **staleness_summary(st["staleness_counts"]),
+        "update_cosine": _nanmean(upd["cosine"]), "update_rel_error": _nanmean(upd["rel_error"]),
+        "nonfinite_grads": int(raw["nonfinite_units"].sum()), "reset_applied": c["period"],
+        "reset_period": advice[0], "reset_reason": advice[1],
+    })
+    steps, arr = downsample({**ser, "stall_rate_predicted": pred, "update_cosine": upd["cosine"],
+                             "update_rel_error": upd["rel_error"]}, n_steps)
+    for j, t in enumerate(steps):
+        out["series"].append({"config": name, "state": s, "step": int(t),
+                              **{k: (None if a is None else _f(a[j])) for k, a in arr.items()}})
+    edges, counts = log2_histogram(st["staleness_counts"])
+    out["histograms"].append({"config": name, "state": s, "metric": "staleness", "edges": edges, "counts": counts})
+    if st["codes"] is not None:
+        vals = code_values(spec, st["code_mode"], st["codes"].shape[0])
+        for code, (_, changed, stalled) in enumerate(st["codes"]):
+            if changed + stalled:
+                out["per_code"].append({"config": name, "state": s, "code": code, "code_unit": st["code_mode"],
+                                        "code_value": _f(vals[code]), "count": int(changed + stalled),
+                                        "stall_rate": float(stalled / (changed + stalled))})
+    out["per_tensor"] += per_tensor_rows(name, s, layout, st, upd, n_steps)
+    out["dim_scaling"] += [{"config": name, "state": s, "d": int(d), "rms_sum": _f(math.sqrt(m))}
+                           for d, m in zip(st["dims"], st["dim_ms"])]
 
 
 def _rank(records: list[dict]) -> None:
