@@ -54,13 +54,16 @@ class Layout:
         self.tensor_ids = [t.index for t in trace.tensors]
         self.n_tensors = len(trace.tensors)
         self._buf = torch.zeros(n, dtype=torch.float32, device=self.device)
+        self.grads = [t.grads for t in trace.tensors]
+        if self.device.type == "cuda" and _fits_on_device(self.grads, self.device):
+            self.grads = [g.to(self.device) for g in self.grads]  # one upload; per-step gathers stay on the GPU
         self._streams: dict[tuple, LayoutStream] = {}
 
     def gradients(self, row: int) -> torch.Tensor:
         """The gradient of every layout position at trace row `row` (fp32, a fresh tensor)."""
         buf = torch.zeros_like(self._buf) if self.valid is not None else torch.empty_like(self._buf)
-        for t, o, ln in zip(self.trace.tensors, self.offsets, self.lengths):
-            buf[o: o + ln].copy_(t.grads[row], non_blocking=True)
+        for g, o, ln in zip(self.grads, self.offsets, self.lengths):
+            buf[o: o + ln].copy_(g[row], non_blocking=True)
         return buf
 
     def per_tensor(self, unit_sums: torch.Tensor) -> torch.Tensor:
@@ -74,6 +77,12 @@ class Layout:
         if key not in self._streams:
             self._streams[key] = LayoutStream(self, seed, state_id, counter, block)
         return self._streams[key]
+
+
+def _fits_on_device(grads, device, fraction: float = 0.25) -> bool:
+    """Whether the recorded gradients take under `fraction` of the device's free memory."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return sum(g.numel() * g.element_size() for g in grads) < fraction * free
 
 
 class LayoutStream:

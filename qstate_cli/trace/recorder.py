@@ -21,6 +21,7 @@ above it, or stops recording when an open-ended one reaches it.
 """
 from __future__ import annotations
 
+import datetime as _dt
 import re
 import sys
 from dataclasses import dataclass, field
@@ -84,6 +85,20 @@ def optimizer_hparams(optimizer) -> dict:
 
 
 class Recorder:
+    """Records the gradients a training loop hands to `optimizer` (see module docstring).
+
+    optimizer          hooked with a step pre-hook (None: pass params= and optimizer_name=)
+    path               where `with` writes the trace on exit (None: call trace()/save())
+    model              names the parameters (else param0, param1, ...)
+    include, exclude   regular expressions on those names
+    blocks_per_tensor  2048-element blocks kept per tensor (None: all)
+    start, steps       first global optimizer step to record, and how many (None: until exit)
+    seed               keys the block sampling and the replay's random streams
+                       (default: the optimizer's own `seed` hyper-parameter, else 0)
+    grad_dtype         "fp32" or "bf16";  record_params: also keep the parameters' values
+    max_mib            size cap (see module docstring)
+    """
+
     def __init__(self, optimizer=None, path=None, *, model=None, params=None, include: str | None = None,
                  exclude: str | None = None, blocks_per_tensor: int | None = 4, start: int | None = None,
                  steps: int | None = None, seed: int | None = None, grad_dtype: str = "fp32",
@@ -102,7 +117,7 @@ class Recorder:
             raise QstateError("Recorder needs an optimizer, or params= and optimizer_name= (then call capture())")
         plist = list(params) if params is not None else [p for g in optimizer.param_groups for p in g["params"]]
         names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
-        inc, exc = (re.compile(include) if include else None), (re.compile(exclude) if exclude else None)
+        inc, exc = _regex(include, "include"), _regex(exclude, "exclude")
         self.name = optimizer_name or name_of(optimizer)
         self.hparams = dict(hparams) if hparams is not None else optimizer_hparams(optimizer)
         self.seed = int(seed if seed is not None else self.hparams.get("seed", 0))
@@ -128,7 +143,8 @@ class Recorder:
         self.step_start: int | None = None
         self.init: list = []
         self.done = False
-        self.meta = {"source": "Recorder", "qstate": __version__, "argv": list(sys.argv), **(meta or {})}
+        self.meta = {"source": "Recorder", "qstate": __version__, "argv": list(sys.argv),
+                     "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **(meta or {})}
         self._hook = None
 
     # ---- context manager: hook the optimizer, write the trace on exit -------------------
@@ -189,6 +205,15 @@ class Recorder:
 
     def save(self, path) -> None:
         save_trace(self.trace(), path)
+
+
+def _regex(pattern: str | None, what: str):
+    if not pattern:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise QstateError(f"{what}={pattern!r} is not a regular expression ({exc})") from None
 
 
 def _pick(t: torch.Tensor, idx, dtype) -> torch.Tensor:
