@@ -318,3 +318,19 @@ def test_layout_stream_keys_are_the_hash_stream_keys():
     orig = torch.arange(k1.numel())  # a full tensor: layout block b is block b
     assert torch.equal(k1 ^ torch.arange(k1.numel()) ^ orig, torch.full_like(k1, ref1))
     assert torch.equal(k2, torch.full_like(k2, ref2))
+
+
+def test_suite_demo_trace_is_made_once_and_reused(tmp_path, monkeypatch):
+    from qstate_cli.trace import demo
+
+    monkeypatch.setenv("QSTATE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(demo, "DEFAULT", demo.DemoSettings(steps=3))
+    monkeypatch.chdir(tmp_path)  # no file called "demo" here
+    out = diagnose_point({"trace": "demo", "config": "bf16", "profile": True})
+    files = list((tmp_path / "cache").glob("demo-tiny-lm-3steps-*.pt"))
+    assert len(files) == 1 and {r["steps"] for r in out["records"]} == {3}
+    before = files[0].stat().st_mtime_ns
+    diagnose_point({"trace": "demo", "config": ["bf16"], "steps_limit": 2})
+    assert files[0].stat().st_mtime_ns == before  # reused, not re-made
+    theory_only = diagnose_point({"theory": True, "format": "e4m3", "beta2": 0.99})
+    assert theory_only["records"] == [] and {r["format"] for r in theory_only["theory"]} == {"e4m3"}

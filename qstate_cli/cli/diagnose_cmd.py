@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
 
 
 def diagnose(
-    trace: Optional[Path] = typer.Argument(None, help="Trace file or directory of shards (from `qstate trace demo` or the Recorder)."),
+    trace: Optional[Path] = typer.Argument(None, help="Trace file or directory of shards (from `qstate trace demo` or the Recorder); 'demo': the cached demo trace, made on first use."),
     config: List[str] = typer.Option([], "--config", "-c", help="Configuration to replay (repeatable): preset or m=SPEC,v=SPEC."),
     bits: List[int] = typer.Option([], "--bits", help="Add the linear presets at these bits (4, 8; repeatable)."),
     rounding: List[str] = typer.Option([], "--rounding", help="With --bits: nearest, stochastic, bred (repeatable; default all)."),

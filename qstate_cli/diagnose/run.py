@@ -62,9 +62,11 @@ def diagnose(trace: Trace | str | Path, configs: list[StateConfig], reset="none"
              device: str = "auto", progress=None, keep_states: bool = False,
              profile_phases: bool = False) -> tuple[dict, dict]:
     """Replay `trace` through `configs`; returns (result document, raw replay results).
-    `profile_phases` synchronizes CUDA around each phase so the per-phase times are exact."""
+    `trace` may be a Trace, a path, or "demo" (the cached demo trace, made on first use,
+    when no file of that name exists). `profile_phases` synchronizes CUDA around each phase
+    so the per-phase times are exact."""
     if not isinstance(trace, Trace):
-        trace = load_trace(trace)
+        trace = load_trace(resolve_trace(trace))
     if steps_limit is not None and steps_limit < 1:
         raise QstateError(f"steps limit must be >= 1, got {steps_limit}")
     opts = ReplayOptions(list(configs), reset=reset, steps_limit=steps_limit, device=device, keep_states=keep_states,
@@ -87,6 +89,15 @@ def diagnose(trace: Trace | str | Path, configs: list[StateConfig], reset="none"
     doc = document("diagnose", rows.pop("records"), meta, environment(raw["device"]))
     doc.update(rows)
     return doc, raw
+
+
+def resolve_trace(trace) -> Path:
+    """A trace path; "demo" (with no such file here) names the cached demo trace."""
+    if str(trace) == "demo" and not Path("demo").exists():
+        from ..trace.demo import cached_demo
+
+        return cached_demo()
+    return Path(trace)
 
 
 def profile(raw: dict, total_s: float) -> dict:

@@ -8,6 +8,7 @@ every tensor, bf16 gradients (~95 MiB).
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable
 from dataclasses import dataclass
@@ -29,6 +30,33 @@ class DemoSettings:
     blocks_per_tensor: int = 1
     grad_dtype: str = "bf16"
     seed: int = 0
+
+
+DEFAULT = DemoSettings()
+
+
+def cache_dir() -> Path:
+    """Where the cached demo trace lives: $QSTATE_CACHE, else $XDG_CACHE_HOME/qstate, else
+    ~/.cache/qstate."""
+    if os.environ.get("QSTATE_CACHE"):
+        return Path(os.environ["QSTATE_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qstate"
+
+
+def cached_demo(settings: DemoSettings | None = None, log: Callable[[str], None] | None = None) -> Path:
+    """The demo trace for `settings` (default: DEFAULT, what `qstate trace demo` records),
+    made on first use and reused; the file name holds the settings and the qstate version,
+    so a change to either makes a new one. (What `trace: demo` means in a suite.)"""
+    from .. import __version__
+
+    s = settings or DEFAULT
+    path = cache_dir() / (f"demo-{s.model}-{s.steps}steps-{s.blocks_per_tensor}blocks-{s.grad_dtype}-"
+                          f"bs{s.batch_size}-lr{s.lr:g}-seed{s.seed}-qstate{__version__}.pt")
+    if not path.exists():
+        if log:
+            log(f"making the demo trace (cached at {path})")
+        run_demo(path, s, log)
+    return path
 
 
 def run_demo(out: Path, settings: DemoSettings = DemoSettings(), log: Callable[[str], None] | None = None) -> dict:
