@@ -1,0 +1,322 @@
+"""`qstate bench kernels`: time real optimizer steps against the memory roofline.
+
+The unit of work is one `optimizer.step()` over tensors with random gradients (two
+gradient sets, swapped between repetitions outside the timed region; never zeros).
+One row per (dtype, size or model, config or baseline), plus one `copy` row first:
+the device's copy bandwidth measured in the same run (bytes read + written over the
+median time), which every row's `pct_of_copy` divides by:
+
+    gbps = bytes_moved / time,   pct_of_copy = 100 * gbps / copy_gbps
+
+`bytes_moved` is the bytes model (bytes_model.py) for the states that subject really
+keeps on each tensor. A size that runs out of memory marks its rows "failed" and the
+sweep goes on; a baseline that cannot run here is "unavailable" with the reason.
+Rows go to `on_row` as soon as they are measured (the CLI writes them to disk), so
+Ctrl-C (KeyboardInterrupt, never caught here) keeps every finished row.
+"""
+from __future__ import annotations
+
+import gc
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from ..errors import QstateError
+from ..quant.config import ROUNDINGS, parse_config
+from ..results import device_info
+from .bytes_model import DTYPE_NAMES, DTYPES, gbps
+from .shapes import model_shapes, numel as shapes_numel, sweep_shape
+from .subjects import STATES, Context, Subject, Unavailable, ours, select_baselines
+from .timing import CaptureFailed, copy_bandwidth, measure
+
+CONFIGS_BY_BITS = {
+    4: ("nearest-4bit", "sr-4bit", "bred-4bit", "torchao-4bit"),
+    8: ("nearest-8bit", "sr-8bit", "bred-8bit", "bnb-8bit"),
+}
+# Defaults per device: the CPU sweep finishes in well under a minute on 2 cores; the
+# CUDA sweep reaches past 1e8 elements (2**27 = 134M), where a step is bandwidth bound.
+DEFAULTS = {
+    "cpu": dict(numel=(1 << 14, 1 << 18), dtype=("fp32",), warmup_ms=10.0, rep_ms=100.0, copy_numel=1 << 26),
+    "cuda": dict(numel=(1 << 20, 1 << 23, 1 << 26, 1 << 27), dtype=("fp32", "bf16"), warmup_ms=25.0,
+                 rep_ms=100.0, copy_numel=1 << 28),
+}
+BACKENDS = ("auto", "reference", "triton")
+
+FIELDS = ("name", "role", "optimizer", "config", "rounding", "bits", "numel", "n_tensors", "model",
+          "param_dtype", "grad_dtype", "device", "device_name", "path", "status", "reason",
+          "time_ms", "time_ms_iqr", "time_ms_min", "samples_ms", "noisy", "reps", "first_step_ms",
+          "compile_ms", "bytes_moved", "bytes_per_elem", "gbps", "copy_gbps", "pct_of_copy",
+          "cuda_graph", "l2_flush_bytes")
+
+
+@dataclass
+class KernelsOptions:
+    """Mirrors the CLI options (suite params use the same names)."""
+
+    bits: int = 4
+    optimizer: str = "adamw"
+    config: list[str] = field(default_factory=list)
+    rounding: list[str] = field(default_factory=list)
+    numel: list[int] = field(default_factory=list)
+    model: list[str] = field(default_factory=list)
+    dtype: list[str] = field(default_factory=list)
+    device: str = "auto"
+    baseline: list[str] = field(default_factory=list)
+    backend: list[str] = field(default_factory=list)
+    warmup_ms: float | None = None
+    rep_ms: float | None = None
+    cuda_graph: bool = False
+    copy_numel: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class Target:
+    """One set of tensors to step: a single tensor of a sweep size, or a model's shapes."""
+
+    shapes: list[tuple[int, ...]]
+    model: str | None
+
+    @property
+    def numel(self) -> int:
+        return shapes_numel(self.shapes)
+
+
+@dataclass
+class Plan:
+    device: torch.device
+    optimizer: str
+    subjects: list[tuple[Subject, str]]  # (subject, backend)
+    dtypes: list[str]
+    targets: list[Target]
+    warmup_ms: float
+    rep_ms: float
+    cuda_graph: bool
+    copy_numel: int
+    seed: int
+
+    @property
+    def total_rows(self) -> int:
+        return 1 + len(self.dtypes) * len(self.targets) * len(self.subjects)
+
+
+def resolve_device(name: str) -> torch.device:
+    name = (name or "auto").lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise QstateError("--device cuda: CUDA is not available here (use --device cpu or auto)")
+        return torch.device(name)
+    if name == "cpu":
+        return torch.device("cpu")
+    raise QstateError(f"unknown device {name!r}: use auto, cuda or cpu")
+
+
+def config_names(opts: KernelsOptions) -> list[str]:
+    """--config as given, else every config of --bits, filtered by --rounding."""
+    if opts.config:
+        return [str(parse_config(c)) for c in opts.config]
+    if opts.bits not in CONFIGS_BY_BITS:
+        raise QstateError(f"--bits {opts.bits}: use 4 or 8 (or name configs with --config)")
+    names = list(CONFIGS_BY_BITS[opts.bits])
+    if opts.rounding:
+        wanted = set()
+        for r in opts.rounding:
+            if r.lower() not in ROUNDINGS:
+                raise QstateError(f"unknown rounding {r!r}: choose from nearest, stochastic, bred")
+            wanted.add(ROUNDINGS[r.lower()])
+        names = [n for n in names if parse_config(n).m.rounding in wanted]
+    return names
+
+
+def plan(opts: KernelsOptions) -> Plan:
+    """Validate options and fill device defaults (QstateError on bad input)."""
+    if opts.optimizer not in STATES:
+        raise QstateError(f"unknown optimizer {opts.optimizer!r}: choose from {', '.join(STATES)}")
+    device = resolve_device(opts.device)
+    d = DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
+    dtypes = list(opts.dtype) or list(d["dtype"])
+    for dt in dtypes:
+        if dt not in DTYPES:
+            raise QstateError(f"unknown dtype {dt!r}: choose from {', '.join(DTYPES)}")
+    backends = list(opts.backend) or ["auto"]
+    for b in backends:
+        if b not in BACKENDS:
+            raise QstateError(f"unknown backend {b!r}: choose from {', '.join(BACKENDS)}")
+    numels = list(opts.numel) or ([] if opts.model else list(d["numel"]))
+    if any(n < 1 for n in numels):
+        raise QstateError("--numel must be >= 1")
+    targets = [Target([sweep_shape(n, opts.optimizer == "muon")], None) for n in numels]
+    targets += [Target(model_shapes(m), m) for m in opts.model]
+    names = config_names(opts)
+    if not names:
+        raise QstateError(f"no {opts.bits}-bit configuration uses rounding {', '.join(opts.rounding)}")
+    subjects = [(ours(c), b) for b in backends for c in names]
+    widths = {max(parse_config(c).spec(s).bits for s in STATES[opts.optimizer]) for c in names}
+    bits = widths.pop() if len(widths) == 1 else None
+    subjects += [(s, "auto") for s in select_baselines(opts.optimizer, opts.baseline, bits)]
+    if opts.cuda_graph and device.type != "cuda":
+        raise QstateError("--cuda-graph needs a CUDA device")
+    return Plan(device, opts.optimizer, subjects, dtypes, targets,
+                d["warmup_ms"] if opts.warmup_ms is None else float(opts.warmup_ms),
+                d["rep_ms"] if opts.rep_ms is None else float(opts.rep_ms),
+                bool(opts.cuda_graph), int(opts.copy_numel or d["copy_numel"]), int(opts.seed))
+
+
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+
+
+def free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+class Tensors:
+    """Parameters (random, std 0.02) and two random gradient sets for one target."""
+
+    def __init__(self, shapes, dtype: torch.dtype, device: torch.device, seed: int):
+        gen = torch.Generator(device=device).manual_seed(seed)
+        self.params = [torch.nn.Parameter(torch.randn(s, generator=gen, device=device).mul_(0.02).to(dtype))
+                       for s in shapes]
+        self.grad_sets = [[torch.randn(s, generator=gen, device=device).mul_(0.01).to(dtype) for s in shapes]
+                          for _ in range(2)]
+        self.turn = 0
+        self.rotate()
+
+    def rotate(self) -> None:
+        """Hand the next gradient set to the parameters (a pointer swap, no copy)."""
+        for p, g in zip(self.params, self.grad_sets[self.turn % 2]):
+            p.grad = g
+        self.turn += 1
+
+
+def run(p: Plan, on_row: Callable[[dict], None] | None = None,
+        on_start: Callable[[str, int, int], None] | None = None) -> list[dict]:
+    """Measure every row of plan `p`; returns the rows (also passed to on_row one by one)."""
+    rows: list[dict] = []
+    info = device_info(str(p.device))
+
+    def emit(row):
+        rows.append(row)
+        if on_row:
+            on_row(row)
+
+    def start(label):
+        if on_start:
+            on_start(label, len(rows), p.total_rows)
+
+    start(f"copy {p.copy_numel:,} fp32")
+    copy_row = measure_copy(p, info)
+    emit(copy_row)
+    copy_gbps = copy_row["gbps"]
+    for dt in p.dtypes:
+        dtype = DTYPES[dt]
+        for target in p.targets:
+            try:
+                tensors, alloc_error = Tensors(target.shapes, dtype, p.device, p.seed), None
+            except Exception as exc:  # noqa: BLE001 - recorded on every row of this target
+                if not is_oom(exc):
+                    raise
+                tensors, alloc_error = None, f"out of memory allocating {target.numel:,} elements: {exc}"
+                free_memory(p.device)
+            for subject, backend in p.subjects:
+                start(f"{subject.name} {target.model or f'{target.numel:,}'} {dt}")
+                ctx = Context(p.optimizer, p.device, p.cuda_graph, backend)
+                row = base_row(subject, ctx, target, dtype, info, copy_gbps)
+                if alloc_error:
+                    row.update(status="failed", reason=alloc_error)
+                else:
+                    measure_subject(row, subject, ctx, tensors, p)
+                emit(row)
+            del tensors
+            free_memory(p.device)
+    return rows
+
+
+def base_row(subject: Subject, ctx: Context, target: Target, dtype, info: dict, copy_gbps) -> dict:
+    cfg = subject.config(dtype)
+    rounding = cfg.m.rounding if cfg.m.rounding == cfg.v.rounding or ctx.optimizer != "adamw" else "mixed"
+    if cfg.m.fmt.kind == "identity":
+        rounding = None
+    bytes_moved = subject.bytes_moved(ctx.optimizer, [int(torch.Size(s).numel()) for s in target.shapes], dtype)
+    row = dict.fromkeys(FIELDS)
+    row.update(name=subject.name, role=subject.role, optimizer=ctx.optimizer, config=cfg.canonical(),
+               rounding=rounding, bits=max(cfg.spec(s).bits for s in STATES[ctx.optimizer]),
+               numel=target.numel, n_tensors=len(target.shapes), model=target.model,
+               param_dtype=DTYPE_NAMES[dtype], grad_dtype=DTYPE_NAMES[dtype], device=ctx.device.type,
+               device_name=info["device_name"], path=subject.nominal_path(ctx), status="ok",
+               bytes_moved=bytes_moved, bytes_per_elem=round(bytes_moved / target.numel, 6),
+               copy_gbps=copy_gbps, cuda_graph=ctx.cuda_graph)
+    return row
+
+
+def measure_subject(row: dict, subject: Subject, ctx: Context, tensors: Tensors, p: Plan) -> None:
+    """Build the optimizer, time its steps, fill the row; failures become statuses."""
+    opt = None
+    try:
+        opt, path = subject.build(tensors.params, ctx)
+        row["path"] = path
+        timing = measure(opt.step, p.device, p.warmup_ms, p.rep_ms, prepare=tensors.rotate,
+                         cuda_graph=p.cuda_graph)
+    except Unavailable as exc:
+        row.update(status="unavailable", reason=str(exc))
+    except CaptureFailed as exc:
+        row.update(status="unavailable", reason=f"CUDA graph capture failed: {exc}")
+    except QstateError as exc:  # e.g. backend='triton' where the kernels cannot run
+        row.update(status="unavailable", reason=str(exc))
+    except Exception as exc:  # noqa: BLE001 - one bad row must not end the sweep
+        if is_oom(exc):
+            row.update(status="failed", reason=f"out of memory: {exc}")
+        elif subject.role == "baseline":
+            row.update(status="unavailable", reason=f"{type(exc).__name__}: {exc}")
+        else:
+            row.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+    else:
+        fill_timing(row, timing, compiles=subject.compiles)
+    finally:
+        del opt
+        for prm in tensors.params:
+            prm.grad = None
+        tensors.rotate()
+
+
+def fill_timing(row: dict, timing, compiles: bool = False) -> None:
+    st = timing.stats
+    row.update(time_ms=st.median, time_ms_iqr=st.iqr, time_ms_min=st.min,
+               samples_ms=[float(f"{s:.6g}") for s in st.samples], noisy=st.noisy, reps=timing.reps,
+               first_step_ms=timing.first_ms, l2_flush_bytes=timing.flush_bytes,
+               gbps=gbps(row["bytes_moved"], st.median))
+    if compiles:
+        row["compile_ms"] = max(0.0, timing.first_ms - st.median)
+    if row.get("copy_gbps"):
+        row["pct_of_copy"] = 100.0 * row["gbps"] / row["copy_gbps"]
+
+
+def measure_copy(p: Plan, info: dict) -> dict:
+    """The `copy` row: a device-to-device copy of copy_numel fp32 values."""
+    row = dict.fromkeys(FIELDS)
+    row.update(name="copy", role="copy", optimizer=None, config="copy", numel=p.copy_numel, n_tensors=1,
+               param_dtype="fp32", grad_dtype=None, device=p.device.type, device_name=info["device_name"],
+               path="copy", status="ok", bytes_moved=8 * p.copy_numel, bytes_per_elem=8.0, cuda_graph=False)
+    try:
+        timing, _ = copy_bandwidth(p.device, p.copy_numel, p.warmup_ms, p.rep_ms)
+    except Exception as exc:  # noqa: BLE001
+        if not is_oom(exc):
+            raise
+        row.update(status="failed", reason=f"out of memory: {exc}")
+        free_memory(p.device)
+        return row
+    fill_timing(row, timing)
+    row.update(copy_gbps=row["gbps"], pct_of_copy=100.0)
+    return row
+
+
+def options_meta(opts: KernelsOptions, p: Plan) -> dict:
+    return {"options": asdict(opts), "warmup_ms": p.warmup_ms, "rep_ms": p.rep_ms, "dtypes": p.dtypes,
+            "copy_numel": p.copy_numel, "targets": [t.model or t.numel for t in p.targets],
+            "subjects": [s.name for s, _ in p.subjects]}

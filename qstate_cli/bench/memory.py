@@ -1,0 +1,230 @@
+"""`qstate bench memory`: optimizer-state bytes per parameter, counted and measured.
+
+For each config or baseline, on a model's parameter shapes (or single tensors):
+
+- `state_bytes`: exact accounting of the optimizer's real state after one step: every
+  tensor reachable from `optimizer.state` (tensor subclasses such as torchao's
+  quantized states are opened into their inner tensors), each storage counted once
+  (bitsandbytes shares its code book between parameters). Includes the per-tensor step
+  counters (a few bytes per tensor). A torch.compile'd peer (torchao) takes this step
+  with torch.compiler.set_stance("force_eager"): its state is the same, and compiling
+  every shape (seconds each on a CPU) is not what this command measures; the CUDA pass
+  below compiles, as training does.
+- `expected_state_bytes`: the bytes model's codes + scales for the states the subject
+  keeps on each tensor (no counters): state_bytes - expected_state_bytes is the counter
+  overhead, so the two cross-check each other.
+- `bytes_per_param = state_bytes / params`;
+  `reduction_vs_fp32 = 1 - state_bytes / (states * 4 * params)` (fp32 AdamW: 8 bytes/param).
+- CUDA only, in a separate pass with a fresh optimizer: `measured_state_bytes` =
+  torch.cuda.memory_allocated() after the first step minus before it, and
+  `peak_extra_mib` = torch.cuda.max_memory_allocated() during a second step minus the
+  memory allocated before it (the transient memory a step needs). On CPU both are null
+  and `measured_reason` says why.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from ..errors import QstateError
+from ..results import device_info
+from .bytes_model import DTYPE_NAMES, DTYPES, tensor_state_bytes
+from .kernels import BACKENDS, Target, Tensors, free_memory, is_oom, resolve_device
+from .shapes import model_shapes
+from .subjects import STATES, Context, Subject, Unavailable, ours, select_baselines
+
+DEFAULT_CONFIGS = ("bred-4bit", "torchao-4bit", "bred-8bit", "bnb-8bit")
+DEFAULT_MODEL = {"cpu": "small-lm", "cuda": "gpt2-small"}
+CPU_REASON = "accounting only: torch.cuda memory statistics need a CUDA device"
+MIB = 2**20
+
+FIELDS = ("name", "role", "optimizer", "config", "model", "params", "n_tensors", "param_dtype", "device",
+          "device_name", "path", "status", "reason", "state_bytes", "expected_state_bytes",
+          "bytes_per_param", "reduction_vs_fp32", "measured_state_bytes", "peak_extra_mib", "measured_reason")
+
+
+@dataclass
+class MemoryOptions:
+    """Mirrors the CLI options of `qstate bench memory`."""
+
+    model: list[str] = field(default_factory=list)
+    numel: list[int] = field(default_factory=list)
+    config: list[str] = field(default_factory=list)
+    optimizer: str = "adamw"
+    dtype: str = "fp32"
+    device: str = "auto"
+    baseline: list[str] = field(default_factory=list)
+    backend: str = "auto"
+    seed: int = 0
+
+
+@dataclass
+class MemoryPlan:
+    device: torch.device
+    optimizer: str
+    dtype: str
+    targets: list[Target]
+    subjects: list[Subject]
+    seed: int
+    backend: str = "auto"
+
+    @property
+    def total_rows(self) -> int:
+        return len(self.targets) * len(self.subjects)
+
+
+def plan(opts: MemoryOptions) -> MemoryPlan:
+    if opts.optimizer not in STATES:
+        raise QstateError(f"unknown optimizer {opts.optimizer!r}: choose from {', '.join(STATES)}")
+    if opts.dtype not in DTYPES:
+        raise QstateError(f"unknown dtype {opts.dtype!r}: choose from {', '.join(DTYPES)}")
+    device = resolve_device(opts.device)
+    models = list(opts.model) or ([] if opts.numel else [DEFAULT_MODEL[device.type]])
+    if any(n < 1 for n in opts.numel):
+        raise QstateError("--numel must be >= 1")
+    targets = [Target([(n,)], None) for n in opts.numel] + [Target(model_shapes(m), m) for m in models]
+    subjects = [ours(c) for c in (opts.config or DEFAULT_CONFIGS)]
+    subjects += select_baselines(opts.optimizer, opts.baseline or ["all"])
+    if opts.backend not in BACKENDS:
+        raise QstateError(f"unknown backend {opts.backend!r}: choose from {', '.join(BACKENDS)}")
+    return MemoryPlan(device, opts.optimizer, opts.dtype, targets, subjects, int(opts.seed), opts.backend)
+
+
+def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of every distinct storage reachable from opt.state (see module doc)."""
+    seen: set[tuple] = set()
+    total = 0
+
+    def visit(obj):
+        nonlocal total
+        if isinstance(obj, torch.Tensor):
+            if type(obj) is not torch.Tensor and hasattr(obj, "__tensor_flatten__"):
+                names, _ = obj.__tensor_flatten__()
+                for name in names:
+                    visit(getattr(obj, name))
+                return
+            storage = obj.untyped_storage()
+            key = (str(obj.device), storage.data_ptr(), storage.nbytes())
+            if key not in seen:
+                seen.add(key)
+                total += storage.nbytes()
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                visit(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                visit(v)
+
+    for st in opt.state.values():
+        visit(st)
+    return total
+
+
+def expected_state_bytes(subject: Subject, optimizer: str, shapes, dtype: torch.dtype) -> int:
+    """Codes + scales of the states `subject` keeps on each tensor (bytes model)."""
+    total = 0
+    for s in shapes:
+        n = int(torch.Size(s).numel())
+        total += sum(tensor_state_bytes(spec, n) for spec in subject.specs_for(optimizer, n, dtype))
+    return total
+
+
+def eager_if(flag: bool):
+    """torch.compile directives ignored (same state, no per-shape compile) when flag."""
+    return torch.compiler.set_stance("force_eager") if flag else contextlib.nullcontext()
+
+
+def run(p: MemoryPlan, on_row: Callable[[dict], None] | None = None,
+        on_start: Callable[[str, int, int], None] | None = None) -> list[dict]:
+    rows: list[dict] = []
+    info = device_info(str(p.device))
+    dtype = DTYPES[p.dtype]
+    for target in p.targets:
+        try:
+            tensors, alloc_error = Tensors(target.shapes, dtype, p.device, p.seed), None
+        except Exception as exc:  # noqa: BLE001
+            if not is_oom(exc):
+                raise
+            tensors, alloc_error = None, f"out of memory allocating {target.numel:,} elements: {exc}"
+            free_memory(p.device)
+        for subject in p.subjects:
+            if on_start:
+                on_start(f"{subject.name} {target.model or f'{target.numel:,}'}", len(rows), p.total_rows)
+            ctx = Context(p.optimizer, p.device, backend=p.backend if subject.role == "config" else "auto")
+            row = base_row(subject, ctx, target, dtype, info)
+            if alloc_error:
+                row.update(status="failed", reason=alloc_error)
+            else:
+                measure_subject(row, subject, ctx, tensors)
+            rows.append(row)
+            if on_row:
+                on_row(row)
+        del tensors
+        free_memory(p.device)
+    return rows
+
+
+def base_row(subject: Subject, ctx: Context, target: Target, dtype, info: dict) -> dict:
+    row = dict.fromkeys(FIELDS)
+    row.update(name=subject.name, role=subject.role, optimizer=ctx.optimizer,
+               config=subject.config_text(dtype), model=target.model, params=target.numel,
+               n_tensors=len(target.shapes), param_dtype=DTYPE_NAMES[dtype], device=ctx.device.type,
+               device_name=info["device_name"], path=subject.nominal_path(ctx), status="ok",
+               expected_state_bytes=expected_state_bytes(subject, ctx.optimizer, target.shapes, dtype),
+               measured_reason=None if ctx.device.type == "cuda" else CPU_REASON)
+    return row
+
+
+def measure_subject(row: dict, subject: Subject, ctx: Context, tensors: Tensors) -> None:
+    n_states = len(STATES[ctx.optimizer])
+    try:
+        opt, path = subject.build(tensors.params, ctx)
+        row["path"] = path
+        with eager_if(subject.compiles):
+            opt.step()
+        state = optimizer_state_bytes(opt)
+        del opt
+        free_memory(ctx.device)
+        row.update(state_bytes=state, bytes_per_param=state / row["params"],
+                   reduction_vs_fp32=1.0 - state / (n_states * 4 * row["params"]))
+        if ctx.device.type == "cuda":
+            row.update(cuda_pass(subject, ctx, tensors))
+    except (Unavailable, QstateError) as exc:
+        row.update(status="unavailable", reason=str(exc))
+    except Exception as exc:  # noqa: BLE001 - one bad row must not end the run
+        if is_oom(exc):
+            row.update(status="failed", reason=f"out of memory: {exc}")
+        elif subject.role == "baseline":
+            row.update(status="unavailable", reason=f"{type(exc).__name__}: {exc}")
+        else:
+            row.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+    finally:
+        free_memory(ctx.device)
+
+
+def cuda_pass(subject: Subject, ctx: Context, tensors: Tensors) -> dict:
+    """A fresh optimizer: state bytes from memory_allocated, the peak of a second step."""
+    dev = ctx.device
+    free_memory(dev)
+    torch.cuda.synchronize(dev)
+    before = torch.cuda.memory_allocated(dev)
+    opt, _ = subject.build(tensors.params, ctx)
+    opt.step()
+    torch.cuda.synchronize(dev)
+    after_first = torch.cuda.memory_allocated(dev)
+    tensors.rotate()
+    torch.cuda.reset_peak_memory_stats(dev)
+    opt.step()
+    torch.cuda.synchronize(dev)
+    peak = torch.cuda.max_memory_allocated(dev)
+    del opt
+    return {"measured_state_bytes": after_first - before, "peak_extra_mib": (peak - after_first) / MIB}
+
+
+
+def options_meta(opts: MemoryOptions, p: MemoryPlan) -> dict:
+    return {"options": asdict(opts), "dtype": p.dtype, "targets": [t.model or t.numel for t in p.targets],
+            "subjects": [s.name for s in p.subjects]}

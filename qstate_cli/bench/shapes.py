@@ -1,0 +1,133 @@
+"""Parameter shape lists of published architectures (no weights), for whole-model steps.
+
+Computed from the architectures' hyper-parameters, tensor by tensor, as the Hugging Face
+implementations lay them out (GPT-2: Conv1D weights are (in, out) and the LM head is
+tied to wte; Llama: Linear weights are (out, in), RMSNorm weights only). Totals equal
+the published parameter counts (tests check them):
+
+    gpt2-small      124,439,808    12 layers, d 768                      (GPT-2 paper, HF)
+    gpt2-medium     354,823,168    24 layers, d 1024
+    gpt2-large      774,030,080    36 layers, d 1280
+    gpt2-xl       1,557,611,200    48 layers, d 1600
+    llama-1b      1,235,814,400    Llama-3.2-1B: 16 layers, d 2048, GQA 32/8, ffn 8192, vocab 128256, tied
+    tinyllama-1.1b 1,100,048,384   22 layers, d 2048, GQA 32/4, ffn 5632, vocab 32000, untied
+    llama-7b      6,738,415,616    Llama-2-7B: 32 layers, d 4096, ffn 11008, vocab 32000, untied
+
+plus qstate's own `tiny-lm` / `small-lm` (models/tiny_lm.py, built on the meta device),
+small enough for a CPU. A custom list is written `768x3072*12,3072*12,768` (shapes
+separated by commas, `*k` repeats one k times).
+"""
+from __future__ import annotations
+
+import math
+
+from ..errors import QstateError
+from ..quant.formats import suggest
+
+Shape = tuple[int, ...]
+
+
+def gpt2(n_layer: int, d: int, vocab: int = 50257, ctx: int = 1024) -> list[Shape]:
+    shapes: list[Shape] = [(vocab, d), (ctx, d)]  # wte (tied LM head), wpe
+    for _ in range(n_layer):
+        shapes += [(d,), (d,),                    # ln_1 weight, bias
+                   (d, 3 * d), (3 * d,),          # attn.c_attn
+                   (d, d), (d,),                  # attn.c_proj
+                   (d,), (d,),                    # ln_2
+                   (d, 4 * d), (4 * d,),          # mlp.c_fc
+                   (4 * d, d), (d,)]              # mlp.c_proj
+    return shapes + [(d,), (d,)]                  # ln_f
+
+
+def llama(n_layer: int, d: int, ffn: int, n_head: int, n_kv: int, vocab: int, tied: bool) -> list[Shape]:
+    hd = d // n_head
+    shapes: list[Shape] = [(vocab, d)]  # embed_tokens
+    for _ in range(n_layer):
+        shapes += [(n_head * hd, d), (n_kv * hd, d), (n_kv * hd, d), (d, n_head * hd),  # q k v o
+                   (ffn, d), (ffn, d), (d, ffn),                                        # gate up down
+                   (d,), (d,)]                                                           # two RMSNorms
+    shapes.append((d,))  # final norm
+    if not tied:
+        shapes.append((vocab, d))  # lm_head
+    return shapes
+
+
+def _tiny_lm(name: str) -> list[Shape]:
+    import torch
+
+    from ..models.tiny_lm import SIZES, TinyLM
+
+    with torch.device("meta"):
+        model = TinyLM(SIZES[name])
+    return [tuple(p.shape) for p in model.parameters()]
+
+
+MODELS = {
+    "gpt2-small": lambda: gpt2(12, 768),
+    "gpt2-medium": lambda: gpt2(24, 1024),
+    "gpt2-large": lambda: gpt2(36, 1280),
+    "gpt2-xl": lambda: gpt2(48, 1600),
+    "llama-1b": lambda: llama(16, 2048, 8192, 32, 8, 128256, tied=True),
+    "tinyllama-1.1b": lambda: llama(22, 2048, 5632, 32, 4, 32000, tied=False),
+    "llama-7b": lambda: llama(32, 4096, 11008, 32, 32, 32000, tied=False),
+    "tiny-lm": lambda: _tiny_lm("tiny-lm"),
+    "small-lm": lambda: _tiny_lm("small-lm"),
+}
+
+
+def model_shapes(name: str) -> list[Shape]:
+    """The parameter shapes of a built-in model, or of a custom list (see module doc)."""
+    key = name.strip().lower()
+    if key in MODELS:
+        return MODELS[key]()
+    if any(ch.isdigit() for ch in key) and all(ch in "0123456789x*, " for ch in key):
+        return _parse_custom(key)
+    raise QstateError(f"unknown model {name!r}{suggest(key, list(MODELS))} "
+                      f"(or give shapes such as 768x3072*12,768)")
+
+
+def _parse_custom(text: str) -> list[Shape]:
+    shapes: list[Shape] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        shape_text, _, times = part.partition("*")
+        try:
+            shape = tuple(int(d) for d in shape_text.split("x"))
+            count = int(times) if times else 1
+        except ValueError:
+            raise QstateError(f"bad shape {part!r} in {text!r}: write e.g. 768x3072*12") from None
+        if not shape or min(shape) < 1 or count < 1:
+            raise QstateError(f"bad shape {part!r} in {text!r}: dimensions and counts must be >= 1")
+        shapes += [shape] * count
+    return shapes
+
+
+def numel(shapes) -> int:
+    return sum(math.prod(s) for s in shapes)
+
+
+def sweep_shape(n: int, matrix: bool) -> Shape:
+    """One tensor of n elements: (n,) or, for Muon (matrix=True), the squarest
+    (rows, n // rows) with rows a power of two dividing n."""
+    if not matrix:
+        return (n,)
+    rows = 1
+    while rows * 2 <= math.isqrt(n) and n % (rows * 2) == 0:
+        rows *= 2
+    return (rows, n // rows)
+
+
+def parse_count(text) -> int:
+    """An element count: 1048576, "1e8", "2^20" or "2**20" (QstateError otherwise)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    t = str(text).strip().lower().replace("_", "")
+    try:
+        if "^" in t or "**" in t:
+            base, _, exp = t.replace("**", "^").partition("^")
+            return int(base) ** int(exp)
+        f = float(t)
+        if f != int(f):
+            raise ValueError
+        return int(f)
+    except (ValueError, OverflowError):
+        raise QstateError(f"numel {text!r}: give a whole number of elements (1048576, 1e8, 2^20)") from None

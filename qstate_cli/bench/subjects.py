@@ -1,0 +1,228 @@
+"""What a benchmark steps: our optimizers under a state configuration, and the baselines.
+
+A Subject builds an optimizer over given parameters and says which states it keeps on
+each tensor (for the bytes model and the memory accounting):
+
+    ours        qstate_cli.optim.<Optimizer>(states=config, backend=...); path from
+                opt.path_for(p): triton | triton-interpreter | reference
+    torch-fused / torch-foreach   torch.optim.AdamW / SGD; states in the parameter dtype
+                (torch allows no other: fp32 states at --dtype fp32, bf16 at bf16)
+    torch-muon  torch.optim.Muon (2-D parameters only); path "torch" (a per-tensor loop)
+    bf16-states qstate's `bf16` preset (bf16 m and v, round to nearest) through our
+                optimizer: fp32 or bf16 parameters alike; path as labelled
+    bnb-*8bit   bitsandbytes AdamW8bit / Lion8bit / SGD8bit: DE maps, block 256, fp32
+                absmax; tensors under 4096 elements keep fp32 states; path "bnb"
+    torchao-adamw8bit / -adamw4bit   torchao.optim: block 256 / 128; a tensor is
+                quantized when it has >= 4096 elements and a multiple of the block,
+                otherwise its states are zeros_like(param); torch.compile per parameter
+                (compile time reported apart as compile_ms); path "torchao"
+
+Peers are imported lazily; one that is missing or fails raises Unavailable(reason),
+which the engine records as a row with status "unavailable".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..errors import QstateError
+from ..quant.config import StateConfig, StateSpec, parse_config, parse_spec
+from ..quant.formats import suggest
+from .bytes_model import DTYPE_NAMES, dtype_bytes, step_bytes
+
+STATES = {"adamw": ("m", "v"), "lion": ("m",), "sgd": ("m",), "muon": ("m",)}
+PEERS_HINT = "pip install 'qstate-cli[peers]'"
+FP32 = parse_spec("fp32")
+
+
+class Unavailable(Exception):
+    """This subject cannot run here; the message says why."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every build needs to know about the run."""
+
+    optimizer: str
+    device: torch.device
+    cuda_graph: bool = False
+    backend: str = "auto"
+
+
+@dataclass(frozen=True)
+class Subject:
+    name: str  # row name: config name or baseline id
+    role: str  # "config" | "baseline"
+    build: Callable[[list, Context], tuple[torch.optim.Optimizer, str]]  # -> (optimizer, path)
+    config: Callable[[torch.dtype], StateConfig]  # states on tensors it quantizes
+    fallback: str = "fp32"  # states of tensors it does not quantize: "fp32" | "param"
+    min_numel: int = 4096
+    block_multiple: bool = False  # quantizes only tensors whose numel is a multiple of the block
+    compiles: bool = False  # torch.compile: first step reported as compile_ms
+    path: str | None = None  # peers: fixed; ours: from the backend (nominal_path)
+
+    def nominal_path(self, ctx: Context) -> str:
+        """The path a row is labelled with before (or without) building the optimizer."""
+        if self.path:
+            return self.path
+        if ctx.backend == "reference" or (ctx.backend == "auto" and ctx.device.type != "cuda"):
+            return "reference"
+        return "triton" if ctx.device.type == "cuda" else "triton-interpreter"
+
+    def specs_for(self, optimizer: str, numel: int, param_dtype: torch.dtype) -> list[StateSpec]:
+        cfg = self.config(param_dtype)
+        specs = [cfg.spec(s) for s in STATES[optimizer]]
+        blocks_ok = all(not self.block_multiple or not s.scaled or numel % s.block == 0 for s in specs)
+        if numel >= self.min_numel and blocks_ok:
+            return specs
+        keep = FP32 if self.fallback == "fp32" else parse_spec(DTYPE_NAMES[param_dtype])
+        return [keep] * len(specs)
+
+    def bytes_moved(self, optimizer: str, numels, param_dtype: torch.dtype) -> int:
+        b = dtype_bytes(param_dtype)
+        return step_bytes(numels, b, b, lambda n: self.specs_for(optimizer, n, param_dtype))
+
+    def config_text(self, param_dtype: torch.dtype) -> str:
+        return self.config(param_dtype).canonical()
+
+
+def _fixed(cfg: StateConfig):
+    return lambda dtype: cfg
+
+
+def _param_dtype_states(dtype: torch.dtype) -> StateConfig:
+    return parse_config(DTYPE_NAMES[dtype])
+
+
+# ---- ours ------------------------------------------------------------------------------
+def ours(config_name: str, name: str | None = None, role: str = "config") -> Subject:
+    cfg = parse_config(config_name)
+
+    def build(params, ctx: Context):
+        from ..optim import OPTIMIZERS
+
+        opt = OPTIMIZERS[ctx.optimizer](params, states=cfg, backend=ctx.backend)
+        try:
+            path = opt.path_for(params[0])
+        except QstateError as exc:
+            raise Unavailable(str(exc)) from None
+        return opt, path
+
+    return Subject(name or str(cfg), role, build, _fixed(cfg))
+
+
+# ---- torch -------------------------------------------------------------------------------
+def _torch(impl: str) -> Subject:
+    def build(params, ctx: Context):
+        kw = {"fused": True} if impl == "fused" else {"foreach": True}
+        if ctx.cuda_graph:
+            kw["capturable"] = True
+        if ctx.optimizer == "adamw":
+            opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, **kw)
+        elif ctx.optimizer == "sgd":
+            kw.pop("capturable", None)
+            opt = torch.optim.SGD(params, lr=1e-2, momentum=0.9, **kw)
+        else:
+            raise Unavailable(f"torch has no {ctx.optimizer}")
+        return opt, f"torch-{impl}"
+
+    return Subject(f"torch-{impl}", "baseline", build, _param_dtype_states, fallback="param", min_numel=0,
+                   path=f"torch-{impl}")
+
+
+def _torch_muon() -> Subject:
+    def build(params, ctx: Context):
+        if not hasattr(torch.optim, "Muon"):
+            raise Unavailable(f"torch {torch.__version__} has no torch.optim.Muon")
+        bad = [tuple(p.shape) for p in params if p.ndim != 2]
+        if bad:
+            raise Unavailable(f"torch.optim.Muon takes 2-D parameters only (got shape {bad[0]})")
+        return torch.optim.Muon(params, lr=0.02, weight_decay=0.0), "torch"
+
+    return Subject("torch-muon", "baseline", build, _param_dtype_states, fallback="param", min_numel=0,
+                   path="torch")
+
+
+# ---- peers -------------------------------------------------------------------------------
+def import_bitsandbytes():
+    try:
+        import bitsandbytes
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not here"
+        raise Unavailable(f"bitsandbytes is not importable ({type(exc).__name__}: {exc}); {PEERS_HINT}") from None
+    return bitsandbytes
+
+
+def import_torchao_optim():
+    try:
+        import torchao.optim
+    except Exception as exc:  # noqa: BLE001
+        raise Unavailable(f"torchao is not importable ({type(exc).__name__}: {exc}); {PEERS_HINT}") from None
+    return torchao.optim
+
+
+def _bnb(optimizer: str) -> Subject:
+    cls_name = {"adamw": "AdamW8bit", "lion": "Lion8bit", "sgd": "SGD8bit"}[optimizer]
+
+    def build(params, ctx: Context):
+        bnb = import_bitsandbytes()
+        cls = getattr(bnb.optim, cls_name)
+        kw = {"lr": 1e-2, "momentum": 0.9} if optimizer == "sgd" else {}
+        return cls(params, **kw), "bnb"
+
+    cfg = parse_config("bnb-8bit")
+    return Subject(f"bnb-{optimizer}8bit", "baseline", build, _fixed(cfg), path="bnb")
+
+
+def _torchao(bits: int) -> Subject:
+    def build(params, ctx: Context):
+        ao = import_torchao_optim()
+        torch._dynamo.reset()  # compile each row afresh: fair compile_ms, no cache limits
+        return getattr(ao, f"AdamW{bits}bit")(params), "torchao"
+
+    cfg = parse_config(f"torchao-{bits}bit")
+    return Subject(f"torchao-adamw{bits}bit", "baseline", build, _fixed(cfg), fallback="param",
+                   block_multiple=True, compiles=True, path="torchao")
+
+
+def baselines(optimizer: str) -> dict[str, Subject]:
+    """Every baseline for `optimizer`, in report order."""
+    out = {}
+    if optimizer in ("adamw", "sgd"):
+        out["torch-fused"] = _torch("fused")
+        out["torch-foreach"] = _torch("foreach")
+    if optimizer == "muon":
+        out["torch-muon"] = _torch_muon()
+    out["bf16-states"] = ours("bf16", name="bf16-states", role="baseline")
+    if optimizer in ("adamw", "lion", "sgd"):
+        out[f"bnb-{optimizer}8bit"] = _bnb(optimizer)
+    if optimizer == "adamw":
+        out["torchao-adamw8bit"] = _torchao(8)
+        out["torchao-adamw4bit"] = _torchao(4)
+    return out
+
+
+def default_baselines(optimizer: str, bits: int | None) -> list[str]:
+    """All baselines, except the torchao peer of the other bit width when the configs
+    are all `bits` wide (--bits 4 meets torchao's AdamW4bit, --bits 8 its AdamW8bit;
+    `--baseline all` keeps both)."""
+    names = list(baselines(optimizer))
+    if bits in (4, 8):
+        names = [n for n in names if n != f"torchao-adamw{12 - bits}bit"]
+    return names
+
+
+def select_baselines(optimizer: str, names, bits: int | None = None) -> list[Subject]:
+    """`names` empty: the defaults for `bits`; ["all"]: all; ["none"]: none; else those named."""
+    known = baselines(optimizer)
+    names = [n.strip().lower() for n in (names or default_baselines(optimizer, bits)) if n.strip()]
+    if names == ["all"]:
+        return list(known.values())
+    if names == ["none"]:
+        return []
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise QstateError(f"unknown baseline {unknown[0]!r} for {optimizer}{suggest(unknown[0], list(known))}; "
+                          f"choose from {', '.join(known)}, all, none")
+    return [known[n] for n in names]

@@ -1,0 +1,198 @@
+"""Timing an optimizer step: warm-up and repetitions in milliseconds, every sample kept.
+
+    summarize(samples_ms) -> Stats(median, q1, q3, iqr, min, noisy)
+
+Quartiles are numpy's linear-interpolation percentiles (the default method): for sorted
+samples s_0..s_{n-1}, the p-th percentile sits at rank r = p/100 * (n - 1) and is
+s_floor(r) + (r - floor(r)) * (s_ceil(r) - s_floor(r)). IQR = q3 - q1. A row is `noisy`
+when IQR / median > 10%.
+
+How a step is timed (`measure`):
+- the first call is timed alone with the host clock (`first_ms`): it allocates lazily
+  created state and runs any compiler (torch.compile, Triton JIT);
+- a few calls estimate the per-call time; warm-up then runs for `warmup_ms` and the
+  timed repetitions for `rep_ms` (at least MIN_REPS, at most MAX_REPS);
+- before each repetition, outside the timed region: `prepare()` (the caller rotates
+  gradient sets there) and, on CUDA, a write over a buffer twice the device's L2, so
+  every repetition starts with a cold L2, as a training step does after backward;
+- CUDA: one pair of CUDA events around each repetition (elapsed_time, ms); CPU:
+  time.perf_counter_ns around each call (a monotonic clock). CPU caches are not
+  flushed (the CPU numbers time the reference path, not a roofline).
+
+`cuda_graph=True` captures one call into a CUDA graph (after a warm-up on a side
+stream, as torch's docs ask) and times its replays: launch gaps shrink to what the
+graph keeps. Capture fails for steps that synchronize with the host; the caller
+reports that row as unavailable in graph mode.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+NOISY_IQR_FRACTION = 0.10
+MIN_REPS = 5
+MAX_REPS = 500
+ESTIMATE_CALLS = 3
+
+
+class CaptureFailed(RuntimeError):
+    """The step could not be captured into a CUDA graph (it syncs with the host, ...)."""
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Summary of timing samples, all in milliseconds."""
+
+    median: float
+    q1: float
+    q3: float
+    min: float
+    samples: tuple[float, ...] = field(repr=False)
+
+    @property
+    def iqr(self) -> float:
+        return self.q3 - self.q1
+
+    @property
+    def noisy(self) -> bool:
+        """IQR / median > 10%."""
+        return self.median > 0 and self.iqr / self.median > NOISY_IQR_FRACTION
+
+
+def summarize(samples_ms) -> Stats:
+    """Median, quartiles (linear interpolation) and minimum of `samples_ms`."""
+    s = np.asarray(list(samples_ms), dtype=np.float64)
+    if s.size == 0:
+        raise ValueError("no timing samples")
+    q1, med, q3 = np.percentile(s, [25, 50, 75])
+    return Stats(float(med), float(q1), float(q3), float(s.min()), tuple(float(x) for x in s))
+
+
+@dataclass
+class Timing:
+    stats: Stats
+    first_ms: float  # the first call alone (state allocation, compilation)
+    reps: int
+    flush_bytes: int
+    cuda_graph: bool
+
+
+def l2_flush_bytes(device: torch.device) -> int:
+    """Twice the device's L2 (at least 8 MiB) on CUDA; 0 (no flush) on CPU."""
+    if device.type != "cuda":
+        return 0
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 50 * 2**20
+    return max(2 * int(l2), 8 * 2**20)
+
+
+def _reps(per_call_ms: float, budget_ms: float, lo: int, hi: int) -> int:
+    if per_call_ms <= 0:
+        return hi
+    return int(min(hi, max(lo, round(budget_ms / per_call_ms))))
+
+
+def measure(fn: Callable[[], object], device, warmup_ms: float, rep_ms: float,
+            prepare: Callable[[], None] | None = None, cuda_graph: bool = False) -> Timing:
+    """Time repeated calls of `fn` (each one real optimizer step) on `device`."""
+    device = torch.device(device)
+    prepare = prepare or (lambda: None)
+    if device.type == "cuda":
+        return _measure_cuda(fn, device, warmup_ms, rep_ms, prepare, cuda_graph)
+    if cuda_graph:
+        raise ValueError("CUDA graphs need a CUDA device")
+    return _measure_cpu(fn, warmup_ms, rep_ms, prepare)
+
+
+def _host_ms(fn) -> float:
+    t0 = time.perf_counter_ns()
+    fn()
+    return (time.perf_counter_ns() - t0) / 1e6
+
+
+def _measure_cpu(fn, warmup_ms, rep_ms, prepare) -> Timing:
+    prepare()
+    first = _host_ms(fn)
+    est = []
+    for _ in range(ESTIMATE_CALLS):
+        prepare()
+        est.append(_host_ms(fn))
+    per_call = float(np.median(est))
+    for _ in range(_reps(per_call, warmup_ms, 0, MAX_REPS)):
+        prepare()
+        fn()
+    samples = []
+    for _ in range(_reps(per_call, rep_ms, MIN_REPS, MAX_REPS)):
+        prepare()
+        samples.append(_host_ms(fn))
+    return Timing(summarize(samples), first, len(samples), 0, False)
+
+
+def _measure_cuda(fn, device, warmup_ms, rep_ms, prepare, cuda_graph) -> Timing:
+    with torch.cuda.device(device):
+        flush_bytes = l2_flush_bytes(device)
+        cache = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device)
+        torch.cuda.synchronize()
+        prepare()
+        first = _host_ms(lambda: (fn(), torch.cuda.synchronize()))
+        if cuda_graph:
+            fn = _capture(fn)
+            prepare = lambda: None  # noqa: E731 - a graph replays fixed buffers
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(ESTIMATE_CALLS):
+            prepare()
+            cache.zero_()
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        per_call = start.elapsed_time(end) / ESTIMATE_CALLS
+        for _ in range(_reps(per_call, warmup_ms, 1, MAX_REPS)):
+            prepare()
+            fn()
+        n = _reps(per_call, rep_ms, MIN_REPS, MAX_REPS)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for i in range(n):
+            prepare()
+            cache.zero_()  # outside the timed region: queued before the start event
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return Timing(summarize(samples), first, n, flush_bytes, cuda_graph)
+
+
+def _capture(fn):
+    """Capture one call of fn into a CUDA graph; returns the replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as exc:  # noqa: BLE001 - reported on the row, the sweep goes on
+        raise CaptureFailed(f"{type(exc).__name__}: {exc}") from exc
+    return graph.replay
+
+
+def copy_bandwidth(device, numel: int, warmup_ms: float, rep_ms: float) -> tuple[Timing, int]:
+    """Device-to-device copy of `numel` fp32 values (random, never zeros).
+
+    Bytes moved = 4 * numel read + 4 * numel written. Returns (timing, bytes_moved);
+    GB/s = bytes_moved / median time.
+    """
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    src = torch.rand(numel, generator=gen, device=device)
+    dst = torch.empty_like(src)
+    timing = measure(lambda: dst.copy_(src), device, warmup_ms, rep_ms)
+    return timing, 8 * numel

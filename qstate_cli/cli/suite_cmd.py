@@ -1,0 +1,85 @@
+"""`qstate run SUITE.yaml`, `qstate suite validate`, `qstate suite schema` (thin; see qstate_cli/suites)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from . import new_group, output
+
+suite_app = new_group("suite", "Check YAML suites and print their JSON Schema.")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)
+    app.add_typer(suite_app)
+
+
+def run(
+    suite: Path = typer.Argument(..., help="The suite file (YAML), e.g. suites/quick.yaml."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help="Override KEY=VALUE (YAML value): a parameter of "
+                                             "every run (device=cpu), or a path (runs.kernels.axes.numel=[4096])."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the results (default results/<suite>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run: skip the points already done."),
+    report: bool = typer.Option(True, "--report/--no-report", help="Also write OUT/report.html and OUT/report.md."),
+):
+    """Run a suite: every point of its axes, results written as each one finishes."""
+    from ..suites import load_suite
+    from ..suites.runner import run_suite
+
+    loaded = load_suite(suite, sets or [])
+    for note in loaded.notes:
+        output.stderr.print(f"[dim]note: {note}[/]")
+    out = out or Path("results") / loaded.name
+    try:
+        files = run_suite(loaded, out, resume=resume, console=output.stderr)
+    except KeyboardInterrupt:
+        output.stderr.print(f"interrupted: finished points are kept in {out}/; continue with "
+                            f"`qstate run {suite} --out {out} --resume`")
+        raise
+    from ..report import load_documents, write_report
+
+    docs, sources = load_documents(files)
+    rows = []
+    for path, doc in zip(files, docs):
+        state = doc["meta"]["suite"]
+        rows.append({"run": state["run"], "kind": doc["kind"], "points": len(state["points"]),
+                     "done": len(state["done"]), "failed": len(state["failed"]), "rows": len(doc["records"]),
+                     "file": str(path)})
+    output.stdout.print(output.table(f"Suite {loaded.name}", rows))
+    if report:
+        written = write_report(docs, out / "report.html", out / "report.md", sources=sources,
+                               title=f"qstate suite {loaded.name}")
+        output.stderr.print("report: " + ", ".join(str(p) for p in written))
+
+
+@suite_app.command("validate")
+def validate(suites: List[Path] = typer.Argument(..., help="Suite files to check.")):
+    """Check suites against the schema: every problem as FILE:LINE: KEY: message."""
+    from ..suites import SuiteError, load_suite
+
+    failed = 0
+    for path in suites:
+        try:
+            loaded = load_suite(path)
+        except SuiteError as exc:
+            failed += 1
+            for issue in exc.issues:
+                typer.echo(issue, err=True)
+            continue
+        n = sum(len(points) for _, points in loaded.points())
+        runs = ", ".join(f"{r['name']} ({r['kind']})" for r in loaded.runs)
+        typer.echo(f"ok: {path}: {len(loaded.runs)} run(s), {n} points: {runs}")
+        for note in loaded.notes:
+            typer.echo(f"note: {path}: {note}", err=True)
+    if failed:
+        raise typer.Exit(2)
+
+
+@suite_app.command("schema")
+def schema():
+    """Print the suite JSON Schema (for editors: yaml-language-server, VS Code)."""
+    from ..suites.schema import json_schema
+
+    output.print_json(json_schema())

@@ -1,0 +1,206 @@
+"""`qstate compare BASELINE NEW`: verdicts per row and metric, and the exit code CI needs.
+
+Statuses (docs/results.md, kind "compare"):
+- improved / regressed / same: compared as metrics.py says (timing: ratio and a
+  Mann-Whitney U test; quality metrics: a tolerance per metric, direction-aware);
+- insignificant: a timing ratio beyond the threshold that the samples do not support
+  (p >= alpha, or no samples kept);
+- new: a row only NEW has (or the baseline's row had not run); missing: a row only the
+  baseline has (or NEW could not run it: status "unavailable");
+- failed: NEW's row failed.
+`regression` is true for regressed rows and for rows that failed where the baseline's
+ran; any regression makes `qstate compare` exit 1.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import median
+
+from ..errors import QstateError
+from .metrics import METRICS, Metric, identity, row_name
+
+STATUSES = ("regressed", "failed", "missing", "new", "insignificant", "improved", "same")
+
+
+def _num(v):
+    if isinstance(v, bool):
+        return float(v)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def _rows_by_identity(kind: str, docs: list[dict]) -> dict[tuple, dict]:
+    out: dict[tuple, dict] = {}
+    for doc in docs:
+        for row in doc["records"]:
+            if not isinstance(row, dict):
+                raise QstateError(f"a {kind} results file has a record that is not a mapping: {str(row)[:60]}")
+            key = identity(kind, row)
+            n = 2
+            while key in out:  # the same row twice (e.g. two suite points): keep both
+                key, n = identity(kind, row) + (f"#{n}",), n + 1
+            out[key] = row
+    return out
+
+
+def _timing(metric: Metric, b: dict, n: dict, threshold: float, alpha: float) -> dict:
+    bs = [x for x in (b.get("samples_ms") or []) if _num(x) is not None]
+    ns = [x for x in (n.get("samples_ms") or []) if _num(x) is not None]
+    bv = _num(b.get(metric.field)) if _num(b.get(metric.field)) is not None else (median(bs) if bs else None)
+    nv = _num(n.get(metric.field)) if _num(n.get(metric.field)) is not None else (median(ns) if ns else None)
+    if bv is None or nv is None or bv <= 0:
+        return {"baseline": bv, "new": nv, "status": "failed" if nv is None else "new", "regression": False}
+    ratio, p = nv / bv, None
+    if len(bs) >= 2 and len(ns) >= 2:
+        from scipy.stats import mannwhitneyu
+
+        p = float(mannwhitneyu(bs, ns, alternative="two-sided").pvalue)
+    beyond = ratio > threshold or ratio < 1 / threshold
+    if not beyond:
+        status = "same"
+    elif p is None or p >= alpha:
+        status = "insignificant"
+    else:
+        status = "regressed" if ratio > 1 else "improved"
+    return {"baseline": bv, "new": nv, "ratio": ratio, "p_value": p, "threshold": threshold, "status": status,
+            "regression": status == "regressed"}
+
+
+def _quality(metric: Metric, b: dict, n: dict) -> dict:
+    bv, nv = _num(b.get(metric.field)), _num(n.get(metric.field))
+    if bv is None and nv is None:
+        return {}
+    if bv is None:
+        return {"baseline": None, "new": nv, "status": "new", "regression": False}
+    if nv is None:
+        return {"baseline": bv, "new": None, "status": "failed", "regression": True,
+                "reason": f"{metric.field} is missing or not finite in NEW"}
+    tol = metric.tolerance(bv)
+    worse = (nv - bv) if metric.better == "lower" else (bv - nv)
+    status = "regressed" if worse > tol else "improved" if -worse > tol else "same"
+    return {"baseline": bv, "new": nv, "ratio": nv / bv if bv else None, "p_value": None, "threshold": tol,
+            "status": status, "regression": status == "regressed"}
+
+
+def _ok(row: dict | None) -> bool:
+    return row is not None and row.get("status", "ok") == "ok"
+
+
+def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], threshold: float, alpha: float) -> list[dict]:
+    base, new = _rows_by_identity(kind, base_docs), _rows_by_identity(kind, new_docs)
+    records = []
+    for key in list(base) + [k for k in new if k not in base]:
+        b, n = base.get(key), new.get(key)
+        name = row_name(kind, n or b) + (f" {key[-1]}" if str(key[-1]).startswith("#") else "")
+        for metric in METRICS[kind]:
+            rec = {"name": name, "kind": kind, "metric": metric.field, "unit": metric.unit, "better": metric.better,
+                   "baseline": None, "new": None, "ratio": None, "p_value": None, "threshold": None}
+            if n is None or n.get("status") == "unavailable":
+                rec.update(baseline=_num((b or {}).get(metric.field)), status="missing", regression=False,
+                           reason=(n or {}).get("reason") or "not in NEW")
+            elif n.get("status", "ok") != "ok":
+                rec.update(baseline=_num((b or {}).get(metric.field)), status="failed", regression=_ok(b),
+                           reason=n.get("reason") or n.get("status"))
+            elif not _ok(b):
+                rec.update(new=_num(n.get(metric.field)), status="new", regression=False,
+                           reason=None if b is None else f"baseline row {b.get('status')}")
+            else:
+                verdict = (_timing(metric, b, n, threshold, alpha) if metric.timing else _quality(metric, b, n))
+                if not verdict:
+                    continue
+                rec.update(verdict)
+            records.append(rec)
+    return records
+
+
+@dataclass
+class Verdict:
+    records: list[dict]
+    threshold: float
+    alpha: float
+    baseline: list[str] = field(default_factory=list)
+    new: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[dict]:
+        return [r for r in self.records if r.get("regression")]
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(r["status"] == s for r in self.records) for s in STATUSES if any(r["status"] == s
+                                                                                        for r in self.records)}
+
+    def document(self) -> dict:
+        from ..results import document
+
+        return document("compare", self.records, {"baseline": self.baseline, "new": self.new,
+                                                  "threshold": self.threshold, "alpha": self.alpha,
+                                                  "notes": self.notes})
+
+    def benchmark(self) -> list[dict]:
+        """github-action-benchmark input (tool: customSmallerIsBetter): NEW's values;
+        a higher-is-better metric is sent as its gap to 1 (1 - cosine)."""
+        out = []
+        for r in self.records:
+            value = r.get("new")
+            if value is None or r["metric"] == "diverged":
+                continue
+            name, unit = f"{r['kind']}: {r['name']} {r['metric']}", r["unit"]
+            if r["better"] == "higher":
+                value, name, unit = 1.0 - value, f"{name} gap (1 - value)", f"1 - {unit}"
+            extra = f"status: {r['status']}" + (f"; baseline {r['baseline']:.6g}" if r.get("baseline") is not None
+                                                else "")
+            out.append({"name": name, "unit": unit, "value": value, "extra": extra})
+        return out
+
+
+def compare_docs(base_docs: list[dict], new_docs: list[dict], threshold: float = 1.10, alpha: float = 0.01,
+                 baseline_sources=(), new_sources=()) -> Verdict:
+    if not threshold > 1:
+        raise QstateError(f"--threshold {threshold}: use a ratio above 1 (e.g. 1.10 = 10% slower)")
+    if not 0 < alpha < 1:
+        raise QstateError(f"--alpha {alpha}: use a significance level between 0 and 1 (e.g. 0.01)")
+    kinds = sorted({d.get("kind") for d in base_docs + new_docs} - {"compare"})
+    notes = [f"kind {k!r} is not compared" for k in kinds if k not in METRICS]
+    kinds = [k for k in kinds if k in METRICS]
+    if not kinds:
+        raise QstateError("nothing to compare: no kernels, memory, diagnose or train results in either input")
+    records = []
+    for kind in kinds:
+        records += compare_kind(kind, [d for d in base_docs if d.get("kind") == kind],
+                                [d for d in new_docs if d.get("kind") == kind], threshold, alpha)
+    records.sort(key=lambda r: (STATUSES.index(r["status"]), r["kind"], r["name"], r["metric"]))
+    return Verdict(records, threshold, alpha, list(baseline_sources), list(new_sources), notes)
+
+
+def compare_paths(baseline, new, threshold: float = 1.10, alpha: float = 0.01) -> Verdict:
+    """Compare result files or folders of them (every *.json in a folder)."""
+    from ..report import load_documents
+
+    base_docs, base_src = load_documents([baseline])
+    new_docs, new_src = load_documents([new])
+    return compare_docs(base_docs, new_docs, threshold, alpha, base_src, new_src)
+
+
+def verdict_markdown(verdict: Verdict) -> str:
+    """The verdict table for a PR comment or $GITHUB_STEP_SUMMARY: what changed first, then
+    every row folded in <details>."""
+    from ..report.markdown import escape, table_md
+    from ..report.model import Table
+    from ..report.sections import verdict_counts, verdict_table
+
+    rows = [{**r, "name": f"{r['kind']}: {r['name']}",
+             "status": f"**{r['status']}**" if r.get("regression") else r["status"]} for r in verdict.records]
+    changed = [r for r, orig in zip(rows, verdict.records) if orig["status"] != "same"]
+    head = "regression" if verdict.regressions else "no regression"
+    out = [f"### qstate compare: {head} ({verdict_counts(verdict.records)})", "",
+           f"Baseline {escape(', '.join(verdict.baseline))}; new {escape(', '.join(verdict.new))}. "
+           f"Timing regresses when the median ratio exceeds {verdict.threshold:g} and a Mann-Whitney U test gives "
+           f"p < {verdict.alpha:g}; quality metrics have their own tolerances (threshold column).", ""]
+    out += [f"- {escape(n)}" for n in verdict.notes]
+    if changed:
+        t = verdict_table(changed)
+        out += [table_md(Table("", t.headers, t.rows, fold=False)), ""]
+    full = verdict_table(rows)
+    out.append(table_md(Table("All verdicts", full.headers, full.rows, fold=True)))
+    return "\n".join(out).replace("\\*\\*", "**") + "\n"

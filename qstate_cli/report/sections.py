@@ -1,0 +1,234 @@
+"""One report section per results document, by kind (docs/results.md), plus summary lines."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from . import plots
+from .model import Plot, Section, Table, cell, pct
+
+OUR_PATHS = ("triton", "triton-interpreter", "reference")
+
+
+def _ok(r: dict) -> bool:
+    return r.get("status", "ok") == "ok"
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def is_baseline(row: dict) -> bool:
+    return row.get("path") not in OUR_PATHS
+
+
+def _slug(*parts) -> str:
+    text = "-".join(str(p) for p in parts if p is not None)
+    return "".join(ch if ch.isalnum() else "-" for ch in text.lower()).strip("-") or "plot"
+
+
+# -- kernels ---------------------------------------------------------------------------
+
+def kernels(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
+    rows = doc["records"]
+    sec = Section("Kernels: time and roofline", "kernels", source)
+    sweep = [r for r in rows if _ok(r) and r.get("model") in (None, "")]
+    groups = defaultdict(list)
+    for r in sweep:
+        groups[(r.get("optimizer"), r.get("param_dtype"), r.get("grad_dtype"), r.get("device"),
+                r.get("device_name"))].append(r)
+    for (opt, pdt, gdt, dev, dev_name), group in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        title = f"{opt}: {pdt} params, {gdt} grads on {dev} ({dev_name})"
+        sec.plots.append(Plot(_slug("kernels", opt, pdt, dev), title,
+                              "Median time per optimizer step (left, log-log) and bytes moved per second as % of "
+                              "the copy bandwidth measured in the same run (right). Dashed: baselines.",
+                              lambda g=group, t=title: plots.size_sweep(g, t, palette, is_baseline)))
+    cols = [("name", "name"), ("path", "path"), ("numel", "numel"), ("param_dtype", "dtype"),
+            ("time_ms", "time (ms)", ".4g"), ("time_ms_iqr", "IQR (ms)", ".3g"), ("time_ms_min", "min (ms)", ".4g"),
+            ("gbps", "GB/s", ".1f"), ("pct_of_copy", "% of copy", ".1f"), ("noisy", "noisy"),
+            ("compile_ms", "compile (ms)", ".0f")]
+    sec.tables.append(Table.of("Size sweep", sorted(sweep, key=lambda r: (str(r.get("name")), r.get("numel") or 0)),
+                               cols, "noisy: IQR above 10% of the median."))
+    models = [r for r in rows if _ok(r) and r.get("model") not in (None, "")]
+    if models:
+        sec.tables.append(Table.of("Whole-model steps", models, [("name", "name"), ("model", "model"),
+                                   ("n_tensors", "tensors"), ("numel", "numel"), ("path", "path"),
+                                   ("time_ms", "time (ms)", ".4g"), ("gbps", "GB/s", ".1f"),
+                                   ("pct_of_copy", "% of copy", ".1f")]))
+    bad = [r for r in rows if not _ok(r)]
+    if bad:
+        sec.tables.append(Table.of("Not measured", bad, [("name", "name"), ("numel", "numel"), ("path", "path"),
+                                                         ("status", "status"), ("reason", "reason")]))
+    return sec, [_kernels_summary(rows, sweep)]
+
+
+def _kernels_summary(rows, sweep) -> str:
+    counts = _status_counts(rows)
+    line = f"kernels: {counts}"
+    ours = [r for r in sweep if not is_baseline(r) and _finite(r.get("time_ms")) and _finite(r.get("numel"))
+            and r["time_ms"] > 0]
+    if not ours:
+        return line
+    top = max(r["numel"] for r in ours)
+    best = min((r for r in ours if r["numel"] == top), key=lambda r: r["time_ms"])
+    line += (f"; at numel {top:,.0f} the fastest of ours is {best['name']} ({best['path']}): {cell(best['time_ms'], '.4g')} ms, "
+             f"{cell(best.get('pct_of_copy'), '.1f')}% of copy bandwidth")
+    fused = [r for r in sweep if r.get("path") == "torch-fused" and r.get("numel") == top and _finite(r.get("time_ms"))
+             and r.get("param_dtype") == best.get("param_dtype")]
+    if fused:
+        line += f", {fused[0]['time_ms'] / best['time_ms']:.2f}x the speed of torch fused AdamW"
+    return line
+
+
+def _status_counts(rows) -> str:
+    counts = defaultdict(int)
+    for r in rows:
+        counts[r.get("status", "ok")] += 1
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no rows"
+
+
+# -- memory ----------------------------------------------------------------------------
+
+def memory(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
+    rows = doc["records"]
+    sec = Section("Memory: optimizer-state bytes", "memory", source)
+    ok = [r for r in rows if _ok(r) and _finite(r.get("bytes_per_param"))]
+    if ok:
+        ok_sorted = sorted(ok, key=lambda r: r["bytes_per_param"], reverse=True)
+        models = sorted({str(r.get("model")) for r in ok})
+        sec.plots.append(Plot(_slug("memory", *models), "Optimizer-state bytes per parameter",
+                              "Exact accounting of the stored states (codes and block scales).",
+                              lambda: plots.bars([f"{r['name']} ({r.get('model')})" if len(models) > 1 else str(r["name"])
+                                                  for r in ok_sorted], [r["bytes_per_param"] for r in ok_sorted],
+                                                 "optimizer-state bytes per parameter", "State memory", palette)))
+    sec.tables.append(Table.of("State memory", rows, [
+        ("name", "name"), ("config", "config"), ("model", "model"), ("params", "params"),
+        ("state_bytes", "state bytes"), ("bytes_per_param", "bytes/param", ".4f"),
+        ("reduction_vs_fp32", "less than fp32", pct), ("measured_state_bytes", "measured bytes"),
+        ("peak_extra_mib", "peak extra (MiB)", ".1f"), ("status", "status"), ("reason", "reason")]))
+    summary = "memory: no rows measured"
+    if ok:
+        best = min(ok, key=lambda r: r["bytes_per_param"])
+        summary = (f"memory: smallest state is {best['name']} at {best['bytes_per_param']:.5g} bytes/param"
+                   + (f" ({pct(best['reduction_vs_fp32'])} less than fp32 states)"
+                      if _finite(best.get("reduction_vs_fp32")) else ""))
+    return sec, [summary]
+
+
+# -- diagnose --------------------------------------------------------------------------
+
+def diagnose(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
+    rows = doc["records"]
+    series, hists = doc.get("series") or [], [h for h in doc.get("histograms") or [] if h.get("metric") == "staleness"]
+    sec = Section("Diagnose: drift, stalling, staleness", "diagnose", source)
+    states = sorted({r.get("state") for r in rows + series if r.get("state")}, key=lambda s: (s != "m", s)) or ["m", "v"]
+    if series:
+        sec.plots.append(Plot("diagnose-drift", "Drift over steps",
+                              "Mean signed error of the stored state over the fp32 shadow's RMS: a bias that builds up "
+                              "is drift; BReD's error has zero mean.",
+                              lambda: plots.per_state_lines(series, "drift", "drift (mean error / shadow RMS)",
+                                                            "Drift", palette, states=states)))
+        sec.plots.append(Plot("diagnose-stall-rate", "Stall rate over steps",
+                              "Fraction of elements whose nominal update was non-zero but whose stored value did not "
+                              "change; dashed: the staleness model's prediction (build-up after initialization).",
+                              lambda: plots.per_state_lines(series, "stall_rate", "stall rate (fraction)",
+                                                            "Stalling", palette, predicted="stall_rate_predicted",
+                                                            states=states)))
+    if hists:
+        sec.plots.append(Plot("diagnose-staleness", "Staleness histograms",
+                              "Steps since each stored value last changed, at the end of the replay.",
+                              lambda: plots.staleness_histograms(hists, palette, states=states)))
+    if any(_finite(r.get("stall_rate_predicted")) and _finite(r.get("stall_rate")) for r in rows):
+        sec.plots.append(Plot("diagnose-predicted-vs-observed", "Predicted vs observed stalling",
+                              "Mean stall rate over the replay against the model's prediction (on the diagonal: "
+                              "the model is right).", lambda: plots.predicted_vs_observed(rows, palette)))
+    ranked = sorted(rows, key=lambda r: (-(r["update_cosine"] if _finite(r.get("update_cosine")) else -math.inf),
+                                         str(r.get("config")), str(r.get("state"))))
+    sec.tables.append(Table.of("Summary per configuration and state (best update fidelity first)", ranked, [
+        ("config", "config"), ("state", "state"), ("format", "format"), ("rounding", "rounding"),
+        ("drift_final", "drift (final)", ".3g"), ("drift_max_abs", "max |drift|", ".3g"),
+        ("rel_rms_error", "rel. RMS error", ".3g"), ("dim_slope", "d slope", ".2f"),
+        ("stall_rate", "stall rate", ".3f"), ("stall_rate_predicted", "predicted", ".3f"),
+        ("staleness_p50", "staleness p50"), ("staleness_p90", "p90"),
+        ("update_cosine", "update cosine", ".4f"), ("update_rel_error", "update rel. error", ".3g"),
+        ("nonfinite_grads", "non-finite grads")],
+        "d slope: log-log slope of the aggregate error against dimension (1: bias adds up, 0.5: noise)."))
+    resets = [r for r in rows if r.get("reset_period") is not None or r.get("reset_reason")]
+    if resets:
+        sec.tables.append(Table.of("Recommended reset periods", resets, [
+            ("config", "config"), ("state", "state"), ("reset_period", "reset every (steps)"),
+            ("reset_reason", "why")]))
+    if doc.get("theory"):
+        sec.tables.append(Table.of("Staleness model", doc["theory"], [
+            ("format", "format"), ("rounding", "rounding"), ("beta2", "beta2"), ("fraction_bits", "fraction bits"),
+            ("rho", "rho", ".4g"), ("p_stall_steady", "P(stall), steady", ".4f"),
+            ("reset_period", "reset period"), ("reported_period", "paper")]))
+    summary = f"diagnose: {len({r.get('config') for r in rows})} configurations"
+    if ranked and _finite(ranked[0].get("update_cosine")):
+        summary += f"; best update fidelity {ranked[0]['config']} (cosine {ranked[0]['update_cosine']:.4f})"
+    drifts = [r for r in rows if _finite(r.get("drift_max_abs"))]
+    if drifts:
+        worst = max(drifts, key=lambda r: r["drift_max_abs"])
+        summary += f"; most drift {worst['config']} ({worst.get('state')}: max |drift| {worst['drift_max_abs']:.3g})"
+    return sec, [summary]
+
+
+# -- train -----------------------------------------------------------------------------
+
+def train(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
+    rows, series = doc["records"], doc.get("series") or []
+    sec = Section("Training: loss per configuration", "train", source)
+    if series:
+        sec.plots.append(Plot("train-loss", "Loss curves", "Same model, initialization and data order for every "
+                              "configuration; one line per seed.", lambda: plots.loss_curves(series, palette)))
+    sec.tables.append(Table.of("Runs", sorted(rows, key=lambda r: (str(r.get("config")), str(r.get("seed")))), [
+        ("config", "config"), ("seed", "seed"), ("steps", "steps"), ("final_val_loss", "final val loss", ".4f"),
+        ("best_val_loss", "best val loss", ".4f"), ("gap_to_fp32", "gap to fp32", "+.4f"),
+        ("diverged", "diverged"), ("diverged_at_step", "at step"), ("steps_per_s", "steps/s", ".1f"),
+        ("bytes_per_param", "state bytes/param", ".4f"), ("reset", "reset"), ("status", "status")]))
+    gaps = defaultdict(list)
+    for r in rows:
+        if _finite(r.get("gap_to_fp32")) and not r.get("diverged"):
+            gaps[r["config"]].append(r["gap_to_fp32"])
+    diverged = sorted({str(r["config"]) for r in rows if r.get("diverged")})
+    parts = [f"train: {len({r.get('config') for r in rows})} configurations"]
+    others = {c: sum(v) / len(v) for c, v in gaps.items() if c != "fp32"}
+    if others:
+        best = min(others, key=lambda c: abs(others[c]))
+        parts.append(f"closest to fp32: {best} (mean gap {others[best]:+.4f})")
+    if diverged:
+        parts.append(f"diverged: {', '.join(diverged)}")
+    return sec, ["; ".join(parts)]
+
+
+# -- compare ---------------------------------------------------------------------------
+
+STATUS_ORDER = ("regressed", "failed", "missing", "new", "insignificant", "improved", "same")
+
+
+def compare(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
+    rows = sorted(doc["records"], key=lambda r: (STATUS_ORDER.index(r["status"]) if r.get("status") in STATUS_ORDER
+                                                 else 99, str(r.get("name")), str(r.get("metric"))))
+    sec = Section("Compare: verdicts", "compare", source)
+    meta = doc.get("meta") or {}
+    if meta.get("baseline") or meta.get("new"):
+        sec.notes.append(f"baseline: {meta.get('baseline')}; new: {meta.get('new')}")
+    sec.tables.append(verdict_table(rows))
+    return sec, [f"compare: {verdict_counts(rows)}"]
+
+
+def verdict_table(rows: list[dict]) -> Table:
+    return Table.of("Verdicts", rows, [("status", "status"), ("name", "row"), ("metric", "metric"),
+                                       ("baseline", "baseline", ".4g"), ("new", "new", ".4g"),
+                                       ("ratio", "ratio", ".3f"), ("p_value", "p", ".2g"),
+                                       ("threshold", "threshold")])
+
+
+def verdict_counts(rows: list[dict]) -> str:
+    counts = defaultdict(int)
+    for r in rows:
+        counts[r.get("status")] += 1
+    return ", ".join(f"{counts[s]} {s}" for s in STATUS_ORDER if counts[s]) or "nothing compared"
+
+
+BUILDERS = {"kernels": kernels, "memory": memory, "diagnose": diagnose, "train": train, "compare": compare}

@@ -1,0 +1,121 @@
+"""Run a suite: every point through its kind's hook, results written as each one finishes.
+
+One results document per run (`OUT/<run name>.json`, kind = the run's kind): the
+documents returned by the hooks are merged (records concatenated, and each extra list
+such as `series` concatenated). Each record gets `point`, the key of the point that
+made it. The file is rewritten atomically after every point (results.ResultWriter), and
+`meta.suite` lists the points, which are done and which failed, so Ctrl-C keeps what was
+measured and `--resume` runs only the points not done (failed points are retried).
+
+A hook that raises QstateError stops the run (the suite asked for something the engine
+does not know); any other exception marks that point failed and the suite goes on.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..errors import QstateError
+from ..results import ResultWriter, environment, load as load_results
+from .expand import Point
+from .kinds import hook_for
+from .load import LoadedSuite
+
+
+def _failed_row(point: Point, exc: BaseException) -> dict:
+    return {**{k: v for k, v in point.params.items() if not isinstance(v, (dict,))},
+            "status": "failed", "reason": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+
+
+def _open_writer(path: Path, run: dict, suite: LoadedSuite, points: list[Point], resume: bool):
+    """A writer for one run's file: fresh, or (resume) the file so far minus failed points."""
+    meta_points = {p.key: {"label": p.label, "params": p.params} for p in points}
+    suite_meta = {"name": suite.name, "file": suite.file, "run": run["name"], "description": run["description"],
+                  "sets": suite.sets, "points": meta_points, "done": [], "failed": []}
+    if resume and path.exists():
+        doc = load_results(path)
+        old = (doc.get("meta") or {}).get("suite") or {}
+        if doc.get("kind") != run["kind"] or old.get("run") != run["name"]:
+            raise QstateError(f"{path}: not the results of run {run['name']!r} ({run['kind']}); "
+                              "use another --out or run without --resume")
+        strangers = sorted(set(old.get("points") or {}) - set(meta_points))
+        if strangers:
+            raise QstateError(f"{path}: {len(strangers)} finished points are not in this suite (was it edited or "
+                              "run with other --set values?); use another --out or run without --resume")
+        done = [k for k in old.get("done", []) if k in meta_points]
+        keep = set(done)
+        writer = ResultWriter(path, run["kind"], env=doc["env"],
+                              records=[r for r in doc["records"] if r.get("point") in keep])
+        for key, value in doc.items():
+            if key not in ("schema_version", "kind", "env", "meta", "records") and isinstance(value, list):
+                writer.doc[key] = [r for r in value if not isinstance(r, dict) or r.get("point") in keep]
+        writer.doc["meta"] = {**doc.get("meta", {}), "suite": {**suite_meta, "done": done,
+                                                               "resumed": old.get("resumed", 0) + 1}}
+        return writer, keep
+    device = run["defaults"].get("device")
+    env = environment(None if device in (None, "auto") else device)
+    return ResultWriter(path, run["kind"], meta={"suite": suite_meta}, env=env), set()
+
+
+def _in_point_order(writer: ResultWriter, order: dict[str, int]) -> None:
+    """Rows in the order of their points, so a resumed file equals an uninterrupted one."""
+    for key, rows in writer.doc.items():
+        if key not in ("env", "meta") and isinstance(rows, list):
+            rows.sort(key=lambda r: order.get(r.get("point"), len(order)) if isinstance(r, dict) else len(order))
+
+
+def _merge(writer: ResultWriter, point: Point, out: dict, hook_name: str) -> None:
+    if not isinstance(out, dict) or not isinstance(out.get("records"), list):
+        raise QstateError(f"the {point.kind} hook ({hook_name}) returned no 'records' list for {point.label}")
+    lists = {key: rows for key, rows in out.items() if key not in ("meta", "env")}
+    for key, rows in lists.items():
+        if not isinstance(rows, list):
+            raise QstateError(f"the {point.kind} hook ({hook_name}) returned {key!r} that is not a list of rows")
+    for key, rows in lists.items():
+        writer.doc.setdefault(key, []).extend({**row, "point": point.key} if isinstance(row, dict) else row
+                                              for row in rows)
+
+
+def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, console=None) -> list[Path]:
+    """Run every point of every run; returns the results files (one per run)."""
+    out_dir = Path(out_dir)
+    if console is None:
+        from ..cli.output import stderr as console
+    plans = suite.points()
+    hooks = {run["kind"]: hook_for(run["kind"]) for run, _ in plans}  # fail before measuring anything
+    writers = []
+    for run, points in plans:
+        path = out_dir / f"{run['name']}.json"
+        writers.append((path, *_open_writer(path, run, suite, points, resume)))
+    total = sum(len(points) for _, points in plans)
+    already = sum(len(done) for _, _, done in writers)
+    columns = [TextColumn("[bold]{task.fields[run]}[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.description}")]
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("", total=total, completed=already, run=suite.name)
+        for (run, points), (path, writer, done) in zip(plans, writers):
+            hook = hooks[run["kind"]]
+            hook_name = getattr(hook, "__qualname__", repr(hook))
+            order = {p.key: i for i, p in enumerate(points)}
+            writer.flush()
+            for point in points:
+                if point.key in done:
+                    continue
+                progress.update(task, description=point.label, run=run["name"])
+                state = writer.doc["meta"]["suite"]
+                try:
+                    _merge(writer, point, hook(json.loads(json.dumps(point.params))), hook_name)
+                except QstateError as exc:
+                    raise QstateError(f"{suite.file}: run {run['name']!r}, point {point.label}: {exc}") from None
+                except Exception as exc:  # noqa: BLE001 - a point that crashes is recorded, the suite goes on
+                    writer.records.append({**_failed_row(point, exc), "point": point.key})
+                    state["failed"].append(point.key)
+                    progress.console.print(f"[yellow]failed[/] {run['name']}: {point.label}: {exc}")
+                else:
+                    state["done"].append(point.key)
+                _in_point_order(writer, order)
+                writer.flush()
+                progress.advance(task)
+    return [path for path, _, _ in writers]

@@ -1,0 +1,180 @@
+"""`qstate bench kernels|memory` end to end on CPU at small sizes: CliRunner and a real
+subprocess; the JSON validates against docs/results.md; Ctrl-C keeps finished rows."""
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from qstate_cli import kernels as triton_kernels
+from qstate_cli.bench import kernels
+from qstate_cli.bench.bytes_model import step_bytes
+from qstate_cli.bench.shapes import model_shapes
+from qstate_cli.cli import app
+from qstate_cli.quant import parse_config
+
+runner = CliRunner()
+DOC = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
+FAST = ["--warmup-ms", "0", "--rep-ms", "1", "--copy-numel", "4096"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread (see test_bench_engine.py: a loaded CPU and OpenMP spinning)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def contract(kind: str) -> tuple[set[str], set[str]]:
+    """Record keys and path values that docs/results.md lists for `kind`."""
+    section = DOC.split(f'## kind = "{kind}"')[1].split("\n## ")[0]
+    keys = set(re.findall(r"`([a-z_0-9]+)`", section.split("Also")[0]))
+    paths = re.search(r"`path` \(([^)]*)\)", section)
+    return keys, {p.strip() for p in paths.group(1).replace("\n", " ").split("|")} if paths else set()
+
+
+def check_document(doc: dict, kind: str) -> list[dict]:
+    keys, paths = contract(kind)
+    assert doc["schema_version"] == 1 and doc["kind"] == kind
+    assert doc["env"]["device"] == "cpu" and doc["env"]["torch"] == torch.__version__ and doc["env"]["argv"]
+    assert doc["records"], "no records"
+    for row in doc["records"]:
+        missing = keys - set(row)
+        assert not missing, f"{row['name']}: missing {missing}"
+        assert row["device"] == "cpu" and row["path"], row
+        assert row["status"] in ("ok", "failed", "unavailable")
+        assert (row["reason"] is None) == (row["status"] == "ok"), row
+        if paths:
+            assert row["path"] in paths, row["path"]
+    return doc["records"]
+
+
+def check_timed(row: dict) -> None:
+    assert row["status"] == "ok", row["reason"]
+    assert row["time_ms"] > 0 and row["time_ms_min"] <= row["time_ms"] and row["time_ms_iqr"] >= 0
+    assert len(row["samples_ms"]) == row["reps"] >= 5 and isinstance(row["noisy"], bool)
+    assert row["gbps"] == pytest.approx(row["bytes_moved"] / (row["time_ms"] * 1e-3) / 1e9)
+    assert row["pct_of_copy"] == pytest.approx(100 * row["gbps"] / row["copy_gbps"])
+
+
+def test_kernels_cli_json_csv_and_table(tmp_path):
+    out, table_csv = tmp_path / "k.json", tmp_path / "k.csv"
+    r = runner.invoke(app, ["bench", "kernels", "-n", "4096", "-c", "bred-4bit", "--backend", "reference,triton",
+                            "--model", "tiny-lm", "--baseline", "torch-fused", *FAST,
+                            "--json", str(out), "--csv", str(table_csv)], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    rows = check_document(json.loads(out.read_text()), "kernels")
+    assert [(x["name"], x["path"], x["model"]) for x in rows] == [
+        ("copy", "copy", None),
+        ("bred-4bit", "reference", None), ("bred-4bit", "triton-interpreter", None), ("torch-fused", "torch-fused", None),
+        ("bred-4bit", "reference", "tiny-lm"), ("bred-4bit", "triton-interpreter", "tiny-lm"),
+        ("torch-fused", "torch-fused", "tiny-lm")]
+    copy = rows[0]
+    check_timed(copy)
+    assert copy["bytes_moved"] == 8 * 4096 and copy["copy_gbps"] == copy["gbps"]
+    for row in (rows[1], rows[3], rows[4], rows[6]):
+        check_timed(row)
+        assert row["copy_gbps"] == copy["gbps"] and row["param_dtype"] == row["grad_dtype"] == "fp32"
+    assert rows[1]["bytes_per_elem"] == 14.125 and rows[3]["bytes_per_elem"] == 28.0
+    assert rows[1]["config"] == parse_config("bred-4bit").canonical() and rows[1]["rounding"] == "bred"
+    shapes = model_shapes("tiny-lm")
+    model_row = rows[4]
+    assert model_row["numel"] == 136_960 and model_row["n_tensors"] == len(shapes) == 29
+    cfg = parse_config("bred-4bit")
+    assert model_row["bytes_moved"] == step_bytes([torch.Size(s).numel() for s in shapes], 4, 4,
+                                                  lambda n: [cfg.m, cfg.v] if n >= 4096 else [parse_config("fp32").m] * 2)
+    for triton_row in (rows[2], rows[5]):
+        if triton_kernels.available("cpu"):
+            assert triton_row["status"] == "ok" or "not built" in triton_row["reason"]
+        else:
+            assert triton_row["status"] == "unavailable" and "TRITON_INTERPRET" in triton_row["reason"]
+    with table_csv.open() as fh:
+        csv_rows = list(csv.DictReader(fh))
+    assert [c["name"] for c in csv_rows] == [x["name"] for x in rows]
+    assert json.loads(csv_rows[1]["samples_ms"]) == rows[1]["samples_ms"]
+    assert "bred-4bit" in r.stdout and "torch-fused" in r.stdout and "GB/s" in r.stdout
+    assert "bred-4bit [reference] 4,096 fp32:" in r.stderr  # one line per row on stderr
+
+
+def test_kernels_real_subprocess_json_to_stdout():
+    out = subprocess.run([sys.executable, "-m", "qstate_cli", "bench", "kernels", "--numel", "2^12",
+                          "--rounding", "nearest", "--baseline", "none", *FAST, "--json", "-"],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    rows = check_document(json.loads(out.stdout), "kernels")
+    assert [x["name"] for x in rows] == ["copy", "nearest-4bit", "torchao-4bit"]  # both round to nearest
+    check_timed(rows[1])
+
+
+def test_memory_cli_accounting_on_cpu(tmp_path):
+    out = tmp_path / "m.json"
+    r = runner.invoke(app, ["bench", "memory", "--model", "tiny-lm", "--numel", "1e4", "-c", "bred-4bit",
+                            "--baseline", "torch-fused", "--json", str(out), "--csv", str(tmp_path / "m.csv")])
+    assert r.exit_code == 0, r.output
+    rows = {(x["name"], x["model"]): x for x in check_document(json.loads(out.read_text()), "memory")}
+    n_tensors = 29
+    ours = rows[("bred-4bit", "tiny-lm")]
+    # codes + scales as the bytes model counts them, plus 5 int64 counters per tensor
+    # (step, since_reset, nonfinite, m.written, v.written)
+    assert ours["state_bytes"] - ours["expected_state_bytes"] == 5 * 8 * n_tensors
+    torch_row = rows[("torch-fused", "tiny-lm")]
+    assert torch_row["expected_state_bytes"] == 8 * torch_row["params"]
+    assert torch_row["state_bytes"] == 8 * torch_row["params"] + 4 * n_tensors  # + fp32 step scalars
+    single = rows[("bred-4bit", None)]
+    # 10000 elements, block 128: 5000 code bytes + 79 scales * 4, per state
+    assert single["expected_state_bytes"] == 2 * (5000 + 79 * 4)
+    assert single["bytes_per_param"] == pytest.approx((2 * (5000 + 316) + 40) / 10_000)
+    assert single["reduction_vs_fp32"] == pytest.approx(1 - single["bytes_per_param"] / 8)
+    for row in rows.values():
+        assert row["measured_state_bytes"] is None and row["peak_extra_mib"] is None
+        assert "CUDA" in row["measured_reason"]
+    assert "bytes/param" in r.stdout
+
+
+def test_ctrl_c_keeps_finished_rows(tmp_path, monkeypatch):
+    real, calls = kernels.measure_subject, []
+
+    def interrupt_second(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(kernels, "measure_subject", interrupt_second)
+    out, table_csv = tmp_path / "k.json", tmp_path / "k.csv"
+    r = runner.invoke(app, ["bench", "kernels", "-n", "4096,8192", "-c", "nearest-4bit", "--baseline", "none",
+                            *FAST, "--json", str(out), "--csv", str(table_csv)])
+    assert r.exit_code == 130
+    assert "interrupted" in r.stderr
+    rows = json.loads(out.read_text())["records"]
+    assert [(x["name"], x["numel"], x["status"]) for x in rows] == [("copy", 4096, "ok"), ("nearest-4bit", 4096, "ok")]
+    assert len(list(csv.DictReader(table_csv.open()))) == 2
+    assert "nearest-4bit" in r.stdout  # the finished rows are still shown
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bench", "kernels", "-c", "bred-4bitt"], "did you mean"),
+    (["bench", "kernels", "--baseline", "torch-fusd"], "torch-fused"),
+    (["bench", "kernels", "--numel", "1.5"], "whole number"),
+    (["bench", "kernels", "--bits", "3"], "--bits 3"),
+    (["bench", "kernels", "--dtype", "fp64"], "fp64"),
+    (["bench", "memory", "--model", "gpt3"], "unknown model"),
+])
+def test_usage_errors_are_one_line(args, message):
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error:") and r.stderr.strip().count("\n") == 0 and message in r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_cuda_device_without_cuda_is_a_usage_error():
+    r = runner.invoke(app, ["bench", "kernels", "--device", "cuda"])
+    assert r.exit_code == 2 and "CUDA is not available" in r.stderr

@@ -1,0 +1,152 @@
+"""`qstate compare` on hand-made result pairs: every status, direction-aware tolerances,
+the exit codes (CliRunner and a real subprocess), step summary and benchmark JSON."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from qstate_cli.cli import app
+from qstate_cli.compare import STATUSES, compare_docs, compare_paths
+from qstate_cli.compare.metrics import METRICS
+from qstate_cli.results import load
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ROOT / "tests" / "data" / "results" / "compare" / "baseline"
+NEW = ROOT / "tests" / "data" / "results" / "compare" / "new"
+runner = CliRunner()
+
+
+def doc(kind, records):
+    return {"schema_version": 1, "kind": kind, "env": {}, "meta": {}, "records": records}
+
+
+def by_name(verdict):
+    return {(r["name"], r["metric"]): r for r in verdict.records}
+
+
+def test_the_fixture_pair_gives_every_status():
+    v = by_name(compare_paths(BASE, NEW))
+    statuses = {r["status"] for r in v.values()}
+    assert statuses == set(STATUSES)
+    k = "[triton] fp32 n={} @cuda"
+    assert v[(f"nearest-4bit {k.format(4194304)}", "time_ms")]["status"] == "regressed"
+    assert v[(f"bred-4bit {k.format(4194304)}", "time_ms")]["status"] == "improved"
+    noisy = v[(f"sr-4bit {k.format(4194304)}", "time_ms")]
+    assert noisy["status"] == "insignificant" and noisy["ratio"] > 1.1 and noisy["p_value"] > 0.01
+    assert v[("torch-foreach [torch-foreach] fp32 n=16777216 @cuda", "time_ms")]["status"] == "new"
+    assert v[("torch-foreach [torch-foreach] fp32 n=65536 @cuda", "time_ms")]["status"] == "missing"
+    oom = v[("torch-fused [torch-fused] fp32 n=16777216 @cuda", "time_ms")]
+    assert oom["status"] == "failed" and oom["regression"] and "out of memory" in oom["reason"]
+    both_failed = v[(f"bred-4bit {k.format(2 ** 34)}", "time_ms")]
+    assert both_failed["status"] == "failed" and not both_failed["regression"]
+    drift = v[("nearest-4bit m", "drift_max_abs")]
+    assert drift["status"] == "regressed" and drift["new"] > drift["baseline"] + drift["threshold"]
+    assert v[("bred-4bit v", "drift_max_abs")]["status"] == "same"
+
+
+def _timing_row(samples, **kw):
+    s = sorted(samples)
+    return {"name": "k", "numel": 1, "path": "triton", "status": "ok", "time_ms": s[len(s) // 2],
+            "samples_ms": samples, **kw}
+
+
+@pytest.mark.parametrize("new, status", [
+    ([1.30, 1.31, 1.29, 1.32, 1.30, 1.28, 1.33], "regressed"),   # 30% slower, separated samples
+    ([0.80, 0.81, 0.79, 0.82, 0.80, 0.78, 0.83], "improved"),
+    ([1.05, 1.06, 1.04, 1.05, 1.07, 1.03, 1.05], "same"),        # significant but under the threshold
+    ([1.30, 0.90, 1.60, 1.00, 1.40], "insignificant"),           # over the threshold, samples overlap
+])
+def test_timing_needs_the_ratio_and_the_test(new, status):
+    base = doc("kernels", [_timing_row([1.00, 1.01, 0.99, 1.02, 1.00, 0.98, 1.03] if status != "insignificant"
+                                       else [1.0, 1.3, 0.8, 1.1, 0.9])])
+    v = compare_docs([base], [doc("kernels", [_timing_row(new)])])
+    assert v.records[0]["status"] == status
+    assert bool(v.regressions) == (status == "regressed")
+
+
+def test_timing_without_samples_is_never_a_regression():
+    base = doc("kernels", [{"name": "k", "status": "ok", "time_ms": 1.0}])
+    new = doc("kernels", [{"name": "k", "status": "ok", "time_ms": 2.0}])
+    assert compare_docs([base], [new]).records[0]["status"] == "insignificant"
+
+
+def _diag(**metrics):
+    row = {"config": "c", "state": "v", "drift_max_abs": 0.1, "rel_rms_error": 0.05, "stall_rate": 0.3,
+           "update_cosine": 0.99, "update_rel_error": 0.1, "status": "ok"}
+    return doc("diagnose", [{**row, **metrics}])
+
+
+@pytest.mark.parametrize("metric, new, status", [
+    ("drift_max_abs", 0.1115, "regressed"),       # more drift is worse: tol = 10% of 0.1
+    ("drift_max_abs", 0.1095, "same"),
+    ("drift_max_abs", 0.05, "improved"),
+    ("update_cosine", 0.985, "regressed"),        # lower cosine is worse: tol 0.002
+    ("update_cosine", 0.9985, "improved"),
+    ("update_cosine", 0.9885, "same"),
+    ("stall_rate", 0.314, "same"),                 # tol max(0.01, 5% of 0.3) = 0.015
+    ("stall_rate", 0.316, "regressed"),
+    ("stall_rate", 0.28, "improved"),
+])
+def test_quality_metrics_have_direction_aware_tolerances(metric, new, status):
+    v = by_name(compare_docs([_diag()], [_diag(**{metric: new})]))
+    assert v[("c v", metric)]["status"] == status
+
+
+def test_train_divergence_and_loss():
+    base = doc("train", [{"config": "nearest-4bit", "seed": 0, "final_val_loss": 2.40, "diverged": False}])
+    new = doc("train", [{"config": "nearest-4bit", "seed": 0, "final_val_loss": None, "diverged": True}])
+    v = by_name(compare_docs([base], [new]))
+    assert v[("nearest-4bit seed=0", "diverged")]["status"] == "regressed"
+    assert v[("nearest-4bit seed=0", "final_val_loss")]["status"] == "failed"
+    assert {m.field for m in METRICS["train"]} == {"final_val_loss", "diverged"}
+
+
+def test_cli_exit_codes_summary_and_benchmark_json(tmp_path):
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    r = runner.invoke(app, ["compare", str(BASE), str(NEW), "--json", str(tmp_path / "bench.json"),
+                            "--markdown", str(tmp_path / "v.md"), "--results", str(tmp_path / "compare.json")],
+                      env={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert r.exit_code == 1
+    assert r.stdout.startswith("### qstate compare: regression (8 regressed, 2 failed, 2 missing, 1 new, "
+                               "1 insignificant, 1 improved, 52 same)")
+    assert "| **regressed** | diagnose: nearest-4bit m | drift_max_abs |" in r.stdout
+    assert r.stderr.startswith("check failed: 9 regression(s)")
+    assert summary.read_text() == "earlier step\n" + r.stdout + "\n"
+    assert (tmp_path / "v.md").read_text() == r.stdout
+    bench = json.loads((tmp_path / "bench.json").read_text())
+    assert all(set(b) >= {"name", "unit", "value"} and isinstance(b["value"], float) for b in bench)
+    cos = [b for b in bench if "update_cosine" in b["name"]]
+    assert cos and all(0 <= b["value"] < 0.1 and b["unit"] == "1 - cosine" for b in cos)
+    verdicts = load(tmp_path / "compare.json")
+    assert verdicts["kind"] == "compare" and len(verdicts["records"]) == 67
+
+    same = runner.invoke(app, ["compare", str(BASE / "diagnose.json"), str(BASE / "diagnose.json")])
+    assert same.exit_code == 0 and "no regression (40 same)" in same.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["missing.json", str(NEW)], "error: missing.json: no such results file"),
+    ([str(BASE), str(NEW), "--threshold", "0.9"], "error: --threshold 0.9: use a ratio above 1"),
+    ([str(BASE), str(NEW), "--alpha", "2"], "error: --alpha 2.0: use a significance level between 0 and 1"),
+])
+def test_cli_bad_input_is_exit_2(args, message):
+    r = runner.invoke(app, ["compare", *args])
+    assert r.exit_code == 2 and r.output.strip().startswith(message) and "\n" not in r.output.strip()
+
+
+def test_real_subprocess_exit_codes(tmp_path):
+    def qstate(*args):
+        return subprocess.run([sys.executable, "-m", "qstate_cli", "compare", *map(str, args)], capture_output=True,
+                              text=True, timeout=120, cwd=ROOT)
+
+    regress = qstate(BASE, NEW)
+    assert regress.returncode == 1 and "| **regressed** |" in regress.stdout
+    notjson = tmp_path / "x.json"
+    notjson.write_text('{"hello": 1}')
+    bad = qstate(notjson, NEW)
+    assert bad.returncode == 2 and bad.stderr.strip() == f"error: {notjson}: not a qstate results file " \
+                                                         "(no schema_version/records)"

@@ -1,0 +1,178 @@
+"""Reports from recorded results: HTML parses, every image is an embedded PNG, user strings
+are escaped; Markdown folds long tables; `qstate report` as a command."""
+import base64
+import copy
+import json
+import struct
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from qstate_cli.cli import app
+from qstate_cli.report import load_documents, render_html, render_markdown, write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "results"
+FIXTURES = [DATA / f"{k}.json" for k in ("kernels", "memory", "diagnose", "train")]
+HOSTILE = '<script>alert("x")</script>"><img src=http://evil.example/x.png> | col'
+runner = CliRunner()
+
+
+class Page(HTMLParser):
+    """Every tag with its attributes, and the text."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags, self.text = [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(html: str) -> Page:
+    page = Page()
+    page.feed(html)
+    page.close()
+    return page
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return load_documents(FIXTURES)[0]
+
+
+@pytest.fixture(scope="module")
+def hostile_docs(docs):
+    """The fixtures with a configuration named like an attack, in records and series."""
+    out = copy.deepcopy(docs)
+    for doc in out:
+        for key in ("records", "series", "histograms"):
+            for row in doc.get(key) or []:
+                for field in ("name", "config"):
+                    if row.get(field) in ("bred-4bit",):
+                        row[field] = HOSTILE
+        doc["env"]["device_name"] = "<b>gpu</b>"
+    return out
+
+
+@pytest.fixture(scope="module")
+def hostile_html(hostile_docs):
+    return render_html(hostile_docs)
+
+
+def test_html_embeds_every_plot_as_png_and_references_nothing(hostile_html):
+    page = parse(hostile_html)
+    imgs = [attrs for tag, attrs in page.tags if tag == "img"]
+    assert len(imgs) == 7  # kernels sweep, memory, drift, stall, staleness, predicted/observed, loss
+    for attrs in imgs:
+        src = attrs["src"]
+        assert src.startswith("data:image/png;base64,")
+        width, height = png_size(base64.b64decode(src.split(",", 1)[1], validate=True))
+        assert width > 300 and height > 200
+        assert attrs["alt"]
+    for tag, attrs in page.tags:
+        assert tag not in ("script", "link", "iframe", "object", "embed", "base")
+        for name, value in attrs.items():
+            if name in ("src", "href", "action", "srcset"):
+                assert value.startswith(("data:", "#")), (tag, name, value)
+    csp = [a for t, a in page.tags if t == "meta" and a.get("http-equiv") == "Content-Security-Policy"]
+    assert csp and "default-src 'none'" in csp[0]["content"] and "img-src data:" in csp[0]["content"]
+
+
+def test_html_escapes_user_strings(hostile_html):
+    page = parse(hostile_html)
+    assert "<script>" not in hostile_html and "<b>gpu</b>" not in hostile_html
+    assert "&lt;script&gt;" in hostile_html
+    text = "".join(page.text)
+    assert HOSTILE in text and "<b>gpu</b>" in text  # shown literally, as text
+
+
+def test_html_has_every_section_and_the_summary(hostile_html):
+    html = hostile_html
+    for heading in ("Environment", "Summary", "Kernels: time and roofline", "Memory: optimizer-state bytes",
+                    "Diagnose: drift, stalling, staleness", "Training: loss per configuration",
+                    "Staleness model", "Recommended reset periods", "Not measured"):
+        assert heading in html, heading
+    assert "synthetic fixture" in html  # the documents' note is shown as a banner
+    assert "CUDA out of memory" in html and "bitsandbytes is not installed" in html
+    assert "1.98x the speed of torch fused AdamW" in html
+
+
+def test_markdown_is_github_flavoured_and_escaped(hostile_docs):
+    md = render_markdown(hostile_docs)
+    assert md.startswith("## qstate report")
+    assert "<details><summary>Size sweep (25 rows)</summary>" in md and md.count("<details>") == md.count("</details>")
+    assert "<script>" not in md and "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in md
+    lines = md.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| config | state |"))
+    columns = lines[header].replace("\\|", "").count("|")
+    body = lines[header + 2:lines.index("", header)]
+    assert any(HOSTILE[:6].replace("<", "&lt;") in row for row in body)
+    assert all(row.replace("\\|", "").count("|") == columns for row in body)  # escaped pipes keep the columns
+    assert "![" not in md  # no images without plots_dir
+
+
+def test_write_report_saves_plots_and_links_them(docs, tmp_path):
+    written = write_report(docs[:2], tmp_path / "r.html", tmp_path / "md" / "r.md", plots_dir=tmp_path / "md" / "img")
+    pngs = [p for p in written if p.suffix == ".png"]
+    assert len(pngs) == 2 and all(png_size(p.read_bytes())[0] > 0 for p in pngs)
+    md = (tmp_path / "md" / "r.md").read_text()
+    assert "](img/kernels-adamw-fp32-cuda.png)" in md and "](img/memory-gpt2-small.png)" in md
+
+
+def test_compare_results_render_as_a_verdict_table(tmp_path):
+    from qstate_cli.compare import compare_paths
+
+    verdict = compare_paths(DATA / "compare" / "baseline", DATA / "compare" / "new")
+    html = render_html([verdict.document()])
+    assert "Compare: verdicts" in html and 'class="status-regressed"' in html
+    assert "compare: 8 regressed, 2 failed" in render_markdown([verdict.document()])
+
+
+def test_report_command_writes_both_files_by_default(tmp_path):
+    r = runner.invoke(app, ["report", str(DATA / "memory.json"), str(DATA / "train.json"), "-o", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "memory.html").read_text().startswith("<!DOCTYPE html>")
+    assert "Training: loss per configuration" in (tmp_path / "memory.md").read_text()
+    r = runner.invoke(app, ["report", str(DATA / "memory.json"), "--markdown", str(tmp_path / "only.md"), "--plots"])
+    assert r.exit_code == 0 and (tmp_path / "only-plots" / "memory-gpt2-small.png").exists()
+    assert not (tmp_path / "only.html").exists()
+
+
+def test_report_of_bad_input_is_a_one_line_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    out = subprocess.run([sys.executable, "-m", "qstate_cli", "report", str(bad), "-o", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2 and out.stderr.startswith(f"error: {bad}: not a JSON results file")
+    assert "Traceback" not in out.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = runner.invoke(app, ["report", str(empty)])
+    assert r.exit_code == 2 and "no results files" in r.output
+
+
+@pytest.mark.parametrize("kind", ["kernels", "memory", "diagnose", "train", "compare", "something-else"])
+def test_sparse_documents_still_render(kind):
+    """No records, or rows with most fields missing or null, render without plots failing."""
+    sparse = [{"name": "a", "config": "a", "status": "ok", "time_ms": None, "numel": None, "state": "v",
+               "bytes_per_param": float("nan"), "stall_rate": 0.1, "stall_rate_predicted": None},
+              {"name": "b", "status": "failed", "reason": "boom", "extra": {"nested": [1]}}]
+    for records in ([], sparse):
+        d = {"schema_version": 1, "kind": kind, "env": None, "meta": {}, "records": records,
+             "series": [{"config": "a", "state": "v", "step": 1, "drift": None, "stall_rate": float("nan")}]}
+        page = parse(render_html([d]))
+        assert all(attrs["src"].startswith("data:image/png;base64,") for tag, attrs in page.tags if tag == "img")
+        assert render_markdown([d]).startswith("## qstate report")

@@ -1,0 +1,248 @@
+"""The suite runner: hooks by kind, merged documents, failed points, Ctrl-C and --resume."""
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from qstate_cli.cli import app
+from qstate_cli.errors import QstateError
+from qstate_cli.results import load
+from qstate_cli.suites import KINDS, hook_for, load_suite, register_hook
+from qstate_cli.suites.runner import run_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+SUITE = """
+name: fake
+runs:
+  - name: sweep
+    kind: kernels
+    defaults: {bits: 4}
+    axes:
+      config: [a, b]
+      numel: {start: 1024, stop: 8192, factor: 2}
+    baselines: [torch-fused]
+  - name: diag
+    kind: diagnose
+    defaults: {trace: demo}
+    axes:
+      config: [x, y]
+"""
+N_POINTS = 2 * 4 + 4 + 2
+
+
+def fake_kernels(params):
+    """Deterministic rows from the parameters, like an engine would return."""
+    name = (params["config"] or params["baseline"])[0]
+    if params.get("crash") == params["numel"]:
+        raise RuntimeError("CUDA out of memory")
+    return {"records": [{"name": name, "numel": params["numel"], "time_ms": params["numel"] / 1e5, "status": "ok"}]}
+
+
+def fake_diagnose(params):
+    rows = [{"config": params["config"], "state": s, "drift_max_abs": 0.1, "update_cosine": 0.99} for s in "mv"]
+    series = [{"config": params["config"], "state": "m", "step": t, "drift": 0.01 * t} for t in (1, 2)]
+    return {"records": rows, "series": series}
+
+
+class Counting:
+    def __init__(self, fn, interrupt_after=None):
+        self.fn, self.calls, self.interrupt_after = fn, [], interrupt_after
+
+    def __call__(self, params):
+        if self.interrupt_after is not None and len(self.calls) >= self.interrupt_after:
+            raise KeyboardInterrupt
+        self.calls.append(params)
+        return self.fn(params)
+
+
+@pytest.fixture
+def hooks():
+    kernels, diagnose = Counting(fake_kernels), Counting(fake_diagnose)
+    register_hook("kernels", kernels)
+    register_hook("diagnose", diagnose)
+    yield kernels, diagnose
+    register_hook("kernels", None)
+    register_hook("diagnose", None)
+
+
+@pytest.fixture
+def suite_file(tmp_path):
+    path = tmp_path / "fake.yaml"
+    path.write_text(textwrap.dedent(SUITE))
+    return path
+
+
+def results(out):
+    docs = {p.stem: json.loads(p.read_text()) for p in sorted(Path(out).glob("*.json"))}
+    return {k: {key: v for key, v in d.items() if key not in ("env", "meta")} for k, d in docs.items()}
+
+
+def test_run_merges_documents_per_run(hooks, suite_file, tmp_path):
+    files = run_suite(load_suite(suite_file), tmp_path / "out")
+    assert [f.name for f in files] == ["sweep.json", "diag.json"]
+    sweep, diag = (load(f) for f in files)
+    assert sweep["kind"] == "kernels" and diag["kind"] == "diagnose"
+    assert len(sweep["records"]) == 12 and len(diag["records"]) == 4 and len(diag["series"]) == 4
+    assert {r["name"] for r in sweep["records"]} == {"a", "b", "torch-fused"}
+    state = sweep["meta"]["suite"]
+    assert len(state["points"]) == len(state["done"]) == 12 and state["failed"] == []
+    assert all(r["point"] in state["points"] for r in sweep["records"])
+    assert hooks[1].calls[0] == {"trace": "demo", "config": "x"}
+
+
+def test_a_crashing_point_is_recorded_and_the_suite_goes_on(hooks, suite_file, tmp_path):
+    suite = load_suite(suite_file, ["runs.sweep.defaults.crash=4096"])
+    (sweep, _) = run_suite(suite, tmp_path / "out")
+    doc = load(sweep)
+    failed = [r for r in doc["records"] if r["status"] == "failed"]
+    assert len(failed) == 3 and all("CUDA out of memory" in r["reason"] for r in failed)
+    assert len(doc["meta"]["suite"]["failed"]) == 3 and len(doc["meta"]["suite"]["done"]) == 9
+
+
+def test_an_unknown_parameter_stops_the_run_with_the_point(hooks, suite_file, tmp_path):
+    def strict(params):
+        raise QstateError("unknown parameter 'bits'")
+
+    register_hook("kernels", strict)
+    with pytest.raises(QstateError, match=r"run 'sweep', point config=a numel=1024: unknown parameter 'bits'"):
+        run_suite(load_suite(suite_file), tmp_path / "out")
+
+
+def test_a_missing_engine_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(KINDS, "train", dataclasses.replace(KINDS["train"], hook="qstate_cli.no_such_engine:train_point"))
+    with pytest.raises(QstateError, match=r"suite kind 'train' needs qstate_cli.no_such_engine.train_point, which "
+                                          r"this build does not have"):
+        hook_for("train")
+
+
+def test_interrupt_then_resume_equals_an_uninterrupted_run(hooks, suite_file, tmp_path):
+    run_suite(load_suite(suite_file), tmp_path / "full")
+    kernels, diagnose = hooks
+    register_hook("kernels", Counting(fake_kernels, interrupt_after=5))
+    r = runner.invoke(app, ["run", str(suite_file), "--out", str(tmp_path / "cut"), "--no-report"])
+    assert r.exit_code == 130 and "--resume" in r.stderr
+    kept = load(tmp_path / "cut" / "sweep.json")
+    assert len(kept["meta"]["suite"]["done"]) == 5 and len(kept["records"]) == 5
+    rest = Counting(fake_kernels)
+    register_hook("kernels", rest)
+    diagnose.calls.clear()
+    r = runner.invoke(app, ["run", str(suite_file), "--out", str(tmp_path / "cut"), "--resume", "--no-report"])
+    assert r.exit_code == 0, r.output
+    assert len(rest.calls) == 12 - 5 and len(diagnose.calls) == 2
+    assert results(tmp_path / "cut") == results(tmp_path / "full")
+
+
+def test_resume_retries_failed_points(hooks, suite_file, tmp_path):
+    run_suite(load_suite(suite_file), tmp_path / "full")
+    flaky = {"n": 0}
+
+    def once_broken(params):
+        flaky["n"] += 1
+        if flaky["n"] == 2:
+            raise RuntimeError("transient")
+        return fake_kernels(params)
+
+    register_hook("kernels", once_broken)
+    run_suite(load_suite(suite_file), tmp_path / "out")
+    assert len(load(tmp_path / "out" / "sweep.json")["meta"]["suite"]["failed"]) == 1
+    run_suite(load_suite(suite_file), tmp_path / "out", resume=True)
+    assert flaky["n"] == 13
+    assert results(tmp_path / "out") == results(tmp_path / "full")
+
+
+def test_resume_refuses_results_of_another_suite(hooks, suite_file, tmp_path):
+    run_suite(load_suite(suite_file), tmp_path / "out")
+    with pytest.raises(QstateError, match="finished points are not in this suite"):
+        run_suite(load_suite(suite_file, ["bits=8"]), tmp_path / "out", resume=True)
+
+
+def test_run_command_prints_a_summary_and_writes_a_report(hooks, suite_file, tmp_path):
+    r = runner.invoke(app, ["run", str(suite_file), "--out", str(tmp_path / "out")], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "sweep" in r.stdout and "diag" in r.stdout
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "qstate suite fake" in html and "<img" in html
+    assert (tmp_path / "out" / "report.md").read_text().startswith("## qstate suite fake")
+
+
+CHILD = """
+import sys, time
+from qstate_cli.suites import register_hook
+def slow(params):
+    time.sleep(0.15)
+    return {"records": [{"name": (params["config"] or params["baseline"])[0], "numel": params["numel"]}]}
+register_hook("kernels", slow)
+register_hook("diagnose", lambda p: {"records": [{"config": p["config"], "state": "m"}]})
+from qstate_cli.cli import main
+sys.argv = ["qstate"] + sys.argv[1:]
+main()
+"""
+
+
+def test_ctrl_c_in_a_real_process_keeps_finished_points(suite_file, tmp_path):
+    out = tmp_path / "out"
+    args = [sys.executable, "-c", CHILD, "run", str(suite_file), "--out", str(out), "--no-report"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if len(json.loads((out / "sweep.json").read_text())["meta"]["suite"]["done"]) >= 3:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "--resume" in err
+    done = load(out / "sweep.json")["meta"]["suite"]["done"]
+    assert 3 <= len(done) < 12
+    register_hook("kernels", fake_kernels)
+    register_hook("diagnose", fake_diagnose)
+    try:
+        run_suite(load_suite(suite_file), out, resume=True)
+    finally:
+        register_hook("kernels", None)
+        register_hook("diagnose", None)
+    doc = load(out / "sweep.json")
+    assert len(doc["records"]) == 12 and doc["meta"]["suite"]["done"][:len(done)] == done
+
+
+NO_PYDANTIC = """
+import sys
+sys.modules["pydantic"] = None  # as on the GPU machine: importing pydantic fails
+from qstate_cli.cli import app
+from qstate_cli.compare import compare_paths
+from qstate_cli.report import render_html
+from qstate_cli.suites import SuiteError, load_suite
+data = "tests/data/results/compare/"
+verdict = compare_paths(data + "baseline", data + "new")
+html = render_html([verdict.document()])
+suite = load_suite("suites/quick.yaml")
+print(suite.notes[0])
+try:
+    load_suite(sys.argv[1])
+except SuiteError as exc:
+    print(exc.issues[0])
+"""
+
+
+def test_runs_reports_and_compares_without_pydantic(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: kernels\ncolour: red\n")
+    out = subprocess.run([sys.executable, "-c", NO_PYDANTIC, str(bad)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["pydantic is not installed: the suite had a basic check only",
+                                       f"{bad}:2: colour: unknown key"]
