@@ -33,8 +33,11 @@ def diagnose(
     fmt: List[str] = typer.Option([], "--format", "-f", help="With --theory: float formats (default bf16, e4m3, e2m2)."),
     beta2: float = typer.Option(0.999, "--beta2", help="With --theory: the second-moment beta."),
 ):
-    """Replay a gradient trace through quantized optimizer states: drift, variance, stalling,
-    staleness, update fidelity, the staleness model beside what was observed, reset advice."""
+    """Replay a gradient trace through quantized optimizer states.
+
+    Measures drift, error variance, stalling, staleness and update fidelity per
+    configuration and state, with the staleness model's prediction beside what was
+    observed, and recommends a reset period."""
     from .. import diagnose as engine
 
     if theory:

@@ -40,7 +40,12 @@ def diagnose_point(params: dict) -> dict:
     configs = select_configs([str(c) for c in _as_list(params.get("config"))], bits,
                              [str(r) for r in _as_list(params.get("rounding"))], params.get("block_size"))
     reset = params.get("reset", "none")
-    doc, _ = diagnose(params["trace"], configs, reset="none" if reset is None else reset,
+    trace = params["trace"]
+    if str(trace) == "demo":  # in a suite, always the built-in demo trace (docs/results.md)
+        from ..trace.demo import cached_demo
+
+        trace = cached_demo()
+    doc, _ = diagnose(trace, configs, reset="none" if reset is None else reset,
                       steps_limit=params.get("steps_limit"), device=params.get("device") or "auto")
     out = {k: v for k, v in doc.items() if k not in ("schema_version", "kind", "env")}
     return out
