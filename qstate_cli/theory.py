@@ -72,9 +72,14 @@ def buildup_level(t, beta: float):
 
 
 def fraction_bits_of(spec) -> int | None:
-    """p for float formats; None where the model does not apply (int/DE/fp32)."""
+    """p for float formats; None where the model does not apply (int/DE/fp32).
+
+    A v stored as sqrt(v) (spec `:sqrt`) moves, relative to itself, half as much per
+    update (d sqrt(v) / sqrt(v) = dv / 2v), so it stalls like one fraction bit fewer: p - 1."""
     fmt = getattr(spec, "fmt", spec)
-    return fmt.man_bits if getattr(fmt, "kind", None) == "float" else None
+    if getattr(fmt, "kind", None) != "float":
+        return None
+    return fmt.man_bits - (1 if getattr(spec, "sqrt", False) else 0)
 
 
 def stall_probability(spec, beta: float, c=1.0):

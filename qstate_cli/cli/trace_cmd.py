@@ -1,0 +1,53 @@
+"""`qstate trace demo` and `qstate trace info`: thin wrappers over qstate_cli.trace."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from . import new_group, output
+
+trace_app = new_group("trace", "Gradient traces: record a demo trace, summarize a trace.")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(trace_app, name="trace")
+
+
+@trace_app.command("demo")
+def demo(
+    out: Path = typer.Option(Path("trace.pt"), "--output", "-o", help="Where to write the trace."),
+    steps: int = typer.Option(2000, "--steps", help="Training steps to run and record (~40-60 steps/s on one CPU core)."),
+    model: str = typer.Option("tiny-lm", "--model", help="Built-in model: tiny-lm or small-lm."),
+    blocks_per_tensor: int = typer.Option(1, "--blocks-per-tensor", help="2048-element blocks recorded per tensor."),
+    grad_dtype: str = typer.Option("bf16", "--grad-dtype", help="Recorded gradient precision: bf16 or fp32."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the model, the data order and the block sampling."),
+):
+    """Train a tiny byte-level LM on Python's own help text (CPU) and record its gradients."""
+    from ..errors import QstateError
+    from ..trace.demo import DemoSettings, run_demo
+
+    if steps < 1:
+        raise QstateError(f"--steps {steps}: must be >= 1")
+    settings = DemoSettings(steps=steps, model=model, blocks_per_tensor=blocks_per_tensor,
+                            grad_dtype=grad_dtype, seed=seed)
+    summary = run_demo(out, settings, log=output.stderr.print)
+    output.stdout.print(output.table(f"wrote {out}", [summary]))
+    output.stderr.print(f"next: qstate diagnose {out}")
+
+
+@trace_app.command("info")
+def info(
+    trace: Path = typer.Argument(..., help="Trace file or directory of shards."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary and tensor rows as JSON."),
+):
+    """Summarize a trace: optimizer, steps, tensors, recorded blocks, gradient RMS, NaN/Inf."""
+    from ..trace import load_trace
+    from ..trace.demo import info as trace_info
+
+    summary, rows = trace_info(load_trace(trace))
+    if as_json:
+        output.print_json({"summary": summary, "tensors": rows})
+        return
+    output.stdout.print(output.table(f"trace {trace}", [{"field": k, "value": v} for k, v in summary.items()]))
+    output.stdout.print(output.table("tensors", rows, formats={"grad_rms": ".3e"}))

@@ -1,0 +1,120 @@
+"""The replay's flat layout: every recorded element of every tensor in one fp32 vector.
+
+Each tensor's recorded blocks are concatenated into a *segment*; a segment's length is
+padded with zeros to a multiple of `unit` (the largest block size the replayed
+configurations use, a power of two dividing the trace's 2048-element blocks), so each
+quantization block of the layout holds exactly the elements of one block of the full
+tensor. One `encode` call then quantizes all tensors at once, block for block as the
+reference optimizer would. Padding elements are held at zero (a zero never changes a
+block's absmax), and counted nowhere.
+
+Random streams (LayoutStream): the reference draws stochastic-rounding bits from counter
+= flat element index, and BReD dithers from counter = block index, in stream
+(seed, tensor id, state id, step). `quant.encode` hashes counter c = 0, 1, ... of the
+layout as hash32(hash32(c ^ k1) ^ k2). Handing it, per position, the key
+k1' = k1[tensor] ^ c ^ c_orig makes c ^ k1' = k1[tensor] ^ c_orig: exactly the bits the
+reference draws for that element or block of that tensor. So a replay of a fully
+recorded trace stores the same codes as the optimizer did, bit for bit (tested).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import QstateError
+from ..quant import hash as qhash
+from ..trace.schema import BLOCK, Trace
+
+
+class Layout:
+    def __init__(self, trace: Trace, unit: int, device):
+        if unit < 1 or BLOCK % unit:
+            raise QstateError(f"block size {unit} does not divide the trace's {BLOCK}-element blocks; "
+                              f"use a power of two from 32 to {BLOCK}")
+        self.trace, self.unit, self.device = trace, unit, torch.device(device)
+        self.offsets, self.lengths = [], []
+        n = 0
+        for t in trace.tensors:
+            self.offsets.append(n)
+            self.lengths.append(t.n_recorded)
+            n += -(-t.n_recorded // unit) * unit
+        self.n = n
+        self.n_units = n // unit
+        self.n_valid = sum(self.lengths)
+        seg = torch.empty(self.n_units, dtype=torch.int64)
+        orig = torch.zeros(n, dtype=torch.int64)
+        valid = torch.zeros(n, dtype=torch.bool)
+        for i, t in enumerate(trace.tensors):
+            o, ln = self.offsets[i], self.lengths[i]
+            seg[o // unit: (o + -(-ln // unit) * unit) // unit] = i
+            orig[o: o + ln] = t.element_index()
+            valid[o: o + ln] = True
+        self.unit_tensor = seg.to(self.device)  # tensor index of every unit block
+        self.element_index = orig  # flat index in its tensor of every layout position (host)
+        self.valid = valid.to(self.device) if self.n_valid < n else None  # None: no padding
+        self.tensor_ids = [t.index for t in trace.tensors]
+        self.n_tensors = len(trace.tensors)
+        self._buf = torch.zeros(n, dtype=torch.float32, device=self.device)
+        self.grads = [t.grads for t in trace.tensors]
+        if self.device.type == "cuda" and _fits_on_device(self.grads, self.device):
+            self.grads = [g.to(self.device) for g in self.grads]  # one upload; per-step gathers stay on the GPU
+        self._streams: dict[tuple, LayoutStream] = {}
+
+    def gradients(self, row: int) -> torch.Tensor:
+        """The gradient of every layout position at trace row `row` (fp32, a fresh tensor)."""
+        buf = torch.zeros_like(self._buf) if self.valid is not None else torch.empty_like(self._buf)
+        for g, o, ln in zip(self.grads, self.offsets, self.lengths):
+            buf[o: o + ln].copy_(g[row], non_blocking=True)
+        return buf
+
+    def per_tensor(self, unit_sums: torch.Tensor) -> torch.Tensor:
+        """Sum per-unit values [..., n_units] into per-tensor values [..., n_tensors]."""
+        out = torch.zeros(*unit_sums.shape[:-1], self.n_tensors, dtype=unit_sums.dtype, device=unit_sums.device)
+        return out.index_add_(-1, self.unit_tensor, unit_sums)
+
+    def stream(self, seed: int, state_id: int, counter: str, block: int) -> "LayoutStream":
+        """The (shared, cached) stream of one state for one counter layout."""
+        key = (seed, state_id, counter, block)
+        if key not in self._streams:
+            self._streams[key] = LayoutStream(self, seed, state_id, counter, block)
+        return self._streams[key]
+
+
+def _fits_on_device(grads, device, fraction: float = 0.25) -> bool:
+    """Whether the recorded gradients take under `fraction` of the device's free memory."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return sum(g.numel() * g.element_size() for g in grads) < fraction * free
+
+
+class LayoutStream:
+    """A `quant.Stream` stand-in whose keys are per counter position (see module docstring).
+
+    counter = "element" (stochastic rounding) or "block" (BReD, blocks of `block`)."""
+
+    def __init__(self, layout: Layout, seed: int, state_id: int, counter: str, block: int):
+        self.seed, self.state_id, self.layout = seed, state_id, layout
+        idx = layout.element_index
+        if counter == "element":
+            pos = torch.arange(layout.n, dtype=torch.int64)
+            orig, owner = idx, layout.unit_tensor.cpu().repeat_interleave(layout.unit)
+        else:
+            pos = torch.arange(layout.n // block, dtype=torch.int64)
+            orig = idx[::block] // block
+            owner = layout.unit_tensor.cpu().repeat_interleave(layout.unit // block)
+        self.fold = (pos ^ orig).to(layout.device)
+        self.owner = owner.to(layout.device)
+        # hash.stream_keys, split: the per-(seed, tensor, state) part once, the step part per step
+        base = [qhash.hash32(qhash.hash32(qhash.hash32(seed & qhash.MASK32) ^ (tid & qhash.MASK32)) ^ state_id)
+                for tid in layout.tensor_ids]
+        self.base = torch.tensor(base, dtype=torch.int64)
+        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def keys(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k1', k2') per counter position for `step` (cached for the last two steps)."""
+        if step not in self._cache:
+            k1 = qhash.hash32(self.base ^ (int(step) & qhash.MASK32))  # = stream_keys(...)[0] per tensor
+            k2 = qhash.hash32(k1 ^ qhash.GOLDEN)
+            k1, k2 = k1.to(self.layout.device), k2.to(self.layout.device)
+            if len(self._cache) >= 2:
+                self._cache.pop(min(self._cache))
+            self._cache[step] = (k1[self.owner] ^ self.fold, k2[self.owner])
+        return self._cache[step]

@@ -1,0 +1,260 @@
+"""The replay engine: a trace's gradients through an fp32 shadow and every configuration.
+
+Per step (one pass over the trace, all configurations together):
+
+    g      = recorded gradients of every tensor, in the flat layout (layout.py);
+             NaN/Inf elements counted and set to 0 (the optimizers' policy)
+    shadow : fp32 states, one set per reset schedule:  u_ref, s = rule(g, s_prev)
+    config : u, x = rule(g, x_hat_prev)         (optim.rules via recursions.py)
+             x_hat = decode(encode(x))           (quant.QuantizedState, step-keyed streams)
+             statistics of x_hat vs s and of u vs u_ref (stats.py)
+
+exactly as the reference optimizer does it (quantized states read back as zeros until
+written; a reset puts them back to that; a BReD v read back below 0 is clamped to 0),
+except that every recorded tensor is quantized (the optimizers keep tensors under
+`min_quant_numel` in fp32). Cost per configuration and step: about 2 x (encode + decode
++ ~15 elementwise passes) over the recorded elements; the fp32 shadow and the gradient
+gather are shared by all configurations.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..errors import QstateError
+from ..optim.reset import ResetPolicy
+from ..quant import QuantizedState, Stream
+from ..quant.config import StateConfig
+from ..theory import reset_period as theory_reset_period
+from ..trace.schema import Trace
+from .layout import Layout
+from .recursions import Recursion, recursion_for
+from .stats import StateStats, UpdateStats, unit_sums
+
+STATE_IDS = {"m": 0, "v": 1}  # as the reference optimizers key their streams
+
+
+@dataclass
+class ReplayOptions:
+    configs: list  # of StateConfig
+    reset: str = "none"  # none | N | auto
+    steps_limit: int | None = None
+    device: str = "auto"
+    snapshots: int = 32  # staleness / dimension snapshots over the replay
+    keep_states: bool = False  # return the final stored states (tests)
+    profile: bool = False  # synchronize around phases (CUDA) so the timings are exact
+
+
+@dataclass
+class _Shadow:
+    """fp32 states under one reset schedule (period None: never reset)."""
+
+    period: int | None
+    x: dict
+    since: int = 0
+    reset_now: bool = False
+    x2_units: dict = field(default_factory=dict)
+    update: torch.Tensor | None = None
+    ref2_units: torch.Tensor | None = None
+
+
+@dataclass
+class _ConfigReplay:
+    cfg: StateConfig
+    period: int | None
+    period_reason: str
+    states: dict  # name -> QuantizedState
+    x_hat: dict
+    stats: dict  # name -> StateStats
+    update: UpdateStats
+    clamp: dict  # name -> bool (a BReD v read back below 0 is clamped)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise QstateError("--device cuda: no CUDA device is available here")
+    return dev
+
+
+def reset_schedule(reset, cfg: StateConfig, rec: Recursion) -> tuple[int | None, str]:
+    """The reset period a configuration's replay applies, and why."""
+    policy = ResetPolicy.parse(reset)
+    if not policy.auto:
+        return policy.period, "none" if policy.period is None else f"every {policy.period} steps (--reset)"
+    state = rec.slowest_state
+    period = theory_reset_period(cfg.spec(state), rec.betas[state])
+    why = (f"auto: staleness model for {cfg.spec(state)} at beta={rec.betas[state]}"
+           if period else f"auto: no staleness model predicts stalling for {cfg.spec(state)}: no reset")
+    return period, why
+
+
+SMALL_LAYOUT = 1 << 20  # elements: below it, one CPU thread is faster (see _cpu_threads)
+
+
+@contextmanager
+def _cpu_threads(device: torch.device, n: int):
+    """Replay a small layout on one CPU thread: each op is then tens of microseconds, and
+    intra-op parallelism only adds a fork/join barrier per op (on a busy 2-core machine a
+    barrier waiting for a descheduled thread costs milliseconds)."""
+    before = torch.get_num_threads()
+    if device.type == "cpu" and n < SMALL_LAYOUT and before > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def replay(trace: Trace, opts: ReplayOptions, progress: Callable[[int, int], None] | None = None) -> dict:
+    """Run the replay; returns host-side raw results (summary.py turns them into rows)."""
+    device = resolve_device(opts.device)
+    with _cpu_threads(device, trace.recorded_elements):
+        return _replay(trace, opts, device, progress)
+
+
+def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -> dict:
+    if not opts.configs:
+        raise QstateError("no configurations to replay")
+    rec = recursion_for(trace.optimizer, trace.hparams)
+    n_steps = min(trace.n_steps, opts.steps_limit or trace.n_steps)
+    blocks = [spec.dither_block for cfg in opts.configs for spec in (cfg.m, cfg.v) if spec.fmt.kind != "identity"]
+    unit = max(blocks, default=128)
+    if any(unit % b for b in blocks):
+        raise QstateError(f"block sizes {sorted(set(blocks))} do not all divide {unit}: the replay needs "
+                          f"power-of-two block sizes (32..2048)")
+    layout = Layout(trace, unit, device)
+    sign = -1.0 if rec.hparams.get("maximize") else 1.0
+    if sign < 0:
+        rec.notes.append("maximize: gradients negated, as the optimizer does")
+    configs, shadows = _setup(trace, opts, rec, layout, n_steps)
+    timer = _Timer(device, opts.profile)
+    invalid = ~layout.valid if layout.valid is not None else None
+    nonfinite = torch.zeros(layout.n_units, dtype=torch.float64, device=device)
+    t_start, cpu_start = time.perf_counter(), time.process_time()
+    for i in range(n_steps):
+        with timer("gather"):
+            g = layout.gradients(i)
+            bad = ~torch.isfinite(g)
+            nonfinite += unit_sums(bad, unit)
+            g.masked_fill_(bad, 0.0)  # the optimizers' policy: count, then treat as 0
+            if sign < 0:
+                g.neg_()
+        with timer("shadow"):
+            for sh in shadows.values():
+                _step_shadow(sh, rec, g, layout)
+        for c in configs:
+            with timer(str(c.cfg)):
+                _step_config(c, shadows[c.period], rec, g, i, trace.step_start + i, invalid, layout)
+        if progress is not None:
+            progress(i + 1, n_steps)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
+    out = {
+        "trace": trace, "recursion": rec, "layout": layout, "n_steps": n_steps, "device": str(device),
+        "wall_s": wall, "cpu_s": cpu, "threads": torch.get_num_threads(), "timings_s": timer.totals,
+        "timings_synchronized": timer.sync or device.type != "cuda",
+        "nonfinite_units": nonfinite.cpu().numpy(),
+        "configs": [{"cfg": c.cfg, "period": c.period, "period_reason": c.period_reason,
+                     "states": {s: c.stats[s].collect() for s in rec.states},
+                     "update": c.update.collect()} for c in configs],
+    }
+    if opts.keep_states:
+        out["final_states"] = {str(c.cfg): {s: _split(layout, c.x_hat[s]) for s in rec.states} for c in configs}
+    return out
+
+
+def _setup(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout, n_steps: int):
+    """One _ConfigReplay per configuration, one _Shadow per distinct reset period."""
+    def zeros():
+        return torch.zeros(layout.n, dtype=torch.float32, device=layout.device)
+
+    snap_every = max(1, n_steps // max(1, opts.snapshots))
+    configs, shadows = [], {}
+    for cfg in opts.configs:
+        period, why = reset_schedule(opts.reset, cfg, rec)
+        shadows.setdefault(period, _Shadow(period, {s: zeros() for s in rec.states}))
+        qs, stats, clamp = {}, {}, {}
+        for s in rec.states:
+            spec = cfg.spec(s)
+            stream = _stream(layout, spec, int(trace.seed), STATE_IDS[s])
+            qs[s] = QuantizedState(spec, (layout.n,), stream, device=layout.device)
+            stats[s] = StateStats(layout, spec, n_steps, snap_every)
+            clamp[s] = s == "v" and spec.rounding == "bred" and not spec.sqrt
+        configs.append(_ConfigReplay(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
+                                     UpdateStats(layout, n_steps), clamp))
+    return configs, shadows
+
+
+def _step_shadow(sh: _Shadow, rec: Recursion, g: torch.Tensor, layout: Layout) -> None:
+    """fp32 states: reset when the schedule says so, then one step of the rule."""
+    sh.reset_now = sh.period is not None and sh.since >= sh.period
+    if sh.reset_now:
+        sh.x = {s: torch.zeros_like(x) for s, x in sh.x.items()}
+        sh.since = 0
+    first = {s: sh.since == 0 for s in rec.states}
+    sh.since += 1
+    sh.update, sh.x = rec.step(g, sh.x, sh.since, first)
+    sh.x2_units = {s: unit_sums(sh.x[s] * sh.x[s], layout.unit) for s in rec.states}
+    sh.ref2_units = unit_sums(sh.update * sh.update, layout.unit)
+
+
+def _step_config(c: _ConfigReplay, sh: _Shadow, rec: Recursion, g: torch.Tensor, i: int, step: int,
+                 invalid, layout: Layout) -> None:
+    """One optimizer step of a quantized configuration, as QuantizedOptimizer._step_param
+    does it, then its statistics against the shadow."""
+    if sh.reset_now:
+        for s, q in c.states.items():
+            c.stats[s].on_reset(i, c.x_hat[s])
+            q.reset()
+            c.x_hat[s] = torch.zeros_like(c.x_hat[s])
+    first = {s: q.written == 0 for s, q in c.states.items()}
+    u, new = rec.step(g, c.x_hat, sh.since, first)
+    for s, q in c.states.items():
+        q.encode(new[s], step)
+        x_hat = q.decode()
+        if c.clamp[s]:
+            x_hat = x_hat.clamp(min=0.0)  # a dithered v read back below 0 (base.py)
+        if invalid is not None:
+            x_hat.masked_fill_(invalid, 0.0)  # padding stays 0
+        c.stats[s].observe(i, new[s], c.x_hat[s], x_hat, sh.x[s], sh.x2_units[s], q.codes)
+        c.x_hat[s] = x_hat
+    c.update.observe(i, u, sh.update, sh.ref2_units)
+
+
+def _stream(layout: Layout, spec, seed: int, state_id: int):
+    if spec.rounding == "stochastic":
+        return layout.stream(seed, state_id, "element", 1)
+    if spec.rounding == "bred":
+        return layout.stream(seed, state_id, "block", spec.dither_block)
+    return Stream(seed, 0, state_id)  # nearest draws no random bits
+
+
+def _split(layout: Layout, x: torch.Tensor) -> list[torch.Tensor]:
+    return [x[o: o + ln].cpu() for o, ln in zip(layout.offsets, layout.lengths)]
+
+
+class _Timer:
+    """Wall time per phase; on CUDA with profile=True, synchronized so each phase is exact."""
+
+    def __init__(self, device: torch.device, sync: bool):
+        self.totals: dict[str, float] = {}
+        self.sync = sync and device.type == "cuda"
+        self.device = device
+
+    @contextmanager
+    def __call__(self, name: str):
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        yield
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0

@@ -1,0 +1,149 @@
+"""Statistics of one replayed state against its fp32 shadow, accumulated on the device.
+
+Per step t, over the N recorded elements (padding excluded), with stored value x_hat_t,
+the fp32 value before rounding x_t, the previous stored value x_hat_{t-1} and the fp32
+shadow s_t (same gradients, fp32 states), E_t = x_hat_t - s_t:
+
+    drift_t          = mean(E_t) / rms(s_t)                     (signed, dimensionless)
+    rel_rms_error_t  = rms(E_t) / rms(s_t)
+    error_var_t      = var(E_t) / ms(s_t) = rel_rms_error_t^2 - drift_t^2
+    stall_rate_t     = #(x_t != x_hat_{t-1} and x_hat_t == x_hat_{t-1}) / #(x_t != x_hat_{t-1})
+    staleness        = t - (last step the stored value changed), sampled at snapshot steps
+    per code         = elements x steps with a non-zero nominal update, and stalls, per
+                       stored code (8 bits or fewer) or per binade (16-bit floats)
+    dimension        = RMS over chunks of |sum of d errors| (each error over its tensor's
+                       shadow RMS) at d = 1, 2, 4, ..., N/4; log-log slope ~1 for a
+                       coherent bias (d b), ~0.5 for independent noise (sqrt(d) s); the
+                       record's slope is fitted over d >= the dither block (summary.py)
+
+Update fidelity (UpdateStats): cosine and |u - u_ref| / |u_ref| between the update
+direction of the quantized configuration and of the fp32 shadow, per step.
+
+Everything is reduced per `unit` block first (one pass per quantity), then to per-step
+scalars and per-unit sums over time (per-tensor statistics); all of it stays on the
+device until `collect()`, so the CUDA replay never waits on the host.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..quant.config import StateSpec
+from ..quant.packing import unpack
+from .layout import Layout
+
+S_ERR, S_ERR2, S_STALL, S_NOMINAL, S_SHADOW2 = range(5)
+
+
+def unit_sums(x: torch.Tensor, unit: int) -> torch.Tensor:
+    return x.view(-1, unit).sum(1, dtype=torch.float32)
+
+
+class StateStats:
+    def __init__(self, layout: Layout, spec: StateSpec, n_steps: int, snapshot_every: int):
+        dev, self.layout, self.spec = layout.device, layout, spec
+        self.n_steps = n_steps
+        self.series = torch.zeros(5, n_steps, dtype=torch.float64, device=dev)  # rows: S_*
+        self.units = torch.zeros(5, layout.n_units, dtype=torch.float64, device=dev)  # summed over steps
+        self.last_change = torch.zeros(layout.n, dtype=torch.int32, device=dev)
+        self.staleness = torch.zeros(n_steps + 2, dtype=torch.int64, device=dev)
+        self.snapshot_every = snapshot_every
+        self.code_mode = _code_mode(spec)
+        self.n_codes = {"code": 2 ** spec.fmt.bits, "binade": 2 ** spec.fmt.exp_bits}.get(self.code_mode, 0)
+        self.codes = torch.zeros(3 * max(self.n_codes, 1), dtype=torch.int64, device=dev)
+        self.dims = [2 ** k for k in range(int(math.log2(max(1, layout.n // 4))) + 1)]
+        self.dim_ms = torch.zeros(len(self.dims), dtype=torch.float64, device=dev)
+        self.n_snapshots = 0
+        self._ones = torch.ones(layout.n, dtype=torch.int64, device=dev)
+
+    def observe(self, i: int, x: torch.Tensor, prev: torch.Tensor, new: torch.Tensor,
+                shadow: torch.Tensor, shadow_x2_units: torch.Tensor, storage: torch.Tensor | None) -> None:
+        """Record replay step t = i + 1: nominal x, stored before (prev) and after (new), shadow."""
+        unit, step = self.layout.unit, i + 1
+        err = new - shadow
+        changed = new != prev
+        nominal = x != prev
+        stall = nominal > changed  # nominal and not changed
+        u = torch.stack([unit_sums(err, unit), unit_sums(err * err, unit),
+                         unit_sums(stall, unit), unit_sums(nominal, unit), shadow_x2_units])
+        self.units += u
+        self.series[:, i] = u.sum(1, dtype=torch.float64)
+        self.last_change.masked_fill_(changed, step)
+        if self.n_codes and storage is not None:
+            self._count_codes(storage, nominal, stall)
+        if (i + 1) % self.snapshot_every == 0 or i + 1 == self.n_steps:
+            self._snapshot(step, err, shadow_x2_units)
+
+    def on_reset(self, i: int, stored_before: torch.Tensor) -> None:
+        """A reset before replay step t = i + 1 sets every stored value to 0: those that were
+        not 0 changed at step t."""
+        self.last_change.masked_fill_(stored_before != 0, i + 1)
+
+    def _count_codes(self, storage: torch.Tensor, nominal: torch.Tensor, stall: torch.Tensor) -> None:
+        fmt = self.spec.fmt
+        code = unpack(storage, fmt.bits, self.layout.n) if fmt.bits <= 8 else storage.to(torch.int32) & 0xFFFF
+        if self.code_mode == "binade":
+            code = (code >> fmt.man_bits) & (self.n_codes - 1)
+        # 0: no nominal update, 1: updated and changed, 2: stalled  (padding: always 0)
+        idx = (code * 3 + nominal.to(torch.int32) + stall.to(torch.int32)).long()
+        self.codes.scatter_add_(0, idx, self._ones)  # a bincount that never waits on the host
+
+    def _snapshot(self, step: int, err: torch.Tensor, shadow_x2_units: torch.Tensor) -> None:
+        lay = self.layout
+        stale = (step - self.last_change).to(torch.int64) + 1
+        if lay.valid is not None:
+            stale = torch.where(lay.valid, stale, 0)
+        self.staleness.scatter_add_(0, stale.clamp_(max=self.staleness.numel() - 1), self._ones)
+        n_el = torch.tensor(lay.lengths, dtype=torch.float64, device=err.device)
+        rms = (lay.per_tensor(shadow_x2_units.double()) / n_el).sqrt()[lay.unit_tensor]
+        rms = torch.where(rms > 0, rms, 1.0)
+        e = (err.view(-1, lay.unit).double() / rms[:, None]).reshape(-1)
+        for j, _ in enumerate(self.dims):  # chunk sums of d = 1, 2, 4, ...: pairwise from the last
+            self.dim_ms[j] += (e * e).mean()
+            e = e[: e.numel() // 2 * 2].view(-1, 2).sum(1)
+        self.n_snapshots += 1
+
+    def collect(self) -> dict:
+        """Host-side numbers: per-step arrays, staleness histogram, per-code and per-unit sums."""
+        n = self.layout.n_valid
+        ser = self.series.cpu().numpy()
+        stale = self.staleness.cpu().numpy()[1:]  # bin 0 held padding
+        return {"err_sum": ser[S_ERR], "err2_sum": ser[S_ERR2], "stalls": ser[S_STALL],
+                "nominal": ser[S_NOMINAL], "shadow2_sum": ser[S_SHADOW2], "n": n, "staleness_counts": stale,
+                "codes": self.codes.cpu().numpy().reshape(-1, 3) if self.n_codes else None,
+                "code_mode": self.code_mode, "units": self.units.cpu().numpy(),
+                "dims": list(self.dims), "dim_ms": (self.dim_ms / max(1, self.n_snapshots)).cpu().numpy()}
+
+
+def _code_mode(spec: StateSpec) -> str | None:
+    if spec.fmt.kind == "identity":
+        return None
+    if spec.fmt.bits <= 8:
+        return "code"
+    return "binade" if spec.fmt.kind == "float" else None
+
+
+class UpdateStats:
+    """Update fidelity of one configuration against the fp32 shadow's update."""
+
+    def __init__(self, layout: Layout, n_steps: int):
+        dev = layout.device
+        self.layout = layout
+        self.series = torch.zeros(4, n_steps, dtype=torch.float64, device=dev)  # dot, |u|^2, |u-r|^2, |r|^2
+        self.units = torch.zeros(4, layout.n_units, dtype=torch.float64, device=dev)
+
+    def observe(self, i: int, u: torch.Tensor, ref: torch.Tensor, ref2_units: torch.Tensor) -> None:
+        unit = self.layout.unit
+        d = u - ref
+        s = torch.stack([unit_sums(u * ref, unit), unit_sums(u * u, unit), unit_sums(d * d, unit), ref2_units])
+        self.units += s
+        self.series[:, i] = s.sum(1, dtype=torch.float64)
+
+    def collect(self) -> dict:
+        ser = self.series.cpu().numpy()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cos = ser[0] / np.sqrt(ser[1] * ser[3])
+            rel = np.sqrt(ser[2] / ser[3])
+        return {"cosine": cos, "rel_error": rel, "units": self.units.cpu().numpy()}

@@ -1,0 +1,57 @@
+"""Terminal views of a diagnose document: the ranked summary and the profile."""
+from __future__ import annotations
+
+
+def summary_rows(doc: dict) -> list[dict]:
+    """One row per configuration (records are per configuration and state), by rank."""
+    by_cfg: dict[str, dict] = {}
+    for r in doc["records"]:
+        row = by_cfg.setdefault(r["config"], {
+            "rank": r["rank"], "config": r["config"], "bytes_per_param": r["bytes_per_param"],
+            "update_cosine": r["update_cosine"], "update_rel_error": r["update_rel_error"],
+            "reset_period": r["reset_period"], "reset_reason": r["reset_reason"]})
+        s = r["state"]
+        row[f"drift_{s}"] = r["drift_mean"]
+        row[f"rel_rms_{s}"] = r["rel_rms_error"]
+        row[f"stall_{s}"] = r["stall_rate"]
+        if r["stall_rate_predicted"] is not None:
+            row[f"pred_{s}"] = r["stall_rate_predicted"]
+        row[f"stale90_{s}"] = r["staleness_p90"]
+        row[f"slope_{s}"] = r["dim_slope"]
+    return sorted(by_cfg.values(), key=lambda r: r["rank"])
+
+
+def summary_columns(rows: list[dict]):
+    states = [s for s in ("m", "v") if any(f"drift_{s}" in r for r in rows)]
+    cols = ["rank", "config", "bytes_per_param", "update_cosine", "update_rel_error"]
+    for s in states:
+        cols += [f"drift_{s}", f"rel_rms_{s}", f"stall_{s}"]
+        if any(f"pred_{s}" in r for r in rows):
+            cols.append(f"pred_{s}")
+        if s == states[-1]:  # the slowest state: where staleness and dimension scaling tell most
+            cols += [f"stale90_{s}", f"slope_{s}"]
+    cols.append("reset_period")
+    pct = lambda v: f"{v:.1%}"
+    fmts = {"bytes_per_param": ".4f", "update_cosine": ".4f", "update_rel_error": ".3g"}
+    heads = {"bytes_per_param": "B/param", "update_cosine": "upd cos", "update_rel_error": "upd err",
+             "reset_period": "reset"}
+    for s in states:
+        fmts.update({f"drift_{s}": "+.2e", f"rel_rms_{s}": ".3g", f"stall_{s}": pct, f"pred_{s}": pct,
+                     f"slope_{s}": ".2f"})
+        heads.update({f"drift_{s}": f"drift {s}", f"rel_rms_{s}": f"rms err {s}", f"stall_{s}": f"stall {s}",
+                      f"pred_{s}": f"pred {s}", f"stale90_{s}": f"stale p90 {s}", f"slope_{s}": f"d-slope {s}"})
+    return cols, fmts, heads
+
+
+def profile_rows(prof: dict) -> tuple[list[dict], str]:
+    """Per phase: seconds and element-steps per second (recorded elements x steps / s)."""
+    es = prof["element_steps"]
+    rows = []
+    for phase, sec in prof["phases_s"].items():
+        rows.append({"phase": phase, "seconds": sec,
+                     "M_element_steps_per_s": (es / sec / 1e6) if sec > 0 and phase not in ("gather", "shadow") else None})
+    rate, cpu_rate = prof["element_steps_per_s_per_config"], prof.get("element_steps_per_cpu_s_per_config")
+    title = (f"Replay profile on {prof['device']} ({prof.get('threads')} threads): {es / 1e6:.1f} M element-steps "
+             f"x {prof['configs']} configurations in {prof['replay_s']:.2f} s = {(rate or 0) / 1e6:.2f} M "
+             f"element-steps/s per configuration ({(cpu_rate or 0) / 1e6:.2f} M per CPU-second)")
+    return rows, title

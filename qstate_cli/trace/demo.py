@@ -1,0 +1,146 @@
+"""`qstate trace demo` and `qstate trace info`: a trace from a real (tiny) run, and a summary.
+
+The demo trains the byte-level tiny LM (models/tiny_lm.py, the stdlib's pydoc topics) with
+torch.optim.AdamW (fp32 states, betas 0.9/0.999, as most runs use) on one CPU thread and
+records its gradients: by default 2000 steps (~30-60 s; long enough for bf16 stalling at
+beta2 = 0.999, which builds up over ~1000 steps, to level off), one 2048-element block of
+every tensor, bf16 gradients (~95 MiB).
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..models import tiny_lm
+from .recorder import Recorder
+from .schema import Trace
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    steps: int = 2000
+    model: str = "tiny-lm"
+    batch_size: int = 16
+    lr: float = 3e-3
+    blocks_per_tensor: int = 1
+    grad_dtype: str = "bf16"
+    seed: int = 0
+
+
+DEFAULT = DemoSettings()
+
+
+def cache_dir() -> Path:
+    """Where the cached demo trace lives: $QSTATE_CACHE, else $XDG_CACHE_HOME/qstate, else
+    ~/.cache/qstate."""
+    if os.environ.get("QSTATE_CACHE"):
+        return Path(os.environ["QSTATE_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qstate"
+
+
+def cached_demo(settings: DemoSettings | None = None, log: Callable[[str], None] | None = None) -> Path:
+    """The demo trace for `settings` (default: DEFAULT, what `qstate trace demo` records),
+    made on first use and reused; the file name holds the settings and the qstate version,
+    so a change to either makes a new one. (What `trace: demo` means in a suite.)"""
+    from .. import __version__
+
+    s = settings or DEFAULT
+    path = cache_dir() / (f"demo-{s.model}-{s.steps}steps-{s.blocks_per_tensor}blocks-{s.grad_dtype}-"
+                          f"bs{s.batch_size}-lr{s.lr:g}-seed{s.seed}-qstate{__version__}.pt")
+    if not path.exists():
+        if log:
+            log(f"making the demo trace (cached at {path})")
+        run_demo(path, s, log)
+    return path
+
+
+def run_demo(out: Path, settings: DemoSettings = DemoSettings(), log: Callable[[str], None] | None = None) -> dict:
+    """Train, record, write `out`; returns a summary (steps, losses, size, time).
+    `log` receives about ten progress lines. Runs on one CPU thread: the model's ops are
+    far too small for intra-op parallelism to pay (measured: 1 thread ~8x the steps/s of 2
+    on a busy 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run_demo(out, settings, log)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_demo(out: Path, settings: DemoSettings, log) -> dict:
+    model = tiny_lm.build(settings.model, settings.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.999), weight_decay=0.01)
+    data = tiny_lm.batches("train", settings.batch_size, model.cfg.seq_len, settings.seed)
+    t0 = time.perf_counter()
+    loss = float("nan")
+    meta = {"source": "qstate trace demo", "model": settings.model, "batch_size": settings.batch_size,
+            "data": "pydoc_data.topics (bytes)"}
+    with Recorder(opt, out, model=model, blocks_per_tensor=settings.blocks_per_tensor, steps=settings.steps,
+                  seed=settings.seed, grad_dtype=settings.grad_dtype, meta=meta) as rec:
+        for step in range(1, settings.steps + 1):
+            x, y = next(data)
+            loss_t = model.loss(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss_t.backward()
+            opt.step()
+            loss = float(loss_t.detach())
+            if log and (step % max(1, settings.steps // 10) == 0 or step == settings.steps):
+                log(f"step {step}/{settings.steps}  train loss {loss:.3f}  "
+                             f"({time.perf_counter() - t0:.0f} s)")
+    return {"trace": str(out), "model": settings.model, "steps": settings.steps,
+            "train_loss": round(loss, 4), "val_loss": round(tiny_lm.evaluate(model), 4),
+            "recorded_elements": rec.n_rec, "params": sum(p.numel() for p in model.parameters()),
+            "size_mib": round(Path(out).stat().st_size / 2**20, 2),
+            "train_s": round(time.perf_counter() - t0, 1)}
+
+
+def info(trace: Trace) -> tuple[dict, list[dict]]:
+    """A summary of the trace and one row per tensor (gradient RMS and non-finite counts)."""
+    rows = []
+    nonfinite_total = 0
+    for t in trace.tensors:
+        g = t.grads.float()
+        finite = torch.isfinite(g)
+        nonfinite = int((~finite).sum())
+        nonfinite_total += nonfinite
+        gf = torch.where(finite, g, 0.0)
+        rows.append({"tensor": t.name, "index": t.index, "shape": "x".join(map(str, t.shape)) or "scalar",
+                     "numel": t.numel, "blocks": f"{t.blocks.numel()}/{t.n_blocks}",
+                     "recorded": t.n_recorded, "grad_rms": float(gf.pow(2).mean().sqrt()),
+                     "nonfinite": nonfinite, "init": t.init is not None})
+    hp = ", ".join(f"{k}={v}" for k, v in trace.hparams.items())
+    summary = {
+        "trace": trace.source, "schema_version": 1, "optimizer": trace.optimizer, "hparams": hp,
+        "seed": trace.seed, "steps": f"{trace.step_start}..{trace.step_start + trace.n_steps - 1} "
+                                     f"({trace.n_steps})",
+        "tensors": len(trace.tensors), "recorded_elements": trace.recorded_elements,
+        "total_elements": trace.total_elements,
+        "recorded_fraction": round(trace.recorded_elements / max(1, trace.total_elements), 4),
+        "grad_dtype": trace.grad_dtype, "element_steps": trace.recorded_elements * trace.n_steps,
+        "nonfinite_grads": nonfinite_total,
+    }
+    shards = trace.meta.get("shards")
+    if shards:
+        summary["shards"] = len(shards)
+    for key in ("source", "model", "created", "qstate"):
+        if key in trace.meta:
+            summary[f"meta.{key}"] = trace.meta[key]
+    size = _size_mib(trace.source)
+    if size is not None:
+        summary["size_mib"] = round(size, 2)
+    return summary, rows
+
+
+def _size_mib(source: str) -> float | None:
+    p = Path(source)
+    if p.is_file():
+        return p.stat().st_size / 2**20
+    if p.is_dir():
+        return sum(f.stat().st_size for f in p.glob("*.pt")) / 2**20
+    return None
+

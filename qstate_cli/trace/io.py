@@ -1,0 +1,103 @@
+"""Reading and writing traces: safe loads, atomic writes, sharded directories.
+
+Loading never runs code: a file must be a torch.save zip archive (checked before torch
+sees it, so a legacy raw pickle is refused outright) and is read with
+`torch.load(weights_only=True, mmap=True)`: tensors are memory-mapped, so a trace larger
+than memory can be replayed. Anything else (a pickled object, a truncated archive, a
+wrong schema) is refused with one line naming the file and the problem.
+
+A directory is a sharded trace (e.g. one file per rank, `rank0.pt`, `rank1.pt`, ...):
+every `*.pt` file in it must come from the same run (optimizer, hyper-parameters, seed,
+step range) and hold different tensors; they load as one trace.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+
+from ..errors import QstateError
+from .schema import Trace, from_dict
+
+
+def save_trace(trace: Trace, path) -> Path:
+    """Write `trace` to `path` atomically (temporary file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    obj = trace.to_dict()
+    from_dict(obj, str(path))  # never write what we would refuse to read
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_trace(path) -> Trace:
+    """Load a trace file or a directory of shards (see module docstring)."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.pt") if p.is_file())
+        if not files:
+            raise QstateError(f"{path}: directory holds no *.pt trace shards")
+        return merge_shards([_load_file(f) for f in files], str(path))
+    if not path.exists():
+        raise QstateError(f"{path}: no such trace file")
+    return _load_file(path)
+
+
+def _load_file(path: Path) -> Trace:
+    if path.stat().st_size == 0:
+        raise QstateError(f"{path}: empty file, not a trace")
+    if not zipfile.is_zipfile(path):
+        raise QstateError(f"{path}: not a qstate trace (not a torch.save zip archive; "
+                          f"raw pickles are refused because loading them can run code)")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()
+        detail = next((ln for ln in first if "GLOBAL" in ln or "Unsupported" in ln), first[0] if first else "")
+        raise QstateError(f"{path}: refused: the file holds Python objects that a safe load does not allow "
+                          f"(they could run code); a trace holds only tensors and plain values "
+                          f"[{detail.strip()[:160]}]") from None
+    except (RuntimeError, EOFError, ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:
+        msg = " ".join(str(exc).split())[:200]
+        raise QstateError(f"{path}: corrupt or truncated trace ({type(exc).__name__}: {msg})") from None
+    return from_dict(obj, str(path))
+
+
+def merge_shards(shards: list[Trace], source: str) -> Trace:
+    """One trace from shards of the same run holding different tensors."""
+    first = shards[0]
+    if len(shards) == 1:
+        return first
+    for s in shards[1:]:
+        for what in ("optimizer", "hparams", "seed", "step_start", "n_steps", "grad_dtype"):
+            if getattr(s, what) != getattr(first, what):
+                raise QstateError(f"{source}: shard {s.source} has {what} {getattr(s, what)!r}, "
+                                  f"but {first.source} has {getattr(first, what)!r}; shards must come from one run")
+    owner: dict[str, str] = {}
+    tensors = []
+    used_ids: set[int] = set()
+    next_id = max(t.index for s in shards for t in s.tensors) + 1
+    for s in shards:
+        for t in s.tensors:
+            if t.name in owner:
+                raise QstateError(f"{source}: tensor {t.name!r} is in both {owner[t.name]} and {s.source}")
+            owner[t.name] = s.source
+            if t.index in used_ids:  # ranks numbering their parameters alike: keep streams distinct
+                t.index, next_id = next_id, next_id + 1
+            used_ids.add(t.index)
+            tensors.append(t)
+    meta = dict(first.meta, shards=[s.source for s in shards])
+    return Trace(first.optimizer, first.hparams, first.seed, first.step_start, first.n_steps, first.grad_dtype,
+                 tensors, meta, source)

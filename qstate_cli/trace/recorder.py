@@ -1,0 +1,232 @@
+"""Record a trace from any PyTorch training loop.
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Recorder(opt, "trace.pt", model=model, blocks_per_tensor=4, steps=500):
+        for x, y in data:
+            loss = loss_fn(model(x), y)
+            opt.zero_grad(); loss.backward(); opt.step()   # the recorder hooks opt.step
+
+The recorder registers an optimizer step pre-hook and copies the gradients of the chosen
+blocks just before each step; on leaving the `with` block (also on Ctrl-C or an error)
+it writes the trace atomically. Without an optimizer, pass `params=` and call
+`rec.capture()` yourself before each update.
+
+Bounded size: `include`/`exclude` (regular expressions on parameter names) pick the
+tensors; `blocks_per_tensor` caps how many 2048-element blocks of each are kept, chosen
+by the project's counter hash (stream seed, tensor index, state id 2, step 0) so the same
+seed samples the same blocks; `start` (global optimizer step) and `steps` pick a
+consecutive window of steps (a replay needs every step of it). The planned size is
+n_steps x recorded elements x (4 bytes fp32 | 2 bytes bf16); `max_mib` refuses a plan
+above it, or stops recording when an open-ended one reaches it.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import __version__
+from ..errors import QstateError
+from ..quant import hash as qhash
+from .io import save_trace
+from .schema import BLOCK, GRAD_DTYPES, SAMPLING_STATE_ID, Trace, TraceTensor, recorded_elements
+
+HPARAM_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "decoupled",
+               "amsgrad", "maximize", "states", "seed")
+
+
+def sample_blocks(numel: int, k: int | None, seed: int, tensor_index: int) -> torch.Tensor:
+    """Indices (ascending, int64) of k of the tensor's ceil(numel / 2048) blocks: those with
+    the smallest hash of (seed, tensor_index, SAMPLING_STATE_ID, step 0; block index)."""
+    n = -(-numel // BLOCK)
+    if k is None or k >= n:
+        return torch.arange(n, dtype=torch.int64)
+    keys = qhash.stream_keys(seed, tensor_index, SAMPLING_STATE_ID, 0)
+    score = qhash.random_bits(keys, torch.arange(n, dtype=torch.int64))
+    return torch.sort(torch.argsort(score)[:k]).values
+
+
+def name_of(optimizer) -> str:
+    """'adamw', 'adam', 'sgd', 'lion', 'muon', ...: the optimizer's class name, lower case."""
+    return type(optimizer).__name__.lower()
+
+
+@dataclass
+class _Recorded:
+    param: torch.Tensor
+    name: str
+    index: int  # position in the optimizer's parameter list
+    blocks: torch.Tensor
+    elements: torch.Tensor | None  # flat indices to copy (None: the whole tensor)
+    rows: list = field(default_factory=list)
+
+    @property
+    def n_recorded(self) -> int:
+        return self.param.numel() if self.elements is None else self.elements.numel()
+
+
+def optimizer_hparams(optimizer) -> dict:
+    """JSON-able hyper-parameters of the first parameter group."""
+    group = optimizer.param_groups[0]
+    out = {}
+    for key in HPARAM_KEYS:
+        if key in group:
+            val = group[key]
+            if isinstance(val, torch.Tensor):
+                val = val.item()
+            if isinstance(val, (tuple, list)):
+                val = [float(v.item() if isinstance(v, torch.Tensor) else v) for v in val]
+            if isinstance(val, (int, float, str, bool, list)) or val is None:
+                out[key] = val
+    return out
+
+
+class Recorder:
+    """Records the gradients a training loop hands to `optimizer` (see module docstring).
+
+    optimizer          hooked with a step pre-hook (None: pass params= and optimizer_name=)
+    path               where `with` writes the trace on exit (None: call trace()/save())
+    model              names the parameters (else param0, param1, ...)
+    include, exclude   regular expressions on those names
+    blocks_per_tensor  2048-element blocks kept per tensor (None: all)
+    start, steps       first global optimizer step to record, and how many (None: until exit)
+    seed               keys the block sampling and the replay's random streams
+                       (default: the optimizer's own `seed` hyper-parameter, else 0)
+    grad_dtype         "fp32" or "bf16";  record_params: also keep the parameters' values
+    max_mib            size cap (see module docstring)
+    """
+
+    def __init__(self, optimizer=None, path=None, *, model=None, params=None, include: str | None = None,
+                 exclude: str | None = None, blocks_per_tensor: int | None = 4, start: int | None = None,
+                 steps: int | None = None, seed: int | None = None, grad_dtype: str = "fp32",
+                 record_params: bool = False, max_mib: float = 2048.0, optimizer_name: str | None = None,
+                 hparams: dict | None = None, meta: dict | None = None):
+        if grad_dtype not in GRAD_DTYPES:
+            raise QstateError(f"grad_dtype {grad_dtype!r}: choose from {', '.join(GRAD_DTYPES)}")
+        if blocks_per_tensor is not None and blocks_per_tensor < 1:
+            raise QstateError("blocks_per_tensor must be >= 1 (or None for every block)")
+        if steps is not None and steps < 1:
+            raise QstateError("steps must be >= 1 (or None: until the recorder closes)")
+        self.optimizer, self.path = optimizer, path
+        self.dtype = GRAD_DTYPES[grad_dtype]
+        self.grad_dtype = grad_dtype
+        if optimizer is None and (params is None or optimizer_name is None):
+            raise QstateError("Recorder needs an optimizer, or params= and optimizer_name= (then call capture())")
+        plist = list(params) if params is not None else [p for g in optimizer.param_groups for p in g["params"]]
+        names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
+        inc, exc = _regex(include, "include"), _regex(exclude, "exclude")
+        self.name = optimizer_name or name_of(optimizer)
+        self.hparams = dict(hparams) if hparams is not None else optimizer_hparams(optimizer)
+        self.seed = int(seed if seed is not None else self.hparams.get("seed", 0))
+        self.items: list[_Recorded] = []
+        for i, p in enumerate(plist):
+            name = names.get(id(p), f"param{i}")
+            if (inc and not inc.search(name)) or (exc and exc.search(name)) or p.numel() == 0:
+                continue
+            blocks = sample_blocks(p.numel(), blocks_per_tensor, self.seed, i)
+            full = blocks.numel() == -(-p.numel() // BLOCK)
+            idx = None if full else recorded_elements(blocks, p.numel()).to(p.device)
+            self.items.append(_Recorded(p, name, i, blocks, idx))
+        if not self.items:
+            raise QstateError("no parameters selected to record (check include/exclude)")
+        self.n_rec = sum(r.n_recorded for r in self.items)
+        self.row_mib = self.n_rec * self.dtype.itemsize / 2**20
+        self.max_mib, self.steps, self.record_params = max_mib, steps, record_params
+        if steps is not None and steps * self.row_mib > max_mib:
+            raise QstateError(f"planned trace is {steps * self.row_mib:.0f} MiB ({steps} steps x {self.n_rec} elements), "
+                              f"over max_mib={max_mib:g}: record fewer blocks or steps")
+        self.step = _optimizer_step(optimizer) if optimizer is not None else 0
+        self.start = start
+        self.step_start: int | None = None
+        self.init: list = []
+        self.done = False
+        self.meta = {"source": "Recorder", "qstate": __version__, "argv": list(sys.argv),
+                     "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **(meta or {})}
+        self._hook = None
+
+    # ---- context manager: hook the optimizer, write the trace on exit -------------------
+    def __enter__(self) -> "Recorder":
+        if self.optimizer is not None:
+            self._hook = self.optimizer.register_step_pre_hook(lambda opt, args, kwargs: self.capture())
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+        if self.path is not None and self.n_steps:
+            self.save(self.path)
+
+    def close(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.items[0].rows)
+
+    # ---- recording ---------------------------------------------------------------------
+    @torch.no_grad()
+    def capture(self) -> None:
+        """Copy the chosen gradient blocks for the optimizer step about to run."""
+        self.step += 1
+        if self.done or (self.start is not None and self.step < self.start):
+            return
+        if self.steps is not None and self.n_steps >= self.steps:
+            self.done = True
+            return
+        if (self.n_steps + 1) * self.row_mib > self.max_mib:
+            print(f"qstate: trace reached max_mib={self.max_mib:g}; recording stopped at step {self.step - 1}",
+                  file=sys.stderr)
+            self.done = True
+            return
+        if self.step_start is None:
+            self.step_start = self.step
+            if self.record_params:
+                self.init = [_pick(r.param.detach(), r.elements, torch.float32) for r in self.items]
+        for r in self.items:
+            g = r.param.grad
+            if g is None:  # unused this step: recorded as zeros
+                r.rows.append(torch.zeros(r.n_recorded, dtype=self.dtype))
+            else:
+                r.rows.append(_pick(g.detach(), r.elements, self.dtype))
+
+    def trace(self) -> Trace:
+        if not self.n_steps:
+            raise QstateError("nothing recorded yet: no optimizer step ran inside the recorder")
+        tensors = []
+        for j, r in enumerate(self.items):
+            init = self.init[j] if self.init else None
+            tensors.append(TraceTensor(r.name, r.index, tuple(r.param.shape), r.blocks, torch.stack(r.rows), init))
+        return Trace(self.name, self.hparams, self.seed, self.step_start, self.n_steps, self.grad_dtype,
+                     tensors, dict(self.meta))
+
+    def save(self, path) -> None:
+        save_trace(self.trace(), path)
+
+
+def _regex(pattern: str | None, what: str):
+    if not pattern:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise QstateError(f"{what}={pattern!r} is not a regular expression ({exc})") from None
+
+
+def _pick(t: torch.Tensor, idx, dtype) -> torch.Tensor:
+    flat = t.reshape(-1)
+    if idx is not None:
+        flat = flat[idx]
+    return flat.to(device="cpu", dtype=dtype, copy=True)
+
+
+def _optimizer_step(optimizer) -> int:
+    """Steps the optimizer has taken before recording began (torch and qstate optimizers keep
+    a per-parameter 'step'); 0 for a fresh optimizer."""
+    for st in optimizer.state.values():
+        if isinstance(st, dict) and "step" in st:
+            return int(st["step"])
+    return 0

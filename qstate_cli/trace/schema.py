@@ -1,0 +1,220 @@
+"""Trace format v1: recorded gradients of a training run, as plain tensors and values.
+
+A trace is one `torch.save` file holding only dicts, lists, strings, numbers and tensors,
+so it loads with `torch.load(weights_only=True)` and a trace from a stranger never runs
+code::
+
+    {
+      "format": "qstate-trace",
+      "schema_version": 1,
+      "optimizer": {"name": "adamw", "hparams": {"lr": 0.003, "betas": [0.9, 0.999], ...}},
+      "seed": 0,                      # keys the random streams (stochastic rounding, BReD)
+      "step_start": 1,                # global optimizer step of gradient row 0 (1-based)
+      "n_steps": 1200,                # consecutive steps recorded
+      "block_size": 2048,             # recorded unit: whole blocks of BLOCK elements
+      "grad_dtype": "fp32" | "bf16",
+      "tensors": [{
+          "name": "blocks.0.qkv.weight",
+          "index": 4,                 # position in the optimizer's parameter list (tensor id)
+          "shape": [192, 64],
+          "blocks": int64 [k],        # indices of the recorded BLOCK-element blocks, ascending
+          "grads": [n_steps, n_rec],  # grad_dtype; the recorded blocks concatenated
+          "init": fp32 [n_rec],       # optional: parameter values before the first step
+      }, ...],
+      "meta": {...}                   # free-form: source, created, qstate version, rank
+    }
+
+Blocks are of the largest block size any format uses (2048), so every smaller
+power-of-two block size divides them and a replay quantizes the recorded elements in
+exactly the blocks the full tensor would have. A tensor's last block may be short
+(numel not a multiple of 2048); n_rec is the sum of the recorded blocks' lengths.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import QstateError
+
+FORMAT_TAG = "qstate-trace"
+SCHEMA_VERSION = 1
+BLOCK = 2048
+GRAD_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+SAMPLING_STATE_ID = 2  # hash stream state id used to sample blocks (0 = m, 1 = v)
+
+
+@dataclass
+class TraceTensor:
+    """One recorded parameter: which blocks, and their gradients at every step."""
+
+    name: str
+    index: int
+    shape: tuple[int, ...]
+    blocks: torch.Tensor  # int64 [k], ascending
+    grads: torch.Tensor  # [n_steps, n_rec]
+    init: torch.Tensor | None = None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.numel // BLOCK)
+
+    @property
+    def n_recorded(self) -> int:
+        return int(self.grads.shape[1])
+
+    @property
+    def full(self) -> bool:
+        return self.blocks.numel() == self.n_blocks
+
+    def element_index(self) -> torch.Tensor:
+        """Flat index in the full tensor of every recorded element (int64 [n_rec])."""
+        return recorded_elements(self.blocks, self.numel)
+
+
+@dataclass
+class Trace:
+    optimizer: str
+    hparams: dict
+    seed: int
+    step_start: int
+    n_steps: int
+    grad_dtype: str
+    tensors: list[TraceTensor]
+    meta: dict = field(default_factory=dict)
+    source: str = "<memory>"
+
+    @property
+    def recorded_elements(self) -> int:
+        return sum(t.n_recorded for t in self.tensors)
+
+    @property
+    def total_elements(self) -> int:
+        return sum(t.numel for t in self.tensors)
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT_TAG,
+            "schema_version": SCHEMA_VERSION,
+            "optimizer": {"name": self.optimizer, "hparams": dict(self.hparams)},
+            "seed": int(self.seed),
+            "step_start": int(self.step_start),
+            "n_steps": int(self.n_steps),
+            "block_size": BLOCK,
+            "grad_dtype": self.grad_dtype,
+            "tensors": [_tensor_dict(t) for t in self.tensors],
+            "meta": dict(self.meta),
+        }
+
+
+def _tensor_dict(t: TraceTensor) -> dict:
+    out = {"name": t.name, "index": int(t.index), "shape": [int(s) for s in t.shape],
+           "blocks": t.blocks.to(torch.int64), "grads": t.grads}
+    if t.init is not None:
+        out["init"] = t.init
+    return out
+
+
+def recorded_elements(blocks: torch.Tensor, numel: int) -> torch.Tensor:
+    """Flat element indices covered by `blocks` (BLOCK-element blocks; the last may be short)."""
+    idx = (blocks.to(torch.int64)[:, None] * BLOCK + torch.arange(BLOCK)[None, :]).reshape(-1)
+    return idx[idx < numel]
+
+
+def block_lengths(blocks: torch.Tensor, numel: int) -> int:
+    """Number of elements in the given blocks."""
+    last = -(-numel // BLOCK) - 1
+    n = blocks.numel() * BLOCK
+    if blocks.numel() and int(blocks[-1]) == last:
+        n -= last * BLOCK + BLOCK - numel
+    return n
+
+
+# ---- validation: a dict from torch.load -> Trace, or one clear line naming the problem ----
+def from_dict(obj, source: str) -> Trace:
+    def bad(what: str):
+        return QstateError(f"{source}: {what}")
+
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT_TAG:
+        raise bad("not a qstate trace (no 'format': 'qstate-trace' tag)")
+    version = obj.get("schema_version")
+    if not isinstance(version, int):
+        raise bad("trace has no integer schema_version")
+    if version > SCHEMA_VERSION:
+        raise bad(f"trace schema_version {version} is newer than this qstate reads ({SCHEMA_VERSION}); upgrade qstate")
+    if version != SCHEMA_VERSION:
+        raise bad(f"unsupported trace schema_version {version} (this qstate reads {SCHEMA_VERSION})")
+    opt = _field(obj, "optimizer", dict, bad)
+    name = opt.get("name")
+    hparams = opt.get("hparams", {})
+    if not isinstance(name, str) or not isinstance(hparams, dict):
+        raise bad("'optimizer' must hold a string 'name' and a dict 'hparams'")
+    seed = _field(obj, "seed", int, bad)
+    step_start = _field(obj, "step_start", int, bad)
+    n_steps = _field(obj, "n_steps", int, bad)
+    if step_start < 1 or n_steps < 1:
+        raise bad(f"step_start ({step_start}) and n_steps ({n_steps}) must be >= 1")
+    if obj.get("block_size") != BLOCK:
+        raise bad(f"block_size is {obj.get('block_size')!r}; trace format v1 records blocks of {BLOCK}")
+    grad_dtype = obj.get("grad_dtype")
+    if grad_dtype not in GRAD_DTYPES:
+        raise bad(f"grad_dtype {grad_dtype!r} is not one of {', '.join(GRAD_DTYPES)}")
+    raw = _field(obj, "tensors", list, bad)
+    if not raw:
+        raise bad("trace holds no tensors")
+    tensors = [_tensor(i, t, n_steps, GRAD_DTYPES[grad_dtype], bad) for i, t in enumerate(raw)]
+    names = [t.name for t in tensors]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise bad(f"tensor name {dup[0]!r} appears more than once")
+    meta = obj.get("meta", {})
+    return Trace(name.lower(), hparams, seed, step_start, n_steps, grad_dtype, tensors,
+                 meta if isinstance(meta, dict) else {}, source)
+
+
+def _field(obj: dict, key: str, kind, bad):
+    if key not in obj:
+        raise bad(f"missing {key!r}")
+    val = obj[key]
+    if not isinstance(val, kind) or (kind is int and isinstance(val, bool)):
+        raise bad(f"{key!r} must be {kind.__name__}, got {type(val).__name__}")
+    return val
+
+
+def _tensor(i: int, t, n_steps: int, dtype, bad) -> TraceTensor:
+    if not isinstance(t, dict):
+        raise bad(f"tensor {i}: must be a dict, got {type(t).__name__}")
+    name = t.get("name")
+    where = f"tensor {i} ({name!r})" if isinstance(name, str) else f"tensor {i}"
+    if not isinstance(name, str) or not name:
+        raise bad(f"{where}: missing a string 'name'")
+    shape = t.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+        raise bad(f"{where}: 'shape' must be a list of non-negative ints")
+    index = t.get("index")
+    if not isinstance(index, int) or index < 0:
+        raise bad(f"{where}: 'index' must be a non-negative int")
+    numel = math.prod(shape)
+    blocks, grads = t.get("blocks"), t.get("grads")
+    if not isinstance(blocks, torch.Tensor) or blocks.dtype != torch.int64 or blocks.ndim != 1 or not blocks.numel():
+        raise bad(f"{where}: 'blocks' must be a non-empty 1-D int64 tensor")
+    n_blocks = -(-numel // BLOCK)
+    if int(blocks.min()) < 0 or int(blocks.max()) >= n_blocks or (blocks.numel() > 1 and not bool((blocks.diff() > 0).all())):
+        raise bad(f"{where}: 'blocks' must be ascending, distinct block indices below {n_blocks}")
+    n_rec = block_lengths(blocks, numel)
+    if not isinstance(grads, torch.Tensor) or grads.ndim != 2:
+        raise bad(f"{where}: 'grads' must be a 2-D tensor [steps, recorded elements]")
+    if grads.dtype != dtype:
+        raise bad(f"{where}: grads are {grads.dtype}, the trace says {dtype}")
+    if tuple(grads.shape) != (n_steps, n_rec):
+        raise bad(f"{where}: grads have shape {tuple(grads.shape)}, expected ({n_steps}, {n_rec}) for "
+                  f"{blocks.numel()} recorded block(s) of a {numel}-element tensor")
+    init = t.get("init")
+    if init is not None and (not isinstance(init, torch.Tensor) or tuple(init.shape) != (n_rec,)):
+        raise bad(f"{where}: 'init' must be a tensor of {n_rec} values")
+    return TraceTensor(name, index, tuple(shape), blocks, grads, init)

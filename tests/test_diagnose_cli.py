@@ -1,0 +1,137 @@
+"""`qstate trace demo|info` and `qstate diagnose` end to end: CliRunner and real subprocesses."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from qstate_cli import results, theory
+from qstate_cli.cli import app
+from qstate_cli.quant import parse_spec
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+WIDE = {"COLUMNS": "250"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tests run many tiny ops: one thread avoids a fork/join barrier per op (costly on
+    a busy 2-core machine); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def demo_trace(tmp_path_factory):
+    """The demo at a few-second size: 6 steps, one block per tensor."""
+    path = tmp_path_factory.mktemp("demo") / "demo.pt"
+    r = runner.invoke(app, ["trace", "demo", "-o", str(path), "--steps", "6"], env=WIDE)
+    assert r.exit_code == 0, r.output
+    assert "val_loss" in r.stdout and path.exists()
+    return path
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "qstate_cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd or ROOT, timeout=300, env={"COLUMNS": "250", "PATH": "/usr/bin:/bin",
+                                                             "PYTHONPATH": str(ROOT)})
+
+
+def test_trace_info(demo_trace):
+    r = runner.invoke(app, ["trace", "info", str(demo_trace)], env=WIDE)
+    assert r.exit_code == 0, r.output
+    assert "adamw" in r.stdout and "blocks.0.qkv.weight" in r.stdout and "1..6 (6)" in r.stdout
+    r = runner.invoke(app, ["trace", "info", str(demo_trace), "--json"])
+    doc = json.loads(r.stdout)
+    assert doc["summary"]["tensors"] == 29 and doc["summary"]["grad_dtype"] == "bf16"
+    assert sum(t["recorded"] for t in doc["tensors"]) == doc["summary"]["recorded_elements"]
+
+
+def test_diagnose_json_holds_everything_the_contract_names(demo_trace, tmp_path):
+    out = tmp_path / "d.json"
+    r = runner.invoke(app, ["diagnose", str(demo_trace), "-c", "bred-4bit", "-c", "bf16", "--bits", "8",
+                            "--rounding", "nearest", "--json", str(out), "--profile"], env=WIDE)
+    assert r.exit_code == 0, r.output
+    assert "ranked by update error" in r.stdout and "Replay profile on cpu" in r.stdout
+    assert "reset bf16: staleness model" in r.stdout
+    doc = results.load(out)
+    assert doc["kind"] == "diagnose" and doc["env"]["device"] == "cpu"
+    frame = results.frame(doc)
+    assert set(frame["config"]) == {"bred-4bit", "bf16", "nearest-8bit"} and set(frame["state"]) == {"m", "v"}
+    assert (frame["steps"] == 6).all() and (frame["numel"] == doc["meta"]["recorded_elements"]).all()
+    for key in ("series", "histograms", "per_code", "theory", "per_tensor", "dim_scaling"):
+        assert doc[key], key
+    assert {r["step"] for r in doc["series"]} == set(range(1, 7))
+    assert {r["config"] for r in doc["theory"]} == {"bred-4bit", "bf16", "nearest-8bit"}
+    bf16_v = frame[(frame.config == "bf16") & (frame.state == "v")].iloc[0]
+    assert bf16_v.reset_period == theory.reset_period(parse_spec("bf16"), 0.999)
+    assert doc["meta"]["profile"]["element_steps"] == 6 * doc["meta"]["recorded_elements"]
+
+
+def test_diagnose_as_a_real_subprocess(demo_trace, tmp_path):
+    out = tmp_path / "sub.json"
+    r = run_cli("diagnose", demo_trace, "--config", "sr-4bit", "--steps-limit", "4", "--reset", "2",
+                "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert "sr-4bit" in r.stdout and out.exists()
+    doc = json.loads(out.read_text())
+    assert {rec["steps"] for rec in doc["records"]} == {4} and {rec["reset_applied"] for rec in doc["records"]} == {2}
+    r = run_cli("diagnose", "--theory", "--format", "e4m3", "--json", "-")
+    rows = json.loads(r.stdout)["theory"]
+    assert [row["rounding"] for row in rows] == ["nearest", "stochastic"] and rows[0]["fraction_bits"] == 3
+
+
+def test_theory_table():
+    r = runner.invoke(app, ["diagnose", "--theory", "--format", "bf16", "--beta2", "0.999"], env=WIDE)
+    assert r.exit_code == 0, r.output
+    assert str(theory.reset_period(parse_spec("bf16"), 0.999)) in r.stdout and "1000" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["diagnose", "missing.pt"], "missing.pt: no such trace file"),
+    (["diagnose"], "diagnose needs a TRACE"),
+    (["diagnose", "--theory", "--format", "int4"], "covers float formats"),
+    (["diagnose", "--theory", "--beta2", "1.5"], "--beta2 1.5"),
+])
+def test_diagnose_input_errors_are_one_line(args, message, tmp_path):
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+def test_bad_configuration_and_hostile_trace_exit_2(demo_trace, tmp_path):
+    r = runner.invoke(app, ["diagnose", str(demo_trace), "--config", "bred4bit"])
+    assert r.exit_code == 2 and "did you mean bred-4bit" in r.output and r.output.count("\n") == 1
+    evil = tmp_path / "evil.pt"
+
+    class Evil:
+        def __reduce__(self):
+            return (exec, (f"open({str(tmp_path / 'pwned')!r}, 'w')",))
+
+    torch.save({"x": Evil()}, evil)
+    r = run_cli("diagnose", evil)
+    assert r.returncode == 2 and "refused" in r.stderr and not (tmp_path / "pwned").exists()
+
+
+def test_html_and_markdown_reports(demo_trace, tmp_path):
+    pytest.importorskip("qstate_cli.report")
+    html, md = tmp_path / "r.html", tmp_path / "r.md"
+    r = runner.invoke(app, ["diagnose", str(demo_trace), "-c", "bf16", "--html", str(html), "--markdown", str(md)])
+    assert r.exit_code == 0, r.output
+    assert html.stat().st_size > 0 and "bf16" in md.read_text()
+
+
+def test_reports_without_the_report_module_are_a_clear_error(demo_trace, tmp_path):
+    try:
+        import qstate_cli.report  # noqa: F401
+        pytest.skip("qstate_cli.report is present")
+    except ImportError:
+        pass
+    r = runner.invoke(app, ["diagnose", str(demo_trace), "-c", "bf16", "--steps-limit", "2",
+                            "--html", str(tmp_path / "r.html")])
+    assert r.exit_code == 2 and "need qstate_cli.report" in r.output

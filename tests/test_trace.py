@@ -1,0 +1,262 @@
+"""Trace format v1: round trip, validation, hostile files, shards, atomic writes, the recorder."""
+import os
+import pickle
+import re
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from qstate_cli.errors import QstateError
+from qstate_cli.trace import BLOCK, Recorder, load_trace, sample_blocks, save_trace
+from qstate_cli.trace.schema import from_dict
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tests run many tiny ops: one thread avoids a fork/join barrier per op (costly on
+    a busy 2-core machine); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def small_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(80, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
+
+
+def train(model, opt, steps, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(16, 80, generator=g)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def record(tmp_path, name="t.pt", steps=5, **kw):
+    model = small_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.8, 0.99))
+    path = tmp_path / name
+    with Recorder(opt, path, model=model, **kw) as rec:
+        train(model, opt, steps)
+    return path, rec, model
+
+
+def test_round_trip_keeps_everything(tmp_path):
+    path, rec, model = record(tmp_path, blocks_per_tensor=2, record_params=True, seed=7)
+    tr = load_trace(path)
+    assert tr.optimizer == "adamw" and tr.hparams["betas"] == [0.8, 0.99] and tr.hparams["lr"] == 1e-3
+    assert tr.seed == 7 and tr.step_start == 1 and tr.n_steps == 5 and tr.grad_dtype == "fp32"
+    names = [n for n, _ in model.named_parameters()]
+    assert [t.name for t in tr.tensors] == names and [t.index for t in tr.tensors] == [0, 1, 2, 3]
+    w = tr.tensors[0]  # 64 x 80 = 5120 elements: 3 blocks, 2 recorded
+    assert w.shape == (64, 80) and w.blocks.tolist() == sample_blocks(5120, 2, 7, 0).tolist()
+    assert w.grads.shape == (5, w.n_recorded) and w.init is not None
+    torch.testing.assert_close(w.grads, rec.trace().tensors[0].grads, rtol=0, atol=0)
+    # the recorded elements are the parameter's values at those flat indices
+    idx = w.element_index()
+    torch.testing.assert_close(w.init, small_model()[0].weight.detach().reshape(-1)[idx], rtol=0, atol=0)
+
+
+def test_block_sampling_is_seeded_sorted_and_bounded():
+    a = sample_blocks(50 * BLOCK + 7, 5, seed=1, tensor_index=3)
+    assert a.tolist() == sample_blocks(50 * BLOCK + 7, 5, seed=1, tensor_index=3).tolist()
+    assert a.numel() == 5 and bool((a.diff() > 0).all()) and int(a.max()) <= 50
+    assert a.tolist() != sample_blocks(50 * BLOCK + 7, 5, seed=2, tensor_index=3).tolist()
+    assert sample_blocks(100, 5, 0, 0).tolist() == [0]  # small tensors: everything
+
+
+class Payload:
+    """Pickles as a call to exec that writes a file: what a hostile trace would do."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('pwned')",))
+
+
+def test_hostile_pickle_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "pwned.txt"
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": "qstate-trace", "schema_version": 1, "x": Payload(marker)}, evil)
+    # the payload is live: an unsafe load runs it (proves the test can fail)
+    live = tmp_path / "live.txt"
+    torch.save({"x": Payload(live)}, tmp_path / "live.pt")
+    torch.load(tmp_path / "live.pt", weights_only=False)
+    assert live.exists()
+    with pytest.raises(QstateError, match=r"evil\.pt: refused"):
+        load_trace(evil)
+    assert not marker.exists()
+    raw = tmp_path / "raw.pt"  # a plain pickle (not a zip archive) never reaches an unpickler
+    raw.write_bytes(pickle.dumps({"x": Payload(marker)}))
+    with pytest.raises(QstateError, match="not a torch.save zip archive"):
+        load_trace(raw)
+    assert not marker.exists()
+
+
+def test_truncated_corrupt_and_empty_files_are_refused(tmp_path):
+    path, _, _ = record(tmp_path)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(QstateError, match=r"cut\.pt: "):
+        load_trace(cut)
+    flipped = bytearray(data)  # damage a stored tensor's bytes inside a valid archive
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if "/data/" in i.filename and i.file_size > 64)
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    flipped[start: start + 8] = b"\xff" * 8
+    bad = tmp_path / "crc.pt"
+    bad.write_bytes(bytes(flipped))
+    try:  # damaged tensor bytes either load (no CRC check on mmap) or are refused with one
+        load_trace(bad)  # line; never another exception
+    except QstateError as exc:
+        assert "crc.pt" in str(exc)
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(QstateError, match="empty file"):
+        load_trace(tmp_path / "empty.pt")
+    with pytest.raises(QstateError, match="no such trace"):
+        load_trace(tmp_path / "missing.pt")
+
+
+def _dict(tmp_path):
+    path, rec, _ = record(tmp_path)
+    return rec.trace().to_dict()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(schema_version=2), "newer than this qstate reads"),
+    (lambda d: d.update(schema_version=0), "unsupported trace schema_version 0"),
+    (lambda d: d.pop("seed"), "missing 'seed'"),
+    (lambda d: d.update(format="other"), "not a qstate trace"),
+    (lambda d: d.update(block_size=1024), "records blocks of 2048"),
+    (lambda d: d.update(grad_dtype="fp8"), "grad_dtype 'fp8'"),
+    (lambda d: d["tensors"][1].update(grads=torch.zeros(5, 3)), r"tensor 1 \('0.bias'\): grads have shape \(5, 3\)"),
+    (lambda d: d["tensors"][0].update(blocks=torch.tensor([2, 1])), "ascending, distinct"),
+    (lambda d: d["tensors"][0].update(grads=d["tensors"][0]["grads"].half()), "grads are torch.float16"),
+    (lambda d: d["tensors"][2].update(name="0.weight"), "appears more than once"),
+])
+def test_schema_errors_name_the_file_and_the_problem(tmp_path, edit, message):
+    d = _dict(tmp_path)
+    edit(d)
+    with pytest.raises(QstateError, match=message) as exc:
+        from_dict(d, "x.pt")
+    assert str(exc.value).startswith("x.pt: ") and "\n" not in str(exc.value)
+    torch.save(d, tmp_path / "bad.pt")  # and the same through a file
+    with pytest.raises(QstateError, match=message):
+        load_trace(tmp_path / "bad.pt")
+
+
+def test_sharded_directory_loads_as_one(tmp_path):
+    import shutil
+
+    model = small_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    shards = tmp_path / "shards"
+    with Recorder(opt, shards / "rank0.pt", model=model, include=r"^0\."), \
+            Recorder(opt, shards / "rank1.pt", model=model, include=r"^2\."):
+        train(model, opt, 4)
+    tr = load_trace(shards)
+    assert [t.name for t in tr.tensors] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert [t.index for t in tr.tensors] == [0, 1, 2, 3] and tr.n_steps == 4
+    assert len(tr.meta["shards"]) == 2
+    with pytest.raises(QstateError, match="no parameters selected"):
+        Recorder(opt, None, model=model, include="^9")
+    dup = tmp_path / "dup"  # the same tensor in two shards
+    dup.mkdir()
+    shutil.copy(shards / "rank0.pt", dup / "a.pt")
+    shutil.copy(shards / "rank0.pt", dup / "b.pt")
+    with pytest.raises(QstateError, match="'0.weight' is in both"):
+        load_trace(dup)
+    other = tmp_path / "other"  # shards of different runs
+    with Recorder(opt, other / "a.pt", model=model, include=r"^0\.bias$"):
+        train(model, opt, 3)
+    shutil.copy(shards / "rank1.pt", other / "b.pt")
+    with pytest.raises(QstateError, match="has step_start 1, but .* has 5; shards must come from one run"):
+        load_trace(other)
+    (tmp_path / "none").mkdir()
+    with pytest.raises(QstateError, match="holds no"):
+        load_trace(tmp_path / "none")
+
+
+def test_writes_are_atomic(tmp_path, monkeypatch):
+    path, rec, _ = record(tmp_path)
+    before = path.read_bytes()
+    tr = rec.trace()
+
+    def boom(obj, f, *a, **k):
+        Path(f).write_bytes(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", boom)
+    with pytest.raises(OSError):
+        save_trace(tr, path)
+    assert path.read_bytes() == before  # the old trace is untouched
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_recorder_bounds_steps_blocks_and_size(tmp_path):
+    path, rec, _ = record(tmp_path, steps=10, start=3, blocks_per_tensor=1, grad_dtype="bf16",
+                          include="weight")
+    tr = load_trace(path)
+    assert tr.step_start == 3 and tr.n_steps == 10 - 2 and tr.grad_dtype == "bf16"
+    assert [t.name for t in tr.tensors] == ["0.weight", "2.weight"]
+    assert tr.tensors[0].blocks.numel() == 1 and tr.tensors[0].grads.dtype == torch.bfloat16
+    path, rec, _ = record(tmp_path, name="w.pt", steps=10, exclude="bias")
+    assert [t.name for t in load_trace(path).tensors] == ["0.weight", "2.weight"]
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(QstateError, match="over max_mib"):
+        Recorder(opt, None, model=model, steps=1000, max_mib=0.1)
+    with Recorder(opt, tmp_path / "cap.pt", model=model, blocks_per_tensor=None, max_mib=0.1):
+        train(model, opt, 20)  # open-ended: stops at the cap
+    tr = load_trace(tmp_path / "cap.pt")
+    assert tr.optimizer == "sgd" and tr.hparams["momentum"] == 0.9
+    assert tr.n_steps == int(0.1 * 2**20 // (tr.recorded_elements * 4))
+
+
+def test_recorder_keeps_nonfinite_gradients_and_zero_fills_unused_ones(tmp_path):
+    model = small_model()
+    opt = torch.optim.AdamW(model.parameters())
+    rec = Recorder(opt, None, model=model)
+    with rec:
+        x = torch.randn(4, 80)
+        model(x).sum().backward()
+        model[0].weight.grad[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+        model[2].bias.grad = None
+        opt.step()
+    tr = rec.trace()
+    g = tr.tensors[0].grads[0]
+    assert torch.isnan(g[0]) and torch.isposinf(g[1]) and torch.isneginf(g[2])
+    assert torch.equal(tr.tensors[3].grads, torch.zeros(1, 3))
+
+
+def test_readme_example_runs(tmp_path, monkeypatch):
+    text = (Path(__file__).resolve().parents[1] / "docs" / "readme" / "diagnose.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    assert len(code.strip().splitlines()) <= 12
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README example", "exec"), {})
+    tr = load_trace(tmp_path / "my_trace.pt")
+    assert tr.optimizer == "adamw" and tr.n_steps == 100
+
+
+def test_recorder_without_an_optimizer_hook(tmp_path):
+    model = small_model()
+    rec = Recorder(params=model.parameters(), optimizer_name="lion", hparams={"betas": [0.9, 0.99]},
+                   blocks_per_tensor=None)
+    for _ in range(3):
+        model(torch.randn(2, 80)).sum().backward()
+        rec.capture()
+        model.zero_grad()
+    tr = rec.trace()
+    assert tr.optimizer == "lion" and tr.n_steps == 3 and tr.tensors[0].name == "param0"
+    with pytest.raises(QstateError, match="needs an optimizer"):
+        Recorder(params=model.parameters())
