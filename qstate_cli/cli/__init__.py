@@ -53,9 +53,10 @@ def root(version: bool = typer.Option(False, "--version", callback=_version, is_
 
 
 def _register_commands() -> None:
-    from . import formats_cmd
+    from . import bench_cmd, formats_cmd
 
     formats_cmd.register(app)
+    bench_cmd.register(app)
 
 
 _register_commands()
