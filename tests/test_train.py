@@ -60,11 +60,12 @@ def test_fp32_states_train_exactly_like_torch_adamw():
         theirs.append(float(loss.detach()))
     assert len(ours) == len(theirs) == s.steps
     assert ours[0] == theirs[0]  # same init, same first batch: the same forward pass
-    # Our AdamW computes the same formula with a different fp32 operation order (a few
-    # ulps per step); the losses may drift apart by rounding only: eps * loss per step.
+    # Our AdamW computes the same formula in a different fp32 operation order, so each
+    # step's update differs by at most ~16 ulps relative (tests/test_optim.py: rtol 2e-6 ~
+    # 17 eps); such rounding differences add up at most linearly over the steps.
     eps = torch.finfo(torch.float32).eps
     for step, (a, b) in enumerate(zip(ours, theirs), start=1):
-        assert abs(a - b) <= 64 * step * eps * abs(b), (step, a, b)
+        assert abs(a - b) <= 16 * step * eps * abs(b), (step, a, b)
 
 
 def test_divergence_is_reported_and_the_other_runs_go_on():

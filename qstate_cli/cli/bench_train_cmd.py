@@ -23,7 +23,7 @@ def train(
         None, "--config", "-c", help="Run CONFIG[@reset=none|N|auto][@lr=X]; repeat for several. "
         f"Default: {' '.join(DEFAULT_CONFIGS)}. fp32 is always run: gaps are measured against it."),
     optimizer: str = typer.Option("adamw", "--optimizer", "-o", help="adamw | adam | lion | sgd | muon."),
-    steps: int = typer.Option(400, "--steps", "-n", help="Training steps per run."),
+    steps: int = typer.Option(500, "--steps", "-n", help="Training steps per run."),
     model: str = typer.Option("tiny-lm", "--model", "-m", help="tiny-lm (0.14 M params) | small-lm (0.8 M)."),
     seeds: int = typer.Option(1, "--seeds", "-k", help="Seeds per run (init, data order, random streams)."),
     seed: int = typer.Option(0, "--seed", help="First seed."),
@@ -35,6 +35,8 @@ def train(
                                         help="Tensors smaller than this keep fp32 states (bitsandbytes: 4096)."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda[:N]."),
     backend: str = typer.Option("auto", "--backend", help="Optimizer backend: auto | reference | triton."),
+    threads: int = typer.Option(1, "--threads", help="torch CPU threads per run (0: torch's default). One is "
+                                "fastest for these small models, and robust on a busy machine."),
     json_path: Optional[str] = typer.Option(None, "--json", help="Write the results JSON here ('-': to stdout)."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write a loss-curve plot (PNG, SVG or PDF) here."),
 ):
@@ -47,7 +49,8 @@ def train(
         raise QstateError(f"--plot {plot}: name a .png, .svg or .pdf file")
     settings = TrainSettings(model=model, optimizer=optimizer.lower(), steps=steps, batch_size=batch_size, lr=lr,
                              eval_every=eval_every, seeds=seeds, seed=seed, reset=reset,
-                             min_quant_numel=min_quant_numel, device=device, backend=backend)
+                             min_quant_numel=min_quant_numel, device=device, backend=backend,
+                             threads=threads or None)
     doc = run_study(settings, config, json_path=None if json_path in (None, "-") else json_path,
                     progress=lambda line: output.stderr.print(line, highlight=False))
     if plot:

@@ -28,7 +28,8 @@ def _by_run(series: list[dict], key: str) -> dict[str, dict[int, dict[int, float
     return out
 
 
-def _smooth(steps: list[int], values: list[float], span: int) -> list[float]:
+def _smooth(values: list[float], span: int) -> list[float]:
+    """Exponential moving average with the span's usual alpha = 2 / (span + 1)."""
     alpha, acc, out = 2.0 / (span + 1), None, []
     for v in values:
         acc = v if acc is None else alpha * v + (1 - alpha) * acc
@@ -54,7 +55,7 @@ def loss_figure(doc: dict):
     span = max(1, steps_total // 50)
     train, val = _by_run(series, "train_loss"), _by_run(series, "val_loss")
     gaps = _gaps(val)
-    fig = Figure(figsize=(15, 4.8), layout="constrained")
+    fig = Figure(figsize=(15, 5.4), layout="constrained")
     axes = fig.subplots(1, 3)
     colors = {run: f"C{i % 10}" for i, run in enumerate(runs)}
     finite_all = [v for run in train.values() for s in run.values() for v in s.values()]
@@ -62,13 +63,16 @@ def loss_figure(doc: dict):
     top = 1.05 * (max(first) if first else max(finite_all, default=1.0))
     for run in runs:
         c = colors[run]
-        smoothed = {seed: dict(zip(sorted(pts), _smooth(sorted(pts), [pts[t] for t in sorted(pts)], span)))
+        smoothed = {seed: dict(zip(sorted(pts), _smooth([pts[t] for t in sorted(pts)], span)))
                     for seed, pts in train.get(run, {}).items()}
+        stopped = sorted({r["diverged_at_step"] for r in records if r["config"] == run and r.get("diverged")})
+        label = run + (f" (diverged at step {', '.join(map(str, stopped))})" if stopped else "")
         for ax, data in ((axes[0], smoothed), (axes[1], val.get(run, {})), (axes[2], gaps.get(run, {}))):
             steps, mean, lo, hi = _mean_band(data)
             if not steps:
                 continue
-            ax.plot(steps, mean, color=c, lw=1.4, label=run, ls="--" if run == BASELINE else "-")
+            ax.plot(steps, mean, color=c, lw=1.4, label=label if ax is axes[0] else None,
+                    ls="--" if run == BASELINE else "-")
             if len(data) > 1:
                 ax.fill_between(steps, lo, hi, color=c, alpha=0.15, lw=0)
         for rec in records:
@@ -87,7 +91,7 @@ def loss_figure(doc: dict):
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8, loc="upper right")
+    fig.legend(loc="outside lower center", ncols=min(4, max(1, len(runs))), fontsize=8, frameon=False)
     settings = meta.get("settings") or {}
     fig.suptitle(f"qstate bench train: {settings.get('model', '?')}, {settings.get('optimizer', '?')}, "
                  f"{steps_total} steps, seeds {meta.get('seeds', '?')}, on {meta.get('device', '?')}", fontsize=11)

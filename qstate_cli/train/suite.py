@@ -5,7 +5,7 @@
 
 Keys mirror `qstate bench train`'s options with underscores (config, optimizer, steps,
 model, seeds, seed, reset, lr, batch_size, eval_every, min_quant_numel, device,
-backend); `config` is one name or a list. Unknown keys raise QstateError (with the
+backend, threads: 0 for torch's default); `config` is one name or a list. Unknown keys raise QstateError (with the
 closest key), so a typo in a suite never silently runs the defaults.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ from ..errors import QstateError
 from .study import TrainSettings, run_study
 
 KEYS = ("config", "optimizer", "steps", "model", "seeds", "seed", "reset", "lr", "batch_size", "eval_every",
-        "min_quant_numel", "device", "backend")
+        "min_quant_numel", "device", "backend", "threads")
 TYPES = {"steps": int, "seeds": int, "seed": int, "batch_size": int, "eval_every": int, "min_quant_numel": int,
-         "lr": float, "optimizer": str, "model": str, "reset": str, "device": str, "backend": str}
+         "threads": int, "lr": float, "optimizer": str, "model": str, "reset": str, "device": str, "backend": str}
 
 
 def train_point(params: dict) -> dict:
@@ -43,5 +43,7 @@ def train_point(params: dict) -> dict:
     if "optimizer" in kwargs:
         kwargs["optimizer"] = kwargs["optimizer"].lower()
     kwargs.setdefault("device", "auto")
+    if kwargs.get("threads") == 0:
+        kwargs["threads"] = None
     doc = run_study(TrainSettings(**kwargs), configs)
     return {"records": doc["records"], "series": doc["series"], "summary": doc["summary"]}
