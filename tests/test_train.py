@@ -4,6 +4,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -82,6 +83,25 @@ def test_divergence_is_reported_and_the_other_runs_go_on():
     assert rows["fp32"]["gap_to_fp32"] == 0.0
     summary = {r["config"]: r for r in doc["summary"]}
     assert summary["fp32@lr=1000"]["diverged"] == 1
+
+
+def test_a_run_that_raises_is_marked_failed_and_the_study_goes_on(monkeypatch):
+    from qstate_cli.train import study
+
+    real = study.train_run
+
+    def out_of_memory_for_bf16(run, *args, **kw):
+        if run.label == "bf16":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(run, *args, **kw)
+
+    monkeypatch.setattr(study, "train_run", out_of_memory_for_bf16)
+    doc = run_study(replace(FAST, steps=3), ["bf16", "bred-4bit"])
+    rows = {r["config"]: r for r in doc["records"]}
+    assert rows["bf16"]["status"] == "failed" and "out of memory" in rows["bf16"]["reason"]
+    assert set(rows["bf16"]) == set(rows["fp32"])  # same columns: the frame stays rectangular
+    assert rows["bred-4bit"]["status"] == "ok" and rows["bred-4bit"]["steps"] == 3
+    assert {r["config"]: r["failed"] for r in doc["summary"]}["bf16"] == 1
 
 
 def test_a_nan_loss_stops_the_run_at_that_step(monkeypatch):

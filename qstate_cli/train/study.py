@@ -273,11 +273,16 @@ def _finite(value):
 
 
 def _failed(run: RunSpec, settings: TrainSettings, seed: int, exc: BaseException) -> dict:
+    """The row of a run that raised: every column of an ok row, nulls where nothing was measured."""
     return {"config": run.label, "states": run.config.canonical(), "optimizer": settings.optimizer,
-            "model": settings.model, "seed": seed, "steps": 0, "steps_requested": settings.steps,
-            "final_val_loss": None, "best_val_loss": None, "gap_to_fp32": None, "diverged": False,
-            "diverged_at_step": None, "steps_per_s": None, "state_bytes": None, "bytes_per_param": None,
-            "reset": run.reset, "status": "failed", "reason": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+            "model": settings.model, "params": None, "seed": seed, "steps": 0, "steps_requested": settings.steps,
+            "lr": run.lr or settings.base_lr, "batch_size": settings.batch_size,
+            "final_val_loss": None, "best_val_loss": None, "gap_to_fp32": None, "final_train_loss": None,
+            "diverged": False, "diverged_at_step": None, "steps_per_s": None, "state_bytes": None,
+            "bytes_per_param": None, "reset": run.reset, "reset_period": None, "reset_basis": None, "resets": 0,
+            "nonfinite_grads": None, "min_quant_numel": settings.min_quant_numel,
+            "device": resolve_device(settings.device), "path": None,
+            "status": "failed", "reason": f"{type(exc).__name__}: {exc}".splitlines()[0]}
 
 
 # ---- the study: every run x every seed ------------------------------------------------
