@@ -147,6 +147,9 @@ def test_run_names_and_baseline():
     runs = parse_runs(["bred-4bit", "m=int4:bred:b128,v=uint4:bred:b128:sqrt@reset=auto@lr=0.01"], "none")
     assert [r.label for r in runs] == ["fp32", "bred-4bit", "bred-4bit@reset=auto@lr=0.01"]
     assert runs[2].reset == "auto" and runs[2].lr == 0.01
+    assert RunSpec.parse("fp32@lr=1e-2@reset=none").label == "fp32@lr=0.01"
+    assert RunSpec.parse("bf16", default_reset="auto").label == "bf16@reset=auto"
+    assert [r.label for r in parse_runs(["fp32"], "auto")] == ["fp32", "fp32@reset=auto"]
     for bad in ("bred-4bit@foo=1", "bred-4bit@lr=x", "bred-4bit@reset=sometimes", "bred-5bit"):
         with pytest.raises(QstateError):
             RunSpec.parse(bad)

@@ -24,7 +24,7 @@ def train(
         f"Default: {' '.join(DEFAULT_CONFIGS)}. fp32 is always run: gaps are measured against it."),
     optimizer: str = typer.Option("adamw", "--optimizer", "-o", help="adamw | adam | lion | sgd | muon."),
     steps: int = typer.Option(500, "--steps", "-n", help="Training steps per run."),
-    model: str = typer.Option("tiny-lm", "--model", "-m", help="tiny-lm (0.14 M params) | small-lm (0.8 M)."),
+    model: str = typer.Option("tiny-lm", "--model", "-m", help="tiny-lm (0.14 M params) | small-lm (0.9 M)."),
     seeds: int = typer.Option(1, "--seeds", "-k", help="Seeds per run (init, data order, random streams)."),
     seed: int = typer.Option(0, "--seed", help="First seed."),
     reset: str = typer.Option("none", "--reset", help="Reset policy for runs that name none: none | N | auto."),

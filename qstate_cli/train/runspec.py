@@ -5,8 +5,9 @@
 
 e.g. ``nearest-4bit@reset=auto`` (nearest 4-bit with theory-guided resets) or
 ``fp32@lr=0.01``. CONFIG is any configuration name (`qstate formats`); `@` never occurs
-in one, so the split is unambiguous. The run's label in results is the text as given
-(with the preset name normalised), so the same label names the same run everywhere.
+in one, so the split is unambiguous. The run's label in results is normalised:
+the config's name, then `@reset=...` when the run resets (also when the policy came
+from `--reset`), then `@lr=...` when it has its own lr; so one label names one run.
 
 Theory-guided resets (`reset=auto`): the period is `theory.reset_period` for the stored
 state that the optimizer resets on (v for AdamW, the momentum m otherwise) at its beta.
@@ -55,7 +56,7 @@ class RunSpec:
                     raise QstateError(f"in run {text!r}: lr must be a number, got {val!r}") from None
                 if not lr > 0:
                     raise QstateError(f"in run {text!r}: lr must be positive, got {val!r}")
-        label = "@".join([str(cfg)] + opts)
+        label = str(cfg) + (f"@reset={reset}" if reset != "none" else "") + (f"@lr={lr:g}" if lr else "")
         return cls(label, cfg, reset, lr)
 
 

@@ -325,6 +325,7 @@ def run_study(settings: TrainSettings, configs=None, json_path=None,
             "lr_schedule": f"linear warm-up {settings.warmup_frac:g} of steps, cosine to "
                            f"{settings.min_lr_frac:g} x lr", "tokens_per_step": None}
     writer = ResultWriter(json_path, "train", meta, env=environment(device))
+    writer.doc["env"]["torch_threads"] = settings.threads or torch.get_num_threads()  # what the runs used
     writer.doc["series"], writer.doc["summary"] = [], []
     val = None
     for seed in meta["seeds"]:
