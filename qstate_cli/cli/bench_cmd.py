@@ -20,9 +20,11 @@ from ..bench import summary
 from ..bench.shapes import parse_count
 from ..bench.sink import RowSink
 from ..results import environment
-from . import new_group, output
+from . import bench_train_cmd, new_group, output
 
-bench_app = new_group("bench", "Time optimizer steps against the memory roofline; count optimizer-state memory.")
+bench_app = new_group("bench", "Time optimizer steps against the memory roofline; count optimizer-state memory; "
+                               "train a small model with each state format.")
+bench_app.command("train")(bench_train_cmd.train)
 
 
 def register(app: typer.Typer) -> None:

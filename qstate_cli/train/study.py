@@ -1,0 +1,397 @@
+"""`qstate bench train`: what each state configuration does to a real (small) training run.
+
+Every run trains the same built-in byte-level LM (models/tiny_lm.py) from the same
+initialization, on the same batches in the same order, with the same learning-rate
+schedule; only the optimizer-state storage differs. Seed s fixes the model init, the
+data order and the optimizer's random streams (SR / BReD), so for one seed the fp32 run
+is the exact reference of every other run and the loss gap is due to the states alone.
+
+Per run: training loss every `log_every` steps, validation loss every `eval_every`
+steps and at the last step (mean over fixed validation batches, nats per byte),
+steps per second (training steps only; CUDA-synchronised on CUDA), optimizer-state
+bytes (codes + scales), resets performed, non-finite gradient elements.
+
+Divergence: a run diverges at the first step whose training or validation loss is
+not finite or exceeds `diverge_factor` x the run's first training loss (at init the
+loss is ~ln 256 = 5.55 nats; a loss twice that is a blow-up, not noise). The run is
+stopped there and reported (`diverged`, `diverged_at_step`, `reason`); its final loss
+is null and the other runs go on. A run that raises (e.g. out of memory) is marked
+`status = "failed"` with the reason, and the study goes on.
+
+Learning rate: linear warm-up over `warmup_frac` of the steps, then cosine decay to
+`min_lr_frac` x lr at the last step (`lr_at`), set on every param group before each step.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from ..errors import QstateError
+from ..models import tiny_lm
+from ..optim import OPTIMIZERS
+from .runspec import RunSpec, resolve_reset
+
+DEFAULT_CONFIGS = ("fp32", "bf16", "nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit",
+                   "nearest-4bit@reset=auto")
+# Peak learning rates. AdamW/Adam: tuned for fp32 states on tiny-lm at 500 steps (a sweep
+# 1.5e-3, 3e-3, 6e-3, 1e-2, 2e-2 gave final val loss 2.27, 2.14, 1.90, 1.86, 1.94), so a
+# quantized run cannot look better than fp32 merely by taking effectively larger steps
+# at a too-small lr. The others are the usual starting points (Lion ~ AdamW / 10,
+# Muon's 0.02), not tuned here.
+DEFAULT_LR = {"adamw": 1e-2, "adam": 1e-2, "lion": 1e-3, "sgd": 0.3, "muon": 0.02}
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """One study's settings; the defaults are the ~5-minute study on 2 CPU cores."""
+
+    model: str = "tiny-lm"
+    optimizer: str = "adamw"
+    steps: int = 500
+    batch_size: int = 16
+    lr: float | None = None  # None: DEFAULT_LR[optimizer]
+    warmup_frac: float = 0.05
+    min_lr_frac: float = 0.1
+    eval_every: int = 25
+    eval_batches: int = 8  # x eval_batch_size sequences, fixed for the whole study
+    eval_batch_size: int = 32
+    log_every: int = 1
+    seeds: int = 1
+    seed: int = 0  # first seed; seeds are seed .. seed + seeds - 1
+    reset: str = "none"  # default reset policy for runs that do not name one
+    min_quant_numel: int = 0  # quantize every tensor's states (bitsandbytes keeps < 4096 in fp32)
+    diverge_factor: float = 2.0
+    device: str = "cpu"
+    backend: str = "auto"
+    threads: int | None = 1  # torch CPU threads during a run; None: torch's default (see threads_for)
+
+    def validate(self) -> "TrainSettings":
+        if self.optimizer not in OPTIMIZERS:
+            from ..quant.formats import suggest
+
+            raise QstateError(f"unknown optimizer {self.optimizer!r}{suggest(self.optimizer, OPTIMIZERS)}")
+        if self.model not in tiny_lm.SIZES:
+            from ..quant.formats import suggest
+
+            raise QstateError(f"unknown model {self.model!r}{suggest(self.model, tiny_lm.SIZES)}")
+        for name in ("steps", "batch_size", "eval_every", "eval_batches", "eval_batch_size", "log_every", "seeds"):
+            if getattr(self, name) < 1:
+                raise QstateError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.lr is not None and not self.lr > 0:
+            raise QstateError(f"lr must be positive, got {self.lr}")
+        if self.min_quant_numel < 0:
+            raise QstateError(f"min-quant-numel must be >= 0, got {self.min_quant_numel}")
+        if self.threads is not None and self.threads < 1:
+            raise QstateError(f"threads must be at least 1, got {self.threads}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise QstateError(f"device {self.device!r} asked for but CUDA is not available here")
+        return self
+
+    @property
+    def base_lr(self) -> float:
+        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+@contextmanager
+def threads_for(settings: TrainSettings):
+    """torch's intra-op CPU threads for one run, restored afterwards. One thread is the
+    default: this model's ops are too small to gain from more, and on a shared machine
+    (more runnable threads than cores) OpenMP's spinning workers made a 2-thread run
+    ~20x slower than a 1-thread run in our measurements (1.8 vs 43 steps/s)."""
+    before = torch.get_num_threads()
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def lr_at(step: int, base_lr: float, steps: int, warmup_frac: float = 0.05, min_lr_frac: float = 0.1) -> float:
+    """Learning rate for step `step` (1-based): linear warm-up over ceil(warmup_frac * steps)
+    steps, then cosine from base_lr down to min_lr_frac * base_lr at step `steps`."""
+    warmup = max(1, math.ceil(warmup_frac * steps))
+    if step <= warmup:
+        return base_lr * step / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return base_lr * (min_lr_frac + (1.0 - min_lr_frac) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+@dataclass
+class RunResult:
+    """One (run, seed): the record fields and the loss series."""
+
+    record: dict
+    series: list[dict] = field(default_factory=list)
+
+
+class _Timer:
+    """Seconds spent in training steps; CUDA events on CUDA (no host sync inside a segment)."""
+
+    def __init__(self, device: str):
+        self.cuda = device.startswith("cuda")
+        self.seconds = 0.0
+
+    def start(self):
+        if self.cuda:
+            self._ev = torch.cuda.Event(enable_timing=True)
+            self._ev.record()
+        self._t = time.perf_counter()
+
+    def stop(self):
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            self.seconds += self._ev.elapsed_time(end) / 1e3
+        else:
+            self.seconds += time.perf_counter() - self._t
+
+
+def validation_batches(settings: TrainSettings, seq_len: int, device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The fixed validation batches every run is evaluated on (same as tiny_lm.evaluate)."""
+    it = tiny_lm.batches("val", settings.eval_batch_size, seq_len, seed=1234)
+    return [tuple(t.to(device) for t in next(it)) for _ in range(settings.eval_batches)]
+
+
+@torch.no_grad()
+def evaluate(model, val: list) -> float:
+    """Mean validation loss (nats per byte) over the fixed batches."""
+    model.eval()
+    loss = sum(float(model.loss(x, y)) for x, y in val) / len(val)
+    model.train()
+    return loss
+
+
+def make_optimizer(run: RunSpec, settings: TrainSettings, params, seed: int):
+    """The qstate optimizer for `run`, with its reset policy resolved (see runspec.py)."""
+    cls = OPTIMIZERS[settings.optimizer]
+    opt = cls(params, lr=run.lr or settings.base_lr, states=run.config, reset=None, seed=seed,
+              min_quant_numel=settings.min_quant_numel, backend=settings.backend)
+    group = opt.param_groups[0]
+    beta = group.get(cls.beta_for_reset, group.get("betas", (0.9, 0.999))[-1])
+    state = "v" if "v" in cls.state_names else "m"
+    period, basis = resolve_reset(run.config.spec(state), run.reset, float(beta))
+    opt.reset_policy = opt.reset_policy.parse(period)
+    return opt, period, basis
+
+
+def train_run(run: RunSpec, settings: TrainSettings, seed: int, val=None,
+              progress: Callable[[str], None] | None = None) -> RunResult:
+    """Train one run for one seed; never raises for a divergence (it is reported)."""
+    with threads_for(settings):
+        return _train_run(run, settings, seed, val, progress)
+
+
+def _train_run(run, settings, seed, val, progress) -> RunResult:
+    device = resolve_device(settings.device)
+    model = tiny_lm.build(settings.model, seed).to(device)
+    seq_len = model.cfg.seq_len
+    val = val if val is not None else validation_batches(settings, seq_len, device)
+    opt, period, basis = make_optimizer(run, settings, model.parameters(), seed)
+    base_lr = run.lr or settings.base_lr
+    data = tiny_lm.batches("train", settings.batch_size, seq_len, seed)
+    timer = _Timer(device)
+    series: list[dict] = []
+    first_loss = best_val = last_val = None
+    diverged_at, reason, step = None, None, 0
+    for step in range(1, settings.steps + 1):
+        x, y = (t.to(device) for t in next(data))
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, base_lr, settings.steps, settings.warmup_frac, settings.min_lr_frac)
+        timer.start()
+        loss = model.loss(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        train_loss = float(loss.detach())  # the host sync ends the timed segment on CUDA anyway
+        timer.stop()
+        first_loss = train_loss if first_loss is None else first_loss
+        val_loss = None
+        if step % settings.eval_every == 0 or step == settings.steps:
+            val_loss = evaluate(model, val)
+        reason = _divergence(train_loss, val_loss, first_loss, settings.diverge_factor)
+        if val_loss is not None and reason is None:
+            last_val = val_loss
+            best_val = val_loss if best_val is None else min(best_val, val_loss)
+        if step % settings.log_every == 0 or val_loss is not None or reason or step == settings.steps:
+            series.append({"config": run.label, "seed": seed, "step": step, "train_loss": _finite(train_loss),
+                           "val_loss": _finite(val_loss)})
+        if reason:
+            diverged_at = step
+            break
+    params = sum(p.numel() for p in model.parameters())
+    state_bytes = opt.state_nbytes()
+    record = {
+        "config": run.label, "states": run.config.canonical(), "optimizer": settings.optimizer,
+        "model": settings.model, "params": params, "seed": seed, "steps": step, "steps_requested": settings.steps,
+        "lr": base_lr, "batch_size": settings.batch_size,
+        "final_val_loss": None if diverged_at else last_val, "best_val_loss": best_val, "gap_to_fp32": None,
+        "final_train_loss": _finite(train_loss) if step else None,
+        "diverged": diverged_at is not None, "diverged_at_step": diverged_at,
+        "steps_per_s": step / timer.seconds if timer.seconds > 0 else None,
+        "state_bytes": state_bytes, "bytes_per_param": state_bytes / params,
+        "reset": run.reset, "reset_period": period, "reset_basis": basis,
+        "resets": (step - 1) // period if period else 0,
+        "nonfinite_grads": opt.nonfinite_count(),
+        "min_quant_numel": settings.min_quant_numel, "device": device,
+        "path": opt.path_for(next(iter(model.parameters()))),
+        "status": "ok", "reason": reason,
+    }
+    if progress:
+        end = f"diverged at step {diverged_at} ({reason})" if diverged_at else f"val loss {last_val:.4f}"
+        progress(f"{run.label} seed {seed}: {step} steps, {end}, {record['steps_per_s'] or 0:.1f} steps/s")
+    return RunResult(record, series)
+
+
+def _divergence(train_loss: float, val_loss: float | None, first_loss: float, factor: float) -> str | None:
+    """Why this step counts as diverged (None: it does not)."""
+    for what, value in (("training loss", train_loss), ("validation loss", val_loss)):
+        if value is None:
+            continue
+        if not math.isfinite(value):
+            return f"{what} is {value}"
+        if value > factor * first_loss:
+            return f"{what} {value:.4g} > {factor:g} x the first loss {first_loss:.4g}"
+    return None
+
+
+def _finite(value):
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _failed(run: RunSpec, settings: TrainSettings, seed: int, exc: BaseException) -> dict:
+    """The row of a run that raised: every column of an ok row, nulls where nothing was measured."""
+    return {"config": run.label, "states": run.config.canonical(), "optimizer": settings.optimizer,
+            "model": settings.model, "params": None, "seed": seed, "steps": 0, "steps_requested": settings.steps,
+            "lr": run.lr or settings.base_lr, "batch_size": settings.batch_size,
+            "final_val_loss": None, "best_val_loss": None, "gap_to_fp32": None, "final_train_loss": None,
+            "diverged": False, "diverged_at_step": None, "steps_per_s": None, "state_bytes": None,
+            "bytes_per_param": None, "reset": run.reset, "reset_period": None, "reset_basis": None, "resets": 0,
+            "nonfinite_grads": None, "min_quant_numel": settings.min_quant_numel,
+            "device": resolve_device(settings.device), "path": None,
+            "status": "failed", "reason": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+
+
+# ---- the study: every run x every seed ------------------------------------------------
+BASELINE = "fp32"
+
+
+def parse_runs(configs, default_reset: str = "none") -> list[RunSpec]:
+    """RunSpecs for the configs asked (default: DEFAULT_CONFIGS), fp32 baseline first
+    (added when absent: every gap is measured against it)."""
+    texts = list(configs) if configs else list(DEFAULT_CONFIGS)
+    runs = [RunSpec.parse(t, default_reset) for t in texts]
+    labels = [r.label for r in runs]
+    dupes = sorted({lab for lab in labels if labels.count(lab) > 1})
+    if dupes:
+        raise QstateError(f"run {dupes[0]!r} is asked for twice")
+    base = [r for r in runs if _is_baseline(r)]
+    if not base:
+        base = [RunSpec.parse(BASELINE)]
+    return base + [r for r in runs if not _is_baseline(r)]
+
+
+def _is_baseline(run: RunSpec) -> bool:
+    return run.label == BASELINE and run.lr is None and run.reset == "none"
+
+
+def run_study(settings: TrainSettings, configs=None, json_path=None,
+              progress: Callable[[str], None] | None = None) -> dict:
+    """Train every run for every seed; returns the result document (kind "train").
+
+    Runs go seed by seed, fp32 first, so each finished row already has its gap to fp32
+    and the file at `json_path` (rewritten atomically after each row) is always a
+    consistent document: Ctrl-C keeps the runs already finished."""
+    from ..results import ResultWriter, environment
+
+    settings = settings.validate()
+    runs = parse_runs(configs, settings.reset)
+    device = resolve_device(settings.device)
+    meta = {"settings": asdict(settings), "runs": [r.label for r in runs], "baseline": BASELINE,
+            "seeds": list(range(settings.seed, settings.seed + settings.seeds)), "device": device,
+            "lr_schedule": f"linear warm-up {settings.warmup_frac:g} of steps, cosine to "
+                           f"{settings.min_lr_frac:g} x lr", "tokens_per_step": None}
+    writer = ResultWriter(json_path, "train", meta, env=environment(device))
+    writer.doc["env"]["torch_threads"] = settings.threads or torch.get_num_threads()  # what the runs used
+    writer.doc["series"], writer.doc["summary"] = [], []
+    val = None
+    for seed in meta["seeds"]:
+        base_loss = None
+        for run in runs:
+            try:
+                if val is None:
+                    seq_len = tiny_lm.SIZES[settings.model].seq_len
+                    val = validation_batches(settings, seq_len, device)
+                    meta["tokens_per_step"] = settings.batch_size * seq_len
+                result = train_run(run, settings, seed, val=val, progress=progress)
+            except QstateError:
+                raise
+            except (RuntimeError, ValueError, torch.cuda.OutOfMemoryError) as exc:
+                if device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+                result = RunResult(_failed(run, settings, seed, exc))
+                if progress:
+                    progress(f"{run.label} seed {seed}: failed ({result.record['reason']})")
+            rec = result.record
+            if _is_baseline(run):
+                base_loss = rec["final_val_loss"]
+            if base_loss is not None and rec["final_val_loss"] is not None:
+                rec["gap_to_fp32"] = rec["final_val_loss"] - base_loss
+            writer.doc["series"].extend(result.series)
+            writer.records.append(rec)
+            writer.doc["summary"] = summarize(writer.records)
+            writer.flush()
+    return writer.doc
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """One row per run over its seeds: losses, the gap to fp32 with its spread (std,
+    min/max, and a 95% Student-t interval half-width when there are >= 2 seeds),
+    divergences, speed and bytes."""
+    from scipy import stats
+
+    out = []
+    for label in dict.fromkeys(r["config"] for r in records):
+        rows = [r for r in records if r["config"] == label]
+        gaps = [r["gap_to_fp32"] for r in rows if r["gap_to_fp32"] is not None]
+        finals = [r["final_val_loss"] for r in rows if r["final_val_loss"] is not None]
+        speeds = [r["steps_per_s"] for r in rows if r.get("steps_per_s")]
+        diverged = [r for r in rows if r["diverged"]]
+        n = len(gaps)
+        std = statistics.stdev(gaps) if n >= 2 else None
+        first = rows[0]
+        out.append({
+            "config": label, "optimizer": first["optimizer"], "model": first["model"], "seeds": len(rows),
+            "final_val_loss_mean": statistics.fmean(finals) if finals else None,
+            "best_val_loss_mean": _mean(r["best_val_loss"] for r in rows),
+            "gap_to_fp32_mean": statistics.fmean(gaps) if gaps else None,
+            "gap_to_fp32_std": std,
+            "gap_to_fp32_min": min(gaps) if gaps else None,
+            "gap_to_fp32_max": max(gaps) if gaps else None,
+            "gap_to_fp32_ci95": float(stats.t.ppf(0.975, n - 1) * std / math.sqrt(n)) if std is not None else None,
+            "diverged": len(diverged),
+            "diverged_at_step_min": min((r["diverged_at_step"] for r in diverged), default=None),
+            "failed": sum(r["status"] == "failed" for r in rows),
+            "steps_per_s_mean": statistics.fmean(speeds) if speeds else None,
+            "state_bytes": first.get("state_bytes"), "bytes_per_param": first.get("bytes_per_param"),
+            "reset": first["reset"], "reset_period": first.get("reset_period"),
+        })
+    return out
+
+
+def _mean(values):
+    vals = [v for v in values if v is not None]
+    return statistics.fmean(vals) if vals else None
