@@ -167,7 +167,7 @@ def test_covered_formats_are_exactly_the_linear_and_table_ones():
 
     covered = {name for name, f in FORMATS.items() if launch.kernel_layout(parse_spec(name)) is not None}
     assert covered == {"int4", "uint4", "int8", "uint8", "de4", "de4u", "de4nz", "de4unz", "de8", "de8u",
-                       "de8nz", "de8unz", "lin4nz"}
+                       "de8nz", "de8unz", "lin4nz", "lin8nz"}
 
 
 @pytest.mark.cuda

@@ -20,7 +20,7 @@ are equal to theirs bit for bit (checked in tests when the peers are installed).
         back as exactly 0 (lpmm's "nonlinear-nozero" duplicates the smallest entry into
         the zero slot instead; the set of values read back is the same).
   lin4nz = {1/16, 2/16, ..., 16/16}: torchao's and lpmm's 4-bit map for v (no zero,
-        because a v stored as 0 makes 1/sqrt(v) explode).
+        because a v stored as 0 makes 1/sqrt(v) explode); lin8nz = {1/256, ..., 1}.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ names a preset::
 
     config  := PRESET | spec | "m=" spec ["," "v=" spec]
 
-e.g. ``bred-4bit`` == ``m=int4:bred:b128,v=uint4:bred:b128:sqrt``.
+e.g. ``bred-4bit`` == ``m=int4:bred:b128,v=lin4nz:bred:b128:sqrt``.
 
 How BReD treats what is not a uniform grid (design decision, documented in README):
 - non-negative states (v): the presets dither sqrt(v) (``:sqrt``), so the value read back
@@ -159,12 +159,12 @@ PRESETS: dict[str, tuple[str, str]] = {
     "bnb-8bit": ("m=de8:nearest:b256,v=de8u:nearest:b256", "bitsandbytes AdamW8bit: DE maps, block 256, nearest"),
     "torchao-8bit": ("m=de8:nearest:b256,v=de8u:nearest:b256", "torchao AdamW8bit: DE maps, block 256, nearest"),
     "torchao-4bit": ("m=de4:nearest:b128,v=lin4nz:nearest:b128", "torchao AdamW4bit: 4-bit DE m, no-zero linear v, block 128"),
-    "nearest-4bit": ("m=int4:nearest:b128,v=uint4:nearest:b128", "linear 4-bit, round to nearest"),
-    "sr-4bit": ("m=int4:stochastic:b128,v=uint4:stochastic:b128", "linear 4-bit, stochastic rounding"),
-    "bred-4bit": ("m=int4:bred:b128,v=uint4:bred:b128:sqrt", "linear 4-bit, BReD dithering (v dithered as sqrt(v))"),
-    "nearest-8bit": ("m=int8:nearest:b256,v=uint8:nearest:b256", "linear 8-bit, round to nearest"),
-    "sr-8bit": ("m=int8:stochastic:b256,v=uint8:stochastic:b256", "linear 8-bit, stochastic rounding"),
-    "bred-8bit": ("m=int8:bred:b256,v=uint8:bred:b256:sqrt", "linear 8-bit, BReD dithering"),
+    "nearest-4bit": ("m=int4:nearest:b128,v=lin4nz:nearest:b128:sqrt", "linear 4-bit m; v on a no-zero linear grid in sqrt(v); round to nearest"),
+    "sr-4bit": ("m=int4:stochastic:b128,v=lin4nz:stochastic:b128:sqrt", "as nearest-4bit, stochastic rounding"),
+    "bred-4bit": ("m=int4:bred:b128,v=lin4nz:bred:b128:sqrt", "as nearest-4bit, BReD subtractive dithering"),
+    "nearest-8bit": ("m=int8:nearest:b256,v=lin8nz:nearest:b256:sqrt", "linear 8-bit m; v on a no-zero linear grid in sqrt(v); round to nearest"),
+    "sr-8bit": ("m=int8:stochastic:b256,v=lin8nz:stochastic:b256:sqrt", "as nearest-8bit, stochastic rounding"),
+    "bred-8bit": ("m=int8:bred:b256,v=lin8nz:bred:b256:sqrt", "as nearest-8bit, BReD subtractive dithering"),
 }
 
 

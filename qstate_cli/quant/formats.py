@@ -183,6 +183,7 @@ _register(Format("de4nz", "table", 4, True, "de4 without its zero code"))
 _register(Format("de4u", "table", 4, False, "4-bit unsigned dynamic map"))
 _register(Format("de4unz", "table", 4, False, "de4u without its zero code"))
 _register(Format("lin4nz", "table", 4, False, "no-zero linear map {1/16..1} (v in torchao/lpmm 4-bit AdamW)"))
+_register(Format("lin8nz", "table", 8, False, "no-zero linear map {1/256..1}: 8-bit v that never reads back as 0"))
 
 ALIASES = {a: f.name for f in FORMATS.values() for a in f.aliases}
 
