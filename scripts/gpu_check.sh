@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# One command for a CUDA machine: the kernel parity tests on the GPU, the other CUDA
-# tests, and the headline measurement of the fused 4-bit AdamW step at 1e8 elements.
+# The one GPU check: on a CUDA machine, in one call, the headline kernel measurement,
+# the kernel parity tests on the GPU, `qstate bench kernels` / `bench memory` on real
+# sizes, and the other CUDA tests. Writes logs and JSON under OUT_DIR.
 #
 #   scripts/gpu_check.sh OUT_DIR        (or OUT=... scripts/gpu_check.sh)
 #
-# Writes into OUT_DIR: summary.log (one line per stage), <stage>.log for each stage,
-# junit XML of the test stages, and headline.json (results kind "kernels", written row by
-# row). Every stage runs even if an earlier one failed; the exit status is 1 if any failed.
-# Stages (roughly, on an H200): env (s), headline (~1-2 min incl. compilation),
-# kernel_tests (~2-4 min: each kernel variant compiles once), cuda_tests (the rest).
-# Environment knobs: PYTHON, HEADLINE_NUMEL (default 1e8), STAGE_TIMEOUT (s, default 900).
+# Files: summary.log (one line per stage), <stage>.log, junit XML of the test stages,
+# headline.json, bench-kernels-4bit.json/.csv, bench-kernels-gpt2.json, bench-memory.json.
+# Every stage runs even if an earlier one failed (exit status 1 if any failed); a stage
+# that would start after DEADLINE seconds is skipped, so the whole run fits a lease.
+# Knobs: PYTHON, HEADLINE_NUMEL (1e8), BENCH_NUMEL (2^27), DEADLINE (s, 480).
+# Peers: if .peers/ exists (bitsandbytes and torchao unpacked there, carried to a
+# machine without network), it is put on PYTHONPATH so their baselines can run.
 set -euo pipefail
 
 OUT_DIR="${1:-${OUT:-gpu_check_out}}"
@@ -18,51 +20,61 @@ OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
 NUMEL="${HEADLINE_NUMEL:-100000000}"
-STAGE_TIMEOUT="${STAGE_TIMEOUT:-900}"
+BENCH_NUMEL="${BENCH_NUMEL:-2^27}"
+DEADLINE="${DEADLINE:-480}"
 SUMMARY="$OUT_DIR/summary.log"
+T0=$(date +%s)
 failed=0
 unset TRITON_INTERPRET  # real kernels on the GPU
+export PYTHONUNBUFFERED=1
+if [ -d .peers ]; then export PYTHONPATH="$PWD/.peers${PYTHONPATH:+:$PYTHONPATH}"; fi
 
-stage() {  # stage NAME COMMAND...: run, log to OUT_DIR/NAME.log, record the outcome, never abort
-    local name="$1"; shift
-    local start rc
+stage() {  # stage NAME LIMIT_S COMMAND...: run with a limit, log to OUT_DIR/NAME.log, never abort
+    local name="$1" limit="$2"; shift 2
+    local start rc elapsed=$(( $(date +%s) - T0 ))
+    if [ "$elapsed" -ge "$DEADLINE" ]; then
+        echo "== $name: SKIPPED (deadline: ${elapsed}s >= ${DEADLINE}s)" | tee -a "$SUMMARY"; failed=1; return
+    fi
+    echo "== $name (limit ${limit}s, at ${elapsed}s): $*" | tee -a "$SUMMARY"
     start=$(date +%s)
-    echo "== $name: $*" | tee -a "$SUMMARY"
     set +e
-    timeout "$STAGE_TIMEOUT" "$@" > "$OUT_DIR/$name.log" 2>&1
+    timeout "$limit" "$@" > "$OUT_DIR/$name.log" 2>&1
     rc=$?
     set -e
     local took=$(( $(date +%s) - start ))
-    if [ "$rc" -eq 0 ]; then
+    if [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ]; then  # 5: pytest selected no tests
         echo "   ok ($took s)" | tee -a "$SUMMARY"
     else
         echo "   FAILED rc=$rc ($took s); tail of $name.log:" | tee -a "$SUMMARY"
-        tail -n 20 "$OUT_DIR/$name.log" | sed 's/^/   | /' | tee -a "$SUMMARY"
+        tail -n 15 "$OUT_DIR/$name.log" | sed 's/^/   | /' | tee -a "$SUMMARY"
         failed=1
     fi
 }
 
-pytest_run() {  # pytest, but "no tests selected" (exit 5) is not a failure
-    local rc=0
-    "$PY" -m pytest "$@" || rc=$?
-    if [ "$rc" -eq 5 ]; then echo "(no tests selected)"; return 0; fi
-    return "$rc"
-}
-export -f pytest_run
-export PY
+stage env 60 "$PY" -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda); print('triton', triton.__version__); print('device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NO CUDA'); import importlib.util as u; print('peers', [m for m in ('bitsandbytes', 'torchao') if u.find_spec(m)])"
+command -v nvidia-smi > /dev/null && stage nvidia_smi 30 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,power.draw --format=csv
 
-stage env "$PY" -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda); print('triton', triton.__version__); print('device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NO CUDA')"
-if command -v nvidia-smi > /dev/null; then
-    stage nvidia_smi nvidia-smi
-fi
-stage headline "$PY" -m qstate_cli.kernels.headline --out "$OUT_DIR" --numel "$NUMEL"
-stage kernel_tests bash -c 'pytest_run "$@"' _ -q -ra tests/test_kernels_adamw.py tests/test_kernels_lion.py \
+# 1. Headline: fused 4-bit AdamW kernel vs copy bandwidth, BReD vs nearest, vs torch fused AdamW.
+stage headline 150 "$PY" -m qstate_cli.kernels.headline --out "$OUT_DIR" --numel "$NUMEL"
+# 2. Bit-exact parity of every kernel with the reference, on the GPU.
+stage kernel_tests 180 "$PY" -m pytest -q -ra tests/test_kernels_adamw.py tests/test_kernels_lion.py \
     tests/test_kernels_sgd.py tests/test_kernels_muon.py tests/test_kernels_launch.py tests/test_kernels_ptx.py \
     --junitxml="$OUT_DIR/kernel_tests.xml"
-stage cuda_tests bash -c 'pytest_run "$@"' _ -q -ra -m cuda tests --ignore-glob='tests/test_kernels_*' \
+# 3. The headline command: every 4-bit rounding mode for AdamW against the baselines.
+stage bench_kernels 150 "$PY" -m qstate_cli bench kernels --bits 4 --numel "$BENCH_NUMEL" --dtype bf16,fp32 \
+    --warmup-ms 25 --rep-ms 150 --json "$OUT_DIR/bench-kernels-4bit.json" --csv "$OUT_DIR/bench-kernels-4bit.csv"
+# 4. Launch overhead on a whole model: one launch per group vs one launch per parameter.
+stage bench_gpt2 90 "$PY" -m qstate_cli bench kernels -c bred-4bit --model gpt2-small --dtype bf16 \
+    --baseline bred-4bit-per-param,torch-fused,torch-foreach,bnb-adamw8bit,torchao-adamw4bit \
+    --warmup-ms 25 --rep-ms 150 --json "$OUT_DIR/bench-kernels-gpt2.json"
+# 5. Memory: exact accounting and torch.cuda.max_memory_allocated on GPT-2 small shapes.
+stage bench_memory 60 "$PY" -m qstate_cli bench memory --model gpt2-small --json "$OUT_DIR/bench-memory.json"
+# 6. Every other CUDA test (timers, replay on the GPU, ...).
+stage cuda_tests 90 "$PY" -m pytest -q -ra -m cuda tests --ignore-glob='tests/test_kernels_*' \
     --junitxml="$OUT_DIR/cuda_tests.xml"
-# `qstate bench kernels` (built in parallel) belongs here once it exists, e.g.
-# stage bench_kernels "$PY" -m qstate_cli bench kernels --bits 4 ... (writes JSON into $OUT_DIR)
 
-echo "== done: $([ "$failed" -eq 0 ] && echo 'all stages ok' || echo 'some stages FAILED') (see $SUMMARY)" | tee -a "$SUMMARY"
+for f in headline bench_kernels bench_gpt2 bench_memory; do
+    echo "== $f (tail)"; tail -n 30 "$OUT_DIR/$f.log" 2>/dev/null || true
+done
+echo "== done in $(( $(date +%s) - T0 ))s: $([ "$failed" -eq 0 ] && echo 'all stages ok' || echo 'some stages FAILED') (see $SUMMARY)" | tee -a "$SUMMARY"
 exit "$failed"

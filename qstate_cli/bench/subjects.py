@@ -97,13 +97,17 @@ def _param_dtype_states(dtype: torch.dtype) -> StateConfig:
 
 
 # ---- ours ------------------------------------------------------------------------------
-def ours(config_name: str, name: str | None = None, role: str = "config") -> Subject:
+def ours(config_name: str, name: str | None = None, role: str = "config", per_param: bool = False) -> Subject:
+    """Our optimizer with `config_name` states. per_param: one param group per tensor, so the
+    kernel path makes one launch per parameter (as bitsandbytes, torchao and lpmm do),
+    instead of one launch per group: the launch-overhead baseline for --model runs."""
     cfg = parse_config(config_name)
 
     def build(params, ctx: Context):
         from ..optim import OPTIMIZERS
 
-        opt = OPTIMIZERS[ctx.optimizer](params, states=cfg, backend=ctx.backend)
+        groups = [{"params": [p]} for p in params] if per_param else params
+        opt = OPTIMIZERS[ctx.optimizer](groups, states=cfg, backend=ctx.backend)
         try:
             path = opt.path_for(params[0])
         except QstateError as exc:
@@ -195,6 +199,7 @@ def baselines(optimizer: str) -> dict[str, Subject]:
     if optimizer == "muon":
         out["torch-muon"] = _torch_muon()
     out["bf16-states"] = ours("bf16", name="bf16-states", role="baseline")
+    out["bred-4bit-per-param"] = ours("bred-4bit", name="bred-4bit-per-param", role="baseline", per_param=True)
     if optimizer in ("adamw", "lion", "sgd"):
         out[f"bnb-{optimizer}8bit"] = _bnb(optimizer)
     if optimizer == "adamw":
@@ -206,8 +211,9 @@ def baselines(optimizer: str) -> dict[str, Subject]:
 def default_baselines(optimizer: str, bits: int | None) -> list[str]:
     """All baselines, except the torchao peer of the other bit width when the configs
     are all `bits` wide (--bits 4 meets torchao's AdamW4bit, --bits 8 its AdamW8bit;
-    `--baseline all` keeps both)."""
-    names = list(baselines(optimizer))
+    `--baseline all` keeps both). The per-parameter-launch baseline only means something
+    with many tensors (--model), so it runs when named."""
+    names = [n for n in baselines(optimizer) if not n.endswith("-per-param")]  # asked for by name (--model runs)
     if bits in (4, 8):
         names = [n for n in names if n != f"torchao-adamw{12 - bits}bit"]
     return names

@@ -37,6 +37,10 @@ import torch
 
 BLOCK = 128
 FLUSH_MIB = 256
+# The presets keep v on the no-zero code book lin4nz (a 16-entry table lookup); these rows
+# time the same step with v on the plain linear grid uint4, to show what the lookup costs.
+LINEAR_V = (("m=int4:nearest:b128,v=uint4:nearest:b128:sqrt", "nearest"),
+            ("m=int4:bred:b128,v=uint4:bred:b128:sqrt", "bred"))
 TARGETS = {"pct_of_copy_min": 85.0, "bred_overhead_pct_max": 3.0, "speedup_vs_torch_min": 1.8}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
@@ -184,8 +188,9 @@ def run(numel: int = 10**8, device: str = "cuda", dtypes=("bf16", "fp32"), reps:
         dtype = DTYPES[dname]
         size = torch.empty((), dtype=dtype).element_size()
         model = bytes_per_element(size, size, 4, 2, BLOCK)
-        for preset, rounding in (("nearest-4bit", "nearest"), ("bred-4bit", "bred")):
-            measure({"name": preset, "optimizer": "adamw", "config": preset, "rounding": rounding, "bits": 4,
+        for preset, rounding in (("nearest-4bit", "nearest"), ("bred-4bit", "bred")) + LINEAR_V:
+            name = preset if "=" not in preset else f"{rounding}-4bit-uint4v"
+            measure({"name": name, "optimizer": "adamw", "config": preset, "rounding": rounding, "bits": 4,
                      "param_dtype": dname, "grad_dtype": dname, "path": kernel_path,
                      "bytes_per_element": model, "bytes_moved": model * numel},
                     lambda: fused_adamw_launch(numel, dtype, preset, device), graph=True)
