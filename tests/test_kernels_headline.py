@@ -22,7 +22,8 @@ def test_headline_writes_every_row_and_the_summary(tmp_path):
     doc = json.loads((tmp_path / "headline.json").read_text())
     assert doc["schema_version"] == 1 and doc["kind"] == "kernels" and doc["env"]["device"] == "cpu"
     names = [r["name"] for r in doc["records"]]
-    assert names == ["copy", "nearest-4bit", "bred-4bit", "qstate-step", "torch-fused-adamw"]
+    assert names == ["copy", "nearest-4bit", "bred-4bit", "nearest-4bit-uint4v", "bred-4bit-uint4v", "qstate-step",
+                     "torch-fused-adamw"]
     failed = [(r["name"], r["reason"]) for r in doc["records"] if r["status"] != "ok"]
     assert rc == (1 if failed else 0)
     assert [n for n, _ in failed] in ([], ["torch-fused-adamw"]), failed  # torch's fused CPU AdamW is optional
