@@ -34,7 +34,7 @@ def test_required_presets_exist_with_the_peer_settings():
 
 
 def test_explicit_config_is_named_after_a_matching_preset():
-    assert str(parse_config("m=int4:bred:b128,v=lin4nz:bred:b128:sqrt")) == "bred-4bit"
+    assert str(parse_config("m=int4:bred:b128,v=lin4nz:bred:b128")) == "bred-4bit"
     assert str(parse_config("m=int4:bred:b64,v=uint4:bred:b64")) == "m=int4:bred:b64,v=uint4:bred:b64"
 
 

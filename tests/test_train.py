@@ -144,7 +144,7 @@ def test_a_reset_changes_training_only_after_the_period():
 
 
 def test_run_names_and_baseline():
-    runs = parse_runs(["bred-4bit", "m=int4:bred:b128,v=lin4nz:bred:b128:sqrt@reset=auto@lr=0.01"], "none")
+    runs = parse_runs(["bred-4bit", "m=int4:bred:b128,v=lin4nz:bred:b128@reset=auto@lr=0.01"], "none")
     assert [r.label for r in runs] == ["fp32", "bred-4bit", "bred-4bit@reset=auto@lr=0.01"]
     assert runs[2].reset == "auto" and runs[2].lr == 0.01
     assert RunSpec.parse("fp32@lr=1e-2@reset=none").label == "fp32@lr=0.01"

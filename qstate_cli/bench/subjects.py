@@ -158,6 +158,14 @@ def import_bitsandbytes():
     return bitsandbytes
 
 
+def _quiet_torchao_warnings() -> None:
+    """torch.compile warns once per shape that torchao's state subclasses lack a stable
+    cache hash; that is torchao's business, not the user's: keep stderr readable."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*_stable_hash_for_caching.*")
+
+
 def import_torchao_optim():
     try:
         import torchao.optim
@@ -182,6 +190,7 @@ def _bnb(optimizer: str) -> Subject:
 def _torchao(bits: int) -> Subject:
     def build(params, ctx: Context):
         ao = import_torchao_optim()
+        _quiet_torchao_warnings()
         torch._dynamo.reset()  # compile each row afresh: fair compile_ms, no cache limits
         return getattr(ao, f"AdamW{bits}bit")(params), "torchao"
 

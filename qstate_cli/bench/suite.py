@@ -37,13 +37,21 @@ def _options(cls, params: dict, what: str):
     return cls(**values)
 
 
+def _no_default_baselines(params: dict) -> dict:
+    """The runner passes `baseline: []` to a config point: none, not the command's defaults."""
+    params = dict(params or {})
+    if "baseline" in params and params["baseline"] in ([], ()):
+        params["baseline"] = ["none"]
+    return params
+
+
 def kernels_point(params: dict) -> dict:
     """Run `qstate bench kernels` with these parameters; returns {"records": [...]}."""
-    p = kernels.plan(_options(kernels.KernelsOptions, params, "bench kernels"))
+    p = kernels.plan(_options(kernels.KernelsOptions, _no_default_baselines(params), "bench kernels"))
     return {"records": kernels.run(p)}
 
 
 def memory_point(params: dict) -> dict:
     """Run `qstate bench memory` with these parameters; returns {"records": [...]}."""
-    p = memory.plan(_options(memory.MemoryOptions, params, "bench memory"))
+    p = memory.plan(_options(memory.MemoryOptions, _no_default_baselines(params), "bench memory"))
     return {"records": memory.run(p)}
