@@ -14,6 +14,7 @@ every finished row, which is what makes Ctrl-C keep the rows already measured.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -81,31 +82,35 @@ def document(kind: str, records: list[dict], meta: dict | None = None, env: dict
             "meta": meta or {}, "records": records}
 
 
-def write_json_atomic(path, obj) -> Path:
-    """Write JSON to `path` atomically (temp file + rename)."""
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yield a temporary path in `path`'s folder; on success rename it to `path` (atomic on
+    POSIX), on any error remove it. Readers never see a half-written file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=1, default=_json_default, allow_nan=True)
-            fh.write("\n")
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return path
+
+
+def write_json_atomic(path, obj) -> Path:
+    """Write JSON to `path` atomically (temp file + rename)."""
+    with atomic_path(path) as tmp, open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=1, default=_json_default, allow_nan=True)
+        fh.write("\n")
+    return Path(path)
 
 
 def write_text_atomic(path, text: str) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
+    with atomic_path(path) as tmp, open(tmp, "w") as fh:
         fh.write(text)
-    os.replace(tmp, path)
-    return path
+    return Path(path)
 
 
 def _json_default(obj):

@@ -2,7 +2,6 @@
 are escaped; Markdown folds long tables; `qstate report` as a command."""
 import base64
 import copy
-import json
 import struct
 import subprocess
 import sys

@@ -1,5 +1,4 @@
 """Trace format v1: round trip, validation, hostile files, shards, atomic writes, the recorder."""
-import os
 import pickle
 import re
 import zipfile

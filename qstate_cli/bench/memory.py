@@ -87,7 +87,7 @@ def plan(opts: MemoryOptions) -> MemoryPlan:
         raise QstateError("--numel must be >= 1")
     targets = [Target([(n,)], None) for n in opts.numel] + [Target(model_shapes(m), m) for m in models]
     subjects = [ours(c) for c in (opts.config or DEFAULT_CONFIGS)]
-    subjects += select_baselines(opts.optimizer, opts.baseline or ["all"])
+    subjects += select_baselines(opts.optimizer, opts.baseline)  # default: all but the per-param one
     if opts.backend not in BACKENDS:
         raise QstateError(f"unknown backend {opts.backend!r}: choose from {', '.join(BACKENDS)}")
     return MemoryPlan(device, opts.optimizer, opts.dtype, targets, subjects, int(opts.seed), opts.backend)

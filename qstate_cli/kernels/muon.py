@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from . import common as c
-from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_shape
+from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, tile_shape
 
 @triton.jit
 def _muon_tile(g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, beta, omb,

@@ -12,34 +12,24 @@ step range) and hold different tensors; they load as one trace.
 """
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
 import zipfile
 from pathlib import Path
 
 import torch
 
 from ..errors import QstateError
+from ..results import atomic_path
 from .schema import Trace, from_dict
 
 
 def save_trace(trace: Trace, path) -> Path:
     """Write `trace` to `path` atomically (temporary file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     obj = trace.to_dict()
     from_dict(obj, str(path))  # never write what we would refuse to read
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return Path(path)
 
 
 def load_trace(path) -> Trace:
