@@ -240,7 +240,7 @@ def test_select_configs():
                                                     "torchao-4bit", "bf16", "bf16-sr"]
     assert [str(c) for c in select_configs(bits=[8], rounding=["bred", "nr"])] == ["bred-8bit", "nearest-8bit"]
     cfg = select_configs(["bred-4bit", "bf16"], block_size=64)
-    assert cfg[0].m.block == 64 and cfg[0].v.block == 64 and cfg[0].v.sqrt and cfg[1].m.block is None
+    assert cfg[0].m.block == 64 and cfg[0].v.block == 64 and cfg[0].v.fmt.name == "lin4nz" and cfg[1].m.block is None
     with pytest.raises(QstateError, match="did you mean bred-4bit"):
         select_configs(["bred4bit"])
     with pytest.raises(QstateError, match="block size 4000 out of range"):

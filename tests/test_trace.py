@@ -237,12 +237,13 @@ def test_recorder_keeps_nonfinite_gradients_and_zero_fills_unused_ones(tmp_path)
     assert torch.equal(tr.tensors[3].grads, torch.zeros(1, 3))
 
 
-def test_readme_example_runs(tmp_path, monkeypatch):
-    text = (Path(__file__).resolve().parents[1] / "docs" / "readme" / "diagnose.md").read_text()
-    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+@pytest.mark.parametrize("doc", ["README.md", "docs/diagnose.md"])
+def test_readme_example_runs(tmp_path, monkeypatch, doc):
+    text = (Path(__file__).resolve().parents[1] / doc).read_text()
+    code = next(c for c in re.findall(r"```python\n(.*?)```", text, re.S) if "Recorder(" in c)
     assert len(code.strip().splitlines()) <= 12
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README example", "exec"), {})
+    exec(compile(code, f"{doc} recorder example", "exec"), {})
     tr = load_trace(tmp_path / "my_trace.pt")
     assert tr.optimizer == "adamw" and tr.n_steps == 100
 
