@@ -170,6 +170,15 @@ def is_oom(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
 
 
+def failure(subject: Subject, exc: BaseException) -> dict:
+    """status and reason of a row whose step raised: out of memory is "failed" (the sweep
+    goes on), a baseline that cannot run here is "unavailable", anything else "failed"."""
+    if is_oom(exc):
+        return {"status": "failed", "reason": f"out of memory: {exc}"}
+    status = "unavailable" if subject.role == "baseline" else "failed"
+    return {"status": status, "reason": f"{type(exc).__name__}: {exc}"}
+
+
 def free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -270,12 +279,7 @@ def measure_subject(row: dict, subject: Subject, ctx: Context, tensors: Tensors,
     except QstateError as exc:  # e.g. backend='triton' where the kernels cannot run
         row.update(status="unavailable", reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - one bad row must not end the sweep
-        if is_oom(exc):
-            row.update(status="failed", reason=f"out of memory: {exc}")
-        elif subject.role == "baseline":
-            row.update(status="unavailable", reason=f"{type(exc).__name__}: {exc}")
-        else:
-            row.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+        row.update(failure(subject, exc))
     else:
         fill_timing(row, timing, compiles=subject.compiles)
     finally:

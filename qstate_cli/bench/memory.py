@@ -32,7 +32,7 @@ import torch
 from ..errors import QstateError
 from ..results import device_info
 from .bytes_model import DTYPE_NAMES, DTYPES, tensor_state_bytes
-from .kernels import BACKENDS, Target, Tensors, free_memory, is_oom, resolve_device
+from .kernels import BACKENDS, Target, Tensors, failure, free_memory, is_oom, resolve_device
 from .shapes import model_shapes
 from .subjects import STATES, Context, Subject, Unavailable, ours, select_baselines
 
@@ -195,12 +195,7 @@ def measure_subject(row: dict, subject: Subject, ctx: Context, tensors: Tensors)
     except (Unavailable, QstateError) as exc:
         row.update(status="unavailable", reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - one bad row must not end the run
-        if is_oom(exc):
-            row.update(status="failed", reason=f"out of memory: {exc}")
-        elif subject.role == "baseline":
-            row.update(status="unavailable", reason=f"{type(exc).__name__}: {exc}")
-        else:
-            row.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+        row.update(failure(subject, exc))
     finally:
         free_memory(ctx.device)
 
