@@ -23,6 +23,16 @@ except ImportError:  # pragma: no cover
     pass
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for tests of many tiny ops: on a small, loaded CPU, OpenMP's
+    fork/join per op makes them many times slower (nothing asserts on time); restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

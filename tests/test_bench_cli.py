@@ -24,13 +24,7 @@ DOC = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
 FAST = ["--warmup-ms", "0", "--rep-ms", "1", "--copy-numel", "4096"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread (see test_bench_engine.py: a loaded CPU and OpenMP spinning)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def contract(kind: str) -> tuple[set[str], set[str]]:

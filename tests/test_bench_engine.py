@@ -13,14 +13,7 @@ from qstate_cli.errors import QstateError
 FAST = dict(warmup_ms=0, rep_ms=1, copy_numel=4096)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared, loaded CPU, OpenMP's spinning threads make
-    small steps hundreds of times slower (the numbers are not asserted on anyway)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def run_kernels(**kw):

@@ -17,14 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WIDE = {"COLUMNS": "250"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tests run many tiny ops: one thread avoids a fork/join barrier per op (costly on
-    a busy 2-core machine); restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 @pytest.fixture(scope="module")
