@@ -16,7 +16,6 @@ Ctrl-C (KeyboardInterrupt, never caught here) keeps every finished row.
 """
 from __future__ import annotations
 
-import gc
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -25,6 +24,7 @@ import torch
 from ..errors import QstateError
 from ..quant.config import ROUNDINGS, parse_config
 from ..results import device_info
+from ..runtime import free_memory, is_oom, resolve_device
 from .bytes_model import DTYPE_NAMES, DTYPES, gbps
 from .shapes import model_shapes, numel as shapes_numel, sweep_shape
 from .subjects import STATES, Context, Subject, Unavailable, ours, select_baselines
@@ -101,19 +101,6 @@ class Plan:
         return 1 + len(self.dtypes) * len(self.targets) * len(self.subjects)
 
 
-def resolve_device(name: str) -> torch.device:
-    name = (name or "auto").lower()
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise QstateError("--device cuda: CUDA is not available here (use --device cpu or auto)")
-        return torch.device(name)
-    if name == "cpu":
-        return torch.device("cpu")
-    raise QstateError(f"unknown device {name!r}: use auto, cuda or cpu")
-
-
 def config_names(opts: KernelsOptions) -> list[str]:
     """--config as given, else every config of --bits, filtered by --rounding."""
     if opts.config:
@@ -165,11 +152,6 @@ def plan(opts: KernelsOptions) -> Plan:
                 bool(opts.cuda_graph), int(opts.copy_numel or d["copy_numel"]), int(opts.seed))
 
 
-def is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
-
-
 def failure(subject: Subject, exc: BaseException) -> dict:
     """status and reason of a row whose step raised: out of memory is "failed" (the sweep
     goes on), a baseline that cannot run here is "unavailable", anything else "failed"."""
@@ -177,12 +159,6 @@ def failure(subject: Subject, exc: BaseException) -> dict:
         return {"status": "failed", "reason": f"out of memory: {exc}"}
     status = "unavailable" if subject.role == "baseline" else "failed"
     return {"status": status, "reason": f"{type(exc).__name__}: {exc}"}
-
-
-def free_memory(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 class Tensors:
