@@ -39,6 +39,7 @@ from ..errors import QstateError
 from ..quant.config import StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
+from . import fused
 from .reset import ResetPolicy
 
 FP32_SPEC = parse_spec("fp32")
@@ -49,7 +50,7 @@ STATE_IDS = {"m": 0, "v": 1}
 class QuantizedOptimizer(torch.optim.Optimizer):
     state_names: tuple[str, ...] = ("m",)
     beta_for_reset: str = "beta2"  # which hyper-parameter sets the 'auto' reset period
-    kernel: str | None = None  # name of the fused kernel module (kernels/<kernel>.py)
+    kernel: str | None = None  # the fused kernel module (kernels/<kernel>.py; fused.launcher)
     kernel_needs_out = False  # the kernel writes an fp32 update per parameter (Muon)
 
     def __init__(self, params, defaults: dict, states="bred-4bit", reset=None, seed: int = 0,
@@ -71,24 +72,18 @@ class QuantizedOptimizer(torch.optim.Optimizer):
 
     def why_reference(self, p: torch.Tensor) -> str | None:
         """Why the reference steps p although kernels were asked for (None if they step it)."""
-        from . import fused
-
         return fused.why_reference(self, self._group_of(p), p)
 
     def _path(self, group, p: torch.Tensor) -> str:
-        from . import fused
-
         if self.backend == "reference":
             return "reference"
         if self.backend == "auto" and not p.is_cuda:
             return "reference"
-        from .. import kernels
-
-        if not kernels.available(p.device):
+        unavailable = fused.kernels_unavailable(p.device)
+        if unavailable is not None:
             if self.backend == "auto":
                 return "reference"
-            raise QstateError(f"backend='triton' needs Triton and a CUDA device or TRITON_INTERPRET=1 "
-                              f"({kernels.unavailable_reason(p.device)})")
+            raise QstateError(f"backend='triton' needs Triton and a CUDA device or TRITON_INTERPRET=1 ({unavailable})")
         if fused.why_reference(self, group, p) is not None:
             return "reference"
         return "triton" if p.is_cuda else "triton-interpreter"
@@ -172,8 +167,6 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                 else:
                     fused_params.append(p)
             if fused_params:
-                from . import fused
-
                 fused.step_group(self, group, fused_params, ids)
         return loss
 
