@@ -32,18 +32,19 @@ from typing import Callable
 import torch
 
 from ..errors import QstateError
-from ..quant.config import parse_config
+from ..quant.config import StateConfig, parse_config
 from ..results import device_info
 from ..runtime import free_memory, resolve_device
 from .bytes_model import DTYPES, bytes_per_element
 from .kernels import FIELDS, fill_timing
 from .timing import CaptureFailed, measure
 
-PRESETS = (("nearest-4bit", "nearest-4bit"), ("bred-4bit", "bred-4bit"),
-           # v on the plain linear grid: the presets' lin4nz is a 16-entry table lookup
-           ("nearest-4bit-uint4v", "m=int4:nearest:b128,v=uint4:nearest:b128:sqrt"),
-           ("bred-4bit-uint4v", "m=int4:bred:b128,v=uint4:bred:b128:sqrt"))
-STEP_CONFIG = "bred-4bit"
+PRESETS = tuple((name, parse_config(text)) for name, text in (
+    ("nearest-4bit", "nearest-4bit"), ("bred-4bit", "bred-4bit"),
+    # v on the plain linear grid: the presets' lin4nz is a 16-entry table lookup
+    ("nearest-4bit-uint4v", "m=int4:nearest:b128,v=uint4:nearest:b128:sqrt"),
+    ("bred-4bit-uint4v", "m=int4:bred:b128,v=uint4:bred:b128:sqrt")))
+STEP_CONFIG = parse_config("bred-4bit")
 TARGETS = {"pct_of_copy_min": 85.0, "bred_overhead_pct_max": 3.0, "speedup_vs_torch_min": 1.8}
 HEADLINE_FIELDS = FIELDS + ("timing",)
 
@@ -86,13 +87,12 @@ def plan(opts: HeadlineOptions) -> HeadlinePlan:
 
 
 # ---- the things measured -------------------------------------------------------------------
-def fused_adamw_launch(numel: int, dtype: torch.dtype, states: str, device) -> Callable[[], None]:
+def fused_adamw_launch(numel: int, dtype: torch.dtype, cfg: StateConfig, device) -> Callable[[], None]:
     """A ready-to-call fused AdamW launch over one tensor (states written at step 9; step 10)."""
     from ..kernels import adamw, launch
     from ..optim import rules
     from ..quant import QuantizedState
 
-    cfg = parse_config(states)
     p = torch.randn(numel, device=device).to(dtype)
     g = (torch.randn(numel, device=device) * 1e-3).to(dtype)
     qs = {n: QuantizedState(cfg.spec(n), (numel,), device=device) for n in "mv"}
@@ -116,7 +116,7 @@ def qstate_optimizer_step(numel: int, dtype: torch.dtype, device) -> tuple[Calla
 
     p = torch.nn.Parameter(torch.randn(numel, device=device).to(dtype))
     p.grad = (torch.randn(numel, device=device) * 1e-3).to(dtype)
-    opt = AdamW([p], lr=1e-3, states=parse_config(STEP_CONFIG), min_quant_numel=0, backend="triton")
+    opt = AdamW([p], lr=1e-3, states=STEP_CONFIG, min_quant_numel=0, backend="triton")
     return opt.step, opt.path_for(p)
 
 
@@ -190,13 +190,12 @@ def run(p: HeadlinePlan, on_row: Callable[[dict], None] | None = None,
     for dname in p.dtypes:
         dtype = DTYPES[dname]
         size = torch.empty((), dtype=dtype).element_size()
-        for name, states in PRESETS:
-            cfg = parse_config(states)
+        for name, cfg in PRESETS:
             measured(_row(p, info, name=name, role="config", optimizer="adamw", config=cfg.canonical(),
                           rounding=cfg.m.rounding, bits=4, param_dtype=dname, grad_dtype=dname,
                           path=_kernel_path(p.device), bytes_per_elem=bytes_per_element(size, size, [cfg.m, cfg.v])),
-                     lambda s=states: fused_adamw_launch(p.numel, dtype, s, p.device), graph=True)
-        cfg = parse_config(STEP_CONFIG)
+                     lambda c=cfg: fused_adamw_launch(p.numel, dtype, c, p.device), graph=True)
+        cfg = STEP_CONFIG
         measured(_row(p, info, name="qstate-step", role="config", optimizer="adamw", config=cfg.canonical(),
                       rounding=cfg.m.rounding, bits=4, param_dtype=dname, grad_dtype=dname,
                       path=_kernel_path(p.device), bytes_per_elem=bytes_per_element(size, size, [cfg.m, cfg.v])),

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from ..errors import QstateError
-from ..quant.config import ROUNDINGS, parse_config
+from ..quant.config import ROUNDINGS, StateConfig, parse_config
 from ..results import device_info
 from ..runtime import free_memory, is_oom, resolve_device
 from .bytes_model import DTYPE_NAMES, DTYPES, gbps
@@ -101,21 +101,21 @@ class Plan:
         return 1 + len(self.dtypes) * len(self.targets) * len(self.subjects)
 
 
-def config_names(opts: KernelsOptions) -> list[str]:
+def configs(opts: KernelsOptions) -> list[StateConfig]:
     """--config as given, else every config of --bits, filtered by --rounding."""
     if opts.config:
-        return [str(parse_config(c)) for c in opts.config]
+        return [parse_config(c) for c in opts.config]
     if opts.bits not in CONFIGS_BY_BITS:
         raise QstateError(f"--bits {opts.bits}: use 4 or 8 (or name configs with --config)")
-    names = list(CONFIGS_BY_BITS[opts.bits])
+    cfgs = [parse_config(n) for n in CONFIGS_BY_BITS[opts.bits]]
     if opts.rounding:
         wanted = set()
         for r in opts.rounding:
             if r.lower() not in ROUNDINGS:
                 raise QstateError(f"unknown rounding {r!r}: choose from nearest, stochastic, bred")
             wanted.add(ROUNDINGS[r.lower()])
-        names = [n for n in names if parse_config(n).m.rounding in wanted]
-    return names
+        cfgs = [c for c in cfgs if c.m.rounding in wanted]
+    return cfgs
 
 
 def plan(opts: KernelsOptions) -> Plan:
@@ -137,11 +137,11 @@ def plan(opts: KernelsOptions) -> Plan:
         raise QstateError("--numel must be >= 1")
     targets = [Target([sweep_shape(n, opts.optimizer == "muon")], None) for n in numels]
     targets += [Target(model_shapes(m), m) for m in opts.model]
-    names = config_names(opts)
-    if not names:
+    cfgs = configs(opts)
+    if not cfgs:
         raise QstateError(f"no {opts.bits}-bit configuration uses rounding {', '.join(opts.rounding)}")
-    subjects = [(ours(c), b) for b in backends for c in names]
-    widths = {max(parse_config(c).spec(s).bits for s in STATES[opts.optimizer]) for c in names}
+    subjects = [(ours(c), b) for b in backends for c in cfgs]
+    widths = {max(c.spec(s).bits for s in STATES[opts.optimizer]) for c in cfgs}
     bits = widths.pop() if len(widths) == 1 else None
     subjects += [(s, "auto") for s in select_baselines(opts.optimizer, opts.baseline, bits)]
     if opts.cuda_graph and device.type != "cuda":

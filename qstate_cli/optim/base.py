@@ -31,7 +31,6 @@ keep the same state layout, so checkpoints move between them (optim/fused.py).
 from __future__ import annotations
 
 import copy
-import functools
 
 import torch
 
@@ -55,9 +54,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, defaults: dict, states="bred-4bit", reset=None, seed: int = 0,
                  min_quant_numel: int = 4096, backend: str = "auto"):
-        cfg = states if isinstance(states, StateConfig) else parse_config(str(states))
-        defaults = dict(defaults, states=str(cfg) if cfg.name else cfg.canonical(), seed=int(seed),
-                        min_quant_numel=int(min_quant_numel))
+        defaults = dict(defaults, states=parse_config(states), seed=int(seed), min_quant_numel=int(min_quant_numel))
         super().__init__(params, defaults)
         self.reset_policy = ResetPolicy.parse(reset)
         if self.reset_policy.auto:
@@ -95,8 +92,14 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         raise QstateError("parameter is not in this optimizer")
 
     # ---- configuration -------------------------------------------------------------
+    def add_param_group(self, param_group: dict) -> None:
+        """As torch's; a group's `states` is held parsed (a StateConfig; a name is parsed here, once)."""
+        if "states" in param_group:
+            param_group["states"] = parse_config(param_group["states"])
+        super().add_param_group(param_group)
+
     def config(self, group) -> StateConfig:
-        return _parsed(group["states"])
+        return group["states"]
 
     def spec_for(self, group, p: torch.Tensor, name: str) -> StateSpec:
         if p.numel() < group["min_quant_numel"]:
@@ -205,23 +208,28 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     # ---- checkpoints -------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """torch's, with each group's `states` as its name (plain data: a checkpoint loads
+        with `torch.load(..., weights_only=True)`)."""
+        sd = super().state_dict()
+        for group in sd["param_groups"]:
+            group["states"] = str(group["states"])
+        return sd
+
     def load_state_dict(self, state_dict: dict) -> None:
         """Like torch's, but keeps every state tensor's dtype (codes are uint8, scales
-        fp32 whatever the parameter dtype); only the device follows the parameter."""
+        fp32 whatever the parameter dtype); only the device follows the parameter. Each
+        group's `states` name is parsed back into a StateConfig, once."""
         sd = copy.deepcopy(state_dict)
         saved_state = sd.pop("state")
         super().load_state_dict({**sd, "state": {}})
+        for group in self.param_groups:
+            group["states"] = parse_config(group["states"])
         params = [p for g in self.param_groups for p in g["params"]]
         for idx, value in saved_state.items():
             p = params[int(idx)]
             self.state[p] = {k: _to_device(k, v, p.device) for k, v in value.items()}
         self.__dict__.pop("_kernel_batches", None)  # launch tables hold the old addresses
-
-
-@functools.lru_cache(maxsize=256)
-def _parsed(text: str) -> StateConfig:
-    """parse_config, once per configuration text (StateConfig is immutable)."""
-    return parse_config(text)
 
 
 HOST_KEYS = ("step", "since_reset", "written")  # step counters live on the host: reading them never syncs
