@@ -55,7 +55,7 @@ stage env 60 "$PY" -c "import sys, torch, triton; print(sys.version); print('tor
 command -v nvidia-smi > /dev/null && stage nvidia_smi 30 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,power.draw --format=csv
 
 # 1. Headline: fused 4-bit AdamW kernel vs copy bandwidth, BReD vs nearest, vs torch fused AdamW.
-stage headline 150 "$PY" -m qstate_cli.kernels.headline --out "$OUT_DIR" --numel "$NUMEL"
+stage headline 150 "$PY" -m qstate_cli bench headline --numel "$NUMEL" --json "$OUT_DIR/headline.json"
 # 2. Bit-exact parity of every kernel with the reference, on the GPU.
 stage kernel_tests 180 "$PY" -m pytest -q -ra tests/test_kernels_adamw.py tests/test_kernels_lion.py \
     tests/test_kernels_sgd.py tests/test_kernels_muon.py tests/test_kernels_launch.py tests/test_kernels_ptx.py \

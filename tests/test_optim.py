@@ -213,6 +213,33 @@ def test_checkpoint_resume_continues_bit_for_bit(cls, cfg):
                 assert opt.state[p][k][part].dtype == opt2.state[p2][k][part].dtype
 
 
+def test_states_are_parsed_once_and_checkpointed_as_names(monkeypatch):
+    """A group holds its StateConfig (parsed at construction, never again per step); the
+    state_dict holds its name, and loading parses it back into an equal StateConfig."""
+    from qstate_cli.optim import base
+    from qstate_cli.quant import config as qconfig
+
+    p = torch.nn.Parameter(torch.randn(5000))
+    opt = AdamW([p], states="bred-4bit", min_quant_numel=0)
+    cfg = opt.param_groups[0]["states"]
+    assert cfg == parse_config("bred-4bit") and str(cfg) == "bred-4bit"
+    calls = []
+    counting = lambda text: calls.append(text) or qconfig.parse_config(text)  # noqa: E731
+    monkeypatch.setattr(base, "parse_config", counting)
+    for _ in range(3):
+        p.grad = torch.randn_like(p)
+        opt.step()
+    assert calls == []
+    sd = opt.state_dict()
+    assert sd["param_groups"][0]["states"] == "bred-4bit" and opt.param_groups[0]["states"] is cfg
+    opt2 = AdamW([torch.nn.Parameter(torch.randn(5000))], states="fp32")
+    calls.clear()
+    opt2.load_state_dict(sd)
+    assert opt2.param_groups[0]["states"] == cfg and calls == ["bred-4bit"]
+    opt2.add_param_group({"params": [torch.nn.Parameter(torch.randn(3))], "states": "m=int8:bred:b64,v=fp32"})
+    assert opt2.param_groups[1]["states"].m.block == 64
+
+
 def test_bf16_parameters_keep_fp32_scales_through_a_checkpoint():
     p = torch.nn.Parameter(torch.randn(1024, dtype=torch.bfloat16))
     opt = AdamW([p], states="bred-4bit", min_quant_numel=0)

@@ -16,15 +16,15 @@ Ctrl-C (KeyboardInterrupt, never caught here) keeps every finished row.
 """
 from __future__ import annotations
 
-import gc
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
 
 from ..errors import QstateError
-from ..quant.config import ROUNDINGS, parse_config
+from ..quant.config import ROUNDINGS, StateConfig, parse_config
 from ..results import device_info
+from ..runtime import free_memory, is_oom, resolve_device
 from .bytes_model import DTYPE_NAMES, DTYPES, gbps
 from .shapes import model_shapes, numel as shapes_numel, sweep_shape
 from .subjects import STATES, Context, Subject, Unavailable, ours, select_baselines
@@ -101,34 +101,21 @@ class Plan:
         return 1 + len(self.dtypes) * len(self.targets) * len(self.subjects)
 
 
-def resolve_device(name: str) -> torch.device:
-    name = (name or "auto").lower()
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise QstateError("--device cuda: CUDA is not available here (use --device cpu or auto)")
-        return torch.device(name)
-    if name == "cpu":
-        return torch.device("cpu")
-    raise QstateError(f"unknown device {name!r}: use auto, cuda or cpu")
-
-
-def config_names(opts: KernelsOptions) -> list[str]:
+def configs(opts: KernelsOptions) -> list[StateConfig]:
     """--config as given, else every config of --bits, filtered by --rounding."""
     if opts.config:
-        return [str(parse_config(c)) for c in opts.config]
+        return [parse_config(c) for c in opts.config]
     if opts.bits not in CONFIGS_BY_BITS:
         raise QstateError(f"--bits {opts.bits}: use 4 or 8 (or name configs with --config)")
-    names = list(CONFIGS_BY_BITS[opts.bits])
+    cfgs = [parse_config(n) for n in CONFIGS_BY_BITS[opts.bits]]
     if opts.rounding:
         wanted = set()
         for r in opts.rounding:
             if r.lower() not in ROUNDINGS:
                 raise QstateError(f"unknown rounding {r!r}: choose from nearest, stochastic, bred")
             wanted.add(ROUNDINGS[r.lower()])
-        names = [n for n in names if parse_config(n).m.rounding in wanted]
-    return names
+        cfgs = [c for c in cfgs if c.m.rounding in wanted]
+    return cfgs
 
 
 def plan(opts: KernelsOptions) -> Plan:
@@ -150,11 +137,11 @@ def plan(opts: KernelsOptions) -> Plan:
         raise QstateError("--numel must be >= 1")
     targets = [Target([sweep_shape(n, opts.optimizer == "muon")], None) for n in numels]
     targets += [Target(model_shapes(m), m) for m in opts.model]
-    names = config_names(opts)
-    if not names:
+    cfgs = configs(opts)
+    if not cfgs:
         raise QstateError(f"no {opts.bits}-bit configuration uses rounding {', '.join(opts.rounding)}")
-    subjects = [(ours(c), b) for b in backends for c in names]
-    widths = {max(parse_config(c).spec(s).bits for s in STATES[opts.optimizer]) for c in names}
+    subjects = [(ours(c), b) for b in backends for c in cfgs]
+    widths = {max(c.spec(s).bits for s in STATES[opts.optimizer]) for c in cfgs}
     bits = widths.pop() if len(widths) == 1 else None
     subjects += [(s, "auto") for s in select_baselines(opts.optimizer, opts.baseline, bits)]
     if opts.cuda_graph and device.type != "cuda":
@@ -165,11 +152,6 @@ def plan(opts: KernelsOptions) -> Plan:
                 bool(opts.cuda_graph), int(opts.copy_numel or d["copy_numel"]), int(opts.seed))
 
 
-def is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
-
-
 def failure(subject: Subject, exc: BaseException) -> dict:
     """status and reason of a row whose step raised: out of memory is "failed" (the sweep
     goes on), a baseline that cannot run here is "unavailable", anything else "failed"."""
@@ -177,12 +159,6 @@ def failure(subject: Subject, exc: BaseException) -> dict:
         return {"status": "failed", "reason": f"out of memory: {exc}"}
     status = "unavailable" if subject.role == "baseline" else "failed"
     return {"status": status, "reason": f"{type(exc).__name__}: {exc}"}
-
-
-def free_memory(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 class Tensors:

@@ -31,8 +31,9 @@ import torch
 
 from ..errors import QstateError
 from ..results import device_info
+from ..runtime import free_memory, is_oom, resolve_device
 from .bytes_model import DTYPE_NAMES, DTYPES, tensor_state_bytes
-from .kernels import BACKENDS, Target, Tensors, failure, free_memory, is_oom, resolve_device
+from .kernels import BACKENDS, Target, Tensors, failure
 from .shapes import model_shapes
 from .subjects import STATES, Context, Subject, Unavailable, ours, select_baselines
 

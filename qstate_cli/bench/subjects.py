@@ -92,16 +92,19 @@ def _fixed(cfg: StateConfig):
     return lambda dtype: cfg
 
 
+PARAM_DTYPE_STATES = {dtype: parse_config(name) for dtype, name in DTYPE_NAMES.items()}
+
+
 def _param_dtype_states(dtype: torch.dtype) -> StateConfig:
-    return parse_config(DTYPE_NAMES[dtype])
+    return PARAM_DTYPE_STATES[dtype]
 
 
 # ---- ours ------------------------------------------------------------------------------
-def ours(config_name: str, name: str | None = None, role: str = "config", per_param: bool = False) -> Subject:
-    """Our optimizer with `config_name` states. per_param: one param group per tensor, so the
+def ours(config: StateConfig | str, name: str | None = None, role: str = "config", per_param: bool = False) -> Subject:
+    """Our optimizer with `config` states. per_param: one param group per tensor, so the
     kernel path makes one launch per parameter (as bitsandbytes, torchao and lpmm do),
     instead of one launch per group: the launch-overhead baseline for --model runs."""
-    cfg = parse_config(config_name)
+    cfg = parse_config(config)
 
     def build(params, ctx: Context):
         from ..optim import OPTIMIZERS

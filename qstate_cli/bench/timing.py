@@ -22,7 +22,12 @@ How a step is timed (`measure`):
 `cuda_graph=True` captures one call into a CUDA graph (after a warm-up on a side
 stream, as torch's docs ask) and times its replays: launch gaps shrink to what the
 graph keeps. Capture fails for steps that synchronize with the host; the caller
-reports that row as unavailable in graph mode.
+reports that row as unavailable in graph mode (or times the plain calls instead).
+
+A fixed count instead of a time budget: `reps=N` (and `warmup_reps=W`, the first call
+included) takes exactly N samples after W warm-up calls; the estimate is skipped.
+`Timing.clock` names how the samples were taken: "host-clock" (CPU), "cuda-events",
+"cuda-graph" (events around graph replays).
 """
 from __future__ import annotations
 
@@ -79,6 +84,7 @@ class Timing:
     reps: int
     flush_bytes: int
     cuda_graph: bool
+    clock: str = "host-clock"  # how the samples were taken: host-clock | cuda-events | cuda-graph
 
 
 def l2_flush_bytes(device: torch.device) -> int:
@@ -95,16 +101,44 @@ def _reps(per_call_ms: float, budget_ms: float, lo: int, hi: int) -> int:
     return int(min(hi, max(lo, round(budget_ms / per_call_ms))))
 
 
-def measure(fn: Callable[[], object], device, warmup_ms: float, rep_ms: float,
-            prepare: Callable[[], None] | None = None, cuda_graph: bool = False) -> Timing:
-    """Time repeated calls of `fn` (each one real optimizer step) on `device`."""
+@dataclass(frozen=True)
+class _Plan:
+    """How many calls to make: from time budgets (ms) and a per-call estimate, or fixed."""
+
+    warmup_ms: float
+    rep_ms: float
+    reps: int | None = None  # fixed: exactly this many samples (no estimate)
+    warmup_reps: int = 1  # fixed: warm-up calls, the first call included
+
+    @property
+    def fixed(self) -> bool:
+        return self.reps is not None
+
+    def warmups(self, per_call_ms: float, floor: int) -> int:
+        """Warm-up calls after the first (and after the estimate, when there is one)."""
+        if self.fixed:
+            return max(0, self.warmup_reps - 1)
+        return _reps(per_call_ms, self.warmup_ms, floor, MAX_REPS)
+
+    def samples(self, per_call_ms: float) -> int:
+        return self.reps if self.fixed else _reps(per_call_ms, self.rep_ms, MIN_REPS, MAX_REPS)
+
+
+def measure(fn: Callable[[], object], device, warmup_ms: float = 0.0, rep_ms: float = 0.0,
+            prepare: Callable[[], None] | None = None, cuda_graph: bool = False,
+            reps: int | None = None, warmup_reps: int = 1) -> Timing:
+    """Time repeated calls of `fn` (each one real optimizer step) on `device`: time
+    budgets in ms, or exactly `reps` samples after `warmup_reps` warm-up calls."""
     device = torch.device(device)
     prepare = prepare or (lambda: None)
+    if reps is not None and reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+    plan = _Plan(float(warmup_ms), float(rep_ms), reps, int(warmup_reps))
     if device.type == "cuda":
-        return _measure_cuda(fn, device, warmup_ms, rep_ms, prepare, cuda_graph)
+        return _measure_cuda(fn, device, plan, prepare, cuda_graph)
     if cuda_graph:
         raise ValueError("CUDA graphs need a CUDA device")
-    return _measure_cpu(fn, warmup_ms, rep_ms, prepare)
+    return _measure_cpu(fn, plan, prepare)
 
 
 def _host_ms(fn) -> float:
@@ -113,25 +147,27 @@ def _host_ms(fn) -> float:
     return (time.perf_counter_ns() - t0) / 1e6
 
 
-def _measure_cpu(fn, warmup_ms, rep_ms, prepare) -> Timing:
+def _measure_cpu(fn, plan: _Plan, prepare) -> Timing:
     prepare()
     first = _host_ms(fn)
-    est = []
-    for _ in range(ESTIMATE_CALLS):
-        prepare()
-        est.append(_host_ms(fn))
-    per_call = float(np.median(est))
-    for _ in range(_reps(per_call, warmup_ms, 0, MAX_REPS)):
+    per_call = 0.0
+    if not plan.fixed:
+        est = []
+        for _ in range(ESTIMATE_CALLS):
+            prepare()
+            est.append(_host_ms(fn))
+        per_call = float(np.median(est))
+    for _ in range(plan.warmups(per_call, 0)):
         prepare()
         fn()
     samples = []
-    for _ in range(_reps(per_call, rep_ms, MIN_REPS, MAX_REPS)):
+    for _ in range(plan.samples(per_call)):
         prepare()
         samples.append(_host_ms(fn))
     return Timing(summarize(samples), first, len(samples), 0, False)
 
 
-def _measure_cuda(fn, device, warmup_ms, rep_ms, prepare, cuda_graph) -> Timing:
+def _measure_cuda(fn, device, plan: _Plan, prepare, cuda_graph) -> Timing:
     with torch.cuda.device(device):
         flush_bytes = l2_flush_bytes(device)
         cache = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device)
@@ -141,19 +177,21 @@ def _measure_cuda(fn, device, warmup_ms, rep_ms, prepare, cuda_graph) -> Timing:
         if cuda_graph:
             fn = _capture(fn)
             prepare = lambda: None  # noqa: E731 - a graph replays fixed buffers
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(ESTIMATE_CALLS):
+        per_call = 0.0
+        if not plan.fixed:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(ESTIMATE_CALLS):
+                prepare()
+                cache.zero_()
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            per_call = start.elapsed_time(end) / ESTIMATE_CALLS
+        for _ in range(plan.warmups(per_call, 1)):
             prepare()
-            cache.zero_()
             fn()
-        end.record()
-        torch.cuda.synchronize()
-        per_call = start.elapsed_time(end) / ESTIMATE_CALLS
-        for _ in range(_reps(per_call, warmup_ms, 1, MAX_REPS)):
-            prepare()
-            fn()
-        n = _reps(per_call, rep_ms, MIN_REPS, MAX_REPS)
+        n = plan.samples(per_call)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         for i in range(n):
@@ -164,7 +202,8 @@ def _measure_cuda(fn, device, warmup_ms, rep_ms, prepare, cuda_graph) -> Timing:
             ends[i].record()
         torch.cuda.synchronize()
         samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    return Timing(summarize(samples), first, n, flush_bytes, cuda_graph)
+    return Timing(summarize(samples), first, n, flush_bytes, cuda_graph,
+                  "cuda-graph" if cuda_graph else "cuda-events")
 
 
 def _capture(fn):

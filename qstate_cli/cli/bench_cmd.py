@@ -14,11 +14,13 @@ from typing import List, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..bench import headline as headline_engine
 from ..bench import kernels as kernels_engine
 from ..bench import memory as memory_engine
 from ..bench import summary
 from ..bench.shapes import parse_count
 from ..bench.sink import RowSink
+from ..errors import CheckFailed
 from ..results import environment
 from . import bench_train_cmd, new_group, output
 
@@ -64,7 +66,9 @@ def _row_line(row: dict) -> str:
     return f"{head}: {row['bytes_per_param']:.4f} bytes/param"
 
 
-def _run(kind: str, p, engine, meta: dict, json_path, csv_path, show) -> None:
+def _run(kind: str, p, engine, meta: dict, json_path, csv_path, show, summary=None) -> RowSink:
+    """Measure every row of plan `p`, writing the files after each one; `summary(rows)`
+    (optional) adds top-level entries to the document once every row is in."""
     to_stdout = json_path is not None and str(json_path) == "-"
     env = environment(str(p.device))
     sink = RowSink(kind, None if to_stdout else json_path, csv_path, meta, env)
@@ -73,11 +77,15 @@ def _run(kind: str, p, engine, meta: dict, json_path, csv_path, show) -> None:
     try:
         with _progress(p.total_rows) as (on_start, on_row):
             engine.run(p, on_row=lambda r: (sink.add(r), on_row(r)), on_start=on_start)
+        if summary is not None:
+            sink.doc.update(summary(sink.records))
+            sink.writer.flush()
     finally:  # also on Ctrl-C: show what was measured, then the boundary exits 130
         if to_stdout:
             output.print_json(sink.doc)
         elif sink.records:
             show(sink.records)
+    return sink
 
 
 KERNELS_HELP = "Time optimizer steps (ours and baselines) over a size sweep or a model's shapes, against the copy roofline."
@@ -142,3 +150,37 @@ def memory(
                                          summary.MEMORY_FORMATS, summary.MEMORY_HEADERS))
 
     _run("memory", p, memory_engine, memory_engine.options_meta(opts, p), json_path, csv_path, show)
+
+
+HEADLINE_HELP = ("The headline preset: the fused 4-bit AdamW kernel at 1e8 elements (nearest, BReD, v on uint4) "
+                 "and a qstate step, against the copy bandwidth and torch's fused AdamW; exit 1 if a row failed.")
+
+
+@bench_app.command("headline", help=HEADLINE_HELP)
+def headline(
+    numel: str = typer.Option("1e8", "--numel", "-n", help="Elements of the one tensor stepped (1e8, 2^27)."),
+    device: str = typer.Option("auto", "--device", help="auto, cuda or cpu."),
+    dtype: Optional[List[str]] = typer.Option(None, "--dtype", help="Parameter and gradient dtypes (default bf16,fp32)."),
+    reps: int = typer.Option(50, "--reps", help="Timed repetitions per row."),
+    warmup: int = typer.Option(5, "--warmup", help="Warm-up calls per row (the first call included)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the results JSON here (rewritten after "
+                                             "every row; the summary under 'headline'); '-' prints it to stdout."),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write the rows as CSV here."),
+):
+    opts = headline_engine.HeadlineOptions(numel=parse_count(numel), device=device,
+                                           dtype=split_list(dtype) or ["bf16", "fp32"], reps=reps, warmup=warmup)
+    p = headline_engine.plan(opts)
+
+    def show(rows):
+        title = f"Headline: fused 4-bit AdamW step, {p.numel:,} elements on {p.device.type} (roofline = copy)"
+        columns = [c for c in summary.KERNEL_COLUMNS if c not in ("x_fused", "compile_ms", "note")]
+        output.stdout.print(output.table(title, summary.kernel_display_rows(rows), columns + ["timing", "note"],
+                                         summary.KERNEL_FORMATS, summary.KERNEL_HEADERS))
+        for line in headline_engine.summary_lines(headline_engine.summarize(rows)):
+            output.stdout.print(line, highlight=False, markup=False)
+
+    sink = _run("kernels", p, headline_engine, headline_engine.options_meta(opts, p), json_path, csv_path, show,
+                summary=lambda rows: {"headline": headline_engine.summarize(rows)})
+    failed = [r["name"] for r in sink.records if r["status"] != "ok"]
+    if failed:
+        raise CheckFailed(f"{len(failed)} headline row(s) failed: {', '.join(failed)}")

@@ -19,7 +19,6 @@ gather are shared by all configurations.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -29,6 +28,7 @@ from ..errors import QstateError
 from ..optim.reset import ResetPolicy
 from ..quant import QuantizedState, Stream
 from ..quant.config import StateConfig
+from ..runtime import Timer, resolve_device, torch_threads
 from ..theory import reset_period as theory_reset_period
 from ..trace.schema import Trace
 from .layout import Layout
@@ -74,15 +74,6 @@ class _ConfigReplay:
     clamp: dict  # name -> bool (a BReD v read back below 0 is clamped)
 
 
-def resolve_device(device: str) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise QstateError("--device cuda: no CUDA device is available here")
-    return dev
-
-
 def reset_schedule(reset, cfg: StateConfig, rec: Recursion) -> tuple[int | None, str]:
     """The reset period a configuration's replay applies, and why."""
     policy = ResetPolicy.parse(reset)
@@ -95,27 +86,14 @@ def reset_schedule(reset, cfg: StateConfig, rec: Recursion) -> tuple[int | None,
     return period, why
 
 
-SMALL_LAYOUT = 1 << 20  # elements: below it, one CPU thread is faster (see _cpu_threads)
-
-
-@contextmanager
-def _cpu_threads(device: torch.device, n: int):
-    """Replay a small layout on one CPU thread: each op is then tens of microseconds, and
-    intra-op parallelism only adds a fork/join barrier per op (on a busy 2-core machine a
-    barrier waiting for a descheduled thread costs milliseconds)."""
-    before = torch.get_num_threads()
-    if device.type == "cpu" and n < SMALL_LAYOUT and before > 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+SMALL_LAYOUT = 1 << 20  # elements: below it, one CPU thread is faster (runtime.torch_threads)
 
 
 def replay(trace: Trace, opts: ReplayOptions, progress: Callable[[int, int], None] | None = None) -> dict:
     """Run the replay; returns host-side raw results (summary.py turns them into rows)."""
     device = resolve_device(opts.device)
-    with _cpu_threads(device, trace.recorded_elements):
+    small = device.type == "cpu" and trace.recorded_elements < SMALL_LAYOUT
+    with torch_threads(1 if small else None):  # small ops: one thread is fastest (runtime.py)
         return _replay(trace, opts, device, progress)
 
 
@@ -134,7 +112,7 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
     if sign < 0:
         rec.notes.append("maximize: gradients negated, as the optimizer does")
     configs, shadows = _setup(trace, opts, rec, layout, n_steps)
-    timer = _Timer(device, opts.profile)
+    timer = Timer(device, sync=opts.profile)
     invalid = ~layout.valid if layout.valid is not None else None
     nonfinite = torch.zeros(layout.n_units, dtype=torch.float64, device=device)
     t_start, cpu_start = time.perf_counter(), time.process_time()
@@ -160,7 +138,7 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
     out = {
         "trace": trace, "recursion": rec, "layout": layout, "n_steps": n_steps, "device": str(device),
         "wall_s": wall, "cpu_s": cpu, "threads": torch.get_num_threads(), "timings_s": timer.totals,
-        "timings_synchronized": timer.sync or device.type != "cuda",
+        "timings_synchronized": timer.exact,
         "nonfinite_units": nonfinite.cpu().numpy(),
         "configs": [{"cfg": c.cfg, "period": c.period, "period_reason": c.period_reason,
                      "states": {s: c.stats[s].collect() for s in rec.states},
@@ -240,21 +218,3 @@ def _stream(layout: Layout, spec, seed: int, state_id: int):
 def _split(layout: Layout, x: torch.Tensor) -> list[torch.Tensor]:
     return [x[o: o + ln].cpu() for o, ln in zip(layout.offsets, layout.lengths)]
 
-
-class _Timer:
-    """Wall time per phase; on CUDA with profile=True, synchronized so each phase is exact."""
-
-    def __init__(self, device: torch.device, sync: bool):
-        self.totals: dict[str, float] = {}
-        self.sync = sync and device.type == "cuda"
-        self.device = device
-
-    @contextmanager
-    def __call__(self, name: str):
-        if self.sync:
-            torch.cuda.synchronize(self.device)
-        t0 = time.perf_counter()
-        yield
-        if self.sync:
-            torch.cuda.synchronize(self.device)
-        self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .. import theory
 from ..errors import QstateError
-from ..quant.config import ROUNDINGS, StateConfig, parse_config, parse_spec
+from ..quant.config import ROUNDINGS, StateConfig, config_of, parse_config, parse_spec
 from ..results import document, environment
 from ..trace import load_trace
 from ..trace.schema import Trace
@@ -45,17 +45,17 @@ def select_configs(configs=(), bits=(), rounding=(), block_size: int | None = No
         cfg = parse_config(n)
         if block_size is not None:
             cfg = with_block_size(cfg, block_size)
-        if str(cfg) not in seen:
-            seen.add(str(cfg))
+        if cfg not in seen:
+            seen.add(cfg)
             out.append(cfg)
     return out
 
 
 def with_block_size(cfg: StateConfig, block: int) -> StateConfig:
-    """The configuration with every block-scaled state at `block` (floats stay unscaled)."""
-    specs = {s: (replace(cfg.spec(s), block=block) if cfg.spec(s).scaled else cfg.spec(s)) for s in ("m", "v")}
-    parse_spec(f"{specs['m']}")  # validates the block size (range, parity) with a clear message
-    return parse_config(f"m={specs['m']},v={specs['v']}")
+    """The configuration with every block-scaled state at `block` (floats stay unscaled);
+    StateSpec checks the block size (range, parity) with a clear message."""
+    m, v = (replace(spec, block=block) if spec.scaled else spec for spec in (cfg.m, cfg.v))
+    return config_of(m, v)
 
 
 def diagnose(trace: Trace | str | Path, configs: list[StateConfig], reset="none", steps_limit: int | None = None,

@@ -6,9 +6,11 @@
     lion.py      fused Lion step (one state)
     sgd.py       fused SGD-momentum step (one state)
     muon.py      fused Muon momentum update (one state + fp32 update for Newton-Schulz)
-    headline.py  the headline measurement (copy vs fused 4-bit AdamW vs torch fused AdamW)
 
-The optimizers (optim/fused.py) import these lazily; nothing here is imported by the math.
+Triton code and its launchers only: kernels import quant/ (the spec they reproduce) and
+nothing above it. The optimizers reach them through one seam, optim/fused.py, which
+imports the kernel modules (and so Triton) on first use; the math never imports them.
+Measurements of the kernels live in bench/ (`qstate bench headline`, `bench kernels`).
 `available(device)` says whether kernels can run for tensors on `device`: Triton must
 import, and the device must be CUDA, or Triton's interpreter must be on
 (TRITON_INTERPRET=1, set before triton is imported) for CPU tensors.

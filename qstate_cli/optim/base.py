@@ -31,7 +31,6 @@ keep the same state layout, so checkpoints move between them (optim/fused.py).
 from __future__ import annotations
 
 import copy
-import functools
 
 import torch
 
@@ -39,6 +38,7 @@ from ..errors import QstateError
 from ..quant.config import StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
+from . import fused
 from .reset import ResetPolicy
 
 FP32_SPEC = parse_spec("fp32")
@@ -49,14 +49,12 @@ STATE_IDS = {"m": 0, "v": 1}
 class QuantizedOptimizer(torch.optim.Optimizer):
     state_names: tuple[str, ...] = ("m",)
     beta_for_reset: str = "beta2"  # which hyper-parameter sets the 'auto' reset period
-    kernel: str | None = None  # name of the fused kernel module (kernels/<kernel>.py)
+    kernel: str | None = None  # the fused kernel module (kernels/<kernel>.py; fused.launcher)
     kernel_needs_out = False  # the kernel writes an fp32 update per parameter (Muon)
 
     def __init__(self, params, defaults: dict, states="bred-4bit", reset=None, seed: int = 0,
                  min_quant_numel: int = 4096, backend: str = "auto"):
-        cfg = states if isinstance(states, StateConfig) else parse_config(str(states))
-        defaults = dict(defaults, states=str(cfg) if cfg.name else cfg.canonical(), seed=int(seed),
-                        min_quant_numel=int(min_quant_numel))
+        defaults = dict(defaults, states=parse_config(states), seed=int(seed), min_quant_numel=int(min_quant_numel))
         super().__init__(params, defaults)
         self.reset_policy = ResetPolicy.parse(reset)
         if self.reset_policy.auto:
@@ -71,24 +69,18 @@ class QuantizedOptimizer(torch.optim.Optimizer):
 
     def why_reference(self, p: torch.Tensor) -> str | None:
         """Why the reference steps p although kernels were asked for (None if they step it)."""
-        from . import fused
-
         return fused.why_reference(self, self._group_of(p), p)
 
     def _path(self, group, p: torch.Tensor) -> str:
-        from . import fused
-
         if self.backend == "reference":
             return "reference"
         if self.backend == "auto" and not p.is_cuda:
             return "reference"
-        from .. import kernels
-
-        if not kernels.available(p.device):
+        unavailable = fused.kernels_unavailable(p.device)
+        if unavailable is not None:
             if self.backend == "auto":
                 return "reference"
-            raise QstateError(f"backend='triton' needs Triton and a CUDA device or TRITON_INTERPRET=1 "
-                              f"({kernels.unavailable_reason(p.device)})")
+            raise QstateError(f"backend='triton' needs Triton and a CUDA device or TRITON_INTERPRET=1 ({unavailable})")
         if fused.why_reference(self, group, p) is not None:
             return "reference"
         return "triton" if p.is_cuda else "triton-interpreter"
@@ -100,8 +92,14 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         raise QstateError("parameter is not in this optimizer")
 
     # ---- configuration -------------------------------------------------------------
+    def add_param_group(self, param_group: dict) -> None:
+        """As torch's; a group's `states` is held parsed (a StateConfig; a name is parsed here, once)."""
+        if "states" in param_group:
+            param_group["states"] = parse_config(param_group["states"])
+        super().add_param_group(param_group)
+
     def config(self, group) -> StateConfig:
-        return _parsed(group["states"])
+        return group["states"]
 
     def spec_for(self, group, p: torch.Tensor, name: str) -> StateSpec:
         if p.numel() < group["min_quant_numel"]:
@@ -172,8 +170,6 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                 else:
                     fused_params.append(p)
             if fused_params:
-                from . import fused
-
                 fused.step_group(self, group, fused_params, ids)
         return loss
 
@@ -212,23 +208,28 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     # ---- checkpoints -------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """torch's, with each group's `states` as its name (plain data: a checkpoint loads
+        with `torch.load(..., weights_only=True)`)."""
+        sd = super().state_dict()
+        for group in sd["param_groups"]:
+            group["states"] = str(group["states"])
+        return sd
+
     def load_state_dict(self, state_dict: dict) -> None:
         """Like torch's, but keeps every state tensor's dtype (codes are uint8, scales
-        fp32 whatever the parameter dtype); only the device follows the parameter."""
+        fp32 whatever the parameter dtype); only the device follows the parameter. Each
+        group's `states` name is parsed back into a StateConfig, once."""
         sd = copy.deepcopy(state_dict)
         saved_state = sd.pop("state")
         super().load_state_dict({**sd, "state": {}})
+        for group in self.param_groups:
+            group["states"] = parse_config(group["states"])
         params = [p for g in self.param_groups for p in g["params"]]
         for idx, value in saved_state.items():
             p = params[int(idx)]
             self.state[p] = {k: _to_device(k, v, p.device) for k, v in value.items()}
         self.__dict__.pop("_kernel_batches", None)  # launch tables hold the old addresses
-
-
-@functools.lru_cache(maxsize=256)
-def _parsed(text: str) -> StateConfig:
-    """parse_config, once per configuration text (StateConfig is immutable)."""
-    return parse_config(text)
 
 
 HOST_KEYS = ("step", "since_reset", "written")  # step counters live on the host: reading them never syncs

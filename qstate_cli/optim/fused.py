@@ -13,20 +13,40 @@ and the random streams (seed, tensor id, state id, step) are the same on both.
 
 Launch tables (kernels/launch.py) are cached per set of addresses: with stable gradient
 buffers a step issues no host-to-device copy at all; otherwise one small non-blocking copy.
+
+This module is the one seam between optim/ and kernels/: nothing else in optim imports
+kernels. The host side (kernels/__init__.py, kernels/launch.py) needs no Triton; the
+kernel modules import Triton, so `launcher(name)` imports them on first use.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
+from .. import kernels
+from ..kernels import launch
+
 MAX_CACHED_BATCHES = 16
+# kernels/<module>.py -> its launch function (the optimizers' `kernel` attribute names the module)
+LAUNCHERS = {"adamw": "adamw_step", "lion": "lion_step", "sgd": "sgd_step", "muon": "muon_momentum_step"}
+
+
+def launcher(kernel: str) -> Callable:
+    """The launch function of kernels/<kernel>.py (imports Triton the first time)."""
+    module = importlib.import_module(f"{kernels.__name__}.{kernel}")
+    return getattr(module, LAUNCHERS[kernel])
+
+
+def kernels_unavailable(device) -> str | None:
+    """None if kernels can run for tensors on `device`, else why not (kernels/__init__.py)."""
+    return kernels.unavailable_reason(device)
 
 
 def why_reference(opt, group, p: torch.Tensor) -> str | None:
     """None if the kernels can step p in this group, else why the reference steps it."""
-    from ..kernels import launch
-
     if opt.kernel is None:
         return f"{type(opt).__name__} has no kernel"
     if p.dtype not in launch.VALUE_KINDS:
@@ -65,12 +85,11 @@ class Run:
     tables: dict = field(default_factory=dict)  # state name -> code book tensor or None
     params: list = field(default_factory=list)
     members: list = field(default_factory=list)
+    launch: Callable | None = None  # the kernel's launch function (launcher(opt.kernel))
 
 
 def step_group(opt, group, params: list, ids: dict) -> None:
     """Step `params` (all covered by the kernels) of one param group."""
-    from ..kernels import launch
-
     names = opt.state_names
     runs: dict[tuple, Run] = {}
     for p in params:
@@ -87,7 +106,8 @@ def step_group(opt, group, params: list, ids: dict) -> None:
         run = runs.get(key)
         if run is None:
             run = runs[key] = Run(p.device, launch.VALUE_KINDS[p.dtype], launch.VALUE_KINDS[grad.dtype], step, since,
-                                  written=dict(zip(names, written)), fresh={n: w == 0 for n, w in zip(names, written)})
+                                  written=dict(zip(names, written)), fresh={n: w == 0 for n, w in zip(names, written)},
+                                  launch=launcher(opt.kernel))
             for n in names:
                 layout = launch.kernel_layout(opt.spec_for(group, p, n))
                 run.layouts[n] = layout
@@ -112,8 +132,6 @@ def step_group(opt, group, params: list, ids: dict) -> None:
 
 
 def _cached_batch(opt, members, block, seed):
-    from ..kernels import launch
-
     cache = opt.__dict__.setdefault("_kernel_batches", {})
     key = launch.batch_key(members, block, seed)
     batch = cache.get(key)

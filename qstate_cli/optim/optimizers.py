@@ -5,7 +5,8 @@
 `states` is a preset or configuration name (quant/config.py); `reset` a reset policy
 (optim/reset.py). The update rules are the full-precision ones (optim/rules.py); only
 the stored states change. `update` is the reference step of one parameter;
-`launch_kernel` the fused step of many (kernels/<kernel>.py), the same rule op for op.
+`launch_kernel` the fused step of many with the kernel's launch function (`run.launch`,
+kernels/<kernel>.py via optim/fused.py), the same rule op for op.
 """
 from __future__ import annotations
 
@@ -38,14 +39,12 @@ class AdamW(QuantizedOptimizer):
         return p, {"m": m, "v": v}
 
     def launch_kernel(self, group, batch, run):
-        from ..kernels.adamw import adamw_step
-
         beta1, beta2 = group["betas"]
         wd, l2 = group["weight_decay"], 0.0
         if not group["decoupled"] and wd:
             wd, l2 = 0.0, wd
         s = rules.pack_scalars(rules.step_scalars(group["lr"], wd, beta1, beta2, run.since, run.device))
-        adamw_step(batch, s, run.layouts["m"], run.layouts["v"], p_kind=run.p_kind, g_kind=run.g_kind,
+        run.launch(batch, s, run.layouts["m"], run.layouts["v"], p_kind=run.p_kind, g_kind=run.g_kind,
                    step=run.step, written=(run.written["m"], run.written["v"]),
                    fresh=(run.fresh["m"], run.fresh["v"]), beta1=beta1, beta2=beta2, eps=group["eps"],
                    l2_wd=l2, tables=(run.tables["m"], run.tables["v"]))
@@ -73,12 +72,11 @@ class Lion(QuantizedOptimizer):
         return p, {"m": m}
 
     def launch_kernel(self, group, batch, run):
-        from ..kernels.lion import lion_step
-
         beta1, beta2 = group["betas"]
         s = rules.step_scalars(group["lr"], group["weight_decay"], beta1, beta2, run.since, run.device)
-        lion_step(batch, rules.pack_scalars(s), run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
-                  step=run.step, written=run.written["m"], fresh=run.fresh["m"], beta1=beta1, beta2=beta2, table=run.tables["m"])
+        run.launch(batch, rules.pack_scalars(s), run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
+                   step=run.step, written=run.written["m"], fresh=run.fresh["m"], beta1=beta1, beta2=beta2,
+                   table=run.tables["m"])
 
 
 class SGD(QuantizedOptimizer):
@@ -102,13 +100,11 @@ class SGD(QuantizedOptimizer):
         return p, {"m": buf}
 
     def launch_kernel(self, group, batch, run):
-        from ..kernels.sgd import sgd_step
-
         s = rules.step_scalars(group["lr"], 0.0, 0.0, 0.0, 1, run.device)
-        sgd_step(batch, rules.pack_scalars(s), run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
-                 step=run.step, written=run.written["m"], fresh=run.fresh["m"],
-                 momentum=group["momentum"], dampening=group["dampening"],
-                 weight_decay=group["weight_decay"], nesterov=group["nesterov"], table=run.tables["m"])
+        run.launch(batch, rules.pack_scalars(s), run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
+                   step=run.step, written=run.written["m"], fresh=run.fresh["m"],
+                   momentum=group["momentum"], dampening=group["dampening"],
+                   weight_decay=group["weight_decay"], nesterov=group["nesterov"], table=run.tables["m"])
 
 
 class Muon(QuantizedOptimizer):
@@ -134,11 +130,9 @@ class Muon(QuantizedOptimizer):
         return p, {"m": buf}
 
     def launch_kernel(self, group, batch, run):
-        from ..kernels.muon import muon_momentum_step
-
-        muon_momentum_step(batch, run.layouts["m"], g_kind=run.g_kind, step=run.step,
-                           written=run.written["m"], fresh=run.fresh["m"], momentum=group["momentum"],
-                           nesterov=group["nesterov"], table=run.tables["m"])
+        run.launch(batch, run.layouts["m"], g_kind=run.g_kind, step=run.step,
+                   written=run.written["m"], fresh=run.fresh["m"], momentum=group["momentum"],
+                   nesterov=group["nesterov"], table=run.tables["m"])
         s = rules.step_scalars(group["lr"], group["weight_decay"], 0.0, 0.0, 1, run.device)
         for p, member in zip(run.params, run.members):
             p32 = p.detach().to(torch.float32)

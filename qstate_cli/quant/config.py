@@ -155,6 +155,9 @@ class StateConfig:
     def with_name(self, name: str) -> "StateConfig":
         return replace(self, name=name)
 
+    def __repr__(self) -> str:
+        return f"StateConfig({str(self)!r})"
+
 
 PRESETS: dict[str, tuple[str, str]] = {
     # name: (canonical config, what it is)
@@ -177,8 +180,11 @@ PRESETS: dict[str, tuple[str, str]] = {
 }
 
 
-def parse_config(text: str) -> StateConfig:
-    """Parse a preset name or an explicit configuration (see module docstring)."""
+def parse_config(text: str | StateConfig) -> StateConfig:
+    """Parse a preset name or an explicit configuration (see module docstring); a
+    StateConfig is already parsed and comes back as it is."""
+    if isinstance(text, StateConfig):
+        return text
     raw = text.strip()
     if not raw:
         raise QstateError("empty state configuration")
@@ -187,6 +193,13 @@ def parse_config(text: str) -> StateConfig:
     if "=" not in raw and ":" not in raw and raw.lower() not in _format_names():
         raise QstateError(f"unknown configuration {raw!r}{suggest(raw, list(PRESETS) + list(_format_names()))}")
     cfg = _parse_explicit(raw)
+    return cfg.with_name(_preset_name(cfg) or cfg.canonical())
+
+
+def config_of(m: StateSpec, v: StateSpec) -> StateConfig:
+    """The configuration of these specs, named like a parsed one (its preset's name, else
+    its canonical text)."""
+    cfg = StateConfig(m, v)
     return cfg.with_name(_preset_name(cfg) or cfg.canonical())
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..models import tiny_lm
+from ..runtime import torch_threads
 from .recorder import Recorder
 from .schema import Trace
 
@@ -64,12 +65,8 @@ def run_demo(out: Path, settings: DemoSettings = DemoSettings(), log: Callable[[
     `log` receives about ten progress lines. Runs on one CPU thread: the model's ops are
     far too small for intra-op parallelism to pay (measured: 1 thread ~8x the steps/s of 2
     on a busy 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         return _run_demo(out, settings, log)
-    finally:
-        torch.set_num_threads(before)
 
 
 def _run_demo(out: Path, settings: DemoSettings, log) -> dict:

@@ -31,6 +31,7 @@ import torch
 from .. import __version__
 from ..errors import QstateError
 from ..quant import hash as qhash
+from ..quant.config import StateConfig
 from .io import save_trace
 from .schema import BLOCK, GRAD_DTYPES, SAMPLING_STATE_ID, Trace, TraceTensor, recorded_elements
 
@@ -77,6 +78,8 @@ def optimizer_hparams(optimizer) -> dict:
             val = group[key]
             if isinstance(val, torch.Tensor):
                 val = val.item()
+            if isinstance(val, StateConfig):  # qstate's optimizers hold their states parsed
+                val = str(val)
             if isinstance(val, (tuple, list)):
                 val = [float(v.item() if isinstance(v, torch.Tensor) else v) for v in val]
             if isinstance(val, (int, float, str, bool, list)) or val is None:

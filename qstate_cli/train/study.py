@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -35,6 +33,7 @@ import torch
 from ..errors import QstateError
 from ..models import tiny_lm
 from ..optim import OPTIMIZERS
+from ..runtime import Timer, free_memory, resolve_device, torch_threads
 from .runspec import RunSpec, resolve_reset
 
 DEFAULT_CONFIGS = ("fp32", "bf16", "nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit",
@@ -89,34 +88,12 @@ class TrainSettings:
             raise QstateError(f"min-quant-numel must be >= 0, got {self.min_quant_numel}")
         if self.threads is not None and self.threads < 1:
             raise QstateError(f"threads must be at least 1, got {self.threads}")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise QstateError(f"device {self.device!r} asked for but CUDA is not available here")
+        resolve_device(self.device)  # a usage error when CUDA is asked for where there is none
         return self
 
     @property
     def base_lr(self) -> float:
         return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-@contextmanager
-def threads_for(settings: TrainSettings):
-    """torch's intra-op CPU threads for one run, restored afterwards. One thread is the
-    default: this model's ops are too small to gain from more, and on a shared machine
-    (more runnable threads than cores) OpenMP's spinning workers made a 2-thread run
-    ~20x slower than a 1-thread run in our measurements (1.8 vs 43 steps/s)."""
-    before = torch.get_num_threads()
-    if settings.threads is not None:
-        torch.set_num_threads(settings.threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def lr_at(step: int, base_lr: float, steps: int, warmup_frac: float = 0.05, min_lr_frac: float = 0.1) -> float:
@@ -135,29 +112,6 @@ class RunResult:
 
     record: dict
     series: list[dict] = field(default_factory=list)
-
-
-class _Timer:
-    """Seconds spent in training steps; CUDA events on CUDA (no host sync inside a segment)."""
-
-    def __init__(self, device: str):
-        self.cuda = device.startswith("cuda")
-        self.seconds = 0.0
-
-    def start(self):
-        if self.cuda:
-            self._ev = torch.cuda.Event(enable_timing=True)
-            self._ev.record()
-        self._t = time.perf_counter()
-
-    def stop(self):
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            end.synchronize()
-            self.seconds += self._ev.elapsed_time(end) / 1e3
-        else:
-            self.seconds += time.perf_counter() - self._t
 
 
 def validation_batches(settings: TrainSettings, seq_len: int, device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -191,19 +145,19 @@ def make_optimizer(run: RunSpec, settings: TrainSettings, params, seed: int):
 def train_run(run: RunSpec, settings: TrainSettings, seed: int, val=None,
               progress: Callable[[str], None] | None = None) -> RunResult:
     """Train one run for one seed; never raises for a divergence (it is reported)."""
-    with threads_for(settings):
+    with torch_threads(settings.threads):  # one by default: these ops are small (runtime.py)
         return _train_run(run, settings, seed, val, progress)
 
 
 def _train_run(run, settings, seed, val, progress) -> RunResult:
-    device = resolve_device(settings.device)
+    device = str(resolve_device(settings.device))
     model = tiny_lm.build(settings.model, seed).to(device)
     seq_len = model.cfg.seq_len
     val = val if val is not None else validation_batches(settings, seq_len, device)
     opt, period, basis = make_optimizer(run, settings, model.parameters(), seed)
     base_lr = run.lr or settings.base_lr
     data = tiny_lm.batches("train", settings.batch_size, seq_len, seed)
-    timer = _Timer(device)
+    timer = Timer(device, sync=True)  # seconds in training steps only
     series: list[dict] = []
     first_loss = best_val = last_val = None
     diverged_at, reason, step = None, None, 0
@@ -211,13 +165,12 @@ def _train_run(run, settings, seed, val, progress) -> RunResult:
         x, y = (t.to(device) for t in next(data))
         for group in opt.param_groups:
             group["lr"] = lr_at(step, base_lr, settings.steps, settings.warmup_frac, settings.min_lr_frac)
-        timer.start()
-        loss = model.loss(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        train_loss = float(loss.detach())  # the host sync ends the timed segment on CUDA anyway
-        timer.stop()
+        with timer("step"):
+            loss = model.loss(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            train_loss = float(loss.detach())  # the host sync ends the timed segment on CUDA anyway
         first_loss = train_loss if first_loss is None else first_loss
         val_loss = None
         if step % settings.eval_every == 0 or step == settings.steps:
@@ -281,7 +234,7 @@ def _failed(run: RunSpec, settings: TrainSettings, seed: int, exc: BaseException
             "diverged": False, "diverged_at_step": None, "steps_per_s": None, "state_bytes": None,
             "bytes_per_param": None, "reset": run.reset, "reset_period": None, "reset_basis": None, "resets": 0,
             "nonfinite_grads": None, "min_quant_numel": settings.min_quant_numel,
-            "device": resolve_device(settings.device), "path": None,
+            "device": str(resolve_device(settings.device)), "path": None,
             "status": "failed", "reason": f"{type(exc).__name__}: {exc}".splitlines()[0]}
 
 
@@ -319,7 +272,7 @@ def run_study(settings: TrainSettings, configs=None, json_path=None,
 
     settings = settings.validate()
     runs = parse_runs(configs, settings.reset)
-    device = resolve_device(settings.device)
+    device = str(resolve_device(settings.device))
     meta = {"settings": asdict(settings), "runs": [r.label for r in runs], "baseline": BASELINE,
             "seeds": list(range(settings.seed, settings.seed + settings.seeds)), "device": device,
             "lr_schedule": f"linear warm-up {settings.warmup_frac:g} of steps, cosine to "
@@ -339,9 +292,8 @@ def run_study(settings: TrainSettings, configs=None, json_path=None,
                 result = train_run(run, settings, seed, val=val, progress=progress)
             except QstateError:
                 raise
-            except (RuntimeError, ValueError, torch.cuda.OutOfMemoryError) as exc:
-                if device.startswith("cuda"):
-                    torch.cuda.empty_cache()
+            except (RuntimeError, ValueError, MemoryError) as exc:  # incl. out of memory (runtime.is_oom)
+                free_memory(device)
                 result = RunResult(_failed(run, settings, seed, exc))
                 if progress:
                     progress(f"{run.label} seed {seed}: failed ({result.record['reason']})")

@@ -1,24 +1,28 @@
-"""The headline measurement (kernels/headline.py): the bytes model and the JSON it writes.
+"""The headline preset (`qstate bench headline`): the bytes model and the JSON it writes.
 On CPU the kernels run in the interpreter and the host clock times them: the numbers mean
 nothing, the rows, fields and summary are what is checked (timing is never asserted)."""
 import json
 
 import pytest
+from typer.testing import CliRunner
 
-from qstate_cli.kernels import headline
+from qstate_cli.bench.bytes_model import bytes_per_element
+from qstate_cli.cli import app
+from qstate_cli.quant import parse_spec
 
 
-@pytest.mark.parametrize("p,g,bits,states,block,want", [
-    (2, 2, 4, 2, 128, 8.125), (4, 4, 4, 2, 128, 14.125),  # 4-bit AdamW (BRIEF §2)
-    (2, 2, 32, 2, None, 22.0), (4, 4, 32, 2, None, 28.0),  # torch AdamW, fp32 states
+@pytest.mark.parametrize("p,g,spec,want", [
+    (2, 2, "int4:b128", 8.125), (4, 4, "int4:b128", 14.125),  # 4-bit AdamW (BRIEF §2)
+    (2, 2, "fp32", 22.0), (4, 4, "fp32", 28.0),  # torch AdamW, fp32 states
 ])
-def test_bytes_model_matches_the_brief(p, g, bits, states, block, want):
-    assert headline.bytes_per_element(p, g, bits, states, block) == want
+def test_bytes_model_matches_the_brief(p, g, spec, want):
+    assert bytes_per_element(p, g, [parse_spec(spec)] * 2) == want
 
 
 def test_headline_writes_every_row_and_the_summary(tmp_path):
-    rc = headline.main(["--out", str(tmp_path), "--numel", "3000", "--device", "cpu", "--dtypes", "bf16",
-                        "--reps", "2", "--warmup", "1"])
+    r = CliRunner().invoke(app, ["bench", "headline", "--json", str(tmp_path / "headline.json"), "--numel", "3000",
+                                 "--device", "cpu", "--dtype", "bf16", "--reps", "2", "--warmup", "1"])
+    rc = r.exit_code
     doc = json.loads((tmp_path / "headline.json").read_text())
     assert doc["schema_version"] == 1 and doc["kind"] == "kernels" and doc["env"]["device"] == "cpu"
     names = [r["name"] for r in doc["records"]]

@@ -1,0 +1,117 @@
+"""Where the work runs: the device, out-of-memory, memory release, CPU threads, timers.
+
+One definition of each, used by every engine (bench, diagnose, train, trace):
+
+    resolve_device("auto" | "cpu" | "cuda" | "cuda:N" | torch.device) -> torch.device
+        auto: CUDA when present, else the CPU; CUDA asked for where there is none is a
+        usage error (QstateError, exit 2)
+    is_oom(exc) -> bool
+        torch's OutOfMemoryError (CUDA), a RuntimeError whose message says "out of memory"
+        (CUDA, MPS) or "can't allocate memory" (the CPU allocator), and Python's MemoryError
+    free_memory(device)
+        a garbage-collector pass, and on CUDA the caching allocator's unused blocks
+    torch_threads(n)
+        torch's intra-op CPU threads set to n inside a `with` block (None: unchanged)
+    Timer(device, sync)
+        wall seconds per named phase, summed over calls; sync=True on CUDA synchronizes
+        around each phase so a phase is charged for the GPU work it queued
+
+The benchmark clock (repetitions, CUDA events, L2 flush) is bench/timing.py: a timer of
+phases and a measurement of a step's time are different things.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from contextlib import contextmanager
+
+import torch
+
+from .errors import QstateError
+
+OOM_MESSAGES = ("out of memory", "can't allocate memory")
+
+
+def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
+    """The device `name` means here (see module docstring)."""
+    if isinstance(name, torch.device):
+        name = str(name)
+    text = (name or "auto").strip().lower()
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if text == "cpu":
+        return torch.device("cpu")
+    if text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit()):
+        if not torch.cuda.is_available():
+            raise QstateError(f"--device {text}: CUDA is not available here (use --device cpu or auto)")
+        return torch.device(text)
+    raise QstateError(f"unknown device {name!r}: use auto, cpu or cuda[:N]")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True when `exc` says memory ran out (see module docstring)."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MESSAGES)
+
+
+def free_memory(device: torch.device | str | None = None) -> None:
+    """Release what can be released: unreachable objects, and CUDA's cached blocks."""
+    gc.collect()
+    if device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@contextmanager
+def torch_threads(n: int | None):
+    """torch's intra-op CPU threads set to `n` inside the block, restored after (None:
+    leave them). Small ops run fastest on one thread: each op is then tens of
+    microseconds, and more threads only add a fork/join barrier per op, which on a busy
+    machine waits for a descheduled thread (measured: 1.8 vs 43 steps/s, bench train)."""
+    before = torch.get_num_threads()
+    if n is not None and n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+class Timer:
+    """Wall seconds per named phase, summed over calls:
+
+        timer = Timer(device, sync=False)
+        with timer("gather"): ...
+        timer.totals   # {"gather": 1.25, ...}
+        timer.seconds  # their sum
+
+    On CUDA without sync a phase is the host time of queuing its work (cheap, inexact);
+    with sync=True the device is synchronized before and after each phase, so the phase
+    holds exactly the GPU work it queued. On a CPU the two are the same."""
+
+    def __init__(self, device: torch.device | str = "cpu", sync: bool = False):
+        self.device = torch.device(device)
+        self.sync = bool(sync) and self.device.type == "cuda"
+        self.totals: dict[str, float] = {}
+
+    @property
+    def exact(self) -> bool:
+        """Whether each phase's time is exact (synchronized, or on a CPU)."""
+        return self.sync or self.device.type != "cuda"
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.totals.values())
+
+    @contextmanager
+    def __call__(self, name: str):
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync:
+                torch.cuda.synchronize(self.device)
+            self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0
