@@ -24,10 +24,11 @@ import torch
 from ..errors import QstateError
 from ..quant.config import ROUNDINGS, StateConfig, parse_config
 from ..results import device_info
+from ..optim.registry import optimizer_info
 from ..runtime import free_memory, is_oom, resolve_device
 from .bytes_model import DTYPE_NAMES, DTYPES, gbps
 from .shapes import model_shapes, numel as shapes_numel, sweep_shape
-from .subjects import STATES, Context, Subject, Unavailable, ours, select_baselines
+from .subjects import Context, Subject, Unavailable, ours, select_baselines
 from .timing import CaptureFailed, copy_bandwidth, measure
 
 CONFIGS_BY_BITS = {
@@ -120,8 +121,7 @@ def configs(opts: KernelsOptions) -> list[StateConfig]:
 
 def plan(opts: KernelsOptions) -> Plan:
     """Validate options and fill device defaults (QstateError on bad input)."""
-    if opts.optimizer not in STATES:
-        raise QstateError(f"unknown optimizer {opts.optimizer!r}: choose from {', '.join(STATES)}")
+    states = optimizer_info(opts.optimizer).states  # QstateError for an unknown optimizer
     device = resolve_device(opts.device)
     d = DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
     dtypes = list(opts.dtype) or list(d["dtype"])
@@ -141,7 +141,7 @@ def plan(opts: KernelsOptions) -> Plan:
     if not cfgs:
         raise QstateError(f"no {opts.bits}-bit configuration uses rounding {', '.join(opts.rounding)}")
     subjects = [(ours(c), b) for b in backends for c in cfgs]
-    widths = {max(c.spec(s).bits for s in STATES[opts.optimizer]) for c in cfgs}
+    widths = {max(c.spec(s).bits for s in states) for c in cfgs}
     bits = widths.pop() if len(widths) == 1 else None
     subjects += [(s, "auto") for s in select_baselines(opts.optimizer, opts.baseline, bits)]
     if opts.cuda_graph and device.type != "cuda":
@@ -231,7 +231,7 @@ def base_row(subject: Subject, ctx: Context, target: Target, dtype, info: dict, 
     bytes_moved = subject.bytes_moved(ctx.optimizer, [int(torch.Size(s).numel()) for s in target.shapes], dtype)
     row = dict.fromkeys(FIELDS)
     row.update(name=subject.name, role=subject.role, optimizer=ctx.optimizer, config=cfg.canonical(),
-               rounding=rounding, bits=max(cfg.spec(s).bits for s in STATES[ctx.optimizer]),
+               rounding=rounding, bits=max(cfg.spec(s).bits for s in optimizer_info(ctx.optimizer).states),
                numel=target.numel, n_tensors=len(target.shapes), model=target.model,
                param_dtype=DTYPE_NAMES[dtype], grad_dtype=DTYPE_NAMES[dtype], device=ctx.device.type,
                device_name=info["device_name"], path=subject.nominal_path(ctx), status="ok",

@@ -31,11 +31,12 @@ import torch
 
 from ..errors import QstateError
 from ..results import device_info
+from ..optim.registry import optimizer_info
 from ..runtime import free_memory, is_oom, resolve_device
 from .bytes_model import DTYPE_NAMES, DTYPES, tensor_state_bytes
 from .kernels import BACKENDS, Target, Tensors, failure
 from .shapes import model_shapes
-from .subjects import STATES, Context, Subject, Unavailable, ours, select_baselines
+from .subjects import Context, Subject, Unavailable, ours, select_baselines
 
 DEFAULT_CONFIGS = ("bred-4bit", "torchao-4bit", "bred-8bit", "bnb-8bit")
 DEFAULT_MODEL = {"cpu": "small-lm", "cuda": "gpt2-small"}
@@ -78,8 +79,7 @@ class MemoryPlan:
 
 
 def plan(opts: MemoryOptions) -> MemoryPlan:
-    if opts.optimizer not in STATES:
-        raise QstateError(f"unknown optimizer {opts.optimizer!r}: choose from {', '.join(STATES)}")
+    optimizer_info(opts.optimizer)  # QstateError for an unknown optimizer
     if opts.dtype not in DTYPES:
         raise QstateError(f"unknown dtype {opts.dtype!r}: choose from {', '.join(DTYPES)}")
     device = resolve_device(opts.device)
@@ -180,7 +180,7 @@ def base_row(subject: Subject, ctx: Context, target: Target, dtype, info: dict) 
 
 
 def measure_subject(row: dict, subject: Subject, ctx: Context, tensors: Tensors) -> None:
-    n_states = len(STATES[ctx.optimizer])
+    n_states = len(optimizer_info(ctx.optimizer).states)
     try:
         opt, path = subject.build(tensors.params, ctx)
         row["path"] = path

@@ -32,18 +32,12 @@ import torch
 
 from ..errors import QstateError
 from ..models import tiny_lm
-from ..optim import OPTIMIZERS
+from ..optim import optimizer_info
 from ..runtime import Timer, free_memory, resolve_device, torch_threads
 from .runspec import RunSpec, resolve_reset
 
 DEFAULT_CONFIGS = ("fp32", "bf16", "nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit",
                    "nearest-4bit@reset=auto")
-# Peak learning rates. AdamW/Adam: tuned for fp32 states on tiny-lm at 500 steps (a sweep
-# 1.5e-3, 3e-3, 6e-3, 1e-2, 2e-2 gave final val loss 2.27, 2.14, 1.90, 1.86, 1.94), so a
-# quantized run cannot look better than fp32 merely by taking effectively larger steps
-# at a too-small lr. The others are the usual starting points (Lion ~ AdamW / 10,
-# Muon's 0.02), not tuned here.
-DEFAULT_LR = {"adamw": 1e-2, "adam": 1e-2, "lion": 1e-3, "sgd": 0.3, "muon": 0.02}
 
 
 @dataclass(frozen=True)
@@ -54,7 +48,7 @@ class TrainSettings:
     optimizer: str = "adamw"
     steps: int = 500
     batch_size: int = 16
-    lr: float | None = None  # None: DEFAULT_LR[optimizer]
+    lr: float | None = None  # None: the optimizer's default_lr (optim/registry.py)
     warmup_frac: float = 0.05
     min_lr_frac: float = 0.1
     eval_every: int = 25
@@ -71,10 +65,7 @@ class TrainSettings:
     threads: int | None = 1  # torch CPU threads during a run; None: torch's default (see threads_for)
 
     def validate(self) -> "TrainSettings":
-        if self.optimizer not in OPTIMIZERS:
-            from ..quant.formats import suggest
-
-            raise QstateError(f"unknown optimizer {self.optimizer!r}{suggest(self.optimizer, OPTIMIZERS)}")
+        optimizer_info(self.optimizer)  # QstateError for an unknown optimizer
         if self.model not in tiny_lm.SIZES:
             from ..quant.formats import suggest
 
@@ -93,7 +84,7 @@ class TrainSettings:
 
     @property
     def base_lr(self) -> float:
-        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
+        return self.lr if self.lr is not None else optimizer_info(self.optimizer).default_lr
 
 
 def lr_at(step: int, base_lr: float, steps: int, warmup_frac: float = 0.05, min_lr_frac: float = 0.1) -> float:
@@ -131,13 +122,12 @@ def evaluate(model, val: list) -> float:
 
 def make_optimizer(run: RunSpec, settings: TrainSettings, params, seed: int):
     """The qstate optimizer for `run`, with its reset policy resolved (see runspec.py)."""
-    cls = OPTIMIZERS[settings.optimizer]
+    cls = optimizer_info(settings.optimizer).cls
     opt = cls(params, lr=run.lr or settings.base_lr, states=run.config, reset=None, seed=seed,
               min_quant_numel=settings.min_quant_numel, backend=settings.backend)
     group = opt.param_groups[0]
-    beta = group.get(cls.beta_for_reset, group.get("betas", (0.9, 0.999))[-1])
-    state = "v" if "v" in cls.state_names else "m"
-    period, basis = resolve_reset(run.config.spec(state), run.reset, float(beta))
+    state = cls.reset_state(group)
+    period, basis = resolve_reset(run.config.spec(state), run.reset, cls.state_betas(group)[state])
     opt.reset_policy = opt.reset_policy.parse(period)
     return opt, period, basis
 
