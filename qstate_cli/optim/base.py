@@ -35,15 +35,14 @@ import copy
 import torch
 
 from ..errors import QstateError
-from ..quant.config import StateConfig, StateSpec, parse_config, parse_spec
+from ..quant.config import STATE_IDS, StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
 from . import fused
 from .reset import ResetPolicy
 
 FP32_SPEC = parse_spec("fp32")
-BACKENDS = ("auto", "reference", "triton")
-STATE_IDS = {"m": 0, "v": 1}
+BACKENDS = ("auto", "reference", "triton")  # what steps a parameter (module docstring)
 
 
 class QuantizedOptimizer(torch.optim.Optimizer):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -33,6 +33,9 @@ import torch
 from ..errors import QstateError
 from ..models import tiny_lm
 from ..optim import optimizer_info
+from ..options import Options, lower, many, option
+from ..progress import QUIET, Progress
+from ..results import Result
 from ..runtime import Timer, free_memory, resolve_device, torch_threads
 from .runspec import RunSpec, resolve_reset
 
@@ -40,29 +43,42 @@ DEFAULT_CONFIGS = ("fp32", "bf16", "nearest-4bit", "sr-4bit", "bred-4bit", "bnb-
                    "nearest-4bit@reset=auto")
 
 
-@dataclass(frozen=True)
-class TrainSettings:
-    """One study's settings; the defaults are the ~5-minute study on 2 CPU cores."""
+def threads_option(value) -> int | None:
+    """--threads N; 0 means torch's default (None)."""
+    n = int(value)
+    return None if n == 0 else n
 
-    model: str = "tiny-lm"
-    optimizer: str = "adamw"
-    steps: int = 500
-    batch_size: int = 16
-    lr: float | None = None  # None: the optimizer's default_lr (optim/registry.py)
-    warmup_frac: float = 0.05
-    min_lr_frac: float = 0.1
-    eval_every: int = 25
-    eval_batches: int = 8  # x eval_batch_size sequences, fixed for the whole study
-    eval_batch_size: int = 32
-    log_every: int = 1
-    seeds: int = 1
-    seed: int = 0  # first seed; seeds are seed .. seed + seeds - 1
-    reset: str = "none"  # default reset policy for runs that do not name one
-    min_quant_numel: int = 0  # quantize every tensor's states (bitsandbytes keeps < 4096 in fp32)
-    diverge_factor: float = 2.0
-    device: str = "cpu"
-    backend: str = "auto"
-    threads: int | None = 1  # torch CPU threads during a run; None: torch's default (see threads_for)
+
+@dataclass(frozen=True)
+class TrainSettings(Options):
+    """One study's settings: `qstate bench train`'s options and a suite point's parameters
+    (options.py); the defaults are the ~5-minute study on 2 CPU cores."""
+
+    COMMAND = "bench train"
+
+    config: list[str] = many("Run CONFIG[@reset=none|N|auto][@lr=X]; repeat for several. "
+                             f"Default: {' '.join(DEFAULT_CONFIGS)}. fp32 is always run: gaps are measured against it.",
+                             "--config", "-c")
+    optimizer: str = option("adamw", "adamw | adam | lion | sgd | muon.", "--optimizer", "-o", parse=lower)
+    steps: int = option(500, "Training steps per run.", "--steps", "-n")
+    model: str = option("tiny-lm", "tiny-lm (0.14 M params) | small-lm (0.9 M).", "--model", "-m")
+    seeds: int = option(1, "Seeds per run (init, data order, random streams).", "--seeds", "-k")
+    seed: int = option(0, "First seed; seeds are seed .. seed + seeds - 1.")
+    reset: str = option("none", "Reset policy for runs that name none: none | N | auto.")
+    lr: float | None = option(None, "Peak learning rate (default: the optimizer's, optim/registry.py).", type=float)
+    batch_size: int = option(16, "Sequences per step.", "--batch-size", "-b")
+    eval_every: int = option(25, "Steps between validation evaluations.")
+    min_quant_numel: int = option(0, "Tensors smaller than this keep fp32 states (bitsandbytes: 4096).")
+    device: str = option("auto", "auto | cpu | cuda[:N].")
+    backend: str = option("auto", "Optimizer backend: auto | reference | triton.")
+    threads: int | None = option(1, "torch CPU threads per run (0: torch's default). One is fastest for these "
+                                    "small models, and robust on a busy machine.", parse=threads_option, type=int)
+    warmup_frac: float = option(0.05, "Linear learning-rate warm-up over this fraction of the steps.")
+    min_lr_frac: float = option(0.1, "Cosine decay to this fraction of lr at the last step.")
+    eval_batches: int = option(8, "Validation batches (fixed for the whole study).")
+    eval_batch_size: int = option(32, "Sequences per validation batch.")
+    log_every: int = option(1, "Steps between training-loss points of the series.")
+    diverge_factor: float = option(2.0, "A run diverges when a loss exceeds this x its first training loss.")
 
     def validate(self) -> "TrainSettings":
         optimizer_info(self.optimizer)  # QstateError for an unknown optimizer
@@ -133,13 +149,14 @@ def make_optimizer(run: RunSpec, settings: TrainSettings, params, seed: int):
 
 
 def train_run(run: RunSpec, settings: TrainSettings, seed: int, val=None,
-              progress: Callable[[str], None] | None = None) -> RunResult:
-    """Train one run for one seed; never raises for a divergence (it is reported)."""
+              log: Callable[[str], None] | None = None) -> RunResult:
+    """Train one run for one seed; never raises for a divergence (it is reported). `log`
+    gets one line when the run ends."""
     with torch_threads(settings.threads):  # one by default: these ops are small (runtime.py)
-        return _train_run(run, settings, seed, val, progress)
+        return _train_run(run, settings, seed, val, log)
 
 
-def _train_run(run, settings, seed, val, progress) -> RunResult:
+def _train_run(run, settings, seed, val, log) -> RunResult:
     device = str(resolve_device(settings.device))
     model = tiny_lm.build(settings.model, seed).to(device)
     seq_len = model.cfg.seq_len
@@ -193,9 +210,9 @@ def _train_run(run, settings, seed, val, progress) -> RunResult:
         "path": opt.path_for(next(iter(model.parameters()))),
         "status": "ok", "reason": reason,
     }
-    if progress:
+    if log:
         end = f"diverged at step {diverged_at} ({reason})" if diverged_at else f"val loss {last_val:.4f}"
-        progress(f"{run.label} seed {seed}: {step} steps, {end}, {record['steps_per_s'] or 0:.1f} steps/s")
+        log(f"{run.label} seed {seed}: {step} steps, {end}, {record['steps_per_s'] or 0:.1f} steps/s")
     return RunResult(record, series)
 
 
@@ -251,52 +268,55 @@ def _is_baseline(run: RunSpec) -> bool:
     return run.label == BASELINE and run.lr is None and run.reset == "none"
 
 
-def run_study(settings: TrainSettings, configs=None, json_path=None,
-              progress: Callable[[str], None] | None = None) -> dict:
-    """Train every run for every seed; returns the result document (kind "train").
+def execute(settings: TrainSettings, progress: Progress | None = None, configs=None) -> Result:
+    """Train every run (settings.config, or `configs`) for every seed (kind "train").
 
-    Runs go seed by seed, fp32 first, so each finished row already has its gap to fp32
-    and the file at `json_path` (rewritten atomically after each row) is always a
-    consistent document: Ctrl-C keeps the runs already finished."""
-    from ..results import ResultWriter, environment
-
+    Runs go seed by seed, fp32 first, so each finished row already has its gap to fp32;
+    after each one `progress` gets the row and a snapshot (records, series, summary), so
+    a caller that writes them keeps a consistent document through Ctrl-C."""
+    progress = progress or QUIET
     settings = settings.validate()
-    runs = parse_runs(configs, settings.reset)
+    runs = parse_runs(settings.config if configs is None else configs, settings.reset)
     device = str(resolve_device(settings.device))
-    meta = {"settings": asdict(settings), "runs": [r.label for r in runs], "baseline": BASELINE,
+    meta = {"settings": settings.to_params(), "runs": [r.label for r in runs], "baseline": BASELINE,
             "seeds": list(range(settings.seed, settings.seed + settings.seeds)), "device": device,
             "lr_schedule": f"linear warm-up {settings.warmup_frac:g} of steps, cosine to "
                            f"{settings.min_lr_frac:g} x lr", "tokens_per_step": None}
-    writer = ResultWriter(json_path, "train", meta, env=environment(device))
-    writer.doc["env"]["torch_threads"] = settings.threads or torch.get_num_threads()  # what the runs used
-    writer.doc["series"], writer.doc["summary"] = [], []
+    result = Result("train", meta=meta, extras={"series": [], "summary": []}, device=device,
+                    env={"torch_threads": settings.threads or torch.get_num_threads()})  # what the runs used
+    progress.begin(len(runs) * settings.seeds, result)
     val = None
     for seed in meta["seeds"]:
         base_loss = None
         for run in runs:
+            progress.start(f"{run.label} seed {seed}", len(result.records))
             try:
                 if val is None:
                     seq_len = tiny_lm.SIZES[settings.model].seq_len
                     val = validation_batches(settings, seq_len, device)
                     meta["tokens_per_step"] = settings.batch_size * seq_len
-                result = train_run(run, settings, seed, val=val, progress=progress)
+                run_result = train_run(run, settings, seed, val=val, log=progress.log)
             except QstateError:
                 raise
             except (RuntimeError, ValueError, MemoryError) as exc:  # incl. out of memory (runtime.is_oom)
                 free_memory(device)
-                result = RunResult(_failed(run, settings, seed, exc))
-                if progress:
-                    progress(f"{run.label} seed {seed}: failed ({result.record['reason']})")
-            rec = result.record
+                run_result = RunResult(_failed(run, settings, seed, exc))
+                progress.log(f"{run.label} seed {seed}: failed ({run_result.record['reason']})")
+            rec = run_result.record
             if _is_baseline(run):
                 base_loss = rec["final_val_loss"]
             if base_loss is not None and rec["final_val_loss"] is not None:
                 rec["gap_to_fp32"] = rec["final_val_loss"] - base_loss
-            writer.doc["series"].extend(result.series)
-            writer.records.append(rec)
-            writer.doc["summary"] = summarize(writer.records)
-            writer.flush()
-    return writer.doc
+            result.extras["series"].extend(run_result.series)
+            result.records.append(rec)
+            result.extras["summary"] = summarize(result.records)
+            progress.snapshot(result)
+    return result
+
+
+def run_study(settings: TrainSettings, configs=None, progress: Progress | None = None) -> dict:
+    """The study's results document (execute(...).document())."""
+    return execute(settings, progress, configs).document()
 
 
 def summarize(records: list[dict]) -> list[dict]:
