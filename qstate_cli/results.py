@@ -22,6 +22,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
@@ -80,6 +81,31 @@ def environment(device: str | None = None) -> dict:
 def document(kind: str, records: list[dict], meta: dict | None = None, env: dict | None = None) -> dict:
     return {"schema_version": SCHEMA_VERSION, "kind": kind, "env": env or environment(),
             "meta": meta or {}, "records": records}
+
+
+@dataclass
+class Result:
+    """What an engine returns: flat records, free-form meta, and the document's other
+    top-level entries (`series`, `histograms`, ... : lists of flat rows; `headline`: a
+    summary), plus the device that produced them (the env block's device). `document()`
+    is the results file (above); the engine neither writes nor prints it."""
+
+    kind: str
+    records: list[dict] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+    extras: dict = field(default_factory=dict)
+    device: str | None = None
+    env: dict = field(default_factory=dict)  # what the env block must say beyond environment()
+
+    def document(self, env: dict | None = None) -> dict:
+        """The results document (its lists are copies: a writer may append to them)."""
+        doc = document(self.kind, list(self.records), self.meta, {**(env or environment(self.device)), **self.env})
+        doc.update({k: list(v) if isinstance(v, list) else v for k, v in self.extras.items()})
+        return doc
+
+    def parts(self) -> dict:
+        """records, the extras and meta: what a suite runner merges point by point (lists)."""
+        return {"records": self.records, **self.extras, "meta": self.meta}
 
 
 @contextlib.contextmanager

@@ -5,10 +5,11 @@ import sys
 import pytest
 import torch
 
-from qstate_cli.bench import kernels, memory, suite
+from qstate_cli.bench import kernels, memory
 from qstate_cli.bench.kernels import KernelsOptions
 from qstate_cli.bench.memory import MemoryOptions
 from qstate_cli.errors import QstateError
+from qstate_cli.suites import hook_for
 
 FAST = dict(warmup_ms=0, rep_ms=1, copy_numel=4096)
 
@@ -123,15 +124,15 @@ def test_default_baselines_follow_bits():
 
 
 def test_suite_points():
-    out = suite.kernels_point({"numel": "2^12", "config": "bred-4bit", "baseline": "none", "rep_ms": 1,
+    out = hook_for("kernels")({"numel": "2^12", "config": "bred-4bit", "baseline": "none", "rep_ms": 1,
                                "warmup_ms": 0, "copy_numel": 4096})
     assert [(r["name"], r["status"]) for r in out["records"]] == [("copy", "ok"), ("bred-4bit", "ok")]
-    mem = suite.memory_point({"numel": [8192], "config": ["nearest-4bit"], "baseline": ["none"]})
+    mem = hook_for("memory")({"numel": [8192], "config": ["nearest-4bit"], "baseline": ["none"]})
     assert mem["records"][0]["expected_state_bytes"] == 2 * (4096 + 64 * 4)
     with pytest.raises(QstateError, match="unknown parameter 'json'"):
-        suite.kernels_point({"json": "out.json"})
+        hook_for("kernels")({"json": "out.json"})
     with pytest.raises(QstateError, match="did you mean numel"):
-        suite.memory_point({"numl": 5})
+        hook_for("memory")({"numl": 5})
 
 
 @pytest.mark.cuda

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from qstate_cli.cli import app
 from qstate_cli.compare import STATUSES, compare_docs, compare_paths
-from qstate_cli.compare.metrics import METRICS
+from qstate_cli.kinds import KINDS
 from qstate_cli.results import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def test_train_divergence_and_loss():
     v = by_name(compare_docs([base], [new]))
     assert v[("nearest-4bit seed=0", "diverged")]["status"] == "regressed"
     assert v[("nearest-4bit seed=0", "final_val_loss")]["status"] == "failed"
-    assert {m.field for m in METRICS["train"]} == {"final_val_loss", "diverged"}
+    assert {m.field for m in KINDS["train"].metrics} == {"final_val_loss", "diverged"}
 
 
 def test_cli_exit_codes_summary_and_benchmark_json(tmp_path):

@@ -9,12 +9,17 @@ import torch
 from qstate_cli import theory
 from qstate_cli.diagnose import diagnose, select_configs
 from qstate_cli.diagnose.recommend import observed_period, recommend
-from qstate_cli.diagnose.suite import diagnose_point
 from qstate_cli.errors import QstateError
 from qstate_cli.optim import SGD, AdamW, Lion, Muon
 from qstate_cli.quant import QuantizedState, Stream, parse_config, parse_spec
+from qstate_cli.suites import hook_for
 from qstate_cli.trace import Recorder, save_trace
 from qstate_cli.trace.schema import Trace, TraceTensor
+
+
+def diagnose_point(params):
+    """A suite point of kind diagnose (what `qstate run` calls)."""
+    return hook_for("diagnose")(params)
 
 
 def run_reference(opt_factory, shapes, steps, blocks_per_tensor=None, seed=0):
@@ -56,7 +61,7 @@ def test_replay_stores_what_the_reference_adamw_stores_bit_for_bit(cfg, reset, b
     for j, (p, t) in enumerate(zip(params, trace.tensors)):
         idx = t.element_index()
         for s in ("m", "v"):
-            ours = raw["final_states"][name][s][j]
+            ours = raw.final_states[name][s][j]
             ref = stored(opt, p, s, j)[idx]
             mismatch = torch.nonzero(ours.view(torch.int32) != ref.view(torch.int32)).flatten()
             assert mismatch.numel() == 0, f"{t.name} {s}: first mismatches at {mismatch[:5].tolist()}"
@@ -73,7 +78,7 @@ def test_replay_matches_the_reference_momentum_optimizers(factory):
     cfg = parse_config(opt.param_groups[0]["states"])
     _, raw = diagnose(trace, [cfg], keep_states=True)
     for j, p in enumerate(params):
-        assert torch.equal(raw["final_states"][str(cfg)]["m"][j], stored(opt, p, "m", j))
+        assert torch.equal(raw.final_states[str(cfg)]["m"][j], stored(opt, p, "m", j))
 
 
 def constant_trace(g: torch.Tensor, steps: int, beta1=0.9, beta2=0.999, optimizer="adamw") -> Trace:
@@ -261,7 +266,7 @@ def test_suite_hook(tmp_path):
     assert {"records", "series", "histograms", "per_code", "theory", "per_tensor", "meta"} <= set(out)
     assert {r["config"] for r in out["records"]} == {"bred-4bit", "nearest-8bit"}
     assert {r["steps"] for r in out["records"]} == {10}
-    with pytest.raises(QstateError, match="unknown diagnose parameter 'block'; did you mean block_size"):
+    with pytest.raises(QstateError, match="diagnose: unknown parameter 'block'; did you mean block_size"):
         diagnose_point({"trace": str(path), "block": 64})
     with pytest.raises(QstateError, match="needs 'trace'"):
         diagnose_point({"config": ["bf16"]})
@@ -296,9 +301,9 @@ def test_cuda_replay_equals_the_cpu_replay():
     cfgs = select_configs()
     cpu_doc, cpu = diagnose(trace, cfgs, device="cpu", keep_states=True)
     gpu_doc, gpu = diagnose(trace, cfgs, device="cuda", keep_states=True)
-    for name in cpu["final_states"]:
+    for name in cpu.final_states:
         for s in ("m", "v"):
-            for a, b in zip(cpu["final_states"][name][s], gpu["final_states"][name][s]):
+            for a, b in zip(cpu.final_states[name][s], gpu.final_states[name][s]):
                 assert torch.equal(a, b), (name, s)
     for a, b in zip(cpu_doc["records"], gpu_doc["records"]):
         assert a["stall_rate"] == pytest.approx(b["stall_rate"], abs=1e-12)

@@ -274,3 +274,27 @@ def test_div_scalar_is_true_division():
     x = torch.randn(4096) * torch.exp(torch.randn(4096) * 10)
     want = torch.from_numpy(x.numpy() / np.float32(7.0))
     assert torch.equal(div_scalar(x, 7.0), want)
+
+
+def test_registry_holds_what_every_user_of_an_optimizer_reads():
+    """optim/registry.py: one entry per optimizer; its states are the ones a step keeps, its
+    betas are the group's, its defaults the class's, and a wrong name suggests the closest."""
+    from qstate_cli.errors import QstateError
+    from qstate_cli.optim import OPTIMIZERS, optimizer_info
+
+    assert list(OPTIMIZERS) == ["adamw", "adam", "lion", "sgd", "muon"]
+    for name, info in OPTIMIZERS.items():
+        p = torch.nn.Parameter(torch.randn(8, 16))
+        opt = info.cls([p], states="bred-4bit", min_quant_numel=0)
+        p.grad = torch.randn_like(p)
+        opt.step()
+        assert set(info.states) <= set(opt.state[p]) and info.states == opt.state_names
+        group = opt.param_groups[0]
+        assert info.betas(group) == info.cls.state_betas(group)
+        assert info.hparams()["lr"] == group["lr"]  # the class default, as the group has it
+        assert info.reset_state() == ("v" if "v" in info.states else "m")
+        assert info.default_lr > 0
+    assert optimizer_info(" AdamW ") is OPTIMIZERS["adamw"]
+    assert OPTIMIZERS["lion"].betas() == {"m": 0.99}  # Lion's memory is beta2
+    with pytest.raises(QstateError, match="did you mean adam"):
+        optimizer_info("adamx")

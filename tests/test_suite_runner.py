@@ -88,7 +88,7 @@ def results(out):
 
 
 def test_run_merges_documents_per_run(hooks, suite_file, tmp_path):
-    files = run_suite(load_suite(suite_file), tmp_path / "out")
+    files = [r.path for r in run_suite(load_suite(suite_file), tmp_path / "out")]
     assert [f.name for f in files] == ["sweep.json", "diag.json"]
     sweep, diag = (load(f) for f in files)
     assert sweep["kind"] == "kernels" and diag["kind"] == "diagnose"
@@ -102,7 +102,7 @@ def test_run_merges_documents_per_run(hooks, suite_file, tmp_path):
 
 def test_a_crashing_point_is_recorded_and_the_suite_goes_on(hooks, suite_file, tmp_path):
     suite = load_suite(suite_file, ["runs.sweep.defaults.crash=4096"])
-    (sweep, _) = run_suite(suite, tmp_path / "out")
+    (sweep, _) = [r.path for r in run_suite(suite, tmp_path / "out")]
     doc = load(sweep)
     failed = [r for r in doc["records"] if r["status"] == "failed"]
     assert len(failed) == 3 and all("CUDA out of memory" in r["reason"] for r in failed)
@@ -119,7 +119,7 @@ def test_an_unknown_parameter_stops_the_run_with_the_point(hooks, suite_file, tm
 
 
 def test_a_missing_engine_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(KINDS, "train", dataclasses.replace(KINDS["train"], hook="qstate_cli.no_such_engine:train_point"))
+    monkeypatch.setitem(KINDS, "train", dataclasses.replace(KINDS["train"], engine="qstate_cli.no_such_engine:train_point"))
     with pytest.raises(QstateError, match=r"suite kind 'train' needs qstate_cli.no_such_engine.train_point, which "
                                           r"this build does not have"):
         hook_for("train")

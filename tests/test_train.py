@@ -18,7 +18,7 @@ from qstate_cli.results import load
 from qstate_cli.theory import reset_period
 from qstate_cli.train.runspec import RunSpec, resolve_reset
 from qstate_cli.train.study import TrainSettings, lr_at, parse_runs, run_study, train_run
-from qstate_cli.train.suite import train_point
+from qstate_cli.suites import hook_for
 
 # The kind="train" contract (docs/results.md).
 RECORD_KEYS = {"config", "optimizer", "model", "seed", "steps", "final_val_loss", "best_val_loss", "gap_to_fp32",
@@ -26,6 +26,11 @@ RECORD_KEYS = {"config", "optimizer", "model", "seed", "steps", "final_val_loss"
 SERIES_KEYS = {"config", "seed", "step", "train_loss", "val_loss"}
 
 FAST = TrainSettings(steps=12, batch_size=4, eval_every=4, eval_batches=2, eval_batch_size=8, device="cpu")
+
+
+def train_point(params):
+    """A suite point of kind train (what `qstate run` calls)."""
+    return hook_for("train")(params)
 
 
 def losses(result):

@@ -26,17 +26,20 @@ headline numbers beside the targets of issue 3.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from ..errors import QstateError
+from ..options import Options, many, option
 from ..quant.config import StateConfig, parse_config
-from ..results import device_info
+from ..progress import Progress
+from ..results import Result, device_info
 from ..runtime import free_memory, resolve_device
 from .bytes_model import DTYPES, bytes_per_element
-from .kernels import FIELDS, fill_timing
+from .kernels import FIELDS, fill_timing, streamed
+from .shapes import parse_count
 from .timing import CaptureFailed, measure
 
 PRESETS = tuple((name, parse_config(text)) for name, text in (
@@ -50,14 +53,16 @@ HEADLINE_FIELDS = FIELDS + ("timing",)
 
 
 @dataclass
-class HeadlineOptions:
-    """What `qstate bench headline` measures (the preset: sizes and rows are fixed)."""
+class HeadlineOptions(Options):
+    """`qstate bench headline`: sizes and rows are the preset's; these are its knobs."""
 
-    numel: int = 10**8
-    device: str = "auto"
-    dtype: list[str] = field(default_factory=lambda: ["bf16", "fp32"])
-    reps: int = 50
-    warmup: int = 5
+    COMMAND = "bench headline"
+
+    numel: int = option(10**8, "Elements of the one tensor stepped (1e8, 2^27).", "--numel", "-n", parse=parse_count)
+    device: str = option("auto", "auto, cuda or cpu.")
+    dtype: list[str] = many("Parameter and gradient dtypes.", default=("bf16", "fp32"))
+    reps: int = option(50, "Timed repetitions per row.")
+    warmup: int = option(5, "Warm-up calls per row (the first call included).")
 
 
 @dataclass
@@ -264,3 +269,13 @@ def _meets(value, target, above: bool):
 def options_meta(opts: HeadlineOptions, p: HeadlinePlan) -> dict:
     return {"numel": p.numel, "dtypes": p.dtypes, "block": 128, "reps": p.reps, "warmup": p.warmup,
             "bytes_model": "2p + g + 2 * (bits/8 + 4/B) per state"}
+
+
+
+def execute(opts: HeadlineOptions, progress: Progress | None = None) -> Result:
+    """`qstate bench headline` as a library call: the rows (kind "kernels") and, under
+    `headline`, the summary beside the targets."""
+    p = plan(opts)
+    result = streamed("kernels", p, options_meta(opts, p), run, progress)
+    result.extras["headline"] = summarize(result.records)
+    return result

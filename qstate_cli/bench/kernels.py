@@ -16,18 +16,22 @@ Ctrl-C (KeyboardInterrupt, never caught here) keeps every finished row.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from ..errors import QstateError
+from ..options import Options, lower, many, option
 from ..quant.config import ROUNDINGS, StateConfig, parse_config
-from ..results import device_info
+from ..optim.base import BACKENDS
+from ..optim.registry import optimizer_info
+from ..progress import QUIET, Progress
+from ..results import Result, device_info
 from ..runtime import free_memory, is_oom, resolve_device
 from .bytes_model import DTYPE_NAMES, DTYPES, gbps
-from .shapes import model_shapes, numel as shapes_numel, sweep_shape
-from .subjects import STATES, Context, Subject, Unavailable, ours, select_baselines
+from .shapes import model_shapes, numel as shapes_numel, parse_count, sweep_shape
+from .subjects import Context, Subject, Unavailable, ours, select_baselines
 from .timing import CaptureFailed, copy_bandwidth, measure
 
 CONFIGS_BY_BITS = {
@@ -41,7 +45,6 @@ DEFAULTS = {
     "cuda": dict(numel=(1 << 20, 1 << 23, 1 << 26, 1 << 27), dtype=("fp32", "bf16"), warmup_ms=25.0,
                  rep_ms=100.0, copy_numel=1 << 28),
 }
-BACKENDS = ("auto", "reference", "triton")
 
 FIELDS = ("name", "role", "optimizer", "config", "rounding", "bits", "numel", "n_tensors", "model",
           "param_dtype", "grad_dtype", "device", "device_name", "path", "status", "reason",
@@ -51,24 +54,34 @@ FIELDS = ("name", "role", "optimizer", "config", "rounding", "bits", "numel", "n
 
 
 @dataclass
-class KernelsOptions:
-    """Mirrors the CLI options (suite params use the same names)."""
+class KernelsOptions(Options):
+    """`qstate bench kernels`: the CLI options and a suite point's parameters (options.py)."""
 
-    bits: int = 4
-    optimizer: str = "adamw"
-    config: list[str] = field(default_factory=list)
-    rounding: list[str] = field(default_factory=list)
-    numel: list[int] = field(default_factory=list)
-    model: list[str] = field(default_factory=list)
-    dtype: list[str] = field(default_factory=list)
-    device: str = "auto"
-    baseline: list[str] = field(default_factory=list)
-    backend: list[str] = field(default_factory=list)
-    warmup_ms: float | None = None
-    rep_ms: float | None = None
-    cuda_graph: bool = False
-    copy_numel: int | None = None
-    seed: int = 0
+    COMMAND = "bench kernels"
+
+    bits: int = option(4, "State bit width whose configs to time (4: nearest/sr/bred/torchao-4bit; "
+                          "8: nearest/sr/bred/bnb-8bit).")
+    optimizer: str = option("adamw", "adamw, adam, lion, sgd or muon.", parse=lower)
+    config: list[StateConfig] = many("Config or preset name (repeatable); overrides --bits/--rounding.",
+                                     "--config", "-c", parse=parse_config)
+    rounding: list[str] = many("Keep configs with this rounding: nearest, stochastic, bred.", "--rounding", "-r")
+    numel: list[int] = many("Tensor sizes (repeatable or comma list; 1e6, 2^20). Default: the device's sweep.",
+                            "--numel", "-n", parse=parse_count)
+    model: list[str] = many("Whole-model shapes: gpt2-small, gpt2-medium, llama-1b, tinyllama-1.1b, llama-7b, "
+                            "tiny-lm, small-lm, or 768x3072*12,768.", "--model", "-m")
+    dtype: list[str] = many("Parameter and gradient dtype: fp32, bf16, fp16 (repeatable). Default: fp32 on CPU; "
+                            "fp32 and bf16 on CUDA.")
+    device: str = option("auto", "auto, cuda or cpu.")
+    baseline: list[str] = many("Baselines (repeatable): torch-fused, torch-foreach, bf16-states, bnb-adamw8bit, "
+                               "torchao-adamw8bit, torchao-adamw4bit, bred-4bit-per-param, all, none.")
+    backend: list[str] = many("Our optimizers' backend: auto, reference, triton (repeatable).")
+    warmup_ms: float | None = option(None, "Warm-up time per row (default: 10 on CPU, 25 on CUDA).", type=float)
+    rep_ms: float | None = option(None, "Timed repetitions per row, in ms (at least 5 reps; default 100).",
+                                  type=float)
+    cuda_graph: bool = option(False, "Capture each step in a CUDA graph and time its replays.")
+    copy_numel: int | None = option(None, "fp32 elements of the copy that measures bandwidth (default: 2^26 on "
+                                          "CPU, 2^28 on CUDA).", parse=parse_count, type=int)
+    seed: int = option(0, "Seed of the parameters and gradients.")
 
 
 @dataclass
@@ -104,7 +117,7 @@ class Plan:
 def configs(opts: KernelsOptions) -> list[StateConfig]:
     """--config as given, else every config of --bits, filtered by --rounding."""
     if opts.config:
-        return [parse_config(c) for c in opts.config]
+        return list(opts.config)
     if opts.bits not in CONFIGS_BY_BITS:
         raise QstateError(f"--bits {opts.bits}: use 4 or 8 (or name configs with --config)")
     cfgs = [parse_config(n) for n in CONFIGS_BY_BITS[opts.bits]]
@@ -120,8 +133,7 @@ def configs(opts: KernelsOptions) -> list[StateConfig]:
 
 def plan(opts: KernelsOptions) -> Plan:
     """Validate options and fill device defaults (QstateError on bad input)."""
-    if opts.optimizer not in STATES:
-        raise QstateError(f"unknown optimizer {opts.optimizer!r}: choose from {', '.join(STATES)}")
+    states = optimizer_info(opts.optimizer).states  # QstateError for an unknown optimizer
     device = resolve_device(opts.device)
     d = DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
     dtypes = list(opts.dtype) or list(d["dtype"])
@@ -141,7 +153,7 @@ def plan(opts: KernelsOptions) -> Plan:
     if not cfgs:
         raise QstateError(f"no {opts.bits}-bit configuration uses rounding {', '.join(opts.rounding)}")
     subjects = [(ours(c), b) for b in backends for c in cfgs]
-    widths = {max(c.spec(s).bits for s in STATES[opts.optimizer]) for c in cfgs}
+    widths = {max(c.spec(s).bits for s in states) for c in cfgs}
     bits = widths.pop() if len(widths) == 1 else None
     subjects += [(s, "auto") for s in select_baselines(opts.optimizer, opts.baseline, bits)]
     if opts.cuda_graph and device.type != "cuda":
@@ -231,7 +243,7 @@ def base_row(subject: Subject, ctx: Context, target: Target, dtype, info: dict, 
     bytes_moved = subject.bytes_moved(ctx.optimizer, [int(torch.Size(s).numel()) for s in target.shapes], dtype)
     row = dict.fromkeys(FIELDS)
     row.update(name=subject.name, role=subject.role, optimizer=ctx.optimizer, config=cfg.canonical(),
-               rounding=rounding, bits=max(cfg.spec(s).bits for s in STATES[ctx.optimizer]),
+               rounding=rounding, bits=max(cfg.spec(s).bits for s in optimizer_info(ctx.optimizer).states),
                numel=target.numel, n_tensors=len(target.shapes), model=target.model,
                param_dtype=DTYPE_NAMES[dtype], grad_dtype=DTYPE_NAMES[dtype], device=ctx.device.type,
                device_name=info["device_name"], path=subject.nominal_path(ctx), status="ok",
@@ -297,6 +309,24 @@ def measure_copy(p: Plan, info: dict) -> dict:
 
 
 def options_meta(opts: KernelsOptions, p: Plan) -> dict:
-    return {"options": asdict(opts), "warmup_ms": p.warmup_ms, "rep_ms": p.rep_ms, "dtypes": p.dtypes,
+    return {"options": opts.to_params(), "warmup_ms": p.warmup_ms, "rep_ms": p.rep_ms, "dtypes": p.dtypes,
             "copy_numel": p.copy_numel, "targets": [t.model or t.numel for t in p.targets],
             "subjects": [s.name for s, _ in p.subjects]}
+
+
+
+def streamed(kind: str, p, meta: dict, run_rows: Callable, progress: Progress | None) -> Result:
+    """A bench engine's rows as a Result, each row reported to `progress` as soon as it is
+    measured (Ctrl-C keeps what was reported). `run_rows(p, on_row, on_start)` measures."""
+    progress = progress or QUIET
+    result = Result(kind, meta=meta, device=str(p.device))
+    progress.begin(p.total_rows, result)
+    result.records = run_rows(p, on_row=progress.row,
+                              on_start=lambda label, done, total: progress.start(label, done))
+    return result
+
+
+def execute(opts: KernelsOptions, progress: Progress | None = None) -> Result:
+    """`qstate bench kernels` as a library call (kinds.py)."""
+    p = plan(opts)
+    return streamed("kernels", p, options_meta(opts, p), run, progress)

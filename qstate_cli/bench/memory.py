@@ -24,18 +24,23 @@ For each config or baseline, on a model's parameter shapes (or single tensors):
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from ..errors import QstateError
-from ..results import device_info
+from ..options import Options, lower, many, option
+from ..quant.config import StateConfig, parse_config
+from ..optim.base import BACKENDS
+from ..optim.registry import optimizer_info
+from ..progress import Progress
+from ..results import Result, device_info
 from ..runtime import free_memory, is_oom, resolve_device
 from .bytes_model import DTYPE_NAMES, DTYPES, tensor_state_bytes
-from .kernels import BACKENDS, Target, Tensors, failure
-from .shapes import model_shapes
-from .subjects import STATES, Context, Subject, Unavailable, ours, select_baselines
+from .kernels import Target, Tensors, failure, streamed
+from .shapes import model_shapes, parse_count
+from .subjects import Context, Subject, Unavailable, ours, select_baselines
 
 DEFAULT_CONFIGS = ("bred-4bit", "torchao-4bit", "bred-8bit", "bnb-8bit")
 DEFAULT_MODEL = {"cpu": "small-lm", "cuda": "gpt2-small"}
@@ -48,18 +53,22 @@ FIELDS = ("name", "role", "optimizer", "config", "model", "params", "n_tensors",
 
 
 @dataclass
-class MemoryOptions:
-    """Mirrors the CLI options of `qstate bench memory`."""
+class MemoryOptions(Options):
+    """`qstate bench memory`: the CLI options and a suite point's parameters (options.py)."""
 
-    model: list[str] = field(default_factory=list)
-    numel: list[int] = field(default_factory=list)
-    config: list[str] = field(default_factory=list)
-    optimizer: str = "adamw"
-    dtype: str = "fp32"
-    device: str = "auto"
-    baseline: list[str] = field(default_factory=list)
-    backend: str = "auto"
-    seed: int = 0
+    COMMAND = "bench memory"
+
+    model: list[str] = many("Model shapes (default: small-lm on CPU, gpt2-small on CUDA).", "--model", "-m")
+    numel: list[int] = many("Single tensors of these sizes instead of / besides --model.", "--numel", "-n",
+                            parse=parse_count)
+    config: list[StateConfig] = many("Configs (repeatable). Default: bred-4bit, torchao-4bit, bred-8bit, bnb-8bit.",
+                                     "--config", "-c", parse=parse_config)
+    optimizer: str = option("adamw", "adamw, adam, lion, sgd or muon.", parse=lower)
+    dtype: str = option("fp32", "Parameter dtype: fp32, bf16, fp16.")
+    device: str = option("auto", "auto, cuda or cpu.")
+    baseline: list[str] = many("Baselines (repeatable), all (default) or none.")
+    backend: str = option("auto", "Our optimizers' backend: auto, reference, triton.")
+    seed: int = option(0, "Seed of the parameters and gradients.")
 
 
 @dataclass
@@ -78,8 +87,7 @@ class MemoryPlan:
 
 
 def plan(opts: MemoryOptions) -> MemoryPlan:
-    if opts.optimizer not in STATES:
-        raise QstateError(f"unknown optimizer {opts.optimizer!r}: choose from {', '.join(STATES)}")
+    optimizer_info(opts.optimizer)  # QstateError for an unknown optimizer
     if opts.dtype not in DTYPES:
         raise QstateError(f"unknown dtype {opts.dtype!r}: choose from {', '.join(DTYPES)}")
     device = resolve_device(opts.device)
@@ -87,7 +95,7 @@ def plan(opts: MemoryOptions) -> MemoryPlan:
     if any(n < 1 for n in opts.numel):
         raise QstateError("--numel must be >= 1")
     targets = [Target([(n,)], None) for n in opts.numel] + [Target(model_shapes(m), m) for m in models]
-    subjects = [ours(c) for c in (opts.config or DEFAULT_CONFIGS)]
+    subjects = [ours(c) for c in (opts.config or [parse_config(c) for c in DEFAULT_CONFIGS])]
     subjects += select_baselines(opts.optimizer, opts.baseline)  # default: all but the per-param one
     if opts.backend not in BACKENDS:
         raise QstateError(f"unknown backend {opts.backend!r}: choose from {', '.join(BACKENDS)}")
@@ -180,7 +188,7 @@ def base_row(subject: Subject, ctx: Context, target: Target, dtype, info: dict) 
 
 
 def measure_subject(row: dict, subject: Subject, ctx: Context, tensors: Tensors) -> None:
-    n_states = len(STATES[ctx.optimizer])
+    n_states = len(optimizer_info(ctx.optimizer).states)
     try:
         opt, path = subject.build(tensors.params, ctx)
         row["path"] = path
@@ -222,5 +230,12 @@ def cuda_pass(subject: Subject, ctx: Context, tensors: Tensors) -> dict:
 
 
 def options_meta(opts: MemoryOptions, p: MemoryPlan) -> dict:
-    return {"options": asdict(opts), "dtype": p.dtype, "targets": [t.model or t.numel for t in p.targets],
+    return {"options": opts.to_params(), "dtype": p.dtype, "targets": [t.model or t.numel for t in p.targets],
             "subjects": [s.name for s in p.subjects]}
+
+
+
+def execute(opts: MemoryOptions, progress: Progress | None = None) -> Result:
+    """`qstate bench memory` as a library call (kinds.py)."""
+    p = plan(opts)
+    return streamed("memory", p, options_meta(opts, p), run, progress)

@@ -28,11 +28,11 @@ from typing import Callable
 import torch
 
 from ..errors import QstateError
+from ..optim.registry import optimizer_info
 from ..quant.config import StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.formats import suggest
 from .bytes_model import DTYPE_NAMES, dtype_bytes, step_bytes
 
-STATES = {"adamw": ("m", "v"), "lion": ("m",), "sgd": ("m",), "muon": ("m",)}
 PEERS_HINT = "pip install 'qstate-cli[peers]'"
 FP32 = parse_spec("fp32")
 
@@ -73,7 +73,7 @@ class Subject:
 
     def specs_for(self, optimizer: str, numel: int, param_dtype: torch.dtype) -> list[StateSpec]:
         cfg = self.config(param_dtype)
-        specs = [cfg.spec(s) for s in STATES[optimizer]]
+        specs = [cfg.spec(s) for s in optimizer_info(optimizer).states]
         blocks_ok = all(not self.block_multiple or not s.scaled or numel % s.block == 0 for s in specs)
         if numel >= self.min_numel and blocks_ok:
             return specs
@@ -107,10 +107,8 @@ def ours(config: StateConfig | str, name: str | None = None, role: str = "config
     cfg = parse_config(config)
 
     def build(params, ctx: Context):
-        from ..optim import OPTIMIZERS
-
         groups = [{"params": [p]} for p in params] if per_param else params
-        opt = OPTIMIZERS[ctx.optimizer](groups, states=cfg, backend=ctx.backend)
+        opt = optimizer_info(ctx.optimizer).cls(groups, states=cfg, backend=ctx.backend)
         try:
             path = opt.path_for(params[0])
         except QstateError as exc:

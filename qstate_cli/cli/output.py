@@ -1,12 +1,39 @@
-"""Where output goes: results to stdout (or the file named), progress and logs to stderr."""
+"""The output layer: where every command's results go, the same way for every command.
+
+Results go to stdout (a table, or with `--json -` the JSON document) or to the files
+named; progress and logs go to stderr.
+
+    --json PATH | -   the results document (docs/results.md); '-': on stdout, no table
+    --csv PATH        the records as CSV (list cells as JSON text)
+    --html PATH       a self-contained HTML report (qstate_cli/report)
+    --markdown PATH   a GitHub Markdown report
+    --plot PATH       a figure (commands that draw one)
+
+`run_engine(execute, options, out, show)` runs an engine with a progress bar on stderr
+and a `Sink`: the JSON and CSV files are rewritten atomically after every row (so Ctrl-C
+keeps every finished row), and at the end `show(doc)` prints the table, or the JSON goes
+to stdout; HTML and Markdown are written once the run is complete. Output paths are
+checked before any work starts.
+"""
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from ..errors import QstateError
+from ..progress import Progress
+from ..results import Result, environment, write_json_atomic, write_text_atomic
+
 
 def _console(**kw) -> Console:
     """Wide enough for our tables when output is piped (rich assumes 80 columns)."""
@@ -21,7 +48,13 @@ stderr = _console(stderr=True)
 
 
 def print_json(obj) -> None:
+    """A JSON document on stdout (what `--json -` prints)."""
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def say(text: str) -> None:
+    """A plain line on stderr (no markup)."""
+    stderr.print(text, highlight=False, markup=False)
 
 
 def table(title: str | None, rows: list[dict], columns: list[str] | None = None,
@@ -48,3 +81,185 @@ def table(title: str | None, rows: list[dict], columns: list[str] | None = None,
                 cells.append(str(val))
         t.add_row(*cells)
     return t
+
+
+def to_csv(rows: list[dict]) -> str:
+    """Rows as CSV text; the header is the union of keys in first-seen order; list and
+    dict cells are JSON text."""
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    buf = io.StringIO()
+    out = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    out.writeheader()
+    for row in rows:
+        out.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in row.items()})
+    return buf.getvalue()
+
+
+# -- destinations -----------------------------------------------------------------------------
+
+OUTPUT_FLAGS = {
+    "json": (("--json",), "Write the results JSON here (rewritten after every row); '-' prints it to stdout "
+                          "instead of the table."),
+    "csv": (("--csv",), "Write the records as CSV here (rewritten after every row)."),
+    "html": (("--html",), "Write a self-contained HTML report here."),
+    "markdown": (("--markdown",), "Write a GitHub Markdown report here."),
+    "plot": (("--plot",), "Write a plot (PNG, SVG or PDF) here."),
+}
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+@dataclass(frozen=True)
+class Destinations:
+    """Where a command's results go (None: not asked for); `check()` before the work."""
+
+    json: Path | None = None
+    csv: Path | None = None
+    html: Path | None = None
+    markdown: Path | None = None
+    plot: Path | None = None
+
+    @property
+    def json_to_stdout(self) -> bool:
+        return self.json is not None and str(self.json) == "-"
+
+    @property
+    def json_file(self) -> Path | None:
+        return None if self.json is None or self.json_to_stdout else Path(self.json)
+
+    def files(self) -> dict[str, Path]:
+        out = {name: Path(value) for name, value in vars(self).items() if value is not None}
+        if self.json_to_stdout:
+            out.pop("json")
+        return out
+
+    def check(self) -> "Destinations":
+        """Refuse, before any work, a path that cannot be written (QstateError, exit 2)."""
+        for name, path in self.files().items():
+            if path.is_dir():
+                raise QstateError(f"--{name} {path}: is a folder; name a file")
+            parent = path.parent
+            while not parent.exists() and parent != parent.parent:
+                parent = parent.parent
+            if not parent.is_dir() or not os.access(parent, os.W_OK):
+                raise QstateError(f"--{name} {path}: cannot write in {parent}")
+        if self.plot is not None and self.plot.suffix.lower() not in PLOT_SUFFIXES:
+            raise QstateError(f"--plot {self.plot}: name a .png, .svg or .pdf file")
+        return self
+
+
+# -- a command's results on their way out ------------------------------------------------------
+
+class Sink:
+    """The document of one command, rewritten to --json/--csv as it grows."""
+
+    def __init__(self, out: Destinations):
+        self.out = out.check()
+        self.doc: dict | None = None
+        self._env: tuple[str | None, dict] | None = None  # (device, environment(device))
+
+    @property
+    def records(self) -> list[dict]:
+        return self.doc["records"] if self.doc else []
+
+    def _environment(self, device: str | None) -> dict:
+        if self._env is None or self._env[0] != device:
+            self._env = (device, environment(device))
+        return self._env[1]
+
+    def begin(self, result: Result) -> None:
+        """The document so far (nothing is written until a record or a result arrives)."""
+        self.doc = result.document(self._environment(result.device))
+
+    def add(self, record: dict) -> None:
+        self.doc["records"].append(record)
+        self.flush()
+
+    def update(self, result: Result) -> None:
+        """The whole result so far, or at the end."""
+        self.doc = result.document(self._environment(result.device))
+        self.flush()
+
+    def flush(self) -> None:
+        if self.doc is None:
+            return
+        if self.out.json_file is not None:
+            write_json_atomic(self.out.json_file, self.doc)
+        if self.out.csv is not None:
+            write_text_atomic(self.out.csv, to_csv(self.doc["records"]))
+
+    def show(self, show: Callable[[dict], None]) -> None:
+        """The JSON on stdout (--json -) or the table; nothing when there is nothing."""
+        if self.doc is None:
+            return
+        if self.out.json_to_stdout:
+            print_json(self.doc)
+        elif self.doc["records"] or any(isinstance(v, list) and v for k, v in self.doc.items() if k != "records"):
+            show(self.doc)
+
+    def reports(self) -> list[Path]:
+        """HTML and Markdown reports of the finished document (qstate_cli/report)."""
+        if self.doc is None or (self.out.html is None and self.out.markdown is None):
+            return []
+        try:
+            from ..report import write_report
+        except ImportError:
+            raise QstateError("HTML/Markdown reports need qstate_cli.report") from None
+        return write_report([self.doc], self.out.html, self.out.markdown)
+
+
+def progress_bar(label: str = "", transient: bool = False) -> Bar:
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    return Bar(*columns, console=stderr, transient=transient)
+
+
+def run_engine(execute: Callable, options, out: Destinations, show: Callable[[dict], None],
+               row_line: Callable[[dict], str] | None = None, transient: bool = False,
+               header: Callable[[int, dict], str] | None = None) -> dict:
+    """Run `execute(options, progress)` with a progress bar on stderr (one line per row when
+    `row_line` is given), the files rewritten as it goes; then show the result (also after
+    Ctrl-C: the rows measured so far) and write the reports. Returns the document.
+
+    The bar appears when the engine begins its work (`progress.begin`), so a usage error
+    found while the engine checks its options is one line on stderr, nothing else."""
+    sink = Sink(out)
+    bar = progress_bar(transient=transient)
+    task = bar.add_task("", total=None)
+    started = []
+
+    def begin(total: int, result: Result) -> None:
+        sink.begin(result)
+        bar.update(task, total=total or None)
+        bar.start()
+        started.append(True)
+        if header:
+            bar.console.print(header(total, sink.doc), highlight=False, markup=False)
+
+    def start(label: str, done: int) -> None:
+        bar.update(task, description=label, completed=done)
+
+    def row(record: dict) -> None:
+        sink.add(record)
+        bar.update(task, advance=1)
+        if row_line:
+            bar.console.print(row_line(record), highlight=False, markup=False)
+
+    def log(line: str) -> None:
+        bar.console.print(line, highlight=False, markup=False)
+
+    completed = False
+    try:
+        result = execute(options, Progress(on_begin=begin, on_start=start, on_row=row, on_snapshot=sink.update,
+                                           on_log=log))
+        sink.update(result)
+        completed = True
+    finally:  # also on Ctrl-C: show what was measured, then the boundary exits 130
+        if started:
+            bar.stop()
+        sink.show(show)
+    if completed:
+        for path in (out.json_file, out.csv, *sink.reports()):
+            if path is not None:
+                say(f"wrote {path}")
+    return sink.doc

@@ -6,7 +6,8 @@ from typing import List, Optional
 
 import typer
 
-from . import new_group, output
+from . import output
+from .group import new_group
 
 suite_app = new_group("suite", "Check YAML suites and print their JSON Schema.")
 
@@ -25,6 +26,7 @@ def run(
     report: bool = typer.Option(True, "--report/--no-report", help="Also write OUT/report.html and OUT/report.md."),
 ):
     """Run a suite: every point of its axes, results written as each one finishes."""
+    from ..progress import Progress
     from ..suites import load_suite
     from ..suites.runner import run_suite
 
@@ -33,24 +35,25 @@ def run(
         output.stderr.print(f"[dim]note: {note}[/]")
     out = out or Path("results") / loaded.name
     try:
-        files = run_suite(loaded, out, resume=resume, console=output.stderr)
+        with output.progress_bar() as bar:
+            task = bar.add_task(loaded.name, total=None)
+            progress = Progress(
+                on_begin=lambda total, _: bar.update(task, total=total),
+                on_start=lambda label, done: bar.update(task, description=label, completed=done),
+                on_log=lambda line: bar.console.print(line, highlight=False, markup=False))
+            runs = run_suite(loaded, out, resume=resume, progress=progress)
     except KeyboardInterrupt:
         output.stderr.print(f"interrupted: finished points are kept in {out}/; continue with "
                             f"`qstate run {suite} --out {out} --resume`")
         raise
-    from ..report import load_documents, write_report
-
-    docs, sources = load_documents(files)
-    rows = []
-    for path, doc in zip(files, docs):
-        state = doc["meta"]["suite"]
-        rows.append({"run": state["run"], "kind": doc["kind"], "points": len(state["points"]),
-                     "done": len(state["done"]), "failed": len(state["failed"]), "rows": len(doc["records"]),
-                     "file": str(path)})
+    rows = [{"run": r.name, "kind": r.kind, "points": len(r.state["points"]), "done": len(r.state["done"]),
+             "failed": len(r.state["failed"]), "rows": len(r.doc["records"]), "file": str(r.path)} for r in runs]
     output.stdout.print(output.table(f"Suite {loaded.name}", rows))
     if report:
-        written = write_report(docs, out / "report.html", out / "report.md", sources=sources,
-                               title=f"qstate suite {loaded.name}")
+        from ..report import write_report
+
+        written = write_report([r.doc for r in runs], out / "report.html", out / "report.md",
+                               sources=[str(r.path) for r in runs], title=f"qstate suite {loaded.name}")
         output.stderr.print("report: " + ", ".join(str(p) for p in written))
 
 

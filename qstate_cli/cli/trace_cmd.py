@@ -5,7 +5,8 @@ from pathlib import Path
 
 import typer
 
-from . import new_group, output
+from . import output
+from .group import new_group
 
 trace_app = new_group("trace", "Gradient traces: record a demo trace, summarize a trace.")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from ..errors import QstateError
-from .metrics import METRICS, Metric, identity, row_name
+from .metrics import Metric, compared_kinds, identity, metrics, row_name
 
 STATUSES = ("regressed", "failed", "missing", "new", "insignificant", "improved", "same")
 
@@ -92,7 +92,7 @@ def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], thresho
     for key in list(base) + [k for k in new if k not in base]:
         b, n = base.get(key), new.get(key)
         name = row_name(kind, n or b) + (f" {key[-1]}" if str(key[-1]).startswith("#") else "")
-        for metric in METRICS[kind]:
+        for metric in metrics(kind):
             rec = {"name": name, "kind": kind, "metric": metric.field, "unit": metric.unit, "better": metric.better,
                    "baseline": None, "new": None, "ratio": None, "p_value": None, "threshold": None}
             if n is None or n.get("status") == "unavailable":
@@ -161,8 +161,8 @@ def compare_docs(base_docs: list[dict], new_docs: list[dict], threshold: float =
     if not 0 < alpha < 1:
         raise QstateError(f"--alpha {alpha}: use a significance level between 0 and 1 (e.g. 0.01)")
     kinds = sorted({d.get("kind") for d in base_docs + new_docs} - {"compare"})
-    notes = [f"kind {k!r} is not compared" for k in kinds if k not in METRICS]
-    kinds = [k for k in kinds if k in METRICS]
+    notes = [f"kind {k!r} is not compared" for k in kinds if k not in compared_kinds()]
+    kinds = [k for k in kinds if k in compared_kinds()]
     if not kinds:
         raise QstateError("nothing to compare: no kernels, memory, diagnose or train results in either input")
     records = []

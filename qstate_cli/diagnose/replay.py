@@ -22,12 +22,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ..errors import QstateError
 from ..optim.reset import ResetPolicy
 from ..quant import QuantizedState, Stream
-from ..quant.config import StateConfig
+from ..quant.config import STATE_IDS, StateConfig  # streams keyed as the optimizers key them
 from ..runtime import Timer, resolve_device, torch_threads
 from ..theory import reset_period as theory_reset_period
 from ..trace.schema import Trace
@@ -35,7 +36,6 @@ from .layout import Layout
 from .recursions import Recursion, recursion_for
 from .stats import StateStats, UpdateStats, unit_sums
 
-STATE_IDS = {"m": 0, "v": 1}  # as the reference optimizers key their streams
 
 
 @dataclass
@@ -47,6 +47,41 @@ class ReplayOptions:
     snapshots: int = 32  # staleness / dimension snapshots over the replay
     keep_states: bool = False  # return the final stored states (tests)
     profile: bool = False  # synchronize around phases (CUDA) so the timings are exact
+
+
+@dataclass
+class ConfigReplay:
+    """What one configuration's replay measured (summary.py turns it into rows)."""
+
+    cfg: StateConfig
+    period: int | None  # the reset period the replay applied (None: none)
+    period_reason: str
+    states: dict[str, dict]  # state -> StateStats.collect(): per-step series and per-unit sums (stats.py)
+    update: dict  # UpdateStats.collect(): update fidelity per step and per unit
+
+
+@dataclass
+class Replay:
+    """What `replay` returns: the statistics of every configuration against the fp32
+    shadow, and how the replay ran (host-side; the tensors stay where stats.py says)."""
+
+    trace: Trace
+    recursion: Recursion
+    layout: Layout
+    n_steps: int
+    device: str
+    wall_s: float  # wall time of the step loop
+    cpu_s: float  # CPU time of this process over the step loop
+    threads: int  # torch intra-op threads during the loop
+    timings_s: dict[str, float]  # wall seconds per phase: gather, shadow, one per configuration
+    timings_synchronized: bool  # whether each phase's time is exact (runtime.Timer.exact)
+    nonfinite_units: np.ndarray  # NaN/Inf gradient elements per unit block, summed over steps
+    configs: list[ConfigReplay]
+    final_states: dict | None = None  # keep_states: {config: {state: [per-tensor stored values]}}
+
+    @property
+    def nonfinite_grads(self) -> int:
+        return int(self.nonfinite_units.sum())
 
 
 @dataclass
@@ -89,15 +124,15 @@ def reset_schedule(reset, cfg: StateConfig, rec: Recursion) -> tuple[int | None,
 SMALL_LAYOUT = 1 << 20  # elements: below it, one CPU thread is faster (runtime.torch_threads)
 
 
-def replay(trace: Trace, opts: ReplayOptions, progress: Callable[[int, int], None] | None = None) -> dict:
-    """Run the replay; returns host-side raw results (summary.py turns them into rows)."""
+def replay(trace: Trace, opts: ReplayOptions, progress: Callable[[int, int], None] | None = None) -> Replay:
+    """Run the replay; `progress(done, total)` after each step."""
     device = resolve_device(opts.device)
     small = device.type == "cpu" and trace.recorded_elements < SMALL_LAYOUT
     with torch_threads(1 if small else None):  # small ops: one thread is fastest (runtime.py)
         return _replay(trace, opts, device, progress)
 
 
-def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -> dict:
+def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -> Replay:
     if not opts.configs:
         raise QstateError("no configurations to replay")
     rec = recursion_for(trace.optimizer, trace.hparams)
@@ -135,18 +170,14 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
-    out = {
-        "trace": trace, "recursion": rec, "layout": layout, "n_steps": n_steps, "device": str(device),
-        "wall_s": wall, "cpu_s": cpu, "threads": torch.get_num_threads(), "timings_s": timer.totals,
-        "timings_synchronized": timer.exact,
-        "nonfinite_units": nonfinite.cpu().numpy(),
-        "configs": [{"cfg": c.cfg, "period": c.period, "period_reason": c.period_reason,
-                     "states": {s: c.stats[s].collect() for s in rec.states},
-                     "update": c.update.collect()} for c in configs],
-    }
-    if opts.keep_states:
-        out["final_states"] = {str(c.cfg): {s: _split(layout, c.x_hat[s]) for s in rec.states} for c in configs}
-    return out
+    return Replay(
+        trace=trace, recursion=rec, layout=layout, n_steps=n_steps, device=str(device), wall_s=wall, cpu_s=cpu,
+        threads=torch.get_num_threads(), timings_s=timer.totals, timings_synchronized=timer.exact,
+        nonfinite_units=nonfinite.cpu().numpy(),
+        configs=[ConfigReplay(c.cfg, c.period, c.period_reason, {s: c.stats[s].collect() for s in rec.states},
+                              c.update.collect()) for c in configs],
+        final_states={str(c.cfg): {s: _split(layout, c.x_hat[s]) for s in rec.states} for c in configs}
+        if opts.keep_states else None)
 
 
 def _setup(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout, n_steps: int):

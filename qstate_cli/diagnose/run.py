@@ -1,4 +1,7 @@
-"""`qstate diagnose` as a library: choose configurations, replay, build the result document.
+"""`qstate diagnose` as a library: options, configurations, the replay, the result.
+
+    execute(DiagnoseOptions(trace="trace.pt", config=["bred-4bit"]), progress) -> Result
+    diagnose(trace, configs, ...) -> (result document, Replay)      # tests, notebooks
 
 Configurations (`select_configs`):
 - `--config NAME` (repeatable): exactly these (presets or explicit configurations);
@@ -6,25 +9,56 @@ Configurations (`select_configs`):
   (R defaults to nearest, stochastic, bred; B to 4), added to any --config;
 - neither: DEFAULT_CONFIGS, what people run or consider today;
 - `--block-size N` then sets the block size of every block-scaled state.
+
+The trace `demo` always names the cached demo trace (trace/demo.py: made on first use,
+then reused), on the command line and in a suite alike; a file or folder that happens to
+be called demo is `./demo`.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import theory
 from ..errors import QstateError
+from ..options import Options, many, option
+from ..progress import QUIET, Progress
 from ..quant.config import ROUNDINGS, StateConfig, config_of, parse_config, parse_spec
-from ..results import document, environment
+from ..results import Result
 from ..trace import load_trace
 from ..trace.schema import Trace
-from .replay import ReplayOptions, replay
+from .replay import Replay, ReplayOptions, replay
 from .summary import build
 
 DEFAULT_CONFIGS = ("nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit", "bf16", "bf16-sr")
 LINEAR_PRESET = {"nearest": "nearest", "stochastic": "sr", "bred": "bred"}
 THEORY_FORMATS = ("bf16", "e4m3", "e2m2")
+DEMO = "demo"
+
+
+@dataclass
+class DiagnoseOptions(Options):
+    """`qstate diagnose`: the CLI options and a suite point's parameters (options.py)."""
+
+    COMMAND = "diagnose"
+
+    trace: str | None = option(None, "Trace file or directory of shards (from `qstate trace demo` or the Recorder); "
+                                     "'demo': the cached demo trace, made on first use.", argument=True)
+    config: list[StateConfig] = many("Configuration to replay (repeatable): preset or m=SPEC,v=SPEC.",
+                                     "--config", "-c", parse=parse_config)
+    bits: list[int] = many("Add the linear presets at these bits (4, 8; repeatable).", type=int)
+    rounding: list[str] = many("With --bits: nearest, stochastic, bred (repeatable; default all).")
+    block_size: int | None = option(None, "Block size for every block-scaled state (power of two, 32..2048).",
+                                    "--block-size", "-b", type=int)
+    reset: str = option("none", "Reset policy the replay applies: none, N (every N steps) or auto (staleness "
+                                "model).")
+    steps_limit: int | None = option(None, "Replay only the first N recorded steps.", type=int)
+    device: str = option("auto", "auto (CUDA when present), cpu or cuda.")
+    profile: bool = option(False, "Print replay throughput (element-steps per second) per phase (always in meta).")
+    theory: bool = option(False, "Only the staleness model: predicted stall probabilities and reset periods.")
+    format: list[str] = many("With --theory: float formats (default bf16, e4m3, e2m2).", "--format", "-f")
+    beta2: float = option(0.999, "With --theory: the second-moment beta.")
 
 
 def select_configs(configs=(), bits=(), rounding=(), block_size: int | None = None) -> list[StateConfig]:
@@ -58,13 +92,43 @@ def with_block_size(cfg: StateConfig, block: int) -> StateConfig:
     return config_of(m, v)
 
 
+def execute(opts: DiagnoseOptions, progress: Progress | None = None) -> Result:
+    """`qstate diagnose` as a library call (kinds.py): the replay's records and rows, or
+    with `theory` the staleness model alone."""
+    progress = progress or QUIET
+    if opts.theory:
+        return theory_result(opts.format or THEORY_FORMATS, opts.beta2)
+    if not opts.trace:
+        raise QstateError("diagnose needs a TRACE (a suite point needs 'trace'), or --theory; make one with "
+                          "`qstate trace demo`, or name `demo`")
+    configs = select_configs(opts.config, opts.bits, opts.rounding, opts.block_size)
+    trace = load_trace(resolve_trace(opts.trace, log=progress.log))
+    n_steps = min(trace.n_steps, opts.steps_limit or trace.n_steps)
+    progress.begin(n_steps, Result("diagnose", meta={"trace": trace.source}))
+
+    def advance(done: int, total: int) -> None:
+        progress.start(f"replaying {len(configs)} configurations", done)
+
+    result, _ = replay_result(trace, configs, reset=opts.reset, steps_limit=opts.steps_limit, device=opts.device,
+                              progress=advance, profile_phases=opts.profile)
+    return result
+
+
 def diagnose(trace: Trace | str | Path, configs: list[StateConfig], reset="none", steps_limit: int | None = None,
              device: str = "auto", progress=None, keep_states: bool = False,
-             profile_phases: bool = False) -> tuple[dict, dict]:
-    """Replay `trace` through `configs`; returns (result document, raw replay results).
-    `trace` may be a Trace, a path, or "demo" (the cached demo trace, made on first use,
-    when no file of that name exists). `profile_phases` synchronizes CUDA around each phase
-    so the per-phase times are exact."""
+             profile_phases: bool = False) -> tuple[dict, Replay]:
+    """Replay `trace` through `configs`; returns (result document, the Replay). `trace`
+    may be a Trace, a path, or "demo" (the cached demo trace). `progress(done, total)`
+    after each step; `profile_phases` synchronizes CUDA around each phase so the
+    per-phase times are exact."""
+    result, raw = replay_result(trace, configs, reset, steps_limit, device, progress, keep_states, profile_phases)
+    return result.document(), raw
+
+
+def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="none",
+                  steps_limit: int | None = None, device: str = "auto", progress=None, keep_states: bool = False,
+                  profile_phases: bool = False) -> tuple[Result, Replay]:
+    """The replay (Replay) and its rows as a Result (kind "diagnose")."""
     if not isinstance(trace, Trace):
         trace = load_trace(resolve_trace(trace))
     if steps_limit is not None and steps_limit < 1:
@@ -76,52 +140,51 @@ def diagnose(trace: Trace | str | Path, configs: list[StateConfig], reset="none"
     rows = build(raw)
     meta = {
         "trace": trace.source, "optimizer": trace.optimizer, "hparams": trace.hparams, "seed": trace.seed,
-        "step_start": trace.step_start, "steps": raw["n_steps"], "trace_steps": trace.n_steps,
+        "step_start": trace.step_start, "steps": raw.n_steps, "trace_steps": trace.n_steps,
         "tensors": len(trace.tensors), "recorded_elements": trace.recorded_elements,
         "total_elements": trace.total_elements, "grad_dtype": trace.grad_dtype,
         "configs": [str(c) for c in configs], "canonical": {str(c): c.canonical() for c in configs},
-        "reset": str(reset), "reset_applied": {str(c["cfg"]): [c["period"], c["period_reason"]] for c in raw["configs"]},
-        "nonfinite_grads": int(raw["nonfinite_units"].sum()), "notes": list(raw["recursion"].notes),
+        "reset": str(reset), "reset_applied": {str(c.cfg): [c.period, c.period_reason] for c in raw.configs},
+        "nonfinite_grads": raw.nonfinite_grads, "notes": list(raw.recursion.notes),
         "quantized_everything": "every recorded tensor is quantized (the optimizers keep tensors under "
                                 "min_quant_numel=4096 in fp32)",
         "profile": profile(raw, time.perf_counter() - t0),
     }
-    doc = document("diagnose", rows.pop("records"), meta, environment(raw["device"]))
-    doc.update(rows)
-    return doc, raw
+    records = rows.pop("records")
+    return Result("diagnose", records, meta, extras=rows, device=raw.device), raw
 
 
-def resolve_trace(trace) -> Path:
-    """A trace path; "demo" (with no such file here) names the cached demo trace."""
-    if str(trace) == "demo" and not Path("demo").exists():
+def resolve_trace(trace, log=None) -> Path:
+    """A trace path; "demo" names the cached demo trace (made on first use; module docstring)."""
+    if str(trace) == DEMO:
         from ..trace.demo import cached_demo
 
-        return cached_demo()
+        return cached_demo(log=log)
     return Path(trace)
 
 
-def profile(raw: dict, total_s: float) -> dict:
+def profile(raw: Replay, total_s: float) -> dict:
     """Replay throughput: element-steps (recorded elements x steps) per second of wall time,
     and per CPU-second (what the replay gets on a machine that other work also uses)."""
-    n_cfg = len(raw["configs"])
-    element_steps = raw["layout"].n_valid * raw["n_steps"]
-    wall = raw["wall_s"]
-    per_cfg = {k: v for k, v in raw["timings_s"].items() if k not in ("gather", "shadow")}
-    cpu = raw["cpu_s"]
+    n_cfg = len(raw.configs)
+    element_steps = raw.layout.n_valid * raw.n_steps
+    wall = raw.wall_s
+    per_cfg = {k: v for k, v in raw.timings_s.items() if k not in ("gather", "shadow")}
+    cpu = raw.cpu_s
     return {
-        "device": raw["device"], "threads": raw["threads"], "element_steps": element_steps, "configs": n_cfg,
+        "device": raw.device, "threads": raw.threads, "element_steps": element_steps, "configs": n_cfg,
         "replay_s": round(wall, 3), "replay_cpu_s": round(cpu, 3), "total_s": round(total_s, 3),
         "element_steps_per_s_per_config": round(element_steps * n_cfg / wall) if wall > 0 else None,
         "element_steps_per_cpu_s_per_config": round(element_steps * n_cfg / cpu) if cpu > 0 else None,
-        "phases_s": {k: round(v, 3) for k, v in raw["timings_s"].items()},
-        "phases_synchronized": raw["timings_synchronized"],
+        "phases_s": {k: round(v, 3) for k, v in raw.timings_s.items()},
+        "phases_synchronized": raw.timings_synchronized,
         "config_element_steps_per_s": {k: round(element_steps / v) for k, v in per_cfg.items() if v > 0},
-        "layout": {"unit": raw["layout"].unit, "padded_elements": raw["layout"].n},
+        "layout": {"unit": raw.layout.unit, "padded_elements": raw.layout.n},
     }
 
 
-def theory_document(formats=THEORY_FORMATS, beta2: float = 0.999, roundings=("nearest", "stochastic"),
-                    buildup_steps=(10, 100, 1000)) -> dict:
+def theory_result(formats=THEORY_FORMATS, beta2: float = 0.999, roundings=("nearest", "stochastic"),
+                  buildup_steps=(10, 100, 1000)) -> Result:
     """`qstate diagnose --theory`: predicted stall probabilities and reset periods, no trace."""
     if not 0.0 < beta2 < 1.0:
         raise QstateError(f"--beta2 {beta2}: must be between 0 and 1")
@@ -138,5 +201,10 @@ def theory_document(formats=THEORY_FORMATS, beta2: float = 0.999, roundings=("ne
         for t in buildup_steps:
             row[f"p_stall_t{t}"] = round(float(theory.stall_probability(spec, beta2, float(
                 theory.buildup_level(t, beta2)))), 4)
-    return document("diagnose", [], {"mode": "theory", "beta2": beta2, "formats": list(formats or THEORY_FORMATS),
-                                     "buildup": theory.BUILDUP}, environment("cpu")) | {"theory": rows}
+    meta = {"mode": "theory", "beta2": beta2, "formats": list(formats or THEORY_FORMATS), "buildup": theory.BUILDUP}
+    return Result("diagnose", [], meta, extras={"theory": rows}, device="cpu")
+
+
+def theory_document(formats=THEORY_FORMATS, beta2: float = 0.999, **kw) -> dict:
+    """The --theory result as a results document."""
+    return theory_result(formats, beta2, **kw).document()

@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import theory
 from .recommend import recommend
+from .replay import ConfigReplay, Replay
 
 MAX_SERIES_POINTS = 1000
 
@@ -146,16 +147,16 @@ def per_tensor_rows(name: str, state: str, layout, st: dict, upd: dict, n_steps:
     return rows
 
 
-def build(raw: dict) -> dict:
+def build(raw: Replay) -> dict:
     """records + series/histograms/per_code/per_tensor/dim_scaling/theory rows."""
-    rec = raw["recursion"]
+    rec = raw.recursion
     out = {k: [] for k in ("records", "series", "histograms", "per_code", "per_tensor", "dim_scaling", "theory")}
     slow = rec.slowest_state
-    for c in raw["configs"]:
-        cfg = c["cfg"]
-        stall_slow = state_series(c["states"][slow])["stall_rate"]
-        advice = recommend(cfg.spec(slow), slow, rec.optimizer, rec.betas[slow], stall_slow, c["period"])
-        for s in c["states"]:
+    for c in raw.configs:
+        cfg = c.cfg
+        stall_slow = state_series(c.states[slow])["stall_rate"]
+        advice = recommend(cfg.spec(slow), slow, rec.optimizer, rec.betas[slow], stall_slow, c.period)
+        for s in c.states:
             _state_rows(out, raw, c, s, advice)
         if rec.optimizer in ("adamw", "adam"):
             row = theory.theory_rows([cfg.spec("v")], rec.betas["v"])[0]
@@ -164,13 +165,13 @@ def build(raw: dict) -> dict:
     return out
 
 
-def _state_rows(out: dict, raw: dict, c: dict, s: str, advice: tuple) -> None:
+def _state_rows(out: dict, raw: Replay, c: ConfigReplay, s: str, advice: tuple) -> None:
     """Every row of one (configuration, state)."""
-    rec, layout, n_steps = raw["recursion"], raw["layout"], raw["n_steps"]
-    cfg, name, st, upd = c["cfg"], str(c["cfg"]), c["states"][s], c["update"]
+    rec, layout, n_steps = raw.recursion, raw.layout, raw.n_steps
+    cfg, name, st, upd = c.cfg, str(c.cfg), c.states[s], c.update
     spec = cfg.spec(s)
     ser = state_series(st)
-    pred = predicted_curve(cfg, s, rec, n_steps, c["period"])
+    pred = predicted_curve(cfg, s, rec, n_steps, c.period)
     nominal = st["nominal"].sum()
     drift = ser["drift"]
     out["records"].append({
@@ -186,7 +187,7 @@ def _state_rows(out: dict, raw: dict, c: dict, s: str, advice: tuple) -> None:
         "stall_rate_predicted": None if pred is None else float(np.mean(pred)),
         **staleness_summary(st["staleness_counts"]),
         "update_cosine": _nanmean(upd["cosine"]), "update_rel_error": _nanmean(upd["rel_error"]),
-        "nonfinite_grads": int(raw["nonfinite_units"].sum()), "reset_applied": c["period"],
+        "nonfinite_grads": raw.nonfinite_grads, "reset_applied": c.period,
         "reset_period": advice[0], "reset_reason": advice[1],
     })
     steps, arr = downsample({**ser, "stall_rate_predicted": pred, "update_cosine": upd["cosine"],

@@ -35,20 +35,18 @@ import copy
 import torch
 
 from ..errors import QstateError
-from ..quant.config import StateConfig, StateSpec, parse_config, parse_spec
+from ..quant.config import STATE_IDS, StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
 from . import fused
 from .reset import ResetPolicy
 
 FP32_SPEC = parse_spec("fp32")
-BACKENDS = ("auto", "reference", "triton")
-STATE_IDS = {"m": 0, "v": 1}
+BACKENDS = ("auto", "reference", "triton")  # what steps a parameter (module docstring)
 
 
 class QuantizedOptimizer(torch.optim.Optimizer):
     state_names: tuple[str, ...] = ("m",)
-    beta_for_reset: str = "beta2"  # which hyper-parameter sets the 'auto' reset period
     kernel: str | None = None  # the fused kernel module (kernels/<kernel>.py; fused.launcher)
     kernel_needs_out = False  # the kernel writes an fp32 update per parameter (Muon)
 
@@ -118,9 +116,30 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         from ..theory import reset_period  # theory-guided period (staleness model)
 
         group = self.param_groups[0]
-        spec = self.config(group).spec("v" if "v" in self.state_names else "m")
-        beta = group.get(self.beta_for_reset, group.get("betas", (0.9, 0.999))[-1])
-        return self.reset_policy.resolved(reset_period(spec, float(beta)))
+        state = self.reset_state(group)
+        return self.reset_policy.resolved(reset_period(self.config(group).spec(state), self.state_betas(group)[state]))
+
+    # ---- the rule, per optimizer (optimizers.py) --------------------------------------
+    @staticmethod
+    def state_betas(hp: dict) -> dict[str, float]:
+        """{state: the EMA beta that sets its memory} from a group's hyper-parameters."""
+        raise NotImplementedError
+
+    @classmethod
+    def reset_state(cls, hp: dict) -> str:
+        """The state with the longest memory (largest beta): a reset is timed on it."""
+        betas = cls.state_betas(hp)
+        return max(cls.state_names, key=lambda s: betas[s])
+
+    @staticmethod
+    def replay_step(hp: dict, g: torch.Tensor, x_hat: dict, s, first: dict):
+        """(update direction, {state: new fp32 state}) of one replayed step (optimizers.py)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def replay_notes(hp: dict) -> list[str]:
+        """What a replay of this optimizer leaves out, for these hyper-parameters."""
+        return []
 
     # ---- state access ----------------------------------------------------------------
     def load_states(self, group, p, tensor_id: int) -> dict[str, QuantizedState]:

@@ -2,18 +2,29 @@
 
     opt = qstate_cli.optim.AdamW(model.parameters(), lr=1e-3, states="bred-4bit", reset=None)
 
-`states` is a preset or configuration name (quant/config.py); `reset` a reset policy
-(optim/reset.py). The update rules are the full-precision ones (optim/rules.py); only
-the stored states change. `update` is the reference step of one parameter;
-`launch_kernel` the fused step of many with the kernel's launch function (`run.launch`,
-kernels/<kernel>.py via optim/fused.py), the same rule op for op.
+`states` is a preset or configuration name (quant/config.py) or a StateConfig; `reset` a
+reset policy (optim/reset.py). The update rules are the full-precision ones
+(optim/rules.py); only the stored states change. Per optimizer, one rule in three uses:
+
+    update        the reference step of one parameter
+    launch_kernel the fused step of many with the kernel's launch function (`run.launch`,
+                  kernels/<kernel>.py via optim/fused.py), the same rule op for op
+    replay_step   the state recursion a trace replay runs (diagnose/recursions.py): the
+                  rule with a zero parameter, lr = 1 and no weight decay, so the new
+                  states are bit for bit the reference's and the parameter update is
+                  minus the update direction (states never depend on p, lr or decoupled
+                  weight decay)
+
+`state_betas(hp)` names the EMA beta that sets each state's memory (theory, resets).
+The registry of all of them is optim/registry.py.
 """
 from __future__ import annotations
 
 import torch
 
-from .base import QuantizedOptimizer
+from ..errors import QstateError
 from . import rules
+from .base import QuantizedOptimizer
 
 
 class AdamW(QuantizedOptimizer):
@@ -38,6 +49,26 @@ class AdamW(QuantizedOptimizer):
         p, m, v = rules.adamw(p32, g, x_hat["m"], x_hat["v"], s, beta1, beta2, group["eps"])
         return p, {"m": m, "v": v}
 
+    @staticmethod
+    def state_betas(hp: dict) -> dict[str, float]:
+        return {"m": float(hp["betas"][0]), "v": float(hp["betas"][1])}
+
+    @staticmethod
+    def replay_step(hp: dict, g, x_hat: dict, s: rules.Scalars, first: dict):
+        """direction = (m / (sqrt(v) / sqrt(bc2) + eps)) / bc1; new m, v."""
+        b1, b2 = (float(b) for b in hp["betas"])
+        p, m, v = rules.adamw(_zero(g), g, x_hat["m"], x_hat["v"], s, b1, b2, float(hp["eps"]))
+        return -p, {"m": m, "v": v}
+
+    @staticmethod
+    def replay_notes(hp: dict) -> list[str]:
+        notes = []
+        if hp.get("weight_decay") and not hp.get("decoupled", True):
+            notes.append("Adam's coupled weight decay (g + wd * p) needs the parameters: replayed without it")
+        if hp.get("amsgrad"):
+            notes.append("amsgrad's running max of v is not replayed (plain Adam states)")
+        return notes
+
     def launch_kernel(self, group, batch, run):
         beta1, beta2 = group["betas"]
         wd, l2 = group["weight_decay"], 0.0
@@ -53,6 +84,10 @@ class AdamW(QuantizedOptimizer):
 class Adam(AdamW):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, **kw):
         super().__init__(params, lr, betas, eps, weight_decay, decoupled=False, **kw)
+
+    @staticmethod
+    def replay_notes(hp: dict) -> list[str]:
+        return AdamW.replay_notes({"decoupled": False, **hp})
 
 
 class Lion(QuantizedOptimizer):
@@ -71,6 +106,17 @@ class Lion(QuantizedOptimizer):
         p, m = rules.lion(p32, g, x_hat["m"], s, beta1, beta2)
         return p, {"m": m}
 
+    @staticmethod
+    def state_betas(hp: dict) -> dict[str, float]:
+        return {"m": float(hp["betas"][1])}  # beta2 drives the stored momentum
+
+    @staticmethod
+    def replay_step(hp: dict, g, x_hat: dict, s: rules.Scalars, first: dict):
+        """direction = sign(b1 m_hat + (1 - b1) g); new m."""
+        b1, b2 = (float(b) for b in hp["betas"])
+        p, m = rules.lion(_zero(g), g, x_hat["m"], s, b1, b2)
+        return -p, {"m": m}
+
     def launch_kernel(self, group, batch, run):
         beta1, beta2 = group["betas"]
         s = rules.step_scalars(group["lr"], group["weight_decay"], beta1, beta2, run.since, run.device)
@@ -82,7 +128,6 @@ class Lion(QuantizedOptimizer):
 class SGD(QuantizedOptimizer):
     """SGD with a quantized momentum buffer (torch.optim.SGD semantics)."""
 
-    beta_for_reset = "momentum"
     kernel = "sgd"
 
     def __init__(self, params, lr=1e-2, momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=False,
@@ -99,6 +144,25 @@ class SGD(QuantizedOptimizer):
                            group["nesterov"], first["m"])
         return p, {"m": buf}
 
+    @staticmethod
+    def state_betas(hp: dict) -> dict[str, float]:
+        return {"m": float(hp["momentum"])}
+
+    @staticmethod
+    def replay_step(hp: dict, g, x_hat: dict, s: rules.Scalars, first: dict):
+        """direction d (torch.optim.SGD semantics); new momentum buffer."""
+        p, buf = rules.sgd(_zero(g), g, x_hat["m"], s, float(hp["momentum"]), float(hp["dampening"]),
+                           bool(hp["nesterov"]), first["m"])
+        return -p, {"m": buf}
+
+    @staticmethod
+    def replay_notes(hp: dict) -> list[str]:
+        if float(hp["momentum"]) == 0.0:
+            raise QstateError("SGD without momentum keeps no state: nothing to diagnose")
+        if hp.get("weight_decay"):
+            return ["SGD's coupled weight decay needs the parameters: replayed without it"]
+        return []
+
     def launch_kernel(self, group, batch, run):
         s = rules.step_scalars(group["lr"], 0.0, 0.0, 0.0, 1, run.device)
         run.launch(batch, rules.pack_scalars(s), run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
@@ -114,7 +178,6 @@ class Muon(QuantizedOptimizer):
     the momentum update is fused (kernels/muon.py, all tensors in one launch); the
     Newton-Schulz iteration and the parameter update run in torch per matrix."""
 
-    beta_for_reset = "momentum"
     kernel = "muon"
     kernel_needs_out = True
 
@@ -129,6 +192,21 @@ class Muon(QuantizedOptimizer):
         p = p32 * s.decay - rules.muon_direction(upd) * s.lr
         return p, {"m": buf}
 
+    @staticmethod
+    def state_betas(hp: dict) -> dict[str, float]:
+        return {"m": float(hp["momentum"])}
+
+    @staticmethod
+    def replay_step(hp: dict, g, x_hat: dict, s: rules.Scalars, first: dict):
+        """direction = the Nesterov/plain momentum update before Newton-Schulz (which needs
+        whole matrices); new momentum buffer."""
+        upd, buf = rules.muon_momentum(g, x_hat["m"], float(hp["momentum"]), bool(hp["nesterov"]))
+        return upd, {"m": buf}
+
+    @staticmethod
+    def replay_notes(hp: dict) -> list[str]:
+        return ["Muon: update fidelity compares momentum updates before Newton-Schulz"]
+
     def launch_kernel(self, group, batch, run):
         run.launch(batch, run.layouts["m"], g_kind=run.g_kind, step=run.step,
                    written=run.written["m"], fresh=run.fresh["m"], momentum=group["momentum"],
@@ -139,4 +217,7 @@ class Muon(QuantizedOptimizer):
             p.copy_(p32 * s.decay - rules.muon_direction(member.out) * s.lr)
 
 
-OPTIMIZERS = {"adamw": AdamW, "adam": Adam, "lion": Lion, "sgd": SGD, "muon": Muon}
+
+def _zero(g: torch.Tensor) -> torch.Tensor:
+    """The parameter a replay step runs the rule on (see module docstring)."""
+    return torch.zeros((), dtype=torch.float32, device=g.device)

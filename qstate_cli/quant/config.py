@@ -55,6 +55,7 @@ ROUNDING_HELP = {
 DITHER_BLOCK = 128
 MIN_BLOCK, MAX_BLOCK = 32, 2048
 STATE_NAMES = ("m", "v")
+STATE_IDS = {name: i for i, name in enumerate(STATE_NAMES)}  # a state's random stream id (quant/hash.py)
 
 
 def default_block(fmt: Format) -> int:

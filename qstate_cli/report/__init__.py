@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import QstateError
+from ..kinds import KINDS, load
 from ..results import load as load_result, write_text_atomic
 from .markdown import markdown_text
 from .model import Report, Section, Table
@@ -61,10 +62,16 @@ def _generic(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
     return sec, [f"{doc.get('kind')}: {len(rows)} rows"]
 
 
+def section_builder(kind: str | None):
+    """The report section of `kind` (kinds.py), or a generic table of its records."""
+    if kind not in KINDS:
+        return _generic
+    return load(KINDS[kind].section, f"the report of kind {kind!r}")
+
+
 def build_report(docs: list[dict], sources: list[str] | None = None, title: str | None = None) -> Report:
     if not docs:
         raise QstateError("no results to report")
-    from . import sections
     from .plots import Palette
 
     sources = sources or [_source(d, i) for i, d in enumerate(docs)]
@@ -86,7 +93,7 @@ def build_report(docs: list[dict], sources: list[str] | None = None, title: str 
     banners = list(dict.fromkeys(str(d["meta"]["note"]) for d in docs if (d.get("meta") or {}).get("note")))
     summary, secs = [], []
     for d, src in zip(docs, sources):
-        sec, lines = sections.BUILDERS.get(d.get("kind"), _generic)(d, src, palette)
+        sec, lines = section_builder(d.get("kind"))(d, src, palette)
         secs.append(sec)
         summary += lines
     kinds = ", ".join(dict.fromkeys(str(d.get("kind")) for d in docs))

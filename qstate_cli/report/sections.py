@@ -1,4 +1,5 @@
-"""One report section per results document, by kind (docs/results.md), plus summary lines."""
+"""One report section per results document, by kind (docs/results.md), plus summary lines.
+Each function here is named by its kind's entry in qstate_cli/kinds.py."""
 from __future__ import annotations
 
 import math
@@ -229,6 +230,3 @@ def verdict_counts(rows: list[dict]) -> str:
     for r in rows:
         counts[r.get("status")] += 1
     return ", ".join(f"{counts[s]} {s}" for s in STATUS_ORDER if counts[s]) or "nothing compared"
-
-
-BUILDERS = {"kernels": kernels, "memory": memory, "diagnose": diagnose, "train": train, "compare": compare}

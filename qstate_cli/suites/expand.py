@@ -20,7 +20,8 @@ import itertools
 import json
 from dataclasses import dataclass, field
 
-from .kinds import CONFIG_AXES, KINDS
+from ..kinds import KINDS
+from .kinds import CONFIG_AXES
 
 MAX_AXIS_VALUES = 10_000
 _EPS = 1e-9

@@ -1,60 +1,42 @@
-"""What each suite kind runs: its engine hook, its CLI command, how baselines are passed.
+"""What a suite point runs: its kind's engine, on the kind's options (qstate_cli/kinds.py).
 
-A suite point is a dict of parameters whose keys mirror the CLI option names of the
-kind's command with underscores (`--warmup-ms` -> `warmup_ms`, `TRACE` -> `trace`).
-The runner calls the kind's hook with it:
+A suite point is a dict of parameters whose keys are the fields of the kind's options
+dataclass, i.e. the command's long options with underscores (`--warmup-ms` -> `warmup_ms`,
+`TRACE` -> `trace`). The runner calls the kind's hook with it:
 
     hook(params: dict) -> {"records": [flat rows], <extra>: [flat rows], ...}
 
-and raises QstateError on a parameter it does not know. Hooks are imported lazily, by
-kind, so a build without an engine still validates and runs the other kinds.
+The built-in hook fills the options (`Options.from_params`: an unknown name or a bad value
+is a QstateError, which stops the suite) and runs `execute(options)`. Engines are imported
+by kind when first needed, so a build without one still validates and runs the other
+kinds. Tests and plug-ins may replace a kind's hook (`register_hook`).
 
-Baselines. `kernels` and `memory` pass both `config` and `baseline` to every point as
-lists: a config point has `config: [NAME]` and `baseline: []`, a baseline point has
-`config: []` and `baseline: [NAME]`; the hook runs exactly what it is given (an empty
-list means none, not the command's defaults). For `diagnose` and `train` a baseline is a
-configuration like any other (e.g. `torchao-4bit`), so a baseline point sets `config`.
-Baseline points are made once per combination of the axes other than `config` and
-`rounding`.
+A suite gives `kernels` and `memory` their `config` and `baseline` lists explicitly: an
+empty list means none (not the command's defaults), so a config point runs no baseline.
 """
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import QstateError
+from ..kinds import KINDS, Kind, load, runnable_kinds
+from ..progress import Progress
 
-KIND_NAMES = ("kernels", "memory", "diagnose", "train")
 CONFIG_AXES = ("config", "rounding")  # dropped from baseline points
-OUTPUT_OPTIONS = ("json", "csv", "html", "markdown", "out", "output")  # the runner writes results itself
-
-
-@dataclass(frozen=True)
-class Kind:
-    name: str
-    hook: str  # "module:function", imported on first use
-    command: tuple[str, ...]  # the CLI command whose options the params mirror
-    baseline_param: str  # the param a baseline point sets
-    list_params: tuple[str, ...] = ()  # params always passed as lists
-
-
-KINDS: dict[str, Kind] = {
-    "kernels": Kind("kernels", "qstate_cli.bench.suite:kernels_point", ("bench", "kernels"), "baseline",
-                    ("config", "baseline")),
-    "memory": Kind("memory", "qstate_cli.bench.suite:memory_point", ("bench", "memory"), "baseline",
-                   ("config", "baseline")),
-    "diagnose": Kind("diagnose", "qstate_cli.diagnose.suite:diagnose_point", ("diagnose",), "config"),
-    "train": Kind("train", "qstate_cli.train.suite:train_point", ("bench", "train"), "config"),
-}
+NONE = "none"  # what an explicit empty baseline list means to the bench engines
 
 _overrides: dict[str, Callable[[dict], dict]] = {}
 
 
+def _suite_kind(name: str) -> Kind:
+    if name not in runnable_kinds():
+        raise QstateError(f"unknown suite kind {name!r}; use one of {', '.join(runnable_kinds())}")
+    return KINDS[name]
+
+
 def register_hook(kind: str, hook: Callable[[dict], dict] | None) -> None:
     """Replace the hook of `kind` (tests, plug-ins); None restores the built-in one."""
-    if kind not in KINDS:
-        raise QstateError(f"unknown suite kind {kind!r}; use one of {', '.join(KIND_NAMES)}")
+    _suite_kind(kind)
     if hook is None:
         _overrides.pop(kind, None)
     else:
@@ -65,40 +47,26 @@ def is_overridden(kind: str) -> bool:
     return kind in _overrides
 
 
-def hook_for(kind: str) -> Callable[[dict], dict]:
-    """The engine function of `kind`, imported now; a missing engine is a clear error."""
+def options_class(kind: str):
+    """The options dataclass of `kind` (imported now)."""
+    k = _suite_kind(kind)
+    return load(k.options, f"suite kind {kind!r}")
+
+
+def hook_for(kind: str, progress: Progress | None = None) -> Callable[[dict], dict]:
+    """The function that runs one point of `kind`, with its engine imported now (a missing
+    engine is a clear error before anything is measured)."""
     if kind in _overrides:
         return _overrides[kind]
-    if kind not in KINDS:
-        raise QstateError(f"unknown suite kind {kind!r}; use one of {', '.join(KIND_NAMES)}")
-    module_name, func_name = KINDS[kind].hook.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise QstateError(f"suite kind {kind!r} needs {module_name}.{func_name}, which this build does not have "
-                          f"({exc})") from None
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise QstateError(f"suite kind {kind!r} needs {module_name}.{func_name}, which {module_name} does not define")
-    return func
+    k = _suite_kind(kind)
+    execute = load(k.engine, f"suite kind {kind!r}")
+    options = load(k.options, f"suite kind {kind!r}")
 
+    def run_point(params: dict) -> dict:
+        params = dict(params)
+        if k.baseline_param in k.list_params and params.get(k.baseline_param) == []:
+            params[k.baseline_param] = [NONE]
+        return execute(options.from_params(params, k.command), progress).parts()
 
-def command_params(kind: str) -> set[str] | None:
-    """Parameter names of the kind's CLI command (`--warmup-ms` -> warmup_ms, argument
-    TRACE -> trace), without output options; None when the command is not in this build."""
-    import typer
-
-    from ..cli import app
-
-    # duck-typed: Typer >= 0.20 vendors its own click, so no isinstance on click classes
-    cmd = typer.main.get_command(app)
-    for part in KINDS[kind].command:
-        commands = getattr(cmd, "commands", None)
-        if commands is None or part not in commands:
-            return None
-        cmd = commands[part]
-    names: set[str] = set()
-    for param in cmd.params:
-        long_opts = [opt[2:].replace("-", "_") for opt in param.opts if opt.startswith("--")]
-        names.update(long_opts if param.param_type_name == "option" else [param.name])
-    return names - set(OUTPUT_OPTIONS) - {"help"}
+    run_point.__qualname__ = f"{k.engine}"
+    return run_point

@@ -6,22 +6,40 @@ such as `series` concatenated). Each record gets `point`, the key of the point t
 made it. The file is rewritten atomically after every point (results.ResultWriter), and
 `meta.suite` lists the points, which are done and which failed, so Ctrl-C keeps what was
 measured and `--resume` runs only the points not done (failed points are retried).
+`run_suite` hands back each run's document (`SuiteRun.doc`), so nothing re-reads them.
 
 A hook that raises QstateError stops the run (the suite asked for something the engine
 does not know); any other exception marks that point failed and the suite goes on.
+Progress goes to a `Progress` (progress.py): begin(total points), start(label, done)
+before each point, log(line) for a failed point; the CLI draws it.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from ..errors import QstateError
+from ..progress import QUIET, Progress
 from ..results import ResultWriter, environment, load as load_results
 from .expand import Point
 from .kinds import hook_for
 from .load import LoadedSuite
+
+
+@dataclass
+class SuiteRun:
+    """One run of a suite: its results file and the document in it."""
+
+    name: str
+    kind: str
+    path: Path
+    doc: dict
+
+    @property
+    def state(self) -> dict:
+        """meta.suite: points, done, failed."""
+        return self.doc["meta"]["suite"]
 
 
 def _failed_row(point: Point, exc: BaseException) -> dict:
@@ -78,11 +96,10 @@ def _merge(writer: ResultWriter, point: Point, out: dict, hook_name: str) -> Non
                                               for row in rows)
 
 
-def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, console=None) -> list[Path]:
-    """Run every point of every run; returns the results files (one per run)."""
+def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, progress: Progress | None = None) -> list[SuiteRun]:
+    """Run every point of every run; returns each run's file and document."""
     out_dir = Path(out_dir)
-    if console is None:
-        from ..cli.output import stderr as console
+    progress = progress or QUIET
     plans = suite.points()
     hooks = {run["kind"]: hook_for(run["kind"]) for run, _ in plans}  # fail before measuring anything
     writers = []
@@ -90,32 +107,30 @@ def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, console=None) -
         path = out_dir / f"{run['name']}.json"
         writers.append((path, *_open_writer(path, run, suite, points, resume)))
     total = sum(len(points) for _, points in plans)
-    already = sum(len(done) for _, _, done in writers)
-    columns = [TextColumn("[bold]{task.fields[run]}[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.description}")]
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("", total=total, completed=already, run=suite.name)
-        for (run, points), (path, writer, done) in zip(plans, writers):
-            hook = hooks[run["kind"]]
-            hook_name = getattr(hook, "__qualname__", repr(hook))
-            order = {p.key: i for i, p in enumerate(points)}
+    done_so_far = sum(len(done) for _, _, done in writers)
+    progress.begin(total, None)
+    for (run, points), (path, writer, done) in zip(plans, writers):
+        hook = hooks[run["kind"]]
+        hook_name = getattr(hook, "__qualname__", repr(hook))
+        order = {p.key: i for i, p in enumerate(points)}
+        writer.flush()
+        for point in points:
+            if point.key in done:
+                continue
+            progress.start(f"{run['name']}: {point.label}", done_so_far)
+            state = writer.doc["meta"]["suite"]
+            try:
+                _merge(writer, point, hook(json.loads(json.dumps(point.params))), hook_name)
+            except QstateError as exc:
+                raise QstateError(f"{suite.file}: run {run['name']!r}, point {point.label}: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - a point that crashes is recorded, the suite goes on
+                writer.records.append({**_failed_row(point, exc), "point": point.key})
+                state["failed"].append(point.key)
+                progress.log(f"failed {run['name']}: {point.label}: {exc}")
+            else:
+                state["done"].append(point.key)
+            _in_point_order(writer, order)
             writer.flush()
-            for point in points:
-                if point.key in done:
-                    continue
-                progress.update(task, description=point.label, run=run["name"])
-                state = writer.doc["meta"]["suite"]
-                try:
-                    _merge(writer, point, hook(json.loads(json.dumps(point.params))), hook_name)
-                except QstateError as exc:
-                    raise QstateError(f"{suite.file}: run {run['name']!r}, point {point.label}: {exc}") from None
-                except Exception as exc:  # noqa: BLE001 - a point that crashes is recorded, the suite goes on
-                    writer.records.append({**_failed_row(point, exc), "point": point.key})
-                    state["failed"].append(point.key)
-                    progress.console.print(f"[yellow]failed[/] {run['name']}: {point.label}: {exc}")
-                else:
-                    state["done"].append(point.key)
-                _in_point_order(writer, order)
-                writer.flush()
-                progress.advance(task)
-    return [path for path, _, _ in writers]
+            done_so_far += 1
+    progress.start("done", done_so_far)
+    return [SuiteRun(run["name"], run["kind"], path, writer.doc) for (run, _), (path, writer, _) in zip(plans, writers)]

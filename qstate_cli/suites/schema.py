@@ -2,7 +2,7 @@
 
 Validation only: the runner works on the plain dicts of the YAML file once they pass.
 Unknown keys are rejected everywhere except in `defaults`, whose extra keys are engine
-parameters (checked against the kind's CLI command by `load.py` when it is in the build).
+parameters (checked against the kind's options, the command's flags, by `load.py`).
 `qstate suite schema` prints `Suite.model_json_schema()` for editors.
 """
 from __future__ import annotations
@@ -13,12 +13,13 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictFloat, StrictInt, Tag, ValidationError,
                       field_validator, model_validator)
 
+from ..kinds import runnable_kinds
 from .expand import MAX_AXIS_VALUES, range_values
 
 ParamName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]
 RunName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=80)]
 Number = Union[StrictInt, StrictFloat]
-KindName = Literal["kernels", "memory", "diagnose", "train"]
+KindName = Literal[runnable_kinds()]  # kinds.py: the kinds with an engine
 
 
 class _Strict(BaseModel):

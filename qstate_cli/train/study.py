@@ -25,56 +25,63 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from ..errors import QstateError
 from ..models import tiny_lm
-from ..optim import OPTIMIZERS
+from ..optim import optimizer_info
+from ..options import Options, lower, many, option
+from ..progress import QUIET, Progress
+from ..results import Result
 from ..runtime import Timer, free_memory, resolve_device, torch_threads
 from .runspec import RunSpec, resolve_reset
 
 DEFAULT_CONFIGS = ("fp32", "bf16", "nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit",
                    "nearest-4bit@reset=auto")
-# Peak learning rates. AdamW/Adam: tuned for fp32 states on tiny-lm at 500 steps (a sweep
-# 1.5e-3, 3e-3, 6e-3, 1e-2, 2e-2 gave final val loss 2.27, 2.14, 1.90, 1.86, 1.94), so a
-# quantized run cannot look better than fp32 merely by taking effectively larger steps
-# at a too-small lr. The others are the usual starting points (Lion ~ AdamW / 10,
-# Muon's 0.02), not tuned here.
-DEFAULT_LR = {"adamw": 1e-2, "adam": 1e-2, "lion": 1e-3, "sgd": 0.3, "muon": 0.02}
+
+
+def threads_option(value) -> int | None:
+    """--threads N; 0 means torch's default (None)."""
+    n = int(value)
+    return None if n == 0 else n
 
 
 @dataclass(frozen=True)
-class TrainSettings:
-    """One study's settings; the defaults are the ~5-minute study on 2 CPU cores."""
+class TrainSettings(Options):
+    """One study's settings: `qstate bench train`'s options and a suite point's parameters
+    (options.py); the defaults are the ~5-minute study on 2 CPU cores."""
 
-    model: str = "tiny-lm"
-    optimizer: str = "adamw"
-    steps: int = 500
-    batch_size: int = 16
-    lr: float | None = None  # None: DEFAULT_LR[optimizer]
-    warmup_frac: float = 0.05
-    min_lr_frac: float = 0.1
-    eval_every: int = 25
-    eval_batches: int = 8  # x eval_batch_size sequences, fixed for the whole study
-    eval_batch_size: int = 32
-    log_every: int = 1
-    seeds: int = 1
-    seed: int = 0  # first seed; seeds are seed .. seed + seeds - 1
-    reset: str = "none"  # default reset policy for runs that do not name one
-    min_quant_numel: int = 0  # quantize every tensor's states (bitsandbytes keeps < 4096 in fp32)
-    diverge_factor: float = 2.0
-    device: str = "cpu"
-    backend: str = "auto"
-    threads: int | None = 1  # torch CPU threads during a run; None: torch's default (see threads_for)
+    COMMAND = "bench train"
+
+    config: list[str] = many("Run CONFIG[@reset=none|N|auto][@lr=X]; repeat for several. "
+                             f"Default: {' '.join(DEFAULT_CONFIGS)}. fp32 is always run: gaps are measured against it.",
+                             "--config", "-c")
+    optimizer: str = option("adamw", "adamw | adam | lion | sgd | muon.", "--optimizer", "-o", parse=lower)
+    steps: int = option(500, "Training steps per run.", "--steps", "-n")
+    model: str = option("tiny-lm", "tiny-lm (0.14 M params) | small-lm (0.9 M).", "--model", "-m")
+    seeds: int = option(1, "Seeds per run (init, data order, random streams).", "--seeds", "-k")
+    seed: int = option(0, "First seed; seeds are seed .. seed + seeds - 1.")
+    reset: str = option("none", "Reset policy for runs that name none: none | N | auto.")
+    lr: float | None = option(None, "Peak learning rate (default: the optimizer's, optim/registry.py).", type=float)
+    batch_size: int = option(16, "Sequences per step.", "--batch-size", "-b")
+    eval_every: int = option(25, "Steps between validation evaluations.")
+    min_quant_numel: int = option(0, "Tensors smaller than this keep fp32 states (bitsandbytes: 4096).")
+    device: str = option("auto", "auto | cpu | cuda[:N].")
+    backend: str = option("auto", "Optimizer backend: auto | reference | triton.")
+    threads: int | None = option(1, "torch CPU threads per run (0: torch's default). One is fastest for these "
+                                    "small models, and robust on a busy machine.", parse=threads_option, type=int)
+    warmup_frac: float = option(0.05, "Linear learning-rate warm-up over this fraction of the steps.")
+    min_lr_frac: float = option(0.1, "Cosine decay to this fraction of lr at the last step.")
+    eval_batches: int = option(8, "Validation batches (fixed for the whole study).")
+    eval_batch_size: int = option(32, "Sequences per validation batch.")
+    log_every: int = option(1, "Steps between training-loss points of the series.")
+    diverge_factor: float = option(2.0, "A run diverges when a loss exceeds this x its first training loss.")
 
     def validate(self) -> "TrainSettings":
-        if self.optimizer not in OPTIMIZERS:
-            from ..quant.formats import suggest
-
-            raise QstateError(f"unknown optimizer {self.optimizer!r}{suggest(self.optimizer, OPTIMIZERS)}")
+        optimizer_info(self.optimizer)  # QstateError for an unknown optimizer
         if self.model not in tiny_lm.SIZES:
             from ..quant.formats import suggest
 
@@ -93,7 +100,7 @@ class TrainSettings:
 
     @property
     def base_lr(self) -> float:
-        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
+        return self.lr if self.lr is not None else optimizer_info(self.optimizer).default_lr
 
 
 def lr_at(step: int, base_lr: float, steps: int, warmup_frac: float = 0.05, min_lr_frac: float = 0.1) -> float:
@@ -131,25 +138,25 @@ def evaluate(model, val: list) -> float:
 
 def make_optimizer(run: RunSpec, settings: TrainSettings, params, seed: int):
     """The qstate optimizer for `run`, with its reset policy resolved (see runspec.py)."""
-    cls = OPTIMIZERS[settings.optimizer]
+    cls = optimizer_info(settings.optimizer).cls
     opt = cls(params, lr=run.lr or settings.base_lr, states=run.config, reset=None, seed=seed,
               min_quant_numel=settings.min_quant_numel, backend=settings.backend)
     group = opt.param_groups[0]
-    beta = group.get(cls.beta_for_reset, group.get("betas", (0.9, 0.999))[-1])
-    state = "v" if "v" in cls.state_names else "m"
-    period, basis = resolve_reset(run.config.spec(state), run.reset, float(beta))
+    state = cls.reset_state(group)
+    period, basis = resolve_reset(run.config.spec(state), run.reset, cls.state_betas(group)[state])
     opt.reset_policy = opt.reset_policy.parse(period)
     return opt, period, basis
 
 
 def train_run(run: RunSpec, settings: TrainSettings, seed: int, val=None,
-              progress: Callable[[str], None] | None = None) -> RunResult:
-    """Train one run for one seed; never raises for a divergence (it is reported)."""
+              log: Callable[[str], None] | None = None) -> RunResult:
+    """Train one run for one seed; never raises for a divergence (it is reported). `log`
+    gets one line when the run ends."""
     with torch_threads(settings.threads):  # one by default: these ops are small (runtime.py)
-        return _train_run(run, settings, seed, val, progress)
+        return _train_run(run, settings, seed, val, log)
 
 
-def _train_run(run, settings, seed, val, progress) -> RunResult:
+def _train_run(run, settings, seed, val, log) -> RunResult:
     device = str(resolve_device(settings.device))
     model = tiny_lm.build(settings.model, seed).to(device)
     seq_len = model.cfg.seq_len
@@ -203,9 +210,9 @@ def _train_run(run, settings, seed, val, progress) -> RunResult:
         "path": opt.path_for(next(iter(model.parameters()))),
         "status": "ok", "reason": reason,
     }
-    if progress:
+    if log:
         end = f"diverged at step {diverged_at} ({reason})" if diverged_at else f"val loss {last_val:.4f}"
-        progress(f"{run.label} seed {seed}: {step} steps, {end}, {record['steps_per_s'] or 0:.1f} steps/s")
+        log(f"{run.label} seed {seed}: {step} steps, {end}, {record['steps_per_s'] or 0:.1f} steps/s")
     return RunResult(record, series)
 
 
@@ -261,52 +268,55 @@ def _is_baseline(run: RunSpec) -> bool:
     return run.label == BASELINE and run.lr is None and run.reset == "none"
 
 
-def run_study(settings: TrainSettings, configs=None, json_path=None,
-              progress: Callable[[str], None] | None = None) -> dict:
-    """Train every run for every seed; returns the result document (kind "train").
+def execute(settings: TrainSettings, progress: Progress | None = None, configs=None) -> Result:
+    """Train every run (settings.config, or `configs`) for every seed (kind "train").
 
-    Runs go seed by seed, fp32 first, so each finished row already has its gap to fp32
-    and the file at `json_path` (rewritten atomically after each row) is always a
-    consistent document: Ctrl-C keeps the runs already finished."""
-    from ..results import ResultWriter, environment
-
+    Runs go seed by seed, fp32 first, so each finished row already has its gap to fp32;
+    after each one `progress` gets the row and a snapshot (records, series, summary), so
+    a caller that writes them keeps a consistent document through Ctrl-C."""
+    progress = progress or QUIET
     settings = settings.validate()
-    runs = parse_runs(configs, settings.reset)
+    runs = parse_runs(settings.config if configs is None else configs, settings.reset)
     device = str(resolve_device(settings.device))
-    meta = {"settings": asdict(settings), "runs": [r.label for r in runs], "baseline": BASELINE,
+    meta = {"settings": settings.to_params(), "runs": [r.label for r in runs], "baseline": BASELINE,
             "seeds": list(range(settings.seed, settings.seed + settings.seeds)), "device": device,
             "lr_schedule": f"linear warm-up {settings.warmup_frac:g} of steps, cosine to "
                            f"{settings.min_lr_frac:g} x lr", "tokens_per_step": None}
-    writer = ResultWriter(json_path, "train", meta, env=environment(device))
-    writer.doc["env"]["torch_threads"] = settings.threads or torch.get_num_threads()  # what the runs used
-    writer.doc["series"], writer.doc["summary"] = [], []
+    result = Result("train", meta=meta, extras={"series": [], "summary": []}, device=device,
+                    env={"torch_threads": settings.threads or torch.get_num_threads()})  # what the runs used
+    progress.begin(len(runs) * settings.seeds, result)
     val = None
     for seed in meta["seeds"]:
         base_loss = None
         for run in runs:
+            progress.start(f"{run.label} seed {seed}", len(result.records))
             try:
                 if val is None:
                     seq_len = tiny_lm.SIZES[settings.model].seq_len
                     val = validation_batches(settings, seq_len, device)
                     meta["tokens_per_step"] = settings.batch_size * seq_len
-                result = train_run(run, settings, seed, val=val, progress=progress)
+                run_result = train_run(run, settings, seed, val=val, log=progress.log)
             except QstateError:
                 raise
             except (RuntimeError, ValueError, MemoryError) as exc:  # incl. out of memory (runtime.is_oom)
                 free_memory(device)
-                result = RunResult(_failed(run, settings, seed, exc))
-                if progress:
-                    progress(f"{run.label} seed {seed}: failed ({result.record['reason']})")
-            rec = result.record
+                run_result = RunResult(_failed(run, settings, seed, exc))
+                progress.log(f"{run.label} seed {seed}: failed ({run_result.record['reason']})")
+            rec = run_result.record
             if _is_baseline(run):
                 base_loss = rec["final_val_loss"]
             if base_loss is not None and rec["final_val_loss"] is not None:
                 rec["gap_to_fp32"] = rec["final_val_loss"] - base_loss
-            writer.doc["series"].extend(result.series)
-            writer.records.append(rec)
-            writer.doc["summary"] = summarize(writer.records)
-            writer.flush()
-    return writer.doc
+            result.extras["series"].extend(run_result.series)
+            result.records.append(rec)
+            result.extras["summary"] = summarize(result.records)
+            progress.snapshot(result)
+    return result
+
+
+def run_study(settings: TrainSettings, configs=None, progress: Progress | None = None) -> dict:
+    """The study's results document (execute(...).document())."""
+    return execute(settings, progress, configs).document()
 
 
 def summarize(records: list[dict]) -> list[dict]:

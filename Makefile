@@ -1,0 +1,38 @@
+# The front door, two commands; each sets up a local virtual environment on first use
+# (.venv: the package with its test extras, and on a machine without an NVIDIA GPU the
+# CPU build of torch first, as .ci/run does) and reuses it afterwards.
+#
+#   make quick    the main job: the quick suite (~2 min on a CPU) -> results/quick/
+#   make test     the tests (CPU: the Triton kernels run in Triton's interpreter)
+#
+# PYTHON picks the interpreter that makes the environment (default python3); VENV its
+# folder. `make clean-venv` removes it; it is rebuilt when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+READY := $(VENV)/.qstate-installed
+CPU_TORCH := torch==2.13.0
+
+.PHONY: quick test venv clean-venv
+
+quick: $(READY)
+	$(PY) -m qstate_cli run suites/quick.yaml
+
+test: $(READY)
+	$(PY) -m pytest -q
+
+venv: $(READY)
+
+$(READY): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	    echo "NVIDIA GPU found: torch comes with the package's requirements"; \
+	else \
+	    $(PY) -m pip install -q --disable-pip-version-check "$(CPU_TORCH)"; \
+	fi
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]"
+	touch $(READY)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,72 @@
+"""Typer commands made from an options dataclass (qstate_cli/options.py) plus output flags.
+
+    @options_command(bench_app, "memory", MemoryOptions, help="...", outputs=("json", "csv"))
+    def memory(opts: MemoryOptions, out: Destinations) -> None:
+        ...
+
+Every field of the options class becomes an option (or the positional argument) with the
+field's flags and help; list fields are repeatable and take comma lists. The body gets
+the options object, built by the same constructor a suite point uses, and the output
+destinations (cli/output.py). What a suite may set is therefore exactly what the command
+line may set, and nothing inspects the Typer app to find out.
+"""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import typer
+
+from ..options import default_of, flags_of, option_fields
+from .output import OUTPUT_FLAGS, Destinations
+
+
+def _parameter(f) -> inspect.Parameter:
+    md = f.metadata
+    kind = md["type"]
+    cli_type = str if md["parse"] is not None and kind is not bool else kind
+    if md["argument"]:
+        default = typer.Argument(default_of(f), help=md["help"], metavar=md["metavar"] or f.name.upper(),
+                                 show_default=False)
+        annotation = Optional[cli_type]
+    elif md["many"]:
+        default = typer.Option(None, *flags_of(f), help=md["help"], metavar=md["metavar"], show_default=False)
+        annotation = Optional[List[cli_type]]
+    else:
+        value = default_of(f)
+        default = typer.Option(value, *flags_of(f), help=md["help"], metavar=md["metavar"],
+                               show_default=value is not None and value is not False)
+        annotation = cli_type if kind is bool else Optional[cli_type]
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def _output_parameter(name: str, help_text: str | None) -> inspect.Parameter:
+    flags, default_help = OUTPUT_FLAGS[name]
+    return inspect.Parameter(f"out_{name}", inspect.Parameter.KEYWORD_ONLY,
+                             default=typer.Option(None, *flags, help=help_text or default_help),
+                             annotation=Optional[Path])
+
+
+def options_command(group: typer.Typer, name: str, options_cls, *, help: str, outputs: tuple[str, ...] = (),
+                    output_help: dict[str, str] | None = None) -> Callable:
+    """Register `body(opts, out)` as `group`'s command `name` (see module docstring)."""
+    output_help = output_help or {}
+
+    def decorator(body: Callable) -> Callable:
+        fields = option_fields(options_cls)
+        params = [_parameter(f) for f in fields] + [_output_parameter(o, output_help.get(o)) for o in outputs]
+
+        def command(**given):
+            out = Destinations(**{o: given.pop(f"out_{o}") for o in outputs})
+            values = {f.name: given[f.name] for f in fields
+                      if given[f.name] is not None and not (f.metadata["many"] and not given[f.name])}
+            return body(options_cls(**values), out)
+
+        command.__signature__ = inspect.Signature(params)
+        command.__name__ = body.__name__
+        command.__doc__ = help
+        group.command(name, help=help)(command)
+        return body
+
+    return decorator

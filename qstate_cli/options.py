@@ -1,0 +1,152 @@
+"""A command's options: one dataclass, filled by Typer in the CLI and by the suite loader.
+
+An engine declares what it takes as a dataclass of `option(...)` / `many(...)` fields:
+
+    @dataclass
+    class MemoryOptions(Options):
+        numel: list[int] = many("Single tensors of these sizes.", "--numel", "-n", parse=parse_count)
+        dtype: str = option("fp32", "Parameter dtype: fp32, bf16, fp16.")
+
+Each field carries its help text, its flags (default: --field-name) and an optional
+`parse` that turns one raw value (text from the command line, a YAML scalar from a
+suite) into the value the engine uses: a count ("1e6", "2^20") into an int, a name into a
+StateConfig. `Options.__post_init__` applies it, so every way of filling the options
+(Typer, `from_params`, a direct call in a test) parses each value exactly once, and a
+parser that is handed an already parsed value returns it unchanged.
+
+- The CLI (cli/commands.py) turns the fields into Typer options; the command body gets
+  the options object.
+- A suite point is a dict of the same field names (`from_params`): an unknown name is
+  an error naming the closest ones; a list field takes a scalar or a comma-separated
+  string too; a scalar is converted to the field's type.
+- `to_params()` is the inverse: plain JSON values (for result files' meta).
+
+Nothing here imports Typer or an engine: engines import this module, never the CLI.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import MISSING, field, fields
+from typing import Any, Callable
+
+from .errors import QstateError
+from .quant.formats import suggest
+
+SCALAR_TYPES = (bool, int, float, str)
+
+
+def option(default: Any = None, help: str = "", *flags: str, parse: Callable | None = None,
+           type: type | None = None, argument: bool = False, metavar: str | None = None):
+    """A scalar option. `type` is the value's type (default: the default's; give it when the
+    default is None); `argument=True` makes it the command's positional argument."""
+    kind = type or (default.__class__ if default is not None else str)
+    if kind not in SCALAR_TYPES:
+        raise TypeError(f"option type must be one of {SCALAR_TYPES}, got {kind}")
+    return field(default=default, metadata={"help": help, "flags": flags, "parse": parse, "type": kind,
+                                            "many": False, "argument": argument, "metavar": metavar})
+
+
+def many(help: str = "", *flags: str, parse: Callable | None = None, type: type = str,
+         default: tuple = (), metavar: str | None = None):
+    """A list option: repeatable on the command line, each value may be a comma list."""
+    return field(default_factory=lambda: list(default),
+                 metadata={"help": help, "flags": flags, "parse": parse, "type": type, "many": True,
+                           "argument": False, "metavar": metavar})
+
+
+def lower(text) -> str:
+    """A name compared case-insensitively (optimizer names)."""
+    return str(text).strip().lower()
+
+
+def option_fields(cls) -> list[dataclasses.Field]:
+    """The fields of an options class, in declaration order."""
+    return [f for f in fields(cls) if "many" in f.metadata]
+
+
+def flags_of(f: dataclasses.Field) -> tuple[str, ...]:
+    return tuple(f.metadata["flags"]) or (f"--{f.name.replace('_', '-')}",)
+
+
+def split_items(value) -> list:
+    """A list value from one value, a list of them, or comma-separated text."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out += [part.strip() for part in item.split(",") if part.strip()]
+        elif item is not None:
+            out.append(item)
+    return out
+
+
+def _convert(f: dataclasses.Field, value, what: str):
+    """One raw value of field `f` as the engine's value (parse, else the field's type)."""
+    parse, kind = f.metadata["parse"], f.metadata["type"]
+    if parse is not None:
+        return parse(value)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    try:
+        if kind is bool:
+            raise ValueError
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise QstateError(f"{what}: {f.name} must be {kind.__name__}, got {value!r}") from None
+
+
+class Options:
+    """Base of every command's options dataclass (see module docstring); not a dataclass
+    itself, so frozen and mutable options classes can both derive from it. `COMMAND`
+    names the command in messages."""
+
+    COMMAND = ""
+
+    def __post_init__(self):
+        what = self.COMMAND or type(self).__name__
+        for f in option_fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["many"]:
+                value = [_convert(f, v, what) for v in split_items(value)]
+            elif value is not None:
+                value = _convert(f, value, what)
+            object.__setattr__(self, f.name, value)
+
+    @classmethod
+    def from_params(cls, params: dict | None, what: str | None = None):
+        """The options a suite point's `params` name (see module docstring)."""
+        what = what or cls.COMMAND or cls.__name__
+        known = {f.name: f for f in option_fields(cls)}
+        values = {}
+        for key, value in (params or {}).items():
+            name = str(key).replace("-", "_")
+            if name not in known:
+                raise QstateError(f"{what}: unknown parameter {key!r}{suggest(name, list(known))}")
+            if value is None and not known[name].metadata["many"]:
+                continue  # null: the default
+            values[name] = value
+        return cls(**values)
+
+    def to_params(self) -> dict:
+        """Every field as a plain JSON value (objects such as a StateConfig by name)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in option_fields(self)}
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+def _plain(value):
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, SCALAR_TYPES):
+        return value
+    return str(value)
+
+
+def default_of(f: dataclasses.Field):
+    """The field's default value (a fresh list for list fields)."""
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory()

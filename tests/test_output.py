@@ -1,0 +1,69 @@
+"""The output layer (cli/output.py), the same for every command: destinations checked before
+the work, files rewritten after every row, the table or the JSON on stdout at the end,
+and what was measured kept when the run is interrupted."""
+import csv
+import json
+
+import pytest
+
+from qstate_cli.cli import output
+from qstate_cli.cli.output import Destinations
+from qstate_cli.errors import QstateError
+from qstate_cli.results import Result
+
+
+def test_destinations_are_checked_before_any_work(tmp_path):
+    with pytest.raises(QstateError, match="is a folder"):
+        Destinations(json=tmp_path).check()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(QstateError, match="cannot write in"):
+        Destinations(csv=tmp_path / "file" / "rows.csv").check()
+    with pytest.raises(QstateError, match="name a .png, .svg or .pdf"):
+        Destinations(plot=tmp_path / "curves.gif").check()
+    ok = Destinations(json=tmp_path / "new" / "r.json", plot=tmp_path / "c.svg").check()
+    assert ok.json_file == tmp_path / "new" / "r.json" and not ok.json_to_stdout
+    assert Destinations(json="-").json_file is None and Destinations(json="-").files() == {}
+
+
+def fake_engine(rows, stop_after=None):
+    def execute(options, progress):
+        result = Result("kernels", meta={"options": options}, device="cpu")
+        progress.begin(len(rows), result)
+        for i, row in enumerate(rows):
+            if stop_after is not None and i == stop_after:
+                raise KeyboardInterrupt
+            progress.start(row["name"], i)
+            progress.row(row)
+            result.records.append(row)
+        return result
+    return execute
+
+
+ROWS = [{"name": "a", "time_ms": 1.0, "samples_ms": [1.0, 1.1]}, {"name": "b", "time_ms": 2.0, "samples_ms": [2.0]}]
+
+
+def test_files_after_every_row_and_the_table_at_the_end(tmp_path, capsys):
+    shown = []
+    out = Destinations(json=tmp_path / "r.json", csv=tmp_path / "r.csv")
+    doc = output.run_engine(fake_engine(ROWS), {"x": 1}, out, shown.append)
+    on_disk = json.loads((tmp_path / "r.json").read_text())
+    assert on_disk["records"] == ROWS == doc["records"] and on_disk["kind"] == "kernels"
+    assert on_disk["env"]["device"] == "cpu" and on_disk["meta"] == {"options": {"x": 1}}
+    rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+    assert [r["name"] for r in rows] == ["a", "b"] and json.loads(rows[0]["samples_ms"]) == [1.0, 1.1]
+    assert shown == [doc]
+    assert "wrote" in capsys.readouterr().err
+
+
+def test_json_to_stdout_replaces_the_table(capsys):
+    shown = []
+    output.run_engine(fake_engine(ROWS), {}, Destinations(json="-"), shown.append)
+    assert shown == [] and json.loads(capsys.readouterr().out)["records"] == ROWS
+
+
+def test_ctrl_c_keeps_and_shows_the_rows_measured(tmp_path):
+    shown = []
+    with pytest.raises(KeyboardInterrupt):
+        output.run_engine(fake_engine(ROWS, stop_after=1), {}, Destinations(json=tmp_path / "r.json"), shown.append)
+    assert json.loads((tmp_path / "r.json").read_text())["records"] == ROWS[:1]
+    assert [d["records"] for d in shown] == [ROWS[:1]]
