@@ -38,7 +38,7 @@ from ..errors import QstateError
 from ..quant.config import STATE_IDS, StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
-from . import fused, sharding
+from . import fused, sharded_state, sharding
 from .reset import ResetPolicy
 
 FP32_SPEC = parse_spec("fp32")
@@ -256,11 +256,20 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     # ---- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict:
         """torch's, with each group's `states` as its name (plain data: a checkpoint loads
-        with `torch.load(..., weights_only=True)`)."""
+        with `torch.load(..., weights_only=True)`). A sharded (DTensor) parameter's states
+        are DTensors for torch.distributed.checkpoint (optim/sharded_state.py); for them
+        this call is collective (one all-reduce of the non-finite counts)."""
         sd = super().state_dict()
         for group in sd["param_groups"]:
             group["states"] = str(group["states"])
+        for idx, p in enumerate(p for g in self.param_groups for p in g["params"]):
+            if sharding.is_dtensor(p) and idx in sd["state"]:  # DTensors DCP can reshard (sharded_state.py)
+                sd["state"][idx] = sharded_state.to_saved(p, sd["state"][idx], self._specs(p))
         return sd
+
+    def _specs(self, p) -> dict:
+        group = self._group_of(p)
+        return {name: self.spec_for(group, p, name) for name in self.state_names}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Like torch's, but keeps every state tensor's dtype (codes are uint8, scales
@@ -268,13 +277,18 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         group's `states` name is parsed back into a StateConfig, once."""
         sd = copy.deepcopy(state_dict)
         saved_state = sd.pop("state")
+        # saved keys -> parameters by position, as torch does (ids, or FQNs from DCP's state_dict helpers)
+        saved_keys = [k for g in sd["param_groups"] for k in g["params"]]
         super().load_state_dict({**sd, "state": {}})
         for group in self.param_groups:
             group["states"] = parse_config(group["states"])
-        params = [p for g in self.param_groups for p in g["params"]]
-        for idx, value in saved_state.items():
-            p = params[int(idx)]
-            self.state[p] = {k: _to_device(k, v, p.device) for k, v in value.items()}
+        params = dict(zip(saved_keys, (p for g in self.param_groups for p in g["params"])))
+        for key, value in saved_state.items():
+            p = params[key]
+            if sharding.is_dtensor(p):
+                value = sharded_state.from_saved(p, value, self._specs(p))
+            device = sharding.local_tensor(p).device
+            self.state[p] = {k: _to_device(k, v, device) for k, v in value.items()}
         self.__dict__.pop("_kernel_batches", None)  # launch tables hold the old addresses
 
 
