@@ -21,12 +21,40 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..quant.config import StateConfig, parse_spec
+from ..errors import QstateError
+from ..options import Options, lower, option
+from ..quant.config import StateConfig, parse_config, parse_spec
 from ..quant.formats import state_bytes
 from . import sharding
 
 FP32_SPEC = parse_spec("fp32")
 FP32_REASON_SMALL = "{numel} elements < min_quant_numel={limit}: fp32 states (as bitsandbytes)"
+
+
+@dataclass
+class AuditOptions(Options):
+    """`qstate audit`: a model's parameters sharded on dim 0 (FSDP2) at a world size."""
+
+    COMMAND = "audit"
+
+    model: str = option("small-lm", "Built-in model (gpt2-small, llama-1b, small-lm, ...) or shapes such as "
+                                    "4096x4096*2,4096.", "--model", "-m")
+    states: StateConfig = option("bred-4bit", "State configuration (preset or m=...,v=...).", "--states", "-c",
+                                 parse=parse_config, type=str)
+    optimizer: str = option("adamw", "adamw, adam, lion, sgd or muon (which states it keeps).", parse=lower)
+    world_size: int = option(2, "Ranks the parameters are sharded over (dim 0, as fully_shard does).",
+                             "--world-size", "-w")
+    rank: int = option(None, "Show this rank only (default: every rank).", type=int)
+    min_quant_numel: int = option(4096, "Tensors with fewer elements keep fp32 states (0: quantize all).")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.world_size < 1:
+            raise QstateError(f"audit: --world-size must be >= 1, got {self.world_size}")
+        if self.rank is not None and not 0 <= self.rank < self.world_size:
+            raise QstateError(f"audit: --rank {self.rank} is not a rank of world size {self.world_size}")
+        if self.min_quant_numel < 0:
+            raise QstateError(f"audit: --min-quant-numel must be >= 0, got {self.min_quant_numel}")
 
 
 @dataclass(frozen=True)
@@ -117,6 +145,18 @@ def plan_shapes(shapes, config: StateConfig, state_names, world_size: int, rank:
             rows.append(state_row(name, tid, state, layout, spec, min_quant_numel, "reference", None,
                                   rank, world_size))
     return rows
+
+
+def summary_line(rows: list[AuditRow]) -> str:
+    """One line: how many states lie on global blocks, local blocks, fp32, per world size."""
+    n = len(rows)
+    count = {k: sum(r.blocks == k for r in rows) for k in ("global", "local", "none", "empty")}
+    fp32 = sum(r.fp32 for r in rows)
+    indep = sum(r.world_independent for r in rows)
+    world = rows[0].world_size if rows else 1
+    return (f"{n} states at world size {world}: {count['global']} on global blocks (equal to single-process), "
+            f"{count['local']} on local blocks (depend on the world size), {count['none'] + count['empty']} "
+            f"position-free or empty; {indep} the same at every world size; {fp32} fp32 (each with its reason)")
 
 
 def _rank_world() -> tuple[int, int]:
