@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from ..diagnose import distributed
 from ..diagnose import run as engine
 from . import output
 from .commands import options_command
@@ -18,6 +19,10 @@ def register(app: typer.Typer) -> None:
     @options_command(app, "diagnose", engine.DiagnoseOptions, help=HELP, outputs=("json", "html", "markdown"),
                      output_help={"json": "Write the full result document here ('-': stdout)."})
     def diagnose(opts: engine.DiagnoseOptions, out: Destinations) -> None:
+        if distributed.launched() and distributed.rank() != 0:
+            if not opts.theory:
+                engine.execute(opts)  # under torchrun: replay this rank's share; rank 0 writes everything
+            return
         show = _print_theory if opts.theory else (lambda doc: _print_summary(doc, opts.profile))
         output.run_engine(engine.execute, opts, out, show, transient=True)
 
