@@ -36,6 +36,11 @@ def uneven_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(32, 96), torch.nn.Tanh(), torch.nn.Linear(96, 10))
 
 
+def record_model() -> torch.nn.Module:
+    torch.manual_seed(0)  # (96, 64): 3 blocks of 2048, rank 1 starts mid-block 1; (128, 96): 6, cut at block 3
+    return torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Tanh(), torch.nn.Linear(96, 128))
+
+
 def batch(step: int, n_in: int, n_out: int):
     g = torch.Generator().manual_seed(1000 + step)
     return torch.randn(BATCH, n_in, generator=g), torch.randn(BATCH, n_out, generator=g)
@@ -112,6 +117,7 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from qstate_cli.errors import QstateError
+    from qstate_cli.trace import Recorder
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -156,6 +162,16 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     opt = optimizer(ddp_model.module, "bred-4bit")
     train_ddp = train(_Seq(ddp_model), opt, STEPS)
     save("ddp", {"losses": train_ddp, **snapshot(ddp_model.module, opt)})
+
+    # recording: FSDP2 ranks record their pieces of the sampled blocks; DDP records once (rank 0)
+    model = shard(record_model(), mesh)
+    opt = optimizer(model, "fp32")  # fp32 states: the biases' shards cut blocks, and only gradients matter here
+    with Recorder(opt, os.path.join(out, "rec-fsdp"), model=model, blocks_per_tensor=2, steps=3):
+        train(model, opt, 3)
+    ddp_model = torch.nn.parallel.DistributedDataParallel(record_model())
+    opt = optimizer(ddp_model.module, "fp32")
+    with Recorder(opt, os.path.join(out, "rec-ddp.pt"), model=ddp_model.module, blocks_per_tensor=2, steps=3):
+        train(_Seq(ddp_model), opt, 3)
 
     # DCP: 2 steps, save, continue 1 step; a fresh model loads the checkpoint and steps once
     ckpt = os.path.join(out, "ckpt")
@@ -214,6 +230,10 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     model = uneven_model()
     opt = optimizer(model, "bred-4bit")
     save("single-uneven", {"losses": train(model, opt, STEPS)})
+    model = record_model()
+    opt = optimizer(model, "fp32")
+    with Recorder(opt, os.path.join(out, "rec-single.pt"), model=model, blocks_per_tensor=2, steps=3):
+        train(model, opt, 3)
 
 
 class _Seq(torch.nn.Module):

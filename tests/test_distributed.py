@@ -38,6 +38,7 @@ def runs(tmp_path_factory):
     def load(name):
         return torch.load(out / f"{name}.pt", weights_only=False)
 
+    load.out = out
     return load
 
 
@@ -100,3 +101,30 @@ def test_dcp_local_blocks_load_at_their_world_size_and_are_refused_elsewhere(run
     assert runs("uneven-reload-2")["same"]
     refused = runs("uneven-reload-1")["refused"]
     assert refused and "saved on other blocks" in refused and "load it at a world size" in refused
+
+
+def test_fsdp2_recording_loads_as_the_single_process_trace(runs):
+    from qstate_cli.trace import load_trace
+
+    out = runs.out
+    assert sorted(p.name for p in (out / "rec-fsdp").iterdir()) == ["rank0.pt", "rank1.pt"]
+    fsdp, single = load_trace(out / "rec-fsdp"), load_trace(out / "rec-single.pt")
+    assert [t.name for t in fsdp.tensors] == [t.name for t in single.tensors]
+    assert (fsdp.n_steps, fsdp.step_start) == (single.n_steps, single.step_start) == (3, 1)
+    for a, b in zip(fsdp.tensors, single.tensors):
+        assert (a.index, a.shape) == (b.index, b.shape)
+        assert torch.equal(a.blocks, b.blocks), a.name  # the same sampled global blocks
+        assert torch.equal(a.grads, b.grads), a.name
+    # (96, 64) = 3 blocks, one of them cut by the shard boundary: both ranks hold a piece of it
+    rank1 = torch.load(out / "rec-fsdp" / "rank1.pt", weights_only=True)
+    w = next(t for t in rank1["tensors"] if t["name"] == "0.weight")
+    assert w["elements"].numel() < single.tensors[0].n_recorded and int(w["elements"][0]) >= 3072
+
+
+def test_ddp_records_one_copy(runs):
+    from qstate_cli.trace import load_trace
+
+    ddp, single = load_trace(runs.out / "rec-ddp.pt"), load_trace(runs.out / "rec-single.pt")
+    assert ddp.meta["rank"] == 0 and ddp.meta["world_size"] == 2
+    for a, b in zip(ddp.tensors, single.tensors):
+        assert torch.equal(a.grads, b.grads)

@@ -109,3 +109,28 @@ def test_audit_of_a_plain_model():
     assert (w.global_shape, w.local_shape, w.path, w.blocks, w.rank, w.world_size) == (
         "128x64", "128x64", "reference", "global", 0, 1)
     assert rows[2].fp32 and "128 elements < min_quant_numel" in rows[2].reason
+
+
+def _piece_trace(elements, grads, name="w"):
+    from qstate_cli.trace.schema import Trace, TraceTensor
+
+    t = TraceTensor(name, 3, (96, 64), torch.tensor([1, 2]), grads, None, elements)
+    return Trace("adamw", {"lr": 1e-3}, 0, 1, grads.shape[0], "fp32", [t])
+
+
+def test_rank_pieces_join_into_one_trace_and_incomplete_ones_are_refused(tmp_path):
+    from qstate_cli.errors import QstateError
+    from qstate_cli.trace import load_trace
+    from qstate_cli.trace.io import save_trace
+    from qstate_cli.trace.schema import recorded_elements
+
+    want = recorded_elements(torch.tensor([1, 2]), 96 * 64)  # elements 2048..6143
+    grads = torch.randn(2, want.numel(), generator=torch.Generator().manual_seed(3))
+    cut = 3072 - 2048  # rank 1 of (96, 64) at world size 2 starts at element 3072, inside block 1
+    save_trace(_piece_trace(want[cut:], grads[:, cut:]), tmp_path / "rank1.pt")
+    with pytest.raises(QstateError, match="not each of its 4096 recorded elements once"):
+        load_trace(tmp_path)  # rank 0's piece is missing
+    save_trace(_piece_trace(want[:cut], grads[:, :cut]), tmp_path / "rank0.pt")
+    trace = load_trace(tmp_path)
+    (t,) = trace.tensors
+    assert not t.partial and t.index == 3 and torch.equal(t.grads, grads)

@@ -8,7 +8,10 @@ wrong schema) is refused with one line naming the file and the problem.
 
 A directory is a sharded trace (e.g. one file per rank, `rank0.pt`, `rank1.pt`, ...):
 every `*.pt` file in it must come from the same run (optimizer, hyper-parameters, seed,
-step range) and hold different tensors; they load as one trace.
+step range) and hold different tensors, or pieces of the same tensor (FSDP2: each rank
+records the elements of the sampled blocks it holds, with their indices: schema.py
+`elements`); pieces are joined in element order and must cover the recorded blocks
+exactly once. They load as one trace.
 """
 from __future__ import annotations
 
@@ -42,7 +45,10 @@ def load_trace(path) -> Trace:
         return merge_shards([_load_file(f) for f in files], str(path))
     if not path.exists():
         raise QstateError(f"{path}: no such trace file")
-    return _load_file(path)
+    trace = _load_file(path)
+    if any(t.partial for t in trace.tensors):  # one rank's pieces: complete only with the other ranks'
+        return merge_shards([trace], str(path))
+    return trace
 
 
 def _load_file(path: Path) -> Trace:
@@ -68,7 +74,7 @@ def _load_file(path: Path) -> Trace:
 def merge_shards(shards: list[Trace], source: str) -> Trace:
     """One trace from shards of the same run holding different tensors."""
     first = shards[0]
-    if len(shards) == 1:
+    if len(shards) == 1 and not any(t.partial for t in first.tensors):
         return first
     for s in shards[1:]:
         for what in ("optimizer", "hparams", "seed", "step_start", "n_steps", "grad_dtype"):
@@ -79,8 +85,18 @@ def merge_shards(shards: list[Trace], source: str) -> Trace:
     tensors = []
     used_ids: set[int] = set()
     next_id = max(t.index for s in shards for t in s.tensors) + 1
+    pieces: dict[str, list] = {}
     for s in shards:
         for t in s.tensors:
+            if t.partial:
+                pieces.setdefault(t.name, []).append((s.source, t))
+    joined = {name: _join(name, parts, source) for name, parts in pieces.items()}
+    for s in shards:
+        for t in s.tensors:
+            if t.partial:
+                t = joined.pop(t.name, None)
+                if t is None:  # already placed from an earlier shard
+                    continue
             if t.name in owner:
                 raise QstateError(f"{source}: tensor {t.name!r} is in both {owner[t.name]} and {s.source}")
             owner[t.name] = s.source
@@ -91,3 +107,25 @@ def merge_shards(shards: list[Trace], source: str) -> Trace:
     meta = dict(first.meta, shards=[s.source for s in shards])
     return Trace(first.optimizer, first.hparams, first.seed, first.step_start, first.n_steps, first.grad_dtype,
                  tensors, meta, source)
+
+
+def _join(name: str, parts: list, source: str):
+    """One tensor from ranks' pieces (schema.py `elements`): same identity, ascending
+    element order, every recorded element exactly once."""
+    from .schema import TraceTensor, recorded_elements
+
+    first = parts[0][1]
+    for where, t in parts[1:]:
+        if (t.index, t.shape) != (first.index, first.shape) or not torch.equal(t.blocks, first.blocks):
+            raise QstateError(f"{source}: pieces of tensor {name!r} in {parts[0][0]} and {where} disagree on "
+                              f"index, shape or blocks")
+    elements = torch.cat([t.elements for _, t in parts])
+    order = torch.argsort(elements)
+    want = recorded_elements(first.blocks, first.numel)
+    if not torch.equal(elements[order], want):
+        raise QstateError(f"{source}: the pieces of tensor {name!r} hold {elements.numel()} elements, not each of "
+                          f"its {want.numel()} recorded elements once (a rank's shard missing or repeated?)")
+    grads = torch.cat([t.grads for _, t in parts], dim=1)[:, order]
+    inits = [t.init for _, t in parts]
+    init = torch.cat(inits)[order] if all(i is not None for i in inits) else None
+    return TraceTensor(name, first.index, first.shape, first.blocks, grads, init)

@@ -20,6 +20,10 @@ code::
           "blocks": int64 [k],        # indices of the recorded BLOCK-element blocks, ascending
           "grads": [n_steps, n_rec],  # grad_dtype; the recorded blocks concatenated
           "init": fp32 [n_rec],       # optional: parameter values before the first step
+          "elements": int64 [n_part], # only in one rank's shard of a sharded (FSDP2) tensor:
+                                      # the recorded elements (flat indices in the whole
+                                      # tensor, ascending) this rank held; grads/init are
+                                      # [.., n_part]; io.merge_shards joins the pieces
       }, ...],
       "meta": {...}                   # free-form: source, created, qstate version, rank
     }
@@ -55,6 +59,11 @@ class TraceTensor:
     blocks: torch.Tensor  # int64 [k], ascending
     grads: torch.Tensor  # [n_steps, n_rec]
     init: torch.Tensor | None = None
+    elements: torch.Tensor | None = None  # a rank's piece of a sharded tensor: its element indices
+
+    @property
+    def partial(self) -> bool:
+        return self.elements is not None
 
     @property
     def numel(self) -> int:
@@ -117,6 +126,8 @@ def _tensor_dict(t: TraceTensor) -> dict:
            "blocks": t.blocks.to(torch.int64), "grads": t.grads}
     if t.init is not None:
         out["init"] = t.init
+    if t.elements is not None:
+        out["elements"] = t.elements.to(torch.int64)
     return out
 
 
@@ -207,6 +218,14 @@ def _tensor(i: int, t, n_steps: int, dtype, bad) -> TraceTensor:
     if int(blocks.min()) < 0 or int(blocks.max()) >= n_blocks or (blocks.numel() > 1 and not bool((blocks.diff() > 0).all())):
         raise bad(f"{where}: 'blocks' must be ascending, distinct block indices below {n_blocks}")
     n_rec = block_lengths(blocks, numel)
+    elements = t.get("elements")
+    if elements is not None:  # one rank's piece of a sharded tensor
+        if not isinstance(elements, torch.Tensor) or elements.dtype != torch.int64 or elements.ndim != 1:
+            raise bad(f"{where}: 'elements' must be a 1-D int64 tensor")
+        if elements.numel() and (not bool(torch.isin(elements, recorded_elements(blocks, numel)).all())
+                                 or (elements.numel() > 1 and not bool((elements.diff() > 0).all()))):
+            raise bad(f"{where}: 'elements' must be ascending, distinct elements of the recorded blocks")
+        n_rec = elements.numel()
     if not isinstance(grads, torch.Tensor) or grads.ndim != 2:
         raise bad(f"{where}: 'grads' must be a 2-D tensor [steps, recorded elements]")
     if grads.dtype != dtype:
@@ -217,4 +236,4 @@ def _tensor(i: int, t, n_steps: int, dtype, bad) -> TraceTensor:
     init = t.get("init")
     if init is not None and (not isinstance(init, torch.Tensor) or tuple(init.shape) != (n_rec,)):
         raise bad(f"{where}: 'init' must be a tensor of {n_rec} values")
-    return TraceTensor(name, index, tuple(shape), blocks, grads, init)
+    return TraceTensor(name, index, tuple(shape), blocks, grads, init, elements)
