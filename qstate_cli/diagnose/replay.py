@@ -47,6 +47,8 @@ class ReplayOptions:
     snapshots: int = 32  # staleness / dimension snapshots over the replay
     keep_states: bool = False  # return the final stored states (tests)
     profile: bool = False  # synchronize around phases (CUDA) so the timings are exact
+    unit_configs: list | None = None  # the layout's unit from these configurations (default: configs);
+    # torchrun ranks pass every rank's, so their per-unit statistics line up (distributed.py)
 
 
 @dataclass
@@ -137,7 +139,8 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
         raise QstateError("no configurations to replay")
     rec = recursion_for(trace.optimizer, trace.hparams)
     n_steps = min(trace.n_steps, opts.steps_limit or trace.n_steps)
-    blocks = [spec.dither_block for cfg in opts.configs for spec in (cfg.m, cfg.v) if spec.fmt.kind != "identity"]
+    blocks = [spec.dither_block for cfg in (opts.unit_configs or opts.configs) for spec in (cfg.m, cfg.v)
+              if spec.fmt.kind != "identity"]
     unit = max(blocks, default=128)
     if any(unit % b for b in blocks):
         raise QstateError(f"block sizes {sorted(set(blocks))} do not all divide {unit}: the replay needs "

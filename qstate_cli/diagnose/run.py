@@ -151,7 +151,7 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         ranks = torch.distributed.get_world_size()
         mine = distributed.my_configs(mine, ranks, distributed.rank())
     opts = ReplayOptions(mine, reset=reset, steps_limit=steps_limit, device=device, keep_states=keep_states,
-                         profile=profile_phases)
+                         profile=profile_phases, unit_configs=list(configs))
     t0 = time.perf_counter()
     raw = replay(trace, opts, progress) if mine else None
     if ranks > 1:
