@@ -108,13 +108,63 @@ class Result:
         return {"records": self.records, **self.extras, "meta": self.meta}
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def check_writable(path, what: str | None = None) -> Path:
+    """Refuse, before any work, a file path that cannot be written (QstateError, exit 2):
+    a folder, a path under a file, or a folder this process cannot create files in (tried
+    for real with a temporary file, so it also holds for root and read-only mounts).
+    Missing folders on the way are fine: the write creates them."""
+    path = Path(path)
+    label = f"{what} {path}" if what else str(path)
+    if path.is_dir():
+        raise QstateError(f"{label}: is a folder; name a file")
+    return _check_folder(path.parent, label)
+
+
+def check_folder(path, what: str | None = None) -> Path:
+    """Like check_writable, for a folder that files will be written into."""
+    path = Path(path)
+    label = f"{what} {path}" if what else str(path)
+    if path.exists() and not path.is_dir():
+        raise QstateError(f"{label}: is a file, not a folder")
+    _check_folder(path, label)
+    return path
+
+
+def _check_folder(folder: Path, label: str) -> Path:
+    parent = folder
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise QstateError(f"{label}: {parent} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".qstate-probe.", dir=parent)
+    except OSError as exc:
+        raise QstateError(f"{label}: cannot write in {parent} ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return folder
+
+
 @contextlib.contextmanager
 def atomic_path(path):
     """Yield a temporary path in `path`'s folder; on success rename it to `path` (atomic on
-    POSIX), on any error remove it. Readers never see a half-written file."""
+    POSIX), on any error remove it. Readers never see a half-written file. The file gets
+    the mode a plain open() would give (0666 less the umask), not mkstemp's 0600."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise QstateError(f"{path}: is a folder; name a file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise QstateError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     try:
         yield tmp

@@ -27,6 +27,7 @@ def run(
 ):
     """Run a suite: every point of its axes, results written as each one finishes."""
     from ..progress import Progress
+    from ..results import check_folder
     from ..suites import load_suite
     from ..suites.runner import run_suite
 
@@ -34,6 +35,7 @@ def run(
     for note in loaded.notes:
         output.stderr.print(f"[dim]note: {note}[/]")
     out = out or Path("results") / loaded.name
+    check_folder(out, "--out")  # before any work
     try:
         with output.progress_bar() as bar:
             task = bar.add_task(loaded.name, total=None)

@@ -1,0 +1,207 @@
+"""The bad-input catalogue: every class of bad or hostile input a user can hand qstate,
+each one a real command line, with the one line it must get (exit code 2).
+
+`tests/test_bad_input.py` runs every case through `typer.testing.CliRunner` and a
+sample of them as real subprocesses, and asserts: exit code 2, exactly one line on
+stderr, no traceback, the expected message, and no side effect (the folder the case
+works in holds exactly the files it held before, byte for byte: no partial output, no
+temporary file, nothing overwritten or lost).
+
+`python tests/bad_inputs.py > docs/errors.md` runs every case as a real subprocess and
+writes the table of docs/errors.md from what each one printed.
+
+A case builds its hostile files in an empty folder (`make(dir) -> argv`); it must not
+need the network, a GPU or more than a few seconds of CPU when qstate behaves.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "tests" / "data" / "results"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    group: str  # the class of bad input (a heading of docs/errors.md)
+    what: str  # what is tried, in words
+    make: Callable[[Path], list[str]]  # builds its files in the folder; returns the argv after `qstate`
+    message: str  # a regular expression the one line must match
+    env: dict = field(default_factory=dict)
+
+
+def unwritable_dir(tmp: Path) -> Path:
+    """A folder no file can be created in: a read-only folder, or /sys where we run as root
+    (root ignores permission bits; /sys refuses new files to everyone)."""
+    if os.geteuid() == 0:
+        return Path("/sys")
+    ro = tmp / "read-only"
+    ro.mkdir(exist_ok=True)
+    ro.chmod(0o555)
+    return ro
+
+
+def copy_result(tmp: Path, name: str, edit: Callable[[dict], None] | None = None, src: Path | None = None) -> str:
+    doc = json.loads((src or RESULTS / "memory.json").read_text())
+    if edit is not None:
+        edit(doc)
+    path = tmp / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def write(tmp: Path, name: str, text: str) -> str:
+    path = tmp / name
+    path.write_text(text)
+    return str(path)
+
+
+def small_trace(hparams: dict | None = None, optimizer: str = "adamw"):
+    """A 2-tensor, 4-step trace made in memory (no training)."""
+    from qstate_cli.trace.schema import Trace, TraceTensor
+
+    gen = torch.Generator().manual_seed(0)
+    tensors = [TraceTensor(f"w{i}", i, (3000,), torch.tensor([0, 1]), torch.randn(4, 3000, generator=gen))
+               for i in range(2)]
+    hp = {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0} if hparams is None else hparams
+    return Trace(optimizer, hp, 0, 1, 4, "fp32", tensors, {"source": "tests/bad_inputs.py"})
+
+
+def raw_trace(tmp: Path, name: str, edit: Callable[[dict], None]) -> str:
+    """A trace file written with torch.save past qstate's checks (what a stranger can send)."""
+    obj = small_trace().to_dict()
+    edit(obj)
+    path = tmp / name
+    torch.save(obj, path)
+    return str(path)
+
+
+# -- the catalogue ---------------------------------------------------------------------------
+
+CASES: list[Case] = []
+
+
+def case(group: str, what: str, message: str, env: dict | None = None):
+    def register(make):
+        CASES.append(Case(make.__name__.replace("_", "-"), group, what, make, message, env or {}))
+        return make
+    return register
+
+
+OUT = "Output paths (checked before any work)"
+
+
+@case(OUT, "`diagnose --theory --json` naming a folder", r"--json .*: is a folder; name a file")
+def json_is_a_folder(tmp):
+    (tmp / "out").mkdir()
+    return ["diagnose", "--theory", "--json", str(tmp / "out")]
+
+
+@case(OUT, "`diagnose --json` in a folder that cannot be written", r"--json .*: cannot write in .*")
+def json_unwritable(tmp):
+    return ["diagnose", "--theory", "--json", str(unwritable_dir(tmp) / "x.json")]
+
+
+@case(OUT, "`bench memory --csv` under an existing file", r"--csv .*: .*afile is a file, not a folder")
+def csv_under_a_file(tmp):
+    write(tmp, "afile", "keep me")
+    return ["bench", "memory", "--numel", "1000", "-c", "fp32", "--baseline", "none", "--csv",
+            str(tmp / "afile" / "x.csv")]
+
+
+@case(OUT, "`bench kernels --json` in a folder that cannot be written", r"--json .*: cannot write in .*")
+def bench_json_unwritable(tmp):
+    return ["bench", "kernels", "--numel", "1024", "-c", "fp32", "--baseline", "none",
+            "--json", str(unwritable_dir(tmp) / "k.json")]
+
+
+@case(OUT, "`report --out` under an existing file", r"--html .*: .*afile is a file, not a folder")
+def report_out_under_a_file(tmp):
+    write(tmp, "afile", "keep me")
+    return ["report", copy_result(tmp, "memory.json"), "--out", str(tmp / "afile" / "sub")]
+
+
+@case(OUT, "`report --markdown` in a folder that cannot be written", r"--markdown .*: cannot write in .*")
+def report_markdown_unwritable(tmp):
+    return ["report", copy_result(tmp, "memory.json"), "--markdown", str(unwritable_dir(tmp) / "r.md")]
+
+
+@case(OUT, "`compare --results` naming a folder", r"--results .*: is a folder; name a file")
+def compare_results_is_a_folder(tmp):
+    (tmp / "out").mkdir()
+    m = copy_result(tmp, "memory.json")
+    return ["compare", m, m, "--results", str(tmp / "out")]
+
+
+@case(OUT, "`compare` with $GITHUB_STEP_SUMMARY in a folder that cannot be written",
+      r"GITHUB_STEP_SUMMARY .*: cannot write in .*", env={"GITHUB_STEP_SUMMARY": "/sys/qstate-summary.md"})
+def step_summary_unwritable(tmp):
+    m = copy_result(tmp, "memory.json")
+    return ["compare", m, m]
+
+
+@case(OUT, "`run --out` under an existing file", r"--out .*: .*afile is a file, not a folder")
+def run_out_under_a_file(tmp):
+    write(tmp, "afile", "keep me")
+    suite = write(tmp, "s.yaml", "kind: memory\ndefaults: {numel: [1000], config: [fp32]}\n")
+    return ["run", suite, "--out", str(tmp / "afile" / "o")]
+
+
+@case(OUT, "`trace demo -o` in a folder that cannot be written", r"--output .*: cannot write in .*")
+def demo_output_unwritable(tmp):
+    return ["trace", "demo", "-o", str(unwritable_dir(tmp) / "t.pt"), "--steps", "1"]
+
+
+# -- running the catalogue --------------------------------------------------------------------
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (hidden ones too) -> sha256 of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def subprocess_env(extra: dict | None = None) -> dict:
+    env = {"COLUMNS": "200", "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT),
+           "HOME": os.environ.get("HOME", "/tmp"), "TRITON_INTERPRET": "1"}
+    return {**env, **(extra or {})}
+
+
+def run_subprocess(argv: list[str], cwd: Path, env: dict | None = None, timeout: float = 300):
+    return subprocess.run([sys.executable, "-m", "qstate_cli", *argv], capture_output=True, text=True,
+                          cwd=cwd, env=subprocess_env(env), timeout=timeout)
+
+
+def markdown_table() -> str:
+    """docs/errors.md's tables: each case run now, as a real subprocess, in a fresh folder."""
+    import tempfile
+
+    lines, group = [], None
+    for c in CASES:
+        if c.group != group:
+            group = c.group
+            lines += ["", f"### {group}", "", "| what is tried | exit | the one line on stderr |", "|---|---|---|"]
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            argv = c.make(tmp)
+            r = run_subprocess(argv, tmp, c.env)
+            err = r.stderr.strip().replace(str(tmp), "DIR")
+        cell = err.replace("|", "\\|").replace("\n", " ⏎ ")
+        lines.append(f"| {c.what} | {r.returncode} | `{cell}` |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_table())
