@@ -165,6 +165,68 @@ def demo_output_unwritable(tmp):
     return ["trace", "demo", "-o", str(unwritable_dir(tmp) / "t.pt"), "--steps", "1"]
 
 
+YAML = "Suites: YAML that would hang or exhaust memory (limits: qstate_cli/suites/bounded_yaml.py)"
+
+
+def alias_bomb(levels: int = 10, fan: int = 10) -> str:
+    """520 bytes that expand to fan**levels values when aliases are followed."""
+    lines = ["kind: memory", "defaults:", "  a0: &a0 [" + ",".join(["x"] * fan) + "]"]
+    lines += [f"  a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * fan) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@case(YAML, "an alias bomb (10 levels of 10 aliases, 520 bytes) to `suite validate`",
+      r"bomb.yaml:\d+: invalid YAML: more than 100,000 values once aliases are expanded")
+def yaml_alias_bomb_validate(tmp):
+    return ["suite", "validate", write(tmp, "bomb.yaml", alias_bomb())]
+
+
+@case(YAML, "the same alias bomb to `run`", r"bomb.yaml:\d+: invalid YAML: more than 100,000 values")
+def yaml_alias_bomb_run(tmp):
+    return ["run", write(tmp, "bomb.yaml", alias_bomb()), "--out", str(tmp / "out")]
+
+
+@case(YAML, "a recursive alias `a: &a [*a]`", r"self.yaml:3: invalid YAML: a recursive alias")
+def yaml_recursive_alias(tmp):
+    return ["suite", "validate", write(tmp, "self.yaml", "kind: memory\ndefaults:\n  a: &a [*a]\n")]
+
+
+@case(YAML, "a recursive alias in a `--set` value", r"--set 'numel=&a \[\*a\]': the value is not valid YAML: "
+      r"a recursive alias")
+def set_recursive_alias(tmp):
+    return ["run", write(tmp, "s.yaml", "kind: memory\n"), "--set", "numel=&a [*a]", "--out", str(tmp / "out")]
+
+
+@case(YAML, "101 aliases of one value", r"many.yaml:\d+: invalid YAML: more than 100 aliases")
+def yaml_too_many_aliases(tmp):
+    body = "kind: memory\ndefaults:\n  x: &x 1\n  l: [" + ",".join(["*x"] * 101) + "]\n"
+    return ["suite", "validate", write(tmp, "many.yaml", body)]
+
+
+@case(YAML, "lists nested 10,000 deep", r"deep.yaml(:\d+)?: invalid YAML: nested deeper than 64 levels")
+def yaml_too_deep(tmp):
+    return ["suite", "validate", write(tmp, "deep.yaml", "kind: memory\nx: " + "[" * 10000 + "]" * 10000 + "\n")]
+
+
+@case(YAML, "a 2 MiB suite", r"big.yaml: invalid YAML: larger than 1 MiB")
+def yaml_too_big(tmp):
+    return ["suite", "validate", write(tmp, "big.yaml", "kind: memory\n" + "# padding\n" * 220_000)]
+
+
+@case(YAML, "three range axes of 10,000 values (10^12 points)", r"cp.yaml:\d+: axes: run 'kernels' has "
+      r"1,000,000,000,000 points .* the limit is 10,000")
+def yaml_cross_product(tmp):
+    axis = "{start: 1, stop: 10000, step: 1}"
+    return ["run", write(tmp, "cp.yaml", f"kind: kernels\naxes:\n  numel: {axis}\n  seed: {axis}\n"
+                                        f"  warmup_ms: {axis}\n"), "--out", str(tmp / "out")]
+
+
+@case(YAML, "a `--set` value that is not YAML", r"--set 'numel=\[1, 2': the value is not valid YAML: expected ',' "
+      r"or '\]'.* at column 6$")
+def set_value_not_yaml(tmp):
+    return ["run", write(tmp, "s.yaml", "kind: memory\n"), "--set", "numel=[1, 2", "--out", str(tmp / "out")]
+
+
 # -- running the catalogue --------------------------------------------------------------------
 
 def snapshot(folder: Path) -> dict[str, str]:

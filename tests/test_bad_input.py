@@ -27,7 +27,7 @@ def _check(case, code: int, stderr: str, before: dict, after: dict) -> None:
     assert "Traceback" not in stderr, stderr
     assert len(lines) == 1, f"{case.id}: {len(lines)} lines on stderr:\n{stderr}"
     assert re.search(case.message, lines[0]), f"{case.id}: {lines[0]!r} does not match {case.message!r}"
-    assert lines[0].startswith("error: "), lines[0]
+    assert lines[0].startswith("error: ") or re.match(r"\S+:\d*:? ", lines[0]), lines[0]  # suite: FILE:LINE
     assert after == before, f"{case.id}: files changed: {set(after) ^ set(before) or 'contents'}"
 
 
