@@ -227,6 +227,110 @@ def set_value_not_yaml(tmp):
     return ["run", write(tmp, "s.yaml", "kind: memory\n"), "--set", "numel=[1, 2", "--out", str(tmp / "out")]
 
 
+TRACE = "Traces: hostile, corrupt or impossible (limits: qstate_cli/trace/io.py)"
+
+
+class _Pwn:
+    """Unpickling this runs `touch PWNED` (what weights_only=True must never do)."""
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+@case(TRACE, "a torch.save file whose pickle would run a shell command", r"refused: the file holds Python objects")
+def trace_runs_code(tmp):
+    path = tmp / "evil.pt"
+    torch.save({"format": "qstate-trace", "x": _Pwn(str(tmp / "PWNED"))}, path)
+    return ["trace", "info", str(path)]
+
+
+@case(TRACE, "a raw pickle (not a zip archive)", r"not a torch.save zip archive; raw pickles are refused")
+def trace_raw_pickle(tmp):
+    import pickle
+
+    path = tmp / "evil.pt"
+    path.write_bytes(pickle.dumps(_Pwn(str(tmp / "PWNED"))))
+    return ["diagnose", str(path)]
+
+
+@case(TRACE, "a zip bomb: a trace whose data.pkl is deflated 64 MiB of zeros (~70 KB on disk)",
+      r"refused: inflates to [\d,]+ bytes from [\d,]+ on disk \(more than 4x; a zip bomb\?\)")
+def trace_zip_bomb(tmp):
+    buf = io.BytesIO()
+    torch.save(small_trace().to_dict(), buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    path = tmp / "bomb.pt"
+    with zipfile.ZipFile(path, "w") as out:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename.endswith("data.pkl"):
+                packed = zipfile.ZipInfo(info.filename)
+                packed.compress_type = zipfile.ZIP_DEFLATED
+                with out.open(packed, "w") as fh:
+                    fh.write(data)
+                    for _ in range(64):
+                        fh.write(bytes(1 << 20))
+            else:
+                out.writestr(info, data)
+    return ["trace", "info", str(path)]
+
+
+def _flip_tensor_bytes(raw: bytes) -> bytes:
+    """Flip 4 bytes in the middle of the archive's largest tensor record (the grads)."""
+    archive = zipfile.ZipFile(io.BytesIO(raw))
+    rec = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    local = raw[rec.header_offset:rec.header_offset + 30]
+    start = rec.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+    at = start + rec.file_size // 2
+    out = bytearray(raw)
+    out[at:at + 4] = bytes(b ^ 0xFF for b in out[at:at + 4])
+    return bytes(out)
+
+
+@case(TRACE, "a trace with 4 flipped bytes in its gradient data", r"the data does not match its sha256: the file is "
+      r"corrupt")
+def trace_flipped_bytes(tmp):
+    from qstate_cli.trace import save_trace
+
+    path = save_trace(small_trace(), tmp / "t.pt")
+    path.write_bytes(_flip_tensor_bytes(path.read_bytes()))
+    return ["diagnose", str(path), "-c", "bf16"]
+
+
+@case(TRACE, "a truncated trace (the first half of the file)", r"corrupt or truncated trace")
+def trace_truncated(tmp):
+    from qstate_cli.trace import save_trace
+
+    path = save_trace(small_trace(), tmp / "t.pt")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return ["trace", "info", str(path)]
+
+
+def _hparams_case(betas):
+    def make(tmp):
+        return ["diagnose", raw_trace(tmp, "t.pt", lambda d: d["optimizer"]["hparams"].update(betas=betas)), "-c",
+                "bf16"]
+    return make
+
+
+for _betas, _name, _msg in (([0.9, 1.0], "beta2 = 1", r"betas \[0.9, 1.0\]: each beta must be in \[0, 1\)"),
+                            ("x", "betas 'x'", r"betas 'x': give two numbers"),
+                            ([0.9], "betas [0.9]", r"betas \[0.9\]: give two numbers"),
+                            ([-1, 2], "betas [-1, 2]", r"betas \[-1, 2\]: each beta must be in \[0, 1\)")):
+    _make = _hparams_case(_betas)
+    _make.__name__ = "trace_hparams_" + _name.replace(" ", "").replace("'", "").replace("=", "_").replace(
+        "[", "").replace("]", "").replace(",", "_").replace("-", "m").replace(".", "")
+    case(TRACE, f"a trace with {_name}", r"t.pt: optimizer adamw: hparams " + _msg)(_make)
+
+
+@case(TRACE, "a trace with a NaN learning rate (to `trace info`)", r"hparams lr nan: must be a finite number")
+def trace_hparams_nan_lr(tmp):
+    return ["trace", "info", raw_trace(tmp, "t.pt", lambda d: d["optimizer"]["hparams"].update(lr=float("nan")))]
+
+
 # -- running the catalogue --------------------------------------------------------------------
 
 def snapshot(folder: Path) -> dict[str, str]:

@@ -88,3 +88,28 @@ def test_atomic_writes_respect_the_umask(mask, tmp_path):
     for p in (tmp_path / "a.json", tmp_path / "sub" / "b.md"):
         assert p.stat().st_mode & 0o777 == want, oct(p.stat().st_mode)
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["a.json", "b.md", "plain", "sub"]  # no temp file left
+
+
+def test_trace_checksums_round_trip_and_old_traces_still_load(tmp_path):
+    """save_trace records one sha256 per tensor and load_trace verifies it; a trace written
+    before checksums existed (no 'sha256') loads unverified; one flipped byte is refused."""
+    import torch
+
+    from bad_inputs import _flip_tensor_bytes, small_trace
+    from qstate_cli.errors import QstateError
+    from qstate_cli.trace import load_trace, save_trace
+
+    trace = small_trace()
+    path = save_trace(trace, tmp_path / "t.pt")
+    back = load_trace(path)
+    for a, b in zip(trace.tensors, back.tensors):
+        assert torch.equal(a.grads, b.grads) and torch.equal(a.blocks, b.blocks)
+    raw = torch.load(path, weights_only=True)
+    assert all(len(t["sha256"]) == 64 for t in raw["tensors"])
+    for t in raw["tensors"]:
+        del t["sha256"]
+    torch.save(raw, tmp_path / "old.pt")
+    assert load_trace(tmp_path / "old.pt").n_steps == trace.n_steps
+    (tmp_path / "bad.pt").write_bytes(_flip_tensor_bytes(path.read_bytes()))
+    with pytest.raises(QstateError, match="does not match its sha256"):
+        load_trace(tmp_path / "bad.pt")
