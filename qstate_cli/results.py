@@ -210,12 +210,45 @@ def load(path) -> dict:
         raise QstateError(f"{path}: not a JSON results file ({exc})") from None
     if not isinstance(doc, dict) or "schema_version" not in doc or "records" not in doc:
         raise QstateError(f"{path}: not a qstate results file (no schema_version/records)")
-    if doc["schema_version"] > SCHEMA_VERSION:
-        raise QstateError(f"{path}: schema_version {doc['schema_version']} is newer than this qstate "
-                          f"understands ({SCHEMA_VERSION}); upgrade qstate")
-    if not isinstance(doc["records"], list):
-        raise QstateError(f"{path}: 'records' must be a list")
+    problem = document_problem(doc)
+    if problem:
+        raise QstateError(f"{path}: {problem}")
     return doc
+
+
+def document_problem(doc: dict) -> str | None:
+    """What makes `doc` not a results document this qstate reads (None: nothing): the
+    fields every reader relies on (report, compare, `run --resume`) have their types."""
+    version = doc.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return f"schema_version {version!r}: must be a whole number >= 1"
+    if version > SCHEMA_VERSION:
+        return (f"schema_version {version} is newer than this qstate understands ({SCHEMA_VERSION}); "
+                "upgrade qstate")
+    if not isinstance(doc.get("kind"), str) or not doc["kind"]:
+        return f"'kind' {doc.get('kind')!r}: must be a name (kernels, memory, diagnose, ...)"
+    if not isinstance(doc.get("env"), dict):
+        return "no 'env' block (device, versions, argv): not written by qstate, or edited"
+    if not isinstance(doc.get("meta", {}), dict):
+        return "'meta' must be a mapping"
+    for key, rows in doc.items():
+        if key in ("records",) or (isinstance(rows, list) and key not in ("env", "meta")):
+            if not isinstance(rows, list):
+                return f"'{key}' must be a list of rows"
+            bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+            if bad is not None:
+                return f"{key}[{bad}] is {str(rows[bad])[:40]!r}, not a row (a mapping of fields)"
+    suite = doc.get("meta", {}).get("suite")
+    if suite is not None:
+        if not isinstance(suite, dict):
+            return "meta.suite must be a mapping"
+        if not isinstance(suite.get("points", {}), dict):
+            return "meta.suite.points must be a mapping of point keys"
+        for key in ("done", "failed"):
+            value = suite.get(key, [])
+            if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
+                return f"meta.suite.{key} must be a list of point keys, got {str(value)[:40]}"
+    return None
 
 
 def frame(doc: dict):

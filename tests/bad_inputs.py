@@ -331,6 +331,92 @@ def trace_hparams_nan_lr(tmp):
     return ["trace", "info", raw_trace(tmp, "t.pt", lambda d: d["optimizer"]["hparams"].update(lr=float("nan")))]
 
 
+GATE = "The compare gate fails closed (qstate_cli/compare/evidence.py)"
+
+
+def _kernels(tmp: Path, name: str, edit=None) -> str:
+    return copy_result(tmp, name, edit, src=RESULTS / "kernels.json")
+
+
+@case(GATE, "NEW with zero records", r"NEW .*new.json: no kernels rows, but the baseline has 27 \(it holds no rows at "
+      r"all\); an empty or mismatched result cannot pass the gate")
+def gate_new_empty(tmp):
+    return ["compare", _kernels(tmp, "base.json"), _kernels(tmp, "new.json", lambda d: d.update(records=[]))]
+
+
+@case(GATE, "NEW of another kind (memory against a kernels baseline)", r"NEW .*: no kernels rows, but the baseline has "
+      r"27 \(it holds memory rows\)")
+def gate_new_other_kind(tmp):
+    return ["compare", _kernels(tmp, "base.json"), copy_result(tmp, "new.json")]
+
+
+@case(GATE, "an empty baseline", r"baseline .*base.json: no kernels rows to compare NEW's 27 against")
+def gate_baseline_empty(tmp):
+    return ["compare", _kernels(tmp, "base.json", lambda d: d.update(records=[])), _kernels(tmp, "new.json")]
+
+
+def _double_time(doc):
+    for row in doc["records"]:
+        if row.get("time_ms"):
+            row["time_ms"] *= 2
+
+
+@case(GATE, "NEW's time_ms doubled, its samples_ms left alone", r"NEW .*new.json: row 0 \(nearest-4bit\): time_ms "
+      r"[\d.]+ is not the median of its samples_ms \([\d.]+\); the file was edited or corrupted")
+def gate_time_not_median(tmp):
+    return ["compare", _kernels(tmp, "base.json"), _kernels(tmp, "new.json", _double_time)]
+
+
+@case(GATE, "a NaN in a baseline's samples_ms", r"baseline .*: row 0 \(nearest-4bit\): samples_ms must be a list of "
+      r"positive finite numbers")
+def gate_nan_sample(tmp):
+    return ["compare", _kernels(tmp, "base.json", lambda d: d["records"][0]["samples_ms"].append(float("nan"))),
+            _kernels(tmp, "new.json")]
+
+
+@case(GATE, "a baseline folder with no results files", r"base: no results files \(\*.json\) in this folder")
+def gate_empty_folder(tmp):
+    (tmp / "base").mkdir()
+    return ["compare", str(tmp / "base"), _kernels(tmp, "new.json")]
+
+
+RES = "Malformed result files (to report, compare and run --resume)"
+
+
+def _result_cases():
+    edits = [
+        ("string schema_version", lambda d: d.update(schema_version="1"), r"schema_version '1': must be a whole number"),
+        ("a record that is not a mapping", lambda d: d["records"].append(3), r"records\[\d+\] is '3', not a row"),
+        ("no env block", lambda d: d.pop("env"), r"no 'env' block"),
+        ("meta.suite.done not a list", lambda d: d["meta"].update(suite={"done": 5}), r"meta.suite.done must be a list "
+         r"of point keys"),
+        ("kind missing", lambda d: d.pop("kind"), r"'kind' None: must be a name"),
+        ("records not a list", lambda d: d.update(records={"a": 1}), r"'records' must be a list of rows"),
+    ]
+    for what, edit, message in edits:
+        slug = re.sub(r"[^a-z]+", "_", what).strip("_")
+        for command in ("report", "compare"):
+            def make(tmp, edit=edit, command=command):
+                bad = copy_result(tmp, "bad.json", edit)
+                if command == "report":
+                    return ["report", bad, "--out", str(tmp / "reports")]
+                return ["compare", copy_result(tmp, "good.json"), bad]
+            make.__name__ = f"results_{slug}_{command}"
+            case(RES, f"{what}, to `{command}`", r"bad.json: " + message)(make)
+
+
+_result_cases()
+
+
+@case(RES, "`run --resume` over a results file whose meta.suite.done is not a list",
+      r"memory.json: meta.suite.done must be a list of point keys")
+def resume_bad_suite_meta(tmp):
+    suite = write(tmp, "s.yaml", "kind: memory\ndefaults: {numel: [1000], config: [fp32]}\n")
+    (tmp / "out").mkdir()
+    copy_result(tmp / "out", "memory.json", lambda d: d["meta"].update(suite={"run": "memory", "done": 5}))
+    return ["run", suite, "--out", str(tmp / "out"), "--resume"]
+
+
 # -- running the catalogue --------------------------------------------------------------------
 
 def snapshot(folder: Path) -> dict[str, str]:
