@@ -417,6 +417,49 @@ def resume_bad_suite_meta(tmp):
     return ["run", suite, "--out", str(tmp / "out"), "--resume"]
 
 
+FLAGS = "Flags: sizes and values out of range (checked before any work)"
+
+
+@case(FLAGS, "`--numel 9^99999999` (a power too large to compute)", r"numel '9\^99999999': more than 2\^48 elements")
+def numel_huge_power(tmp):
+    return ["bench", "memory", "--numel", "9^99999999", "-c", "fp32"]
+
+
+@case(FLAGS, "`--numel 2^-3`", r"numel '2\^-3': give a whole number of elements")
+def numel_negative_power(tmp):
+    return ["bench", "kernels", "--numel", "2^-3", "-c", "fp32"]
+
+
+@case(FLAGS, "`--copy-numel 0` (was silently the default)", r"--copy-numel 0: must be >= 1")
+def copy_numel_zero(tmp):
+    return ["bench", "kernels", "--copy-numel", "0", "--numel", "1024", "-c", "fp32", "--baseline", "none"]
+
+
+@case(FLAGS, "`--warmup-ms -1`", r"--warmup-ms -1: must be a finite number >= 0")
+def warmup_negative(tmp):
+    return ["bench", "kernels", "--warmup-ms", "-1", "--numel", "1024", "-c", "fp32", "--baseline", "none"]
+
+
+@case(FLAGS, "`--rep-ms 0`", r"--rep-ms 0: must be a finite number > 0")
+def rep_ms_zero(tmp):
+    return ["bench", "kernels", "--rep-ms", "0", "--numel", "1024", "-c", "fp32", "--baseline", "none"]
+
+
+@case(FLAGS, "`diagnose` with an unknown configuration (no progress line before the error)",
+      r"unknown configuration 'nosuch-4bit'")
+def diagnose_unknown_config(tmp):
+    from qstate_cli.trace import save_trace
+
+    return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "nosuch-4bit"]
+
+
+@case(FLAGS, "`diagnose --reset sometimes`", r"reset")
+def diagnose_bad_reset(tmp):
+    from qstate_cli.trace import save_trace
+
+    return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "bf16", "--reset", "sometimes"]
+
+
 # -- running the catalogue --------------------------------------------------------------------
 
 def snapshot(folder: Path) -> dict[str, str]:
