@@ -113,3 +113,31 @@ def test_trace_checksums_round_trip_and_old_traces_still_load(tmp_path):
     (tmp_path / "bad.pt").write_bytes(_flip_tensor_bytes(path.read_bytes()))
     with pytest.raises(QstateError, match="does not match its sha256"):
         load_trace(tmp_path / "bad.pt")
+
+
+HOSTILE_NAME = "![x](http://evil.example/p.png) [click](https://evil.example) @octocat www.evil.example <b>"
+
+
+@pytest.mark.parametrize("command", ["report", "compare"])
+def test_markdown_from_hostile_names_makes_no_image_link_or_mention(command, tmp_path):
+    """Run names and labels go to PR comments: no image, link, autolink or @mention survives."""
+    import json
+
+    from bad_inputs import RESULTS
+
+    doc = json.loads((RESULTS / "memory.json").read_text())
+    for row in doc["records"]:
+        row["name"] = HOSTILE_NAME
+    doc["meta"]["suite"] = {"run": HOSTILE_NAME, "file": HOSTILE_NAME}
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(doc))
+    md = tmp_path / "out.md"
+    args = (["report", str(path), "--markdown", str(md)] if command == "report"
+            else ["compare", str(path), str(path), "--markdown", str(md)])
+    r = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    text = md.read_text()
+    assert "octocat" in text and "evil.example" in text  # the text is kept, readable
+    assert not re.search(r"(?<!\\)\]\(http", text) and not re.search(r"(?<!\\)\[click", text)  # no [x](url)
+    for live in ("@octocat", "http://", "https://", "www.evil", "<b>"):
+        assert live not in text, live
