@@ -6,6 +6,13 @@ sees it, so a legacy raw pickle is refused outright) and is read with
 than memory can be replayed. Anything else (a pickled object, a truncated archive, a
 wrong schema) is refused with one line naming the file and the problem.
 
+Before torch sees an archive, its table of contents is checked, so a small file cannot
+make the load inflate gigabytes (a "zip bomb"): torch.save stores its records
+uncompressed, so a trace may inflate at most MAX_INFLATION times its size on disk
+(a compressed record at most MAX_INFLATION times its compressed size), its pickle (the
+structure, not the tensor data) may be at most MAX_PICKLE_BYTES, and it may hold at most
+MAX_RECORDS records. After the load, each tensor's sha256 is verified (schema.py).
+
 A directory is a sharded trace (e.g. one file per rank, `rank0.pt`, `rank1.pt`, ...):
 every `*.pt` file in it must come from the same run (optimizer, hyper-parameters, seed,
 step range) and hold different tensors, or pieces of the same tensor (FSDP2: each rank
@@ -26,10 +33,15 @@ from ..results import atomic_path
 from .schema import Trace, from_dict
 
 
+MAX_INFLATION = 4  # uncompressed bytes per byte on disk (torch.save writes ~1.0)
+MAX_PICKLE_BYTES = 64 << 20  # the pickled structure (names, shapes, hparams): a few KiB in practice
+MAX_RECORDS = 100_000  # archive members: one per tensor, plus a few
+
+
 def save_trace(trace: Trace, path) -> Path:
     """Write `trace` to `path` atomically (temporary file in the same folder, then rename)."""
     obj = trace.to_dict()
-    from_dict(obj, str(path))  # never write what we would refuse to read
+    from_dict(obj, str(path), verify=False)  # never write what we would refuse to read
     with atomic_path(path) as tmp:
         torch.save(obj, tmp)
     return Path(path)
@@ -55,8 +67,12 @@ def _load_file(path: Path) -> Trace:
     if path.stat().st_size == 0:
         raise QstateError(f"{path}: empty file, not a trace")
     if not zipfile.is_zipfile(path):
+        with open(path, "rb") as fh:
+            if fh.read(4) == b"PK\x03\x04":
+                raise QstateError(f"{path}: corrupt or truncated trace (a zip archive without its directory)")
         raise QstateError(f"{path}: not a qstate trace (not a torch.save zip archive; "
                           f"raw pickles are refused because loading them can run code)")
+    check_archive(path)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as exc:
@@ -69,6 +85,30 @@ def _load_file(path: Path) -> Trace:
         msg = " ".join(str(exc).split())[:200]
         raise QstateError(f"{path}: corrupt or truncated trace ({type(exc).__name__}: {msg})") from None
     return from_dict(obj, str(path))
+
+
+def check_archive(path: Path) -> None:
+    """Refuse an archive that would inflate past the limits above (QstateError)."""
+    size = path.stat().st_size
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise QstateError(f"{path}: corrupt or truncated trace (zip: {' '.join(str(exc).split())[:160]})") from None
+    if len(members) > MAX_RECORDS:
+        raise QstateError(f"{path}: refused: {len(members):,} archive records (a trace holds at most "
+                          f"{MAX_RECORDS:,})")
+    total = sum(m.file_size for m in members)
+    if total > MAX_INFLATION * size + (1 << 20):
+        raise QstateError(f"{path}: refused: inflates to {total:,} bytes from {size:,} on disk (more than "
+                          f"{MAX_INFLATION}x; a zip bomb?)")
+    for m in members:
+        if m.compress_type != zipfile.ZIP_STORED and m.file_size > MAX_INFLATION * max(m.compress_size, 1) + 4096:
+            raise QstateError(f"{path}: refused: record {m.filename} inflates {m.file_size / max(m.compress_size, 1):.0f}x "
+                              f"(at most {MAX_INFLATION}x; a zip bomb?)")
+        if m.filename.endswith("data.pkl") and m.file_size > MAX_PICKLE_BYTES:
+            raise QstateError(f"{path}: refused: its pickle is {m.file_size:,} bytes (at most {MAX_PICKLE_BYTES:,}; "
+                              f"a trace's structure takes a few KiB)")
 
 
 def merge_shards(shards: list[Trace], source: str) -> Trace:

@@ -24,9 +24,16 @@ code::
                                       # the recorded elements (flat indices in the whole
                                       # tensor, ascending) this rank held; grads/init are
                                       # [.., n_part]; io.merge_shards joins the pieces
+          "sha256": "<64 hex>",       # of the bytes of blocks, grads, init and elements
+                                      # (those present), in that order
       }, ...],
       "meta": {...}                   # free-form: source, created, qstate version, rank
     }
+
+Checks at load (from_dict): the structure above; the hyper-parameters are ones a run can
+have (optim/registry.py `check_hparams`: betas in [0, 1), lr >= 0, ...); and each tensor's
+sha256, so flipped bytes in the data are refused instead of replayed. Traces written
+before the checksum existed (no "sha256") load unverified.
 
 Blocks are of the largest block size any format uses (2048), so every smaller
 power-of-two block size divides them and a replay quantizes the recorded elements in
@@ -35,12 +42,14 @@ exactly the blocks the full tensor would have. A tensor's last block may be shor
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import QstateError
+from ..optim.registry import OPTIMIZERS
 
 FORMAT_TAG = "qstate-trace"
 SCHEMA_VERSION = 1
@@ -128,7 +137,19 @@ def _tensor_dict(t: TraceTensor) -> dict:
         out["init"] = t.init
     if t.elements is not None:
         out["elements"] = t.elements.to(torch.int64)
+    out["sha256"] = checksum(out["blocks"], t.grads, t.init, out.get("elements"))
     return out
+
+
+def checksum(blocks: torch.Tensor, grads: torch.Tensor, init: torch.Tensor | None,
+             elements: torch.Tensor | None = None) -> str:
+    """sha256 of the raw bytes of blocks, grads, init and elements (those present), in that order."""
+    digest = hashlib.sha256()
+    for tensor in (blocks, grads, init, elements):
+        if tensor is not None:
+            flat = tensor.detach().cpu().contiguous().reshape(-1)
+            digest.update(memoryview(flat.view(torch.uint8).numpy()))
+    return digest.hexdigest()
 
 
 def recorded_elements(blocks: torch.Tensor, numel: int) -> torch.Tensor:
@@ -147,7 +168,9 @@ def block_lengths(blocks: torch.Tensor, numel: int) -> int:
 
 
 # ---- validation: a dict from torch.load -> Trace, or one clear line naming the problem ----
-def from_dict(obj, source: str) -> Trace:
+def from_dict(obj, source: str, verify: bool = True) -> Trace:
+    """The Trace in `obj`, every field checked (module docstring); `verify=False` skips the
+    checksums (a trace about to be written gets them from its own data)."""
     def bad(what: str):
         return QstateError(f"{source}: {what}")
 
@@ -165,6 +188,11 @@ def from_dict(obj, source: str) -> Trace:
     hparams = opt.get("hparams", {})
     if not isinstance(name, str) or not isinstance(hparams, dict):
         raise bad("'optimizer' must hold a string 'name' and a dict 'hparams'")
+    if name.lower() in OPTIMIZERS:  # an optimizer the replay does not know is its concern
+        try:
+            OPTIMIZERS[name.lower()].check_hparams(hparams)
+        except QstateError as exc:
+            raise bad(f"optimizer {name}: {exc}") from None
     seed = _field(obj, "seed", int, bad)
     step_start = _field(obj, "step_start", int, bad)
     n_steps = _field(obj, "n_steps", int, bad)
@@ -178,7 +206,7 @@ def from_dict(obj, source: str) -> Trace:
     raw = _field(obj, "tensors", list, bad)
     if not raw:
         raise bad("trace holds no tensors")
-    tensors = [_tensor(i, t, n_steps, GRAD_DTYPES[grad_dtype], bad) for i, t in enumerate(raw)]
+    tensors = [_tensor(i, t, n_steps, GRAD_DTYPES[grad_dtype], bad, verify) for i, t in enumerate(raw)]
     names = [t.name for t in tensors]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -197,7 +225,7 @@ def _field(obj: dict, key: str, kind, bad):
     return val
 
 
-def _tensor(i: int, t, n_steps: int, dtype, bad) -> TraceTensor:
+def _tensor(i: int, t, n_steps: int, dtype, bad, verify: bool = True) -> TraceTensor:
     if not isinstance(t, dict):
         raise bad(f"tensor {i}: must be a dict, got {type(t).__name__}")
     name = t.get("name")
@@ -236,4 +264,10 @@ def _tensor(i: int, t, n_steps: int, dtype, bad) -> TraceTensor:
     init = t.get("init")
     if init is not None and (not isinstance(init, torch.Tensor) or tuple(init.shape) != (n_rec,)):
         raise bad(f"{where}: 'init' must be a tensor of {n_rec} values")
+    recorded = t.get("sha256")
+    if recorded is not None and verify:
+        if not isinstance(recorded, str) or len(recorded) != 64:
+            raise bad(f"{where}: 'sha256' must be 64 hex digits")
+        if checksum(blocks, grads, init, elements) != recorded.lower():
+            raise bad(f"{where}: the data does not match its sha256: the file is corrupt")
     return TraceTensor(name, index, tuple(shape), blocks, grads, init, elements)
