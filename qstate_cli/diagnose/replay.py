@@ -221,7 +221,7 @@ def _step_config(c: _ConfigReplay, sh: _Shadow, rec: Recursion, g: torch.Tensor,
     does it, then its statistics against the shadow."""
     if sh.reset_now:
         for s, q in c.states.items():
-            c.stats[s].on_reset(i, c.x_hat[s])
+            c.stats[s].on_reset(i)
             q.reset()
             c.x_hat[s] = torch.zeros_like(c.x_hat[s])
     first = {s: q.written == 0 for s, q in c.states.items()}

@@ -1,8 +1,10 @@
 """Raw replay results -> the rows of a `kind = "diagnose"` result file (docs/results.md).
 
-Record values are means over the replayed steps unless named *_final or *_max_abs;
-stall_rate pools all element-steps with a non-zero nominal update; staleness
-percentiles come from the exact per-step counts at the snapshot steps.
+Record values are means over the replayed steps unless named *_final, *_max_abs or
+*_late (the last 10% of the steps, at least one); stall_rate (stored value unchanged) and
+code_stall_rate (stored code or raw bits unchanged) pool all element-steps with a
+non-zero nominal update; staleness percentiles (on codes) come from the exact per-step
+counts at the snapshot steps.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from .recommend import recommend
 from .replay import ConfigReplay, Replay
 
 MAX_SERIES_POINTS = 1000
+LATE_FRACTION = 0.1
 
 
 def _f(x):
@@ -42,7 +45,18 @@ def state_series(st: dict) -> dict:
     drift = _div(st["err_sum"], np.sqrt(x2 * n))
     rel2 = _div(st["err2_sum"], x2)
     return {"drift": drift, "rel_rms_error": np.sqrt(rel2), "error_var": rel2 - drift ** 2,
-            "stall_rate": _div(st["stalls"], st["nominal"])}
+            "stall_rate": _div(st["stalls"], st["nominal"]), "code_stall_rate": _div(st["code_stalls"], st["nominal"])}
+
+
+def late_start(n_steps: int) -> int:
+    """Index of the first of the last 10% of steps (at least one step)."""
+    return n_steps - max(1, math.ceil(LATE_FRACTION * n_steps))
+
+
+def pooled_rate(events: np.ndarray, nominal: np.ndarray, start: int = 0) -> float | None:
+    """sum(events[start:]) / sum(nominal[start:]): a rate pooled over element-steps."""
+    den = float(nominal[start:].sum())
+    return float(events[start:].sum()) / den if den > 0 else None
 
 
 def predicted_curve(cfg, state: str, rec, n_steps: int, period: int | None):
@@ -126,10 +140,10 @@ def downsample(arrays: dict, n_steps: int, limit: int = MAX_SERIES_POINTS):
 
 
 def per_tensor_rows(name: str, state: str, layout, st: dict, upd: dict, n_steps: int) -> list[dict]:
-    units = st["units"]  # err, err2, stall, nominal, shadow2 summed over steps, per unit block
-    per = np.zeros((5, layout.n_tensors))
+    units = st["units"]  # err, err2, stall, nominal, shadow2, code stall summed over steps, per unit block
+    per = np.zeros((units.shape[0], layout.n_tensors))
     owner = layout.unit_tensor.cpu().numpy()
-    for r in range(5):
+    for r in range(units.shape[0]):
         per[r] = np.bincount(owner, weights=units[r], minlength=layout.n_tensors)
     up = np.zeros((4, layout.n_tensors))
     for r in range(4):
@@ -142,6 +156,7 @@ def per_tensor_rows(name: str, state: str, layout, st: dict, upd: dict, n_steps:
                          "drift": _f(per[0, j] / math.sqrt(per[4, j] * n_el) if per[4, j] > 0 else None),
                          "rel_rms_error": _f(math.sqrt(per[1, j] / per[4, j]) if per[4, j] > 0 else None),
                          "stall_rate": _f(per[2, j] / per[3, j] if per[3, j] > 0 else None),
+                         "code_stall_rate": _f(per[5, j] / per[3, j] if per[3, j] > 0 else None),
                          "update_cosine": _f(up[0, j] / math.sqrt(up[1, j] * up[3, j]) if up[1, j] * up[3, j] > 0 else None),
                          "update_rel_error": _f(math.sqrt(up[2, j] / up[3, j]) if up[3, j] > 0 else None)})
     return rows
@@ -154,7 +169,7 @@ def build(raw: Replay) -> dict:
     slow = rec.slowest_state
     for c in raw.configs:
         cfg = c.cfg
-        stall_slow = state_series(c.states[slow])["stall_rate"]
+        stall_slow = state_series(c.states[slow])["code_stall_rate"]  # the frozen code is the stall that matters
         advice = recommend(cfg.spec(slow), slow, rec.optimizer, rec.betas[slow], stall_slow, c.period)
         for s in c.states:
             _state_rows(out, raw, c, s, advice)
@@ -172,8 +187,8 @@ def _state_rows(out: dict, raw: Replay, c: ConfigReplay, s: str, advice: tuple) 
     spec = cfg.spec(s)
     ser = state_series(st)
     pred = predicted_curve(cfg, s, rec, n_steps, c.period)
-    nominal = st["nominal"].sum()
     drift = ser["drift"]
+    late = late_start(n_steps)
     out["records"].append({
         "config": name, "state": s, "format": spec.fmt.name, "rounding": spec.rounding,
         "bits": spec.bits, "block_size": spec.block, "sqrt": spec.sqrt, "numel": layout.n_valid,
@@ -183,7 +198,10 @@ def _state_rows(out: dict, raw: Replay, c: ConfigReplay, s: str, advice: tuple) 
         "drift_max_abs": _f(np.nanmax(np.abs(drift))) if np.isfinite(drift).any() else None,
         "rel_rms_error": _nanmean(ser["rel_rms_error"]), "error_var": _nanmean(ser["error_var"]),
         "dim_slope": dim_slope(st["dims"], st["dim_ms"], spec.dither_block),
-        "stall_rate": _f(st["stalls"].sum() / nominal) if nominal > 0 else None,
+        "stall_rate": pooled_rate(st["stalls"], st["nominal"]),
+        "code_stall_rate": pooled_rate(st["code_stalls"], st["nominal"]),
+        "stall_rate_late": pooled_rate(st["stalls"], st["nominal"], late),
+        "code_stall_rate_late": pooled_rate(st["code_stalls"], st["nominal"], late),
         "stall_rate_predicted": None if pred is None else float(np.mean(pred)),
         **staleness_summary(st["staleness_counts"]),
         "update_cosine": _nanmean(upd["cosine"]), "update_rel_error": _nanmean(upd["rel_error"]),
@@ -199,11 +217,13 @@ def _state_rows(out: dict, raw: Replay, c: ConfigReplay, s: str, advice: tuple) 
     out["histograms"].append({"config": name, "state": s, "metric": "staleness", "edges": edges, "counts": counts})
     if st["codes"] is not None:
         vals = code_values(spec, st["code_mode"], st["codes"].shape[0])
-        for code, (_, changed, stalled) in enumerate(st["codes"]):
-            if changed + stalled:
+        for code, (_, moved, value_only, code_only, both) in enumerate(st["codes"]):
+            count = moved + value_only + code_only + both
+            if count:
                 out["per_code"].append({"config": name, "state": s, "code": code, "code_unit": st["code_mode"],
-                                        "code_value": _f(vals[code]), "count": int(changed + stalled),
-                                        "stall_rate": float(stalled / (changed + stalled))})
+                                        "code_value": _f(vals[code]), "count": int(count),
+                                        "stall_rate": float((value_only + both) / count),
+                                        "code_stall_rate": float((code_only + both) / count)})
     out["per_tensor"] += per_tensor_rows(name, s, layout, st, upd, n_steps)
     out["dim_scaling"] += [{"config": name, "state": s, "d": int(d), "rms_sum": _f(math.sqrt(m))}
                            for d, m in zip(st["dims"], st["dim_ms"])]
