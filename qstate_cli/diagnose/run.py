@@ -150,6 +150,7 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
                                 "min_quant_numel=4096 in fp32)",
         "profile": profile(raw, time.perf_counter() - t0),
     }
+    meta["gradient_checks"] = rows.pop("gradient_checks")
     records = rows.pop("records")
     return Result("diagnose", records, meta, extras=rows, device=raw.device), raw
 

@@ -172,3 +172,66 @@ class UpdateStats:
             cos = ser[0] / np.sqrt(ser[1] * ser[3])
             rel = np.sqrt(ser[2] / ser[3])
         return {"cosine": cos, "rel_error": rel, "units": self.units.cpu().numpy()}
+
+
+class ModelStats:
+    """The staleness model's predictions for one state (staleness.py), per step: the
+    empirical and Gaussian P(stall) summed over the elements with a non-zero nominal
+    update, and their count. The Gaussian row stays NaN where no Gaussian model
+    applies (optimizers other than Adam; float formats of v use theory.py's curve)."""
+
+    def __init__(self, layout: Layout, spec: StateSpec, n_steps: int):
+        self.spec = spec
+        self.series = torch.full((3, n_steps), float("nan"), dtype=torch.float64, device=layout.device)
+        self.valid = layout.valid
+
+    def observe(self, i: int, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor, gaussian) -> None:
+        from .staleness import predict
+
+        emp, nominal, gauss = predict(self.spec, x_hat, x_new, s, gaussian)
+        if self.valid is not None:
+            nominal = nominal & self.valid
+            emp = torch.where(self.valid, emp, 0.0)
+        self.series[0, i] = emp.sum(dtype=torch.float64)
+        self.series[2, i] = nominal.sum(dtype=torch.float64)
+        if gauss is not None:
+            self.series[1, i] = torch.where(nominal, gauss, 0.0).sum(dtype=torch.float64)
+
+    def collect(self) -> dict:
+        ser = self.series.cpu().numpy()
+        return {"empirical": ser[0], "gaussian": ser[1], "nominal": ser[2]}
+
+
+class GradientStats:
+    """What the Gaussian model assumes about the gradients, checked on the trace: per step
+    sum of g^2 and count of exact zeros over the recorded elements; per element sums of g^2
+    and g^4 over the steps (kurtosis n sum g^4 / (sum g^2)^2: 3 for a Gaussian of constant
+    variance)."""
+
+    def __init__(self, layout: Layout, n_steps: int):
+        dev = layout.device
+        self.layout = layout
+        self.series = torch.zeros(2, n_steps, dtype=torch.float64, device=dev)  # sum g^2, zeros
+        self.g2 = torch.zeros(layout.n, dtype=torch.float64, device=dev)
+        self.g4 = torch.zeros(layout.n, dtype=torch.float64, device=dev)
+        self.n_steps = 0
+
+    def observe(self, i: int, g: torch.Tensor) -> None:
+        g2 = g.double() * g.double()
+        self.g2 += g2
+        self.g4 += g2 * g2
+        zeros = g == 0
+        if self.layout.valid is not None:
+            zeros = zeros & self.layout.valid
+        self.series[0, i] = g2.sum()
+        self.series[1, i] = zeros.sum(dtype=torch.float64)
+        self.n_steps += 1
+
+    def collect(self) -> dict:
+        g2, g4 = self.g2, self.g4
+        live = g2 > 0
+        if self.layout.valid is not None:
+            live &= self.layout.valid
+        kurt = (self.n_steps * g4[live] / (g2[live] * g2[live])).cpu().numpy()
+        ser = self.series.cpu().numpy()
+        return {"g2_sum": ser[0], "zeros": ser[1], "kurtosis": kurt, "n": self.layout.n_valid}

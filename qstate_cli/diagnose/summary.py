@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from .. import theory
+from .assumptions import gradient_checks, model_warning
 from .recommend import recommend
 from .replay import ConfigReplay, Replay
 
@@ -55,14 +56,24 @@ def late_start(n_steps: int) -> int:
 
 def pooled_rate(events: np.ndarray, nominal: np.ndarray, start: int = 0) -> float | None:
     """sum(events[start:]) / sum(nominal[start:]): a rate pooled over element-steps."""
-    den = float(nominal[start:].sum())
-    return float(events[start:].sum()) / den if den > 0 else None
+    den = float(np.nansum(nominal[start:]))  # NaN: a step the model skipped (replay.MODEL_POINTS)
+    return float(np.nansum(events[start:])) / den if den > 0 else None
 
 
-def predicted_curve(cfg, state: str, rec, n_steps: int, period: int | None):
-    if rec.optimizer not in ("adamw", "adam") or state != "v":
+def predicted_curve(c: ConfigReplay, state: str, rec, n_steps: int):
+    """The Gaussian model's P(stall) per step: theory.py's curve for Adam's v in a float
+    format; otherwise the per-element model of the replay (staleness.py), or None."""
+    spec = c.cfg.spec(state)
+    if rec.optimizer in ("adamw", "adam") and state == "v" and spec.fmt.kind == "float":
+        return theory.stall_curve(spec, rec.betas[state], n_steps, c.period)
+    model = c.models.get(state)
+    if model is None or not np.isfinite(model["gaussian"]).any():
         return None
-    return theory.stall_curve(cfg.spec(state), rec.betas[state], n_steps, period)
+    return _div(model["gaussian"], model["nominal"])
+
+
+def _mean(a, start: int = 0):
+    return None if a is None else _nanmean(np.asarray(a)[start:])
 
 
 def staleness_summary(counts: np.ndarray) -> dict:
@@ -167,26 +178,30 @@ def build(raw: Replay) -> dict:
     rec = raw.recursion
     out = {k: [] for k in ("records", "series", "histograms", "per_code", "per_tensor", "dim_scaling", "theory")}
     slow = rec.slowest_state
+    checks = gradient_checks(raw.gradients, raw.n_steps)
     for c in raw.configs:
         cfg = c.cfg
         stall_slow = state_series(c.states[slow])["code_stall_rate"]  # the frozen code is the stall that matters
         advice = recommend(cfg.spec(slow), slow, rec.optimizer, rec.betas[slow], stall_slow, c.period)
         for s in c.states:
-            _state_rows(out, raw, c, s, advice)
+            _state_rows(out, raw, c, s, advice, checks)
         if rec.optimizer in ("adamw", "adam"):
             row = theory.theory_rows([cfg.spec("v")], rec.betas["v"])[0]
             out["theory"].append({"config": str(cfg), **row})
     _rank(out["records"])
+    out["gradient_checks"] = checks
     return out
 
 
-def _state_rows(out: dict, raw: Replay, c: ConfigReplay, s: str, advice: tuple) -> None:
+def _state_rows(out: dict, raw: Replay, c: ConfigReplay, s: str, advice: tuple, checks: dict) -> None:
     """Every row of one (configuration, state)."""
     rec, layout, n_steps = raw.recursion, raw.layout, raw.n_steps
     cfg, name, st, upd = c.cfg, str(c.cfg), c.states[s], c.update
     spec = cfg.spec(s)
     ser = state_series(st)
-    pred = predicted_curve(cfg, s, rec, n_steps, c.period)
+    pred = predicted_curve(c, s, rec, n_steps)
+    model = c.models.get(s)
+    emp = _div(model["empirical"], model["nominal"]) if model is not None else None
     drift = ser["drift"]
     late = late_start(n_steps)
     out["records"].append({
@@ -202,13 +217,21 @@ def _state_rows(out: dict, raw: Replay, c: ConfigReplay, s: str, advice: tuple) 
         "code_stall_rate": pooled_rate(st["code_stalls"], st["nominal"]),
         "stall_rate_late": pooled_rate(st["stalls"], st["nominal"], late),
         "code_stall_rate_late": pooled_rate(st["code_stalls"], st["nominal"], late),
-        "stall_rate_predicted": None if pred is None else float(np.mean(pred)),
+        "stall_rate_predicted": _mean(pred), "stall_rate_predicted_late": _mean(pred, late),
+        "stall_rate_predicted_empirical": None if model is None else pooled_rate(model["empirical"], model["nominal"]),
+        "stall_rate_predicted_empirical_late": None if model is None else pooled_rate(model["empirical"],
+                                                                                       model["nominal"], late),
         **staleness_summary(st["staleness_counts"]),
         "update_cosine": _nanmean(upd["cosine"]), "update_rel_error": _nanmean(upd["rel_error"]),
         "nonfinite_grads": raw.nonfinite_grads, "reset_applied": c.period,
         "reset_period": advice[0], "reset_reason": advice[1],
     })
-    steps, arr = downsample({**ser, "stall_rate_predicted": pred, "update_cosine": upd["cosine"],
+    record = out["records"][-1]
+    observed = record["stall_rate_late" if spec.rounding == "bred" else "code_stall_rate_late"]
+    record["model_warning"] = model_warning(record["stall_rate_predicted_late"], observed,
+                                            record["stall_rate_predicted_empirical_late"], checks)
+    steps, arr = downsample({**ser, "stall_rate_predicted": pred, "stall_rate_predicted_empirical": emp,
+                             "update_cosine": upd["cosine"],
                              "update_rel_error": upd["rel_error"]}, n_steps)
     for j, t in enumerate(steps):
         out["series"].append({"config": name, "state": s, "step": int(t),

@@ -16,8 +16,10 @@ def summary_rows(doc: dict) -> list[dict]:
         row[f"stall_{s}"] = r["stall_rate"]
         row[f"cstall_{s}"] = r.get("code_stall_rate")
         row[f"clate_{s}"] = r.get("code_stall_rate_late")
-        if r["stall_rate_predicted"] is not None:
-            row[f"pred_{s}"] = r["stall_rate_predicted"]
+        if r.get("stall_rate_predicted_late") is not None:
+            row[f"pred_{s}"] = r["stall_rate_predicted_late"]
+        if r.get("stall_rate_predicted_empirical_late") is not None:
+            row[f"emp_{s}"] = r["stall_rate_predicted_empirical_late"]
         row[f"stale90_{s}"] = r["staleness_p90"]
         row[f"slope_{s}"] = r["dim_slope"]
     return sorted(by_cfg.values(), key=lambda r: r["rank"])
@@ -30,9 +32,8 @@ def summary_columns(rows: list[dict]):
         cols += [f"drift_{s}", f"rel_rms_{s}", f"stall_{s}", f"cstall_{s}"]
         if s == states[-1]:  # the slowest state: where stalling, staleness and dimension scaling tell most
             cols.append(f"clate_{s}")
-        if any(f"pred_{s}" in r for r in rows):
-            cols.append(f"pred_{s}")
         if s == states[-1]:
+            cols += [c for c in (f"pred_{s}", f"emp_{s}") if any(c in r for r in rows)]
             cols += [f"stale90_{s}", f"slope_{s}"]
     cols.append("reset_period")
     pct = lambda v: f"{v:.1%}"
@@ -41,10 +42,11 @@ def summary_columns(rows: list[dict]):
              "reset_period": "reset"}
     for s in states:
         fmts.update({f"drift_{s}": "+.2e", f"rel_rms_{s}": ".3g", f"stall_{s}": pct, f"pred_{s}": pct,
-                     f"slope_{s}": ".2f", f"cstall_{s}": pct, f"clate_{s}": pct})
+                     f"slope_{s}": ".2f", f"cstall_{s}": pct, f"clate_{s}": pct, f"emp_{s}": pct})
         heads.update({f"drift_{s}": f"drift {s}", f"rel_rms_{s}": f"rms err {s}", f"stall_{s}": f"stall {s}",
                       f"cstall_{s}": f"code stall {s}", f"clate_{s}": f"late {s}",
-                      f"pred_{s}": f"pred {s}", f"stale90_{s}": f"stale p90 {s}", f"slope_{s}": f"d-slope {s}"})
+                      f"emp_{s}": f"emp late {s}",
+                      f"pred_{s}": f"gauss late {s}", f"stale90_{s}": f"stale p90 {s}", f"slope_{s}": f"d-slope {s}"})
     return cols, fmts, heads
 
 

@@ -159,10 +159,17 @@ def diagnose(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
         ("rel_rms_error", "rel. RMS error", ".3g"), ("dim_slope", "d slope", ".2f"),
         ("stall_rate", "stall rate", ".3f"), ("code_stall_rate", "code stall rate", ".3f"),
         ("code_stall_rate_late", "code stall, last 10%", ".3f"), ("stall_rate_predicted", "predicted", ".3f"),
+        ("stall_rate_predicted_empirical_late", "empirical, last 10%", ".3f"),
         ("staleness_p50", "staleness p50"), ("staleness_p90", "p90"),
         ("update_cosine", "update cosine", ".4f"), ("update_rel_error", "update rel. error", ".3g"),
         ("nonfinite_grads", "non-finite grads")],
         "d slope: log-log slope of the aggregate error against dimension (1: bias adds up, 0.5: noise)."))
+    warned = [r for r in rows if r.get("model_warning")]
+    if warned:
+        sec.tables.append(Table.of("Where the Gaussian staleness model misses", warned, [
+            ("config", "config"), ("state", "state"), ("code_stall_rate_late", "observed, last 10%", ".3f"),
+            ("stall_rate_predicted_late", "Gaussian", ".3f"),
+            ("stall_rate_predicted_empirical_late", "empirical", ".3f"), ("model_warning", "why")]))
     resets = [r for r in rows if r.get("reset_period") is not None or r.get("reset_reason")]
     if resets:
         sec.tables.append(Table.of("Recommended reset periods", resets, [
