@@ -8,6 +8,8 @@ sigma^2 constant over the run. On the trace (GradientStats, stats.py):
                                                                   constant: 1; flagged
                                                                   outside [1/2, 2]
     zeros      share of element-steps whose gradient is exactly 0 flagged above 1%
+               (among live elements: those zero at every step, dead, never stall and
+               are counted apart)
 
 Heavy tails put more of g^2 far below its mean (a small g^2 against v stalls), a falling
 E[g^2] leaves v above the g^2 it now sees, and zero gradients decay v by beta2 alone: all
@@ -35,7 +37,8 @@ def gradient_checks(grad: dict, n_steps: int) -> dict:
     kurt = np.asarray(grad["kurtosis"], dtype=float)
     out = {"grad_kurtosis": float(np.median(kurt)) if kurt.size else None,
            "grad_g2_trend": float(last / first) if first > 0 else None,
-           "grad_zero_share": float(np.sum(grad["zeros"][:n_steps]) / max(1, grad["n"] * n_steps))}
+           "grad_zero_share": float(np.sum(grad["zeros"][:n_steps]) / max(1, grad["n"] * n_steps)),
+           "grad_dead_elements": int(grad.get("dead", 0))}
     failed = []
     if out["grad_kurtosis"] is not None and out["grad_kurtosis"] > KURTOSIS_MAX:
         failed.append(f"gradient kurtosis {out['grad_kurtosis']:.1f} (Gaussian: 3)")

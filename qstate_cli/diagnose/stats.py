@@ -234,4 +234,6 @@ class GradientStats:
             live &= self.layout.valid
         kurt = (self.n_steps * g4[live] / (g2[live] * g2[live])).cpu().numpy()
         ser = self.series.cpu().numpy()
-        return {"g2_sum": ser[0], "zeros": ser[1], "kurtosis": kurt, "n": self.layout.n_valid}
+        n_live = int(live.sum())
+        dead = self.layout.n_valid - n_live  # zero at every step: no nominal update, no stall
+        return {"g2_sum": ser[0], "zeros": ser[1] - dead, "kurtosis": kurt, "n": n_live, "dead": dead}
