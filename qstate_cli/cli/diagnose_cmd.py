@@ -38,6 +38,9 @@ def _print_summary(doc: dict, profile: bool) -> None:
     output.stdout.print(output.table(title, rows, cols, fmts, heads))
     for r in rows:
         output.stdout.print(f"reset {r['config']}: {r['reset_reason']}")
+    for r in doc["records"]:
+        if r.get("model_warning"):
+            output.stdout.print(f"model warning {r['config']} {r['state']}: {r['model_warning']}")
     if meta.get("nonfinite_grads"):
         output.stdout.print(f"non-finite gradient elements: {meta['nonfinite_grads']} (counted, replayed as 0)")
     for note in meta.get("notes", []):

@@ -173,6 +173,12 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         "profile": profile(raw, time.perf_counter() - t0),
         "ranks": ranks,  # > 1: configurations split across torchrun's ranks (distributed.py)
     }
+    meta["gradient_checks"] = rows.pop("gradient_checks")
+    dead = meta["gradient_checks"]["grad_dead_elements"]
+    if dead:
+        meta["notes"].append(f"{dead} of {raw.layout.n_valid} recorded elements have a zero gradient at every "
+                             f"step (dead blocks: `qstate trace info` counts them); they never stall and "
+                             f"count in no stall rate")
     records = rows.pop("records")
     return Result("diagnose", records, meta, extras=rows, device=raw.device), raw
 
