@@ -11,6 +11,8 @@ ran on a GPU; `qstate bench headline` / `bench kernels` measure.
     python scripts/sass_budget.py --json            # one JSON record per variant (per line)
     python scripts/sass_budget.py --only adamw:bred-4bit:bf16 --only lion
     python scripts/sass_budget.py --report reports/sass-budget   # writes .json and .md
+    python scripts/sass_budget.py --beside OUT/headline.json OUT/bench-kernels-4bit.json
+        # the measured rows of those result files, each beside the prediction (GPU check)
 
 Counts are cached per variant under $QSTATE_CACHE (default ~/.cache/qstate)/sass, keyed
 by the kernel sources and the Triton version; Triton caches its compiles too.
@@ -30,9 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qstate_cli.bench import budget  # noqa: E402
 from qstate_cli.kernels import sass  # noqa: E402
-from qstate_cli.results import document, write_json_atomic, write_text_atomic  # noqa: E402
+from qstate_cli.results import document, load, write_json_atomic, write_text_atomic  # noqa: E402
 
 CLASSES = list(sass.CLASSES)
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = ROOT / "reports" / "sass-budget.json"
 
 
 def select(filters: list[str]) -> list[tuple]:
@@ -87,12 +91,26 @@ def main(argv=None) -> int:
     ap.add_argument("--only", action="append", default=[], metavar="KERNEL[:STATES[:DTYPE]]")
     ap.add_argument("--report", metavar="PATH", help="write PATH.json (records + env) and PATH.md")
     ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument("--beside", nargs="+", metavar="RESULT.json",
+                    help="print the measured rows of these `kernels` result files beside the prediction")
     args = ap.parse_args(argv)
     try:
         variants = select(args.only)
     except SystemExit as exc:
         print(exc, file=sys.stderr)
         return 2
+    measured = []
+    for path in args.beside or []:
+        try:
+            measured += load(path)["records"]
+        except Exception as exc:  # noqa: BLE001 - missing or unreadable: one line, exit 2
+            print(f"error: {exc}".splitlines()[0], file=sys.stderr)
+            return 2
+    keys = set()
+    if args.beside and not args.only:  # only the variants the measured rows need
+        keys = {budget.prediction_key(r["optimizer"], r["config"], r.get("param_dtype")) for r in measured
+                if r.get("optimizer") in ("adamw", "lion", "sgd", "muon") and r.get("config")}
+        variants = [v for v in variants if budget.prediction_key(*v) in keys]
     if args.report:
         parent = Path(args.report).resolve().parent
         if not parent.is_dir() or not os.access(parent, os.W_OK):
@@ -110,11 +128,18 @@ def main(argv=None) -> int:
 
             if isinstance(exc, CompilationError):
                 raise
-            print(f"error: {':'.join(v)}: cannot compile for sm_90 here: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)
+            why = f"{':'.join(v)}: cannot compile for sm_90 here: {type(exc).__name__}: {exc}".splitlines()[0]
+            if args.beside and COMMITTED.exists():  # still put the committed prediction beside the rows
+                print(f"note: {why}; using the committed {COMMITTED.relative_to(ROOT)}", file=sys.stderr)
+                records = [r for r in load(COMMITTED)["records"]
+                           if not keys or budget.prediction_key(r["kernel"], r["states"], r["param_dtype"]) in keys]
+                break
+            print(f"error: {why}", file=sys.stderr)
             return 1
         r = budget.record(*v, c["per_elem"], c["geometry"])
         records.append(r)
+        if args.beside:
+            continue
         if args.json:
             print(json.dumps(r), flush=True)
         else:
@@ -123,7 +148,19 @@ def main(argv=None) -> int:
                   + f"  {r['bytes_per_elem']:6.3f} B/elem  budget {r['budget_per_elem']:5.1f}"
                   f"  predicted {r['predicted_copy_fraction']:.2f} of copy", flush=True)
     seconds = time.perf_counter() - t0
-    if not args.json:
+    if args.beside:
+        rows = budget.beside(measured, records)
+        for row in rows:
+            if args.json:
+                print(json.dumps(row), flush=True)
+            else:
+                meas = row["measured_pct_of_copy"]
+                print(f"{row['name']:24} {row['param_dtype']:5} measured {meas:6.1f}% of copy   "
+                      f"PREDICTED {row['predicted_pct_of_copy']:6.1f}% ({row['predicted_sass_per_elem']:.1f} SASS/elem, "
+                      f"budget {row['predicted_budget_per_elem']:.1f})  [{row['path']}, {row['timing']}]", flush=True)
+        if not rows:
+            print("no measured row matches a predicted variant", file=sys.stderr)
+    if not args.json and not args.beside:
         print(f"(PREDICTION from sm_90 SASS, issue model of {budget.H200.name}: "
               f"{budget.H200.thread_instructions_per_s:.3g} thread instr/s, copy {budget.H200.copy_bytes_per_s:.3g} B/s; "
               f"{seconds:.1f} s)", file=sys.stderr)

@@ -62,10 +62,15 @@ def test_h200_budget_is_the_issue_rate_over_the_copy_rate():
     assert budget.predicted_copy_fraction(10.0, 8.125) == 1.0
 
 
+CACHE = {}
+
+
 def _run(*args, tmp_path):
+    """The script as a subprocess; one count cache for the whole module (the first test
+    compiles, later ones read its counts: what the cache is for)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["QSTATE_CACHE"] = str(tmp_path / "cache")
+    env["QSTATE_CACHE"] = CACHE.setdefault("dir", str(tmp_path / "cache"))
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "sass_budget.py"), *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
 
@@ -90,3 +95,23 @@ def test_script_compiles_a_variant_for_sm90_on_the_cpu_and_writes_the_report(tmp
 def test_unknown_variant_is_one_line_and_exit_2(tmp_path):
     out = _run("--only", "adamw:nope", tmp_path=tmp_path)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "no variant matches" in out.stderr
+
+
+def test_measured_rows_are_printed_beside_the_prediction(tmp_path):
+    from qstate_cli.quant import parse_config
+    from qstate_cli.results import document, write_json_atomic
+
+    rows = [{"name": "bred-4bit", "optimizer": "sgd", "config": parse_config("bred-4bit").canonical(),
+             "param_dtype": "bf16", "status": "ok", "pct_of_copy": 61.0, "gbps": 2600.0, "path": "triton",
+             "timing": "cuda-graph"},
+            {"name": "copy", "optimizer": None, "config": "copy", "param_dtype": "fp32", "status": "ok"}]
+    write_json_atomic(tmp_path / "k.json", document("kernels", rows))
+    out = _run("--json", "--beside", str(tmp_path / "k.json"), tmp_path=tmp_path)
+    if out.returncode == 1 and "cannot compile for sm_90" in out.stderr:
+        pytest.skip(out.stderr.strip())
+    assert out.returncode == 0, out.stderr[-3000:]
+    (row,) = [json.loads(line) for line in out.stdout.splitlines()]
+    assert row["name"] == "bred-4bit" and row["kernel"] == "sgd" and row["measured_pct_of_copy"] == 61.0
+    assert 0 < row["predicted_pct_of_copy"] <= 100
+    missing = _run("--beside", str(tmp_path / "none.json"), tmp_path=tmp_path)
+    assert missing.returncode == 2 and "none.json" in missing.stderr

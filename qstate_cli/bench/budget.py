@@ -87,3 +87,28 @@ def record(kernel: str, states: str, param_dtype: str, by_class: dict, geometry:
                 "device_model": device.name, "tiles_per_program": geometry["tiles"],
                 "elems_per_thread": geometry["elems_per_thread"], "block": geometry["block"]})
     return out
+
+
+def prediction_key(kernel: str, states: str, param_dtype: str) -> tuple:
+    """(kernel, states as the kernel sees them, dtype): AdamW's m and v; one-state kernels' m."""
+    conf = parse_config(states)
+    return kernel, conf.canonical() if kernel == "adamw" else str(conf.m), param_dtype
+
+
+def beside(measured: list[dict], predictions: list[dict]) -> list[dict]:
+    """Measured `kernels` rows (bench headline / bench kernels) that a prediction covers,
+    each with the measured share of copy and the predicted one side by side (the
+    prediction keeps its own columns: predicted_*)."""
+    pred = {prediction_key(p["kernel"], p["states"], p["param_dtype"]): p for p in predictions}
+    out = []
+    for r in measured:
+        if r.get("status") != "ok" or not r.get("optimizer") or not r.get("config"):
+            continue
+        p = pred.get(prediction_key(r["optimizer"], r["config"], r.get("param_dtype")))
+        if p is None:
+            continue
+        out.append({"name": r["name"], "kernel": p["kernel"], "states": p["states"], "param_dtype": p["param_dtype"],
+                    "path": r.get("path"), "timing": r.get("timing"), "measured_pct_of_copy": r.get("pct_of_copy"),
+                    "measured_gbps": r.get("gbps"), "predicted_pct_of_copy": 100 * p["predicted_copy_fraction"],
+                    "predicted_sass_per_elem": p["sass_per_elem"], "predicted_budget_per_elem": p["budget_per_elem"]})
+    return out
