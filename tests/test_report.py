@@ -74,7 +74,7 @@ def hostile_html(hostile_docs):
 def test_html_embeds_every_plot_as_png_and_references_nothing(hostile_html):
     page = parse(hostile_html)
     imgs = [attrs for tag, attrs in page.tags if tag == "img"]
-    assert len(imgs) == 7  # kernels sweep, memory, drift, stall, staleness, predicted/observed, loss
+    assert len(imgs) == 8  # kernels sweep, memory, drift, stall, code stall, staleness, predicted/observed, loss
     for attrs in imgs:
         src = attrs["src"]
         assert src.startswith("data:image/png;base64,")
