@@ -26,6 +26,18 @@ BATCH = 16
 LR = 1e-2
 
 
+def dcp_load_into(model, opt, ckpt) -> None:
+    """Load a DCP checkpoint written by this worker into (model, opt), resharding as needed."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+
+    target = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+    dcp.load(target, checkpoint_id=ckpt)
+    set_model_state_dict(model, target["model"])
+    set_optimizer_state_dict(model, opt, target["optim"])
+
+
 def aligned_model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.Tanh(), torch.nn.Linear(256, 128, bias=False))
@@ -185,10 +197,7 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     after = snapshot(model, opt)
     model2 = shard(aligned_model(), mesh)
     opt2 = optimizer(model2, "bred-4bit")
-    target = {"model": get_model_state_dict(model2), "optim": get_optimizer_state_dict(model2, opt2)}
-    dcp.load(target, checkpoint_id=ckpt)
-    set_model_state_dict(model2, target["model"])
-    set_optimizer_state_dict(model2, opt2, target["optim"])
+    dcp_load_into(model2, opt2, ckpt)
     loaded = snapshot(model2, opt2)
     train(model2, opt2, 1, first=2)
     save("dcp-2", {"saved": saved, "after": after, "loaded": loaded, "loaded_after": snapshot(model2, opt2)})
@@ -203,10 +212,7 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     mesh1 = init_device_mesh("cpu", (1,))
     model1 = shard(aligned_model(), mesh1)
     opt1 = optimizer(model1, "bred-4bit")
-    target = {"model": get_model_state_dict(model1), "optim": get_optimizer_state_dict(model1, opt1)}
-    dcp.load(target, checkpoint_id=ckpt)
-    set_model_state_dict(model1, target["model"])
-    set_optimizer_state_dict(model1, opt1, target["optim"])
+    dcp_load_into(model1, opt1, ckpt)
     loaded1 = snapshot(model1, opt1)
     train(model1, opt1, 1, first=2)
     save("dcp-1", {"loaded": loaded1, "loaded_after": snapshot(model1, opt1)})
