@@ -24,7 +24,7 @@ def test_report_opens_offline_with_every_plot_decoded(tmp_path):
     write_report(docs, html=html, sources=sources)
     page = open_page(CHROMIUM, html)
     assert page["title"].startswith("qstate report")
-    assert page["count"] == 7 and all(w > 300 for w in page["widths"]), page["widths"]
+    assert page["count"] == 8 and all(w > 300 for w in page["widths"]), page["widths"]
     assert page["resources"] == [] and page["scripts"] == 0
     assert page["requested"][0] == page["url"]
     assert [u for u in page["requested"] if not _local(u, page["url"])] == []
