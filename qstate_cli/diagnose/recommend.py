@@ -7,13 +7,18 @@ The state with the longest memory decides (v for Adam; the momentum otherwise):
 2. A float format for Adam's v under nearest or stochastic rounding: the staleness model
    (theory.py) gives the step at which the predicted stall probability has built up to
    90% of its steady state after a reset; the observed stall rate is shown beside it.
-3. Otherwise, from the observed stall rate of the replay (the stretch before the first
+3. Otherwise, from the observed *code* stall rate of the replay (summary.py passes the
+   code series: under a block scale the stored value moves with the absmax while the
+   element's code is frozen, and the frozen code is what goes stale) (the stretch before the first
    reset the replay applied): its plateau is the mean over the last quarter; the period
    is the first step at which the moving average (window max(3, T/50)) reaches 90% of
    the plateau. No reset is recommended when the plateau is under 2% (too little
    stalling to pay for a reset), when stalling is already at half its plateau in the
    first window (there is no build-up for a reset to undo), or when the build-up is not
    over by 3/4 of the trace (record a longer trace).
+
+`qstate diagnose` then replays what this derives (validate.py) and keeps a period only
+where it lowers the update error against fp32.
 """
 from __future__ import annotations
 

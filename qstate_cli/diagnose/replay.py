@@ -51,6 +51,8 @@ class ReplayOptions:
     profile: bool = False  # synchronize around phases (CUDA) so the timings are exact
     unit_configs: list | None = None  # the layout's unit from these configurations (default: configs);
     # torchrun ranks pass every rank's, so their per-unit statistics line up (distributed.py)
+    reference_reset: bool = True  # the fp32 shadow follows each configuration's resets (False: never resets)
+    models: bool = True  # evaluate the staleness model (staleness.py)
 
 
 @dataclass
@@ -115,6 +117,8 @@ class _ConfigReplay:
     update: UpdateStats
     clamp: dict  # name -> bool (a BReD v read back below 0 is clamped)
     models: dict  # name -> ModelStats (quantized states only)
+    shadow: int | None  # key of the fp32 shadow it is measured against
+    since: int = 0  # steps since the start or the last reset
 
 
 def reset_schedule(reset, cfg: StateConfig, rec: Recursion) -> tuple[int | None, str]:
@@ -177,7 +181,7 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
                 _step_shadow(sh, rec, g, layout)
         for c in configs:
             with timer(str(c.cfg)):
-                _step_config(c, shadows[c.period], rec, g, i, trace.step_start + i, invalid, layout,
+                _step_config(c, shadows[c.shadow], rec, g, i, trace.step_start + i, invalid, layout,
                              i % model_every == 0)
         if progress is not None:
             progress(i + 1, n_steps)
@@ -204,7 +208,8 @@ def _setup(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout, n_
     configs, shadows = [], {}
     for cfg in opts.configs:
         period, why = reset_schedule(opts.reset, cfg, rec)
-        shadows.setdefault(period, _Shadow(period, {s: zeros() for s in rec.states}))
+        key = period if opts.reference_reset else None
+        shadows.setdefault(key, _Shadow(key, {s: zeros() for s in rec.states}))
         qs, stats, clamp = {}, {}, {}
         for s in rec.states:
             spec = cfg.spec(s)
@@ -212,9 +217,10 @@ def _setup(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout, n_
             qs[s] = QuantizedState(spec, (layout.n,), stream, device=layout.device)
             stats[s] = StateStats(layout, spec, n_steps, snap_every)
             clamp[s] = s == "v" and spec.rounding == "bred" and not spec.sqrt
-        models = {s: ModelStats(layout, cfg.spec(s), n_steps) for s in rec.states if cfg.spec(s).fmt.kind != "identity"}
+        models = {s: ModelStats(layout, cfg.spec(s), n_steps) for s in rec.states
+                  if cfg.spec(s).fmt.kind != "identity"} if opts.models else {}
         configs.append(_ConfigReplay(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
-                                     UpdateStats(layout, n_steps), clamp, models))
+                                     UpdateStats(layout, n_steps), clamp, models, key))
     return configs, shadows
 
 
@@ -236,13 +242,15 @@ def _step_config(c: _ConfigReplay, sh: _Shadow, rec: Recursion, g: torch.Tensor,
                  invalid, layout: Layout, model: bool) -> None:
     """One optimizer step of a quantized configuration, as QuantizedOptimizer._step_param
     does it, then its statistics against the shadow."""
-    if sh.reset_now:
+    if c.period is not None and c.since >= c.period:
+        c.since = 0
         for s, q in c.states.items():
             c.stats[s].on_reset(i)
             q.reset()
             c.x_hat[s] = torch.zeros_like(c.x_hat[s])
     first = {s: q.written == 0 for s, q in c.states.items()}
-    u, new = rec.step(g, c.x_hat, sh.since, first)
+    c.since += 1
+    u, new = rec.step(g, c.x_hat, c.since, first)
     for s, q in c.states.items():
         if model and s in c.models:  # before x_hat moves on: the step's own nominal update
             c.models[s].observe(i, c.x_hat[s], new[s], sh.prev[s], _gaussian(rec, c.cfg.spec(s), s, sh))

@@ -33,6 +33,7 @@ from ..trace.schema import Trace
 from . import distributed
 from .replay import Replay, ReplayOptions, replay
 from .summary import build
+from .validate import validate
 
 DEFAULT_CONFIGS = ("nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit", "bf16", "bf16-sr")
 LINEAR_PRESET = {"nearest": "nearest", "stochastic": "sr", "bred": "bred"}
@@ -59,6 +60,9 @@ class DiagnoseOptions(Options):
     steps_limit: int | None = option(None, "Replay only the first N recorded steps.", type=int)
     device: str = option("auto", "auto (CUDA when present), cpu or cuda.")
     profile: bool = option(False, "Print replay throughput (element-steps per second) per phase (always in meta).")
+    skip_reset_check: bool = option(False, "Give the reset advice without replaying it (validate.py: by default "
+                                           "each recommended period is replayed and kept only if it lowers the "
+                                           "update error against fp32).")
     theory: bool = option(False, "Only the staleness model: predicted stall probabilities and reset periods.")
     format: list[str] = many("With --theory: float formats (default bf16, e4m3, e2m2).", "--format", "-f")
     beta2: float = option(0.999, "With --theory: the second-moment beta.")
@@ -121,24 +125,27 @@ def execute(opts: DiagnoseOptions, progress: Progress | None = None) -> Result:
         progress.start(f"replaying {len(configs)} configurations", done)
 
     result, _ = replay_result(trace, configs, reset=opts.reset, steps_limit=opts.steps_limit, device=opts.device,
-                              progress=advance, profile_phases=opts.profile)
+                              progress=advance, profile_phases=opts.profile,
+                              check_resets=not opts.skip_reset_check, log=progress.log)
     return result
 
 
 def diagnose(trace: Trace | str | Path, configs: list[StateConfig], reset="none", steps_limit: int | None = None,
              device: str = "auto", progress=None, keep_states: bool = False,
-             profile_phases: bool = False) -> tuple[dict, Replay]:
+             profile_phases: bool = False, check_resets: bool = False) -> tuple[dict, Replay]:
     """Replay `trace` through `configs`; returns (result document, the Replay). `trace`
     may be a Trace, a path, or "demo" (the cached demo trace). `progress(done, total)`
     after each step; `profile_phases` synchronizes CUDA around each phase so the
-    per-phase times are exact."""
-    result, raw = replay_result(trace, configs, reset, steps_limit, device, progress, keep_states, profile_phases)
+    per-phase times are exact; `check_resets` replays each recommended reset period
+    (validate.py; off here by default: tests ask for it)."""
+    result, raw = replay_result(trace, configs, reset, steps_limit, device, progress, keep_states, profile_phases,
+                                check_resets)
     return result.document(), raw
 
 
 def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="none",
                   steps_limit: int | None = None, device: str = "auto", progress=None, keep_states: bool = False,
-                  profile_phases: bool = False) -> tuple[Result, Replay]:
+                  profile_phases: bool = False, check_resets: bool = True, log=None) -> tuple[Result, Replay]:
     """The replay (Replay) and its rows as a Result (kind "diagnose")."""
     if not isinstance(trace, Trace):
         trace = load_trace(resolve_trace(trace))
@@ -160,6 +167,12 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
             return Result("diagnose", meta={"rank": distributed.rank(), "ranks": ranks}), raw
         raw = distributed.merge(raw, gathered, configs)
     rows = build(raw)
+    if check_resets:
+        t_check = time.perf_counter()
+        check_reset_advice(trace, raw, rows["records"], steps_limit, device, log)
+        meta_check_s = round(time.perf_counter() - t_check, 3)
+    else:
+        meta_check_s = None
     meta = {
         "trace": trace.source, "optimizer": trace.optimizer, "hparams": trace.hparams, "seed": trace.seed,
         "step_start": trace.step_start, "steps": raw.n_steps, "trace_steps": trace.n_steps,
@@ -172,6 +185,7 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
                                 "min_quant_numel=4096 in fp32)",
         "profile": profile(raw, time.perf_counter() - t0),
         "ranks": ranks,  # > 1: configurations split across torchrun's ranks (distributed.py)
+        "reset_check_s": meta_check_s,
     }
     meta["gradient_checks"] = rows.pop("gradient_checks")
     dead = meta["gradient_checks"]["grad_dead_elements"]
@@ -181,6 +195,24 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
                              f"count in no stall rate")
     records = rows.pop("records")
     return Result("diagnose", records, meta, extras=rows, device=raw.device), raw
+
+
+def check_reset_advice(trace: Trace, raw: Replay, records: list[dict], steps_limit, device, log=None) -> None:
+    """Replay every configuration's recommended reset period (validate.py) and rewrite its
+    records' advice: kept where it lowers the update error against fp32, else no reset."""
+    rec = raw.recursion
+    slow = rec.slowest_state
+    for c in raw.configs:
+        rows = [r for r in records if r["config"] == str(c.cfg)]
+        advice = (rows[0]["reset_period"], rows[0]["reset_reason"])
+        baseline = rows[0]["update_rel_error"] if c.period is None else None  # measured against fp32 without resets
+        if log is not None:
+            log(f"checking the reset advice for {c.cfg} by replay")
+        verdict = validate(trace, c.cfg, c.cfg.spec(slow), rec.betas[slow], advice, raw.n_steps, baseline,
+                           steps_limit, device)
+        for r in rows:
+            r.update(reset_period=verdict.period, reset_reason=verdict.reason,
+                     reset_update_error=verdict.error_with, no_reset_update_error=verdict.error_without)
 
 
 def resolve_trace(trace, log=None) -> Path:

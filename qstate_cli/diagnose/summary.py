@@ -225,6 +225,7 @@ def _state_rows(out: dict, raw: Replay, c: ConfigReplay, s: str, advice: tuple, 
         "update_cosine": _nanmean(upd["cosine"]), "update_rel_error": _nanmean(upd["rel_error"]),
         "nonfinite_grads": raw.nonfinite_grads, "reset_applied": c.period,
         "reset_period": advice[0], "reset_reason": advice[1],
+        "reset_update_error": None, "no_reset_update_error": None,  # validate.py, when the advice is replayed
     })
     record = out["records"][-1]
     observed = record["stall_rate_late" if spec.rounding == "bred" else "code_stall_rate_late"]
