@@ -460,6 +460,26 @@ def diagnose_bad_reset(tmp):
     return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "bf16", "--reset", "sometimes"]
 
 
+SUITE = "Suites that `run` would refuse: `suite validate` refuses them too"
+
+
+@case(SUITE, "an unknown configuration name in an axis", r"uc.yaml:2: axes: point config=nosuch-4bit: unknown "
+      r"configuration 'nosuch-4bit'; did you mean")
+def suite_unknown_config(tmp):
+    return ["suite", "validate", write(tmp, "uc.yaml", "kind: memory\naxes:\n  config: [fp32, nosuch-4bit]\n")]
+
+
+@case(SUITE, "a trace file that does not exist (relative: read from the suite's folder)",
+      r"mt.yaml:2: defaults.trace: .*/nosuch.pt: no such file \(a relative path is read from the suite's folder\)")
+def suite_missing_trace(tmp):
+    return ["suite", "validate", write(tmp, "mt.yaml", "kind: diagnose\ndefaults: {trace: nosuch.pt}\n")]
+
+
+@case(SUITE, "the same suite to `run`", r"error: .*mt.yaml:2: defaults.trace: .*nosuch.pt: no such file")
+def suite_missing_trace_run(tmp):
+    return ["run", write(tmp, "mt.yaml", "kind: diagnose\ndefaults: {trace: nosuch.pt}\n"), "--out", str(tmp / "o")]
+
+
 # -- running the catalogue --------------------------------------------------------------------
 
 def snapshot(folder: Path) -> dict[str, str]:

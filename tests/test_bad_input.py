@@ -141,3 +141,22 @@ def test_markdown_from_hostile_names_makes_no_image_link_or_mention(command, tmp
     assert not re.search(r"(?<!\\)\]\(http", text) and not re.search(r"(?<!\\)\[click", text)  # no [x](url)
     for live in ("@octocat", "http://", "https://", "www.evil", "<b>"):
         assert live not in text, live
+
+
+def test_suite_trace_paths_are_read_from_the_suite_folder(tmp_path, monkeypatch):
+    """A relative trace path in a suite names a file next to the suite, wherever qstate runs."""
+    from bad_inputs import small_trace
+    from qstate_cli.suites import load_suite
+    from qstate_cli.trace import save_trace
+
+    (tmp_path / "suites").mkdir()
+    save_trace(small_trace(), tmp_path / "suites" / "t.pt")
+    suite = tmp_path / "suites" / "s.yaml"
+    suite.write_text("kind: diagnose\ndefaults: {trace: t.pt, config: [bf16]}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    loaded = load_suite(suite)
+    assert loaded.runs[0]["defaults"]["trace"] == str(tmp_path / "suites" / "t.pt")
+    r = CliRunner().invoke(app, ["suite", "validate", str(suite)])
+    assert r.exit_code == 0 and r.stdout.startswith("ok: "), r.output
