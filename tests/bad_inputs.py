@@ -256,7 +256,7 @@ def trace_raw_pickle(tmp):
     return ["diagnose", str(path)]
 
 
-@case(TRACE, "a zip bomb: a trace whose data.pkl is deflated 64 MiB of zeros (~70 KB on disk)",
+@case(TRACE, "a zip bomb: a trace whose data.pkl is deflated 64 MiB of zeros (160 KB on disk)",
       r"refused: inflates to [\d,]+ bytes from [\d,]+ on disk \(more than 4x; a zip bomb\?\)")
 def trace_zip_bomb(tmp):
     buf = io.BytesIO()
@@ -460,6 +460,26 @@ def diagnose_bad_reset(tmp):
     return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "bf16", "--reset", "sometimes"]
 
 
+SUITE = "Suites that `run` would refuse: `suite validate` refuses them too"
+
+
+@case(SUITE, "an unknown configuration name in an axis", r"uc.yaml:2: axes: point config=nosuch-4bit: unknown "
+      r"configuration 'nosuch-4bit'; did you mean")
+def suite_unknown_config(tmp):
+    return ["suite", "validate", write(tmp, "uc.yaml", "kind: memory\naxes:\n  config: [fp32, nosuch-4bit]\n")]
+
+
+@case(SUITE, "a trace file that does not exist (relative: read from the suite's folder)",
+      r"mt.yaml:2: defaults.trace: .*/nosuch.pt: no such file \(a relative path is read from the suite's folder\)")
+def suite_missing_trace(tmp):
+    return ["suite", "validate", write(tmp, "mt.yaml", "kind: diagnose\ndefaults: {trace: nosuch.pt}\n")]
+
+
+@case(SUITE, "the same suite to `run`", r"error: .*mt.yaml:2: defaults.trace: .*nosuch.pt: no such file")
+def suite_missing_trace_run(tmp):
+    return ["run", write(tmp, "mt.yaml", "kind: diagnose\ndefaults: {trace: nosuch.pt}\n"), "--out", str(tmp / "o")]
+
+
 # -- running the catalogue --------------------------------------------------------------------
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -483,18 +503,23 @@ def markdown_table() -> str:
     """docs/errors.md's tables: each case run now, as a real subprocess, in a fresh folder."""
     import tempfile
 
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(c: Case) -> tuple[int, str]:
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d).resolve()
+            r = run_subprocess(c.make(tmp), tmp, c.env)
+            return r.returncode, r.stderr.strip().replace(str(tmp), "DIR")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two subprocesses at a time
+        outcomes = list(pool.map(run, CASES))
     lines, group = [], None
-    for c in CASES:
+    for c, (code, err) in zip(CASES, outcomes):
         if c.group != group:
             group = c.group
             lines += ["", f"### {group}", "", "| what is tried | exit | the one line on stderr |", "|---|---|---|"]
-        with tempfile.TemporaryDirectory() as d:
-            tmp = Path(d)
-            argv = c.make(tmp)
-            r = run_subprocess(argv, tmp, c.env)
-            err = r.stderr.strip().replace(str(tmp), "DIR")
-        cell = err.replace("|", "\\|").replace("\n", " ⏎ ")
-        lines.append(f"| {c.what} | {r.returncode} | `{cell}` |")
+        cell = err.replace("|", "\\|").replace("`", "'").replace("\n", " ⏎ ")
+        lines.append(f"| {c.what} | {code} | `{cell}` |")
     return "\n".join(lines) + "\n"
 
 

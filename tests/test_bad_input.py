@@ -141,3 +141,49 @@ def test_markdown_from_hostile_names_makes_no_image_link_or_mention(command, tmp
     assert not re.search(r"(?<!\\)\]\(http", text) and not re.search(r"(?<!\\)\[click", text)  # no [x](url)
     for live in ("@octocat", "http://", "https://", "www.evil", "<b>"):
         assert live not in text, live
+
+
+def test_suite_trace_paths_are_read_from_the_suite_folder(tmp_path, monkeypatch):
+    """A relative trace path in a suite names a file next to the suite, wherever qstate runs."""
+    from bad_inputs import small_trace
+    from qstate_cli.suites import load_suite
+    from qstate_cli.trace import save_trace
+
+    (tmp_path / "suites").mkdir()
+    save_trace(small_trace(), tmp_path / "suites" / "t.pt")
+    suite = tmp_path / "suites" / "s.yaml"
+    suite.write_text("kind: diagnose\ndefaults: {trace: t.pt, config: [bf16]}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    loaded = load_suite(suite)
+    assert loaded.runs[0]["defaults"]["trace"] == str(tmp_path / "suites" / "t.pt")
+    r = CliRunner().invoke(app, ["suite", "validate", str(suite)])
+    assert r.exit_code == 0 and r.stdout.startswith("ok: "), r.output
+
+
+@pytest.mark.parametrize("stop_after, json_file, said", [
+    (0, True, "interrupted before any row finished: nothing was written"),
+    (2, True, "interrupted: 2 finished row(s) kept in "),
+    (2, False, "interrupted: 2 finished row(s) shown; no file was asked for"),
+])
+def test_interrupt_says_what_was_kept(stop_after, json_file, said, tmp_path, capsys):
+    from qstate_cli.cli import output
+    from qstate_cli.results import Result
+
+    def execute(options, progress):
+        result = Result("kernels", device="cpu")
+        progress.begin(3, result)
+        for i in range(3):
+            if i == stop_after:
+                raise KeyboardInterrupt
+            row = {"name": f"r{i}", "status": "ok"}
+            progress.row(row)
+            result.records.append(row)
+        return result
+
+    out = output.Destinations(json=tmp_path / "r.json" if json_file else None)
+    with pytest.raises(KeyboardInterrupt):
+        output.run_engine(execute, None, out, show=lambda doc: None)
+    assert said in capsys.readouterr().err
+    assert (tmp_path / "r.json").exists() == (json_file and stop_after > 0)

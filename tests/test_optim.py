@@ -298,3 +298,18 @@ def test_registry_holds_what_every_user_of_an_optimizer_reads():
     assert OPTIMIZERS["lion"].betas() == {"m": 0.99}  # Lion's memory is beta2
     with pytest.raises(QstateError, match="did you mean adam"):
         optimizer_info("adamx")
+
+
+@pytest.mark.parametrize("cls", [AdamW, Lion, SGD])
+def test_sparse_gradients_are_a_clear_error_and_touch_nothing(cls):
+    """As torch.optim.AdamW: a clear RuntimeError, not NotImplementedError from deep inside;
+    the dense parameter stepped with it is left as it was."""
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    dense = torch.nn.Parameter(torch.ones(4))
+    opt = cls([dense, emb.weight], lr=0.1, states="bf16", reset="none")
+    emb(torch.tensor([1, 2])).sum().backward()
+    dense.grad = torch.ones(4)
+    before = emb.weight.detach().clone()
+    with pytest.raises(RuntimeError, match="does not support sparse gradients"):
+        opt.step()
+    assert torch.equal(emb.weight, before) and torch.equal(dense.detach(), torch.ones(4))

@@ -240,7 +240,7 @@ def test_set_overrides_axes_defaults_and_paths(tmp_path):
             kind: kernels
             defaults: {bits: 4}
             axes:
-              config: [a, b]
+              config: [fp32, bf16]  # real names: validation builds every point
               numel: {start: 1024, stop: 4096, factor: 2}
           - kind: memory
             axes: {config: [fp32]}

@@ -28,7 +28,7 @@ class QstateGroup(TyperGroup):
         except CheckFailed as exc:
             raise _fail("check failed", str(exc), 1) from None
         except KeyboardInterrupt:
-            raise _fail("qstate", "interrupted; rows already measured were kept", 130) from None
+            raise _fail("qstate", "interrupted", 130) from None
 
 
 def new_group(name: str, help: str) -> typer.Typer:

@@ -248,6 +248,15 @@ def run_engine(execute: Callable, options, out: Destinations, show: Callable[[di
                                            on_log=log))
         sink.update(result)
         completed = True
+    except KeyboardInterrupt:  # say what was kept (the boundary then exits 130)
+        n, files = len(sink.records), ", ".join(str(p) for p in (out.json_file, out.csv) if p is not None)
+        if n and files:
+            say(f"interrupted: {n} finished row(s) kept in {files}")
+        elif n:
+            say(f"interrupted: {n} finished row(s) shown; no file was asked for")
+        else:
+            say("interrupted before any row finished: nothing was written")
+        raise
     finally:  # also on Ctrl-C: show what was measured, then the boundary exits 130
         if started:
             bar.stop()

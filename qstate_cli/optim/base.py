@@ -195,6 +195,10 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if any(p.grad is not None and p.grad.is_sparse for g in self.param_groups for p in g["params"]):
+            # what torch.optim.AdamW says, before any parameter or state is touched
+            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients "
+                               "(e.g. nn.Embedding(sparse=True)); use dense gradients or torch.optim.SparseAdam")
         ids = self.tensor_ids()
         if not self.steps_shards:
             self._refuse_shards()

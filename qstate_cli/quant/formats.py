@@ -196,8 +196,9 @@ def get_format(name: str) -> Format:
 
 
 def suggest(word: str, choices) -> str:
-    close = difflib.get_close_matches(word.lower(), list(choices), n=3, cutoff=0.5)
-    return f"; did you mean {', '.join(close)}?" if close else f"; choose from {', '.join(sorted(choices))}"
+    choices = sorted(set(choices))  # a name listed twice (a preset and a format) is suggested once
+    close = difflib.get_close_matches(word.lower(), choices, n=3, cutoff=0.5)
+    return f"; did you mean {', '.join(close)}?" if close else f"; choose from {', '.join(choices)}"
 
 
 def state_bytes(fmt: Format, numel: int, block: int | None, scale_bytes: int = 4) -> int:

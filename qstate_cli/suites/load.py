@@ -313,10 +313,63 @@ def load_suite(path, sets: list[str] | None = None, check_params: bool = True) -
         errs = _param_errors(data, runs, notes)
     if not errs:
         errs = _size_errors(data)
+    runs = [_resolve_paths(run, path.parent) for run in _normalize(data)] if not errs else []
+    if not errs and check_params:
+        errs = _point_errors(data, runs)
     if errs:
         raise SuiteError([_issue(path, node, loc, msg, where) for loc, msg in errs])
     return LoadedSuite(name=data.get("name") or path.stem, file=str(path), description=data.get("description", ""),
-                       runs=_normalize(data), sets=sets, notes=list(dict.fromkeys(notes)))
+                       runs=runs, sets=sets, notes=list(dict.fromkeys(notes)))
+
+
+PATH_PARAMS = ("trace",)  # parameters that name a file: relative to the suite's folder
+SPECIAL_PATHS = ("demo",)  # values of those that are names, not paths
+
+
+def _resolve_paths(run: dict, folder: Path) -> dict:
+    """Relative file parameters read from the suite file's folder, not the working directory."""
+    def resolve(value):
+        if isinstance(value, list):
+            return [resolve(v) for v in value]
+        if isinstance(value, str) and value not in SPECIAL_PATHS and not Path(value).expanduser().is_absolute():
+            return str(folder / value)
+        return value
+
+    for key in PATH_PARAMS:
+        if key in run["defaults"]:
+            run["defaults"][key] = resolve(run["defaults"][key])
+        if isinstance(run["axes"].get(key), list):
+            run["axes"][key] = resolve(run["axes"][key])
+    return run
+
+
+def _point_errors(data: dict, runs: list[dict]) -> list[tuple[tuple, str]]:
+    """What `run` would refuse at a point, found now: every point's options are built as the
+    run builds them (an unknown configuration, a value of the wrong type), and a file it
+    names must exist. The first problem of each run is reported."""
+    errs = []
+    for i, run in enumerate(runs):
+        prefix = ("runs", i) if data.get("runs") is not None else ()
+        if is_overridden(run["kind"]):
+            continue
+        try:
+            cls = options_class(run["kind"])
+        except QstateError:
+            continue  # said in a note by _param_errors
+        for point in expand_run(run):
+            where = prefix + (("axes",) if point.assignment else ("defaults",))
+            missing = [v for key in PATH_PARAMS for v in [point.params.get(key)]
+                       if isinstance(v, str) and v not in SPECIAL_PATHS and not Path(v).expanduser().exists()]
+            if missing:
+                errs.append((prefix + ("defaults", PATH_PARAMS[0]) if not point.assignment else where,
+                             f"{missing[0]}: no such file (a relative path is read from the suite's folder)"))
+                break
+            try:
+                cls.from_params({k: v for k, v in point.params.items() if k != "baseline" or v}, run["kind"])
+            except QstateError as exc:
+                errs.append((where, f"point {point.label}: {exc}"))
+                break
+    return errs
 
 
 def _issue(path, node, loc: tuple, msg: str, where: dict[tuple, str]) -> str:

@@ -58,7 +58,7 @@ def _open_writer(path: Path, run: dict, suite: LoadedSuite, points: list[Point],
         if doc.get("kind") != run["kind"] or old.get("run") != run["name"]:
             raise QstateError(f"{path}: not the results of run {run['name']!r} ({run['kind']}); "
                               "use another --out or run without --resume")
-        strangers = sorted(set(old.get("points") or {}) - set(meta_points))
+        strangers = sorted(set(old.get("done") or []) - set(meta_points))  # finished ones only
         if strangers:
             raise QstateError(f"{path}: {len(strangers)} finished points are not in this suite (was it edited or "
                               "run with other --set values?); use another --out or run without --resume")
