@@ -180,6 +180,11 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     opt = optimizer(model, "fp32")  # fp32 states: the biases' shards cut blocks, and only gradients matter here
     with Recorder(opt, os.path.join(out, "rec-fsdp"), model=model, blocks_per_tensor=2, steps=3):
         train(model, opt, 3)
+    model = shard(record_model(), mesh)
+    opt = optimizer(model, "fp32")
+    with Recorder(opt, os.path.join(out, "rec-fsdp-stream"), model=model, blocks_per_tensor=2, steps=3,
+                  flush_steps=2):
+        train(model, opt, 3)
     ddp_model = torch.nn.parallel.DistributedDataParallel(record_model())
     opt = optimizer(ddp_model.module, "fp32")
     with Recorder(opt, os.path.join(out, "rec-ddp.pt"), model=ddp_model.module, blocks_per_tensor=2, steps=3):

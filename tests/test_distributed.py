@@ -121,6 +121,19 @@ def test_fsdp2_recording_loads_as_the_single_process_trace(runs):
     assert w["elements"].numel() < single.tensors[0].n_recorded and int(w["elements"][0]) >= 3072
 
 
+def test_fsdp2_streamed_recording_loads_as_the_single_process_trace(runs):
+    from qstate_cli.trace import load_trace
+
+    out = runs.out / "rec-fsdp-stream"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "manifest-rank0.json", "manifest-rank1.json", "rank0-steps00000001-00000002.pt",
+        "rank0-steps00000003-00000003.pt", "rank1-steps00000001-00000002.pt", "rank1-steps00000003-00000003.pt"]
+    streamed, single = load_trace(out), load_trace(runs.out / "rec-single.pt")
+    assert streamed.n_steps == 3
+    for a, b in zip(streamed.tensors, single.tensors):
+        assert torch.equal(a.blocks, b.blocks) and torch.equal(a.grads, b.grads), a.name
+
+
 def test_ddp_records_one_copy(runs):
     from qstate_cli.trace import load_trace
 

@@ -134,3 +134,49 @@ def test_rank_pieces_join_into_one_trace_and_incomplete_ones_are_refused(tmp_pat
     trace = load_trace(tmp_path)
     (t,) = trace.tensors
     assert not t.partial and t.index == 3 and torch.equal(t.grads, grads)
+
+
+def _record(path, steps, flush_steps=None, stop_at=None):
+    from qstate_cli.trace import Recorder
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Tanh(), torch.nn.Linear(96, 128))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    held = []
+    try:
+        with Recorder(opt, path, model=model, blocks_per_tensor=2, flush_steps=flush_steps) as rec:
+            for step in range(steps):
+                if step == stop_at:
+                    raise KeyboardInterrupt
+                g = torch.Generator().manual_seed(step)
+                loss = model(torch.randn(8, 64, generator=g)).square().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                held.append(rec.buffered)
+    except KeyboardInterrupt:
+        pass
+    return held
+
+
+def test_streamed_recording_is_bounded_and_equals_the_whole_one(tmp_path):
+    import json
+
+    from qstate_cli.trace import load_trace
+
+    _record(tmp_path / "whole.pt", 7)
+    held = _record(tmp_path / "stream", 7, flush_steps=3)
+    assert max(held) <= 2  # a chunk is written (and dropped from memory) as soon as its 3rd step is captured
+    files = sorted(p.name for p in (tmp_path / "stream").iterdir())
+    assert files == ["manifest.json", "steps00000001-00000003.pt", "steps00000004-00000006.pt",
+                     "steps00000007-00000007.pt"]
+    assert json.loads((tmp_path / "stream" / "manifest.json").read_text())["steps"] == 7
+    whole, streamed = load_trace(tmp_path / "whole.pt"), load_trace(tmp_path / "stream")
+    assert (streamed.step_start, streamed.n_steps) == (1, 7)
+    for a, b in zip(whole.tensors, streamed.tensors):
+        assert torch.equal(a.grads, b.grads) and torch.equal(a.blocks, b.blocks)
+    # an interrupted run keeps what it recorded; a file the manifest does not list is ignored
+    _record(tmp_path / "cut", 7, flush_steps=3, stop_at=5)
+    (tmp_path / "cut" / "steps00000009-00000009.pt").write_bytes(b"half-written")
+    cut = load_trace(tmp_path / "cut")
+    assert cut.n_steps == 5 and torch.equal(cut.tensors[0].grads, whole.tensors[0].grads[:5])

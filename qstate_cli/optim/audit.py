@@ -123,7 +123,9 @@ def audit_optimizer(opt, names: dict | None = None) -> list[AuditRow]:
         for p in group["params"]:
             layout = sharding.layout_of(p)
             path = opt.path_for(p)
-            path_reason = opt.why_reference(p) if path == "reference" and opt.backend != "reference" else None
+            on_cuda = sharding.local_tensor(p).is_cuda
+            kernels_wanted = opt.backend == "triton" or (opt.backend == "auto" and on_cuda)
+            path_reason = opt.why_reference(p) if path == "reference" and kernels_wanted else None
             tid = ids[id(p)]
             for state in opt.state_names:
                 rows.append(state_row(names.get(id(p), f"param{tid}"), tid, state, layout,

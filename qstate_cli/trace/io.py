@@ -19,9 +19,17 @@ step range) and hold different tensors, or pieces of the same tensor (FSDP2: eac
 records the elements of the sampled blocks it holds, with their indices: schema.py
 `elements`); pieces are joined in element order and must cover the recorded blocks
 exactly once. They load as one trace.
+
+A streamed recording (Recorder(flush_steps=N)) is a directory of files that each hold a
+range of steps, and `manifest.json` (one `manifest-rank<r>.json` per rank when sharded)
+listing them; the manifests are written after the files, so only complete files are
+listed. With manifests, exactly the listed files load; files are grouped by step range
+(each group merged as above), and the groups must be consecutive: they are joined along
+the steps into one trace.
 """
 from __future__ import annotations
 
+import json
 import pickle
 import zipfile
 from pathlib import Path
@@ -30,7 +38,9 @@ import torch
 
 from ..errors import QstateError
 from ..results import atomic_path
-from .schema import Trace, from_dict
+from .schema import Trace, TraceTensor, from_dict
+
+MANIFEST_TAG = "qstate-trace-manifest"
 
 
 MAX_INFLATION = 4  # uncompressed bytes per byte on disk (torch.save writes ~1.0)
@@ -51,10 +61,17 @@ def load_trace(path) -> Trace:
     """Load a trace file or a directory of shards (see module docstring)."""
     path = Path(path)
     if path.is_dir():
-        files = sorted(p for p in path.glob("*.pt") if p.is_file())
+        files = _listed(path)
         if not files:
             raise QstateError(f"{path}: directory holds no *.pt trace shards")
-        return merge_shards([_load_file(f) for f in files], str(path))
+        if not any(path.glob("manifest*.json")):  # not streamed: shards of one step range
+            return merge_shards([_load_file(f) for f in files], str(path))
+        groups: dict[tuple[int, int], list[Trace]] = {}
+        for f in files:
+            t = _load_file(f)
+            groups.setdefault((t.step_start, t.n_steps), []).append(t)
+        parts = [merge_shards(groups[k], str(path)) for k in sorted(groups)]
+        return parts[0] if len(parts) == 1 else join_steps(parts, str(path))
     if not path.exists():
         raise QstateError(f"{path}: no such trace file")
     trace = _load_file(path)
@@ -169,3 +186,44 @@ def _join(name: str, parts: list, source: str):
     inits = [t.init for _, t in parts]
     init = torch.cat(inits)[order] if all(i is not None for i in inits) else None
     return TraceTensor(name, first.index, first.shape, first.blocks, grads, init)
+
+
+def _listed(path: Path) -> list[Path]:
+    """The files of a trace directory: those its manifests list, else every *.pt file."""
+    manifests = sorted(path.glob("manifest*.json"))
+    if not manifests:
+        return sorted(p for p in path.glob("*.pt") if p.is_file())
+    files = []
+    for m in manifests:
+        try:
+            obj = json.loads(m.read_text())
+        except (OSError, ValueError) as exc:
+            raise QstateError(f"{m}: unreadable manifest ({exc})") from None
+        if not isinstance(obj, dict) or obj.get("format") != MANIFEST_TAG or not isinstance(obj.get("files"), list):
+            raise QstateError(f"{m}: not a qstate trace manifest")
+        for name in obj["files"]:
+            f = path / str(name)
+            if Path(str(name)).name != str(name) or not f.is_file():
+                raise QstateError(f"{m}: lists {name!r}, which is not a file in {path}")
+            files.append(f)
+    return files
+
+
+def join_steps(parts: list[Trace], source: str) -> Trace:
+    """One trace from traces of consecutive step ranges of the same tensors (streaming)."""
+    first = parts[0]
+    step = first.step_start
+    for p in parts:
+        if p.step_start != step:
+            raise QstateError(f"{source}: steps {step}..{p.step_start - 1} are missing between the recorded files")
+        if [(t.name, t.index, t.shape) for t in p.tensors] != [(t.name, t.index, t.shape) for t in first.tensors] or \
+                any(not torch.equal(a.blocks, b.blocks) for a, b in zip(p.tensors, first.tensors)):
+            raise QstateError(f"{source}: the files of steps {p.step_start}.. record other tensors or blocks")
+        step += p.n_steps
+    tensors = []
+    for j, t in enumerate(first.tensors):
+        grads = torch.cat([p.tensors[j].grads for p in parts])
+        tensors.append(TraceTensor(t.name, t.index, t.shape, t.blocks, grads, t.init))
+    meta = dict(first.meta, files=sum((p.meta.get("shards", [p.source]) for p in parts), []))
+    return Trace(first.optimizer, first.hparams, first.seed, first.step_start, step - first.step_start,
+                 first.grad_dtype, tensors, meta, source)

@@ -20,6 +20,12 @@ the elements of those blocks that its shard holds, with their indices, and write
 a single-process recording of the same run. Replicated parameters in an FSDP2 model are
 recorded by rank 0.
 
+Streaming (`flush_steps=N`): `path` is a directory and every N steps the recorder writes
+the steps it holds as one file (atomically), then rewrites `manifest.json` (atomically,
+last) listing the files so far, and forgets those steps: memory stays bounded by N steps
+of one rank's recorded elements, and an interrupted run keeps every step already
+written (trace/io.py loads the files of the manifests, consecutive step ranges joined).
+
 Bounded size: `include`/`exclude` (regular expressions on parameter names) pick the
 tensors; `blocks_per_tensor` caps how many 2048-element blocks of each are kept, chosen
 by the project's counter hash (stream seed, tensor index, state id 2, step 0) so the same
@@ -46,7 +52,8 @@ from ..errors import QstateError
 from ..optim import sharding
 from ..quant import hash as qhash
 from ..quant.config import StateConfig
-from .io import save_trace
+from ..results import write_json_atomic
+from .io import MANIFEST_TAG, save_trace
 from .schema import BLOCK, GRAD_DTYPES, SAMPLING_STATE_ID, Trace, TraceTensor, recorded_elements
 
 HPARAM_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "decoupled",
@@ -135,13 +142,18 @@ class Recorder:
                  exclude: str | None = None, blocks_per_tensor: int | None = 4, start: int | None = None,
                  steps: int | None = None, seed: int | None = None, grad_dtype: str = "fp32",
                  record_params: bool = False, max_mib: float = 2048.0, optimizer_name: str | None = None,
-                 hparams: dict | None = None, meta: dict | None = None):
+                 hparams: dict | None = None, meta: dict | None = None, flush_steps: int | None = None):
         if grad_dtype not in GRAD_DTYPES:
             raise QstateError(f"grad_dtype {grad_dtype!r}: choose from {', '.join(GRAD_DTYPES)}")
         if blocks_per_tensor is not None and blocks_per_tensor < 1:
             raise QstateError("blocks_per_tensor must be >= 1 (or None for every block)")
         if steps is not None and steps < 1:
             raise QstateError("steps must be >= 1 (or None: until the recorder closes)")
+        if flush_steps is not None and (flush_steps < 1 or path is None):
+            raise QstateError("flush_steps must be >= 1 and needs a path (a directory the steps stream into)")
+        self.flush_steps = flush_steps
+        self.flushed = 0  # steps already written (streaming)
+        self.files: list[str] = []
         self.optimizer, self.path = optimizer, path
         self.dtype = GRAD_DTYPES[grad_dtype]
         self.grad_dtype = grad_dtype
@@ -199,7 +211,10 @@ class Recorder:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
         if self.path is not None and self.items and self.n_steps:
-            self.save(self.path)
+            if self.flush_steps:
+                self.flush()
+            else:
+                self.save(self.path)
 
     @property
     def writes(self) -> bool:
@@ -209,6 +224,29 @@ class Recorder:
     def file_for(self, path) -> Path:
         """Where this rank's recording goes: `path`, or `path/rank<r>.pt` when sharded."""
         return Path(path) / f"rank{self.rank}.pt" if self.sharded else Path(path)
+
+    def flush(self) -> None:
+        """Streaming: write the steps held as one file, then the manifest (module docstring)."""
+        if not self.items or not self.buffered:
+            return
+        first = self.step_start + self.flushed
+        rank = f"rank{self.rank}-" if self.sharded else ""
+        name = f"{rank}steps{first:08d}-{first + self.buffered - 1:08d}.pt"
+        save_trace(self.trace(), Path(self.path) / name)
+        self.files.append(name)
+        manifest = {"format": MANIFEST_TAG, "files": list(self.files), "steps": self.flushed + self.buffered,
+                    "step_start": self.step_start}
+        write_json_atomic(Path(self.path) / (f"manifest-rank{self.rank}.json" if self.sharded else "manifest.json"),
+                          manifest)
+        self.flushed += self.buffered
+        self.init = []
+        for r in self.items:
+            r.rows.clear()
+
+    @property
+    def buffered(self) -> int:
+        """Steps held in memory (not yet written)."""
+        return len(self.items[0].rows) if self.items else 0
 
     def close(self) -> None:
         if self._hook is not None:
@@ -223,7 +261,8 @@ class Recorder:
 
     @property
     def n_steps(self) -> int:
-        return len(self.items[0].rows) if self.items else 0
+        """Steps recorded so far (written and held)."""
+        return self.flushed + self.buffered
 
     # ---- recording ---------------------------------------------------------------------
     @torch.no_grad()
@@ -253,6 +292,8 @@ class Recorder:
             else:
                 r.rows.append(_pick(sharding.local_tensor(g.detach()), r.elements, self.dtype))
                 r.nonzero = r.nonzero or bool(r.rows[-1].ne(0).any())
+        if self.flush_steps and self.buffered >= self.flush_steps:
+            self.flush()
 
     def _sample_live_blocks(self) -> None:
         """At the first recorded step: re-draw each sampled tensor's blocks among those
@@ -281,8 +322,10 @@ class Recorder:
         return [r.name for r in self.items if not r.nonzero]
 
     def trace(self) -> Trace:
-        if not self.n_steps:
-            raise QstateError("nothing recorded yet: no optimizer step ran inside the recorder")
+        """The steps held in memory as a Trace (streaming: those not written yet)."""
+        if not self.buffered:
+            raise QstateError("nothing recorded yet: no optimizer step ran inside the recorder"
+                              if not self.n_steps else "every recorded step was written already (streaming)")
         zero = self.zero_tensors()
         if zero:
             self.meta["zero_tensors"] = zero
@@ -291,8 +334,8 @@ class Recorder:
             init = self.init[j] if self.init else None
             tensors.append(TraceTensor(r.name, r.index, tuple(r.param.shape), r.blocks, torch.stack(r.rows), init,
                                        r.global_elements))
-        return Trace(self.name, self.hparams, self.seed, self.step_start, self.n_steps, self.grad_dtype,
-                     tensors, dict(self.meta))
+        return Trace(self.name, self.hparams, self.seed, self.step_start + self.flushed, self.buffered,
+                     self.grad_dtype, tensors, dict(self.meta))
 
     def save(self, path) -> None:
         """Write this rank's recording (file_for(path)); nothing on a DDP rank other than 0."""
