@@ -269,7 +269,13 @@ def record_launch(op: str, states: str, dtype: torch.dtype, tiles: int = 8, nume
 
 
 def compile_cubin(jit, call, arch: int = 90) -> bytes:
-    """Compile a recorded launch for sm_<arch> (no GPU needed)."""
+    """Compile a recorded launch for sm_<arch> (no GPU needed): the cubin."""
+    return compile_kernel(jit, call, arch).asm["cubin"]
+
+
+def compile_kernel(jit, call, arch: int = 90):
+    """Compile a recorded launch for sm_<arch> (no GPU needed): Triton's compiled kernel
+    (its .asm holds "ptx" and "cubin")."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -291,7 +297,7 @@ def compile_cubin(jit, call, arch: int = 90) -> bytes:
         else:
             sig[n] = "fp32" if isinstance(v, float) else "i32"
     src = ASTSource(jit, sig, const, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options).asm["cubin"]
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def launch_geometry(call) -> dict:
