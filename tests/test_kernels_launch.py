@@ -193,7 +193,8 @@ def test_tensors_beyond_two_to_the_31_elements_use_64_bit_offsets():
 def test_programs_that_loop_over_several_tiles_equal_one_tile_per_program():
     """A program steps up to 8 consecutive tiles (launch.tiles_per_program); the last one
     of a tensor may be short. Same bits as one tile per program."""
-    shapes = [(6 * 2048 + 77,), (3000,)]  # bf16, block 128: tiles of 16 blocks = 2048 elements
+    _, rows, _ = launch.tile_shape(128, 2)  # bf16, block 128: tiles of `rows` blocks (32: 4096 elements)
+    shapes = [(6 * rows * 128 + 77,), (3000,)]
     c, looped = _members(shapes, "m=int4:bred:b128,v=uint4:sr:b128:sqrt", torch.bfloat16, torch.Generator().manual_seed(1))
     _, single = _members(shapes, "m=int4:bred:b128,v=uint4:sr:b128:sqrt", torch.bfloat16, torch.Generator().manual_seed(1))
     for step in (1, 2):
@@ -210,7 +211,8 @@ def test_programs_that_loop_over_several_tiles_equal_one_tile_per_program():
 
 def test_optimizer_with_looping_programs_equals_reference(monkeypatch):
     monkeypatch.setattr(launch, "PROGRAMS_WANTED", 1)  # small tensors get 8 tiles per program
-    ref, ker = make_pair(AdamW, [(9 * 2048 + 5,), (300,)], dtype=torch.bfloat16, states="bred-4bit")
+    _, rows, _ = launch.tile_shape(128, 2)
+    ref, ker = make_pair(AdamW, [(9 * rows * 128 + 5,), (300,)], dtype=torch.bfloat16, states="bred-4bit")
     gen = torch.Generator().manual_seed(7)
     for t in (1, 2):
         step_both(ref, ker, gen, poison=(t == 2))

@@ -31,7 +31,40 @@ import triton
 import triton.language as tl
 
 from . import common as c
-from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_shape
+from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_parts, tile_shape
+
+
+@triton.jit
+def _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+                rem, row0, wm1, wm2, wv1, wv2,
+                decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
+                P_KIND: tl.constexpr, G_KIND: tl.constexpr, L2: tl.constexpr, INTERPRET: tl.constexpr,
+                M_KIND: tl.constexpr, M_BITS: tl.constexpr, M_SIGNED: tl.constexpr, M_TOP: tl.constexpr,
+                M_NT: tl.constexpr, M_ROUND: tl.constexpr, M_SQRT: tl.constexpr, M_SBF16: tl.constexpr,
+                V_KIND: tl.constexpr, V_BITS: tl.constexpr, V_SIGNED: tl.constexpr, V_TOP: tl.constexpr,
+                V_NT: tl.constexpr, V_ROUND: tl.constexpr, V_SQRT: tl.constexpr, V_SBF16: tl.constexpr,
+                FRESH_M: tl.constexpr, FRESH_V: tl.constexpr,
+                B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, C0: tl.constexpr):
+    """Columns C0 .. C0 + W - 1 of every block row of the tile: load, decode, update, store
+    the parameter. Returns (m, v in its stored domain, where the gradient was not finite)."""
+    p = c.load_values(p_ptr, rem, P_KIND, B, W, ROWS, MASKED, C0)
+    g, bad = c.load_grad(g_ptr, rem, G_KIND, B, W, ROWS, MASKED, C0)
+    if L2:  # Adam: coupled weight decay
+        g = g + p * l2_wd
+    m_hat = c.decode_state(mc_ptr, ms_ptr, table_m_ptr, rem, row0, wm1, wm2, M_KIND, M_BITS, M_SIGNED, M_TOP,
+                           M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH_M, B, W, ROWS, MASKED, C0)
+    v_hat = c.decode_state(vc_ptr, vs_ptr, table_v_ptr, rem, row0, wv1, wv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
+                           V_NT, V_ROUND, V_SQRT, V_SBF16, FRESH_V, B, W, ROWS, MASKED, C0)
+    if V_SQRT == 0 and V_KIND != c.NOZERO:  # a dithered v read back below 0 (a square never is;
+        v_hat = tl.where(v_hat < 0.0, 0.0, v_hat)  # the no-zero map reads back > 0 even dithered)
+    m = m_hat * beta1 + g * omb1
+    v = v_hat * beta2 + (g * g) * omb2  # >= 0: v's storage needs no clamp (PREPARED)
+    sqrt_v = tl.sqrt_rn(v)
+    p = p * decay - tl.math.div_rn(m, sqrt_v * inv_bc2_sqrt + eps) * step_size
+    c.store_values(p_ptr, p, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, C0)
+    if V_SQRT:
+        return m, sqrt_v, bad
+    return m, v, bad
 
 
 @triton.jit
@@ -44,32 +77,35 @@ def _adamw_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table
                 V_KIND: tl.constexpr, V_BITS: tl.constexpr, V_SIGNED: tl.constexpr, V_TOP: tl.constexpr,
                 V_NT: tl.constexpr, V_ROUND: tl.constexpr, V_SQRT: tl.constexpr, V_SBF16: tl.constexpr,
                 FRESH_M: tl.constexpr, FRESH_V: tl.constexpr,
-                B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr):
-    """One tile: (wm*, wv*) are the keys of the step m and v were written at, (km*, kv*)
-    those of this step. Returns where the gradient was not finite (int32 0/1)."""
-    p = c.load_values(p_ptr, rem, P_KIND, B, BP, ROWS, MASKED)
-    g, bad = c.load_grad(g_ptr, rem, G_KIND, B, BP, ROWS, MASKED)
-    if L2:  # Adam: coupled weight decay
-        g = g + p * l2_wd
-    m_hat = c.decode_state(mc_ptr, ms_ptr, table_m_ptr, rem, row0, wm1, wm2, M_KIND, M_BITS, M_SIGNED, M_TOP,
-                           M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH_M, B, BP, ROWS, MASKED)
-    v_hat = c.decode_state(vc_ptr, vs_ptr, table_v_ptr, rem, row0, wv1, wv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
-                           V_NT, V_ROUND, V_SQRT, V_SBF16, FRESH_V, B, BP, ROWS, MASKED)
-    if V_SQRT == 0:  # a dithered v read back below 0 (a square never is)
-        v_hat = tl.where(v_hat < 0.0, 0.0, v_hat)
-    m = m_hat * beta1 + g * omb1
-    v = v_hat * beta2 + (g * g) * omb2  # >= 0: v's storage needs no clamp (PREPARED)
-    sqrt_v = tl.sqrt_rn(v)
-    p = p * decay - tl.math.div_rn(m, sqrt_v * inv_bc2_sqrt + eps) * step_size
-    c.store_values(p_ptr, p, rem, P_KIND, INTERPRET, B, BP, ROWS, MASKED)
-    c.encode_state(m, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED, M_TOP,
-                   M_NT, M_ROUND, M_SQRT, M_SBF16, False, B, BP, ROWS, MASKED)
-    if V_SQRT:
-        c.encode_state(sqrt_v, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
-                       V_NT, V_ROUND, V_SQRT, V_SBF16, True, B, BP, ROWS, MASKED)
-    else:
-        c.encode_state(v, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
-                       V_NT, V_ROUND, V_SQRT, V_SBF16, True, B, BP, ROWS, MASKED)
+                B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr,
+                PARTS: tl.constexpr):
+    """One tile of ROWS blocks, held as PARTS parts of BP / PARTS columns (each thread holds
+    the same block row in every part, so its per-row work, the block scales, the BReD
+    hashes and divisions, is done once for all of them). (wm*, wv*) are the keys of the
+    step m and v were written at, (km*, kv*) those of this step. Returns where the
+    gradient was not finite (int32 0/1, [ROWS, BP / PARTS], summed over the parts)."""
+    W: tl.constexpr = BP // PARTS
+    m0, v0, bad = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+                              rem, row0, wm1, wm2, wv1, wv2,
+                              decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
+                              P_KIND, G_KIND, L2, INTERPRET,
+                              M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
+                              V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
+                              FRESH_M, FRESH_V, B, W, ROWS, MASKED, 0)
+    m1, v1 = m0, v0
+    if PARTS == 2:
+        m1, v1, bad1 = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+                                   rem, row0, wm1, wm2, wv1, wv2,
+                                   decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
+                                   P_KIND, G_KIND, L2, INTERPRET,
+                                   M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
+                                   V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
+                                   FRESH_M, FRESH_V, B, W, ROWS, MASKED, W)
+        bad += bad1
+    c.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED, M_TOP,
+                   M_NT, M_ROUND, M_SQRT, M_SBF16, False, B, W, ROWS, MASKED, PARTS)
+    c.encode_parts(v0, v1, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
+                   V_NT, V_ROUND, V_SQRT, V_SBF16, True, B, W, ROWS, MASKED, PARTS)
     return bad
 
 
@@ -88,7 +124,7 @@ def _adamw_kernel(
     V_NT: tl.constexpr, V_ROUND: tl.constexpr, V_SQRT: tl.constexpr, V_SBF16: tl.constexpr,
     FRESH_M: tl.constexpr, FRESH_V: tl.constexpr,  # the state reads as 0 (never written, or reset)
     B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr, ALIGNED: tl.constexpr,
-    NC: tl.constexpr,
+    NC: tl.constexpr, PARTS: tl.constexpr,  # a thread holds PARTS 16-byte vectors of one block row
 ):
     meta, numel, tile0, ntiles = c.program_tiles(meta_ptr, prog_ptr, NC, B, ROWS, TILES)
     key_m = tl.load(meta + c.M_KEY).to(tl.uint32)
@@ -106,7 +142,7 @@ def _adamw_kernel(
     ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
     vc_base = c.codes_ptr_at(tl.load(meta + c.V_CODES), ALIGNED)
     vs_base = c.scales_ptr_at(tl.load(meta + c.V_SCALES), V_SBF16)
-    bad = tl.zeros([ROWS, BP], tl.int32)
+    bad = tl.zeros([ROWS, BP // PARTS], tl.int32)
     for i in range(0, ntiles):
         row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
         p_ptr, g_ptr = p_base + base, g_base + base
@@ -119,7 +155,7 @@ def _adamw_kernel(
                                P_KIND, G_KIND, L2, INTERPRET,
                                M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
                                V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                               FRESH_M, FRESH_V, B, BP, ROWS, False)
+                               FRESH_M, FRESH_V, B, BP, ROWS, False, PARTS)
         else:
             bad += _adamw_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
                                rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
@@ -127,7 +163,7 @@ def _adamw_kernel(
                                P_KIND, G_KIND, L2, INTERPRET,
                                M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
                                V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                               FRESH_M, FRESH_V, B, BP, ROWS, True)
+                               FRESH_M, FRESH_V, B, BP, ROWS, True, PARTS)
     c.count_nonfinite(meta, bad)
 
 
@@ -143,6 +179,7 @@ def adamw_step(batch: Batch, scalars, m: StateLayout, v: StateLayout, *, p_kind:
     if m.block != v.block:
         raise ValueError("m and v must share a block size to be stepped by one kernel")
     bp, rows, warps = tile_shape(m.block, batch.value_bytes)
+    parts = tile_parts(m.block, batch.value_bytes)
     table_m = tables[0] if tables[0] is not None else scalars
     table_v = tables[1] if tables[1] is not None else scalars
     _adamw_kernel[(batch.grid,)](
@@ -151,5 +188,5 @@ def adamw_step(batch: Batch, scalars, m: StateLayout, v: StateLayout, *, p_kind:
         float(beta1), 1.0 - float(beta1), float(beta2), 1.0 - float(beta2), float(eps), float(l2_wd),
         P_KIND=p_kind, G_KIND=g_kind, L2=int(l2_wd != 0.0), INTERPRET=interpreting(),
         **m.constexprs("M_"), **v.constexprs("V_"), FRESH_M=int(bool(fresh[0])), FRESH_V=int(bool(fresh[1])),
-        B=m.block, BP=bp, ROWS=rows, TILES=batch.tiles, ALIGNED=batch.aligned, NC=NCOL,
+        B=m.block, BP=bp, ROWS=rows, TILES=batch.tiles, ALIGNED=batch.aligned, NC=NCOL, PARTS=parts,
         num_warps=warps, **LAUNCH_OPTIONS)

@@ -134,20 +134,22 @@ def count_nonfinite(meta, bad):
 
 
 @triton.jit
-def tile(rem, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr):
-    """Element offsets [ROWS, BP] from the tile's first element, and which of them exist."""
+def tile(rem, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, C0: tl.constexpr = 0):
+    """Element offsets [ROWS, BP] from the tile's first element, and which of them exist.
+    C0 > 0: a part of the tile, columns C0 .. C0 + BP - 1 of each block (a thread holding
+    several parts holds them from the same block row: its per-row work is done once)."""
     r = tl.arange(0, ROWS)
-    c = tl.arange(0, BP)
+    c = tl.arange(0, BP) + C0
     loc = r[:, None] * B + c[None, :]
     return loc, (c[None, :] < B) & (loc < rem)
 
 
 @triton.jit
-def tile_bytes(rem, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr):
+def tile_bytes(rem, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, C0: tl.constexpr = 0):
     """Byte offsets [ROWS, BP/2] of packed 4-bit codes, and which bytes exist
-    (byte j holds elements 2j (low nibble) and 2j+1 (high nibble))."""
+    (byte j holds elements 2j (low nibble) and 2j+1 (high nibble)); C0 as tile()."""
     r = tl.arange(0, ROWS)
-    c = tl.arange(0, BP // 2)
+    c = tl.arange(0, BP // 2) + C0 // 2
     loc = r[:, None] * (B // 2) + c[None, :]
     return loc, (c[None, :] < B // 2) & (loc * 2 < rem)
 
@@ -155,9 +157,9 @@ def tile_bytes(rem, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr):
 # ---- parameters and gradients ---------------------------------------------------------------------
 @triton.jit
 def load_values(ptr, rem, KIND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
-                MASKED: tl.constexpr):
+                MASKED: tl.constexpr, C0: tl.constexpr = 0):
     """[ROWS, BP] fp32 (exact widening; missing elements read 0)."""
-    loc, mask = tile(rem, B, BP, ROWS)
+    loc, mask = tile(rem, B, BP, ROWS, C0)
     if MASKED:
         x = tl.load(ptr + loc, mask=mask, other=0)
     else:
@@ -171,11 +173,11 @@ def load_values(ptr, rem, KIND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr,
 
 @triton.jit
 def store_values(ptr, x, rem, KIND: tl.constexpr, INTERPRET: tl.constexpr, B: tl.constexpr,
-                 BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr):
+                 BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, C0: tl.constexpr = 0):
     """Write fp32 x as the tensor's dtype, rounding to nearest even as torch's copy_ does on
     the same device (bf16 on GPU: cvt.rn, NaN -> 0x7FFF; the interpreter's cast truncates,
     so there it is done with integer ops, NaN -> 0x7FC0 as torch on CPU)."""
-    loc, mask = tile(rem, B, BP, ROWS)
+    loc, mask = tile(rem, B, BP, ROWS, C0)
     if KIND == BF16:
         if INTERPRET:
             bits = x.to(tl.uint32, bitcast=True)
@@ -195,9 +197,9 @@ def store_values(ptr, x, rem, KIND: tl.constexpr, INTERPRET: tl.constexpr, B: tl
 
 @triton.jit
 def load_grad(ptr, rem, KIND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
-              MASKED: tl.constexpr):
+              MASKED: tl.constexpr, C0: tl.constexpr = 0):
     """Gradient tile in fp32 with NaN/Inf elements set to 0, and where they were (int32 0/1)."""
-    g = load_values(ptr, rem, KIND, B, BP, ROWS, MASKED)
+    g = load_values(ptr, rem, KIND, B, BP, ROWS, MASKED, C0)
     finite = tl.abs(g) < float("inf")
     return tl.where(finite, g, 0.0), (finite == 0).to(tl.int32)
 
@@ -216,14 +218,6 @@ def round_half_even(n):
     """(r, int32 r): n rounded to the nearest integer, ties to even (|n| < 2**22)."""
     t = n + MAGIC
     return t - MAGIC, t.to(tl.int32, bitcast=True) - MAGIC_BITS
-
-
-@triton.jit
-def floor_small(t):
-    """(floor(t) as fp32, as int32) for 0 <= t < 2**22: rint(t), minus 1 where it rounded up."""
-    r, ri = round_half_even(t)
-    up = r > t
-    return tl.where(up, r - 1.0, r), tl.where(up, ri - 1, ri)
 
 
 @triton.jit
@@ -279,22 +273,23 @@ def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
                  KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
                  NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr,
                  FRESH: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
-                 MASKED: tl.constexpr):
+                 MASKED: tl.constexpr, C0: tl.constexpr = 0):
     """The stored state as an fp32 [ROWS, BP] tile (quantizer.decode); zeros if FRESH
     (never written, or just reset). BReD subtracts the dither of the step it was written
-    at (k1, k2 are that step's keys)."""
+    at (k1, k2 are that step's keys). C0: a part of the tile (tile()); the block scales and
+    dithers are the same loads and hashes for every part, computed once."""
     if FRESH:
         return tl.zeros([ROWS, BP], tl.float32)
     r = tl.arange(0, ROWS)
     if BITS == 4:
-        bloc, bmask = tile_bytes(rem, B, BP, ROWS)
+        bloc, bmask = tile_bytes(rem, B, BP, ROWS, C0)
         if MASKED:
             byte = tl.load(codes_ptr + bloc, mask=bmask, other=0).to(tl.int32)
         else:
             byte = tl.load(codes_ptr + bloc).to(tl.int32)
         q = tl.reshape(tl.join(byte & 0xF, byte >> 4), [ROWS, BP])
     else:
-        loc, mask = tile(rem, B, BP, ROWS)
+        loc, mask = tile(rem, B, BP, ROWS, C0)
         if MASKED:
             q = tl.load(codes_ptr + loc, mask=mask, other=0).to(tl.int32)
         else:
@@ -315,14 +310,17 @@ def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
     elif ROUND == BRED:  # read at ordinal q - d as (k, f) = (q - 1, 1 - d) if d > 0 else (q, -d)
         d = uniform((row0 + r).to(tl.uint32), k1, k2) - 0.5
         pos = d > 0
-        k = tl.where(pos[:, None], q - 1, q)
-        f = tl.where(pos, 1.0 - d, -d)[:, None]
-        if KIND == NOZERO:  # table_interp with lo = (kc + 1) / NT and hi - lo = 1 / NT exactly
-            kc = tl.minimum(tl.maximum(k, 0), NT - 2)
-            f = f + tl.where(k < kc, -1.0, tl.where(k > kc, 1.0, 0.0))
-            val = nozero_entry(kc, NT) + f * (1.0 / NT)
+        f = tl.where(pos, 1.0 - d, -d)
+        if KIND == NOZERO:
+            # table_interp with lo = (kc + 1) / NT, hi - lo = 1 / NT: NT * value =
+            # rn(kc + 1 + rn(f + k - kc)), k = q - [d > 0], kc = clamp(k, 0, NT - 2). Below the
+            # clamp (q = 0, d > 0) rn(1 + (f - 1)) = f = rn(k + 1 + f) exactly; above it
+            # (q = NT - 1, d <= 0) the sum is rn(NT - 1 + rn(1 + f)): one select per element.
+            top = (q == NT - 1) & (pos == 0)[:, None]
+            a = tl.where(top, NT - 1.0, code_to_float(q, BITS, False) + tl.where(pos, 0.0, 1.0)[:, None])
+            val = (a + tl.where(top, (1.0 + f)[:, None], f[:, None])) * (1.0 / NT)
         else:
-            val = table_interp(table_ptr, k, f, NT)
+            val = table_interp(table_ptr, tl.where(pos[:, None], q - 1, q), f[:, None], NT)
     elif KIND == NOZERO:
         val = nozero_entry(q, NT)
     else:
@@ -334,16 +332,10 @@ def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
 
 
 @triton.jit
-def encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
-                 KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
-                 NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr,
-                 PREPARED: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
-                 MASKED: tl.constexpr):
-    """Quantize the fp32 tile x and store codes and block absmax (quantizer.encode); k1, k2
-    are the keys of this step. PREPARED: x is already in the stored domain (sqrt taken)
-    and >= 0 where the format is unsigned or SQRT, so only the non-finite rule remains."""
-    loc, mask = tile(rem, B, BP, ROWS)
-    r = tl.arange(0, ROWS)
+def stored_domain(x, rem, SIGNED: tl.constexpr, SQRT: tl.constexpr, PREPARED: tl.constexpr, B: tl.constexpr,
+                  BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, C0: tl.constexpr = 0):
+    """x as stored before scaling: non-finite -> 0, sqrt / clamp at 0 unless PREPARED
+    (already in the stored domain), and 0 beyond the tensor (the short last block)."""
     x = tl.where(tl.abs(x) < float("inf"), x, 0.0)  # non-finite values are stored as 0
     if PREPARED == 0:
         if SQRT:
@@ -351,14 +343,20 @@ def encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
         if SIGNED == 0:
             x = tl.where(x < 0.0, 0.0, x)
     if MASKED:
+        _, mask = tile(rem, B, BP, ROWS, C0)
         x = tl.where(mask, x, 0.0)  # the short last block is zero padded
-    absmax = tl.max(tl.abs(x), axis=1)
-    if SBF16:  # round the scale up to a bf16 value, so no element overflows the grid
-        bits = absmax.to(tl.uint32, bitcast=True)
-        down = bits & 0xFFFF0000
-        bits = tl.where((bits & 0xFFFF) != 0, down + 0x10000, down)
-        absmax = bits.to(tl.float32, bitcast=True)
-    n = x * inverse_step(absmax, TOP)[:, None]  # one division per block row
+    return x
+
+
+@triton.jit
+def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
+                KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
+                NT: tl.constexpr, ROUND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
+                MASKED: tl.constexpr, C0: tl.constexpr = 0):
+    """Quantize x (stored domain) with n = x * inv (inv = top / absmax per row) and store the codes."""
+    loc, mask = tile(rem, B, BP, ROWS, C0)
+    r = tl.arange(0, ROWS)
+    n = x * inv[:, None]  # one division per block row (inverse_step)
     if KIND == LINEAR:  # q = rint(n + d): d = 0 (nearest), u - 1/2 per element (SR) or per block (BReD)
         if ROUND == STOCHASTIC:
             n = n + (uniform((row0 * B).to(tl.uint32) + loc.to(tl.uint32), k1, k2) - 0.5)
@@ -371,23 +369,35 @@ def encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
             q = tl.minimum(q, (1 << (BITS - 1)) - 1) & ((1 << BITS) - 1)  # two's complement
         else:
             q = tl.minimum(q, (1 << BITS) - 1)
+    elif KIND == NOZERO:
+        # The code book {(j + 1) / NT} without it: t = n * NT (exact; n >= 0), fl = floor(t).
+        # The table's k = clamp(fl - 1, 0, NT - 2) and frac = clamp(t - (k + 1), 0, 1) are
+        # exact, and for 1 <= t < NT the rules below are the table's op for op
+        # (frac = t - fl); for t < 1 the table gives 0 and these give -1 or 0, for t >= NT
+        # it gives NT - 1 and these NT - 1 or NT: the final clamp makes them equal.
+        t = n * NT
+        if ROUND == NEAREST:  # ties up: q = floor(t + 1/2) - 1 (rn(t + 1/2) crosses no integer)
+            t = t + 0.5
+        rt, rti = round_half_even(t)
+        over = rt > t
+        q = tl.where(over, rti - 2, rti - 1)  # floor(t) - 1
+        if ROUND != NEAREST:
+            frac = t - tl.where(over, rt - 1.0, rt)
+            if ROUND == STOCHASTIC:
+                u = uniform((row0 * B).to(tl.uint32) + loc.to(tl.uint32), k1, k2)
+                q = q + (u < frac).to(tl.int32)
+            else:
+                u = uniform((row0 + r).to(tl.uint32), k1, k2)
+                q = q + (u[:, None] >= 1.0 - frac).to(tl.int32)
+        q = tl.minimum(tl.maximum(q, 0), NT - 1)
     else:  # code book: k in [0, NT-2], so k + up needs no clamp
-        if KIND == NOZERO:  # n >= 0; #(entries <= n) = min(NT, floor(n * NT)), n * NT exact
-            fl, fli = floor_small(n * NT)
-            k = tl.minimum(tl.maximum(fli - 1, 0), NT - 2)
-            lo = tl.minimum(tl.maximum(fl, 1.0), NT - 1.0) * (1.0 / NT)  # entry k, exactly
-            step = 1.0 / NT  # hi - lo, exactly
-        else:
-            k = table_floor(table_ptr, n, NT, BITS)
-            lo = tl.load(table_ptr + k)
-            step = tl.load(table_ptr + k + 1) - lo
+        k = table_floor(table_ptr, n, NT, BITS)
+        lo = tl.load(table_ptr + k)
+        step = tl.load(table_ptr + k + 1) - lo
         if ROUND == NEAREST:  # ties up, as torchao
             q = k + ((n - lo) >= step * 0.5).to(tl.int32)
         else:
-            if KIND == NOZERO:  # (n - lo) / 2**-log2(NT) is this product, exactly
-                frac = tl.minimum(tl.maximum((n - lo) * NT, 0.0), 1.0)
-            else:
-                frac = tl.minimum(tl.maximum(tl.math.div_rn(n - lo, step), 0.0), 1.0)
+            frac = tl.minimum(tl.maximum(tl.math.div_rn(n - lo, step), 0.0), 1.0)
             if ROUND == STOCHASTIC:
                 u = uniform((row0 * B).to(tl.uint32) + loc.to(tl.uint32), k1, k2)
                 q = k + (u < frac).to(tl.int32)
@@ -397,7 +407,7 @@ def encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
     if MASKED:
         q = tl.where(mask, q, 0)  # the high nibble after an odd tail stays 0
     if BITS == 4:
-        bloc, bmask = tile_bytes(rem, B, BP, ROWS)
+        bloc, bmask = tile_bytes(rem, B, BP, ROWS, C0)
         lo4, hi4 = tl.split(tl.reshape(q, [ROWS, BP // 2, 2]))
         byte = (lo4 | (hi4 << 4)).to(tl.uint8)
         if MASKED:
@@ -409,6 +419,35 @@ def encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
             tl.store(codes_ptr + loc, q.to(tl.uint8), mask=mask)
         else:
             tl.store(codes_ptr + loc, q.to(tl.uint8))
+
+
+@triton.jit
+def encode_parts(x0, x1, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
+                 KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
+                 NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr,
+                 PREPARED: tl.constexpr, B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
+                 MASKED: tl.constexpr, PARTS: tl.constexpr):
+    """Quantize a tile held as PARTS (1 or 2) parts of W columns (x0: columns 0..W-1, x1:
+    W..2W-1; x1 is ignored when PARTS == 1) and store codes and block absmax
+    (quantizer.encode); k1, k2 are the keys of this step. PREPARED: x is already in the
+    stored domain (sqrt taken) and >= 0 where the format is unsigned or SQRT."""
+    r = tl.arange(0, ROWS)
+    x0 = stored_domain(x0, rem, SIGNED, SQRT, PREPARED, B, W, ROWS, MASKED, 0)
+    absmax = tl.max(tl.abs(x0), axis=1)
+    if PARTS == 2:
+        x1 = stored_domain(x1, rem, SIGNED, SQRT, PREPARED, B, W, ROWS, MASKED, W)
+        absmax = tl.maximum(absmax, tl.max(tl.abs(x1), axis=1))
+    if SBF16:  # round the scale up to a bf16 value, so no element overflows the grid
+        bits = absmax.to(tl.uint32, bitcast=True)
+        down = bits & 0xFFFF0000
+        bits = tl.where((bits & 0xFFFF) != 0, down + 0x10000, down)
+        absmax = bits.to(tl.float32, bitcast=True)
+    inv = inverse_step(absmax, TOP)
+    store_codes(x0, inv, codes_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND, B, W, ROWS,
+                MASKED, 0)
+    if PARTS == 2:
+        store_codes(x1, inv, codes_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND, B, W,
+                    ROWS, MASKED, W)
     if SBF16:
         scale = (absmax.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16)
     else:
@@ -417,3 +456,14 @@ def encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
         tl.store(scales_ptr + r, scale, mask=r * B < rem)
     else:
         tl.store(scales_ptr + r, scale)
+
+
+@triton.jit
+def encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
+                 KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
+                 NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr,
+                 PREPARED: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
+                 MASKED: tl.constexpr):
+    """Quantize the fp32 [ROWS, BP] tile x and store codes and block absmax (encode_parts)."""
+    encode_parts(x, x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND,
+                 SQRT, SBF16, PREPARED, B, BP, ROWS, MASKED, 1)

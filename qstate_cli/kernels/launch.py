@@ -98,23 +98,41 @@ def _is_nozero_linear(table: tuple[float, ...]) -> bool:
         float(torch.tensor(v, dtype=torch.float32)) == (j + 1) / nt for j, v in enumerate(table))
 
 
-def tile_shape(block: int, value_bytes: int = 4) -> tuple[int, int, int]:
+def tile_parts(block: int, value_bytes: int = 4) -> int:
+    """16-byte vectors of one block row each thread holds (1 or 2): 2 where a block row has
+    room for two per thread, so a thread's per-row work (block scale loads, BReD hashes,
+    the divisions of the scale) serves twice the elements (kernels that split a tile into
+    parts: adamw.py; the others hold PARTS rows per thread instead)."""
+    bp = 1 << (int(block) - 1).bit_length()
+    return 2 if bp // 2 >= 16 // int(value_bytes) else 1
+
+
+def tile_shape(block: int, value_bytes: int = 4, parts: int | None = None) -> tuple[int, int, int]:
     """(BP, ROWS, num_warps) of a program's tile: the block padded to a power of two,
     blocks per program, warps.
 
-    Every thread holds exactly one 16-byte vector of the widest value it loads
+    Every thread holds tile_parts() 16-byte vectors of the widest value it loads
     (value_bytes = the larger of parameter and gradient element size: 4 elements of fp32,
-    8 of bf16/fp16), so parameter, gradient and code accesses all get the same register
-    layout and Triton inserts no shared-memory layout conversions (checked on the sm_90
-    PTX: only the block-absmax and counter reductions touch shared memory).
+    8 of bf16/fp16 per vector), so parameter, gradient and code accesses all get the same
+    register layout and Triton inserts no shared-memory layout conversions (checked on the
+    sm_90 PTX: only the block-absmax and counter reductions touch shared memory).
     """
     bp = 1 << (int(block) - 1).bit_length()
-    per_thread = 16 // int(value_bytes)
+    per_thread = 16 // int(value_bytes) * (tile_parts(block, value_bytes) if parts is None else parts)
     warps = DEFAULT_WARPS
     rows = max(1, per_thread * 32 * warps // bp)
     if rows * bp > per_thread * 32 * warps:  # one block is bigger than the tile: more warps
         warps = min(32, bp // (per_thread * 32))
     return bp, rows, warps
+
+
+def one_part_geometry(block: int, value_bytes: int, tiles: int) -> tuple[int, int, int, int]:
+    """(BP, ROWS, num_warps, tiles per program) for a kernel that holds one vector per thread
+    (Lion, SGD, Muon): tiles of tile_shape(..., parts=1), as many more per program as make
+    up the batch's tiles (build_batch counts tiles of tile_shape(...)), so each program
+    covers the same elements."""
+    bp, rows, warps = tile_shape(block, value_bytes, parts=1)
+    return bp, rows, warps, tiles * (tile_shape(block, value_bytes)[1] // rows)
 
 
 def tiles_per_program(total_tiles: int) -> int:

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from . import common as c
-from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, tile_shape
+from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, one_part_geometry
 
 @triton.jit
 def _muon_tile(g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, beta, omb,
@@ -77,10 +77,10 @@ def muon_momentum_step(batch: Batch, m: StateLayout, *, g_kind: int, step: int, 
                        fresh: bool, momentum: float, nesterov: bool, table=None) -> None:
     """Launch the fused momentum update over every tensor of `batch`; each member's `out`
     (fp32, the parameter's shape) receives its update."""
-    bp, rows, warps = tile_shape(m.block, batch.value_bytes)
+    bp, rows, warps, tiles = one_part_geometry(m.block, batch.value_bytes, batch.tiles)
     _muon_kernel[(batch.grid,)](
         batch.meta, batch.programs, table if table is not None else batch.meta,
         as_int32(step), as_int32(written), float(momentum), 1.0 - float(momentum),
         G_KIND=g_kind, NESTEROV=int(bool(nesterov)), **m.constexprs("M_"), FRESH=int(bool(fresh)),
-        B=m.block, BP=bp, ROWS=rows, TILES=batch.tiles, ALIGNED=batch.aligned, NC=NCOL,
+        B=m.block, BP=bp, ROWS=rows, TILES=tiles, ALIGNED=batch.aligned, NC=NCOL,
         num_warps=warps, **LAUNCH_OPTIONS)

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from . import common as c
-from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_shape
+from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, one_part_geometry
 
 @triton.jit
 def _sgd_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr,
@@ -87,11 +87,11 @@ def sgd_step(batch: Batch, scalars, m: StateLayout, *, p_kind: int, g_kind: int,
              written: int, fresh: bool, momentum: float, dampening: float, weight_decay: float,
              nesterov: bool, table=None) -> None:
     """Launch one fused SGD-momentum step over every tensor of `batch` (launch.build_batch)."""
-    bp, rows, warps = tile_shape(m.block, batch.value_bytes)
+    bp, rows, warps, tiles = one_part_geometry(m.block, batch.value_bytes, batch.tiles)
     _sgd_kernel[(batch.grid,)](
         batch.meta, batch.programs, scalars, table if table is not None else scalars,
         as_int32(step), as_int32(written), float(momentum), 1.0 - float(dampening), float(weight_decay),
         P_KIND=p_kind, G_KIND=g_kind, INTERPRET=interpreting(), WD=int(weight_decay != 0.0),
         NESTEROV=int(bool(nesterov)), **m.constexprs("M_"), FRESH=int(bool(fresh)),
-        B=m.block, BP=bp, ROWS=rows, TILES=batch.tiles, ALIGNED=batch.aligned, NC=NCOL,
+        B=m.block, BP=bp, ROWS=rows, TILES=tiles, ALIGNED=batch.aligned, NC=NCOL,
         num_warps=warps, **LAUNCH_OPTIONS)
