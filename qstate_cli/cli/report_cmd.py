@@ -38,8 +38,9 @@ def report(
 
 
 def compare(
-    baseline: Path = typer.Argument(..., help="Baseline results (a file or a folder of them)."),
-    new: Path = typer.Argument(..., help="New results (a file or a folder of them)."),
+    baseline: Path = typer.Argument(..., help="Baseline results (a file or a folder of them); with --ab, a "
+                                    "configuration."),
+    new: Path = typer.Argument(..., help="New results (a file or a folder of them); with --ab, a configuration."),
     threshold: float = typer.Option(1.10, "--threshold", help="Timing: a median ratio above this may regress."),
     alpha: float = typer.Option(0.01, "--alpha", help="Timing: Mann-Whitney significance level."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write github-action-benchmark JSON "
@@ -47,12 +48,34 @@ def compare(
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the Markdown verdict table here."),
     results_path: Optional[Path] = typer.Option(None, "--results", help="Write the verdicts as a results file "
                                                 "(kind compare, for `qstate report`)."),
+    ab: bool = typer.Option(False, "--ab", help="A/B: time the configurations BASELINE and NEW alternately in this "
+                            "process (paired rounds) instead of comparing result files."),
+    numel: Optional[List[str]] = typer.Option(None, "--numel", "-n", help="--ab: tensor sizes (default 2^16 on CPU, "
+                                              "2^24 on CUDA)."),
+    dtype: Optional[List[str]] = typer.Option(None, "--dtype", help="--ab: parameter dtype (default fp32)."),
+    optimizer: str = typer.Option("adamw", "--optimizer", help="--ab: adamw, adam, lion, sgd or muon."),
+    backend: str = typer.Option("auto", "--backend", help="--ab: auto, reference or triton."),
+    device: str = typer.Option("auto", "--device", help="--ab: auto, cuda or cpu."),
+    rounds: int = typer.Option(5, "--rounds", help="--ab: paired rounds."),
+    rep_ms: Optional[float] = typer.Option(None, "--rep-ms", help="--ab: timed ms per configuration (default 100)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="--ab: CPU threads for torch."),
 ):
     """Compare NEW against BASELINE: verdict table on stdout; exit 1 on any regression."""
     from ..compare import compare_paths, verdict_markdown
     from ..results import write_json_atomic, write_text_atomic
 
-    verdict = compare_paths(baseline, new, threshold, alpha)
+    if ab:
+        from ..compare.ab import ABOptions, run_ab
+
+        opts = ABOptions(base=str(baseline), new=str(new), numel=numel or [], dtype=dtype or [], optimizer=optimizer,
+                         backend=backend, device=device, rounds=rounds, rep_ms=rep_ms, threads=threads)
+        from ..progress import Progress
+        from .bench_cmd import row_line
+
+        verdict, _ = run_ab(opts, threshold, Progress(on_row=lambda r: output.stderr.print(
+            row_line(r), highlight=False, markup=False)))
+    else:
+        verdict = compare_paths(baseline, new, threshold, alpha)
     text = verdict_markdown(verdict)
     typer.echo(text, nl=False)
     if markdown:
