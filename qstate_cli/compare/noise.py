@@ -139,10 +139,10 @@ def judge_rows(b: dict, n: dict, field: str, threshold: float, alpha: float) -> 
         elif p is None:
             status, why = "insignificant", "no samples to test"
         elif p >= alpha:
-            status, why = "insignificant", f"Mann-Whitney p {p:.2g} >= {alpha:g}"
+            status, why = "insignificant", f"Mann-Whitney p {p:.2g}, not below {alpha:g}"
         else:
             status = "regressed" if ratio > 1 else "improved"
-            why = f"Mann-Whitney p {p:.2g} < {alpha:g} (no rounds: samples taken as independent)"
+            why = f"Mann-Whitney p {p:.2g} below {alpha:g} (no rounds: samples taken as independent)"
     out.update(status=status, why=why, regression=status == "regressed")
     return out
 
