@@ -229,3 +229,6 @@ def test_ab_bad_input_is_one_line_exit_2():
     assert r.exit_code == 2 and r.stderr.startswith("error:") and "bred-4bit" in r.stderr
     r = runner.invoke(app, ["compare", "--ab", "nearest-4bit", "sr-4bit", "--rounds", "1"])
     assert r.exit_code == 2 and "--rounds 1" in r.stderr
+    r = runner.invoke(app, ["compare", "a.json", "b.json", "--rounds", "3"])  # an A/B option without --ab
+    assert r.exit_code == 2 and r.stderr.strip() == ("error: --rounds is an A/B option: add --ab "
+                                                     "(qstate compare --ab BASE_CONFIG NEW_CONFIG)")

@@ -11,8 +11,10 @@ median time), which every row's `pct_of_copy` divides by:
 `bytes_moved` is the bytes model (bytes_model.py) for the states that subject really
 keeps on each tensor. A size that runs out of memory marks its rows "failed" and the
 sweep goes on; a baseline that cannot run here is "unavailable" with the reason.
-Rows go to `on_row` as soon as they are measured (the CLI writes them to disk), so
-Ctrl-C (KeyboardInterrupt, never caught here) keeps every finished row.
+The rows of one (dtype, size or model) are timed together, interleaved in `--rounds`
+rounds beside same-run references (group.py); they go to `on_row` as soon as their group
+is measured (the CLI writes them to disk), so Ctrl-C (KeyboardInterrupt, never caught
+here) keeps every finished group.
 """
 from __future__ import annotations
 

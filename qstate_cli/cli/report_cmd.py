@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from ..errors import CheckFailed
+from ..errors import CheckFailed, QstateError
 from . import output
 
 
@@ -75,6 +75,13 @@ def compare(
         verdict, _ = run_ab(opts, threshold, Progress(on_row=lambda r: output.stderr.print(
             row_line(r), highlight=False, markup=False)))
     else:
+        given = [flag for flag, value, default in (("--numel", numel, None), ("--dtype", dtype, None),
+                                                   ("--optimizer", optimizer, "adamw"), ("--backend", backend, "auto"),
+                                                   ("--device", device, "auto"), ("--rounds", rounds, 5),
+                                                   ("--rep-ms", rep_ms, None), ("--threads", threads, None))
+                 if value not in (default, [])]
+        if given:
+            raise QstateError(f"{given[0]} is an A/B option: add --ab (qstate compare --ab BASE_CONFIG NEW_CONFIG)")
         verdict = compare_paths(baseline, new, threshold, alpha)
     text = verdict_markdown(verdict)
     typer.echo(text, nl=False)
