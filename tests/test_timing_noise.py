@@ -212,7 +212,7 @@ def test_a_planted_slowdown_is_regressed_with_exit_1(quiet_and_loaded, tmp_path)
 
 
 def test_ab_passes_a_tie_and_catches_a_slowdown():
-    args = ["-n", "4096", "--backend", "reference", "--threads", "1", "--rep-ms", "60"]
+    args = ["-n", "16384", "--backend", "reference", "--threads", "1", "--rep-ms", "150"]
     tie = subprocess.run([sys.executable, "-m", "qstate_cli", "compare", "--ab", "nearest-4bit", "nearest-4bit", *args],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert tie.returncode == 0 and "### qstate compare: no regression" in tie.stdout, tie.stdout + tie.stderr
@@ -220,7 +220,7 @@ def test_ab_passes_a_tie_and_catches_a_slowdown():
     if "| noisy |" in slow.stdout:
         pytest.skip("the CPU was shared during the A/B run; its verdict is 'noisy', as it must be")
     assert slow.exit_code == 1, slow.output
-    assert "| **regressed** | kernels: sr-4bit vs nearest-4bit [reference] fp32 n=4096 @cpu |" in slow.stdout
+    assert "| **regressed** | kernels: sr-4bit vs nearest-4bit [reference] fp32 n=16384 @cpu |" in slow.stdout
     assert "check failed: 1 regression(s)" in slow.stderr
 
 
