@@ -15,9 +15,10 @@ kind's section; `qstate compare` (compare/) matches rows on `identity` and judge
 first use, so this table imports nothing above it and a build without an engine still
 loads the rest.
 
-Compare metrics. Timing (kernels `time_ms`): a row regresses when median(new) /
-median(baseline) exceeds the threshold AND a two-sided Mann-Whitney U test on the kept
-samples (`samples_ms`) gives p < alpha. Deterministic quality metrics (a seeded trace
+Compare metrics. Timing (kernels `time_ms`): compare/noise.py (the time relative to a
+same-run copy, rounds apart and beyond the measured noise floor; a shared CPU is
+"noisy"; rows without rounds: ratio beyond the threshold AND a two-sided Mann-Whitney U
+test on `samples_ms` with p < alpha). Deterministic quality metrics (a seeded trace
 replays bit for bit on one build; builds and thread counts may differ in the last bits)
 are compared with a tolerance, tol = max(abs_tol, rel_tol * |baseline|), in the metric's
 direction:

@@ -134,7 +134,7 @@ def test_memory_cli_accounting_on_cpu(tmp_path):
 
 
 def test_ctrl_c_keeps_finished_rows(tmp_path, monkeypatch):
-    real, calls = kernels.measure_subject, []
+    real, calls = kernels.measure_group, []
 
     def interrupt_second(*args, **kw):
         calls.append(1)
@@ -142,7 +142,7 @@ def test_ctrl_c_keeps_finished_rows(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kw)
 
-    monkeypatch.setattr(kernels, "measure_subject", interrupt_second)
+    monkeypatch.setattr(kernels, "measure_group", interrupt_second)
     out, table_csv = tmp_path / "k.json", tmp_path / "k.csv"
     r = runner.invoke(app, ["bench", "kernels", "-n", "4096,8192", "-c", "nearest-4bit", "--baseline", "none",
                             *FAST, "--json", str(out), "--csv", str(table_csv)])

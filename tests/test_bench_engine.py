@@ -5,7 +5,8 @@ import sys
 import pytest
 import torch
 
-from qstate_cli.bench import kernels, memory
+from qstate_cli.bench import group, kernels, memory
+from qstate_cli.bench.timing import Item
 from qstate_cli.bench.kernels import KernelsOptions
 from qstate_cli.bench.memory import MemoryOptions
 from qstate_cli.errors import QstateError
@@ -64,16 +65,24 @@ def test_bitsandbytes_and_torchao_available_path():
     assert 0 <= ao_mem["state_bytes"] - ao_mem["expected_state_bytes"] < 0.05 * ao_mem["expected_state_bytes"]
 
 
-def test_out_of_memory_marks_the_row_failed_and_the_sweep_goes_on(monkeypatch):
-    real, calls = kernels.measure, []
+def _failing_steps(monkeypatch, exc, groups=None):
+    """Make every step of the first `groups` groups (None: all) raise `exc` (when timed)."""
+    real, calls = group.measure_rounds, []
 
-    def oom_first(*args, **kw):
+    def boom():
+        raise exc
+
+    def rounds(items, *args, **kw):
         calls.append(1)
-        if len(calls) == 1:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(*args, **kw)
+        if groups is None or len(calls) <= groups:
+            items = [Item(boom) for _ in items]
+        return real(items, *args, **kw)
 
-    monkeypatch.setattr(kernels, "measure", oom_first)
+    monkeypatch.setattr(group, "measure_rounds", rounds)
+
+
+def test_out_of_memory_marks_the_row_failed_and_the_sweep_goes_on(monkeypatch):
+    _failing_steps(monkeypatch, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), groups=1)
     rows = run_kernels(numel=[4096, 8192], config=["nearest-4bit"], baseline=["none"])
     assert [(r["numel"], r["status"]) for r in rows] == [(4096, "ok"), (4096, "failed"), (8192, "ok")]
     assert rows[1]["reason"].startswith("out of memory")
@@ -96,7 +105,7 @@ def test_out_of_memory_allocating_a_size_fails_its_rows_only(monkeypatch):
 
 
 def test_a_bug_in_a_row_is_failed_not_fatal(monkeypatch):
-    monkeypatch.setattr(kernels, "measure", lambda *a, **k: (_ for _ in ()).throw(ValueError("boom")))
+    _failing_steps(monkeypatch, ValueError("boom"))
     rows = run_kernels(numel=[4096], config=["nearest-4bit"], baseline=["torch-fused"])
     assert rows[1]["status"] == "failed" and rows[1]["reason"] == "ValueError: boom"
     assert rows[2]["status"] == "unavailable"  # a baseline that raises cannot run here

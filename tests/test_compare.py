@@ -38,6 +38,9 @@ def test_the_fixture_pair_gives_every_status():
     assert noisy["status"] == "insignificant" and noisy["ratio"] > 1.1 and noisy["p_value"] > 0.01
     assert v[("torch-foreach [torch-foreach] fp32 n=16777216 @cuda", "time_ms")]["status"] == "new"
     assert v[("torch-foreach [torch-foreach] fp32 n=65536 @cuda", "time_ms")]["status"] == "missing"
+    shared = v[("torch-foreach [torch-foreach] fp32 n=4194304 @cuda", "time_ms")]
+    assert shared["status"] == "noisy" and shared["ratio"] > 1.4 and not shared["regression"]
+    assert "cpu share 0.55 below 0.75" in shared["why"]
     oom = v[("torch-fused [torch-fused] fp32 n=16777216 @cuda", "time_ms")]
     assert oom["status"] == "failed" and oom["regression"] and "out of memory" in oom["reason"]
     both_failed = v[(f"bred-4bit {k.format(2 ** 34)}", "time_ms")]
@@ -115,7 +118,7 @@ def test_cli_exit_codes_summary_and_benchmark_json(tmp_path):
                       env={"GITHUB_STEP_SUMMARY": str(summary)})
     assert r.exit_code == 1
     assert r.stdout.startswith("### qstate compare: regression (8 regressed, 2 failed, 2 missing, 1 new, "
-                               "1 insignificant, 1 improved, 52 same)")
+                               "1 noisy, 1 insignificant, 1 improved, 51 same)")
     assert "| **regressed** | diagnose: nearest-4bit m | drift_max_abs |" in r.stdout
     assert r.stderr.startswith("check failed: 10 regression(s)")  # incl. the missing row
     assert summary.read_text() == "earlier step\n" + r.stdout + "\n"

@@ -11,8 +11,10 @@ median time), which every row's `pct_of_copy` divides by:
 `bytes_moved` is the bytes model (bytes_model.py) for the states that subject really
 keeps on each tensor. A size that runs out of memory marks its rows "failed" and the
 sweep goes on; a baseline that cannot run here is "unavailable" with the reason.
-Rows go to `on_row` as soon as they are measured (the CLI writes them to disk), so
-Ctrl-C (KeyboardInterrupt, never caught here) keeps every finished row.
+The rows of one (dtype, size or model) are timed together, interleaved in `--rounds`
+rounds beside same-run references (group.py); they go to `on_row` as soon as their group
+is measured (the CLI writes them to disk), so Ctrl-C (KeyboardInterrupt, never caught
+here) keeps every finished group.
 """
 from __future__ import annotations
 
@@ -30,11 +32,14 @@ from ..optim.base import BACKENDS
 from ..optim.registry import optimizer_info
 from ..progress import QUIET, Progress
 from ..results import Result, device_info
-from ..runtime import free_memory, is_oom, resolve_device
+from ..runtime import free_memory, is_oom, resolve_device, torch_threads
 from .bytes_model import DTYPE_NAMES, DTYPES, gbps
 from .shapes import model_shapes, numel as shapes_numel, parse_count, sweep_shape
-from .subjects import Context, Subject, Unavailable, ours, select_baselines
-from .timing import CaptureFailed, copy_bandwidth, measure
+from .group import failure, fill_timing, measure_group
+from .subjects import Context, Subject, ours, select_baselines
+from .timing import copy_item, measure_rounds
+
+__all__ = ["KernelsOptions", "execute", "failure", "fill_timing", "plan", "run", "streamed"]
 
 CONFIGS_BY_BITS = {
     4: ("nearest-4bit", "sr-4bit", "bred-4bit", "torchao-4bit"),
@@ -52,7 +57,8 @@ FIELDS = ("name", "role", "optimizer", "config", "rounding", "bits", "numel", "n
           "param_dtype", "grad_dtype", "device", "device_name", "path", "status", "reason",
           "time_ms", "time_ms_iqr", "time_ms_min", "samples_ms", "noisy", "reps", "first_step_ms",
           "compile_ms", "bytes_moved", "bytes_per_elem", "gbps", "copy_gbps", "pct_of_copy",
-          "cuda_graph", "l2_flush_bytes")
+          "cuda_graph", "l2_flush_bytes", "rounds", "round_ms", "ref_copy_ms", "time_rel_copy", "rel_copy_rounds",
+          "ref_fused_ms", "time_rel_fused", "cpu_share")
 
 
 @dataclass
@@ -84,6 +90,10 @@ class KernelsOptions(Options):
     copy_numel: int | None = option(None, "fp32 elements of the copy that measures bandwidth (default: 2^26 on "
                                           "CPU, 2^28 on CUDA).", parse=parse_count, type=int)
     seed: int = option(0, "Seed of the parameters and gradients.")
+    rounds: int = option(3, "Rounds: the rows of one size and dtype are timed interleaved (A B C, C B A, ...) "
+                            "this many times, beside same-run copy and torch-fused references.")
+    threads: int | None = option(None, "CPU threads for torch (default: unchanged; 1 is steadier on a shared "
+                                       "machine).", type=int)
 
 
 @dataclass
@@ -110,6 +120,8 @@ class Plan:
     cuda_graph: bool
     copy_numel: int
     seed: int
+    rounds: int = 3
+    threads: int | None = None
 
     @property
     def total_rows(self) -> int:
@@ -165,19 +177,15 @@ def plan(opts: KernelsOptions) -> Plan:
     subjects += [(s, "auto") for s in select_baselines(opts.optimizer, opts.baseline, bits)]
     if opts.cuda_graph and device.type != "cuda":
         raise QstateError("--cuda-graph needs a CUDA device")
+    if opts.rounds < 1:
+        raise QstateError(f"--rounds {opts.rounds}: use 1 or more")
+    if opts.threads is not None and opts.threads < 1:
+        raise QstateError(f"--threads {opts.threads}: use 1 or more")
     return Plan(device, opts.optimizer, subjects, dtypes, targets,
                 d["warmup_ms"] if opts.warmup_ms is None else float(opts.warmup_ms),
                 d["rep_ms"] if opts.rep_ms is None else float(opts.rep_ms),
-                bool(opts.cuda_graph), int(opts.copy_numel or d["copy_numel"]), int(opts.seed))
-
-
-def failure(subject: Subject, exc: BaseException) -> dict:
-    """status and reason of a row whose step raised: out of memory is "failed" (the sweep
-    goes on), a baseline that cannot run here is "unavailable", anything else "failed"."""
-    if is_oom(exc):
-        return {"status": "failed", "reason": f"out of memory: {exc}"}
-    status = "unavailable" if subject.role == "baseline" else "failed"
-    return {"status": status, "reason": f"{type(exc).__name__}: {exc}"}
+                bool(opts.cuda_graph), int(opts.copy_numel or d["copy_numel"]), int(opts.seed),
+                int(opts.rounds), opts.threads)
 
 
 class Tensors:
@@ -201,7 +209,13 @@ class Tensors:
 
 def run(p: Plan, on_row: Callable[[dict], None] | None = None,
         on_start: Callable[[str, int, int], None] | None = None) -> list[dict]:
-    """Measure every row of plan `p`; returns the rows (also passed to on_row one by one)."""
+    """Measure every row of plan `p`; returns the rows (also passed to on_row, group by
+    group: the rows of one size and dtype are timed together, in rounds; group.py)."""
+    with torch_threads(p.threads):
+        return _run(p, on_row, on_start)
+
+
+def _run(p: Plan, on_row, on_start) -> list[dict]:
     rows: list[dict] = []
     info = device_info(str(p.device))
 
@@ -228,16 +242,19 @@ def run(p: Plan, on_row: Callable[[dict], None] | None = None,
                     raise
                 tensors, alloc_error = None, f"out of memory allocating {target.numel:,} elements: {exc}"
                 free_memory(p.device)
+            start(f"{len(p.subjects)} rows x {p.rounds} rounds, {target.model or f'{target.numel:,}'} {dt}")
+            jobs = []
             for subject, backend in p.subjects:
-                start(f"{subject.name} {target.model or f'{target.numel:,}'} {dt}")
                 ctx = Context(p.optimizer, p.device, p.cuda_graph, backend)
                 row = base_row(subject, ctx, target, dtype, info, copy_gbps)
                 if alloc_error:
                     row.update(status="failed", reason=alloc_error)
-                else:
-                    measure_subject(row, subject, ctx, tensors, p)
+                jobs.append((row, subject, ctx))
+            if not alloc_error:
+                measure_group(jobs, tensors, p)
+            for row, _, _ in jobs:
                 emit(row)
-            del tensors
+            del tensors, jobs
             free_memory(p.device)
     return rows
 
@@ -259,64 +276,34 @@ def base_row(subject: Subject, ctx: Context, target: Target, dtype, info: dict, 
     return row
 
 
-def measure_subject(row: dict, subject: Subject, ctx: Context, tensors: Tensors, p: Plan) -> None:
-    """Build the optimizer, time its steps, fill the row; failures become statuses."""
-    opt = None
-    try:
-        opt, path = subject.build(tensors.params, ctx)
-        row["path"] = path
-        timing = measure(opt.step, p.device, p.warmup_ms, p.rep_ms, prepare=tensors.rotate,
-                         cuda_graph=p.cuda_graph)
-    except Unavailable as exc:
-        row.update(status="unavailable", reason=str(exc))
-    except CaptureFailed as exc:
-        row.update(status="unavailable", reason=f"CUDA graph capture failed: {exc}")
-    except QstateError as exc:  # e.g. backend='triton' where the kernels cannot run
-        row.update(status="unavailable", reason=str(exc))
-    except Exception as exc:  # noqa: BLE001 - one bad row must not end the sweep
-        row.update(failure(subject, exc))
-    else:
-        fill_timing(row, timing, compiles=subject.compiles)
-    finally:
-        del opt
-        for prm in tensors.params:
-            prm.grad = None
-        tensors.rotate()
-
-
-def fill_timing(row: dict, timing, compiles: bool = False) -> None:
-    st = timing.stats
-    row.update(time_ms=st.median, time_ms_iqr=st.iqr, time_ms_min=st.min,
-               samples_ms=[float(f"{s:.6g}") for s in st.samples], noisy=st.noisy, reps=timing.reps,
-               first_step_ms=timing.first_ms, l2_flush_bytes=timing.flush_bytes,
-               gbps=gbps(row["bytes_moved"], st.median))
-    if compiles:
-        row["compile_ms"] = max(0.0, timing.first_ms - st.median)
-    if row.get("copy_gbps"):
-        row["pct_of_copy"] = 100.0 * row["gbps"] / row["copy_gbps"]
-
-
 def measure_copy(p: Plan, info: dict) -> dict:
-    """The `copy` row: a device-to-device copy of copy_numel fp32 values."""
+    """The `copy` row: a device-to-device copy of copy_numel fp32 values, timed in rounds
+    like every other row (its verdict in `compare` then has rounds and a cpu_share)."""
     row = dict.fromkeys(FIELDS)
     row.update(name="copy", role="copy", optimizer=None, config="copy", numel=p.copy_numel, n_tensors=1,
                param_dtype="fp32", grad_dtype=None, device=p.device.type, device_name=info["device_name"],
                path="copy", status="ok", bytes_moved=8 * p.copy_numel, bytes_per_elem=8.0, cuda_graph=False)
     try:
-        timing, _ = copy_bandwidth(p.device, p.copy_numel, p.warmup_ms, p.rep_ms)
+        measured = measure_rounds([copy_item(p.device, p.copy_numel)], p.device, p.rounds, p.warmup_ms, p.rep_ms)
+        got = measured.items[0]
+        if isinstance(got, BaseException):
+            raise got
     except Exception as exc:  # noqa: BLE001
         if not is_oom(exc):
             raise
         row.update(status="failed", reason=f"out of memory: {exc}")
         free_memory(p.device)
         return row
-    fill_timing(row, timing)
-    row.update(copy_gbps=row["gbps"], pct_of_copy=100.0)
+    fill_timing(row, got.timing)
+    row.update(copy_gbps=row["gbps"], pct_of_copy=100.0, rounds=len(got.timings),
+               round_ms=[float(f"{x:.6g}") for x in got.round_medians],
+               cpu_share=None if measured.cpu_share is None else round(measured.cpu_share, 4))
     return row
 
 
 def options_meta(opts: KernelsOptions, p: Plan) -> dict:
-    return {"options": opts.to_params(), "warmup_ms": p.warmup_ms, "rep_ms": p.rep_ms, "dtypes": p.dtypes,
+    return {"options": opts.to_params(), "warmup_ms": p.warmup_ms, "rep_ms": p.rep_ms, "rounds": p.rounds,
+            "threads": p.threads, "dtypes": p.dtypes,
             "copy_numel": p.copy_numel, "targets": [t.model or t.numel for t in p.targets],
             "subjects": [s.name for s, _ in p.subjects]}
 
@@ -336,4 +323,7 @@ def streamed(kind: str, p, meta: dict, run_rows: Callable, progress: Progress | 
 def execute(opts: KernelsOptions, progress: Progress | None = None) -> Result:
     """`qstate bench kernels` as a library call (kinds.py)."""
     p = plan(opts)
-    return streamed("kernels", p, options_meta(opts, p), run, progress)
+    result = streamed("kernels", p, options_meta(opts, p), run, progress)
+    shares = [r["cpu_share"] for r in result.records if r.get("cpu_share") is not None]
+    result.meta["cpu_share"] = min(shares) if shares else None  # the most shared group of the run
+    return result

@@ -28,9 +28,23 @@ A fixed count instead of a time budget: `reps=N` (and `warmup_reps=W`, the first
 included) takes exactly N samples after W warm-up calls; the estimate is skipped.
 `Timing.clock` names how the samples were taken: "host-clock" (CPU), "cuda-events",
 "cuda-graph" (events around graph replays).
+
+Rounds (`measure_rounds`): several steps timed interleaved, so a change in machine load
+hits each of them alike. Round 0 times items A B C with a budget of rep_ms / R each (at
+least ceil(MIN_REPS / R) reps, warm-up as above); every later round repeats round 0's
+rep count per item, after one warm-up call, in alternating order (C B A, A B C, ...), so
+no item always runs first or last. Before each round and after the last, `cpu_share`
+probes how much of the CPU this process got:
+
+    cpu_share = CPU time of this thread / wall time, over a fixed busy loop
+
+~1.0 on a quiet machine; with k runnable threads competing for c cores, ~c / k (two busy
+loops plus this one on 2 cores: ~0.67). It says whether the machine was shared while the
+samples were taken, which the samples themselves cannot tell.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -42,6 +56,7 @@ NOISY_IQR_FRACTION = 0.10
 MIN_REPS = 5
 MAX_REPS = 500
 ESTIMATE_CALLS = 3
+CPU_SHARE_BUSY_MS = 25.0
 
 
 class CaptureFailed(RuntimeError):
@@ -109,6 +124,7 @@ class _Plan:
     rep_ms: float
     reps: int | None = None  # fixed: exactly this many samples (no estimate)
     warmup_reps: int = 1  # fixed: warm-up calls, the first call included
+    min_reps: int = MIN_REPS  # budgeted: at least this many samples
 
     @property
     def fixed(self) -> bool:
@@ -121,19 +137,20 @@ class _Plan:
         return _reps(per_call_ms, self.warmup_ms, floor, MAX_REPS)
 
     def samples(self, per_call_ms: float) -> int:
-        return self.reps if self.fixed else _reps(per_call_ms, self.rep_ms, MIN_REPS, MAX_REPS)
+        return self.reps if self.fixed else _reps(per_call_ms, self.rep_ms, self.min_reps, MAX_REPS)
 
 
 def measure(fn: Callable[[], object], device, warmup_ms: float = 0.0, rep_ms: float = 0.0,
             prepare: Callable[[], None] | None = None, cuda_graph: bool = False,
-            reps: int | None = None, warmup_reps: int = 1) -> Timing:
+            reps: int | None = None, warmup_reps: int = 1, min_reps: int = MIN_REPS) -> Timing:
     """Time repeated calls of `fn` (each one real optimizer step) on `device`: time
-    budgets in ms, or exactly `reps` samples after `warmup_reps` warm-up calls."""
+    budgets in ms (at least `min_reps` samples), or exactly `reps` samples after
+    `warmup_reps` warm-up calls."""
     device = torch.device(device)
     prepare = prepare or (lambda: None)
     if reps is not None and reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
-    plan = _Plan(float(warmup_ms), float(rep_ms), reps, int(warmup_reps))
+    plan = _Plan(float(warmup_ms), float(rep_ms), reps, int(warmup_reps), max(1, int(min_reps)))
     if device.type == "cuda":
         return _measure_cuda(fn, device, plan, prepare, cuda_graph)
     if cuda_graph:
@@ -223,15 +240,111 @@ def _capture(fn):
     return graph.replay
 
 
-def copy_bandwidth(device, numel: int, warmup_ms: float, rep_ms: float) -> tuple[Timing, int]:
-    """Device-to-device copy of `numel` fp32 values (random, never zeros).
-
-    Bytes moved = 4 * numel read + 4 * numel written. Returns (timing, bytes_moved);
-    GB/s = bytes_moved / median time.
-    """
+def copy_item(device, numel: int) -> "Item":
+    """A device-to-device copy of `numel` fp32 values (random, never zeros), to time:
+    bytes moved = 4 * numel read + 4 * numel written."""
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(0)
     src = torch.rand(numel, generator=gen, device=device)
     dst = torch.empty_like(src)
-    timing = measure(lambda: dst.copy_(src), device, warmup_ms, rep_ms)
+    return Item(lambda: dst.copy_(src))
+
+
+def copy_bandwidth(device, numel: int, warmup_ms: float, rep_ms: float) -> tuple[Timing, int]:
+    """Time a copy of `numel` fp32 values (copy_item). Returns (timing, bytes_moved);
+    GB/s = bytes_moved / median time."""
+    timing = measure(copy_item(device, numel).fn, device, warmup_ms, rep_ms)
     return timing, 8 * numel
+
+
+def cpu_share(busy_ms: float = CPU_SHARE_BUSY_MS) -> tuple[float, float]:
+    """(CPU seconds this thread got, wall seconds) over a busy loop of `busy_ms` wall
+    milliseconds; their quotient is the CPU share (see module docstring)."""
+    c0, t0 = time.thread_time(), time.perf_counter()
+    end = t0 + busy_ms / 1e3
+    x = 0
+    while time.perf_counter() < end:
+        for i in range(200):
+            x += i
+    return time.thread_time() - c0, time.perf_counter() - t0
+
+
+@dataclass
+class Rounds:
+    """One item's timings, one per round (a Timing of that round's samples)."""
+
+    timings: list[Timing]
+
+    @property
+    def stats(self) -> Stats:
+        """All samples of all rounds together."""
+        return summarize([x for t in self.timings for x in t.stats.samples])
+
+    @property
+    def round_medians(self) -> list[float]:
+        return [t.stats.median for t in self.timings]
+
+    @property
+    def timing(self) -> Timing:
+        """The rounds as one Timing: all samples; the first call of round 0."""
+        first = self.timings[0]
+        return Timing(self.stats, first.first_ms, sum(t.reps for t in self.timings), first.flush_bytes,
+                      first.cuda_graph, first.clock)
+
+
+@dataclass
+class RoundsResult:
+    """What `measure_rounds` returns: per item its Rounds or the exception it raised;
+    the CPU-share probes (cpu seconds, wall seconds) taken around the rounds."""
+
+    items: list[Rounds | BaseException]
+    probes: list[tuple[float, float]]
+
+    @property
+    def cpu_share(self) -> float | None:
+        """CPU seconds over wall seconds, summed over every probe."""
+        wall = sum(w for _, w in self.probes)
+        return sum(c for c, _ in self.probes) / wall if wall > 0 else None
+
+
+@dataclass(frozen=True)
+class Item:
+    """One thing to time in rounds: the call, what runs before each call outside the
+    timed region, and whether to time CUDA graph replays."""
+
+    fn: Callable[[], object]
+    prepare: Callable[[], None] | None = None
+    cuda_graph: bool = False
+
+
+def measure_rounds(items: list[Item], device, rounds: int, warmup_ms: float, rep_ms: float,
+                   probe: Callable[[], tuple[float, float]] = cpu_share) -> RoundsResult:
+    """Time `items` interleaved in `rounds` rounds (see module docstring). An item whose
+    call raises (Exception) keeps that exception and leaves the later rounds; Ctrl-C
+    (KeyboardInterrupt) is not caught."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    device = torch.device(device)
+    out: list[list[Timing] | BaseException] = [[] for _ in items]
+    probes = []
+    min_reps = math.ceil(MIN_REPS / rounds)
+    for r in range(rounds):
+        probes.append(probe())
+        order = range(len(items)) if r % 2 == 0 else reversed(range(len(items)))
+        for i in order:
+            if isinstance(out[i], BaseException):
+                continue
+            item = items[i]
+            try:
+                if r == 0:
+                    t = measure(item.fn, device, warmup_ms, rep_ms / rounds, item.prepare, item.cuda_graph,
+                                min_reps=min_reps)
+                else:
+                    t = measure(item.fn, device, prepare=item.prepare, cuda_graph=item.cuda_graph,
+                                reps=out[i][0].reps, warmup_reps=1)
+            except Exception as exc:  # noqa: BLE001 - the caller turns it into the row's status
+                out[i] = exc
+            else:
+                out[i].append(t)
+    probes.append(probe())
+    return RoundsResult([o if isinstance(o, BaseException) else Rounds(o) for o in out], probes)

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from ..errors import CheckFailed
+from ..errors import CheckFailed, QstateError
 from . import output
 
 
@@ -44,8 +44,9 @@ def report(
 
 
 def compare(
-    baseline: Path = typer.Argument(..., help="Baseline results (a file or a folder of them)."),
-    new: Path = typer.Argument(..., help="New results (a file or a folder of them)."),
+    baseline: Path = typer.Argument(..., help="Baseline results (a file or a folder of them); with --ab, a "
+                                    "configuration."),
+    new: Path = typer.Argument(..., help="New results (a file or a folder of them); with --ab, a configuration."),
     threshold: float = typer.Option(1.10, "--threshold", help="Timing: a median ratio above this may regress."),
     alpha: float = typer.Option(0.01, "--alpha", help="Timing: Mann-Whitney significance level."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write github-action-benchmark JSON "
@@ -53,6 +54,17 @@ def compare(
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the Markdown verdict table here."),
     results_path: Optional[Path] = typer.Option(None, "--results", help="Write the verdicts as a results file "
                                                 "(kind compare, for `qstate report`)."),
+    ab: bool = typer.Option(False, "--ab", help="A/B: time the configurations BASELINE and NEW alternately in this "
+                            "process (paired rounds) instead of comparing result files."),
+    numel: Optional[List[str]] = typer.Option(None, "--numel", "-n", help="--ab: tensor sizes (default 2^16 on CPU, "
+                                              "2^24 on CUDA)."),
+    dtype: Optional[List[str]] = typer.Option(None, "--dtype", help="--ab: parameter dtype (default fp32)."),
+    optimizer: str = typer.Option("adamw", "--optimizer", help="--ab: adamw, adam, lion, sgd or muon."),
+    backend: str = typer.Option("auto", "--backend", help="--ab: auto, reference or triton."),
+    device: str = typer.Option("auto", "--device", help="--ab: auto, cuda or cpu."),
+    rounds: int = typer.Option(5, "--rounds", help="--ab: paired rounds."),
+    rep_ms: Optional[float] = typer.Option(None, "--rep-ms", help="--ab: timed ms per configuration (default 100)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="--ab: CPU threads for torch."),
 ):
     """Compare NEW against BASELINE: verdict table on stdout; exit 1 on any regression."""
     from ..compare import compare_paths, verdict_markdown
@@ -63,7 +75,25 @@ def compare(
                        ("GITHUB_STEP_SUMMARY", summary)):  # before any work
         if path:
             check_writable(path, flag)
-    verdict = compare_paths(baseline, new, threshold, alpha)
+    if ab:
+        from ..compare.ab import ABOptions, run_ab
+
+        opts = ABOptions(base=str(baseline), new=str(new), numel=numel or [], dtype=dtype or [], optimizer=optimizer,
+                         backend=backend, device=device, rounds=rounds, rep_ms=rep_ms, threads=threads)
+        from ..progress import Progress
+        from .bench_cmd import row_line
+
+        verdict, _ = run_ab(opts, threshold, Progress(on_row=lambda r: output.stderr.print(
+            row_line(r), highlight=False, markup=False)))
+    else:
+        given = [flag for flag, value, default in (("--numel", numel, None), ("--dtype", dtype, None),
+                                                   ("--optimizer", optimizer, "adamw"), ("--backend", backend, "auto"),
+                                                   ("--device", device, "auto"), ("--rounds", rounds, 5),
+                                                   ("--rep-ms", rep_ms, None), ("--threads", threads, None))
+                 if value not in (default, [])]
+        if given:
+            raise QstateError(f"{given[0]} is an A/B option: add --ab (qstate compare --ab BASE_CONFIG NEW_CONFIG)")
+        verdict = compare_paths(baseline, new, threshold, alpha)
     text = verdict_markdown(verdict)
     typer.echo(text, nl=False)
     if markdown:

@@ -1,10 +1,14 @@
 """`qstate compare BASELINE NEW`: verdicts per row and metric, and the exit code CI needs.
 
 Statuses (docs/results.md, kind "compare"):
-- improved / regressed / same: compared as metrics.py says (timing: ratio and a
-  Mann-Whitney U test; quality metrics: a tolerance per metric, direction-aware);
-- insignificant: a timing ratio beyond the threshold that the samples do not support
-  (p >= alpha); with no samples to test, a slower ratio beyond the threshold regresses;
+- improved / regressed / same: compared as metrics.py says (timing: noise.py, on the
+  time relative to a same-run copy, rounds apart and beyond the noise floor; quality
+  metrics: a tolerance per metric, direction-aware);
+- noisy: a timing row measured while the machine was shared (cpu_share < 0.75): never
+  improved or regressed;
+- insignificant: a timing ratio beyond the threshold that the evidence does not support
+  (rounds overlap, within the noise floor; rows without rounds: p >= alpha); with no
+  samples and no rounds to test, a slower ratio beyond the threshold regresses (fail closed);
 - new: a row only NEW has (or the baseline's row had not run); missing: a row only the
   baseline has (or NEW could not run it: status "unavailable");
 - failed: NEW's row failed.
@@ -17,13 +21,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from statistics import median
 
 from ..errors import QstateError
 from . import evidence
 from .metrics import Metric, compared_kinds, identity, metrics, row_name
+from .noise import judge_rows
 
-STATUSES = ("regressed", "failed", "missing", "new", "insignificant", "improved", "same")
+STATUSES = ("regressed", "failed", "missing", "new", "noisy", "insignificant", "improved", "same")
 
 
 def _num(v):
@@ -47,32 +51,7 @@ def _rows_by_identity(kind: str, docs: list[dict]) -> dict[tuple, dict]:
 
 
 def _timing(metric: Metric, b: dict, n: dict, threshold: float, alpha: float) -> dict:
-    bs = [x for x in (b.get("samples_ms") or []) if _num(x) is not None]
-    ns = [x for x in (n.get("samples_ms") or []) if _num(x) is not None]
-    bv = _num(b.get(metric.field)) if _num(b.get(metric.field)) is not None else (median(bs) if bs else None)
-    nv = _num(n.get(metric.field)) if _num(n.get(metric.field)) is not None else (median(ns) if ns else None)
-    if bv is None or nv is None or bv <= 0:
-        return {"baseline": bv, "new": nv, "status": "failed" if nv is None else "new", "regression": False}
-    ratio, p = nv / bv, None
-    if len(bs) >= 2 and len(ns) >= 2:
-        from scipy.stats import mannwhitneyu
-
-        p = float(mannwhitneyu(bs, ns, alternative="two-sided").pvalue)
-    beyond = ratio > threshold or ratio < 1 / threshold
-    reason = None
-    if not beyond:
-        status = "same"
-    elif p is None and ratio > 1:  # nothing to test the slowdown with: it stands (fail closed)
-        status, reason = "regressed", "no samples to test the ratio against the threshold"
-    elif p is None or p >= alpha:
-        status = "insignificant"
-    else:
-        status = "regressed" if ratio > 1 else "improved"
-    out = {"baseline": bv, "new": nv, "ratio": ratio, "p_value": p, "threshold": threshold, "status": status,
-           "regression": status == "regressed"}
-    if reason:
-        out["reason"] = reason
-    return out
+    return judge_rows(b, n, metric.field, threshold, alpha)  # noise.py: rounds, references, noise floor
 
 
 def _quality(metric: Metric, b: dict, n: dict) -> dict:
@@ -103,7 +82,8 @@ def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], thresho
         name = row_name(kind, n or b) + (f" {key[-1]}" if str(key[-1]).startswith("#") else "")
         for metric in metrics(kind):
             rec = {"name": name, "kind": kind, "metric": metric.field, "unit": metric.unit, "better": metric.better,
-                   "baseline": None, "new": None, "ratio": None, "p_value": None, "threshold": None}
+                   "baseline": None, "new": None, "ratio": None, "p_value": None, "threshold": None,
+                   "raw_ratio": None, "noise_floor": None, "why": None}
             if n is None or n.get("status") == "unavailable":
                 rec.update(baseline=_num((b or {}).get(metric.field)), status="missing",
                            regression=n is None and _ok(b),  # a row that vanished is not a pass
@@ -131,6 +111,7 @@ class Verdict:
     baseline: list[str] = field(default_factory=list)
     new: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    rule: str | None = None  # how timing was judged, when not the default (A/B)
 
     @property
     def regressions(self) -> list[dict]:
@@ -211,8 +192,11 @@ def verdict_markdown(verdict: Verdict) -> str:
     head = "regression" if verdict.regressions else "no regression"
     out = [f"### qstate compare: {head} ({verdict_counts(verdict.records)})", "",
            f"Baseline {escape(', '.join(verdict.baseline))}; new {escape(', '.join(verdict.new))}. "
-           f"Timing regresses when the median ratio exceeds {verdict.threshold:g} and a Mann-Whitney U test gives "
-           f"p < {verdict.alpha:g}; quality metrics have their own tolerances (threshold column).", ""]
+           + (escape(verdict.rule) if verdict.rule else
+              f"Timing regresses when the ratio (of the time relative to a same-run copy, where both runs have "
+              f"it) exceeds {verdict.threshold:g} and the noise floor, with every round apart (rows without rounds: "
+              f"Mann-Whitney p < {verdict.alpha:g}); a row timed on a shared CPU (cpu share below 0.75) is noisy; "
+              f"quality metrics have their own tolerances (threshold column)."), ""]
     out += [f"- {escape(n)}" for n in verdict.notes]
     if changed:
         t = verdict_table(changed)

@@ -220,7 +220,7 @@ def train(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
 
 # -- compare ---------------------------------------------------------------------------
 
-STATUS_ORDER = ("regressed", "failed", "missing", "new", "insignificant", "improved", "same")
+STATUS_ORDER = ("regressed", "failed", "missing", "new", "noisy", "insignificant", "improved", "same")
 
 
 def compare(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
@@ -237,8 +237,9 @@ def compare(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
 def verdict_table(rows: list[dict]) -> Table:
     return Table.of("Verdicts", rows, [("status", "status"), ("name", "row"), ("metric", "metric"),
                                        ("baseline", "baseline", ".4g"), ("new", "new", ".4g"),
-                                       ("ratio", "ratio", ".3f"), ("p_value", "p", ".2g"),
-                                       ("threshold", "threshold")])
+                                       ("ratio", "ratio", ".3f"), ("raw_ratio", "raw ratio", ".3f"),
+                                       ("noise_floor", "noise floor", ".3f"), ("p_value", "p", ".2g"),
+                                       ("threshold", "threshold"), ("why", "why")])
 
 
 def verdict_counts(rows: list[dict]) -> str:

@@ -191,6 +191,11 @@ def main():
             if r["name"] == "sr-4bit" and r["numel"] == 2 ** 22:
                 r.update(samples_ms=[round(0.03 * x, 5) for x in samples], time_ms=round(0.03 * sorted(samples)[2], 5),
                          noisy=True)
+    # noisy: 50% slower, but NEW was timed while the process got only 55% of a CPU (cpu_share)
+    for r in new_k["records"]:
+        if r["name"] == "torch-foreach" and r["numel"] == 2 ** 22:
+            r.update(samples_ms=[round(1.5 * x, 5) for x in r["samples_ms"]], time_ms=round(1.5 * r["time_ms"], 5),
+                     cpu_share=0.55)
     files["compare/baseline/kernels.json"] = base_k
     files["compare/new/kernels.json"] = new_k
     files["compare/baseline/diagnose.json"] = diagnose_doc()
