@@ -1,7 +1,7 @@
 """Timing verdicts on a noisy machine (issue 16): the rules of compare/noise.py on hand-made
 rows, the rounds protocol of bench/timing.py, the CPU-share probe against a real
 competing process, and real runs: the same commit under an artificial load gives no
-regressed or improved row; a real slowdown (sr-4bit's steps labelled nearest-4bit) is
+regressed or improved row; a real slowdown (sr-4bit's steps labelled bf16) is
 regressed with exit 1; `compare --ab` catches it in one process. Nothing asserts on a
 time; a check that needs a quiet CPU skips, saying so, when the probe finds it shared."""
 import contextlib
@@ -24,8 +24,8 @@ from qstate_cli.results import document
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
-SMALL = dict(numel=[4096], config=["nearest-4bit", "sr-4bit"], baseline=["none"], backend=["reference"], threads=1,
-             rounds=3, warmup_ms=5, rep_ms=60, copy_numel=4096)
+SMALL = dict(numel=[262144], config=["bf16", "sr-4bit"], baseline=["none"], backend=["reference"], threads=1,
+             rounds=3, warmup_ms=5, rep_ms=200, copy_numel=262144)
 
 
 # -- the rules (noise.py) on hand-made rows --------------------------------------------------
@@ -191,7 +191,7 @@ def test_same_commit_under_load_is_never_regressed_or_improved(quiet_and_loaded)
         v = compare_docs([a], [b])
         counts = v.counts()
         assert counts.get("regressed", 0) == 0 and counts.get("improved", 0) == 0, v.records
-        assert {r["status"] for r in v.records} == {"noisy"}  # the loaded side makes every row noisy
+        assert {r["status"] for r in v.records} == {"noisy"}  # the loaded run makes every row noisy
 
 
 def test_a_planted_slowdown_is_regressed_with_exit_1(quiet_and_loaded, tmp_path):
@@ -200,19 +200,19 @@ def test_a_planted_slowdown_is_regressed_with_exit_1(quiet_and_loaded, tmp_path)
         pytest.skip(f"the CPU was shared during the quiet run (cpu share {quiet['meta']['cpu_share']:.2f}); "
                     "a verdict needs a quiet one")
     base, new = tmp_path / "base.json", tmp_path / "new.json"
-    base.write_text(json.dumps(only(quiet, "nearest-4bit")))
-    new.write_text(json.dumps(relabel(quiet, "sr-4bit", "nearest-4bit")))
+    base.write_text(json.dumps(only(quiet, "bf16")))  # sr-4bit's steps cost ~2x bf16's on this path
+    new.write_text(json.dumps(relabel(quiet, "sr-4bit", "bf16")))
     out = subprocess.run([sys.executable, "-m", "qstate_cli", "compare", str(base), str(new)], capture_output=True,
                          text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "| **regressed** | kernels: nearest-4bit [reference] fp32 n=4096 @cpu | time_ms |" in out.stdout
+    assert "| **regressed** | kernels: bf16 \\[reference\\] fp32 n=262144 @\u2060cpu | time_ms |" in out.stdout
     same = subprocess.run([sys.executable, "-m", "qstate_cli", "compare", str(base), str(base)], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
     assert same.returncode == 0 and "no regression (1 same)" in same.stdout
 
 
 def test_ab_passes_a_tie_and_catches_a_slowdown():
-    args = ["-n", "16384", "--backend", "reference", "--threads", "1", "--rep-ms", "150"]
+    args = ["-n", "262144", "--backend", "reference", "--threads", "1", "--rep-ms", "200"]
     tie = subprocess.run([sys.executable, "-m", "qstate_cli", "compare", "--ab", "nearest-4bit", "nearest-4bit", *args],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert tie.returncode == 0 and "### qstate compare: no regression" in tie.stdout, tie.stdout + tie.stderr
@@ -220,7 +220,7 @@ def test_ab_passes_a_tie_and_catches_a_slowdown():
     if "| noisy |" in slow.stdout:
         pytest.skip("the CPU was shared during the A/B run; its verdict is 'noisy', as it must be")
     assert slow.exit_code == 1, slow.output
-    assert "| **regressed** | kernels: sr-4bit vs nearest-4bit [reference] fp32 n=16384 @cpu |" in slow.stdout
+    assert "| **regressed** | kernels: sr-4bit vs nearest-4bit \\[reference\\] fp32 n=262144 @\u2060cpu |" in slow.stdout
     assert "check failed: 1 regression(s)" in slow.stderr
 
 

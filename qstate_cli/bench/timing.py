@@ -302,9 +302,10 @@ class RoundsResult:
 
     @property
     def cpu_share(self) -> float | None:
-        """CPU seconds over wall seconds, summed over every probe."""
-        wall = sum(w for _, w in self.probes)
-        return sum(c for c, _ in self.probes) / wall if wall > 0 else None
+        """The lowest probe's CPU seconds over wall seconds: one shared probe marks the
+        group shared (a sum over the probes averaged an intermittent load away)."""
+        got = [c / w for c, w in self.probes if w > 0]
+        return min(got) if got else None
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,18 @@ def _rows_by_identity(kind: str, docs: list[dict]) -> dict[tuple, dict]:
             n = 2
             while key in out:  # the same row twice (e.g. two suite points): keep both
                 key, n = identity(kind, row) + (f"#{n}",), n + 1
-            out[key] = row
+            out[key] = _run_share(doc, row)
     return out
+
+
+def _run_share(doc: dict, row: dict) -> dict:
+    """A timing row judged with its run's lowest cpu_share (meta.cpu_share, kernels) when
+    that is lower: a run whose probes saw a shared CPU is noisy in every row."""
+    run = _num((doc.get("meta") or {}).get("cpu_share"))
+    own = _num(row.get("cpu_share"))
+    if run is None or own is None or run >= own:
+        return row
+    return {**row, "cpu_share": run}
 
 
 def _timing(metric: Metric, b: dict, n: dict, threshold: float, alpha: float) -> dict:

@@ -12,7 +12,9 @@ is needed to judge the code rather than the machine:
 - rounds: the basis per round (`rel_copy_rounds`, else `round_ms`), R values per side;
 - dispersion of one side d = (max - min) / median of its rounds; the noise floor
   F = 1 + max(d_baseline, d_new): what this row moved by within one run;
-- cpu_share (bench/timing.py): CPU time / wall time of a busy loop around the rounds.
+- cpu_share (bench/timing.py): CPU time / wall time of a busy loop around the rounds,
+  the lowest probe of the group; compare judges a row with its run's lowest share
+  (meta.cpu_share) when that is lower, so a shared run is noisy in every row.
 
 The rule, in order:
 1. `noisy` when either side's cpu_share < 0.75 (the process got under 3/4 of a core: the
