@@ -26,6 +26,7 @@ Nothing here imports Typer or an engine: engines import this module, never the C
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import MISSING, field, fields
 from typing import Any, Callable
 
@@ -69,15 +70,26 @@ def flags_of(f: dataclasses.Field) -> tuple[str, ...]:
 
 
 def split_items(value) -> list:
-    """A list value from one value, a list of them, or comma-separated text."""
+    """A list value from one value, a list of them, or comma-separated text. A part
+    `KEY=...` that follows a part holding `=` continues it (`m=int4,v=lin4nz` is one
+    state configuration, `bred-4bit,m=int4,v=lin4nz` two)."""
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     out = []
     for item in items:
         if isinstance(item, str):
-            out += [part.strip() for part in item.split(",") if part.strip()]
+            parts: list[str] = []
+            for part in (p.strip() for p in item.split(",")):
+                if parts and "=" in parts[-1] and _KEYED.match(part):
+                    parts[-1] += "," + part
+                elif part:
+                    parts.append(part)
+            out += parts
         elif item is not None:
             out.append(item)
     return out
+
+
+_KEYED = re.compile(r"^[A-Za-z_]\w*\s*=")
 
 
 def _convert(f: dataclasses.Field, value, what: str):

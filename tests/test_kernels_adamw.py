@@ -21,6 +21,7 @@ CASES = [  # (states, parameter dtype)
     ("m=de8nz:bred:b96,v=de8unz:bred:b96:sqrt", torch.bfloat16),  # a block that is no power of two
     ("m=int8:bred:b1024:sbf16,v=de4u:sr:b1024", torch.float16),
     ("torchao-4bit", torch.bfloat16),
+    ("bred-sr-4bit", torch.float32),
 ]
 
 

@@ -67,3 +67,11 @@ def test_frozen_options_parse_too():
     s = TrainSettings.from_params({"config": "bf16, bred-4bit", "threads": 0, "steps": "12"})
     assert s.config == ["bf16", "bred-4bit"] and s.threads is None and s.steps == 12
     assert TrainSettings(threads=3).threads == 3
+
+
+def test_a_state_configuration_with_commas_stays_one_item():
+    from qstate_cli.options import split_items
+
+    assert split_items("m=int4:bred:b128,v=lin4nz:bred:b128") == ["m=int4:bred:b128,v=lin4nz:bred:b128"]
+    assert split_items(["bred-4bit,m=int4,v=lin4nz", "sr-4bit"]) == ["bred-4bit", "m=int4,v=lin4nz", "sr-4bit"]
+    assert split_items("4096, 8192") == ["4096", "8192"]

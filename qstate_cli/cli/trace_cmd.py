@@ -54,3 +54,26 @@ def info(
         return
     output.stdout.print(output.table(f"trace {trace}", [{"field": k, "value": v} for k, v in summary.items()]))
     output.stdout.print(output.table("tensors", rows, formats={"grad_rms": ".3e"}))
+
+
+@trace_app.command("corpus")
+def corpus(
+    record: list[str] = typer.Option([], "--record", help="Record these corpus traces now if not cached "
+                                                          "(repeatable; 'all': every one)."),
+    sha256: bool = typer.Option(False, "--sha256", help="Also load each cached trace and print the sha256 of its "
+                                                        "gradients (equal for the same seed, torch build and CPU)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+):
+    """The trace corpus: named traces usable as `corpus:NAME` wherever a trace path is (recorded on first use)."""
+    from ..trace import corpus as corpus_lib
+
+    names = list(corpus_lib.ENTRIES) if "all" in record else record
+    for name in names:
+        corpus_lib.entry(name)  # every name checked before any recording starts
+    for name in names:
+        corpus_lib.cached_trace(name, log=output.stderr.print)
+    rows = corpus_lib.listing(with_fingerprint=sha256)
+    if as_json:
+        output.print_json(rows)
+        return
+    output.stdout.print(output.table(f"trace corpus (cache: {corpus_lib.cache_dir()})", rows))

@@ -12,7 +12,8 @@ Configurations (`select_configs`):
 
 The trace `demo` always names the cached demo trace (trace/demo.py: made on first use,
 then reused), on the command line and in a suite alike; a file or folder that happens to
-be called demo is `./demo`.
+be called demo is `./demo`. `corpus:NAME` names a corpus trace (trace/corpus.py), made
+on first use and cached alike.
 """
 from __future__ import annotations
 
@@ -216,12 +217,11 @@ def check_reset_advice(trace: Trace, raw: Replay, records: list[dict], steps_lim
 
 
 def resolve_trace(trace, log=None) -> Path:
-    """A trace path; "demo" names the cached demo trace (made on first use; module docstring)."""
-    if str(trace) == DEMO:
-        from ..trace.demo import cached_demo
+    """A trace path; "demo" names the cached demo trace and "corpus:NAME" a corpus trace
+    (both made on first use; module docstring, trace/corpus.py)."""
+    from ..trace.corpus import resolve
 
-        return cached_demo(log=log)
-    return Path(trace)
+    return resolve(trace, log)
 
 
 def profile(raw: Replay, total_s: float) -> dict:

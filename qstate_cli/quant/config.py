@@ -175,6 +175,8 @@ PRESETS: dict[str, tuple[str, str]] = {
     "nearest-4bit": ("m=int4:nearest:b128,v=lin4nz:nearest:b128", "linear 4-bit m, v on the no-zero grid {1/16..1}; round to nearest"),
     "sr-4bit": ("m=int4:stochastic:b128,v=lin4nz:stochastic:b128", "as nearest-4bit, stochastic rounding"),
     "bred-4bit": ("m=int4:bred:b128,v=lin4nz:bred:b128", "as nearest-4bit, BReD subtractive dithering"),
+    "bred-sr-4bit": ("m=int4:bred:b128,v=lin4nz:stochastic:b128", "BReD m, stochastic v on the no-zero grid: "
+                     "lowest median update error of the 4-bit configurations over the trace corpus (docs/corpus.md)"),
     "nearest-8bit": ("m=int8:nearest:b256,v=lin8nz:nearest:b256:sqrt", "linear 8-bit m; v on a no-zero linear grid in sqrt(v); round to nearest"),
     "sr-8bit": ("m=int8:stochastic:b256,v=lin8nz:stochastic:b256:sqrt", "as nearest-8bit, stochastic rounding"),
     "bred-8bit": ("m=int8:bred:b256,v=lin8nz:bred:b256:sqrt", "as nearest-8bit, BReD subtractive dithering"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from . import plots
+from . import corpus, plots
 from .model import Plot, Section, Table, cell, pct
 
 OUR_PATHS = ("triton", "triton-interpreter", "reference")
@@ -180,7 +180,11 @@ def diagnose(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
             ("format", "format"), ("rounding", "rounding"), ("beta2", "beta2"), ("fraction_bits", "fraction bits"),
             ("rho", "rho", ".4g"), ("p_stall_steady", "P(stall), steady", ".4f"),
             ("reset_period", "reset period"), ("reported_period", "paper")]))
+    across, across_summary = corpus.tables(doc)  # one trace: nothing; several: per trace and the median
+    sec.tables[:0] = across
     summary = f"diagnose: {len({r.get('config') for r in rows})} configurations"
+    if across_summary:
+        return sec, [f"{summary}; {across_summary[0]}"]
     if ranked and _finite(ranked[0].get("update_cosine")):
         summary += f"; best update fidelity {ranked[0]['config']} (cosine {ranked[0]['update_cosine']:.4f})"
     drifts = [r for r in rows if _finite(r.get("drift_max_abs"))]

@@ -48,16 +48,22 @@ def cached_demo(settings: DemoSettings | None = None, log: Callable[[str], None]
     """The demo trace for `settings` (default: DEFAULT, what `qstate trace demo` records),
     made on first use and reused; the file name holds the settings and the qstate version,
     so a change to either makes a new one. (What `trace: demo` means in a suite.)"""
-    from .. import __version__
-
     s = settings or DEFAULT
-    path = cache_dir() / (f"demo-{s.model}-{s.steps}steps-{s.blocks_per_tensor}blocks-{s.grad_dtype}-"
-                          f"bs{s.batch_size}-lr{s.lr:g}-seed{s.seed}-qstate{__version__}.pt")
+    path = demo_path(s)
     if not path.exists():
         if log:
             log(f"making the demo trace (cached at {path})")
         run_demo(path, s, log)
     return path
+
+
+def demo_path(settings: DemoSettings = DEFAULT) -> Path:
+    """The cache file of the demo trace for `settings` (it may not exist yet)."""
+    from .. import __version__
+
+    s = settings
+    return cache_dir() / (f"demo-{s.model}-{s.steps}steps-{s.blocks_per_tensor}blocks-{s.grad_dtype}-"
+                          f"bs{s.batch_size}-lr{s.lr:g}-seed{s.seed}-qstate{__version__}.pt")
 
 
 def run_demo(out: Path, settings: DemoSettings = DemoSettings(), log: Callable[[str], None] | None = None) -> dict:

@@ -1,0 +1,169 @@
+"""The trace corpus (trace/corpus.py, trace/recipes.py): names, seeded recordings, the
+`corpus:` prefix through the CLI (CliRunner and a real subprocess), suites/corpus.yaml
+on the smallest trace, and the across-traces tables (report/corpus.py)."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from qstate_cli import results
+from qstate_cli.cli import app
+from qstate_cli.errors import QstateError
+from qstate_cli.report import corpus as across
+from qstate_cli.trace import corpus, load_trace, recipes
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+WIDE = {"COLUMNS": "250"}
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A cache whose corpus:synthetic-heavy is the same recipe at 40 steps instead of 3000
+    (the full recording is ~10 s of CPU; test_recording_is_reproducible covers it)."""
+    path = tmp_path_factory.mktemp("qstate-cache")
+    old = os.environ.get("QSTATE_CACHE")
+    os.environ["QSTATE_CACHE"] = str(path)
+    try:
+        recipes.record_synthetic(path / corpus.ENTRIES["synthetic-heavy"].filename, 40, 0)
+        yield path
+    finally:
+        if old is None:
+            os.environ.pop("QSTATE_CACHE", None)
+        else:
+            os.environ["QSTATE_CACHE"] = old
+
+
+def run_cli(*args, cache_dir):
+    return subprocess.run([sys.executable, "-m", "qstate_cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600, env={"COLUMNS": "250", "PATH": "/usr/bin:/bin",
+                                                      "PYTHONPATH": str(ROOT), "QSTATE_CACHE": str(cache_dir)})
+
+
+def test_names_resolve_and_unknown_names_suggest(monkeypatch, tmp_path):
+    monkeypatch.setenv("QSTATE_CACHE", str(tmp_path))
+    assert corpus.resolve("some/trace.pt") == Path("some/trace.pt")
+    (tmp_path / corpus.ENTRIES["digits-cnn"].filename).touch()  # cached: resolved without recording
+    assert corpus.resolve("corpus:digits-cnn") == tmp_path / corpus.ENTRIES["digits-cnn"].filename
+    monkeypatch.setattr(corpus, "cached_demo", lambda log=None: Path("the-demo"))
+    assert corpus.resolve("demo") == Path("the-demo") and corpus.resolve("corpus:tiny-lm") == Path("the-demo")
+    with pytest.raises(QstateError, match="unknown corpus trace 'digit-cnn'; did you mean digits-cnn"):
+        corpus.resolve("corpus:digit-cnn")
+
+
+def test_synthetic_process_is_seeded_heavy_tailed_and_decays():
+    a, b, c = (recipes.HeavyTailedGradients(100, s) for s in (0, 0, 1))
+    ga, gb, gc = a(0), b(0), c(0)
+    assert torch.equal(ga, gb) and not torch.equal(ga, gc)
+    assert a.amplitude(0) ** 2 / a.amplitude(100) ** 2 == pytest.approx(10.0)
+    # unit-variance Student-t(3): P(|eps| > 5) = P(|t3| > 5 sqrt(3)) ~ 3.3e-3; a Gaussian's is 5.7e-7
+    eps = a._student_t((200_000,)) / math.sqrt(3.0)
+    tail = float((eps.abs() > 5).float().mean())
+    assert 1.5e-3 < tail < 6e-3
+
+
+def test_recording_is_reproducible(tmp_path):
+    runs = [recipes.record_synthetic(tmp_path / f"{i}.pt", 30, seed) for i, seed in enumerate((0, 0, 1))]
+    traces = [load_trace(tmp_path / f"{i}.pt") for i in range(3)]
+    assert traces[0].n_steps == 30 and traces[0].recorded_elements == 4 * 2048 == runs[0]["recorded_elements"]
+    assert traces[0].meta["model"] == "synthetic-heavy" and traces[0].optimizer == "adamw"
+    fp = [corpus.fingerprint(t) for t in traces]
+    assert fp[0] == fp[1] != fp[2]
+
+
+def test_digits_cnn_records_a_real_run(tmp_path):
+    pytest.importorskip("sklearn", reason="the digits data ship with scikit-learn")
+    summary = recipes.record_digits(tmp_path / "d.pt", 5, 0)
+    tr = load_trace(tmp_path / "d.pt")
+    assert tr.n_steps == 5 and "conv1.weight" in [t.name for t in tr.tensors]
+    assert 0.0 <= summary["val_accuracy"] <= 1.0 and math.isfinite(summary["train_loss"])
+
+
+def test_corpus_names_work_in_diagnose(cache, tmp_path):
+    out = tmp_path / "d.json"
+    r = runner.invoke(app, ["diagnose", "corpus:synthetic-heavy", "-c", "bred-4bit", "--steps-limit", "8",
+                            "--json", str(out)], env=WIDE)
+    assert r.exit_code == 0, r.output
+    doc = results.load(out)
+    assert doc["meta"]["trace"].endswith(corpus.ENTRIES["synthetic-heavy"].filename) and doc["meta"]["steps"] == 8
+    r = runner.invoke(app, ["diagnose", "corpus:nope"], env=WIDE)
+    assert r.exit_code == 2 and "unknown corpus trace 'nope'" in r.output
+
+
+def test_corpus_cli_as_a_subprocess(cache, tmp_path):
+    r = run_cli("trace", "corpus", "--json", "--sha256", cache_dir=cache)
+    assert r.returncode == 0, r.stderr
+    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    heavy = rows["corpus:synthetic-heavy"]
+    assert heavy["cached"] and heavy["recorded_elements"] == 8192 and len(heavy["sha256"]) == 64
+    assert heavy["same_as_report"] is False  # the fixture's trace is 40 steps, the report's 3000
+    assert heavy["sha256"] == corpus.fingerprint(load_trace(cache / corpus.ENTRIES["synthetic-heavy"].filename))
+    r = run_cli("diagnose", "corpus:synthetic-heavy", "-c", "nearest-4bit", "--steps-limit", "5", cache_dir=cache)
+    assert r.returncode == 0, r.stderr
+    assert "nearest-4bit" in r.stdout and "5 steps x 8192 elements" in r.stdout
+    r = run_cli("trace", "corpus", "--record", "nope", cache_dir=cache)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown corpus trace" in r.stderr
+
+
+def test_corpus_suite_runs_on_the_smallest_trace(cache, tmp_path):
+    r = run_cli("suite", "validate", ROOT / "suites/corpus.yaml", cache_dir=cache)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "res"
+    r = run_cli("run", ROOT / "suites/corpus.yaml", "--set", "trace=corpus:synthetic-heavy", "--set", "steps_limit=6",
+                "--out", out, cache_dir=cache)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = results.load(out / "diagnose.json")
+    configs = {x["config"] for x in doc["records"]}
+    assert len(configs) == 11 and {"bred-4bit", "bred-sr-4bit", "torchao-4bit", "bnb-8bit"} <= configs
+    assert all(x["steps"] == 6 for x in doc["records"])
+    assert (out / "report.md").exists()
+
+
+def _rec(point, config, state, err, **kw):
+    return {"point": point, "config": config, "state": state, "update_rel_error": err, "update_cosine": 0.9,
+            "bytes_per_param": 1.0625, "drift_mean": 0.01, "stall_rate": 0.1, "stall_rate_predicted": None, **kw}
+
+
+def _doc(records):
+    points = {"p1": {"params": {"trace": "corpus:a"}}, "p2": {"params": {"trace": "corpus:b"}},
+              "p3": {"params": {"trace": "corpus:c"}}}
+    return {"kind": "diagnose", "meta": {"suite": {"points": points}}, "records": records}
+
+
+def test_across_traces_rows_medians_and_optional_columns():
+    recs = []
+    for point, errs in (("p1", (0.4, 0.5)), ("p2", (0.6, 0.3)), ("p3", (float("nan"), 0.2))):
+        for cfg, err in zip(("x", "y"), errs):
+            recs += [_rec(point, cfg, "m", err), _rec(point, cfg, "v", err)]
+    rows = across.per_trace_rows(_doc(recs))
+    assert len(rows) == 6 and {r["trace"] for r in rows} == {"corpus:a", "corpus:b", "corpus:c"}
+    assert [r["config"] for r in rows if r["rank_in_trace"] == 1] == ["x", "y", "y"]
+    med = {r["config"]: r for r in across.median_rows(rows)}
+    assert med["y"]["median_update_rel_error"] == pytest.approx(0.3) and med["y"]["first_in"] == 2
+    assert med["x"]["max_update_rel_error"] == math.inf and med["x"]["worst_trace"] == "corpus:c"
+    tables, summary = across.tables(_doc(recs))
+    assert tables[1].headers[:3] == ["trace", "rank", "config"]
+    assert "code stall v" not in tables[1].headers and "model warning" not in tables[1].headers
+    assert summary == ["across 3 traces: lowest median update error y (0.3; first on 2 of 3)"]
+    recs[1].update(code_stall_rate=0.7, stall_rate_predicted_empirical=0.65, model_warning="g is not Gaussian")
+    per_trace = across.tables(_doc(recs))[0][1]
+    assert {"code stall v", "pred v (empirical)", "model warning"} <= set(per_trace.headers)
+    assert any("v: g is not Gaussian" in row for row in per_trace.rows)
+    one = _doc([r for r in recs if r["point"] == "p1"])
+    assert across.tables(one) == ([], [])
+
+
+@pytest.mark.skipif(torch.__version__ != "2.13.0+cpu", reason="the recorded sha256 is torch 2.13.0+cpu's")
+def test_the_synthetic_trace_rebuilds_bit_for_bit(tmp_path):
+    """The full recipe (3000 steps) reproduces the gradients the committed report used."""
+    e = corpus.ENTRIES["synthetic-heavy"]
+    e.record(tmp_path / "t.pt", e.steps, e.seed)
+    assert corpus.fingerprint(load_trace(tmp_path / "t.pt")) == corpus.RECORDED_SHA256["synthetic-heavy"]
