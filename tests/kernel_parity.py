@@ -26,14 +26,15 @@ def assert_bits_equal(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
                              f"kernel {g} vs reference {w}")
 
 
-def make_pair(cls, shapes, dtype=torch.float32, seed=0, **kw):
-    """Two optimizers of class `cls` on equal parameters: (reference, kernel path)."""
+def make_pair(cls, shapes, dtype=torch.float32, seed=0, backend="triton", device=None, **kw):
+    """Two optimizers of class `cls` on equal parameters: (reference, `backend` path)."""
+    device = device or DEVICE
     gen = torch.Generator().manual_seed(seed)
     init = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
-    ref_params = [torch.nn.Parameter(w.clone().to(DEVICE)) for w in init]
-    ker_params = [torch.nn.Parameter(w.clone().to(DEVICE)) for w in init]
+    ref_params = [torch.nn.Parameter(w.clone().to(device)) for w in init]
+    ker_params = [torch.nn.Parameter(w.clone().to(device)) for w in init]
     kw = dict(dict(min_quant_numel=0, seed=11), **kw)
-    return cls(ref_params, backend="reference", **kw), cls(ker_params, backend="triton", **kw)
+    return cls(ref_params, backend="reference", **kw), cls(ker_params, backend=backend, **kw)
 
 
 def step_both(ref, ker, gen: torch.Generator, scale: float = 1.0, poison: bool = False) -> None:
@@ -42,7 +43,7 @@ def step_both(ref, ker, gen: torch.Generator, scale: float = 1.0, poison: bool =
         g = (torch.randn(a.shape, generator=gen) * scale).to(a.dtype)
         if poison and g.numel() >= 3:
             g.view(-1)[[0, g.numel() // 2, g.numel() - 1]] = torch.tensor([float("nan"), float("inf"), -float("inf")]).to(g.dtype)
-        a.grad, b.grad = g.to(DEVICE), g.clone().to(DEVICE)
+        a.grad, b.grad = g.to(a.device), g.clone().to(b.device)
     ref.step()
     ker.step()
 
@@ -62,7 +63,8 @@ def assert_same_state(ref, ker, step: int = -1) -> None:
 
 def run_parity(cls, states: str, shapes, dtype=torch.float32, steps: int = 3, poison_step: int = 2,
                seed: int = 0, **kw):
-    """Step both paths `steps` times and compare after every step."""
+    """Step both paths `steps` times and compare after every step (kw: make_pair's backend,
+    device and the optimizer's arguments)."""
     ref, ker = make_pair(cls, shapes, dtype, seed=seed, states=states, **kw)
     gen = torch.Generator().manual_seed(seed + 1)
     for t in range(1, steps + 1):

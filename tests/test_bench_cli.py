@@ -111,7 +111,7 @@ def test_kernels_real_subprocess_json_to_stdout():
 def test_memory_cli_accounting_on_cpu(tmp_path):
     out = tmp_path / "m.json"
     r = runner.invoke(app, ["bench", "memory", "--model", "tiny-lm", "--numel", "1e4", "-c", "bred-4bit",
-                            "--baseline", "torch-fused", "--json", str(out), "--csv", str(tmp_path / "m.csv")])
+                            "--baseline", "torch-fused", "--backend", "reference", "--json", str(out), "--csv", str(tmp_path / "m.csv")])
     assert r.exit_code == 0, r.output
     rows = {(x["name"], x["model"]): x for x in check_document(json.loads(out.read_text()), "memory")}
     n_tensors = 29

@@ -20,13 +20,16 @@ does below 4096); pass 0 to quantize everything.
 
 Backends (`backend=`): "reference" steps every parameter with the pure-torch rules;
 "triton" uses the fused kernels (on CUDA tensors, or in Triton's interpreter on CPU when
-TRITON_INTERPRET=1 is set); "auto" (default) is triton for CUDA tensors when the kernels
-are available and reference otherwise. Either way a parameter the kernels do not cover
-(states in fp32 or a minifloat format, small tensors below `min_quant_numel`, fp64 or
-non-contiguous parameters, m and v with different block sizes; `why_reference(p)` says
-which) is stepped by the reference. `path_for(p)` names what steps p: "triton",
-"triton-interpreter" or "reference" (benchmarks label every row with it). Both paths
-keep the same state layout, so checkpoints move between them (optim/fused.py).
+TRITON_INTERPRET=1 is set); "cpu" the fused CPU path (kernels/cpu: numba, CPU tensors,
+fp32 or bf16); "auto" (default) is triton for CUDA tensors when the kernels are
+available, cpu for CPU tensors when numba imports, and reference otherwise. Either way a
+parameter the kernels do not cover (states in fp32 or a minifloat format, small tensors
+below `min_quant_numel`, fp64 or non-contiguous parameters, m and v with different block
+sizes, on the CPU path fp16 and optimizers without a CPU kernel; `why_reference(p)` says
+which, and also why "auto" found no path) is stepped by the reference. `path_for(p)` names
+what steps p: "triton", "triton-interpreter", "cpu-numba" or "reference" (benchmarks label
+every row with it). All paths keep the same state layout, so checkpoints move between
+them (optim/fused.py).
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ from .reset import ResetPolicy
 FP32_SPEC = parse_spec("fp32")
 SHARDED_PATH_REASON = ("sharded (DTensor) parameter: the reference steps its local shard "
                        "(the kernels take no global counter offset yet)")
-BACKENDS = ("auto", "reference", "triton")  # what steps a parameter (module docstring)
+BACKENDS = ("auto", "reference", "triton", "cpu")  # what steps a parameter (module docstring)
 
 
 class QuantizedOptimizer(torch.optim.Optimizer):
@@ -65,28 +68,37 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         self.backend = backend
 
     def path_for(self, p: torch.Tensor) -> str:
-        """'triton', 'triton-interpreter' or 'reference': what steps parameter p."""
-        return self._path(self._group_of(p), p)
+        """'triton', 'triton-interpreter', 'cpu-numba' or 'reference': what steps parameter p."""
+        return self._route(self._group_of(p), p)[0]
 
     def why_reference(self, p: torch.Tensor) -> str | None:
-        """Why the reference steps p although kernels were asked for (None if they step it)."""
-        if sharding.is_dtensor(p):
-            return SHARDED_PATH_REASON
-        return fused.why_reference(self, self._group_of(p), p)
+        """Why the reference steps p (None if a fused path steps it)."""
+        return self._route(self._group_of(p), p)[1]
 
     def _path(self, group, p: torch.Tensor) -> str:
-        if self.backend == "reference" or sharding.is_dtensor(p):
-            return "reference"
-        if self.backend == "auto" and not p.is_cuda:
-            return "reference"
-        unavailable = fused.kernels_unavailable(p.device)
+        return self._route(group, p)[0]
+
+    def _route(self, group, p: torch.Tensor) -> tuple[str, str | None]:
+        """(path, why the reference steps p or None); raises where an explicit backend cannot run."""
+        if self.backend == "reference":
+            return "reference", "backend='reference' was asked for"
+        if sharding.is_dtensor(p):
+            return "reference", SHARDED_PATH_REASON
+        on_cpu = self.backend == "cpu" or (self.backend == "auto" and p.device.type == "cpu")
+        unavailable = fused.cpu_unavailable(p.device) if on_cpu else fused.kernels_unavailable(p.device)
         if unavailable is not None:
-            if self.backend == "auto":
-                return "reference"
-            raise QstateError(f"backend='triton' needs Triton and a CUDA device or TRITON_INTERPRET=1 ({unavailable})")
-        if fused.why_reference(self, group, p) is not None:
-            return "reference"
-        return "triton" if p.is_cuda else "triton-interpreter"
+            if self.backend == "cpu":
+                raise QstateError(f"backend='cpu' needs numba and CPU tensors ({unavailable})")
+            if self.backend == "triton":
+                raise QstateError(f"backend='triton' needs Triton and a CUDA device or TRITON_INTERPRET=1 "
+                                  f"({unavailable})")
+            return "reference", unavailable
+        why = fused.why_reference(self, group, p, on_cpu=on_cpu)
+        if why is not None:
+            return "reference", why
+        if on_cpu:
+            return fused.cpu.PATH, None
+        return ("triton" if p.is_cuda else "triton-interpreter"), None
 
     def _group_of(self, p: torch.Tensor) -> dict:
         for group in self.param_groups:
@@ -203,16 +215,17 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         if not self.steps_shards:
             self._refuse_shards()
         for group in self.param_groups:
-            fused_params = []
+            fused_params: dict[bool, list] = {}  # on the CPU path? -> parameters
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if self._path(group, p) == "reference":
+                path = self._path(group, p)
+                if path == "reference":
                     self._step_param(group, p, ids[id(p)])
                 else:
-                    fused_params.append(p)
-            if fused_params:
-                fused.step_group(self, group, fused_params, ids)
+                    fused_params.setdefault(path == fused.cpu.PATH, []).append(p)
+            for on_cpu, params in fused_params.items():
+                fused.step_group(self, group, params, ids, on_cpu=on_cpu)
         return loss
 
     def _refuse_shards(self) -> None:

@@ -14,9 +14,14 @@ and the random streams (seed, tensor id, state id, step) are the same on both.
 Launch tables (kernels/launch.py) are cached per set of addresses: with stable gradient
 buffers a step issues no host-to-device copy at all; otherwise one small non-blocking copy.
 
+On CPU tensors the same launch goes to the CPU path (kernels/cpu, numba): `run.launch`
+is then its launch function, with the Triton launcher's signature, and the batch a
+cpu.CpuBatch (the members and the seed) instead of device address tables.
+
 This module is the one seam between optim/ and kernels/: nothing else in optim imports
-kernels. The host side (kernels/__init__.py, kernels/launch.py) needs no Triton; the
-kernel modules import Triton, so `launcher(name)` imports them on first use.
+kernels. The host side (kernels/__init__.py, kernels/launch.py, kernels/cpu/__init__.py)
+needs neither Triton nor numba; the kernel modules import them, so `launcher(name)` and
+`cpu.launcher(name)` import them on first use.
 """
 from __future__ import annotations
 
@@ -27,7 +32,8 @@ from typing import Callable
 import torch
 
 from .. import kernels
-from ..kernels import launch
+from ..kernels import cpu, launch
+from ..kernels.cpu.host import CpuBatch, VALUE_DTYPES as CPU_VALUE_DTYPES
 
 MAX_CACHED_BATCHES = 16
 # kernels/<module>.py -> its launch function (the optimizers' `kernel` attribute names the module)
@@ -45,10 +51,22 @@ def kernels_unavailable(device) -> str | None:
     return kernels.unavailable_reason(device)
 
 
-def why_reference(opt, group, p: torch.Tensor) -> str | None:
-    """None if the kernels can step p in this group, else why the reference steps it."""
+def cpu_unavailable(device) -> str | None:
+    """None if the CPU path can run for tensors on `device` (numba imports), else why not."""
+    return cpu.unavailable_reason(device)
+
+
+def why_reference(opt, group, p: torch.Tensor, on_cpu: bool = False) -> str | None:
+    """None if the kernels (on_cpu: the CPU path) can step p in this group, else why the
+    reference steps it."""
     if opt.kernel is None:
         return f"{type(opt).__name__} has no kernel"
+    if on_cpu:
+        if not cpu.covers(opt.kernel):
+            return f"{type(opt).__name__} has no CPU kernel"
+        wrong = [t.dtype for t in (p, p.grad) if t is not None and t.dtype not in CPU_VALUE_DTYPES]
+        if wrong:
+            return f"dtype {wrong[0]} has no CPU kernel (fp32 and bf16 do)"
     if p.dtype not in launch.VALUE_KINDS:
         return f"parameter dtype {p.dtype} has no kernel (fp32, bf16, fp16 do)"
     if not p.is_contiguous():
@@ -88,8 +106,8 @@ class Run:
     launch: Callable | None = None  # the kernel's launch function (launcher(opt.kernel))
 
 
-def step_group(opt, group, params: list, ids: dict) -> None:
-    """Step `params` (all covered by the kernels) of one param group."""
+def step_group(opt, group, params: list, ids: dict, on_cpu: bool = False) -> None:
+    """Step `params` (all covered by the kernels, or on_cpu: by the CPU path) of one param group."""
     names = opt.state_names
     runs: dict[tuple, Run] = {}
     for p in params:
@@ -107,7 +125,7 @@ def step_group(opt, group, params: list, ids: dict) -> None:
         if run is None:
             run = runs[key] = Run(p.device, launch.VALUE_KINDS[p.dtype], launch.VALUE_KINDS[grad.dtype], step, since,
                                   written=dict(zip(names, written)), fresh={n: w == 0 for n, w in zip(names, written)},
-                                  launch=launcher(opt.kernel))
+                                  launch=cpu.launcher(opt.kernel) if on_cpu else launcher(opt.kernel))
             for n in names:
                 layout = launch.kernel_layout(opt.spec_for(group, p, n))
                 run.layouts[n] = layout
@@ -119,7 +137,7 @@ def step_group(opt, group, params: list, ids: dict) -> None:
         block = next(iter(run.layouts.values())).block
         if opt.kernel_needs_out:
             _attach_workspace(opt, run)
-        batch = _cached_batch(opt, run.members, block, group["seed"])
+        batch = CpuBatch(run.members, group["seed"]) if on_cpu else _cached_batch(opt, run.members, block, group["seed"])
         opt.launch_kernel(group, batch, run)
         # host counters: one (never mutated) tensor per value, shared by the launch's parameters
         step_t = torch.tensor(run.step, dtype=torch.int64)

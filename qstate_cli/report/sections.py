@@ -8,7 +8,7 @@ from collections import defaultdict
 from . import corpus, plots
 from .model import Plot, Section, Table, cell, pct
 
-OUR_PATHS = ("triton", "triton-interpreter", "reference")
+OUR_PATHS = ("triton", "triton-interpreter", "cpu-numba", "reference")
 
 
 def _ok(r: dict) -> bool:

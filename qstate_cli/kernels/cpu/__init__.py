@@ -1,0 +1,51 @@
+"""The CPU path: the fused optimizer steps and the state codec compiled with numba.
+
+    codec.py     numba helpers: bit casts, the hash, bf16 casts, decode/encode of one block
+    adamw.py     fused AdamW/Adam step (two states)
+    host.py      numpy views of the tensors, layout arrays, stream keys (no numba)
+
+The same spec as the Triton kernels (quant/, optim/rules.py), bit for bit, for the same
+formats (launch.why_not_covered) on fp32 and bf16 parameters and gradients. One pass per
+quantization block (decode -> update -> absmax -> encode in an L1-resident row), parallel
+over chunks of blocks on numba's threads (NUMBA_NUM_THREADS, default: every core).
+
+numba is optional (`pip install 'qstate-cli[cpu]'`) and imported on first use only: this
+package's __init__ and host.py never import it. Compiled code is cached on disk
+(`cache=True`, in __pycache__ next to the sources or NUMBA_CACHE_DIR), so only the first
+call of a process tree on a machine pays the compile (docs/cpu.md states the cost).
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+PATH = "cpu-numba"  # what optimizer rows and path_for() call this path
+# kernel module (the optimizers' `kernel` attribute) -> (module here, launch function)
+LAUNCHERS = {"adamw": ("adamw", "adamw_step")}
+_import_error: list = []
+
+
+def unavailable_reason(device) -> str | None:
+    """None if the CPU path can step tensors on `device`, else why not."""
+    if torch.device(device).type != "cpu":
+        return f"the CPU path steps CPU tensors only (got {torch.device(device).type})"
+    if not _import_error:
+        try:
+            import numba  # noqa: F401
+            _import_error.append(None)
+        except Exception as exc:  # noqa: BLE001 - any import failure means no CPU path
+            _import_error.append(f"numba is not importable ({type(exc).__name__}: {exc}); "
+                                 f"pip install 'qstate-cli[cpu]'")
+    return _import_error[0]
+
+
+def covers(kernel: str | None) -> bool:
+    """Whether the CPU path has this optimizer's kernel."""
+    return kernel in LAUNCHERS
+
+
+def launcher(kernel: str):
+    """The launch function of the CPU path for kernel `kernel` (imports numba)."""
+    module, name = LAUNCHERS[kernel]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,375 @@
+"""numba building blocks of the CPU path: bit casts, the hash, value casts, the block codec.
+
+Each helper reproduces one piece of the spec (qstate_cli/quant, optim/rules.py) bit for bit,
+as kernels/common.py does in Triton:
+
+    hash32, uniform             quant/hash.py (uint32 arithmetic)
+    value_at / store_value      torch's exact casts fp32 <-> bf16 (round half to even, NaN -> 0x7FC0)
+    decode_block                quant/quantizer.decode (+ packing.unpack) of one block
+    encode_block                quant/quantizer.encode (+ packing.pack) of one block
+
+A block is B consecutive elements (the short last block has fewer); its codes start at byte
+start * bits / 8 (B is even, so a 4-bit block starts on a byte), its scale is scales[b].
+Codes go through an int32 scratch row so that the per-element loops are branch-free.
+
+fp32 semantics: numba compiles with fastmath off, so every +, *, / and sqrt is one correctly
+rounded IEEE fp32 op and LLVM contracts nothing into an FMA; every constant and
+hyper-parameter is an np.float32 (a Python float would promote the arithmetic to float64).
+error_model="numpy": a division by zero is IEEE (inf/nan) instead of a raised
+ZeroDivisionError, so no division carries a check and the loops vectorize (no divisor
+here can be zero: eps > 0, guarded block scales, distinct neighbouring codes).
+
+A state layout is two small arrays (`layout_arrays` in host.py):
+    lay  int64 [KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT]   (launch.StateLayout;
+         UNIT = 2**bits for a code book that is exactly {1, 2, ..., 2**bits} / 2**bits
+         (lin4nz, lin8nz), where #(table <= n) = clamp(floor(n * UNIT), 0, NT) exactly
+         (n * UNIT is an exact power-of-two scaling); else 0 and a binary search)
+    lim  fp32  [TOP, TOP * 2**-126]                          (quantizer.step_of / normalize)
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic, overload
+
+# lay columns
+KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT = range(8)
+LINEAR, TABLE = 0, 1
+NEAREST, STOCHASTIC, BRED = 0, 1, 2
+
+MUL1 = np.uint32(0x7FEB352D)
+MUL2 = np.uint32(0x846CA68B)
+U8, U15, U16 = np.uint32(8), np.uint32(15), np.uint32(16)
+TWO_M24 = np.float32(2.0 ** -24)
+HALF = np.float32(0.5)
+ZERO = np.float32(0.0)
+ONE = np.float32(1.0)
+TWO = np.float32(2.0)
+INF = np.float32(np.inf)
+
+
+# ---- bit casts ------------------------------------------------------------------------------------
+@intrinsic
+def f32_from_bits(typingctx, x):
+    """The fp32 whose bit pattern is the uint32 x."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def bits_of_f32(typingctx, x):
+    """The bit pattern (uint32) of the fp32 x."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(types.float32), codegen
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def bf16_bits_to_f32(h):
+    return f32_from_bits(np.uint32(np.uint32(h) << np.uint32(16)))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def f32_to_bf16_bits(x):
+    """Round to nearest even, NaN -> 0x7FC0 (torch's fp32 -> bf16 cast on CPU)."""
+    if x != x:
+        return np.uint16(0x7FC0)
+    b = bits_of_f32(x)
+    return np.uint16(np.uint32(b + np.uint32(0x7FFF) + ((b >> U16) & np.uint32(1))) >> U16)
+
+
+# ---- values of parameters, gradients (fp32 or bf16 held as uint16) and scales ---------------
+def value_at(a, i):
+    """a[i] as fp32 (exact widening)."""
+
+
+@overload(value_at, inline="always")
+def _value_at(a, i):
+    if a.dtype == types.uint16:
+        return lambda a, i: bf16_bits_to_f32(a[i])
+    return lambda a, i: a[i]
+
+
+def store_value(a, i, x):
+    """a[i] = x in a's dtype (bf16: round half to even)."""
+
+
+@overload(store_value, inline="always")
+def _store_value(a, i, x):
+    if a.dtype == types.uint16:
+        def impl(a, i, x):
+            a[i] = f32_to_bf16_bits(x)
+        return impl
+
+    def impl(a, i, x):
+        a[i] = x
+    return impl
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def load_row(a, start, cnt, row):
+    """row[:cnt] = a[start:start + cnt] as fp32."""
+    for j in range(cnt):
+        row[j] = value_at(a, start + j)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def load_grad(g, start, cnt, row):
+    """row[:cnt] = the gradient as fp32 with NaN/Inf elements set to 0; returns how many were."""
+    bad = 0
+    for j in range(cnt):
+        gj = value_at(g, start + j)
+        ok = abs(gj) < INF
+        row[j] = gj if ok else ZERO
+        bad += np.int64(not ok)
+    return bad
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def store_row(row, start, cnt, a):
+    """a[start:start + cnt] = row[:cnt] in a's dtype."""
+    for j in range(cnt):
+        store_value(a, start + j, row[j])
+
+
+# ---- the hash (quant/hash.py) --------------------------------------------------------------------
+@njit(cache=True, inline="always", error_model="numpy")
+def hash32(x):
+    """lowbias32 on uint32 (each product truncated to 32 bits: LLVM keeps it a 32-bit multiply)."""
+    x = np.uint32(x ^ (x >> U16))
+    x = np.uint32(x * MUL1)
+    x = np.uint32(x ^ (x >> U15))
+    x = np.uint32(x * MUL2)
+    return np.uint32(x ^ (x >> U16))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def uniform(counter, k1, k2):
+    """U[0, 1) on the 2**-24 grid: (hash32(hash32(c ^ k1) ^ k2) >> 8) * 2**-24 (fp32);
+    counter taken mod 2**32, k1 and k2 uint32."""
+    c = np.uint32(counter)
+    return np.float32(hash32(np.uint32(hash32(np.uint32(c ^ k1)) ^ k2)) >> U8) * TWO_M24
+
+
+# ---- the block codec ---------------------------------------------------------------------------------
+@njit(cache=True, inline="always", error_model="numpy")
+def unpack_codes(codes, bits, start, cnt, q):
+    """q[:cnt] = the unsigned codes of elements start .. start + cnt - 1."""
+    if bits == 4:
+        base = start >> 1
+        for j in range(cnt >> 1):
+            byte = np.int32(codes[base + j])
+            q[2 * j] = byte & 15
+            q[2 * j + 1] = byte >> 4
+        if cnt & 1:
+            q[cnt - 1] = np.int32(codes[base + (cnt >> 1)]) & 15
+    else:
+        for j in range(cnt):
+            q[j] = np.int32(codes[start + j])
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def pack_codes(q, bits, start, cnt, codes):
+    """Write q[:cnt] (reduced to `bits` bits) as the codes of elements start .. (4-bit: the
+    high nibble after an odd tail is 0, as packing.pack pads)."""
+    if bits == 4:
+        base = start >> 1
+        for j in range(cnt >> 1):
+            codes[base + j] = np.uint8(q[2 * j] | (q[2 * j + 1] << 4))
+        if cnt & 1:
+            codes[base + (cnt >> 1)] = np.uint8(q[cnt - 1])
+    else:
+        for j in range(cnt):
+            codes[start + j] = np.uint8(q[j])
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def block_step(absmax, top, top_min):
+    """delta = absmax / top, 0 where absmax < top * 2**-126 (quantizer.step_of)."""
+    if absmax >= top_min:
+        return absmax / top
+    return ZERO
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def decode_block(codes, scale, lay, lim, table, b, start, cnt, k1, k2, q, out):
+    """out[:cnt] = the stored values of block b (quantizer.decode); (k1, k2) are the keys of
+    the step the state was written at (BReD replays its dither from them)."""
+    unpack_codes(codes, lay[BITS], start, cnt, q)
+    delta = block_step(scale, lim[0], lim[1])
+    rounding = lay[ROUND]
+    if lay[KIND] == LINEAR:
+        if lay[SIGNED]:
+            half = np.int32(1 << (lay[BITS] - 1))
+            for j in range(cnt):
+                q[j] = (q[j] ^ half) - half
+        if rounding == BRED:  # x_hat = (q - d) * delta, d = u_b - 1/2
+            d = uniform(b, k1, k2) - HALF
+            for j in range(cnt):
+                out[j] = (np.float32(q[j]) - d) * delta
+        else:
+            for j in range(cnt):
+                out[j] = np.float32(q[j]) * delta
+    elif rounding == BRED:  # ordinal q - d read as (k, f) = (q - 1, 1 - d) if d > 0 else (q, -d)
+        d = uniform(b, k1, k2) - HALF
+        pos = d > ZERO
+        f0 = ONE - d if pos else -d
+        shift = np.int32(1) if pos else np.int32(0)
+        top = np.int32(lay[NT] - 2)
+        for j in range(cnt):
+            k = q[j] - shift
+            kc = min(max(k, np.int32(0)), top)
+            f = f0 + np.float32(k - kc)
+            lo = table[kc]
+            out[j] = (lo + f * (table[kc + 1] - lo)) * delta
+    else:
+        for j in range(cnt):
+            out[j] = table[q[j]] * delta
+    if lay[SQRT]:
+        for j in range(cnt):
+            out[j] = out[j] * out[j]
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def table_floor(table, nt, log, n):
+    """clamp(#(table <= n) - 1, 0, nt - 2) (searchsorted(right=True) - 1, clamped): a binary
+    search of `log` steps without branches (nt <= 2**log entries, sorted)."""
+    pos = 0
+    for i in range(log):
+        cand = pos + (1 << (log - 1 - i))
+        ok = cand <= nt - 1
+        t = table[cand - 1 if ok else 0]
+        pos = cand if ok and t <= n else pos
+    return max(pos - 1, 0)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def encode_block(x, cnt, lay, lim, table, b, start, k1, k2, prepared, q):
+    """Quantize x[:cnt] (modified: the stored-domain values) into q[:cnt] (codes reduced to
+    their bits) and return the block's scale as fp32 (quantizer.encode; bf16 scales rounded
+    up). prepared: x is already in the stored domain (sqrt taken, >= 0 where unsigned), so
+    only the non-finite rule remains. Every loop has its branches outside (it vectorizes)."""
+    for j in range(cnt):  # non-finite values are stored as 0
+        v = x[j]
+        x[j] = v if abs(v) < INF else ZERO
+    if not prepared:
+        if lay[SQRT]:
+            for j in range(cnt):
+                v = x[j]
+                x[j] = np.sqrt(ZERO if v < ZERO else v)
+        if not lay[SIGNED]:
+            for j in range(cnt):
+                v = x[j]
+                x[j] = ZERO if v < ZERO else v
+    amax_bits = np.uint32(0)  # max of |x| as bit patterns (ordered as the values)
+    for j in range(cnt):
+        amax_bits = max(amax_bits, np.uint32(bits_of_f32(x[j]) & np.uint32(0x7FFFFFFF)))
+    if lay[SBF16] and amax_bits & np.uint32(0xFFFF):  # round the scale up to a bf16 value
+        amax_bits = np.uint32((amax_bits & np.uint32(0xFFFF0000)) + np.uint32(0x10000))
+    absmax = f32_from_bits(amax_bits)
+    top, top_min = lim[0], lim[1]
+    inv = top / absmax if absmax >= top_min else ZERO
+    for j in range(cnt):
+        x[j] = x[j] * inv  # n
+    rounding = lay[ROUND]
+    if lay[KIND] == LINEAR:
+        _round_linear(x, cnt, lay, rounding, b, start, k1, k2, q)
+    elif lay[UNIT]:
+        _round_unit_table(x, cnt, lay, rounding, b, start, k1, k2, q)
+    else:
+        _round_table(x, cnt, lay, table, rounding, b, start, k1, k2, q)
+    return absmax
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _round_linear(n, cnt, lay, rounding, b, start, k1, k2, q):
+    """q = clamp(rint(n + d)) reduced to the format's bits (two's complement if signed)."""
+    bits = lay[BITS]
+    if lay[SIGNED]:
+        lo_code, hi_code = np.int32(-(1 << (bits - 1))), np.int32((1 << (bits - 1)) - 1)
+    else:
+        lo_code, hi_code = np.int32(0), np.int32((1 << bits) - 1)
+    mask = np.int32((1 << bits) - 1)
+    if rounding == STOCHASTIC:
+        for j in range(cnt):
+            n[j] = n[j] + (uniform(start + j, k1, k2) - HALF)
+    elif rounding == BRED:
+        d = uniform(b, k1, k2) - HALF
+        for j in range(cnt):
+            n[j] = n[j] + d
+    for j in range(cnt):
+        c = np.int32(np.rint(n[j]))
+        q[j] = min(max(c, lo_code), hi_code) & mask
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _up(n, lo, hi, rounding, u):
+    """Round up from code lo towards hi? nearest: n - lo >= (hi - lo) / 2 (ties up, as
+    torchao); stochastic: u < frac; BReD: u >= 1 - frac; frac = clamp((n - lo) / (hi - lo), 0, 1)."""
+    if rounding == NEAREST:
+        return (n - lo) >= (hi - lo) * HALF
+    frac = min(max((n - lo) / (hi - lo), ZERO), ONE)
+    if rounding == STOCHASTIC:
+        return u < frac
+    return u >= ONE - frac
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _round_unit_table(n, cnt, lay, rounding, b, start, k1, k2, q):
+    """Code book {1, ..., UNIT} / UNIT: k = clamp(clamp(floor(n * UNIT), 0, NT) - 1, 0, NT - 2)
+    and table[k] = (k + 1) / UNIT computed exactly: no search, no gather."""
+    nt = lay[NT]
+    unit = np.float32(lay[UNIT])
+    step = ONE / unit
+    top_k = np.float32(nt - 2)
+    for j in range(cnt):  # k, as a float
+        n_ = n[j]
+        q[j] = np.int32(min(max(min(max(np.floor(n_ * unit), ZERO), np.float32(nt)) - ONE, ZERO), top_k))
+    if rounding == NEAREST:
+        for j in range(cnt):
+            kf = np.float32(q[j])
+            q[j] += np.int32(_up(n[j], (kf + ONE) * step, (kf + TWO) * step, NEAREST, ZERO))
+    elif rounding == STOCHASTIC:
+        for j in range(cnt):
+            kf = np.float32(q[j])
+            q[j] += np.int32(_up(n[j], (kf + ONE) * step, (kf + TWO) * step, STOCHASTIC, uniform(start + j, k1, k2)))
+    else:
+        u = uniform(b, k1, k2)
+        for j in range(cnt):
+            kf = np.float32(q[j])
+            q[j] += np.int32(_up(n[j], (kf + ONE) * step, (kf + TWO) * step, BRED, u))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _round_table(n, cnt, lay, table, rounding, b, start, k1, k2, q):
+    """Any sorted code book: k by binary search, round between table[k] and table[k + 1]."""
+    nt = lay[NT]
+    log = lay[BITS]
+    ub = uniform(b, k1, k2) if rounding == BRED else ZERO
+    for j in range(cnt):
+        v = n[j]
+        k = table_floor(table, nt, log, v)
+        u = uniform(start + j, k1, k2) if rounding == STOCHASTIC else ub
+        q[j] = np.int32(k) + np.int32(_up(v, table[k], table[k + 1], rounding, u))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def scale_at(s16, b, sbf16):
+    """Scale of block b from scales held as uint16 words (fp32: two little-endian words per
+    scale; bf16: one), so every scale dtype is one array type (one compilation)."""
+    if sbf16:
+        return f32_from_bits(np.uint32(np.uint32(s16[b]) << U16))
+    return f32_from_bits(np.uint32(np.uint32(s16[2 * b]) | (np.uint32(s16[2 * b + 1]) << U16)))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def store_scale(s16, b, absmax, sbf16):
+    """Store block b's scale (bf16 scales are exact: encode_block rounded them up)."""
+    bits = bits_of_f32(absmax)
+    if sbf16:
+        s16[b] = np.uint16(bits >> U16)
+    else:
+        s16[2 * b] = np.uint16(bits & np.uint32(0xFFFF))
+        s16[2 * b + 1] = np.uint16(bits >> U16)

@@ -1,0 +1,110 @@
+"""Host side of the CPU path: what a launch steps, as numpy views of the torch tensors.
+
+No numba here. A CpuBatch is the CPU counterpart of launch.Batch: the members of one launch
+and the seed of their random streams; the kernels take each member's tensors as numpy
+arrays that share memory with them (fp32 as float32, bf16 as its uint16 bit patterns), so
+parameters, codes and scales are updated in place, exactly where the reference keeps them.
+
+Threads: a kernel steps a range of blocks with the GIL released (numba nogil); run_blocks
+splits a tensor's blocks into contiguous ranges of at least MIN_THREAD_ELEMENTS elements,
+one per thread of a pool of torch.get_num_threads() threads (NUMBA_NUM_THREADS is not
+used: no numba threading layer is needed).
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from ...quant.codebooks import codebook
+from ...quant.hash import GOLDEN, hash32
+from ..launch import Member, StateLayout, stream_key
+
+MIN_STEP = 2.0 ** -126
+MIN_THREAD_ELEMENTS = 1 << 16  # a smaller tensor is stepped by one thread (a task costs ~20 us)
+_pools: dict[int, ThreadPoolExecutor] = {}
+VALUE_DTYPES = (torch.float32, torch.bfloat16)  # parameter / gradient dtypes the CPU path covers
+
+
+@dataclass
+class CpuBatch:
+    """The tensors of one CPU launch and the seed of their random streams."""
+
+    members: list[Member]
+    seed: int = 0
+
+    def stream_key(self, member: Member, state_id: int) -> int:
+        return stream_key(self.seed, member.tensor_id, state_id)
+
+
+def keys(key: int, step: int) -> list[int]:
+    """[k1, k2] of a stream key at a step (quant/hash.stream_keys: k1 = hash32(key ^ step))."""
+    k1 = hash32(key ^ (int(step) & 0xFFFFFFFF))
+    return [k1, hash32(k1 ^ GOLDEN)]
+
+
+def threads() -> int:
+    return max(1, torch.get_num_threads())
+
+
+def run_blocks(kernel, numel: int, block: int, args: tuple) -> int:
+    """kernel(b0, b1, *args) over blocks [0, ceil(numel / block)) in contiguous ranges, one
+    per thread; returns the sum of what the calls return (non-finite counts)."""
+    nblocks = -(-int(numel) // int(block))
+    parts = max(1, min(threads(), int(numel) // MIN_THREAD_ELEMENTS))
+    if parts == 1:
+        return int(kernel(0, nblocks, *args))
+    pool = _pools.get(parts)
+    if pool is None:
+        pool = _pools[parts] = ThreadPoolExecutor(parts, thread_name_prefix="qstate-cpu")
+    edges = [nblocks * i // parts for i in range(parts + 1)]
+    futures = [pool.submit(kernel, edges[i], edges[i + 1], *args) for i in range(1, parts)]
+    total = int(kernel(edges[0], edges[1], *args))  # the first range on this thread
+    return total + sum(int(f.result()) for f in futures)
+
+
+@lru_cache(maxsize=None)
+def _layout(layout: StateLayout):
+    lay = np.array([layout.kind, layout.bits, int(layout.signed), layout.table_len, layout.rounding,
+                    int(layout.sqrt), int(layout.sbf16), _unit(layout)], np.int64)
+    lim = np.array([layout.top, layout.top * MIN_STEP], np.float32)
+    return lay, lim
+
+
+def _unit(layout: StateLayout) -> int:
+    """2**bits if the code book is exactly {1, ..., 2**bits} / 2**bits (codec.py: UNIT), else 0."""
+    if layout.kind != 1:
+        return 0
+    unit = 1 << layout.bits
+    table = codebook(layout.table_name)
+    return unit if list(table) == [(i + 1) / unit for i in range(unit)] else 0
+
+
+def layout_arrays(layout: StateLayout, table: torch.Tensor | None):
+    """(lay int64 [8], lim fp32 [2], table fp32) of a state layout (codec.py)."""
+    lay, lim = _layout(layout)
+    tab = np.zeros(2, np.float32) if table is None else table.detach().cpu().numpy()
+    return lay, lim, tab
+
+
+def array(t: torch.Tensor) -> np.ndarray:
+    """A flat numpy view of a CPU tensor: fp32 as float32, bf16 as uint16 bit patterns,
+    uint8 codes as uint8 (shares memory: writes go to the tensor)."""
+    t = t.detach().reshape(-1)
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def scale_words(t: torch.Tensor) -> np.ndarray:
+    """Block scales (fp32 or bf16) as a flat view of uint16 words (codec.scale_at)."""
+    return t.detach().reshape(-1).view(torch.int16).numpy().view(np.uint16)
+
+
+def numpy_views(member: Member, names) -> tuple:
+    """(param, grad, (codes, scale words) per state) of a member as numpy views."""
+    states = tuple((array(member.states[n][0]), scale_words(member.states[n][1])) for n in names)
+    return (array(member.param), array(member.grad)) + states

@@ -1,0 +1,73 @@
+"""The CPU path (kernels/cpu, numba) against the reference, bit for bit, on the Triton
+kernels' parity grid (tests/test_kernels_adamw.py: every format, rounding, block size and
+scale dtype; weird shapes; NaN/Inf gradients at step 2), and its fallbacks.
+
+Skipped where numba is not installed (`pip install 'qstate-cli[cpu]'`), except the test of
+the fallback itself. The first run compiles the kernels (minutes on a loaded 2-core
+machine); numba caches them on disk for every later run."""
+import pytest
+import torch
+
+from kernel_parity import assert_same_state, make_pair, run_parity, step_both
+from qstate_cli.errors import QstateError
+from qstate_cli.kernels import cpu
+from qstate_cli.optim import Adam, AdamW
+from test_kernels_adamw import CASES, WEIRD
+
+needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
+CPU_CASES = [(s, d) for s, d in CASES if d in (torch.float32, torch.bfloat16)]  # fp16: reference (below)
+
+
+@needs_numba
+@pytest.mark.parametrize("states,dtype", CPU_CASES, ids=[f"{s}-{str(d)[6:]}" for s, d in CPU_CASES])
+def test_cpu_adamw_equals_reference(states, dtype):
+    _, ker = run_parity(AdamW, states, WEIRD, dtype, backend="cpu", device="cpu", lr=1e-2, weight_decay=0.1)
+    assert {ker.path_for(p) for p in ker.param_groups[0]["params"]} == {cpu.PATH}
+
+
+@needs_numba
+@pytest.mark.parametrize("states", ["nearest-4bit", "sr-4bit", "bred-4bit"])
+def test_cpu_adamw_presets_equal_reference_with_resets_on_threads(states):
+    """A tensor big enough to be split over threads (host.MIN_THREAD_ELEMENTS), a reset at
+    step 3: state, counters and parameters equal at every step."""
+    run_parity(AdamW, states, [(300, 700), (4097,)], torch.float32, steps=4, backend="cpu", device="cpu",
+               reset=3, lr=1e-2)
+
+
+@needs_numba
+def test_cpu_adam_with_l2_weight_decay_equals_reference():
+    run_parity(Adam, "bred-8bit", [(37, 29), (300,)], torch.bfloat16, backend="cpu", device="cpu",
+               lr=1e-2, weight_decay=0.05)
+
+
+@needs_numba
+def test_cpu_nonfinite_gradients_are_zeroed_and_counted():
+    ref, ker = run_parity(AdamW, "bred-4bit", [(37, 29), (300,)], steps=2, poison_step=1, backend="cpu",
+                          device="cpu")
+    assert ker.nonfinite_count() == ref.nonfinite_count() == 6
+
+
+@needs_numba
+def test_auto_picks_the_cpu_path_and_uncovered_parameters_fall_back():
+    covered = torch.nn.Parameter(torch.randn(300))
+    half = torch.nn.Parameter(torch.randn(300, dtype=torch.float16))
+    opt = AdamW([covered, half], states="bred-4bit", min_quant_numel=0)
+    assert opt.path_for(covered) == cpu.PATH and opt.why_reference(covered) is None
+    assert opt.path_for(half) == "reference" and "float16" in opt.why_reference(half)
+    ref, ker = make_pair(AdamW, [(37, 29), (20,)], torch.float16, backend="auto", device="cpu", states="bred-4bit")
+    gen = torch.Generator().manual_seed(2)
+    step_both(ref, ker, gen)  # fp16: both steps by the reference, equal
+    for a, b in zip(ref.param_groups[0]["params"], ker.param_groups[0]["params"]):
+        assert torch.equal(a, b)
+
+
+def test_without_numba_auto_falls_back_with_the_reason_and_cpu_is_an_error(monkeypatch):
+    monkeypatch.setattr(cpu, "_import_error", ["numba is not importable (ModuleNotFoundError: test)"])
+    p = torch.nn.Parameter(torch.randn(300))
+    opt = AdamW([p], min_quant_numel=0)
+    assert opt.path_for(p) == "reference" and "numba is not importable" in opt.why_reference(p)
+    with pytest.raises(QstateError, match="backend='cpu' needs numba"):
+        AdamW([p], backend="cpu").path_for(p)
+    p.grad = torch.randn(300)
+    opt.step()  # the reference steps it
+    assert int(opt.state[p]["step"]) == 1
