@@ -19,6 +19,8 @@ HELP = ("Check an optimizer checkpoint: state formats and bytes, v flushed to ze
         "torch.distributed.checkpoint directories) without running code from them. Exit 1 when a finding would "
         "change training, 2 when the input cannot be read.")
 MAX_ROWS = 20
+HEADERS = {"state_bytes": "bytes", "nonfinite": "non-finite", "v_flushed": "v flushed", "v_subnormal": "v subnorm",
+           "errors": "err", "warnings": "warn", "against_differing": "differ", "against_max_abs_diff": "max |diff|"}
 
 
 def register(app: typer.Typer) -> None:
@@ -37,14 +39,13 @@ def _print(doc: dict) -> None:
     shown = sorted(rows, key=lambda r: (-r["errors"], -r["warnings"]))[:MAX_ROWS]
     shown.sort(key=lambda r: rows.index(r))
     title = f"qstate doctor: {meta['checkpoint']}" + (f" against {meta['against']}" if meta.get("against") else "")
-    cols = ["optimizer", "param", "shape", "states", "state_bytes", "step", "nonfinite", "v_flushed", "v_subnormal",
-            "errors", "warnings"]
+    cols = (["optimizer"] if len({r["optimizer"] for r in rows}) > 1 else []) + [
+        "param", "shape", "states", "state_bytes", "step", "nonfinite", "v_flushed", "v_subnormal", "errors", "warnings"]
     if meta.get("against"):
         cols += ["against_differing", "against_max_abs_diff"]
-    output.stdout.print(output.table(title, shown, cols, formats={"state_bytes": ",", "step": "g", "v_flushed": ",", "v_subnormal": ",",
-                                                                  "against_max_abs_diff": ".3g"},
-                                     headers={"state_bytes": "bytes", "against_differing": "differ",
-                                              "against_max_abs_diff": "max |diff|"}))
+    output.stdout.print(output.table(title, shown, cols, formats={"state_bytes": ",", "step": "g", "v_flushed": ",",
+                                                                  "v_subnormal": ",", "against_max_abs_diff": ".3g"},
+                                     headers=HEADERS))
     if len(rows) > len(shown):
         output.stdout.print(f"({len(rows) - len(shown)} more parameters without more findings: --json or --csv "
                             f"lists all)", highlight=False)
