@@ -119,12 +119,13 @@ def test_nonfinite_missing_and_bad_steps_are_errors(ckpts, tmp_path):
     broken["state"][0]["exp_avg"][1, 0] = float("inf")
     del broken["state"][1]["exp_avg_sq"]
     broken["state"][3]["step"] = torch.tensor(2.5)
+    broken["state"][2]["step"] = torch.tensor(float("inf"))
     torch.save(broken, tmp_path / "broken.pt")
     res = execute(DoctorOptions(checkpoint=str(tmp_path / "broken.pt")))
     errors = {(f["param"], f["check"]): f for f in res.extras["findings"] if f["severity"] == "error"}
     assert errors[("0.weight", "nonfinite")]["count"] == 4
     assert "3 NaN, 1 Inf" in errors[("0.weight", "nonfinite")]["message"]
-    assert ("0.bias", "missing") in errors and ("2.bias", "step") in errors
+    assert ("0.bias", "missing") in errors and ("2.bias", "step") in errors and ("2.weight", "step") in errors
     warns = {f["check"] for f in res.extras["findings"] if f["severity"] == "warn"}
     assert "steps" in warns  # 2.5 disagrees with the others' 10
 

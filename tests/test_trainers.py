@@ -131,6 +131,31 @@ def test_lightning_callback_trace_equals_the_plain_recorder(tmp_path):
     assert_same_trace(got, want)
 
 
+def test_lightning_callback_writes_the_steps_before_an_error(tmp_path):
+    L = pytest.importorskip("lightning.pytorch", reason="lightning is not installed (pip install 'qstate-cli[trainers]')")
+    from qstate_cli.trace.lightning import QstateTraceCallback
+
+    class Failing(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+
+        def training_step(self, batch, index):
+            if index == 3:
+                raise RuntimeError("boom at step 4")
+            return loss_of(self.net, *batch)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    callback = QstateTraceCallback(tmp_path / "partial.pt")
+    trainer = L.Trainer(max_steps=STEPS, callbacks=[callback], accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(Failing(), train_dataloaders=torch.utils.data.DataLoader(batches(), batch_size=None))
+    assert load_trace(tmp_path / "partial.pt").n_steps == 3
+
+
 # -- Hugging Face ----------------------------------------------------------------------------
 
 def hf_trainer(tmp_path, callbacks=(), accumulation=1):
@@ -168,3 +193,20 @@ def test_hf_callback_trace_equals_the_plain_recorder(tmp_path):
     names = {n for n, _ in trainer.model.named_parameters()}
     assert {t.name for t in got.tensors} <= names
     assert all(float(t.grads.float().abs().max()) > 0 for t in got.tensors if "wte" in t.name)
+
+
+def test_hf_callback_writes_the_steps_before_ctrl_c(tmp_path):
+    transformers = pytest.importorskip("transformers",
+                                       reason="transformers is not installed (pip install 'qstate-cli[trainers]')")
+    from qstate_cli.trace.hf import QstateTraceCallback
+
+    class CtrlC(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                raise KeyboardInterrupt
+
+    callback = QstateTraceCallback(tmp_path / "partial.pt")
+    trainer = hf_trainer(tmp_path, [callback, CtrlC()])
+    with pytest.raises(KeyboardInterrupt), callback:
+        trainer.train()
+    assert load_trace(tmp_path / "partial.pt").n_steps == 2

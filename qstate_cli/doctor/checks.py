@@ -37,6 +37,7 @@ storage with equal values is a warn.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -124,7 +125,7 @@ def check_param(opt: OptimizerStates, p: ParamStates, expected: set[str], low_bi
     for name in sorted(expected - set(p.states)):
         out.append(_f("error", "missing", opt, p, name, f"{name} missing (the other parameters of group {p.group} "
                                                         f"keep it; a resume restarts it from zero)"))
-    if p.step is not None and (p.step != p.step or p.step < 0 or p.step != int(p.step) or abs(p.step) == float("inf")):
+    if p.step is not None and (not math.isfinite(p.step) or p.step < 0 or p.step != int(p.step)):
         out.append(_f("error", "step", opt, p, "step", f"step counter {p.step!r} is not a count of steps"))
     for name, written in p.written.items():
         if p.step is not None and written > p.step:
