@@ -245,7 +245,8 @@ def compare(a: OptimizerStates, b: OptimizerStates, name_b: str) -> tuple[list[F
         for name in sorted(set(p.states) | set(q.states)):
             sa, sb = p.states.get(name), q.states.get(name)
             if sa is None or sb is None:
-                out.append(_f("error", "against", a, p, name, f"{name} only in {'this checkpoint' if sb is None else name_b}"))
+                only = "this checkpoint" if sb is None else name_b
+                out.append(_f("error", "against", a, p, name, f"{name} only in {only}"))
                 continue
             if sa.numel != sb.numel:
                 out.append(_f("error", "against", a, p, name, f"{name} has {sa.numel:,} elements here, {sb.numel:,} "
