@@ -108,13 +108,63 @@ class Result:
         return {"records": self.records, **self.extras, "meta": self.meta}
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def check_writable(path, what: str | None = None) -> Path:
+    """Refuse, before any work, a file path that cannot be written (QstateError, exit 2):
+    a folder, a path under a file, or a folder this process cannot create files in (tried
+    for real with a temporary file, so it also holds for root and read-only mounts).
+    Missing folders on the way are fine: the write creates them."""
+    path = Path(path)
+    label = f"{what} {path}" if what else str(path)
+    if path.is_dir():
+        raise QstateError(f"{label}: is a folder; name a file")
+    return _check_folder(path.parent, label)
+
+
+def check_folder(path, what: str | None = None) -> Path:
+    """Like check_writable, for a folder that files will be written into."""
+    path = Path(path)
+    label = f"{what} {path}" if what else str(path)
+    if path.exists() and not path.is_dir():
+        raise QstateError(f"{label}: is a file, not a folder")
+    _check_folder(path, label)
+    return path
+
+
+def _check_folder(folder: Path, label: str) -> Path:
+    parent = folder
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise QstateError(f"{label}: {parent} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".qstate-probe.", dir=parent)
+    except OSError as exc:
+        raise QstateError(f"{label}: cannot write in {parent} ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return folder
+
+
 @contextlib.contextmanager
 def atomic_path(path):
     """Yield a temporary path in `path`'s folder; on success rename it to `path` (atomic on
-    POSIX), on any error remove it. Readers never see a half-written file."""
+    POSIX), on any error remove it. Readers never see a half-written file. The file gets
+    the mode a plain open() would give (0666 less the umask), not mkstemp's 0600."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise QstateError(f"{path}: is a folder; name a file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise QstateError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     try:
         yield tmp
@@ -160,12 +210,45 @@ def load(path) -> dict:
         raise QstateError(f"{path}: not a JSON results file ({exc})") from None
     if not isinstance(doc, dict) or "schema_version" not in doc or "records" not in doc:
         raise QstateError(f"{path}: not a qstate results file (no schema_version/records)")
-    if doc["schema_version"] > SCHEMA_VERSION:
-        raise QstateError(f"{path}: schema_version {doc['schema_version']} is newer than this qstate "
-                          f"understands ({SCHEMA_VERSION}); upgrade qstate")
-    if not isinstance(doc["records"], list):
-        raise QstateError(f"{path}: 'records' must be a list")
+    problem = document_problem(doc)
+    if problem:
+        raise QstateError(f"{path}: {problem}")
     return doc
+
+
+def document_problem(doc: dict) -> str | None:
+    """What makes `doc` not a results document this qstate reads (None: nothing): the
+    fields every reader relies on (report, compare, `run --resume`) have their types."""
+    version = doc.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return f"schema_version {version!r}: must be a whole number >= 1"
+    if version > SCHEMA_VERSION:
+        return (f"schema_version {version} is newer than this qstate understands ({SCHEMA_VERSION}); "
+                "upgrade qstate")
+    if not isinstance(doc.get("kind"), str) or not doc["kind"]:
+        return f"'kind' {doc.get('kind')!r}: must be a name (kernels, memory, diagnose, ...)"
+    if not isinstance(doc.get("env"), dict):
+        return "no 'env' block (device, versions, argv): not written by qstate, or edited"
+    if not isinstance(doc.get("meta", {}), dict):
+        return "'meta' must be a mapping"
+    for key, rows in doc.items():
+        if key in ("records",) or (isinstance(rows, list) and key not in ("env", "meta")):
+            if not isinstance(rows, list):
+                return f"'{key}' must be a list of rows"
+            bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+            if bad is not None:
+                return f"{key}[{bad}] is {str(rows[bad])[:40]!r}, not a row (a mapping of fields)"
+    suite = doc.get("meta", {}).get("suite")
+    if suite is not None:
+        if not isinstance(suite, dict):
+            return "meta.suite must be a mapping"
+        if not isinstance(suite.get("points", {}), dict):
+            return "meta.suite.points must be a mapping of point keys"
+        for key in ("done", "failed"):
+            value = suite.get(key, [])
+            if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
+                return f"meta.suite.{key} must be a list of point keys, got {str(value)[:40]}"
+    return None
 
 
 def frame(doc: dict):

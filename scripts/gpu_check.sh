@@ -6,12 +6,16 @@
 #   scripts/gpu_check.sh OUT_DIR        (or OUT=... scripts/gpu_check.sh)
 #
 # Files: summary.log (one line per stage), <stage>.log, junit XML of the test stages,
-# headline.json, bench-kernels-4bit.json/.csv, bench-kernels-gpt2.json, bench-memory.json.
+# headline.json, bench-kernels-4bit.json/.csv, bench-kernels-gpt2.json, bench-memory.json,
+# prediction.log / prediction.jsonl (each measured fused-kernel row beside the static
+# SASS prediction of scripts/sass_budget.py, compiled with this machine's Triton).
 # Every stage runs even if an earlier one failed (exit status 1 if any failed); a stage
 # that would start after DEADLINE seconds is skipped, so the whole run fits a lease.
 # Knobs: PYTHON, HEADLINE_NUMEL (1e8), BENCH_NUMEL (2^27), DEADLINE (s, 480).
-# Peers: if .peers/ exists (bitsandbytes and torchao unpacked there, carried to a
-# machine without network), it is put on PYTHONPATH so their baselines can run.
+# Peers: if .peers/ exists (bitsandbytes, torchao and flashoptim unpacked there, carried
+# to a machine without network), it is put on PYTHONPATH so their baselines can run;
+# FlashOptim's FlashAdamW and Transformer Engine's FusedAdam are `bench kernels`
+# baselines when importable (an "unavailable" row with the reason otherwise).
 set -euo pipefail
 
 OUT_DIR="${1:-${OUT:-gpu_check_out}}"
@@ -51,7 +55,7 @@ stage() {  # stage NAME LIMIT_S COMMAND...: run with a limit, log to OUT_DIR/NAM
     fi
 }
 
-stage env 60 "$PY" -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda); print('triton', triton.__version__); print('device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NO CUDA'); import importlib.util as u; print('peers', [m for m in ('bitsandbytes', 'torchao') if u.find_spec(m)])"
+stage env 60 "$PY" -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda); print('triton', triton.__version__); print('device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NO CUDA'); import importlib.util as u; print('peers', [m for m in ('bitsandbytes', 'torchao', 'flashoptim', 'transformer_engine') if u.find_spec(m)])"
 command -v nvidia-smi > /dev/null && stage nvidia_smi 30 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,power.draw --format=csv
 
 # 1. Headline: fused 4-bit AdamW kernel vs copy bandwidth, BReD vs nearest, vs torch fused AdamW.
@@ -59,10 +63,24 @@ stage headline 150 "$PY" -m qstate_cli bench headline --numel "$NUMEL" --json "$
 # 2. Bit-exact parity of every kernel with the reference, on the GPU.
 stage kernel_tests 180 "$PY" -m pytest -q -ra tests/test_kernels_adamw.py tests/test_kernels_lion.py \
     tests/test_kernels_sgd.py tests/test_kernels_muon.py tests/test_kernels_launch.py tests/test_kernels_ptx.py \
+    tests/test_kernels_nozero.py \
     --junitxml="$OUT_DIR/kernel_tests.xml"
-# 3. The headline command: every 4-bit rounding mode for AdamW against the baselines.
+# 3. The headline command: every 4-bit rounding mode for AdamW against the baselines,
+#    FlashOptim and Transformer Engine's FusedAdam included (named: they are not defaults).
 stage bench_kernels 150 "$PY" -m qstate_cli bench kernels --bits 4 --numel "$BENCH_NUMEL" --dtype bf16,fp32 \
+    --baseline torch-fused,torch-foreach,bf16-states,bnb-adamw8bit,torchao-adamw4bit,flashoptim-adamw,te-fusedadam \
     --warmup-ms 25 --rep-ms 150 --json "$OUT_DIR/bench-kernels-4bit.json" --csv "$OUT_DIR/bench-kernels-4bit.csv"
+# 3b. The static prediction (sm_90 SASS per element, issue model) beside each measured
+#     fused-kernel row: the first check of the model (docs/kernels.md).
+predict() {  # the measured rows of whichever result files exist, beside the prediction
+    local files=() f
+    for f in "$OUT_DIR/headline.json" "$OUT_DIR/bench-kernels-4bit.json"; do [ -s "$f" ] && files+=("$f"); done
+    if [ "${#files[@]}" -eq 0 ]; then echo "no measured results to put beside the prediction"; return 1; fi
+    "$PY" scripts/sass_budget.py --beside "${files[@]}" \
+        && "$PY" scripts/sass_budget.py --json --beside "${files[@]}" > "$OUT_DIR/prediction.jsonl"
+}
+export -f predict; export PY OUT_DIR
+stage prediction 90 bash -c predict
 # 4. Launch overhead on a whole model: one launch per group vs one launch per parameter.
 stage bench_gpt2 90 "$PY" -m qstate_cli bench kernels -c bred-4bit --model gpt2-small --dtype bf16 \
     --baseline bred-4bit-per-param,torch-fused,torch-foreach,bnb-adamw8bit,torchao-adamw4bit \
@@ -73,7 +91,7 @@ stage bench_memory 60 "$PY" -m qstate_cli bench memory --model gpt2-small --json
 stage cuda_tests 90 "$PY" -m pytest -q -ra -m cuda tests --ignore-glob='tests/test_kernels_*' \
     --junitxml="$OUT_DIR/cuda_tests.xml"
 
-for f in headline bench_kernels bench_gpt2 bench_memory; do
+for f in headline bench_kernels prediction bench_gpt2 bench_memory; do
     echo "== $f (tail)"; tail -n 30 "$OUT_DIR/$f.log" 2>/dev/null || true
 done
 echo "== done in $(( $(date +%s) - T0 ))s: $([ "$failed" -eq 0 ] && echo 'all stages ok' || echo 'some stages FAILED') (see $SUMMARY)" | tee -a "$SUMMARY"

@@ -95,3 +95,10 @@ def test_counts_and_sweep_shapes():
     assert sweep_shape(1 << 20, matrix=False) == (1 << 20,)
     assert sweep_shape(1 << 20, matrix=True) == (1024, 1024)
     assert sweep_shape(3 * 4096, matrix=True) == (64, 192)
+
+
+def test_flashoptim_bytes_count_its_int8_correction_of_bf16_parameters():
+    n = 1 << 20
+    fo = baselines("adamw")["flashoptim-adamw"]
+    assert fo.bytes_moved("adamw", [n], torch.bfloat16) == n * (6 + 2 * 2 * (1 + 2 / 32) + 2)
+    assert fo.bytes_moved("adamw", [n], torch.float32) == n * (12 + 2 * 2 * (1 + 2 / 32))

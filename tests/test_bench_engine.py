@@ -154,3 +154,18 @@ def test_cuda_rows_events_flush_graph_and_measured_memory():
         # the caching allocator rounds each tensor up (512 B blocks): measured >= counted
         assert r["state_bytes"] <= r["measured_state_bytes"] <= 1.01 * r["state_bytes"] + 64 * 1024
         assert r["peak_extra_mib"] >= 0
+
+
+def test_flashoptim_and_transformer_engine_run_only_when_named_and_say_why_they_cannot():
+    assert not {"flashoptim-adamw", "te-fusedadam"} & {s.name for s, _ in kernels.plan(KernelsOptions(bits=4)).subjects}
+    rows = by_name(run_kernels(numel=[4096], config=["nearest-4bit"], baseline=["flashoptim-adamw", "te-fusedadam"]))
+    for name, module in (("flashoptim-adamw", "flashoptim"), ("te-fusedadam", "transformer_engine")):
+        row = rows[name]
+        try:
+            __import__(module)
+        except Exception:  # noqa: BLE001 - not here: the row says so
+            assert row["status"] == "unavailable" and module in row["reason"], row
+        else:  # here (a GPU machine with .peers/): it ran or said why not
+            assert row["status"] in ("ok", "unavailable"), row
+    assert rows["flashoptim-adamw"]["bytes_per_elem"] == 12 + 2 * 2 * (1 + 2 / 32)  # fp32: no correction
+    assert rows["te-fusedadam"]["bytes_per_elem"] == 28

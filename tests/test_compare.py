@@ -67,10 +67,13 @@ def test_timing_needs_the_ratio_and_the_test(new, status):
     assert bool(v.regressions) == (status == "regressed")
 
 
-def test_timing_without_samples_is_never_a_regression():
+@pytest.mark.parametrize("new_ms, status", [(3.0, "regressed"), (1.05, "same"), (0.5, "insignificant")])
+def test_timing_without_samples_fails_closed(new_ms, status):
+    """No samples to test a slowdown beyond the threshold: it stands (the gate fails closed)."""
     base = doc("kernels", [{"name": "k", "status": "ok", "time_ms": 1.0}])
-    new = doc("kernels", [{"name": "k", "status": "ok", "time_ms": 2.0}])
-    assert compare_docs([base], [new]).records[0]["status"] == "insignificant"
+    new = doc("kernels", [{"name": "k", "status": "ok", "time_ms": new_ms}])
+    v = compare_docs([base], [new])
+    assert v.records[0]["status"] == status and bool(v.regressions) == (status == "regressed")
 
 
 def _diag(**metrics):
@@ -114,7 +117,7 @@ def test_cli_exit_codes_summary_and_benchmark_json(tmp_path):
     assert r.stdout.startswith("### qstate compare: regression (8 regressed, 2 failed, 2 missing, 1 new, "
                                "1 insignificant, 1 improved, 52 same)")
     assert "| **regressed** | diagnose: nearest-4bit m | drift_max_abs |" in r.stdout
-    assert r.stderr.startswith("check failed: 9 regression(s)")
+    assert r.stderr.startswith("check failed: 10 regression(s)")  # incl. the missing row
     assert summary.read_text() == "earlier step\n" + r.stdout + "\n"
     assert (tmp_path / "v.md").read_text() == r.stdout
     bench = json.loads((tmp_path / "bench.json").read_text())

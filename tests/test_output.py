@@ -16,7 +16,7 @@ def test_destinations_are_checked_before_any_work(tmp_path):
     with pytest.raises(QstateError, match="is a folder"):
         Destinations(json=tmp_path).check()
     (tmp_path / "file").write_text("x")
-    with pytest.raises(QstateError, match="cannot write in"):
+    with pytest.raises(QstateError, match="file is a file, not a folder"):
         Destinations(csv=tmp_path / "file" / "rows.csv").check()
     with pytest.raises(QstateError, match="name a .png, .svg or .pdf"):
         Destinations(plot=tmp_path / "curves.gif").check()

@@ -253,3 +253,50 @@ def test_recorder_without_an_optimizer_hook(tmp_path):
     assert tr.optimizer == "lion" and tr.n_steps == 3 and tr.tensors[0].name == "param0"
     with pytest.raises(QstateError, match="needs an optimizer"):
         Recorder(params=model.parameters())
+
+
+def test_recorder_samples_live_blocks_and_warns_about_zero_tensors(tmp_path, capsys):
+    """An embedding of 16 blocks whose training touches only rows 0..59 (blocks 0 and 1):
+    the sampled blocks are those two, not the hash's first choice among dead ones; a tensor
+    that never gets a gradient is named on stderr and in the trace's meta."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(512, 64)  # 32768 elements = 16 blocks of 2048 (32 rows each)
+    unused = torch.nn.Linear(64, 64)
+    model = torch.nn.ModuleDict({"emb": emb, "unused": unused})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    dead_choice = sample_blocks(emb.weight.numel(), 2, 0, 0)
+    assert not set(dead_choice.tolist()) <= {0, 1}  # without looking, the hash picks dead blocks
+    with Recorder(opt, tmp_path / "e.pt", model=model, blocks_per_tensor=2) as rec:
+        g = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            loss = emb(torch.randint(0, 60, (8,), generator=g)).pow(2).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    err = capsys.readouterr().err
+    assert "unused.weight" in err and "zero at every one of 4 steps" in err
+    tr = load_trace(tmp_path / "e.pt")
+    assert tr.tensors[0].blocks.tolist() == [0, 1]
+    assert tr.meta["zero_tensors"] == ["unused.weight", "unused.bias"] == rec.zero_tensors()
+
+
+def test_trace_info_counts_dead_blocks(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from qstate_cli.cli import app
+    from qstate_cli.trace import synthetic
+
+    trace = synthetic.with_dead_blocks(synthetic.gaussian(4 * BLOCK, 3), 3)
+    path = save_trace(trace, tmp_path / "dead.pt")
+    r = CliRunner().invoke(app, ["trace", "info", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["summary"]["dead_blocks"].startswith("3 of 4 recorded blocks")
+    assert doc["tensors"][0]["dead_blocks"] == 3
+    out = subprocess.run([sys.executable, "-m", "qstate_cli", "trace", "info", str(path)], capture_output=True,
+                         text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "200"})
+    assert out.returncode == 0 and "3 of 4 recorded blocks" in out.stdout

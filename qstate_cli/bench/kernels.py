@@ -16,6 +16,8 @@ Ctrl-C (KeyboardInterrupt, never caught here) keeps every finished row.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -147,6 +149,11 @@ def plan(opts: KernelsOptions) -> Plan:
     numels = list(opts.numel) or ([] if opts.model else list(d["numel"]))
     if any(n < 1 for n in numels):
         raise QstateError("--numel must be >= 1")
+    if opts.copy_numel is not None and opts.copy_numel < 1:
+        raise QstateError(f"--copy-numel {opts.copy_numel}: must be >= 1 (omit it for the device's default)")
+    for flag, value, low in (("--warmup-ms", opts.warmup_ms, 0.0), ("--rep-ms", opts.rep_ms, None)):
+        if value is not None and not (math.isfinite(value) and (value > 0 if low is None else value >= low)):
+            raise QstateError(f"{flag} {value:g}: must be a finite number {'>= 0' if low is not None else '> 0'}")
     targets = [Target([sweep_shape(n, opts.optimizer == "muon")], None) for n in numels]
     targets += [Target(model_shapes(m), m) for m in opts.model]
     cfgs = configs(opts)

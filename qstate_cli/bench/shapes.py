@@ -116,18 +116,38 @@ def sweep_shape(n: int, matrix: bool) -> Shape:
     return (rows, n // rows)
 
 
+MAX_COUNT_BITS = 48  # 2^48 elements: far past any memory; larger is a typo, not a size to try
+
+
 def parse_count(text) -> int:
-    """An element count: 1048576, "1e8", "2^20" or "2**20" (QstateError otherwise)."""
-    if isinstance(text, int) and not isinstance(text, bool):
+    """An element count: 1048576, "1e8", "2^20" or "2**20", below 2^48 (QstateError
+    otherwise; a power is bounded before it is computed, so 9^99999999 is refused at once)."""
+    if isinstance(text, bool):
+        raise QstateError(f"numel {text!r}: give a whole number of elements (1048576, 1e8, 2^20)")
+    if isinstance(text, int):
+        if text.bit_length() > MAX_COUNT_BITS:
+            raise QstateError(f"numel {text}: more than 2^{MAX_COUNT_BITS} elements")
         return text
     t = str(text).strip().lower().replace("_", "")
+    too_big = QstateError(f"numel {text!r}: more than 2^{MAX_COUNT_BITS} elements")
     try:
         if "^" in t or "**" in t:
             base, _, exp = t.replace("**", "^").partition("^")
-            return int(base) ** int(exp)
-        f = float(t)
-        if f != int(f):
-            raise ValueError
-        return int(f)
+            base, exp = int(base), int(exp)
+            if exp < 0:
+                raise ValueError
+            if base > 1 and exp * math.log2(base) > MAX_COUNT_BITS:  # before computing a huge power
+                raise too_big
+            value = base ** exp
+        else:
+            f = float(t)
+            if math.isfinite(f) and f >= 2.0 ** MAX_COUNT_BITS:
+                raise too_big
+            if f != int(f):
+                raise ValueError
+            value = int(f)
     except (ValueError, OverflowError):
         raise QstateError(f"numel {text!r}: give a whole number of elements (1048576, 1e8, 2^20)") from None
+    if value.bit_length() > MAX_COUNT_BITS:
+        raise QstateError(f"numel {text!r}: more than 2^{MAX_COUNT_BITS} elements")
+    return value

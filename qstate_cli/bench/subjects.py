@@ -16,6 +16,14 @@ each tensor (for the bytes model and the memory accounting):
                 quantized when it has >= 4096 elements and a multiple of the block,
                 otherwise its states are zeros_like(param); torch.compile per parameter
                 (compile time reported apart as compile_ms); path "torchao"
+    flashoptim-adamw   FlashOptim's FlashAdamW (fused Triton): int8 m and v with one
+                fp16 scale per 32 (bytes modelled with 2-byte scales), v stored as sqrt;
+                bf16/fp16 parameters keep an int8 correction (+1 byte read and written per
+                element); path "flashoptim"
+    te-fusedadam   Transformer Engine's FusedAdam (adam_w_mode), fp32 states (its
+                default); path "te"
+    (the last two run only when named: --baseline flashoptim-adamw,te-fusedadam; on a
+    machine without network they come from .peers/, scripts/gpu_check.sh)
 
 Peers are imported lazily; one that is missing or fails raises Unavailable(reason),
 which the engine records as a row with status "unavailable".
@@ -62,6 +70,7 @@ class Subject:
     block_multiple: bool = False  # quantizes only tensors whose numel is a multiple of the block
     compiles: bool = False  # torch.compile: first step reported as compile_ms
     path: str | None = None  # peers: fixed; ours: from the backend (nominal_path)
+    extra_bytes: Callable[[torch.dtype], float] | None = None  # per element, beyond params/grads/states
 
     def nominal_path(self, ctx: Context) -> str:
         """The path a row is labelled with before (or without) building the optimizer."""
@@ -82,7 +91,9 @@ class Subject:
 
     def bytes_moved(self, optimizer: str, numels, param_dtype: torch.dtype) -> int:
         b = dtype_bytes(param_dtype)
-        return step_bytes(numels, b, b, lambda n: self.specs_for(optimizer, n, param_dtype))
+        extra = self.extra_bytes(param_dtype) if self.extra_bytes else 0
+        numels = list(numels)
+        return step_bytes(numels, b, b, lambda n: self.specs_for(optimizer, n, param_dtype)) + int(extra * sum(numels))
 
     def config_text(self, param_dtype: torch.dtype) -> str:
         return self.config(param_dtype).canonical()
@@ -200,6 +211,38 @@ def _torchao(bits: int) -> Subject:
                    block_multiple=True, compiles=True, path="torchao")
 
 
+def _flashoptim() -> Subject:
+    def build(params, ctx: Context):
+        try:
+            from flashoptim import FlashAdamW
+        except Exception as exc:  # noqa: BLE001
+            raise Unavailable(f"flashoptim is not importable ({type(exc).__name__}: {exc}); "
+                              "pip install flashoptim (or carry it in .peers/)") from None
+        try:
+            return FlashAdamW(params, lr=1e-3, weight_decay=1e-2), "flashoptim"
+        except Exception as exc:  # noqa: BLE001 - e.g. a parameter dtype it does not take
+            raise Unavailable(f"FlashAdamW refused these parameters: {type(exc).__name__}: {exc}") from None
+
+    cfg = parse_config("m=int8:nearest:b32:sbf16,v=uint8:nearest:b32:sqrt:sbf16")
+    correction = lambda dtype: 0.0 if dtype == torch.float32 else 2.0  # noqa: E731 - int8 read + written
+    return Subject("flashoptim-adamw", "baseline", build, _fixed(cfg), min_numel=0, path="flashoptim",
+                   extra_bytes=correction)
+
+
+def _te_fused_adam() -> Subject:
+    def build(params, ctx: Context):
+        try:
+            from transformer_engine.pytorch.optimizers import FusedAdam
+        except Exception as exc:  # noqa: BLE001
+            raise Unavailable(f"transformer_engine is not importable ({type(exc).__name__}: {exc})") from None
+        return FusedAdam(params, lr=1e-3, weight_decay=1e-2, adam_w_mode=True), "te"
+
+    return Subject("te-fusedadam", "baseline", build, _fixed(parse_config("fp32")), min_numel=0, path="te")
+
+
+NAMED_ONLY = ("-per-param", "flashoptim-adamw", "te-fusedadam")  # baselines that run only when named
+
+
 def baselines(optimizer: str) -> dict[str, Subject]:
     """Every baseline for `optimizer`, in report order."""
     out = {}
@@ -215,6 +258,8 @@ def baselines(optimizer: str) -> dict[str, Subject]:
     if optimizer == "adamw":
         out["torchao-adamw8bit"] = _torchao(8)
         out["torchao-adamw4bit"] = _torchao(4)
+        out["flashoptim-adamw"] = _flashoptim()
+        out["te-fusedadam"] = _te_fused_adam()
     return out
 
 
@@ -223,7 +268,7 @@ def default_baselines(optimizer: str, bits: int | None) -> list[str]:
     are all `bits` wide (--bits 4 meets torchao's AdamW4bit, --bits 8 its AdamW8bit;
     `--baseline all` keeps both). The per-parameter-launch baseline only means something
     with many tensors (--model), so it runs when named."""
-    names = [n for n in baselines(optimizer) if not n.endswith("-per-param")]  # asked for by name (--model runs)
+    names = [n for n in baselines(optimizer) if not n.endswith(NAMED_ONLY)]  # asked for by name
     if bits in (4, 8):
         names = [n for n in names if n != f"torchao-adamw{12 - bits}bit"]
     return names

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from ..diagnose import distributed
 from ..diagnose import run as engine
 from . import output
 from .commands import options_command
@@ -18,6 +19,10 @@ def register(app: typer.Typer) -> None:
     @options_command(app, "diagnose", engine.DiagnoseOptions, help=HELP, outputs=("json", "html", "markdown"),
                      output_help={"json": "Write the full result document here ('-': stdout)."})
     def diagnose(opts: engine.DiagnoseOptions, out: Destinations) -> None:
+        if distributed.launched() and distributed.rank() != 0:
+            if not opts.theory:
+                engine.execute(opts)  # under torchrun: replay this rank's share; rank 0 writes everything
+            return
         show = _print_theory if opts.theory else (lambda doc: _print_summary(doc, opts.profile))
         output.run_engine(engine.execute, opts, out, show, transient=True)
 
@@ -33,6 +38,9 @@ def _print_summary(doc: dict, profile: bool) -> None:
     output.stdout.print(output.table(title, rows, cols, fmts, heads))
     for r in rows:
         output.stdout.print(f"reset {r['config']}: {r['reset_reason']}")
+    for r in doc["records"]:
+        if r.get("model_warning"):
+            output.stdout.print(f"model warning {r['config']} {r['state']}: {r['model_warning']}")
     if meta.get("nonfinite_grads"):
         output.stdout.print(f"non-finite gradient elements: {meta['nonfinite_grads']} (counted, replayed as 0)")
     for note in meta.get("notes", []):

@@ -32,7 +32,7 @@ from rich.table import Table
 
 from ..errors import QstateError
 from ..progress import Progress
-from ..results import Result, environment, write_json_atomic, write_text_atomic
+from ..results import Result, check_writable, environment, write_json_atomic, write_text_atomic
 
 
 def _console(**kw) -> Console:
@@ -137,13 +137,7 @@ class Destinations:
     def check(self) -> "Destinations":
         """Refuse, before any work, a path that cannot be written (QstateError, exit 2)."""
         for name, path in self.files().items():
-            if path.is_dir():
-                raise QstateError(f"--{name} {path}: is a folder; name a file")
-            parent = path.parent
-            while not parent.exists() and parent != parent.parent:
-                parent = parent.parent
-            if not parent.is_dir() or not os.access(parent, os.W_OK):
-                raise QstateError(f"--{name} {path}: cannot write in {parent}")
+            check_writable(path, f"--{name}")
         if self.plot is not None and self.plot.suffix.lower() not in PLOT_SUFFIXES:
             raise QstateError(f"--plot {self.plot}: name a .png, .svg or .pdf file")
         return self

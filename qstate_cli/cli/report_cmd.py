@@ -27,12 +27,18 @@ def report(
 ):
     """Make one self-contained HTML report and a GitHub Markdown report from results."""
     from ..report import load_documents, write_report
+    from ..results import check_folder, check_writable
 
-    docs, sources = load_documents(results)
     stem = results[0].stem if results[0].is_file() else results[0].name
     if html is None and markdown is None:
         html, markdown = out_dir / f"{stem}.html", out_dir / f"{stem}.md"
     plots_dir = (Path(markdown).parent / f"{Path(markdown).stem}-plots") if plots and markdown else None
+    for flag, path in (("--html", html), ("--markdown", markdown)):  # before any work
+        if path is not None:
+            check_writable(path, flag)
+    if plots_dir is not None:
+        check_folder(plots_dir, "--plots")
+    docs, sources = load_documents(results)
     for path in write_report(docs, html, markdown, sources=sources, title=title, plots_dir=plots_dir):
         output.stderr.print(f"wrote {path}")
 
@@ -50,8 +56,13 @@ def compare(
 ):
     """Compare NEW against BASELINE: verdict table on stdout; exit 1 on any regression."""
     from ..compare import compare_paths, verdict_markdown
-    from ..results import write_json_atomic, write_text_atomic
+    from ..results import check_writable, write_json_atomic, write_text_atomic
 
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    for flag, path in (("--markdown", markdown), ("--json", json_path), ("--results", results_path),
+                       ("GITHUB_STEP_SUMMARY", summary)):  # before any work
+        if path:
+            check_writable(path, flag)
     verdict = compare_paths(baseline, new, threshold, alpha)
     text = verdict_markdown(verdict)
     typer.echo(text, nl=False)
@@ -61,7 +72,6 @@ def compare(
         write_json_atomic(json_path, verdict.benchmark())
     if results_path:
         write_json_atomic(results_path, verdict.document())
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         with open(summary, "a", encoding="utf-8") as fh:
             fh.write(text + "\n")

@@ -27,6 +27,7 @@ def run(
 ):
     """Run a suite: every point of its axes, results written as each one finishes."""
     from ..progress import Progress
+    from ..results import check_folder
     from ..suites import load_suite
     from ..suites.runner import run_suite
 
@@ -34,14 +35,22 @@ def run(
     for note in loaded.notes:
         output.stderr.print(f"[dim]note: {note}[/]")
     out = out or Path("results") / loaded.name
+    check_folder(out, "--out")  # before any work
+    bar = output.progress_bar()
+    task = bar.add_task(loaded.name, total=None)
+
+    def begin(total, _):  # the bar appears once the files are open: an input error is one line
+        bar.update(task, total=total)
+        bar.start()
+
+    progress = Progress(on_begin=begin,
+                        on_start=lambda label, done: bar.update(task, description=label, completed=done),
+                        on_log=lambda line: bar.console.print(line, highlight=False, markup=False))
     try:
-        with output.progress_bar() as bar:
-            task = bar.add_task(loaded.name, total=None)
-            progress = Progress(
-                on_begin=lambda total, _: bar.update(task, total=total),
-                on_start=lambda label, done: bar.update(task, description=label, completed=done),
-                on_log=lambda line: bar.console.print(line, highlight=False, markup=False))
+        try:
             runs = run_suite(loaded, out, resume=resume, progress=progress)
+        finally:
+            bar.stop()
     except KeyboardInterrupt:
         output.stderr.print(f"interrupted: finished points are kept in {out}/; continue with "
                             f"`qstate run {suite} --out {out} --resume`")

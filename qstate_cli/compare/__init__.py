@@ -4,12 +4,14 @@ Statuses (docs/results.md, kind "compare"):
 - improved / regressed / same: compared as metrics.py says (timing: ratio and a
   Mann-Whitney U test; quality metrics: a tolerance per metric, direction-aware);
 - insignificant: a timing ratio beyond the threshold that the samples do not support
-  (p >= alpha, or no samples kept);
+  (p >= alpha); with no samples to test, a slower ratio beyond the threshold regresses;
 - new: a row only NEW has (or the baseline's row had not run); missing: a row only the
   baseline has (or NEW could not run it: status "unavailable");
 - failed: NEW's row failed.
-`regression` is true for regressed rows and for rows that failed where the baseline's
-ran; any regression makes `qstate compare` exit 1.
+`regression` is true for regressed rows, for rows that failed where the baseline's ran,
+and for missing rows that NEW does not explain (no "unavailable" row); any regression
+makes `qstate compare` exit 1. The gate fails closed (evidence.py): empty, mismatched or
+inconsistent inputs are an input error (exit 2), never a pass.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from ..errors import QstateError
+from . import evidence
 from .metrics import Metric, compared_kinds, identity, metrics, row_name
 
 STATUSES = ("regressed", "failed", "missing", "new", "insignificant", "improved", "same")
@@ -56,14 +59,20 @@ def _timing(metric: Metric, b: dict, n: dict, threshold: float, alpha: float) ->
 
         p = float(mannwhitneyu(bs, ns, alternative="two-sided").pvalue)
     beyond = ratio > threshold or ratio < 1 / threshold
+    reason = None
     if not beyond:
         status = "same"
+    elif p is None and ratio > 1:  # nothing to test the slowdown with: it stands (fail closed)
+        status, reason = "regressed", "no samples to test the ratio against the threshold"
     elif p is None or p >= alpha:
         status = "insignificant"
     else:
         status = "regressed" if ratio > 1 else "improved"
-    return {"baseline": bv, "new": nv, "ratio": ratio, "p_value": p, "threshold": threshold, "status": status,
-            "regression": status == "regressed"}
+    out = {"baseline": bv, "new": nv, "ratio": ratio, "p_value": p, "threshold": threshold, "status": status,
+           "regression": status == "regressed"}
+    if reason:
+        out["reason"] = reason
+    return out
 
 
 def _quality(metric: Metric, b: dict, n: dict) -> dict:
@@ -96,7 +105,8 @@ def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], thresho
             rec = {"name": name, "kind": kind, "metric": metric.field, "unit": metric.unit, "better": metric.better,
                    "baseline": None, "new": None, "ratio": None, "p_value": None, "threshold": None}
             if n is None or n.get("status") == "unavailable":
-                rec.update(baseline=_num((b or {}).get(metric.field)), status="missing", regression=False,
+                rec.update(baseline=_num((b or {}).get(metric.field)), status="missing",
+                           regression=n is None and _ok(b),  # a row that vanished is not a pass
                            reason=(n or {}).get("reason") or "not in NEW")
             elif n.get("status", "ok") != "ok":
                 rec.update(baseline=_num((b or {}).get(metric.field)), status="failed", regression=_ok(b),
@@ -165,6 +175,12 @@ def compare_docs(base_docs: list[dict], new_docs: list[dict], threshold: float =
     kinds = [k for k in kinds if k in compared_kinds()]
     if not kinds:
         raise QstateError("nothing to compare: no kernels, memory, diagnose or train results in either input")
+    base_src = list(baseline_sources) or [f"#{i + 1}" for i in range(len(base_docs))]
+    new_src = list(new_sources) or [f"#{i + 1}" for i in range(len(new_docs))]
+    evidence.check_sides(kinds, base_docs, new_docs, base_src, new_src)
+    timing_kinds = {k for k in kinds if any(m.timing for m in metrics(k))}
+    evidence.check_rows(base_docs, base_src, "baseline", timing_kinds)
+    evidence.check_rows(new_docs, new_src, "NEW", timing_kinds)
     records = []
     for kind in kinds:
         records += compare_kind(kind, [d for d in base_docs if d.get("kind") == kind],

@@ -90,6 +90,8 @@ class LayoutStream:
 
     counter = "element" (stochastic rounding) or "block" (BReD, blocks of `block`)."""
 
+    offset = 0  # quant.Stream.offset: the layout's counters are folded into the keys instead
+
     def __init__(self, layout: Layout, seed: int, state_id: int, counter: str, block: int):
         self.seed, self.state_id, self.layout = seed, state_id, layout
         idx = layout.element_index

@@ -14,7 +14,9 @@ written; a reset puts them back to that; a BReD v read back below 0 is clamped t
 except that every recorded tensor is quantized (the optimizers keep tensors under
 `min_quant_numel` in fp32). Cost per configuration and step: about 2 x (encode + decode
 + ~15 elementwise passes) over the recorded elements; the fp32 shadow and the gradient
-gather are shared by all configurations.
+gather are shared by all configurations. The staleness model (staleness.py: per element,
+from the fp32 shadow) costs about one more encode + decode per state, so it is evaluated at
+MODEL_POINTS steps spread evenly over the replay (every step of a replay up to twice that).
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from ..theory import reset_period as theory_reset_period
 from ..trace.schema import Trace
 from .layout import Layout
 from .recursions import Recursion, recursion_for
-from .stats import StateStats, UpdateStats, unit_sums
+from .stats import GradientStats, ModelStats, StateStats, UpdateStats, unit_sums
 
 
 
@@ -47,6 +49,8 @@ class ReplayOptions:
     snapshots: int = 32  # staleness / dimension snapshots over the replay
     keep_states: bool = False  # return the final stored states (tests)
     profile: bool = False  # synchronize around phases (CUDA) so the timings are exact
+    unit_configs: list | None = None  # the layout's unit from these configurations (default: configs);
+    # torchrun ranks pass every rank's, so their per-unit statistics line up (distributed.py)
 
 
 @dataclass
@@ -58,6 +62,7 @@ class ConfigReplay:
     period_reason: str
     states: dict[str, dict]  # state -> StateStats.collect(): per-step series and per-unit sums (stats.py)
     update: dict  # UpdateStats.collect(): update fidelity per step and per unit
+    models: dict[str, dict] = field(default_factory=dict)  # state -> ModelStats.collect() (staleness.py)
 
 
 @dataclass
@@ -77,6 +82,7 @@ class Replay:
     timings_synchronized: bool  # whether each phase's time is exact (runtime.Timer.exact)
     nonfinite_units: np.ndarray  # NaN/Inf gradient elements per unit block, summed over steps
     configs: list[ConfigReplay]
+    gradients: dict = field(default_factory=dict)  # GradientStats.collect(): the Gaussian model's assumptions
     final_states: dict | None = None  # keep_states: {config: {state: [per-tensor stored values]}}
 
     @property
@@ -91,6 +97,7 @@ class _Shadow:
     period: int | None
     x: dict
     since: int = 0
+    prev: dict = field(default_factory=dict)  # the states before this step (after a reset: zeros)
     reset_now: bool = False
     x2_units: dict = field(default_factory=dict)
     update: torch.Tensor | None = None
@@ -107,6 +114,7 @@ class _ConfigReplay:
     stats: dict  # name -> StateStats
     update: UpdateStats
     clamp: dict  # name -> bool (a BReD v read back below 0 is clamped)
+    models: dict  # name -> ModelStats (quantized states only)
 
 
 def reset_schedule(reset, cfg: StateConfig, rec: Recursion) -> tuple[int | None, str]:
@@ -121,6 +129,7 @@ def reset_schedule(reset, cfg: StateConfig, rec: Recursion) -> tuple[int | None,
     return period, why
 
 
+MODEL_POINTS = 250  # steps at which the staleness model is evaluated (every step up to 2 x this)
 SMALL_LAYOUT = 1 << 20  # elements: below it, one CPU thread is faster (runtime.torch_threads)
 
 
@@ -137,7 +146,8 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
         raise QstateError("no configurations to replay")
     rec = recursion_for(trace.optimizer, trace.hparams)
     n_steps = min(trace.n_steps, opts.steps_limit or trace.n_steps)
-    blocks = [spec.dither_block for cfg in opts.configs for spec in (cfg.m, cfg.v) if spec.fmt.kind != "identity"]
+    blocks = [spec.dither_block for cfg in (opts.unit_configs or opts.configs) for spec in (cfg.m, cfg.v)
+              if spec.fmt.kind != "identity"]
     unit = max(blocks, default=128)
     if any(unit % b for b in blocks):
         raise QstateError(f"block sizes {sorted(set(blocks))} do not all divide {unit}: the replay needs "
@@ -147,9 +157,11 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
     if sign < 0:
         rec.notes.append("maximize: gradients negated, as the optimizer does")
     configs, shadows = _setup(trace, opts, rec, layout, n_steps)
+    model_every = max(1, n_steps // MODEL_POINTS)  # the model costs about one encode + decode
     timer = Timer(device, sync=opts.profile)
     invalid = ~layout.valid if layout.valid is not None else None
     nonfinite = torch.zeros(layout.n_units, dtype=torch.float64, device=device)
+    grad_stats = GradientStats(layout, n_steps)
     t_start, cpu_start = time.perf_counter(), time.process_time()
     for i in range(n_steps):
         with timer("gather"):
@@ -159,12 +171,14 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
             g.masked_fill_(bad, 0.0)  # the optimizers' policy: count, then treat as 0
             if sign < 0:
                 g.neg_()
+            grad_stats.observe(i, g)
         with timer("shadow"):
             for sh in shadows.values():
                 _step_shadow(sh, rec, g, layout)
         for c in configs:
             with timer(str(c.cfg)):
-                _step_config(c, shadows[c.period], rec, g, i, trace.step_start + i, invalid, layout)
+                _step_config(c, shadows[c.period], rec, g, i, trace.step_start + i, invalid, layout,
+                             i % model_every == 0)
         if progress is not None:
             progress(i + 1, n_steps)
     if device.type == "cuda":
@@ -175,7 +189,8 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
         threads=torch.get_num_threads(), timings_s=timer.totals, timings_synchronized=timer.exact,
         nonfinite_units=nonfinite.cpu().numpy(),
         configs=[ConfigReplay(c.cfg, c.period, c.period_reason, {s: c.stats[s].collect() for s in rec.states},
-                              c.update.collect()) for c in configs],
+                              c.update.collect(), {s: m.collect() for s, m in c.models.items()}) for c in configs],
+        gradients=grad_stats.collect(),
         final_states={str(c.cfg): {s: _split(layout, c.x_hat[s]) for s in rec.states} for c in configs}
         if opts.keep_states else None)
 
@@ -197,8 +212,9 @@ def _setup(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout, n_
             qs[s] = QuantizedState(spec, (layout.n,), stream, device=layout.device)
             stats[s] = StateStats(layout, spec, n_steps, snap_every)
             clamp[s] = s == "v" and spec.rounding == "bred" and not spec.sqrt
+        models = {s: ModelStats(layout, cfg.spec(s), n_steps) for s in rec.states if cfg.spec(s).fmt.kind != "identity"}
         configs.append(_ConfigReplay(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
-                                     UpdateStats(layout, n_steps), clamp))
+                                     UpdateStats(layout, n_steps), clamp, models))
     return configs, shadows
 
 
@@ -209,6 +225,7 @@ def _step_shadow(sh: _Shadow, rec: Recursion, g: torch.Tensor, layout: Layout) -
         sh.x = {s: torch.zeros_like(x) for s, x in sh.x.items()}
         sh.since = 0
     first = {s: sh.since == 0 for s in rec.states}
+    sh.prev = sh.x
     sh.since += 1
     sh.update, sh.x = rec.step(g, sh.x, sh.since, first)
     sh.x2_units = {s: unit_sums(sh.x[s] * sh.x[s], layout.unit) for s in rec.states}
@@ -216,17 +233,19 @@ def _step_shadow(sh: _Shadow, rec: Recursion, g: torch.Tensor, layout: Layout) -
 
 
 def _step_config(c: _ConfigReplay, sh: _Shadow, rec: Recursion, g: torch.Tensor, i: int, step: int,
-                 invalid, layout: Layout) -> None:
+                 invalid, layout: Layout, model: bool) -> None:
     """One optimizer step of a quantized configuration, as QuantizedOptimizer._step_param
     does it, then its statistics against the shadow."""
     if sh.reset_now:
         for s, q in c.states.items():
-            c.stats[s].on_reset(i, c.x_hat[s])
+            c.stats[s].on_reset(i)
             q.reset()
             c.x_hat[s] = torch.zeros_like(c.x_hat[s])
     first = {s: q.written == 0 for s, q in c.states.items()}
     u, new = rec.step(g, c.x_hat, sh.since, first)
     for s, q in c.states.items():
+        if model and s in c.models:  # before x_hat moves on: the step's own nominal update
+            c.models[s].observe(i, c.x_hat[s], new[s], sh.prev[s], _gaussian(rec, c.cfg.spec(s), s, sh))
         q.encode(new[s], step)
         x_hat = q.decode()
         if c.clamp[s]:
@@ -235,7 +254,21 @@ def _step_config(c: _ConfigReplay, sh: _Shadow, rec: Recursion, g: torch.Tensor,
             x_hat.masked_fill_(invalid, 0.0)  # padding stays 0
         c.stats[s].observe(i, new[s], c.x_hat[s], x_hat, sh.x[s], sh.x2_units[s], q.codes)
         c.x_hat[s] = x_hat
+
     c.update.observe(i, u, sh.update, sh.ref2_units)
+
+
+def _gaussian(rec: Recursion, spec, state: str, sh: _Shadow):
+    """The Gaussian model's argument for staleness.predict (Adam only; a float v keeps
+    theory.py's curve): ("v", beta2, c_t) or ("m", beta1, sigma^2 = bias-corrected v)."""
+    if rec.optimizer not in ("adamw", "adam"):
+        return None
+    b2 = rec.betas["v"]
+    c = 1.0 - b2 ** (sh.since - 1)
+    if state == "v":
+        return None if spec.fmt.kind == "float" else ("v", b2, c)
+    sigma2 = sh.prev["v"] / c if c > 0 else torch.zeros_like(sh.prev["v"])
+    return ("m", rec.betas["m"], sigma2)
 
 
 def _stream(layout: Layout, spec, seed: int, state_id: int):

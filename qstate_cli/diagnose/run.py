@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 from .. import theory
 from ..errors import QstateError
 from ..options import Options, many, option
@@ -28,6 +30,7 @@ from ..quant.config import ROUNDINGS, StateConfig, config_of, parse_config, pars
 from ..results import Result
 from ..trace import load_trace
 from ..trace.schema import Trace
+from . import distributed
 from .replay import Replay, ReplayOptions, replay
 from .summary import build
 
@@ -102,7 +105,15 @@ def execute(opts: DiagnoseOptions, progress: Progress | None = None) -> Result:
         raise QstateError("diagnose needs a TRACE (a suite point needs 'trace'), or --theory; make one with "
                           "`qstate trace demo`, or name `demo`")
     configs = select_configs(opts.config, opts.bits, opts.rounding, opts.block_size)
-    trace = load_trace(resolve_trace(opts.trace, log=progress.log))
+    if distributed.launched():  # torchrun: rank 0 makes the demo trace (if needed) before the others look
+        distributed.init(opts.device)
+        if distributed.rank() == 0:
+            path = resolve_trace(opts.trace, log=progress.log)
+        torch.distributed.barrier()
+        path = resolve_trace(opts.trace)
+    else:
+        path = resolve_trace(opts.trace, log=progress.log)
+    trace = load_trace(path)
     n_steps = min(trace.n_steps, opts.steps_limit or trace.n_steps)
     progress.begin(n_steps, Result("diagnose", meta={"trace": trace.source}))
 
@@ -133,10 +144,21 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         trace = load_trace(resolve_trace(trace))
     if steps_limit is not None and steps_limit < 1:
         raise QstateError(f"steps limit must be >= 1, got {steps_limit}")
-    opts = ReplayOptions(list(configs), reset=reset, steps_limit=steps_limit, device=device, keep_states=keep_states,
-                         profile=profile_phases)
+    ranks = 1
+    mine = list(configs)
+    if distributed.launched():  # torchrun: this rank's share of the configurations (distributed.py)
+        device = distributed.init(device)
+        ranks = torch.distributed.get_world_size()
+        mine = distributed.my_configs(mine, ranks, distributed.rank())
+    opts = ReplayOptions(mine, reset=reset, steps_limit=steps_limit, device=device, keep_states=keep_states,
+                         profile=profile_phases, unit_configs=list(configs))
     t0 = time.perf_counter()
-    raw = replay(trace, opts, progress)
+    raw = replay(trace, opts, progress) if mine else None
+    if ranks > 1:
+        gathered = distributed.gather_replays(raw)
+        if distributed.rank() != 0:
+            return Result("diagnose", meta={"rank": distributed.rank(), "ranks": ranks}), raw
+        raw = distributed.merge(raw, gathered, configs)
     rows = build(raw)
     meta = {
         "trace": trace.source, "optimizer": trace.optimizer, "hparams": trace.hparams, "seed": trace.seed,
@@ -149,7 +171,14 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         "quantized_everything": "every recorded tensor is quantized (the optimizers keep tensors under "
                                 "min_quant_numel=4096 in fp32)",
         "profile": profile(raw, time.perf_counter() - t0),
+        "ranks": ranks,  # > 1: configurations split across torchrun's ranks (distributed.py)
     }
+    meta["gradient_checks"] = rows.pop("gradient_checks")
+    dead = meta["gradient_checks"]["grad_dead_elements"]
+    if dead:
+        meta["notes"].append(f"{dead} of {raw.layout.n_valid} recorded elements have a zero gradient at every "
+                             f"step (dead blocks: `qstate trace info` counts them); they never stall and "
+                             f"count in no stall rate")
     records = rows.pop("records")
     return Result("diagnose", records, meta, extras=rows, device=raw.device), raw
 

@@ -8,9 +8,15 @@ shadow s_t (same gradients, fp32 states), E_t = x_hat_t - s_t:
     rel_rms_error_t  = rms(E_t) / rms(s_t)
     error_var_t      = var(E_t) / ms(s_t) = rel_rms_error_t^2 - drift_t^2
     stall_rate_t     = #(x_t != x_hat_{t-1} and x_hat_t == x_hat_{t-1}) / #(x_t != x_hat_{t-1})
-    staleness        = t - (last step the stored value changed), sampled at snapshot steps
-    per code         = elements x steps with a non-zero nominal update, and stalls, per
-                       stored code (8 bits or fewer) or per binade (16-bit floats)
+    code_stall_rate_t = #(x_t != x_hat_{t-1} and code_t == code_{t-1}) / #(x_t != x_hat_{t-1}),
+                       code = the stored integer code (formats of 8 bits or fewer, unpacked),
+                       or the raw bits of a 16-bit float or fp32 state. Under a block scale
+                       the value read back moves with the block's absmax while an element's
+                       code stays frozen: the value-level rate misses that, this one counts it
+    staleness        = t - (last step the stored *code* changed), sampled at snapshot steps
+    per code         = elements x steps with a non-zero nominal update, value stalls and
+                       code stalls, per stored code (8 bits or fewer) or per binade (16-bit
+                       floats)
     dimension        = RMS over chunks of |sum of d errors| (each error over its tensor's
                        shadow RMS) at d = 1, 2, 4, ..., N/4; log-log slope ~1 for a
                        coherent bias (d b), ~0.5 for independent noise (sqrt(d) s); the
@@ -34,7 +40,9 @@ from ..quant.config import StateSpec
 from ..quant.packing import unpack
 from .layout import Layout
 
-S_ERR, S_ERR2, S_STALL, S_NOMINAL, S_SHADOW2 = range(5)
+S_ERR, S_ERR2, S_STALL, S_NOMINAL, S_SHADOW2, S_CSTALL = range(6)
+N_ROWS = 6
+N_CODE_CLASSES = 5  # per code: no nominal update; nominal x (value stalled, code stalled)
 
 
 def unit_sums(x: torch.Tensor, unit: int) -> torch.Tensor:
@@ -45,14 +53,15 @@ class StateStats:
     def __init__(self, layout: Layout, spec: StateSpec, n_steps: int, snapshot_every: int):
         dev, self.layout, self.spec = layout.device, layout, spec
         self.n_steps = n_steps
-        self.series = torch.zeros(5, n_steps, dtype=torch.float64, device=dev)  # rows: S_*
-        self.units = torch.zeros(5, layout.n_units, dtype=torch.float64, device=dev)  # summed over steps
+        self.series = torch.zeros(N_ROWS, n_steps, dtype=torch.float64, device=dev)  # rows: S_*
+        self.units = torch.zeros(N_ROWS, layout.n_units, dtype=torch.float64, device=dev)  # summed over steps
+        self.prev_code = torch.zeros(layout.n, dtype=torch.int32, device=dev)  # never written: all-zero storage
         self.last_change = torch.zeros(layout.n, dtype=torch.int32, device=dev)
         self.staleness = torch.zeros(n_steps + 2, dtype=torch.int64, device=dev)
         self.snapshot_every = snapshot_every
         self.code_mode = _code_mode(spec)
         self.n_codes = {"code": 2 ** spec.fmt.bits, "binade": 2 ** spec.fmt.exp_bits}.get(self.code_mode, 0)
-        self.codes = torch.zeros(3 * max(self.n_codes, 1), dtype=torch.int64, device=dev)
+        self.codes = torch.zeros(N_CODE_CLASSES * max(self.n_codes, 1), dtype=torch.int64, device=dev)
         self.dims = [2 ** k for k in range(int(math.log2(max(1, layout.n // 4))) + 1)]
         self.dim_ms = torch.zeros(len(self.dims), dtype=torch.float64, device=dev)
         self.n_snapshots = 0
@@ -66,28 +75,34 @@ class StateStats:
         changed = new != prev
         nominal = x != prev
         stall = nominal > changed  # nominal and not changed
-        u = torch.stack([unit_sums(err, unit), unit_sums(err * err, unit),
-                         unit_sums(stall, unit), unit_sums(nominal, unit), shadow_x2_units])
+        code = stored_code(storage, self.spec, self.layout.n) if storage is not None else new.view(torch.int32)
+        code_changed = code != self.prev_code
+        code_stall = nominal > code_changed
+        self.prev_code = code
+        u = torch.stack([unit_sums(err, unit), unit_sums(err * err, unit), unit_sums(stall, unit),
+                         unit_sums(nominal, unit), shadow_x2_units, unit_sums(code_stall, unit)])
         self.units += u
         self.series[:, i] = u.sum(1, dtype=torch.float64)
-        self.last_change.masked_fill_(changed, step)
-        if self.n_codes and storage is not None:
-            self._count_codes(storage, nominal, stall)
+        self.last_change.masked_fill_(code_changed, step)
+        if self.n_codes:
+            self._count_codes(code, nominal, stall, code_stall)
         if (i + 1) % self.snapshot_every == 0 or i + 1 == self.n_steps:
             self._snapshot(step, err, shadow_x2_units)
 
-    def on_reset(self, i: int, stored_before: torch.Tensor) -> None:
-        """A reset before replay step t = i + 1 sets every stored value to 0: those that were
-        not 0 changed at step t."""
-        self.last_change.masked_fill_(stored_before != 0, i + 1)
+    def on_reset(self, i: int) -> None:
+        """A reset before replay step t = i + 1 puts every code back to the never-written
+        storage (all zero bits): codes that were not zero changed at step t."""
+        self.last_change.masked_fill_(self.prev_code != 0, i + 1)
+        self.prev_code = torch.zeros_like(self.prev_code)
 
-    def _count_codes(self, storage: torch.Tensor, nominal: torch.Tensor, stall: torch.Tensor) -> None:
+    def _count_codes(self, code: torch.Tensor, nominal: torch.Tensor, stall: torch.Tensor,
+                     code_stall: torch.Tensor) -> None:
         fmt = self.spec.fmt
-        code = unpack(storage, fmt.bits, self.layout.n) if fmt.bits <= 8 else storage.to(torch.int32) & 0xFFFF
         if self.code_mode == "binade":
             code = (code >> fmt.man_bits) & (self.n_codes - 1)
-        # 0: no nominal update, 1: updated and changed, 2: stalled  (padding: always 0)
-        idx = (code * 3 + nominal.to(torch.int32) + stall.to(torch.int32)).long()
+        # 0: no nominal update; 1 + value stalled + 2 x code stalled (padding: always 0)
+        cls = nominal.to(torch.int32) * (1 + stall.to(torch.int32) + 2 * code_stall.to(torch.int32))
+        idx = (code * N_CODE_CLASSES + cls).long()
         self.codes.scatter_add_(0, idx, self._ones)  # a bincount that never waits on the host
 
     def _snapshot(self, step: int, err: torch.Tensor, shadow_x2_units: torch.Tensor) -> None:
@@ -111,10 +126,20 @@ class StateStats:
         ser = self.series.cpu().numpy()
         stale = self.staleness.cpu().numpy()[1:]  # bin 0 held padding
         return {"err_sum": ser[S_ERR], "err2_sum": ser[S_ERR2], "stalls": ser[S_STALL],
-                "nominal": ser[S_NOMINAL], "shadow2_sum": ser[S_SHADOW2], "n": n, "staleness_counts": stale,
-                "codes": self.codes.cpu().numpy().reshape(-1, 3) if self.n_codes else None,
+                "nominal": ser[S_NOMINAL], "shadow2_sum": ser[S_SHADOW2], "code_stalls": ser[S_CSTALL], "n": n,
+                "staleness_counts": stale,
+                "codes": self.codes.cpu().numpy().reshape(-1, N_CODE_CLASSES) if self.n_codes else None,
                 "code_mode": self.code_mode, "units": self.units.cpu().numpy(),
                 "dims": list(self.dims), "dim_ms": (self.dim_ms / max(1, self.n_snapshots)).cpu().numpy()}
+
+
+def stored_code(storage: torch.Tensor, spec: StateSpec, numel: int) -> torch.Tensor:
+    """Every element's stored code as int32: the unpacked code (8 bits or fewer), the raw
+    bits of a 16-bit float, or the fp32 bits of an identity state."""
+    fmt = spec.fmt
+    if fmt.kind == "identity":
+        return storage[:numel].view(torch.int32)
+    return unpack(storage, fmt.bits, numel)
 
 
 def _code_mode(spec: StateSpec) -> str | None:
@@ -147,3 +172,68 @@ class UpdateStats:
             cos = ser[0] / np.sqrt(ser[1] * ser[3])
             rel = np.sqrt(ser[2] / ser[3])
         return {"cosine": cos, "rel_error": rel, "units": self.units.cpu().numpy()}
+
+
+class ModelStats:
+    """The staleness model's predictions for one state (staleness.py), per step: the
+    empirical and Gaussian P(stall) summed over the elements with a non-zero nominal
+    update, and their count. The Gaussian row stays NaN where no Gaussian model
+    applies (optimizers other than Adam; float formats of v use theory.py's curve)."""
+
+    def __init__(self, layout: Layout, spec: StateSpec, n_steps: int):
+        self.spec = spec
+        self.series = torch.full((3, n_steps), float("nan"), dtype=torch.float64, device=layout.device)
+        self.valid = layout.valid
+
+    def observe(self, i: int, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor, gaussian) -> None:
+        from .staleness import predict
+
+        emp, nominal, gauss = predict(self.spec, x_hat, x_new, s, gaussian)
+        if self.valid is not None:
+            nominal = nominal & self.valid
+            emp = torch.where(self.valid, emp, 0.0)
+        self.series[0, i] = emp.sum(dtype=torch.float64)
+        self.series[2, i] = nominal.sum(dtype=torch.float64)
+        if gauss is not None:
+            self.series[1, i] = torch.where(nominal, gauss, 0.0).sum(dtype=torch.float64)
+
+    def collect(self) -> dict:
+        ser = self.series.cpu().numpy()
+        return {"empirical": ser[0], "gaussian": ser[1], "nominal": ser[2]}
+
+
+class GradientStats:
+    """What the Gaussian model assumes about the gradients, checked on the trace: per step
+    sum of g^2 and count of exact zeros over the recorded elements; per element sums of g^2
+    and g^4 over the steps (kurtosis n sum g^4 / (sum g^2)^2: 3 for a Gaussian of constant
+    variance)."""
+
+    def __init__(self, layout: Layout, n_steps: int):
+        dev = layout.device
+        self.layout = layout
+        self.series = torch.zeros(2, n_steps, dtype=torch.float64, device=dev)  # sum g^2, zeros
+        self.g2 = torch.zeros(layout.n, dtype=torch.float64, device=dev)
+        self.g4 = torch.zeros(layout.n, dtype=torch.float64, device=dev)
+        self.n_steps = 0
+
+    def observe(self, i: int, g: torch.Tensor) -> None:
+        g2 = g.double() * g.double()
+        self.g2 += g2
+        self.g4 += g2 * g2
+        zeros = g == 0
+        if self.layout.valid is not None:
+            zeros = zeros & self.layout.valid
+        self.series[0, i] = g2.sum()
+        self.series[1, i] = zeros.sum(dtype=torch.float64)
+        self.n_steps += 1
+
+    def collect(self) -> dict:
+        g2, g4 = self.g2, self.g4
+        live = g2 > 0
+        if self.layout.valid is not None:
+            live &= self.layout.valid
+        kurt = (self.n_steps * g4[live] / (g2[live] * g2[live])).cpu().numpy()
+        ser = self.series.cpu().numpy()
+        n_live = int(live.sum())
+        dead = self.layout.n_valid - n_live  # zero at every step: no nominal update, no stall
+        return {"g2_sum": ser[0], "zeros": ser[1] - dead, "kurtosis": kurt, "n": n_live, "dead": dead}

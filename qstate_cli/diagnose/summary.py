@@ -1,8 +1,10 @@
 """Raw replay results -> the rows of a `kind = "diagnose"` result file (docs/results.md).
 
-Record values are means over the replayed steps unless named *_final or *_max_abs;
-stall_rate pools all element-steps with a non-zero nominal update; staleness
-percentiles come from the exact per-step counts at the snapshot steps.
+Record values are means over the replayed steps unless named *_final, *_max_abs or
+*_late (the last 10% of the steps, at least one); stall_rate (stored value unchanged) and
+code_stall_rate (stored code or raw bits unchanged) pool all element-steps with a
+non-zero nominal update; staleness percentiles (on codes) come from the exact per-step
+counts at the snapshot steps.
 """
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ import math
 import numpy as np
 
 from .. import theory
+from .assumptions import gradient_checks, model_warning
 from .recommend import recommend
 from .replay import ConfigReplay, Replay
 
 MAX_SERIES_POINTS = 1000
+LATE_FRACTION = 0.1
 
 
 def _f(x):
@@ -42,13 +46,34 @@ def state_series(st: dict) -> dict:
     drift = _div(st["err_sum"], np.sqrt(x2 * n))
     rel2 = _div(st["err2_sum"], x2)
     return {"drift": drift, "rel_rms_error": np.sqrt(rel2), "error_var": rel2 - drift ** 2,
-            "stall_rate": _div(st["stalls"], st["nominal"])}
+            "stall_rate": _div(st["stalls"], st["nominal"]), "code_stall_rate": _div(st["code_stalls"], st["nominal"])}
 
 
-def predicted_curve(cfg, state: str, rec, n_steps: int, period: int | None):
-    if rec.optimizer not in ("adamw", "adam") or state != "v":
+def late_start(n_steps: int) -> int:
+    """Index of the first of the last 10% of steps (at least one step)."""
+    return n_steps - max(1, math.ceil(LATE_FRACTION * n_steps))
+
+
+def pooled_rate(events: np.ndarray, nominal: np.ndarray, start: int = 0) -> float | None:
+    """sum(events[start:]) / sum(nominal[start:]): a rate pooled over element-steps."""
+    den = float(np.nansum(nominal[start:]))  # NaN: a step the model skipped (replay.MODEL_POINTS)
+    return float(np.nansum(events[start:])) / den if den > 0 else None
+
+
+def predicted_curve(c: ConfigReplay, state: str, rec, n_steps: int):
+    """The Gaussian model's P(stall) per step: theory.py's curve for Adam's v in a float
+    format; otherwise the per-element model of the replay (staleness.py), or None."""
+    spec = c.cfg.spec(state)
+    if rec.optimizer in ("adamw", "adam") and state == "v" and spec.fmt.kind == "float":
+        return theory.stall_curve(spec, rec.betas[state], n_steps, c.period)
+    model = c.models.get(state)
+    if model is None or not np.isfinite(model["gaussian"]).any():
         return None
-    return theory.stall_curve(cfg.spec(state), rec.betas[state], n_steps, period)
+    return _div(model["gaussian"], model["nominal"])
+
+
+def _mean(a, start: int = 0):
+    return None if a is None else _nanmean(np.asarray(a)[start:])
 
 
 def staleness_summary(counts: np.ndarray) -> dict:
@@ -126,10 +151,10 @@ def downsample(arrays: dict, n_steps: int, limit: int = MAX_SERIES_POINTS):
 
 
 def per_tensor_rows(name: str, state: str, layout, st: dict, upd: dict, n_steps: int) -> list[dict]:
-    units = st["units"]  # err, err2, stall, nominal, shadow2 summed over steps, per unit block
-    per = np.zeros((5, layout.n_tensors))
+    units = st["units"]  # err, err2, stall, nominal, shadow2, code stall summed over steps, per unit block
+    per = np.zeros((units.shape[0], layout.n_tensors))
     owner = layout.unit_tensor.cpu().numpy()
-    for r in range(5):
+    for r in range(units.shape[0]):
         per[r] = np.bincount(owner, weights=units[r], minlength=layout.n_tensors)
     up = np.zeros((4, layout.n_tensors))
     for r in range(4):
@@ -142,6 +167,7 @@ def per_tensor_rows(name: str, state: str, layout, st: dict, upd: dict, n_steps:
                          "drift": _f(per[0, j] / math.sqrt(per[4, j] * n_el) if per[4, j] > 0 else None),
                          "rel_rms_error": _f(math.sqrt(per[1, j] / per[4, j]) if per[4, j] > 0 else None),
                          "stall_rate": _f(per[2, j] / per[3, j] if per[3, j] > 0 else None),
+                         "code_stall_rate": _f(per[5, j] / per[3, j] if per[3, j] > 0 else None),
                          "update_cosine": _f(up[0, j] / math.sqrt(up[1, j] * up[3, j]) if up[1, j] * up[3, j] > 0 else None),
                          "update_rel_error": _f(math.sqrt(up[2, j] / up[3, j]) if up[3, j] > 0 else None)})
     return rows
@@ -152,28 +178,32 @@ def build(raw: Replay) -> dict:
     rec = raw.recursion
     out = {k: [] for k in ("records", "series", "histograms", "per_code", "per_tensor", "dim_scaling", "theory")}
     slow = rec.slowest_state
+    checks = gradient_checks(raw.gradients, raw.n_steps)
     for c in raw.configs:
         cfg = c.cfg
-        stall_slow = state_series(c.states[slow])["stall_rate"]
+        stall_slow = state_series(c.states[slow])["code_stall_rate"]  # the frozen code is the stall that matters
         advice = recommend(cfg.spec(slow), slow, rec.optimizer, rec.betas[slow], stall_slow, c.period)
         for s in c.states:
-            _state_rows(out, raw, c, s, advice)
+            _state_rows(out, raw, c, s, advice, checks)
         if rec.optimizer in ("adamw", "adam"):
             row = theory.theory_rows([cfg.spec("v")], rec.betas["v"])[0]
             out["theory"].append({"config": str(cfg), **row})
     _rank(out["records"])
+    out["gradient_checks"] = checks
     return out
 
 
-def _state_rows(out: dict, raw: Replay, c: ConfigReplay, s: str, advice: tuple) -> None:
+def _state_rows(out: dict, raw: Replay, c: ConfigReplay, s: str, advice: tuple, checks: dict) -> None:
     """Every row of one (configuration, state)."""
     rec, layout, n_steps = raw.recursion, raw.layout, raw.n_steps
     cfg, name, st, upd = c.cfg, str(c.cfg), c.states[s], c.update
     spec = cfg.spec(s)
     ser = state_series(st)
-    pred = predicted_curve(cfg, s, rec, n_steps, c.period)
-    nominal = st["nominal"].sum()
+    pred = predicted_curve(c, s, rec, n_steps)
+    model = c.models.get(s)
+    emp = _div(model["empirical"], model["nominal"]) if model is not None else None
     drift = ser["drift"]
+    late = late_start(n_steps)
     out["records"].append({
         "config": name, "state": s, "format": spec.fmt.name, "rounding": spec.rounding,
         "bits": spec.bits, "block_size": spec.block, "sqrt": spec.sqrt, "numel": layout.n_valid,
@@ -183,14 +213,25 @@ def _state_rows(out: dict, raw: Replay, c: ConfigReplay, s: str, advice: tuple) 
         "drift_max_abs": _f(np.nanmax(np.abs(drift))) if np.isfinite(drift).any() else None,
         "rel_rms_error": _nanmean(ser["rel_rms_error"]), "error_var": _nanmean(ser["error_var"]),
         "dim_slope": dim_slope(st["dims"], st["dim_ms"], spec.dither_block),
-        "stall_rate": _f(st["stalls"].sum() / nominal) if nominal > 0 else None,
-        "stall_rate_predicted": None if pred is None else float(np.mean(pred)),
+        "stall_rate": pooled_rate(st["stalls"], st["nominal"]),
+        "code_stall_rate": pooled_rate(st["code_stalls"], st["nominal"]),
+        "stall_rate_late": pooled_rate(st["stalls"], st["nominal"], late),
+        "code_stall_rate_late": pooled_rate(st["code_stalls"], st["nominal"], late),
+        "stall_rate_predicted": _mean(pred), "stall_rate_predicted_late": _mean(pred, late),
+        "stall_rate_predicted_empirical": None if model is None else pooled_rate(model["empirical"], model["nominal"]),
+        "stall_rate_predicted_empirical_late": None if model is None else pooled_rate(model["empirical"],
+                                                                                       model["nominal"], late),
         **staleness_summary(st["staleness_counts"]),
         "update_cosine": _nanmean(upd["cosine"]), "update_rel_error": _nanmean(upd["rel_error"]),
         "nonfinite_grads": raw.nonfinite_grads, "reset_applied": c.period,
         "reset_period": advice[0], "reset_reason": advice[1],
     })
-    steps, arr = downsample({**ser, "stall_rate_predicted": pred, "update_cosine": upd["cosine"],
+    record = out["records"][-1]
+    observed = record["stall_rate_late" if spec.rounding == "bred" else "code_stall_rate_late"]
+    record["model_warning"] = model_warning(record["stall_rate_predicted_late"], observed,
+                                            record["stall_rate_predicted_empirical_late"], checks)
+    steps, arr = downsample({**ser, "stall_rate_predicted": pred, "stall_rate_predicted_empirical": emp,
+                             "update_cosine": upd["cosine"],
                              "update_rel_error": upd["rel_error"]}, n_steps)
     for j, t in enumerate(steps):
         out["series"].append({"config": name, "state": s, "step": int(t),
@@ -199,11 +240,13 @@ def _state_rows(out: dict, raw: Replay, c: ConfigReplay, s: str, advice: tuple) 
     out["histograms"].append({"config": name, "state": s, "metric": "staleness", "edges": edges, "counts": counts})
     if st["codes"] is not None:
         vals = code_values(spec, st["code_mode"], st["codes"].shape[0])
-        for code, (_, changed, stalled) in enumerate(st["codes"]):
-            if changed + stalled:
+        for code, (_, moved, value_only, code_only, both) in enumerate(st["codes"]):
+            count = moved + value_only + code_only + both
+            if count:
                 out["per_code"].append({"config": name, "state": s, "code": code, "code_unit": st["code_mode"],
-                                        "code_value": _f(vals[code]), "count": int(changed + stalled),
-                                        "stall_rate": float(stalled / (changed + stalled))})
+                                        "code_value": _f(vals[code]), "count": int(count),
+                                        "stall_rate": float((value_only + both) / count),
+                                        "code_stall_rate": float((code_only + both) / count)})
     out["per_tensor"] += per_tensor_rows(name, s, layout, st, upd, n_steps)
     out["dim_scaling"] += [{"config": name, "state": s, "d": int(d), "rms_sum": _f(math.sqrt(m))}
                            for d, m in zip(st["dims"], st["dim_ms"])]

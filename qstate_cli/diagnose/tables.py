@@ -14,8 +14,12 @@ def summary_rows(doc: dict) -> list[dict]:
         row[f"drift_{s}"] = r["drift_mean"]
         row[f"rel_rms_{s}"] = r["rel_rms_error"]
         row[f"stall_{s}"] = r["stall_rate"]
-        if r["stall_rate_predicted"] is not None:
-            row[f"pred_{s}"] = r["stall_rate_predicted"]
+        row[f"cstall_{s}"] = r.get("code_stall_rate")
+        row[f"clate_{s}"] = r.get("code_stall_rate_late")
+        if r.get("stall_rate_predicted_late") is not None:
+            row[f"pred_{s}"] = r["stall_rate_predicted_late"]
+        if r.get("stall_rate_predicted_empirical_late") is not None:
+            row[f"emp_{s}"] = r["stall_rate_predicted_empirical_late"]
         row[f"stale90_{s}"] = r["staleness_p90"]
         row[f"slope_{s}"] = r["dim_slope"]
     return sorted(by_cfg.values(), key=lambda r: r["rank"])
@@ -25,10 +29,11 @@ def summary_columns(rows: list[dict]):
     states = [s for s in ("m", "v") if any(f"drift_{s}" in r for r in rows)]
     cols = ["rank", "config", "bytes_per_param", "update_cosine", "update_rel_error"]
     for s in states:
-        cols += [f"drift_{s}", f"rel_rms_{s}", f"stall_{s}"]
-        if any(f"pred_{s}" in r for r in rows):
-            cols.append(f"pred_{s}")
-        if s == states[-1]:  # the slowest state: where staleness and dimension scaling tell most
+        cols += [f"drift_{s}", f"rel_rms_{s}", f"stall_{s}", f"cstall_{s}"]
+        if s == states[-1]:  # the slowest state: where stalling, staleness and dimension scaling tell most
+            cols.append(f"clate_{s}")
+        if s == states[-1]:
+            cols += [c for c in (f"pred_{s}", f"emp_{s}") if any(c in r for r in rows)]
             cols += [f"stale90_{s}", f"slope_{s}"]
     cols.append("reset_period")
     pct = lambda v: f"{v:.1%}"
@@ -37,9 +42,11 @@ def summary_columns(rows: list[dict]):
              "reset_period": "reset"}
     for s in states:
         fmts.update({f"drift_{s}": "+.2e", f"rel_rms_{s}": ".3g", f"stall_{s}": pct, f"pred_{s}": pct,
-                     f"slope_{s}": ".2f"})
+                     f"slope_{s}": ".2f", f"cstall_{s}": pct, f"clate_{s}": pct, f"emp_{s}": pct})
         heads.update({f"drift_{s}": f"drift {s}", f"rel_rms_{s}": f"rms err {s}", f"stall_{s}": f"stall {s}",
-                      f"pred_{s}": f"pred {s}", f"stale90_{s}": f"stale p90 {s}", f"slope_{s}": f"d-slope {s}"})
+                      f"cstall_{s}": f"code stall {s}", f"clate_{s}": f"late {s}",
+                      f"emp_{s}": f"emp late {s}",
+                      f"pred_{s}": f"gauss late {s}", f"stale90_{s}": f"stale p90 {s}", f"slope_{s}": f"d-slope {s}"})
     return cols, fmts, heads
 
 

@@ -30,6 +30,7 @@ import triton.language as tl
 # format kinds, rounding modes and value dtypes as the kernels see them (launch.py maps specs)
 LINEAR = tl.constexpr(0)
 TABLE = tl.constexpr(1)
+NOZERO = tl.constexpr(2)  # the table {(j + 1) / NT}, j < NT (lin4nz, lin8nz): entries computed, not loaded
 NEAREST = tl.constexpr(0)
 STOCHASTIC = tl.constexpr(1)
 BRED = tl.constexpr(2)
@@ -218,6 +219,20 @@ def round_half_even(n):
 
 
 @triton.jit
+def floor_small(t):
+    """(floor(t) as fp32, as int32) for 0 <= t < 2**22: rint(t), minus 1 where it rounded up."""
+    r, ri = round_half_even(t)
+    up = r > t
+    return tl.where(up, r - 1.0, r), tl.where(up, ri - 1, ri)
+
+
+@triton.jit
+def nozero_entry(k, NT: tl.constexpr):
+    """Entry k of the no-zero linear map, (k + 1) / NT (exact: NT is a power of two)."""
+    return code_to_float(k + 1, 16, False) * (1.0 / NT)
+
+
+@triton.jit
 def step_of(absmax, TOP: tl.constexpr):
     """delta = absmax / top, 0 where absmax < top * 2**-126 (quantizer.step_of)."""
     if TOP == 1.0:
@@ -300,7 +315,16 @@ def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
     elif ROUND == BRED:  # read at ordinal q - d as (k, f) = (q - 1, 1 - d) if d > 0 else (q, -d)
         d = uniform((row0 + r).to(tl.uint32), k1, k2) - 0.5
         pos = d > 0
-        val = table_interp(table_ptr, tl.where(pos[:, None], q - 1, q), tl.where(pos, 1.0 - d, -d)[:, None], NT)
+        k = tl.where(pos[:, None], q - 1, q)
+        f = tl.where(pos, 1.0 - d, -d)[:, None]
+        if KIND == NOZERO:  # table_interp with lo = (kc + 1) / NT and hi - lo = 1 / NT exactly
+            kc = tl.minimum(tl.maximum(k, 0), NT - 2)
+            f = f + tl.where(k < kc, -1.0, tl.where(k > kc, 1.0, 0.0))
+            val = nozero_entry(kc, NT) + f * (1.0 / NT)
+        else:
+            val = table_interp(table_ptr, k, f, NT)
+    elif KIND == NOZERO:
+        val = nozero_entry(q, NT)
     else:
         val = tl.load(table_ptr + q)
     val = val * delta[:, None]
@@ -348,13 +372,22 @@ def encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
         else:
             q = tl.minimum(q, (1 << BITS) - 1)
     else:  # code book: k in [0, NT-2], so k + up needs no clamp
-        k = table_floor(table_ptr, n, NT, BITS)
-        lo = tl.load(table_ptr + k)
-        hi = tl.load(table_ptr + k + 1)
-        if ROUND == NEAREST:  # ties up, as torchao
-            q = k + ((n - lo) >= (hi - lo) * 0.5).to(tl.int32)
+        if KIND == NOZERO:  # n >= 0; #(entries <= n) = min(NT, floor(n * NT)), n * NT exact
+            fl, fli = floor_small(n * NT)
+            k = tl.minimum(tl.maximum(fli - 1, 0), NT - 2)
+            lo = tl.minimum(tl.maximum(fl, 1.0), NT - 1.0) * (1.0 / NT)  # entry k, exactly
+            step = 1.0 / NT  # hi - lo, exactly
         else:
-            frac = tl.minimum(tl.maximum(tl.math.div_rn(n - lo, hi - lo), 0.0), 1.0)
+            k = table_floor(table_ptr, n, NT, BITS)
+            lo = tl.load(table_ptr + k)
+            step = tl.load(table_ptr + k + 1) - lo
+        if ROUND == NEAREST:  # ties up, as torchao
+            q = k + ((n - lo) >= step * 0.5).to(tl.int32)
+        else:
+            if KIND == NOZERO:  # (n - lo) / 2**-log2(NT) is this product, exactly
+                frac = tl.minimum(tl.maximum((n - lo) * NT, 0.0), 1.0)
+            else:
+                frac = tl.minimum(tl.maximum(tl.math.div_rn(n - lo, step), 0.0), 1.0)
             if ROUND == STOCHASTIC:
                 u = uniform((row0 * B).to(tl.uint32) + loc.to(tl.uint32), k1, k2)
                 q = k + (u < frac).to(tl.int32)

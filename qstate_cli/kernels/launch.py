@@ -46,7 +46,7 @@ def interpreting() -> bool:
 class StateLayout:
     """A state spec as the kernels' compile-time constants (common.decode_state/encode_state)."""
 
-    kind: int  # 0 linear, 1 table
+    kind: int  # 0 linear, 1 table, 2 the no-zero linear map {(j + 1) / NT} (lin4nz, lin8nz) without loads
     bits: int
     signed: bool
     top: float  # normalised value of the block absmax (linear: L; tables: 1)
@@ -83,10 +83,19 @@ def kernel_layout(spec: StateSpec) -> StateLayout | None:
         return None
     fmt = spec.fmt
     table = fmt.kind == "table"
-    return StateLayout(kind=1 if table else 0, bits=fmt.bits, signed=fmt.signed, top=float(fmt.top),
+    kind = (2 if _is_nozero_linear(fmt.table) else 1) if table else 0
+    return StateLayout(kind=kind, bits=fmt.bits, signed=fmt.signed, top=float(fmt.top),
                        table_len=len(fmt.table) if table else 0, rounding=ROUNDING_CODES[spec.rounding],
                        sqrt=spec.sqrt, sbf16=spec.scale_dtype == "bf16", block=int(spec.block),
                        table_name=fmt.name if table else "")
+
+
+def _is_nozero_linear(table: tuple[float, ...]) -> bool:
+    """The table is exactly {1/NT, 2/NT, ..., 1} in fp32 with NT a power of two: the kernels
+    compute its entries instead of loading them (common.py, NOZERO), bit for bit."""
+    nt = len(table)
+    return nt >= 2 and nt & (nt - 1) == 0 and all(
+        float(torch.tensor(v, dtype=torch.float32)) == (j + 1) / nt for j, v in enumerate(table))
 
 
 def tile_shape(block: int, value_bytes: int = 4) -> tuple[int, int, int]:

@@ -38,10 +38,12 @@ from ..errors import QstateError
 from ..quant.config import STATE_IDS, StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
-from . import fused
+from . import fused, sharded_state, sharding
 from .reset import ResetPolicy
 
 FP32_SPEC = parse_spec("fp32")
+SHARDED_PATH_REASON = ("sharded (DTensor) parameter: the reference steps its local shard "
+                       "(the kernels take no global counter offset yet)")
 BACKENDS = ("auto", "reference", "triton")  # what steps a parameter (module docstring)
 
 
@@ -49,6 +51,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     state_names: tuple[str, ...] = ("m",)
     kernel: str | None = None  # the fused kernel module (kernels/<kernel>.py; fused.launcher)
     kernel_needs_out = False  # the kernel writes an fp32 update per parameter (Muon)
+    steps_shards = True  # the rule is elementwise: a DTensor's local shard steps alone (sharding.py)
 
     def __init__(self, params, defaults: dict, states="bred-4bit", reset=None, seed: int = 0,
                  min_quant_numel: int = 4096, backend: str = "auto"):
@@ -67,10 +70,12 @@ class QuantizedOptimizer(torch.optim.Optimizer):
 
     def why_reference(self, p: torch.Tensor) -> str | None:
         """Why the reference steps p although kernels were asked for (None if they step it)."""
+        if sharding.is_dtensor(p):
+            return SHARDED_PATH_REASON
         return fused.why_reference(self, self._group_of(p), p)
 
     def _path(self, group, p: torch.Tensor) -> str:
-        if self.backend == "reference":
+        if self.backend == "reference" or sharding.is_dtensor(p):
             return "reference"
         if self.backend == "auto" and not p.is_cuda:
             return "reference"
@@ -143,21 +148,33 @@ class QuantizedOptimizer(torch.optim.Optimizer):
 
     # ---- state access ----------------------------------------------------------------
     def load_states(self, group, p, tensor_id: int) -> dict[str, QuantizedState]:
+        """p's states as QuantizedState objects (created empty on first use). For a sharded
+        parameter: the states of its local shard, with global counters (optim/sharding.py);
+        the format is chosen from the whole tensor's size."""
         st = self.state[p]
+        layout = sharding.layout_of(p)
+        local = sharding.local_tensor(p)
         if not st:
             st["step"] = torch.zeros((), dtype=torch.int64)
             st["since_reset"] = torch.zeros((), dtype=torch.int64)
-            st["nonfinite"] = torch.zeros((), dtype=torch.int64, device=p.device)
+            st["nonfinite"] = torch.zeros((), dtype=torch.int64, device=local.device)
             for name in self.state_names:
-                q = QuantizedState(self.spec_for(group, p, name), p.shape,
-                                   self._stream(group, tensor_id, name), device=p.device)
+                q = QuantizedState(self.spec_for(group, p, name), layout.local_shape,
+                                   self._stream(group, tensor_id, name, layout.offset), device=local.device)
                 st[name] = q.to_tensors()
-        return {name: QuantizedState.from_tensors(self.spec_for(group, p, name), p.shape,
-                                                  self._stream(group, tensor_id, name), st[name])
+        return {name: QuantizedState.from_tensors(self.spec_for(group, p, name), layout.local_shape,
+                                                  self._stream(group, tensor_id, name, layout.offset), st[name])
                 for name in self.state_names}
 
-    def _stream(self, group, tensor_id: int, name: str) -> Stream:
-        return Stream(group["seed"], tensor_id, STATE_IDS[name])
+    def _stream(self, group, tensor_id: int, name: str, offset: int = 0) -> Stream:
+        return Stream(group["seed"], tensor_id, STATE_IDS[name], offset)
+
+    def audit(self, names: dict | None = None) -> list:
+        """One AuditRow per parameter and state: global and local shape, path, format,
+        bytes, block layout and the reason (optim/audit.py). `names`: {param: name}."""
+        from .audit import audit_optimizer
+
+        return audit_optimizer(self, names)
 
     def state_nbytes(self) -> int:
         """Bytes held by all optimizer states (codes + scales) right now."""
@@ -179,6 +196,8 @@ class QuantizedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         ids = self.tensor_ids()
+        if not self.steps_shards:
+            self._refuse_shards()
         for group in self.param_groups:
             fused_params = []
             for p in group["params"]:
@@ -191,6 +210,13 @@ class QuantizedOptimizer(torch.optim.Optimizer):
             if fused_params:
                 fused.step_group(self, group, fused_params, ids)
         return loss
+
+    def _refuse_shards(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if sharding.is_dtensor(p):
+                    raise QstateError(f"{type(self).__name__} cannot step a sharded (DTensor) parameter of shape "
+                                      f"{tuple(p.shape)}: its update needs the whole tensor")
 
     def launch_kernel(self, group, batch, run) -> None:
         """Step the tensors of `batch` with this optimizer's fused kernel (optim/fused.py)."""
@@ -206,7 +232,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                 q.reset()
             since = 0
         since += 1
-        g = p.grad.detach().to(torch.float32)
+        g = sharding.local_tensor(p.grad.detach()).to(torch.float32)
         finite = torch.isfinite(g)
         st["nonfinite"] += (~finite).sum()
         g = torch.where(finite, g, torch.zeros((), device=g.device))
@@ -214,13 +240,14 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         if "v" in x_hat:
             x_hat["v"] = x_hat["v"].clamp(min=0.0)  # a dithered v read back below 0
         first = {name: q.written == 0 for name, q in states.items()}
-        p32, new = self.update(group, p.detach().to(torch.float32), g, x_hat, since, first)
+        local = sharding.local_tensor(p.detach())
+        p32, new = self.update(group, local.to(torch.float32), g, x_hat, since, first)
         for name, q in states.items():
             q.encode(new[name], step)
             st[name] = q.to_tensors()
         st["step"] = torch.tensor(step, dtype=torch.int64)
         st["since_reset"] = torch.tensor(since, dtype=torch.int64)
-        p.copy_(p32)
+        local.copy_(p32)
 
     def update(self, group, p32, g, x_hat: dict, since_reset: int, first: dict):
         """The rule: returns (new fp32 parameter, {state name: new fp32 state})."""
@@ -229,11 +256,20 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     # ---- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict:
         """torch's, with each group's `states` as its name (plain data: a checkpoint loads
-        with `torch.load(..., weights_only=True)`)."""
+        with `torch.load(..., weights_only=True)`). A sharded (DTensor) parameter's states
+        are DTensors for torch.distributed.checkpoint (optim/sharded_state.py); for them
+        this call is collective (one all-reduce of the non-finite counts)."""
         sd = super().state_dict()
         for group in sd["param_groups"]:
             group["states"] = str(group["states"])
+        for idx, p in enumerate(p for g in self.param_groups for p in g["params"]):
+            if sharding.is_dtensor(p) and idx in sd["state"]:  # DTensors DCP can reshard (sharded_state.py)
+                sd["state"][idx] = sharded_state.to_saved(p, sd["state"][idx], self._specs(p))
         return sd
+
+    def _specs(self, p) -> dict:
+        group = self._group_of(p)
+        return {name: self.spec_for(group, p, name) for name in self.state_names}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Like torch's, but keeps every state tensor's dtype (codes are uint8, scales
@@ -241,13 +277,18 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         group's `states` name is parsed back into a StateConfig, once."""
         sd = copy.deepcopy(state_dict)
         saved_state = sd.pop("state")
+        # saved keys -> parameters by position, as torch does (ids, or FQNs from DCP's state_dict helpers)
+        saved_keys = [k for g in sd["param_groups"] for k in g["params"]]
         super().load_state_dict({**sd, "state": {}})
         for group in self.param_groups:
             group["states"] = parse_config(group["states"])
-        params = [p for g in self.param_groups for p in g["params"]]
-        for idx, value in saved_state.items():
-            p = params[int(idx)]
-            self.state[p] = {k: _to_device(k, v, p.device) for k, v in value.items()}
+        params = dict(zip(saved_keys, (p for g in self.param_groups for p in g["params"])))
+        for key, value in saved_state.items():
+            p = params[key]
+            if sharding.is_dtensor(p):
+                value = sharded_state.from_saved(p, value, self._specs(p))
+            device = sharding.local_tensor(p).device
+            self.state[p] = {k: _to_device(k, v, device) for k, v in value.items()}
         self.__dict__.pop("_kernel_batches", None)  # launch tables hold the old addresses
 
 

@@ -180,6 +180,7 @@ class Muon(QuantizedOptimizer):
 
     kernel = "muon"
     kernel_needs_out = True
+    steps_shards = False  # Newton-Schulz needs whole matrices: no sharded (DTensor) parameters
 
     def __init__(self, params, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0,
                  states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, backend="auto"):

@@ -21,6 +21,7 @@ notes) and the recorder's names (a trace of torch.optim.AdamW replays as "adamw"
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 
 from ..errors import QstateError
@@ -46,6 +47,28 @@ class OptimizerInfo:
                     if p.default is not inspect.Parameter.empty and k not in ("states", "reset", "seed", "backend")}
         return {**defaults, **(given or {})}
 
+    def check_hparams(self, given: dict) -> None:
+        """Refuse hyper-parameters no run can have (QstateError naming the first): lr, eps,
+        weight_decay finite with lr >= 0, eps > 0, weight_decay >= 0; betas two numbers
+        in [0, 1); momentum in [0, 1), dampening in [0, 1]; nesterov, maximize, decoupled
+        true or false. A beta of 1 would make the EMA never move (and 1/(1-beta) infinite);
+        names the optimizer does not take (amsgrad, foreach, ...) are left alone."""
+        hp = dict(given)
+        for key, low, high, closed in (("lr", 0.0, math.inf, True), ("eps", 0.0, math.inf, False),
+                                       ("weight_decay", 0.0, math.inf, True), ("momentum", 0.0, 1.0, True),
+                                       ("dampening", 0.0, 1.0, True)):
+            if key in hp:
+                _number(key, hp[key], low, high, closed, high_open=key == "momentum")
+        if "betas" in hp:
+            betas = hp["betas"]
+            if not isinstance(betas, (list, tuple)) or len(betas) != 2:
+                raise QstateError(f"hparams betas {betas!r}: give two numbers (beta1, beta2)")
+            for b in betas:
+                _number("betas", b, 0.0, 1.0, True, high_open=True, whole=betas)
+        for key in ("nesterov", "maximize", "decoupled"):
+            if key in hp and not isinstance(hp[key], bool):
+                raise QstateError(f"hparams {key} {hp[key]!r}: must be true or false")
+
     def betas(self, given: dict | None = None) -> dict[str, float]:
         """{state: the EMA beta that sets its memory} under these hyper-parameters."""
         return self.cls.state_betas(self.hparams(given))
@@ -62,6 +85,16 @@ OPTIMIZERS: dict[str, OptimizerInfo] = {info.name: info for info in (
     OptimizerInfo("sgd", SGD, 0.3),
     OptimizerInfo("muon", Muon, 0.02),
 )}
+
+
+def _number(key: str, value, low: float, high: float, low_closed: bool, high_open: bool = False, whole=None):
+    shown = f"{key} {whole if whole is not None else value!r}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise QstateError(f"hparams {shown}: must be a finite number")
+    if value < low or (value == low and not low_closed) or value > high or (value == high and high_open):
+        lo, hi = "[" if low_closed else "(", ")" if high_open or high == math.inf else "]"
+        each = "each beta " if whole is not None else ""
+        raise QstateError(f"hparams {shown}: {each}must be in {lo}{low:g}, {high:g}{hi}")
 
 
 def optimizer_info(name: str) -> OptimizerInfo:

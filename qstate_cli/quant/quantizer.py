@@ -27,7 +27,11 @@ decode(q):
   x_hat = value(t) * delta  (signed floats: sign applied to the magnitude), then squared
   in the sqrt domain.
 
-Random numbers: hash.uniform over stream (seed, tensor_id, state_id, step).
+Random numbers: hash.uniform over stream (seed, tensor_id, state_id, step). Counters are
+global: element counter = stream.offset + i, block counter = stream.offset // B + b, where
+`offset` is the flat index of x's first element in the whole tensor (0 unless x is one
+rank's shard of a sharded parameter, optim/sharding.py). A shard that starts and ends on
+block boundaries therefore draws exactly the bits the whole tensor draws for its blocks.
 """
 from __future__ import annotations
 
@@ -42,11 +46,14 @@ from .packing import pack, to_blocks, unpack
 
 @dataclass(frozen=True)
 class Stream:
-    """Identity of a random stream: which seed, tensor and state (0 = m, 1 = v)."""
+    """Identity of a random stream: which seed, tensor and state (0 = m, 1 = v), and the
+    flat index in the whole tensor of the first element it covers (`offset`, see the
+    module docstring: non-zero only for a shard of a sharded parameter)."""
 
     seed: int = 0
     tensor_id: int = 0
     state_id: int = 0
+    offset: int = 0
 
     def keys(self, step: int) -> tuple[int, int]:
         return qhash.stream_keys(self.seed, self.tensor_id, self.state_id, step)
@@ -105,11 +112,13 @@ def _block_scale(xb: torch.Tensor, spec: StateSpec) -> torch.Tensor:
 
 def _uniform_elements(stream: Stream, step: int, shape, device) -> torch.Tensor:
     n = shape[0] * shape[1]
-    return qhash.uniform(stream.keys(step), torch.arange(n, device=device)).view(shape)
+    counter = torch.arange(n, device=device) + stream.offset
+    return qhash.uniform(stream.keys(step), counter).view(shape)
 
 
-def _uniform_blocks(stream: Stream, step: int, nblocks: int, device) -> torch.Tensor:
-    return qhash.uniform(stream.keys(step), torch.arange(nblocks, device=device))
+def _uniform_blocks(stream: Stream, step: int, nblocks: int, block: int, device) -> torch.Tensor:
+    counter = torch.arange(nblocks, device=device) + stream.offset // block
+    return qhash.uniform(stream.keys(step), counter)
 
 
 def encode(x: torch.Tensor, spec: StateSpec, step: int, stream: Stream = Stream()):
@@ -136,7 +145,7 @@ def encode(x: torch.Tensor, spec: StateSpec, step: int, stream: Stream = Stream(
         if spec.rounding == "stochastic":
             n = n + (_uniform_elements(stream, step, n.shape, x.device) - 0.5)
         elif spec.rounding == "bred":
-            n = n + (_uniform_blocks(stream, step, n.shape[0], x.device)[:, None] - 0.5)
+            n = n + (_uniform_blocks(stream, step, n.shape[0], spec.dither_block, x.device)[:, None] - 0.5)
         q = torch.round(n).to(torch.int32)  # half to even
         return _store(q, fmt, spec, absmax, numel, signbit=None)
     k, frac = fmt.floor_frac(n)
@@ -149,7 +158,7 @@ def encode(x: torch.Tensor, spec: StateSpec, step: int, stream: Stream = Stream(
     elif spec.rounding == "stochastic":
         up = _uniform_elements(stream, step, n.shape, x.device) < frac
     else:  # bred
-        u = _uniform_blocks(stream, step, n.shape[0], x.device)[:, None]
+        u = _uniform_blocks(stream, step, n.shape[0], spec.dither_block, x.device)[:, None]
         up = u >= (1.0 - frac)
     q = k + up.to(torch.int32)
     return _store(q, fmt, spec, absmax, numel, signbit=torch.signbit(n) if is_float and fmt.signed else None)
@@ -189,7 +198,7 @@ def decode(storage: torch.Tensor, scales: torch.Tensor | None, spec: StateSpec, 
         B = spec.dither_block
         cb = to_blocks(codes, B)
         if spec.rounding == "bred":
-            d = _uniform_blocks(stream, step, cb.shape[0], codes.device)[:, None] - 0.5
+            d = _uniform_blocks(stream, step, cb.shape[0], B, codes.device)[:, None] - 0.5
             if fmt.kind == "linear":
                 val = cb.to(torch.float32) - d
             else:  # read at ordinal q - d, as (k, f) = (q - 1, 1 - d) if d > 0 else (q, -d)

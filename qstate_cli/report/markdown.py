@@ -1,7 +1,11 @@
 """GitHub-flavoured Markdown for PR comments and step summaries.
 
 Every string from a result file is escaped (HTML specials as entities, `|` and line
-breaks neutralized) so a hostile name cannot inject markup into a comment.
+breaks neutralized) so a hostile name cannot inject markup into a comment; and, since
+the report is posted to pull requests, nothing from a file can become a link, an image
+or a notification: `[` and `]` are backslash-escaped (no `[text](url)` nor `![img](url)`),
+a WORD JOINER (U+2060, invisible) follows every `@` (no @mention) and breaks `://` and
+`www.` (no autolink). The text reads the same.
 """
 from __future__ import annotations
 
@@ -10,8 +14,13 @@ from .model import Report, Table
 _HTML = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"})
 
 
+_WJ = "\u2060"  # WORD JOINER: invisible, and breaks GitHub's mention and autolink detection
+_MARKDOWN = str.maketrans({"[": "\\[", "]": "\\]", "@": "@" + _WJ})
+
+
 def escape(text) -> str:
-    return str(text).translate(_HTML).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    out = str(text).translate(_HTML).translate(_MARKDOWN).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    return out.replace("://", ":" + _WJ + "//").replace("www.", "www" + _WJ + ".")
 
 
 def table_md(t: Table, heading: str = "###") -> str:

@@ -137,15 +137,16 @@ def staleness_histograms(hists: list[dict], palette: Palette, states=("m", "v"))
 
 
 def predicted_vs_observed(records: list[dict], palette: Palette) -> bytes:
-    """Diagnose: observed mean stall rate against the staleness model's prediction."""
+    """Diagnose: observed mean code stall rate (the stall rate in older documents) against the
+    staleness model's prediction."""
     fig, (ax,) = new_figure(1, width=7.5, height=4.6)
     for r in records:
-        x, y = r.get("stall_rate_predicted"), r.get("stall_rate")
+        x, y = r.get("stall_rate_predicted"), r.get("code_stall_rate", r.get("stall_rate"))
         if _finite(x) and _finite(y):
             ax.scatter([x], [y], color=palette(r["config"]), s=36, marker="o" if r.get("state") == "v" else "s",
                        label=f"{r['config']} ({r.get('state')})")
     ax.plot([0, 1], [0, 1], color="#999999", lw=0.8, ls=":", label="observed = predicted")
-    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="predicted stall rate (model)", ylabel="observed stall rate",
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="predicted stall rate (model)", ylabel="observed code stall rate",
            title="Stalling: model vs replay", aspect="equal")
     _legend(fig, [ax])
     return to_png(fig)

@@ -131,17 +131,25 @@ def diagnose(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
                                                             "Drift", palette, states=states)))
         sec.plots.append(Plot("diagnose-stall-rate", "Stall rate over steps",
                               "Fraction of elements whose nominal update was non-zero but whose stored value did not "
-                              "change; dashed: the staleness model's prediction (build-up after initialization).",
+                              "change (under a block scale the value moves with the block's absmax even when the "
+                              "element's code is frozen: see the code stall rate).",
                               lambda: plots.per_state_lines(series, "stall_rate", "stall rate (fraction)",
-                                                            "Stalling", palette, predicted="stall_rate_predicted",
-                                                            states=states)))
+                                                            "Stalling (stored value)", palette, states=states)))
+        sec.plots.append(Plot("diagnose-code-stall-rate", "Code stall rate over steps",
+                              "Fraction of elements whose nominal update was non-zero but whose stored code (or a "
+                              "float state's raw bits) did not change; dashed: the staleness model's prediction "
+                              "(Gaussian gradients; build-up after initialization and every reset).",
+                              lambda: plots.per_state_lines(series, "code_stall_rate", "code stall rate (fraction)",
+                                                            "Stalling (stored code)", palette,
+                                                            predicted="stall_rate_predicted", states=states)))
     if hists:
         sec.plots.append(Plot("diagnose-staleness", "Staleness histograms",
                               "Steps since each stored value last changed, at the end of the replay.",
                               lambda: plots.staleness_histograms(hists, palette, states=states)))
-    if any(_finite(r.get("stall_rate_predicted")) and _finite(r.get("stall_rate")) for r in rows):
+    if any(_finite(r.get("stall_rate_predicted")) and _finite(r.get("code_stall_rate", r.get("stall_rate")))
+           for r in rows):
         sec.plots.append(Plot("diagnose-predicted-vs-observed", "Predicted vs observed stalling",
-                              "Mean stall rate over the replay against the model's prediction (on the diagonal: "
+                              "Mean code stall rate over the replay against the model's prediction (on the diagonal: "
                               "the model is right).", lambda: plots.predicted_vs_observed(rows, palette)))
     ranked = sorted(rows, key=lambda r: (-(r["update_cosine"] if _finite(r.get("update_cosine")) else -math.inf),
                                          str(r.get("config")), str(r.get("state"))))
@@ -149,11 +157,19 @@ def diagnose(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
         ("config", "config"), ("state", "state"), ("format", "format"), ("rounding", "rounding"),
         ("drift_final", "drift (final)", ".3g"), ("drift_max_abs", "max |drift|", ".3g"),
         ("rel_rms_error", "rel. RMS error", ".3g"), ("dim_slope", "d slope", ".2f"),
-        ("stall_rate", "stall rate", ".3f"), ("stall_rate_predicted", "predicted", ".3f"),
+        ("stall_rate", "stall rate", ".3f"), ("code_stall_rate", "code stall rate", ".3f"),
+        ("code_stall_rate_late", "code stall, last 10%", ".3f"), ("stall_rate_predicted", "predicted", ".3f"),
+        ("stall_rate_predicted_empirical_late", "empirical, last 10%", ".3f"),
         ("staleness_p50", "staleness p50"), ("staleness_p90", "p90"),
         ("update_cosine", "update cosine", ".4f"), ("update_rel_error", "update rel. error", ".3g"),
         ("nonfinite_grads", "non-finite grads")],
         "d slope: log-log slope of the aggregate error against dimension (1: bias adds up, 0.5: noise)."))
+    warned = [r for r in rows if r.get("model_warning")]
+    if warned:
+        sec.tables.append(Table.of("Where the Gaussian staleness model misses", warned, [
+            ("config", "config"), ("state", "state"), ("code_stall_rate_late", "observed, last 10%", ".3f"),
+            ("stall_rate_predicted_late", "Gaussian", ".3f"),
+            ("stall_rate_predicted_empirical_late", "empirical", ".3f"), ("model_warning", "why")]))
     resets = [r for r in rows if r.get("reset_period") is not None or r.get("reset_reason")]
     if resets:
         sec.tables.append(Table.of("Recommended reset periods", resets, [

@@ -12,18 +12,22 @@ Points are the cross product of the axes in the order written (the last axis var
 fastest), then one baseline point per baseline and per combination of the axes other
 than `config` and `rounding`. An exclude drops every point whose values match all its
 keys (a list in an exclude matches any of its values; `baseline` matches baseline points).
+A run may have at most MAX_POINTS points before excludes (counted, not built, first).
 """
 from __future__ import annotations
 
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 
+from ..errors import QstateError
 from ..kinds import KINDS
 from .kinds import CONFIG_AXES
 
 MAX_AXIS_VALUES = 10_000
+MAX_POINTS = 10_000  # per run, before excludes: the cross product is counted before it is built
 _EPS = 1e-9
 
 
@@ -91,8 +95,24 @@ def _params(kind: str, defaults: dict, assignment: dict) -> dict:
     return params
 
 
+def count_points(run: dict) -> int:
+    """Points of a run before excludes: the cross product's size plus the baseline points."""
+    axes = run.get("axes") or {}
+    sizes = {n: len(axis_values(v)) for n, v in axes.items()}
+    other = math.prod(v for n, v in sizes.items() if n not in CONFIG_AXES)
+    return math.prod(sizes.values()) + len(run.get("baselines") or []) * other
+
+
+def check_points(run: dict) -> None:
+    n = count_points(run)
+    if n > MAX_POINTS:
+        raise QstateError(f"run {run.get('name') or run.get('kind')!r} has {n:,} points (the product of its axes); "
+                          f"the limit is {MAX_POINTS:,}: split it or use fewer values")
+
+
 def expand_run(run: dict) -> list[Point]:
     """Every point of one run, excludes applied, in a stable order."""
+    check_points(run)
     kind, axes = run["kind"], run.get("axes") or {}
     names = list(axes)
     values = [axis_values(axes[n]) for n in names]

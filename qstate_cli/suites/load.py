@@ -16,8 +16,9 @@ import yaml
 from ..errors import QstateError
 from ..kinds import KINDS, runnable_kinds
 from ..options import option_fields
+from . import bounded_yaml
 from .kinds import CONFIG_AXES, is_overridden, options_class
-from .expand import Point, expand_run
+from .expand import Point, check_points, expand_run
 
 RUN_KEYS = ("kind", "axes", "excludes", "baselines")
 
@@ -49,27 +50,42 @@ class LoadedSuite:
 def read_yaml(path: Path):
     """(data, root node) of a YAML file; syntax errors and duplicate keys name the line."""
     try:
+        if path.stat().st_size > bounded_yaml.MAX_BYTES:
+            raise SuiteError([f"{path}: invalid YAML: larger than {bounded_yaml.MAX_BYTES >> 20} MiB; "
+                              "a suite is a few KiB"])
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise QstateError(f"{path}: cannot read the suite ({exc})") from None
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
-        node = loader.get_single_node()
+        node, loader = bounded_yaml.compose(text)  # limits: bounded_yaml.py
         if node is None:
             raise SuiteError([f"{path}:1: the suite is empty"])
-        _check_duplicates(path, node)
+        _check_duplicates(path, node, set())
         data = loader.construct_document(node)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SuiteError([f"{where}: invalid YAML: {problem}"]) from None
+        raise SuiteError([f"{_where(exc, str(path), lambda m: f'{path}:{m.line + 1}')}: invalid YAML: "
+                          f"{_problem(exc)}"]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, node
 
 
-def _check_duplicates(path, node) -> None:
+def _where(exc, default: str, at) -> str:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    return at(mark) if mark else default
+
+
+def _problem(exc) -> str:
+    return " ".join(str(getattr(exc, "problem", None) or exc).split())
+
+
+def _check_duplicates(path, node, seen_nodes: set) -> None:
+    """Duplicate keys, each node checked once (aliases share nodes; bounded_yaml refused cycles)."""
+    if id(node) in seen_nodes:
+        return
+    seen_nodes.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen = {}
         for key, value in node.value:
@@ -78,10 +94,10 @@ def _check_duplicates(path, node) -> None:
                     raise SuiteError([f"{path}:{key.start_mark.line + 1}: {key.value}: duplicate key "
                                       f"(first on line {seen[key.value]})"])
                 seen[key.value] = key.start_mark.line + 1
-            _check_duplicates(path, value)
+            _check_duplicates(path, value, seen_nodes)
     elif isinstance(node, yaml.SequenceNode):
         for item in node.value:
-            _check_duplicates(path, item)
+            _check_duplicates(path, item, seen_nodes)
 
 
 def line_of(node, loc: tuple) -> int:
@@ -125,9 +141,10 @@ def apply_sets(data: dict, sets: list[str]) -> dict[tuple, str]:
         if not sep or not key.strip():
             raise QstateError(f"--set {text!r}: use KEY=VALUE (e.g. --set device=cpu)")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = bounded_yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError as exc:
-            raise QstateError(f"--set {text!r}: the value is not valid YAML ({exc})") from None
+            at = _where(exc, "", lambda m: f" at column {m.column + 1}")
+            raise QstateError(f"--set {text!r}: the value is not valid YAML: {_problem(exc)}{at}") from None
         key = key.strip()
         if "." in key:
             where[_set_path(data, key.split("."), value, text)] = text
@@ -254,6 +271,17 @@ def _param_errors(data: dict, runs: list[tuple[tuple, dict]], notes: list[str]) 
     return errs
 
 
+def _size_errors(data: dict) -> list[tuple[tuple, str]]:
+    """Runs with more points than expand.MAX_POINTS (counted before anything is built)."""
+    errs = []
+    for i, run in enumerate(_normalize(data)):
+        try:
+            check_points(run)
+        except QstateError as exc:
+            errs.append(((("runs", i) if data.get("runs") is not None else ()) + ("axes",), str(exc)))
+    return errs
+
+
 def _normalize(data: dict) -> list[dict]:
     top_defaults = {k: v for k, v in (data.get("defaults") or {}).items() if v is not None}
     raw_runs = data["runs"] if data.get("runs") is not None else [data]
@@ -283,6 +311,8 @@ def load_suite(path, sets: list[str] | None = None, check_params: bool = True) -
     if not errs and check_params:
         runs = [(("runs", i), r) for i, r in enumerate(data["runs"])] if data.get("runs") else [((), data)]
         errs = _param_errors(data, runs, notes)
+    if not errs:
+        errs = _size_errors(data)
     if errs:
         raise SuiteError([_issue(path, node, loc, msg, where) for loc, msg in errs])
     return LoadedSuite(name=data.get("name") or path.stem, file=str(path), description=data.get("description", ""),

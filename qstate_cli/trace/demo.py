@@ -19,7 +19,7 @@ import torch
 from ..models import tiny_lm
 from ..runtime import torch_threads
 from .recorder import Recorder
-from .schema import Trace
+from .schema import BLOCK, Trace
 
 
 @dataclass(frozen=True)
@@ -96,19 +96,31 @@ def _run_demo(out: Path, settings: DemoSettings, log) -> dict:
             "train_s": round(time.perf_counter() - t0, 1)}
 
 
+def dead_blocks(t) -> int:
+    """Recorded 2048-element blocks of tensor `t` whose gradient is zero at every step."""
+    alive = t.grads.ne(0).any(0)  # [n_rec]: any step non-zero (NaN counts as alive)
+    pad = (-alive.numel()) % BLOCK
+    if pad:
+        alive = torch.cat([alive, alive.new_zeros(pad)])
+    return int((~alive.view(-1, BLOCK).any(1)).sum())
+
+
 def info(trace: Trace) -> tuple[dict, list[dict]]:
-    """A summary of the trace and one row per tensor (gradient RMS and non-finite counts)."""
+    """A summary of the trace and one row per tensor (gradient RMS, non-finite counts, and
+    dead blocks: recorded blocks whose gradient is zero at every step)."""
     rows = []
-    nonfinite_total = 0
+    nonfinite_total = dead_total = 0
     for t in trace.tensors:
         g = t.grads.float()
         finite = torch.isfinite(g)
         nonfinite = int((~finite).sum())
         nonfinite_total += nonfinite
         gf = torch.where(finite, g, 0.0)
+        dead = dead_blocks(t)
+        dead_total += dead
         rows.append({"tensor": t.name, "index": t.index, "shape": "x".join(map(str, t.shape)) or "scalar",
                      "numel": t.numel, "blocks": f"{t.blocks.numel()}/{t.n_blocks}",
-                     "recorded": t.n_recorded, "grad_rms": float(gf.pow(2).mean().sqrt()),
+                     "recorded": t.n_recorded, "dead_blocks": dead, "grad_rms": float(gf.pow(2).mean().sqrt()),
                      "nonfinite": nonfinite, "init": t.init is not None})
     hp = ", ".join(f"{k}={v}" for k, v in trace.hparams.items())
     summary = {
@@ -120,7 +132,11 @@ def info(trace: Trace) -> tuple[dict, list[dict]]:
         "recorded_fraction": round(trace.recorded_elements / max(1, trace.total_elements), 4),
         "grad_dtype": trace.grad_dtype, "element_steps": trace.recorded_elements * trace.n_steps,
         "nonfinite_grads": nonfinite_total,
+        "dead_blocks": f"{dead_total} of {sum(t.blocks.numel() for t in trace.tensors)} recorded blocks "
+                       f"(gradient zero at every step)",
     }
+    if trace.meta.get("zero_tensors"):
+        summary["meta.zero_tensors"] = ", ".join(trace.meta["zero_tensors"])
     shards = trace.meta.get("shards")
     if shards:
         summary["shards"] = len(shards)

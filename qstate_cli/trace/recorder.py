@@ -13,10 +13,22 @@ the step, with `set_to_none` or not, loses nothing; on leaving the `with` block 
 it writes the trace atomically. Without an optimizer, pass `params=` and call
 `rec.capture()` yourself before each update.
 
+Under torchrun (an initialized process group of several ranks): with DDP (plain, replicated
+parameters) rank 0 alone records and writes `path`, so there is one copy of the gradients,
+not N. With FSDP2 (DTensor parameters) `path` is a directory: the blocks are sampled on the
+whole tensors (the same global blocks as a single-process recording), each rank records
+the elements of those blocks that its shard holds, with their indices, and writes
+`path/rank<r>.pt`; the directory loads as one trace (trace/io.py joins the pieces), equal to
+a single-process recording of the same run. Replicated parameters in an FSDP2 model are
+recorded by rank 0.
+
 Bounded size: `include`/`exclude` (regular expressions on parameter names) pick the
 tensors; `blocks_per_tensor` caps how many 2048-element blocks of each are kept, chosen
 by the project's counter hash (stream seed, tensor index, state id 2, step 0) so the same
-seed samples the same blocks; `start` (global optimizer step) and `steps` pick a
+seed samples the same blocks, among the blocks that carry gradient at the first recorded
+step (an embedding's unused rows are zero: a dead block replays as no data at all), then
+dead ones only if too few are live. A tensor whose recorded gradient stays zero at every
+recorded step gets a warning on stderr and is listed in the trace's meta (`zero_tensors`); `start` (global optimizer step) and `steps` pick a
 consecutive window of steps (a replay needs every step of it). The planned size is
 n_steps x recorded elements x (4 bytes fp32 | 2 bytes bf16); `max_mib` refuses a plan
 above it, or stops recording when an open-ended one reaches it.
@@ -27,11 +39,13 @@ import datetime as _dt
 import re
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from .. import __version__
 from ..errors import QstateError
+from ..optim import sharding
 from ..quant import hash as qhash
 from ..quant.config import StateConfig
 from .io import save_trace
@@ -41,15 +55,28 @@ HPARAM_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "n
                "amsgrad", "maximize", "states", "seed")
 
 
-def sample_blocks(numel: int, k: int | None, seed: int, tensor_index: int) -> torch.Tensor:
+def sample_blocks(numel: int, k: int | None, seed: int, tensor_index: int,
+                  live: torch.Tensor | None = None) -> torch.Tensor:
     """Indices (ascending, int64) of k of the tensor's ceil(numel / 2048) blocks: those with
-    the smallest hash of (seed, tensor_index, SAMPLING_STATE_ID, step 0; block index)."""
+    the smallest hash of (seed, tensor_index, SAMPLING_STATE_ID, step 0; block index),
+    live blocks (bool [n_blocks]: carrying gradient) before dead ones when `live` is given."""
     n = -(-numel // BLOCK)
     if k is None or k >= n:
         return torch.arange(n, dtype=torch.int64)
     keys = qhash.stream_keys(seed, tensor_index, SAMPLING_STATE_ID, 0)
-    score = qhash.random_bits(keys, torch.arange(n, dtype=torch.int64))
+    score = qhash.random_bits(keys, torch.arange(n, dtype=torch.int64)).to(torch.int64)
+    if live is not None:
+        score = score + (~live.cpu()).to(torch.int64) * (1 << 33)  # hash bits are 32: every live block first
     return torch.sort(torch.argsort(score)[:k]).values
+
+
+def live_blocks(grad: torch.Tensor) -> torch.Tensor:
+    """bool [n_blocks]: whether each 2048-element block of `grad` has a non-zero element."""
+    flat = grad.detach().reshape(-1)
+    pad = (-flat.numel()) % BLOCK
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    return flat.view(-1, BLOCK).ne(0).any(1)
 
 
 def name_of(optimizer) -> str:
@@ -63,8 +90,10 @@ class _Recorded:
     name: str
     index: int  # position in the optimizer's parameter list
     blocks: torch.Tensor
-    elements: torch.Tensor | None  # flat indices to copy (None: the whole tensor)
+    elements: torch.Tensor | None  # flat indices to copy (None: the whole tensor); local ones for a shard
     rows: list = field(default_factory=list)
+    global_elements: torch.Tensor | None = None  # a shard's piece: the whole tensor's indices of `elements`
+    nonzero: bool = False  # any recorded gradient element was non-zero
 
     @property
     def n_recorded(self) -> int:
@@ -126,16 +155,24 @@ class Recorder:
         self.name = optimizer_name or name_of(optimizer)
         self.hparams = dict(hparams) if hparams is not None else optimizer_hparams(optimizer)
         self.seed = int(seed if seed is not None else self.hparams.get("seed", 0))
+        self.rank, self.world = _rank_world()
+        self.sharded = self.world > 1 and any(sharding.is_dtensor(p) for p in plist)
         self.items: list[_Recorded] = []
+        self.blocks_per_tensor = blocks_per_tensor
         for i, p in enumerate(plist):
             name = names.get(id(p), f"param{i}")
             if (inc and not inc.search(name)) or (exc and exc.search(name)) or p.numel() == 0:
                 continue
+            if self.world > 1 and self.rank != 0 and not sharding.is_dtensor(p):
+                continue  # replicated (DDP, or unsharded under FSDP2): rank 0 records it
             blocks = sample_blocks(p.numel(), blocks_per_tensor, self.seed, i)
+            if sharding.is_dtensor(p):
+                self.items.append(_shard_item(p, name, i, blocks))
+                continue
             full = blocks.numel() == -(-p.numel() // BLOCK)
             idx = None if full else recorded_elements(blocks, p.numel()).to(p.device)
             self.items.append(_Recorded(p, name, i, blocks, idx))
-        if not self.items:
+        if not self.items and not (self.world > 1 and self.rank != 0):
             raise QstateError("no parameters selected to record (check include/exclude)")
         self.n_rec = sum(r.n_recorded for r in self.items)
         self.row_mib = self.n_rec * self.dtype.itemsize / 2**20
@@ -150,7 +187,10 @@ class Recorder:
         self.done = False
         self.meta = {"source": "Recorder", "qstate": __version__, "argv": list(sys.argv),
                      "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **(meta or {})}
+        if self.world > 1:
+            self.meta.update(rank=self.rank, world_size=self.world)
         self._hook = None
+        self._warned = False
 
     # ---- context manager: hook the optimizer, write the trace on exit -------------------
     def __enter__(self) -> "Recorder":
@@ -183,17 +223,32 @@ class Recorder:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
-        if self.path is not None and self.n_steps:
+        if self.path is not None and self.items and self.n_steps:
             self.save(self.path)
+
+    @property
+    def writes(self) -> bool:
+        """Whether this rank writes a file (all but rank 0 of a DDP run record nothing)."""
+        return bool(self.items)
+
+    def file_for(self, path) -> Path:
+        """Where this rank's recording goes: `path`, or `path/rank<r>.pt` when sharded."""
+        return Path(path) / f"rank{self.rank}.pt" if self.sharded else Path(path)
 
     def close(self) -> None:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        zero = self.zero_tensors() if self.n_steps else []
+        if zero and not self._warned:
+            self._warned = True
+            print(f"qstate: the recorded gradient of {len(zero)} tensor(s) was zero at every one of {self.n_steps} "
+                  f"steps ({', '.join(zero[:5])}{', ...' if len(zero) > 5 else ''}): they replay as no data; "
+                  f"check they are trained, or leave them out with exclude=", file=sys.stderr)
 
     @property
     def n_steps(self) -> int:
-        return len(self.items[0].rows)
+        return len(self.items[0].rows) if self.items else 0
 
     # ---- recording ---------------------------------------------------------------------
     @torch.no_grad()
@@ -212,27 +267,81 @@ class Recorder:
             return
         if self.step_start is None:
             self.step_start = self.step
+            self._sample_live_blocks()
             if self.record_params:
-                self.init = [_pick(r.param.detach(), r.elements, torch.float32) for r in self.items]
+                self.init = [_pick(sharding.local_tensor(r.param.detach()), r.elements, torch.float32)
+                             for r in self.items]
         for r in self.items:
             g = r.param.grad
             if g is None:  # unused this step: recorded as zeros
                 r.rows.append(torch.zeros(r.n_recorded, dtype=self.dtype))
             else:
-                r.rows.append(_pick(g.detach(), r.elements, self.dtype))
+                r.rows.append(_pick(sharding.local_tensor(g.detach()), r.elements, self.dtype))
+                r.nonzero = r.nonzero or bool(r.rows[-1].ne(0).any())
+
+    def _sample_live_blocks(self) -> None:
+        """At the first recorded step: re-draw each sampled tensor's blocks among those
+        that carry gradient now (module docstring); the plan's size stays within a block."""
+        if self.blocks_per_tensor is None:
+            return
+        for k, r in enumerate(self.items):
+            g = r.param.grad
+            n_blocks = -(-r.param.numel() // BLOCK)
+            if g is None or r.blocks.numel() == n_blocks:
+                continue
+            # a sharded gradient is gathered once so that every rank draws the same global blocks
+            # (a collective: every rank holds an item for each sharded parameter, in one order)
+            live = live_blocks(g.full_tensor() if sharding.is_dtensor(g) else g)
+            blocks = sample_blocks(r.param.numel(), self.blocks_per_tensor, self.seed, r.index, live)
+            if sharding.is_dtensor(r.param):
+                self.items[k] = _shard_item(r.param, r.name, r.index, blocks)
+                continue
+            r.blocks = blocks
+            r.elements = recorded_elements(r.blocks, r.param.numel()).to(r.param.device)
+        self.n_rec = sum(r.n_recorded for r in self.items)
+        self.row_mib = self.n_rec * self.dtype.itemsize / 2**20
+
+    def zero_tensors(self) -> list[str]:
+        """Tensors whose recorded gradient was zero at every recorded step."""
+        return [r.name for r in self.items if not r.nonzero]
 
     def trace(self) -> Trace:
         if not self.n_steps:
             raise QstateError("nothing recorded yet: no optimizer step ran inside the recorder")
+        zero = self.zero_tensors()
+        if zero:
+            self.meta["zero_tensors"] = zero
         tensors = []
         for j, r in enumerate(self.items):
             init = self.init[j] if self.init else None
-            tensors.append(TraceTensor(r.name, r.index, tuple(r.param.shape), r.blocks, torch.stack(r.rows), init))
+            tensors.append(TraceTensor(r.name, r.index, tuple(r.param.shape), r.blocks, torch.stack(r.rows), init,
+                                       r.global_elements))
         return Trace(self.name, self.hparams, self.seed, self.step_start, self.n_steps, self.grad_dtype,
                      tensors, dict(self.meta))
 
     def save(self, path) -> None:
-        save_trace(self.trace(), path)
+        """Write this rank's recording (file_for(path)); nothing on a DDP rank other than 0."""
+        if self.writes:
+            save_trace(self.trace(), self.file_for(path))
+
+
+def _rank_world() -> tuple[int, int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _shard_item(p, name: str, index: int, blocks: torch.Tensor) -> _Recorded:
+    """This rank's piece of the sampled blocks of sharded parameter p (module docstring)."""
+    layout = sharding.layout_of(p)
+    if not layout.contiguous:
+        raise QstateError(f"cannot record {name}: its shard is not one range of the flattened tensor "
+                          f"(placements {p.placements}); FSDP2 shards dim 0")
+    wanted = recorded_elements(blocks, p.numel())
+    mine = wanted[(wanted >= layout.offset) & (wanted < layout.offset + layout.local_numel)]
+    local = (mine - layout.offset).to(sharding.local_tensor(p).device)
+    return _Recorded(p, name, index, blocks, local, global_elements=mine)
 
 
 def _regex(pattern: str | None, what: str):

@@ -20,9 +20,20 @@ code::
           "blocks": int64 [k],        # indices of the recorded BLOCK-element blocks, ascending
           "grads": [n_steps, n_rec],  # grad_dtype; the recorded blocks concatenated
           "init": fp32 [n_rec],       # optional: parameter values before the first step
+          "elements": int64 [n_part], # only in one rank's shard of a sharded (FSDP2) tensor:
+                                      # the recorded elements (flat indices in the whole
+                                      # tensor, ascending) this rank held; grads/init are
+                                      # [.., n_part]; io.merge_shards joins the pieces
+          "sha256": "<64 hex>",       # of the bytes of blocks, grads, init and elements
+                                      # (those present), in that order
       }, ...],
       "meta": {...}                   # free-form: source, created, qstate version, rank
     }
+
+Checks at load (from_dict): the structure above; the hyper-parameters are ones a run can
+have (optim/registry.py `check_hparams`: betas in [0, 1), lr >= 0, ...); and each tensor's
+sha256, so flipped bytes in the data are refused instead of replayed. Traces written
+before the checksum existed (no "sha256") load unverified.
 
 Blocks are of the largest block size any format uses (2048), so every smaller
 power-of-two block size divides them and a replay quantizes the recorded elements in
@@ -31,12 +42,14 @@ exactly the blocks the full tensor would have. A tensor's last block may be shor
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import QstateError
+from ..optim.registry import OPTIMIZERS
 
 FORMAT_TAG = "qstate-trace"
 SCHEMA_VERSION = 1
@@ -55,6 +68,11 @@ class TraceTensor:
     blocks: torch.Tensor  # int64 [k], ascending
     grads: torch.Tensor  # [n_steps, n_rec]
     init: torch.Tensor | None = None
+    elements: torch.Tensor | None = None  # a rank's piece of a sharded tensor: its element indices
+
+    @property
+    def partial(self) -> bool:
+        return self.elements is not None
 
     @property
     def numel(self) -> int:
@@ -117,7 +135,21 @@ def _tensor_dict(t: TraceTensor) -> dict:
            "blocks": t.blocks.to(torch.int64), "grads": t.grads}
     if t.init is not None:
         out["init"] = t.init
+    if t.elements is not None:
+        out["elements"] = t.elements.to(torch.int64)
+    out["sha256"] = checksum(out["blocks"], t.grads, t.init, out.get("elements"))
     return out
+
+
+def checksum(blocks: torch.Tensor, grads: torch.Tensor, init: torch.Tensor | None,
+             elements: torch.Tensor | None = None) -> str:
+    """sha256 of the raw bytes of blocks, grads, init and elements (those present), in that order."""
+    digest = hashlib.sha256()
+    for tensor in (blocks, grads, init, elements):
+        if tensor is not None:
+            flat = tensor.detach().cpu().contiguous().reshape(-1)
+            digest.update(memoryview(flat.view(torch.uint8).numpy()))
+    return digest.hexdigest()
 
 
 def recorded_elements(blocks: torch.Tensor, numel: int) -> torch.Tensor:
@@ -136,7 +168,9 @@ def block_lengths(blocks: torch.Tensor, numel: int) -> int:
 
 
 # ---- validation: a dict from torch.load -> Trace, or one clear line naming the problem ----
-def from_dict(obj, source: str) -> Trace:
+def from_dict(obj, source: str, verify: bool = True) -> Trace:
+    """The Trace in `obj`, every field checked (module docstring); `verify=False` skips the
+    checksums (a trace about to be written gets them from its own data)."""
     def bad(what: str):
         return QstateError(f"{source}: {what}")
 
@@ -154,6 +188,11 @@ def from_dict(obj, source: str) -> Trace:
     hparams = opt.get("hparams", {})
     if not isinstance(name, str) or not isinstance(hparams, dict):
         raise bad("'optimizer' must hold a string 'name' and a dict 'hparams'")
+    if name.lower() in OPTIMIZERS:  # an optimizer the replay does not know is its concern
+        try:
+            OPTIMIZERS[name.lower()].check_hparams(hparams)
+        except QstateError as exc:
+            raise bad(f"optimizer {name}: {exc}") from None
     seed = _field(obj, "seed", int, bad)
     step_start = _field(obj, "step_start", int, bad)
     n_steps = _field(obj, "n_steps", int, bad)
@@ -167,7 +206,7 @@ def from_dict(obj, source: str) -> Trace:
     raw = _field(obj, "tensors", list, bad)
     if not raw:
         raise bad("trace holds no tensors")
-    tensors = [_tensor(i, t, n_steps, GRAD_DTYPES[grad_dtype], bad) for i, t in enumerate(raw)]
+    tensors = [_tensor(i, t, n_steps, GRAD_DTYPES[grad_dtype], bad, verify) for i, t in enumerate(raw)]
     names = [t.name for t in tensors]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -186,7 +225,7 @@ def _field(obj: dict, key: str, kind, bad):
     return val
 
 
-def _tensor(i: int, t, n_steps: int, dtype, bad) -> TraceTensor:
+def _tensor(i: int, t, n_steps: int, dtype, bad, verify: bool = True) -> TraceTensor:
     if not isinstance(t, dict):
         raise bad(f"tensor {i}: must be a dict, got {type(t).__name__}")
     name = t.get("name")
@@ -207,6 +246,14 @@ def _tensor(i: int, t, n_steps: int, dtype, bad) -> TraceTensor:
     if int(blocks.min()) < 0 or int(blocks.max()) >= n_blocks or (blocks.numel() > 1 and not bool((blocks.diff() > 0).all())):
         raise bad(f"{where}: 'blocks' must be ascending, distinct block indices below {n_blocks}")
     n_rec = block_lengths(blocks, numel)
+    elements = t.get("elements")
+    if elements is not None:  # one rank's piece of a sharded tensor
+        if not isinstance(elements, torch.Tensor) or elements.dtype != torch.int64 or elements.ndim != 1:
+            raise bad(f"{where}: 'elements' must be a 1-D int64 tensor")
+        if elements.numel() and (not bool(torch.isin(elements, recorded_elements(blocks, numel)).all())
+                                 or (elements.numel() > 1 and not bool((elements.diff() > 0).all()))):
+            raise bad(f"{where}: 'elements' must be ascending, distinct elements of the recorded blocks")
+        n_rec = elements.numel()
     if not isinstance(grads, torch.Tensor) or grads.ndim != 2:
         raise bad(f"{where}: 'grads' must be a 2-D tensor [steps, recorded elements]")
     if grads.dtype != dtype:
@@ -217,4 +264,10 @@ def _tensor(i: int, t, n_steps: int, dtype, bad) -> TraceTensor:
     init = t.get("init")
     if init is not None and (not isinstance(init, torch.Tensor) or tuple(init.shape) != (n_rec,)):
         raise bad(f"{where}: 'init' must be a tensor of {n_rec} values")
-    return TraceTensor(name, index, tuple(shape), blocks, grads, init)
+    recorded = t.get("sha256")
+    if recorded is not None and verify:
+        if not isinstance(recorded, str) or len(recorded) != 64:
+            raise bad(f"{where}: 'sha256' must be 64 hex digits")
+        if checksum(blocks, grads, init, elements) != recorded.lower():
+            raise bad(f"{where}: the data does not match its sha256: the file is corrupt")
+    return TraceTensor(name, index, tuple(shape), blocks, grads, init, elements)

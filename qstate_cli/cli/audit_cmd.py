@@ -1,0 +1,51 @@
+"""`qstate audit`: what every parameter's optimizer states become when sharded (FSDP2).
+
+For a model's shapes sharded on dim 0 at --world-size: per parameter and state, the
+whole and local shape, format (chosen from the whole tensor), bytes on the rank, whether
+its blocks are the whole tensor's (codes equal single-process) or local to the shard, and
+why (optim/audit.py). A live optimizer answers the same with `optimizer.audit()`.
+"""
+from __future__ import annotations
+
+import typer
+
+from ..bench.shapes import model_shapes
+from ..optim.audit import AuditOptions, plan_shapes, summary_line
+from ..optim.registry import optimizer_info
+from ..results import document, environment, write_json_atomic, write_text_atomic
+from . import output
+from .commands import options_command
+from .output import Destinations
+
+HELP = ("Audit optimizer states under FSDP2 sharding: per parameter and state, global and local shape, format, "
+        "bytes, whether its blocks are the whole tensor's (bit-equal to single-process) or the shard's, and why.")
+COLUMNS = ["rank", "name", "state", "global_shape", "local_shape", "format", "local_bytes", "blocks",
+           "world_independent", "reason"]
+HEADERS = {"global_shape": "global", "local_shape": "local", "local_bytes": "bytes",
+           "world_independent": "any world"}
+
+
+def register(app: typer.Typer) -> None:
+    @options_command(app, "audit", AuditOptions, help=HELP, outputs=("json", "csv"),
+                     output_help={"json": "Write the audit JSON here ('-': stdout)."})
+    def audit(opts: AuditOptions, out: Destinations) -> None:
+        out.check()
+        shapes = model_shapes(opts.model)
+        states = optimizer_info(opts.optimizer).states
+        ranks = [opts.rank] if opts.rank is not None else range(opts.world_size)
+        rows = [r for rank in ranks for r in plan_shapes(shapes, opts.states, states, opts.world_size, rank,
+                                                         opts.min_quant_numel)]
+        records = [r.record() for r in rows]
+        doc = document("audit", records, {"options": opts.to_params(), "summary": summary_line(rows)},
+                       environment("cpu"))
+        if out.json_file is not None:
+            write_json_atomic(out.json_file, doc)
+        if out.csv is not None:
+            write_text_atomic(out.csv, output.to_csv(records))
+        if out.json_to_stdout:
+            output.print_json(doc)
+            return
+        title = f"Sharding audit: {opts.model}, {opts.states}, world size {opts.world_size} (dim 0, FSDP2)"
+        fmt = {"world_independent": lambda v: "yes" if v else "no", "local_bytes": ","}
+        output.stdout.print(output.table(title, records, COLUMNS, fmt, HEADERS))
+        output.stdout.print(summary_line(rows), highlight=False, markup=False)

@@ -1,0 +1,81 @@
+"""The gate fails closed: evidence that is missing or does not add up is never a pass.
+
+Checked before anything is compared (QstateError, exit 2, one line naming the file):
+
+- every kind the baseline has, NEW has too, with at least one row, and the other way
+  round (an empty NEW, or a NEW of another kind, would otherwise compare as "all
+  missing" and pass; an empty baseline would pass anything);
+- a timing row's `time_ms` is the median of its own `samples_ms` (within 1%; the
+  engine writes exactly that, samples rounded to 6 digits), the samples are finite
+  and positive: a doubled `time_ms` with the samples left alone is an edited file.
+
+And in the verdicts (compare/__init__.py): a timing ratio beyond the threshold with
+no samples to test it is a regression (the evidence cannot clear it), and a row the
+baseline has and NEW lacks is a regression (status "missing"), unless NEW says why
+(status "unavailable": a baseline this machine cannot run).
+"""
+from __future__ import annotations
+
+import math
+from statistics import median
+
+from ..errors import QstateError
+
+MEDIAN_TOLERANCE = 0.01  # relative: time_ms against the median of samples_ms
+
+
+def _sources(docs: list[dict], sources: list[str], kind: str) -> str:
+    names = [src for doc, src in zip(docs, sources) if doc.get("kind") == kind] or sources
+    return ", ".join(names[:3]) + (f" (+{len(names) - 3})" if len(names) > 3 else "")
+
+
+def check_sides(kinds: list[str], base_docs: list[dict], new_docs: list[dict],
+                base_sources: list[str], new_sources: list[str]) -> None:
+    """Each compared kind has rows on both sides (module docstring)."""
+    for kind in kinds:
+        n_base = sum(len(d["records"]) for d in base_docs if d.get("kind") == kind)
+        n_new = sum(len(d["records"]) for d in new_docs if d.get("kind") == kind)
+        if n_base and not n_new:
+            held = sorted({str(d.get("kind")) for d in new_docs if d["records"]})
+            what = f"it holds {', '.join(held)} rows" if held else "it holds no rows at all"
+            raise QstateError(f"NEW {_sources(new_docs, new_sources, kind)}: no {kind} rows, but the baseline has "
+                              f"{n_base} ({what}); an empty or mismatched result cannot pass the gate")
+        if n_new and not n_base:
+            raise QstateError(f"baseline {_sources(base_docs, base_sources, kind)}: no {kind} rows to compare NEW's "
+                              f"{n_new} against; a gate needs a baseline")
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def row_problem(row: dict) -> str | None:
+    """Why a timing row's numbers do not add up (None: they do)."""
+    samples = row.get("samples_ms")
+    if samples is None or row.get("status", "ok") != "ok":
+        return None
+    if not isinstance(samples, list) or not all(_finite(s) and s > 0 for s in samples):
+        return "samples_ms must be a list of positive finite numbers"
+    time_ms = row.get("time_ms")
+    if not samples or time_ms is None:
+        return None
+    if not _finite(time_ms) or time_ms <= 0:
+        return f"time_ms {time_ms!r} is not a positive finite number"
+    mid = median(samples)
+    if abs(time_ms - mid) > MEDIAN_TOLERANCE * mid:
+        return (f"time_ms {time_ms:.6g} is not the median of its samples_ms ({mid:.6g}); "
+                "the file was edited or corrupted")
+    return None
+
+
+def check_rows(docs: list[dict], sources: list[str], side: str, timing_kinds: set[str]) -> None:
+    """Every timing row of one side adds up (QstateError naming the file and the row)."""
+    for doc, src in zip(docs, sources):
+        if doc.get("kind") not in timing_kinds:
+            continue
+        for i, row in enumerate(doc["records"]):
+            if isinstance(row, dict):
+                problem = row_problem(row)
+                if problem:
+                    name = row.get("name") or f"records[{i}]"
+                    raise QstateError(f"{side} {src}: row {i} ({name}): {problem}")

@@ -1,0 +1,502 @@
+"""The bad-input catalogue: every class of bad or hostile input a user can hand qstate,
+each one a real command line, with the one line it must get (exit code 2).
+
+`tests/test_bad_input.py` runs every case through `typer.testing.CliRunner` and a
+sample of them as real subprocesses, and asserts: exit code 2, exactly one line on
+stderr, no traceback, the expected message, and no side effect (the folder the case
+works in holds exactly the files it held before, byte for byte: no partial output, no
+temporary file, nothing overwritten or lost).
+
+`python tests/bad_inputs.py > docs/errors.md` runs every case as a real subprocess and
+writes the table of docs/errors.md from what each one printed.
+
+A case builds its hostile files in an empty folder (`make(dir) -> argv`); it must not
+need the network, a GPU or more than a few seconds of CPU when qstate behaves.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "tests" / "data" / "results"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    group: str  # the class of bad input (a heading of docs/errors.md)
+    what: str  # what is tried, in words
+    make: Callable[[Path], list[str]]  # builds its files in the folder; returns the argv after `qstate`
+    message: str  # a regular expression the one line must match
+    env: dict = field(default_factory=dict)
+
+
+def unwritable_dir(tmp: Path) -> Path:
+    """A folder no file can be created in: a read-only folder, or /sys where we run as root
+    (root ignores permission bits; /sys refuses new files to everyone)."""
+    if os.geteuid() == 0:
+        return Path("/sys")
+    ro = tmp / "read-only"
+    ro.mkdir(exist_ok=True)
+    ro.chmod(0o555)
+    return ro
+
+
+def copy_result(tmp: Path, name: str, edit: Callable[[dict], None] | None = None, src: Path | None = None) -> str:
+    doc = json.loads((src or RESULTS / "memory.json").read_text())
+    if edit is not None:
+        edit(doc)
+    path = tmp / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def write(tmp: Path, name: str, text: str) -> str:
+    path = tmp / name
+    path.write_text(text)
+    return str(path)
+
+
+def small_trace(hparams: dict | None = None, optimizer: str = "adamw"):
+    """A 2-tensor, 4-step trace made in memory (no training)."""
+    from qstate_cli.trace.schema import Trace, TraceTensor
+
+    gen = torch.Generator().manual_seed(0)
+    tensors = [TraceTensor(f"w{i}", i, (3000,), torch.tensor([0, 1]), torch.randn(4, 3000, generator=gen))
+               for i in range(2)]
+    hp = {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0} if hparams is None else hparams
+    return Trace(optimizer, hp, 0, 1, 4, "fp32", tensors, {"source": "tests/bad_inputs.py"})
+
+
+def raw_trace(tmp: Path, name: str, edit: Callable[[dict], None]) -> str:
+    """A trace file written with torch.save past qstate's checks (what a stranger can send)."""
+    obj = small_trace().to_dict()
+    edit(obj)
+    path = tmp / name
+    torch.save(obj, path)
+    return str(path)
+
+
+# -- the catalogue ---------------------------------------------------------------------------
+
+CASES: list[Case] = []
+
+
+def case(group: str, what: str, message: str, env: dict | None = None):
+    def register(make):
+        CASES.append(Case(make.__name__.replace("_", "-"), group, what, make, message, env or {}))
+        return make
+    return register
+
+
+OUT = "Output paths (checked before any work)"
+
+
+@case(OUT, "`diagnose --theory --json` naming a folder", r"--json .*: is a folder; name a file")
+def json_is_a_folder(tmp):
+    (tmp / "out").mkdir()
+    return ["diagnose", "--theory", "--json", str(tmp / "out")]
+
+
+@case(OUT, "`diagnose --json` in a folder that cannot be written", r"--json .*: cannot write in .*")
+def json_unwritable(tmp):
+    return ["diagnose", "--theory", "--json", str(unwritable_dir(tmp) / "x.json")]
+
+
+@case(OUT, "`bench memory --csv` under an existing file", r"--csv .*: .*afile is a file, not a folder")
+def csv_under_a_file(tmp):
+    write(tmp, "afile", "keep me")
+    return ["bench", "memory", "--numel", "1000", "-c", "fp32", "--baseline", "none", "--csv",
+            str(tmp / "afile" / "x.csv")]
+
+
+@case(OUT, "`bench kernels --json` in a folder that cannot be written", r"--json .*: cannot write in .*")
+def bench_json_unwritable(tmp):
+    return ["bench", "kernels", "--numel", "1024", "-c", "fp32", "--baseline", "none",
+            "--json", str(unwritable_dir(tmp) / "k.json")]
+
+
+@case(OUT, "`report --out` under an existing file", r"--html .*: .*afile is a file, not a folder")
+def report_out_under_a_file(tmp):
+    write(tmp, "afile", "keep me")
+    return ["report", copy_result(tmp, "memory.json"), "--out", str(tmp / "afile" / "sub")]
+
+
+@case(OUT, "`report --markdown` in a folder that cannot be written", r"--markdown .*: cannot write in .*")
+def report_markdown_unwritable(tmp):
+    return ["report", copy_result(tmp, "memory.json"), "--markdown", str(unwritable_dir(tmp) / "r.md")]
+
+
+@case(OUT, "`compare --results` naming a folder", r"--results .*: is a folder; name a file")
+def compare_results_is_a_folder(tmp):
+    (tmp / "out").mkdir()
+    m = copy_result(tmp, "memory.json")
+    return ["compare", m, m, "--results", str(tmp / "out")]
+
+
+@case(OUT, "`compare` with $GITHUB_STEP_SUMMARY in a folder that cannot be written",
+      r"GITHUB_STEP_SUMMARY .*: cannot write in .*", env={"GITHUB_STEP_SUMMARY": "/sys/qstate-summary.md"})
+def step_summary_unwritable(tmp):
+    m = copy_result(tmp, "memory.json")
+    return ["compare", m, m]
+
+
+@case(OUT, "`run --out` under an existing file", r"--out .*: .*afile is a file, not a folder")
+def run_out_under_a_file(tmp):
+    write(tmp, "afile", "keep me")
+    suite = write(tmp, "s.yaml", "kind: memory\ndefaults: {numel: [1000], config: [fp32]}\n")
+    return ["run", suite, "--out", str(tmp / "afile" / "o")]
+
+
+@case(OUT, "`trace demo -o` in a folder that cannot be written", r"--output .*: cannot write in .*")
+def demo_output_unwritable(tmp):
+    return ["trace", "demo", "-o", str(unwritable_dir(tmp) / "t.pt"), "--steps", "1"]
+
+
+YAML = "Suites: YAML that would hang or exhaust memory (limits: qstate_cli/suites/bounded_yaml.py)"
+
+
+def alias_bomb(levels: int = 10, fan: int = 10) -> str:
+    """520 bytes that expand to fan**levels values when aliases are followed."""
+    lines = ["kind: memory", "defaults:", "  a0: &a0 [" + ",".join(["x"] * fan) + "]"]
+    lines += [f"  a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * fan) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@case(YAML, "an alias bomb (10 levels of 10 aliases, 520 bytes) to `suite validate`",
+      r"bomb.yaml:\d+: invalid YAML: more than 100,000 values once aliases are expanded")
+def yaml_alias_bomb_validate(tmp):
+    return ["suite", "validate", write(tmp, "bomb.yaml", alias_bomb())]
+
+
+@case(YAML, "the same alias bomb to `run`", r"bomb.yaml:\d+: invalid YAML: more than 100,000 values")
+def yaml_alias_bomb_run(tmp):
+    return ["run", write(tmp, "bomb.yaml", alias_bomb()), "--out", str(tmp / "out")]
+
+
+@case(YAML, "a recursive alias `a: &a [*a]`", r"self.yaml:3: invalid YAML: a recursive alias")
+def yaml_recursive_alias(tmp):
+    return ["suite", "validate", write(tmp, "self.yaml", "kind: memory\ndefaults:\n  a: &a [*a]\n")]
+
+
+@case(YAML, "a recursive alias in a `--set` value", r"--set 'numel=&a \[\*a\]': the value is not valid YAML: "
+      r"a recursive alias")
+def set_recursive_alias(tmp):
+    return ["run", write(tmp, "s.yaml", "kind: memory\n"), "--set", "numel=&a [*a]", "--out", str(tmp / "out")]
+
+
+@case(YAML, "101 aliases of one value", r"many.yaml:\d+: invalid YAML: more than 100 aliases")
+def yaml_too_many_aliases(tmp):
+    body = "kind: memory\ndefaults:\n  x: &x 1\n  l: [" + ",".join(["*x"] * 101) + "]\n"
+    return ["suite", "validate", write(tmp, "many.yaml", body)]
+
+
+@case(YAML, "lists nested 10,000 deep", r"deep.yaml(:\d+)?: invalid YAML: nested deeper than 64 levels")
+def yaml_too_deep(tmp):
+    return ["suite", "validate", write(tmp, "deep.yaml", "kind: memory\nx: " + "[" * 10000 + "]" * 10000 + "\n")]
+
+
+@case(YAML, "a 2 MiB suite", r"big.yaml: invalid YAML: larger than 1 MiB")
+def yaml_too_big(tmp):
+    return ["suite", "validate", write(tmp, "big.yaml", "kind: memory\n" + "# padding\n" * 220_000)]
+
+
+@case(YAML, "three range axes of 10,000 values (10^12 points)", r"cp.yaml:\d+: axes: run 'kernels' has "
+      r"1,000,000,000,000 points .* the limit is 10,000")
+def yaml_cross_product(tmp):
+    axis = "{start: 1, stop: 10000, step: 1}"
+    return ["run", write(tmp, "cp.yaml", f"kind: kernels\naxes:\n  numel: {axis}\n  seed: {axis}\n"
+                                        f"  warmup_ms: {axis}\n"), "--out", str(tmp / "out")]
+
+
+@case(YAML, "a `--set` value that is not YAML", r"--set 'numel=\[1, 2': the value is not valid YAML: expected ',' "
+      r"or '\]'.* at column 6$")
+def set_value_not_yaml(tmp):
+    return ["run", write(tmp, "s.yaml", "kind: memory\n"), "--set", "numel=[1, 2", "--out", str(tmp / "out")]
+
+
+TRACE = "Traces: hostile, corrupt or impossible (limits: qstate_cli/trace/io.py)"
+
+
+class _Pwn:
+    """Unpickling this runs `touch PWNED` (what weights_only=True must never do)."""
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+@case(TRACE, "a torch.save file whose pickle would run a shell command", r"refused: the file holds Python objects")
+def trace_runs_code(tmp):
+    path = tmp / "evil.pt"
+    torch.save({"format": "qstate-trace", "x": _Pwn(str(tmp / "PWNED"))}, path)
+    return ["trace", "info", str(path)]
+
+
+@case(TRACE, "a raw pickle (not a zip archive)", r"not a torch.save zip archive; raw pickles are refused")
+def trace_raw_pickle(tmp):
+    import pickle
+
+    path = tmp / "evil.pt"
+    path.write_bytes(pickle.dumps(_Pwn(str(tmp / "PWNED"))))
+    return ["diagnose", str(path)]
+
+
+@case(TRACE, "a zip bomb: a trace whose data.pkl is deflated 64 MiB of zeros (~70 KB on disk)",
+      r"refused: inflates to [\d,]+ bytes from [\d,]+ on disk \(more than 4x; a zip bomb\?\)")
+def trace_zip_bomb(tmp):
+    buf = io.BytesIO()
+    torch.save(small_trace().to_dict(), buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    path = tmp / "bomb.pt"
+    with zipfile.ZipFile(path, "w") as out:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename.endswith("data.pkl"):
+                packed = zipfile.ZipInfo(info.filename)
+                packed.compress_type = zipfile.ZIP_DEFLATED
+                with out.open(packed, "w") as fh:
+                    fh.write(data)
+                    for _ in range(64):
+                        fh.write(bytes(1 << 20))
+            else:
+                out.writestr(info, data)
+    return ["trace", "info", str(path)]
+
+
+def _flip_tensor_bytes(raw: bytes) -> bytes:
+    """Flip 4 bytes in the middle of the archive's largest tensor record (the grads)."""
+    archive = zipfile.ZipFile(io.BytesIO(raw))
+    rec = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    local = raw[rec.header_offset:rec.header_offset + 30]
+    start = rec.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+    at = start + rec.file_size // 2
+    out = bytearray(raw)
+    out[at:at + 4] = bytes(b ^ 0xFF for b in out[at:at + 4])
+    return bytes(out)
+
+
+@case(TRACE, "a trace with 4 flipped bytes in its gradient data", r"the data does not match its sha256: the file is "
+      r"corrupt")
+def trace_flipped_bytes(tmp):
+    from qstate_cli.trace import save_trace
+
+    path = save_trace(small_trace(), tmp / "t.pt")
+    path.write_bytes(_flip_tensor_bytes(path.read_bytes()))
+    return ["diagnose", str(path), "-c", "bf16"]
+
+
+@case(TRACE, "a truncated trace (the first half of the file)", r"corrupt or truncated trace")
+def trace_truncated(tmp):
+    from qstate_cli.trace import save_trace
+
+    path = save_trace(small_trace(), tmp / "t.pt")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return ["trace", "info", str(path)]
+
+
+def _hparams_case(betas):
+    def make(tmp):
+        return ["diagnose", raw_trace(tmp, "t.pt", lambda d: d["optimizer"]["hparams"].update(betas=betas)), "-c",
+                "bf16"]
+    return make
+
+
+for _betas, _name, _msg in (([0.9, 1.0], "beta2 = 1", r"betas \[0.9, 1.0\]: each beta must be in \[0, 1\)"),
+                            ("x", "betas 'x'", r"betas 'x': give two numbers"),
+                            ([0.9], "betas [0.9]", r"betas \[0.9\]: give two numbers"),
+                            ([-1, 2], "betas [-1, 2]", r"betas \[-1, 2\]: each beta must be in \[0, 1\)")):
+    _make = _hparams_case(_betas)
+    _make.__name__ = "trace_hparams_" + _name.replace(" ", "").replace("'", "").replace("=", "_").replace(
+        "[", "").replace("]", "").replace(",", "_").replace("-", "m").replace(".", "")
+    case(TRACE, f"a trace with {_name}", r"t.pt: optimizer adamw: hparams " + _msg)(_make)
+
+
+@case(TRACE, "a trace with a NaN learning rate (to `trace info`)", r"hparams lr nan: must be a finite number")
+def trace_hparams_nan_lr(tmp):
+    return ["trace", "info", raw_trace(tmp, "t.pt", lambda d: d["optimizer"]["hparams"].update(lr=float("nan")))]
+
+
+GATE = "The compare gate fails closed (qstate_cli/compare/evidence.py)"
+
+
+def _kernels(tmp: Path, name: str, edit=None) -> str:
+    return copy_result(tmp, name, edit, src=RESULTS / "kernels.json")
+
+
+@case(GATE, "NEW with zero records", r"NEW .*new.json: no kernels rows, but the baseline has 27 \(it holds no rows at "
+      r"all\); an empty or mismatched result cannot pass the gate")
+def gate_new_empty(tmp):
+    return ["compare", _kernels(tmp, "base.json"), _kernels(tmp, "new.json", lambda d: d.update(records=[]))]
+
+
+@case(GATE, "NEW of another kind (memory against a kernels baseline)", r"NEW .*: no kernels rows, but the baseline has "
+      r"27 \(it holds memory rows\)")
+def gate_new_other_kind(tmp):
+    return ["compare", _kernels(tmp, "base.json"), copy_result(tmp, "new.json")]
+
+
+@case(GATE, "an empty baseline", r"baseline .*base.json: no kernels rows to compare NEW's 27 against")
+def gate_baseline_empty(tmp):
+    return ["compare", _kernels(tmp, "base.json", lambda d: d.update(records=[])), _kernels(tmp, "new.json")]
+
+
+def _double_time(doc):
+    for row in doc["records"]:
+        if row.get("time_ms"):
+            row["time_ms"] *= 2
+
+
+@case(GATE, "NEW's time_ms doubled, its samples_ms left alone", r"NEW .*new.json: row 0 \(nearest-4bit\): time_ms "
+      r"[\d.]+ is not the median of its samples_ms \([\d.]+\); the file was edited or corrupted")
+def gate_time_not_median(tmp):
+    return ["compare", _kernels(tmp, "base.json"), _kernels(tmp, "new.json", _double_time)]
+
+
+@case(GATE, "a NaN in a baseline's samples_ms", r"baseline .*: row 0 \(nearest-4bit\): samples_ms must be a list of "
+      r"positive finite numbers")
+def gate_nan_sample(tmp):
+    return ["compare", _kernels(tmp, "base.json", lambda d: d["records"][0]["samples_ms"].append(float("nan"))),
+            _kernels(tmp, "new.json")]
+
+
+@case(GATE, "a baseline folder with no results files", r"base: no results files \(\*.json\) in this folder")
+def gate_empty_folder(tmp):
+    (tmp / "base").mkdir()
+    return ["compare", str(tmp / "base"), _kernels(tmp, "new.json")]
+
+
+RES = "Malformed result files (to report, compare and run --resume)"
+
+
+def _result_cases():
+    edits = [
+        ("string schema_version", lambda d: d.update(schema_version="1"), r"schema_version '1': must be a whole number"),
+        ("a record that is not a mapping", lambda d: d["records"].append(3), r"records\[\d+\] is '3', not a row"),
+        ("no env block", lambda d: d.pop("env"), r"no 'env' block"),
+        ("meta.suite.done not a list", lambda d: d["meta"].update(suite={"done": 5}), r"meta.suite.done must be a list "
+         r"of point keys"),
+        ("kind missing", lambda d: d.pop("kind"), r"'kind' None: must be a name"),
+        ("records not a list", lambda d: d.update(records={"a": 1}), r"'records' must be a list of rows"),
+    ]
+    for what, edit, message in edits:
+        slug = re.sub(r"[^a-z]+", "_", what).strip("_")
+        for command in ("report", "compare"):
+            def make(tmp, edit=edit, command=command):
+                bad = copy_result(tmp, "bad.json", edit)
+                if command == "report":
+                    return ["report", bad, "--out", str(tmp / "reports")]
+                return ["compare", copy_result(tmp, "good.json"), bad]
+            make.__name__ = f"results_{slug}_{command}"
+            case(RES, f"{what}, to `{command}`", r"bad.json: " + message)(make)
+
+
+_result_cases()
+
+
+@case(RES, "`run --resume` over a results file whose meta.suite.done is not a list",
+      r"memory.json: meta.suite.done must be a list of point keys")
+def resume_bad_suite_meta(tmp):
+    suite = write(tmp, "s.yaml", "kind: memory\ndefaults: {numel: [1000], config: [fp32]}\n")
+    (tmp / "out").mkdir()
+    copy_result(tmp / "out", "memory.json", lambda d: d["meta"].update(suite={"run": "memory", "done": 5}))
+    return ["run", suite, "--out", str(tmp / "out"), "--resume"]
+
+
+FLAGS = "Flags: sizes and values out of range (checked before any work)"
+
+
+@case(FLAGS, "`--numel 9^99999999` (a power too large to compute)", r"numel '9\^99999999': more than 2\^48 elements")
+def numel_huge_power(tmp):
+    return ["bench", "memory", "--numel", "9^99999999", "-c", "fp32"]
+
+
+@case(FLAGS, "`--numel 2^-3`", r"numel '2\^-3': give a whole number of elements")
+def numel_negative_power(tmp):
+    return ["bench", "kernels", "--numel", "2^-3", "-c", "fp32"]
+
+
+@case(FLAGS, "`--copy-numel 0` (was silently the default)", r"--copy-numel 0: must be >= 1")
+def copy_numel_zero(tmp):
+    return ["bench", "kernels", "--copy-numel", "0", "--numel", "1024", "-c", "fp32", "--baseline", "none"]
+
+
+@case(FLAGS, "`--warmup-ms -1`", r"--warmup-ms -1: must be a finite number >= 0")
+def warmup_negative(tmp):
+    return ["bench", "kernels", "--warmup-ms", "-1", "--numel", "1024", "-c", "fp32", "--baseline", "none"]
+
+
+@case(FLAGS, "`--rep-ms 0`", r"--rep-ms 0: must be a finite number > 0")
+def rep_ms_zero(tmp):
+    return ["bench", "kernels", "--rep-ms", "0", "--numel", "1024", "-c", "fp32", "--baseline", "none"]
+
+
+@case(FLAGS, "`diagnose` with an unknown configuration (no progress line before the error)",
+      r"unknown configuration 'nosuch-4bit'")
+def diagnose_unknown_config(tmp):
+    from qstate_cli.trace import save_trace
+
+    return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "nosuch-4bit"]
+
+
+@case(FLAGS, "`diagnose --reset sometimes`", r"reset")
+def diagnose_bad_reset(tmp):
+    from qstate_cli.trace import save_trace
+
+    return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "bf16", "--reset", "sometimes"]
+
+
+# -- running the catalogue --------------------------------------------------------------------
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (hidden ones too) -> sha256 of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def subprocess_env(extra: dict | None = None) -> dict:
+    env = {"COLUMNS": "200", "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT),
+           "HOME": os.environ.get("HOME", "/tmp"), "TRITON_INTERPRET": "1"}
+    return {**env, **(extra or {})}
+
+
+def run_subprocess(argv: list[str], cwd: Path, env: dict | None = None, timeout: float = 300):
+    return subprocess.run([sys.executable, "-m", "qstate_cli", *argv], capture_output=True, text=True,
+                          cwd=cwd, env=subprocess_env(env), timeout=timeout)
+
+
+def markdown_table() -> str:
+    """docs/errors.md's tables: each case run now, as a real subprocess, in a fresh folder."""
+    import tempfile
+
+    lines, group = [], None
+    for c in CASES:
+        if c.group != group:
+            group = c.group
+            lines += ["", f"### {group}", "", "| what is tried | exit | the one line on stderr |", "|---|---|---|"]
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            argv = c.make(tmp)
+            r = run_subprocess(argv, tmp, c.env)
+            err = r.stderr.strip().replace(str(tmp), "DIR")
+        cell = err.replace("|", "\\|").replace("\n", " ⏎ ")
+        lines.append(f"| {c.what} | {r.returncode} | `{cell}` |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_table())

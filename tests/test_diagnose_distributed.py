@@ -1,0 +1,54 @@
+"""`torchrun --nproc-per-node 2 -m qstate_cli diagnose`: the same records as one process.
+
+Real subprocesses: torch.distributed.run (torchrun) with 2 gloo ranks on the CPU, on a
+6-step demo trace; rank 0 writes the JSON, rank 1 writes and prints nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from qstate_cli.cli import app
+
+dist = pytest.importorskip("torch.distributed")
+if not (dist.is_available() and dist.is_gloo_available()):
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+pytestmark = pytest.mark.distributed
+# rank 0 replays bred-4bit and bnb-8bit (blocks of 256), rank 1 nearest-4bit and bf16: the ranks'
+# layouts must still use one unit (the largest block of all configurations)
+CONFIGS = ["-c", "bred-4bit", "-c", "nearest-4bit", "-c", "bnb-8bit", "-c", "bf16"]
+
+
+@pytest.fixture(scope="module")
+def demo_trace(tmp_path_factory):
+    path = tmp_path_factory.mktemp("demo") / "demo.pt"
+    r = CliRunner().invoke(app, ["trace", "demo", "-o", str(path), "--steps", "6"])
+    assert r.exit_code == 0, r.output
+    return path
+
+
+def run(*args, timeout=300):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_torchrun_diagnose_equals_single_process(demo_trace, tmp_path):
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    r1 = run("-m", "qstate_cli", "diagnose", demo_trace, *CONFIGS, "--reset", "3", "--json", one)
+    assert r1.returncode == 0, r1.stderr
+    r2 = run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "qstate_cli", "diagnose",
+             demo_trace, *CONFIGS, "--reset", "3", "--json", two)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+    assert b["meta"]["ranks"] == 2 and a["meta"]["ranks"] == 1
+    assert [r["config"] for r in b["records"]] == [r["config"] for r in a["records"]]
+    for key in ("records", "series", "histograms", "per_code", "per_tensor", "dim_scaling"):
+        assert a.get(key) == b.get(key), key  # bit for bit: a configuration's replay is the same on any rank
+    assert r2.stdout.count("qstate diagnose:") == 1  # one table, from rank 0
+    assert r2.stdout.count("wrote ") <= 1

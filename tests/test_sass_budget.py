@@ -1,0 +1,117 @@
+"""The static SASS budget (scripts/sass_budget.py): counts the hot path of the compiled
+kernels for sm_90 on a CPU, and labels everything it prints a prediction."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qstate_cli.bench import budget
+from qstate_cli.kernels import sass
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# a loop whose body holds a fast/slow branch (the slow one calls out) and a masked arm
+SYNTH = """
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/                   IMAD R1, R0, 0x4, RZ ;
+.L_x_0:
+        /*0020*/                   ISETP.GE.AND P0, PT, R1, R2, PT ;
+        /*0030*/               @P0 BRA `(.L_x_3) ;
+        /*0040*/                   LDG.E R4, desc[UR4][R6.64] ;
+        /*0050*/                   FADD R4, R4, 1 ;
+        /*0060*/              @!P1 BRA `(.L_x_1) ;
+        /*0070*/                   CALL.REL.NOINC `($__internal_slowpath) ;
+.L_x_1:
+        /*0080*/                   BRA `(.L_x_2) ;
+.L_x_3:
+        /*0090*/               @P2 LDG.E R4, desc[UR4][R6.64] ;
+        /*00a0*/                   FADD R4, R4, 1 ;
+        /*00b0*/                   FADD R4, R4, 1 ;
+        /*00c0*/                   FADD R4, R4, 1 ;
+.L_x_2:
+        /*00d0*/                   F2FP.BF16.F32.PACK_AB R5, RZ, R4 ;
+        /*00e0*/                   STG.E desc[UR4][R6.64], R5 ;
+        /*00f0*/                   IADD3 R1, R1, 0x1, RZ ;
+        /*0100*/              @P3 BRA `(.L_x_0) ;
+        /*0110*/                   EXIT ;
+.L_x_4:
+        /*0120*/                   BRA `(.L_x_4) ;
+"""
+
+
+def test_hot_path_takes_the_short_arm_around_the_loop_and_never_a_call():
+    hot = sass.hot_path(SYNTH)
+    # around: ISETP BRA | LDG FADD BRA | BRA | F2FP STG IADD3 BRA
+    assert hot.per_tile == {"integer": 2, "memory": 2, "float": 1, "conversion": 1, "control": 4}
+    assert hot.per_program == {"integer": 1, "memory": 0, "float": 0, "conversion": 0, "control": 2}
+    per = hot.per_element(elems_per_thread=2, tiles=8)
+    assert per["control"] == pytest.approx((2 / 8 + 4) / 2)
+    assert sass.classify("ULDC") == "memory" and sass.classify("LOP3") == "integer"
+
+
+def test_h200_budget_is_the_issue_rate_over_the_copy_rate():
+    dev = budget.H200
+    assert dev.thread_instructions_per_s == pytest.approx(132 * 4 * 1.98e9 * 32)
+    assert dev.budget(8.125) == pytest.approx(63.2, abs=0.05)
+    assert budget.kernel_bytes_per_element("adamw", "bred-4bit", "bf16") == pytest.approx(8.125)
+    assert budget.kernel_bytes_per_element("adamw", "bred-4bit", "fp32") == pytest.approx(14.125)
+    assert budget.predicted_copy_fraction(2 * dev.budget(8.125), 8.125) == pytest.approx(0.5)
+    assert budget.predicted_copy_fraction(10.0, 8.125) == 1.0
+
+
+CACHE = {}
+
+
+def _run(*args, tmp_path):
+    """The script as a subprocess; one count cache for the whole module (the first test
+    compiles, later ones read its counts: what the cache is for)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["QSTATE_CACHE"] = CACHE.setdefault("dir", str(tmp_path / "cache"))
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "sass_budget.py"), *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_script_compiles_a_variant_for_sm90_on_the_cpu_and_writes_the_report(tmp_path):
+    out = _run("--json", "--only", "sgd:m=int4:bred:b128:bf16", "--report", str(tmp_path / "b"), tmp_path=tmp_path)
+    if out.returncode == 1 and "cannot compile for sm_90" in out.stderr:
+        pytest.skip(out.stderr.strip())
+    assert out.returncode == 0, out.stderr[-3000:]
+    (rec,) = [json.loads(line) for line in out.stdout.splitlines()]
+    assert rec["kernel"] == "sgd" and rec["param_dtype"] == "bf16" and rec["kind"] == "prediction"
+    assert 10 < rec["sass_per_elem"] < 500
+    assert rec["sass_per_elem"] == pytest.approx(sum(rec[c + "_per_elem"] for c in sass.CLASSES), abs=0.05)
+    assert 0 < rec["predicted_copy_fraction"] <= 1
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert doc["kind"] == "sass-budget" and doc["records"] == [rec]
+    assert "PREDICTION" in (tmp_path / "b.md").read_text()
+    again = _run("--json", "--only", "sgd:m=int4:bred:b128:bf16", tmp_path=tmp_path)  # from the cache
+    assert json.loads(again.stdout) == rec
+
+
+def test_unknown_variant_is_one_line_and_exit_2(tmp_path):
+    out = _run("--only", "adamw:nope", tmp_path=tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "no variant matches" in out.stderr
+
+
+def test_measured_rows_are_printed_beside_the_prediction(tmp_path):
+    from qstate_cli.quant import parse_config
+    from qstate_cli.results import document, write_json_atomic
+
+    rows = [{"name": "bred-4bit", "optimizer": "sgd", "config": parse_config("bred-4bit").canonical(),
+             "param_dtype": "bf16", "status": "ok", "pct_of_copy": 61.0, "gbps": 2600.0, "path": "triton",
+             "timing": "cuda-graph"},
+            {"name": "copy", "optimizer": None, "config": "copy", "param_dtype": "fp32", "status": "ok"}]
+    write_json_atomic(tmp_path / "k.json", document("kernels", rows))
+    out = _run("--json", "--beside", str(tmp_path / "k.json"), tmp_path=tmp_path)
+    if out.returncode == 1 and "cannot compile for sm_90" in out.stderr:
+        pytest.skip(out.stderr.strip())
+    assert out.returncode == 0, out.stderr[-3000:]
+    (row,) = [json.loads(line) for line in out.stdout.splitlines()]
+    assert row["name"] == "bred-4bit" and row["kernel"] == "sgd" and row["measured_pct_of_copy"] == 61.0
+    assert 0 < row["predicted_pct_of_copy"] <= 100
+    missing = _run("--beside", str(tmp_path / "none.json"), tmp_path=tmp_path)
+    assert missing.returncode == 2 and "none.json" in missing.stderr
