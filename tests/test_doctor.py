@@ -277,3 +277,36 @@ def test_report_section_and_suite_point(ckpts, tmp_path):
     md = (tmp_path / "r.md").read_text()
     assert "Doctor: optimizer-state checkpoint" in md and "flushed by fp16" in md
     assert "flushed by fp16" in (tmp_path / "r.html").read_text()
+
+
+BLOCK_PEERS = """
+import sys, importlib.abc
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("torchao", "bitsandbytes"):
+            raise ModuleNotFoundError(name)
+sys.meta_path.insert(0, Blocker())
+"""
+
+
+def test_torchao_checkpoint_reads_in_a_process_without_torchao(tmp_path):
+    """tests/data/torchao-adamw4bit.pt: torchao 0.18 AdamW4bit on a (32, 128) parameter, 2
+    steps; -dequantized.pt holds torchao's own dequantize() of its two states."""
+    code = BLOCK_PEERS + """
+import torch
+from qstate_cli.doctor.safeload import load_checkpoint
+from qstate_cli.doctor.states import find_optimizers
+(o,) = find_optimizers(load_checkpoint(sys.argv[1]), "fixture")
+want = torch.load(sys.argv[2], weights_only=True)
+for name in ("exp_avg", "exp_avg_sq"):
+    got = o.params[0].states[name]
+    assert got.storage == "torchao 4-bit" and torch.equal(got.values, want[name]), name
+assert "torchao" not in sys.modules
+print("ok", o.kind)
+"""
+    data = ROOT / "tests" / "data"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", code, str(data / "torchao-adamw4bit.pt"),
+                        str(data / "torchao-adamw4bit-dequantized.pt")], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok torchao", r.stderr[-2000:]
