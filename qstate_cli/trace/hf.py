@@ -30,8 +30,7 @@ class QstateTraceCallback(TrainerCallback):
         self.session = RecordingSession(path, **options)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
-        rank = 0 if state.is_world_process_zero else 1
-        self.session.start(optimizer, model, rank=rank)
+        self.session.start(optimizer, model)
 
     def on_train_end(self, args, state, control, **kwargs):
         self.session.finish()

@@ -8,9 +8,10 @@
 The options are the Recorder's (trace/trainers.py). Lightning steps its optimizers with
 a closure (forward, backward and clipping run inside `optimizer.step`): the Recorder
 copies the gradients right after that closure, i.e. what the optimizer reads, not the
-previous step's. Records the first optimizer (`trainer.optimizers[0]`) on the rank-0
-process. Needs `lightning` (`pip install 'qstate-cli[trainers]'`); nothing else in qstate
-imports this module.
+previous step's. Records the first optimizer (`trainer.optimizers[0]`); under torchrun the
+Recorder decides who writes (DDP: rank 0; FSDP2: every rank its shard). Needs
+`lightning` (`pip install 'qstate-cli[trainers]'`); nothing else in qstate imports this
+module.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class QstateTraceCallback(Callback):
 
     def on_train_start(self, trainer, pl_module):
         if trainer.optimizers:
-            self.session.start(trainer.optimizers[0], pl_module, rank=trainer.global_rank)
+            self.session.start(trainer.optimizers[0], pl_module)
 
     def on_train_end(self, trainer, pl_module):
         self.session.finish()

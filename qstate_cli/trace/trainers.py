@@ -10,8 +10,9 @@ start, steps, seed, grad_dtype, record_params, max_mib). The optimizer a trainer
 may be a wrapper (accelerate's AcceleratedOptimizer, which Hugging Face's Trainer uses);
 the Recorder hooks the torch optimizer inside it, whose `step` the wrapper calls only when
 it really steps (not on gradient-accumulation micro-steps, not on a step skipped for
-non-finite fp16 gradients). Only the process with rank 0 records (after the all-reduce
-every data-parallel rank holds the same gradients); `rank` says which process this is.
+non-finite fp16 gradients). Every process starts a Recorder and the Recorder decides who
+writes under torchrun (trace/recorder.py): with DDP rank 0 alone, with FSDP2 every rank
+its shard's elements into `path/rank<r>.pt`.
 """
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ class RecordingSession:
         self.recorder: Recorder | None = None
         self.written: Path | None = None
 
-    def start(self, optimizer, model=None, rank: int = 0) -> None:
-        if rank != 0 or self.recorder is not None:
+    def start(self, optimizer, model=None) -> None:
+        if self.recorder is not None:
             return
         self.recorder = Recorder(unwrap_optimizer(optimizer), self.path, model=model, **self.options).__enter__()
 
@@ -66,8 +67,8 @@ class RecordingSession:
         rec, self.recorder = self.recorder, None
         if rec is None:
             return self.written
-        rec.close()
-        if rec.n_steps:
-            rec.save(self.path)
-            self.written = self.path
+        wrote = bool(rec.items) and rec.n_steps > 0  # a DDP rank other than 0 records nothing
+        rec.__exit__(None, None, None)  # unhook; write this rank's file (the Recorder's own rules)
+        if wrote:
+            self.written = rec.file_for(self.path)
         return self.written
