@@ -5,6 +5,7 @@
     memory    bench memory    bench.memory: MemoryOptions, execute      sections.memory     bytes_per_param
     diagnose  diagnose        diagnose.run: DiagnoseOptions, execute    sections.diagnose   drift, error, stalls, fidelity
     train     bench train     train.study: TrainSettings, execute       sections.train      final_val_loss, diverged
+    doctor    doctor          doctor.run: DoctorOptions, execute        sections.doctor     errors
     compare   compare         (made by `qstate compare`)                sections.compare    -
 
 A suite runs the kinds that have an engine: a point's parameters fill the kind's options
@@ -32,6 +33,7 @@ direction:
     bytes_per_param   lower    1e-9      0       exact accounting: any growth is a regression
     final_val_loss    lower    0.02    0.5%      same seed, same data order
     diverged          False    -         -       False -> True is a regression
+    errors            lower    0         0       a checkpoint finding that would change training
 
 Suite baselines: for `kernels` and `memory` a suite passes `config` and `baseline` to every
 point as lists (`list_params`; an empty list means none, not the command's defaults): a
@@ -102,6 +104,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     _kind("train", "bench train", "qstate_cli.train.study", "TrainSettings", "train",
           metrics=(Metric("final_val_loss", "nats", "lower", 0.02, 0.005), Metric("diverged", "bool", "lower")),
           identity=("config", "optimizer", "model", "seed", "steps")),
+    _kind("doctor", "doctor", "qstate_cli.doctor.run", "DoctorOptions", "doctor",
+          metrics=(Metric("errors", "findings", "lower"),), identity=("checkpoint", "optimizer", "param")),
     _kind("compare", "compare", None, None, "compare"),
 )}
 

@@ -22,7 +22,7 @@ LAYERS = [
     ("suites",),  # YAML suites: points -> the kinds' engines
     ("compare",),  # verdicts (uses the report's tables)
     ("report",),  # HTML / Markdown renderers and plots
-    ("bench", "diagnose", "train"),  # engines: options in, Result out
+    ("bench", "diagnose", "doctor", "train"),  # engines: options in, Result out
     ("trace",),  # trace format, recorder, demo
     ("optim",),  # reference rules, optimizers, the one seam to the kernels (optim/fused.py)
     ("kernels",),  # Triton kernels and their launchers

@@ -84,7 +84,7 @@ BROKEN = {
         """, 3, "runs[1].kind", "required key is missing"),
     "unknown kind": ("""
         kind: kernel
-        """, 1, "kind", "'kernels', 'memory', 'diagnose' or 'train'"),
+        """, 1, "kind", "'kernels', 'memory', 'diagnose', 'train' or 'doctor'"),
     "bad device": ("""
         kind: kernels
         defaults:
@@ -148,7 +148,7 @@ def test_every_problem_is_listed_by_validate(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert lines == [f"{path}:4: runs[0].defaults.device: use auto, cpu or cuda[:N] (got 'tpu')",
                      f"{path}:3: runs[0].colour: unknown key",
-                     f"{path}:5: runs[1].kind: Input should be 'kernels', 'memory', 'diagnose' or 'train' (got 'trian')"]
+                     f"{path}:5: runs[1].kind: Input should be 'kernels', 'memory', 'diagnose', 'train' or 'doctor' (got 'trian')"]
 
 
 def test_set_override_errors_name_the_override(tmp_path):

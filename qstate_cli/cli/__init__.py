@@ -29,7 +29,7 @@ def root(version: bool = typer.Option(False, "--version", callback=_version, is_
 
 
 def _register_commands() -> None:
-    from . import audit_cmd, bench_cmd, diagnose_cmd, formats_cmd, report_cmd, suite_cmd, trace_cmd
+    from . import audit_cmd, bench_cmd, diagnose_cmd, doctor_cmd, formats_cmd, report_cmd, suite_cmd, trace_cmd
 
     formats_cmd.register(app)
     bench_cmd.register(app)
@@ -38,6 +38,7 @@ def _register_commands() -> None:
     trace_cmd.register(app)
     diagnose_cmd.register(app)
     audit_cmd.register(app)
+    doctor_cmd.register(app)
 
 
 _register_commands()

@@ -222,6 +222,37 @@ def train(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
     return sec, ["; ".join(parts)]
 
 
+# -- doctor ----------------------------------------------------------------------------
+
+SEVERITY_ORDER = ("error", "warn", "info")
+
+
+def doctor(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
+    rows, meta = doc["records"], doc.get("meta") or {}
+    findings = sorted(doc.get("findings") or [], key=lambda f: (SEVERITY_ORDER.index(f.get("severity", "info"))
+                                                                if f.get("severity") in SEVERITY_ORDER else 9))
+    sec = Section("Doctor: optimizer-state checkpoint", "doctor", source)
+    sec.notes.append(f"checkpoint: {meta.get('checkpoint')}"
+                     + (f"; compared against {meta['against']}" if meta.get("against") else ""))
+    if findings:
+        sec.tables.append(Table.of("Findings (error: would change training after a resume)", findings,
+                                   [("severity", "severity"), ("optimizer", "optimizer"), ("group", "group"),
+                                    ("param", "param"), ("check", "check"), ("message", "finding")]))
+    sec.tables.append(Table.of("Parameters", rows, [
+        ("optimizer", "optimizer"), ("param", "param"), ("shape", "shape"), ("states", "states"),
+        ("state_bytes", "bytes"), ("bytes_per_param", "bytes/param", ".4g"), ("step", "step", "g"),
+        ("nonfinite", "non-finite"), ("v_flushed", "v flushed"), ("v_subnormal", "v subnormal"),
+        ("against_differing", "differ"), ("against_max_abs_diff", "max |diff|", ".3g"),
+        ("errors", "errors"), ("warnings", "warnings")]))
+    s = meta.get("summary") or {}
+    line = (f"doctor: {meta.get('checkpoint')}: {s.get('params', len(rows))} parameters, "
+            f"{s.get('errors', 0)} errors, {s.get('warnings', 0)} warnings")
+    first = next((f for f in findings if f.get("severity") == "error"), None)
+    if first:
+        line += f"; first: {first.get('param')}: {first.get('message')}"
+    return sec, [line]
+
+
 # -- compare ---------------------------------------------------------------------------
 
 STATUS_ORDER = ("regressed", "failed", "missing", "new", "noisy", "insignificant", "improved", "same")

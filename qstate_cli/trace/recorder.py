@@ -7,7 +7,9 @@
             opt.zero_grad(); loss.backward(); opt.step()   # the recorder hooks opt.step
 
 The recorder registers an optimizer step pre-hook and copies the gradients of the chosen
-blocks just before each step; on leaving the `with` block (also on Ctrl-C or an error)
+blocks just before each step reads them (after backward and any clipping; for a step
+called with a closure, right after the closure ran), so `zero_grad()` before or after
+the step, with `set_to_none` or not, loses nothing; on leaving the `with` block (also on Ctrl-C or an error)
 it writes the trace atomically. Without an optimizer, pass `params=` and call
 `rec.capture()` yourself before each update.
 
@@ -205,8 +207,31 @@ class Recorder:
     # ---- context manager: hook the optimizer, write the trace on exit -------------------
     def __enter__(self) -> "Recorder":
         if self.optimizer is not None:
-            self._hook = self.optimizer.register_step_pre_hook(lambda opt, args, kwargs: self.capture())
+            self._hook = self.optimizer.register_step_pre_hook(self._before_step)
         return self
+
+    def _before_step(self, optimizer, args, kwargs):
+        """The step pre-hook. A plain `opt.step()` runs after backward: copy now. A step
+        given a closure (Lightning, LBFGS) computes its gradients inside the step, so the
+        gradients present now are the previous step's: wrap the closure to copy right after
+        its first call instead (Lightning's closure includes gradient clipping, so what is
+        copied is what the optimizer reads)."""
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0] is the optimizer
+        if closure is None:
+            self.capture()
+            return None
+        called = []
+
+        def recording_closure():
+            loss = closure()
+            if not called:
+                called.append(True)
+                self.capture()
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": recording_closure}
+        return (args[0], recording_closure, *args[2:]), kwargs
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()

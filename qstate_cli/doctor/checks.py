@@ -1,0 +1,274 @@
+"""The checks `qstate doctor` runs on optimizer states (states.py), as findings.
+
+A finding is an `error` when it would change training after a resume (exit 1), a `warn`
+when it costs memory or precision but training proceeds as before, an `info` otherwise.
+
+Per parameter (`check_param`):
+
+    nonfinite   error  NaN/Inf in a stored state (the update that reads it is NaN/Inf)
+    flushed     error  v stored as fp16 (or fp8) with v == 0 where m != 0: in exact arithmetic
+                       v >= (1 - beta2)^t * g^2 > 0 wherever m has seen a gradient, so a
+                       zero is a value the storage dtype flushed (fp16 flushes below
+                       2^-25 ~ 3e-8); fp32/bf16 (range to 1e-38) would have kept it, and
+                       AdamW then divides m by eps alone (the ultralytics resume spike)
+    zero-v      warn   the same zeros in an fp32/bf16 v, which cannot have flushed them (they
+                       came in as zeros, e.g. dequantized from a format with a zero level)
+    subnormal   warn   0 < |v| < the dtype's smallest normal (fp16: 6.1e-5): fewer
+                       significant bits than the format's 11
+    negative    error  v < 0 in a float-stored v (sqrt(v) is NaN)
+    format      error  codes, scales or code book out of range (non-finite or negative
+                       scales, a code book of the wrong size, unsorted or outside [-1, 1])
+    shape       error  states of one parameter with different numbers of elements
+    missing     error  a state its optimizer group keeps for the other parameters is absent
+                       (it would restart from zero)
+    step        error  a non-finite, negative or fractional step counter, or a qstate state
+                       written at a later step than the counter
+    upcast      warn   a state stored as fp32 where the optimizer keeps the others in low
+                       bits (tensors of >= 4096 elements; a silent upcast: FSDP turning
+                       8-bit AdamW into 32-bit, accelerate#1902)
+
+Per optimizer (`check_optimizer`): step counters that disagree within a group (warn:
+bias corrections differ; a parameter without a gradient at some steps explains it).
+
+Two checkpoints (`compare`): every state dequantized and compared element-wise; a
+difference names its worst element by index in the state's shape; a parameter or state
+present in one only, a different step or a different shape is an error; a different
+storage with equal values is a warn.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .states import OptimizerStates, ParamStates, StoredState
+
+LOW_BIT_MIN_NUMEL = 4096  # bitsandbytes, torchao and qstate keep smaller tensors in fp32
+
+
+@dataclass
+class Finding:
+    severity: str  # "error" | "warn" | "info"
+    check: str
+    optimizer: str
+    param: str
+    group: int
+    state: str | None
+    message: str
+    count: int = 0  # elements concerned (0: not a count)
+
+    def record(self) -> dict:
+        return dict(vars(self))
+
+
+def _f(severity, check, opt: OptimizerStates, p: ParamStates, state, message, count=0) -> Finding:
+    return Finding(severity, check, opt.path, p.key, p.group, state, message, count)
+
+
+def _first_moment(p: ParamStates) -> StoredState | None:
+    return next((s for s in p.states.values() if s.role == "m"), None)
+
+
+def v_state_counts(s: StoredState, m: StoredState | None) -> dict[str, int]:
+    """flushed (v == 0 where m != 0), subnormal and negative counts of one float-stored v."""
+    out = {"v_flushed": 0, "v_subnormal": 0, "v_negative": 0}
+    if s.role != "v" or s.low_bit:
+        return out
+    v = s.values.reshape(-1)
+    if m is not None and m.numel == s.numel:
+        out["v_flushed"] = int(((v == 0) & (m.values.reshape(-1) != 0)).sum())
+    if s.float_dtype is not None:
+        tiny = torch.finfo(s.float_dtype).tiny
+        out["v_subnormal"] = int(((v.abs() > 0) & (v.abs() < tiny)).sum())
+    out["v_negative"] = int((v < 0).sum())
+    return out
+
+
+def narrow_range(dtype: torch.dtype | None) -> bool:
+    """A float dtype whose smallest normal is far above fp32's (fp16, fp8): it flushes
+    values fp32 and bf16 keep."""
+    return dtype is not None and torch.finfo(dtype).tiny > 1e-30
+
+
+def v_counts(p: ParamStates) -> dict[str, int]:
+    """The counts of v_state_counts summed over the parameter's v states."""
+    total = {"v_flushed": 0, "v_subnormal": 0, "v_negative": 0}
+    m = _first_moment(p)
+    for s in p.states.values():
+        for k, n in v_state_counts(s, m).items():
+            total[k] += n
+    return total
+
+
+def check_param(opt: OptimizerStates, p: ParamStates, expected: set[str], low_bit_optimizer: bool) -> list[Finding]:
+    out: list[Finding] = []
+    for s in p.states.values():
+        bad = ~torch.isfinite(s.values)
+        if bool(bad.any()):
+            nan = int(torch.isnan(s.values).sum())
+            n = int(bad.sum())
+            out.append(_f("error", "nonfinite", opt, p, s.name, f"{s.name}: {n:,} non-finite values ({nan:,} NaN, "
+                                                              f"{n - nan:,} Inf)", n))
+        for problem in s.problems:
+            out.append(_f("error", "format", opt, p, s.name, f"{s.name} ({s.storage}): {problem}"))
+        out += _v_findings(opt, p, s)
+        if low_bit_optimizer and not s.low_bit and s.role in ("m", "v") and s.numel >= LOW_BIT_MIN_NUMEL:
+            out.append(_f("warn", "upcast", opt, p, s.name,
+                          f"{s.name}: {s.numel:,} elements stored as {s.storage} ({s.nbytes:,} bytes) where this "
+                          f"optimizer keeps its other states in low bits: stored dequantized (a silent upcast)",
+                          s.numel))
+    sizes = {s.name: s.numel for s in p.states.values()}
+    if len(set(sizes.values())) > 1:
+        out.append(_f("error", "shape", opt, p, None, "states of different sizes: "
+                      + ", ".join(f"{k} {tuple(p.states[k].values.shape)}" for k in sizes)))
+    for name in sorted(expected - set(p.states)):
+        out.append(_f("error", "missing", opt, p, name, f"{name} missing (the other parameters of group {p.group} "
+                                                        f"keep it; a resume restarts it from zero)"))
+    if p.step is not None and (not math.isfinite(p.step) or p.step < 0 or p.step != int(p.step)):
+        out.append(_f("error", "step", opt, p, "step", f"step counter {p.step!r} is not a count of steps"))
+    for name, written in p.written.items():
+        if p.step is not None and written > p.step:
+            out.append(_f("error", "step", opt, p, name, f"{name} written at step {written}, after the step counter "
+                                                         f"{p.step:g}"))
+    return out
+
+
+def _v_findings(opt: OptimizerStates, p: ParamStates, s: StoredState) -> list[Finding]:
+    if s.role != "v" or s.low_bit:
+        return []
+    out = []
+    m = _first_moment(p)
+    counts = v_state_counts(s, m)
+    dtype = s.float_dtype
+    if counts["v_flushed"] and narrow_range(dtype):
+        out.append(_f("error", "flushed", opt, p, s.name,
+                      f"{s.name} stored as {s.storage}: {counts['v_flushed']:,} values are zero where {m.name} is not "
+                      f"(flushed by {s.storage}; fp32 or bf16 would have kept them, and the update there is "
+                      f"m / eps)", counts["v_flushed"]))
+    elif counts["v_flushed"]:
+        out.append(_f("warn", "zero-v", opt, p, s.name,
+                      f"{s.name} stored as {s.storage}: {counts['v_flushed']:,} values are zero where {m.name} is not "
+                      f"({s.storage} did not flush them: they came in as zeros, e.g. dequantized from a format "
+                      f"with a zero level)", counts["v_flushed"]))
+    if counts["v_subnormal"] and dtype is not None:
+        out.append(_f("warn", "subnormal", opt, p, s.name,
+                      f"{s.name} stored as {s.storage}: {counts['v_subnormal']:,} values below its normal range "
+                      f"({torch.finfo(dtype).tiny:.2g}), kept with fewer significant bits", counts["v_subnormal"]))
+    if counts["v_negative"]:
+        out.append(_f("error", "negative", opt, p, s.name, f"{s.name}: {counts['v_negative']:,} negative values "
+                                                           f"(sqrt(v) is NaN)", counts["v_negative"]))
+    return out
+
+
+def expected_states(opt: OptimizerStates) -> dict[int, set[str]]:
+    """Per group: the states most of its parameters keep (what a parameter should have)."""
+    by_group: dict[int, list[set[str]]] = {}
+    for p in opt.params:
+        by_group.setdefault(p.group, []).append(set(p.states))
+    out = {}
+    for group, sets in by_group.items():
+        names = set().union(*sets)
+        out[group] = {n for n in names if sum(n in s for s in sets) * 2 > len(sets)}
+    return out
+
+
+def check_optimizer(opt: OptimizerStates) -> list[Finding]:
+    """Every finding of one optimizer's states (module docstring)."""
+    expected = expected_states(opt)
+    low_bit = any(s.low_bit for p in opt.params for s in p.states.values())
+    out: list[Finding] = []
+    for p in opt.params:
+        out += check_param(opt, p, expected.get(p.group, set()), low_bit)
+    steps: dict[int, list[ParamStates]] = {}
+    for p in opt.params:
+        if p.step is not None:
+            steps.setdefault(p.group, []).append(p)
+    for group, params in steps.items():
+        values = sorted({p.step for p in params})
+        if len(values) > 1:
+            top = max(values)
+            behind = [p for p in params if p.step != top]
+            worst = min(behind, key=lambda p: p.step)
+            out.append(Finding("warn", "steps", opt.path, worst.key, group, "step",
+                               f"group {group}: step counters disagree ({len(behind)} of {len(params)} parameters "
+                               f"behind {top:g}, {worst.key} at {worst.step:g}): their bias corrections differ",
+                               len(behind)))
+    return out
+
+
+# -- two checkpoints -----------------------------------------------------------------------
+
+@dataclass
+class StateDiff:
+    """How one state differs between two checkpoints (values dequantized to fp32)."""
+
+    differing: int
+    max_abs_diff: float
+    worst: tuple[int, ...]  # index of the worst element in the state's shape
+    value_a: float
+    value_b: float
+
+
+def diff_state(a: StoredState, b: StoredState) -> StateDiff | None:
+    """None when the dequantized values are equal (NaN equals NaN); else the difference."""
+    va, vb = a.values.reshape(-1), b.values.reshape(-1)
+    both_nan = torch.isnan(va) & torch.isnan(vb)
+    neq = (va != vb) & ~both_nan
+    if not bool(neq.any()):
+        return None
+    gap = torch.where(neq, (va - vb).abs(), torch.zeros(()))
+    gap = torch.where(torch.isnan(gap), torch.full((), float("inf")), gap)
+    flat = int(torch.argmax(gap))
+    shape = a.values.shape if a.shape_known else b.values.shape
+    worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), shape)) if len(shape) else ()
+    return StateDiff(int(neq.sum()), float(gap[flat]), worst, float(va[flat]), float(vb[flat]))
+
+
+def where(index: tuple[int, ...]) -> str:
+    return "(" + ",".join(str(i) for i in index) + ")"
+
+
+def compare(a: OptimizerStates, b: OptimizerStates, name_b: str) -> tuple[list[Finding], dict[str, dict]]:
+    """Findings of `a` against `b` and, per parameter of `a`, {differing, max_abs_diff}."""
+    out: list[Finding] = []
+    stats: dict[str, dict] = {}
+    b_params = {p.key: p for p in b.params}
+    for p in a.params:
+        q = b_params.pop(p.key, None)
+        if q is None:
+            out.append(_f("error", "against", a, p, None, f"has states here but none in {name_b}"))
+            continue
+        differing, max_abs = 0, 0.0
+        if p.step != q.step:
+            out.append(_f("error", "against", a, p, "step", f"step {_num(p.step)} here, {_num(q.step)} in {name_b}"))
+        for name in sorted(set(p.states) | set(q.states)):
+            sa, sb = p.states.get(name), q.states.get(name)
+            if sa is None or sb is None:
+                only = "this checkpoint" if sb is None else name_b
+                out.append(_f("error", "against", a, p, name, f"{name} only in {only}"))
+                continue
+            if sa.numel != sb.numel:
+                out.append(_f("error", "against", a, p, name, f"{name} has {sa.numel:,} elements here, {sb.numel:,} "
+                                                              f"in {name_b}"))
+                continue
+            d = diff_state(sa, sb)
+            if d is not None:
+                differing += d.differing
+                max_abs = max(max_abs, d.max_abs_diff)
+                out.append(_f("error", "against", a, p, name,
+                              f"{name}: {d.differing:,} of {sa.numel:,} elements differ; worst element "
+                              f"{where(d.worst)} of {p.key}: {d.value_a:.6g} here, {d.value_b:.6g} in {name_b} "
+                              f"(|diff| {d.max_abs_diff:.3g})", d.differing))
+            if sa.storage != sb.storage:
+                out.append(_f("warn" if d is None else "error", "storage", a, p, name,
+                              f"{name} stored as {sa.storage} here, {sb.storage} in {name_b}"
+                              + (" (values equal)" if d is None else "")))
+        stats[p.key] = {"differing": differing, "max_abs_diff": max_abs}
+    for q in b_params.values():
+        out.append(Finding("error", "against", a.path, q.key, q.group, None, f"has states in {name_b} but none here"))
+    return out, stats
+
+
+def _num(x) -> str:
+    return "none" if x is None else f"{x:g}"

@@ -1,0 +1,108 @@
+"""`qstate doctor` as a library: options in, a Result (kind "doctor") out.
+
+    execute(DoctorOptions(checkpoint="optimizer.pt", against="resumed.pt"), progress) -> Result
+
+One record per (checkpoint, optimizer, param): what stores its states and how many bytes,
+its step counter, the counts the checks found (non-finite values; v flushed to zero,
+subnormal or negative) and its errors and warnings; with `against`, how many elements
+differ from the other checkpoint and by how much at most. `findings` (an extra list of
+flat rows) holds every finding with its one-line message; `meta.summary` the totals. The
+engine never fails on a finding: the CLI exits 1 when `summary.errors` > 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import QstateError
+from ..options import Options, option
+from ..progress import QUIET, Progress
+from ..results import Result
+from .checks import Finding, check_optimizer, compare, v_counts
+from .safeload import load_checkpoint
+from .states import OptimizerStates, find_optimizers
+
+
+@dataclass
+class DoctorOptions(Options):
+    """`qstate doctor`: the CLI options and a suite point's parameters (options.py)."""
+
+    COMMAND = "doctor"
+
+    checkpoint: str | None = option(None, "Optimizer checkpoint: a torch.save file (optimizer.pt, a Lightning "
+                                          ".ckpt, a dict holding an optimizer state dict) or a "
+                                          "torch.distributed.checkpoint directory.", argument=True)
+    against: str | None = option(None, "A second checkpoint of the same run (e.g. saved before, loaded after a "
+                                       "resume): every state compared element-wise.", type=str)
+    max_gib: float = option(32.0, "Refuse checkpoints larger than this (GiB), before reading them.")
+
+
+def read(path: str, max_gib: float) -> list[OptimizerStates]:
+    p = Path(path)
+    if not p.exists():
+        raise QstateError(f"{p}: no such checkpoint")
+    return find_optimizers(load_checkpoint(p, int(max_gib * 2**30)), str(p))
+
+
+def execute(opts: DoctorOptions, progress: Progress | None = None) -> Result:
+    progress = progress or QUIET
+    if not opts.checkpoint:
+        raise QstateError("doctor needs a CHECKPOINT (a suite point needs 'checkpoint')")
+    if opts.max_gib <= 0:
+        raise QstateError(f"--max-gib {opts.max_gib}: must be > 0")
+    optimizers = read(opts.checkpoint, opts.max_gib)
+    others = read(opts.against, opts.max_gib) if opts.against else None
+    meta = {"checkpoint": opts.checkpoint, "against": opts.against}
+    result = Result("doctor", meta=meta, extras={"findings": []})
+    progress.begin(sum(len(o.params) for o in optimizers), result)
+    findings: list[Finding] = []
+    for opt in optimizers:
+        found = check_optimizer(opt)
+        stats: dict[str, dict] = {}
+        if others is not None:
+            other = next((o for o in others if o.path == opt.path), None)
+            if other is None:
+                raise QstateError(f"{opts.against}: holds no optimizer at {opt.path!r} "
+                                  f"(it has {', '.join(o.path for o in others)})")
+            more, stats = compare(opt, other, opts.against)
+            found += more
+        findings += found
+        for p in opt.params:
+            progress.start(f"{opt.path} {p.key}", len(result.records))
+            mine = [f for f in found if f.param == p.key]
+            record = _record(opts.checkpoint, opt, p, mine, stats.get(p.key))
+            result.records.append(record)
+            progress.row(record)
+    result.extras["findings"] = [f.record() for f in findings]
+    result.meta.update(optimizers=[{"optimizer": o.path, "kind": o.kind, "params": len(o.params),
+                                    "groups": len(o.groups), "unstepped": len(o.unstepped)} for o in optimizers],
+                       summary=summary(result.records, findings))
+    return result
+
+
+def _record(checkpoint: str, opt: OptimizerStates, p, findings: list[Finding], diff: dict | None) -> dict:
+    shape = p.shape
+    numel = max((s.numel for s in p.states.values()), default=0)
+    nonfinite = sum(f.count for f in findings if f.check == "nonfinite")
+    row = {"checkpoint": checkpoint, "optimizer": opt.path, "kind": opt.kind, "param": p.key, "group": p.group,
+           "shape": "x".join(map(str, shape)) if shape else "", "numel": numel,
+           "states": ", ".join(f"{k}={s.storage}" for k, s in p.states.items()),
+           "state_bytes": p.nbytes, "bytes_per_param": p.nbytes / numel if numel else None, "step": p.step,
+           "nonfinite": nonfinite, **v_counts(p),
+           "errors": sum(f.severity == "error" for f in findings),
+           "warnings": sum(f.severity == "warn" for f in findings)}
+    if diff is not None:
+        row.update(against_differing=diff["differing"], against_max_abs_diff=diff["max_abs_diff"])
+    first = next((f for f in findings if f.severity == "error"), None) or next(iter(findings), None)
+    row["finding"] = first.message if first else ""
+    return row
+
+
+def summary(records: list[dict], findings: list[Finding]) -> dict:
+    nbytes = sum(r["state_bytes"] for r in records)
+    numel = sum(r["numel"] for r in records)
+    return {"params": len(records), "elements": numel, "state_bytes": nbytes,
+            "bytes_per_param": nbytes / numel if numel else None,
+            "errors": sum(f.severity == "error" for f in findings),
+            "warnings": sum(f.severity == "warn" for f in findings),
+            "v_flushed": sum(r["v_flushed"] for r in records), "nonfinite": sum(r["nonfinite"] for r in records)}

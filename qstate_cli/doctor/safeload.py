@@ -1,0 +1,228 @@
+"""Read an optimizer checkpoint without running code from it.
+
+Two kinds of input:
+
+- a `torch.save` file (`optimizer.pt`, a Lightning `.ckpt`, `{"model": ..., "optimizer":
+  ...}`): it must be a zip archive (a legacy raw pickle is refused before torch sees it)
+  and is read with `torch.load(weights_only=True)`. The only classes added to torch's
+  allow-list are *stand-ins* for torchao's low-bit optimizer states
+  (`torchao.optim.subclass_{4bit,8bit,fp8}.OptimState*`): the archive's reference to
+  torchao's class is resolved to `LowBitState` here, a tensor subclass that only holds
+  the fields (codes, scale, qmap, signed, block size, shape) and refuses every tensor
+  operation. torchao is neither needed nor imported, and none of its code runs.
+- a `torch.distributed.checkpoint` (DCP) directory (`.metadata` plus `*.distcp` files):
+  torch's own reader unpickles `.metadata` with plain `pickle` (it can run code), so the
+  metadata is read here by an unpickler whose `find_class` allows only the DCP metadata
+  dataclasses, torch.Size, dtypes and layouts; every stored item is then one
+  `torch.save` blob at (file, offset, length), sliced out and read with
+  `weights_only=True`. Sharded tensors are reassembled from their chunks. Items written
+  with storage transforms (compression) are refused.
+
+Size limits: a file, or the sum of a DCP directory's tensors as its metadata declares
+them, above `max_bytes` is refused before anything is read.
+
+Every problem is a QstateError naming the path (exit 2).
+"""
+from __future__ import annotations
+
+import io
+import math
+import pickle
+import zipfile
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+import torch
+
+from ..errors import QstateError
+
+DEFAULT_MAX_BYTES = 32 * 2**30
+
+TORCHAO_CLASSES = ("torchao.optim.subclass_4bit.OptimState4bit", "torchao.optim.subclass_8bit.OptimState8bit",
+                   "torchao.optim.subclass_fp8.OptimStateFp8")
+
+
+class LowBitState(torch.Tensor):
+    """Stand-in for a torchao low-bit optimizer state read from a checkpoint: the stored
+    fields as attributes (`codes`, `scale`, `qmap` when the format has one, `signed`,
+    `block_size`, `_shape` for 4-bit), no behaviour. `source` names torchao's class."""
+
+    source = "torchao"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise TypeError(f"a {cls.__name__} read by `qstate doctor` holds stored fields only ({func})")
+
+
+def _stand_in(qualname: str) -> type:
+    short = qualname.rsplit(".", 1)[1]
+    return type(short, (LowBitState,), {"source": qualname, "__module__": __name__})
+
+
+STAND_INS = [(_stand_in(name), name) for name in TORCHAO_CLASSES]
+
+
+def load_checkpoint(path, max_bytes: int = DEFAULT_MAX_BYTES):
+    """The checkpoint's contents (nested dicts/lists of tensors and plain values)."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / ".metadata").is_file():
+            raise QstateError(f"{path}: a folder, but not a torch.distributed.checkpoint directory (no .metadata)")
+        return load_dcp(path, max_bytes)
+    if not path.exists():
+        raise QstateError(f"{path}: no such checkpoint")
+    size = path.stat().st_size
+    if size == 0:
+        raise QstateError(f"{path}: empty file, not a checkpoint")
+    if size > max_bytes:
+        raise QstateError(f"{path}: {size / 2**30:.1f} GiB is over the limit of {max_bytes / 2**30:.1f} GiB "
+                          f"(--max-gib)")
+    if not zipfile.is_zipfile(path):
+        raise QstateError(f"{path}: not a torch.save zip archive (raw pickles are refused because loading them "
+                          f"can run code)")
+    with path.open("rb") as fh:
+        return _torch_load(fh, str(path))
+
+
+def _torch_load(fh, what: str):
+    try:
+        with torch.serialization.safe_globals(STAND_INS):
+            return torch.load(fh, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        lines = str(exc).strip().splitlines()
+        detail = next((ln for ln in lines if "GLOBAL" in ln or "Unsupported" in ln), lines[0] if lines else "")
+        raise QstateError(f"{what}: refused: it holds Python objects a safe load does not allow (they could run "
+                          f"code) [{detail.strip()[:160]}]") from None
+    except (RuntimeError, EOFError, ValueError, KeyError, OSError, TypeError, zipfile.BadZipFile) as exc:
+        msg = " ".join(str(exc).split())[:200]
+        raise QstateError(f"{what}: corrupt or truncated checkpoint ({type(exc).__name__}: {msg})") from None
+
+
+# -- torch.distributed.checkpoint ----------------------------------------------------------
+
+_DCP_CLASSES = {
+    ("torch.distributed.checkpoint.metadata", n) for n in (
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
+} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"), ("collections", "OrderedDict"),
+      ("torch.serialization", "_get_layout")}
+
+
+_PATHS = {"PosixPath": PurePosixPath, "PurePosixPath": PurePosixPath, "WindowsPath": PureWindowsPath,
+          "PureWindowsPath": PureWindowsPath}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata: data classes, torch.Size, dtypes and layouts only."""
+
+    def find_class(self, module, name):
+        if (module, name) in _DCP_CLASSES:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
+                                                                         torch.memory_format)):
+            return getattr(torch, name)
+        if module == "pathlib" and name in _PATHS:  # storage_meta.checkpoint_id: a path, kept as a pure path
+            return _PATHS[name]
+        raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed in DCP metadata")
+
+
+def load_dcp(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
+    """A DCP directory as one nested state dict (see module docstring)."""
+    try:
+        import torch.distributed.checkpoint.metadata as dcp_md  # noqa: F401 - the classes the unpickler allows
+    except ImportError as exc:
+        raise QstateError(f"{path}: reading a torch.distributed.checkpoint needs torch.distributed ({exc})") from None
+    try:
+        with (path / ".metadata").open("rb") as fh:
+            md = _MetadataUnpickler(fh).load()
+    except pickle.UnpicklingError as exc:
+        raise QstateError(f"{path}/.metadata: refused: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - any other failure is a corrupt file
+        raise QstateError(f"{path}/.metadata: corrupt DCP metadata ({type(exc).__name__}: {exc})") from None
+    if not hasattr(md, "state_dict_metadata") or not hasattr(md, "storage_data"):
+        raise QstateError(f"{path}/.metadata: not DCP metadata")
+    declared = 0
+    for entry in md.state_dict_metadata.values():
+        if hasattr(entry, "size"):
+            declared += math.prod(entry.size) * torch.empty((), dtype=entry.properties.dtype).element_size()
+    if declared > max_bytes:
+        raise QstateError(f"{path}: its tensors take {declared / 2**30:.1f} GiB, over the limit of "
+                          f"{max_bytes / 2**30:.1f} GiB (--max-gib)")
+    by_fqn: dict[str, list] = {}
+    for index, info in md.storage_data.items():
+        by_fqn.setdefault(index.fqn, []).append((index, info))
+    flat = {}
+    handles: dict[str, object] = {}
+    try:
+        for fqn, entry in md.state_dict_metadata.items():
+            items = by_fqn.get(fqn, [])
+            if not items:
+                raise QstateError(f"{path}: no stored data for {fqn!r}")
+            if hasattr(entry, "chunks"):
+                full = torch.zeros(tuple(entry.size), dtype=entry.properties.dtype)
+                for index, info in items:
+                    chunk = _read_item(path, info, handles)
+                    if not isinstance(chunk, torch.Tensor):
+                        raise QstateError(f"{path}: item {fqn!r} is not a tensor")
+                    offsets = tuple(index.offset or (0,) * full.dim())
+                    region = full[tuple(slice(o, o + s) for o, s in zip(offsets, chunk.shape))]
+                    if region.shape != chunk.shape:
+                        raise QstateError(f"{path}: chunk of {fqn!r} at {offsets} falls outside {tuple(full.shape)}")
+                    region.copy_(chunk)
+                flat[fqn] = full
+            else:
+                flat[fqn] = _read_item(path, items[0][1], handles)
+    finally:
+        for fh in handles.values():
+            fh.close()
+    return _unflatten(flat, getattr(md, "planner_data", None) or {})
+
+
+def _read_item(root: Path, info, handles: dict):
+    if getattr(info, "transform_descriptors", None):
+        raise QstateError(f"{root}: items stored with transforms {list(info.transform_descriptors)} are not "
+                          f"supported")
+    rel = Path(str(info.relative_path))
+    if rel.is_absolute() or ".." in rel.parts:
+        raise QstateError(f"{root}: metadata names a file outside the checkpoint ({rel})")
+    file = root / rel
+    if not file.is_file():
+        raise QstateError(f"{root}: metadata names {rel}, which is missing")
+    size = file.stat().st_size
+    if info.offset < 0 or info.length < 0 or info.offset + info.length > size:
+        raise QstateError(f"{root}: item at {rel}:{info.offset}+{info.length} runs past the file's {size} bytes")
+    fh = handles.get(str(file))
+    if fh is None:
+        fh = handles[str(file)] = file.open("rb")
+    fh.seek(info.offset)
+    return _torch_load(io.BytesIO(fh.read(info.length)), f"{file} @ {info.offset}")
+
+
+def _unflatten(flat: dict, mapping: dict) -> dict:
+    """Nested dicts/lists from DCP's flat keys and its planner_data paths (an int path
+    element indexes a list, as torch's own unflatten does)."""
+    root: dict = {}
+    for fqn, value in flat.items():
+        path = tuple(mapping.get(fqn, (fqn,)))
+        node = root
+        for key, nxt in zip(path[:-1], path[1:]):
+            child = _get(node, key)
+            if child is None:
+                child = [] if isinstance(nxt, int) else {}
+                _set(node, key, child)
+            node = child
+        _set(node, path[-1], value)
+    return root
+
+
+def _get(node, key):
+    if isinstance(node, list):
+        return node[key] if key < len(node) else None
+    return node.get(key)
+
+
+def _set(node, key, value):
+    if isinstance(node, list):
+        node.extend([None] * (key + 1 - len(node)))
+        node[key] = value
+    else:
+        node[key] = value

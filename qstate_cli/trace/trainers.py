@@ -1,0 +1,74 @@
+"""What the trainer callbacks (hf.py, lightning.py) share: one Recorder per training run,
+started on the optimizer the trainer built and written when training ends, stops or fails.
+
+    session = RecordingSession("trace.pt", blocks_per_tensor=4, steps=500)
+    session.start(optimizer, model)   # when training begins
+    session.finish()                  # at the end, on Ctrl-C or on an error: writes the trace
+
+The options are the Recorder's (trace/recorder.py: include, exclude, blocks_per_tensor,
+start, steps, seed, grad_dtype, record_params, max_mib). The optimizer a trainer hands over
+may be a wrapper (accelerate's AcceleratedOptimizer, which Hugging Face's Trainer uses);
+the Recorder hooks the torch optimizer inside it, whose `step` the wrapper calls only when
+it really steps (not on gradient-accumulation micro-steps, not on a step skipped for
+non-finite fp16 gradients). Every process starts a Recorder and the Recorder decides who
+writes under torchrun (trace/recorder.py): with DDP rank 0 alone, with FSDP2 every rank
+its shard's elements into `path/rank<r>.pt`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import QstateError
+from .recorder import Recorder
+
+RECORDER_OPTIONS = ("include", "exclude", "blocks_per_tensor", "start", "steps", "seed", "grad_dtype",
+                    "record_params", "max_mib")
+
+
+def unwrap_optimizer(optimizer):
+    """The torch optimizer inside trainer wrappers (`.optimizer` attributes)."""
+    seen = 0
+    while not _is_plain(optimizer) and isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+        seen += 1
+        if seen > 8:
+            break
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise QstateError(f"cannot record: {type(optimizer).__name__} is not a torch optimizer")
+    return optimizer
+
+
+def _is_plain(optimizer) -> bool:
+    return isinstance(optimizer, torch.optim.Optimizer) and not isinstance(
+        getattr(optimizer, "optimizer", None), torch.optim.Optimizer)
+
+
+class RecordingSession:
+    """A Recorder's life inside a trainer (see module docstring)."""
+
+    def __init__(self, path, **options):
+        unknown = sorted(set(options) - set(RECORDER_OPTIONS))
+        if unknown:
+            raise QstateError(f"unknown recorder option(s) {', '.join(unknown)}; use {', '.join(RECORDER_OPTIONS)}")
+        self.path = Path(path)
+        self.options = options
+        self.recorder: Recorder | None = None
+        self.written: Path | None = None
+
+    def start(self, optimizer, model=None) -> None:
+        if self.recorder is not None:
+            return
+        self.recorder = Recorder(unwrap_optimizer(optimizer), self.path, model=model, **self.options).__enter__()
+
+    def finish(self) -> Path | None:
+        """Unhook and write the trace atomically (nothing when no step was recorded)."""
+        rec, self.recorder = self.recorder, None
+        if rec is None:
+            return self.written
+        wrote = bool(rec.items) and rec.n_steps > 0  # a DDP rank other than 0 records nothing
+        rec.__exit__(None, None, None)  # unhook; write this rank's file (the Recorder's own rules)
+        if wrote:
+            self.written = rec.file_for(self.path)
+        return self.written
