@@ -475,6 +475,11 @@ def suite_missing_trace(tmp):
     return ["suite", "validate", write(tmp, "mt.yaml", "kind: diagnose\ndefaults: {trace: nosuch.pt}\n")]
 
 
+@case(SUITE, "an unknown corpus trace (corpus:NAME)", r"ct.yaml:2: defaults: unknown corpus trace 'nosuch'; choose from")
+def suite_unknown_corpus(tmp):
+    return ["suite", "validate", write(tmp, "ct.yaml", "kind: diagnose\ndefaults: {trace: 'corpus:nosuch'}\n")]
+
+
 @case(SUITE, "the same suite to `run`", r"error: .*mt.yaml:2: defaults.trace: .*nosuch.pt: no such file")
 def suite_missing_trace_run(tmp):
     return ["run", write(tmp, "mt.yaml", "kind: diagnose\ndefaults: {trace: nosuch.pt}\n"), "--out", str(tmp / "o")]

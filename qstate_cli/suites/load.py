@@ -323,7 +323,22 @@ def load_suite(path, sets: list[str] | None = None, check_params: bool = True) -
 
 
 PATH_PARAMS = ("trace",)  # parameters that name a file: relative to the suite's folder
-SPECIAL_PATHS = ("demo",)  # values of those that are names, not paths
+SPECIAL_PATHS = ("demo",)  # values of those that are names, not paths (and corpus:NAME, trace/corpus.py)
+
+
+def _is_name(value: str) -> bool:
+    return value in SPECIAL_PATHS or value.startswith("corpus:")
+
+
+def _corpus_error(value: str) -> str | None:
+    """Why corpus:NAME names no corpus trace (None when it does)."""
+    from ..trace.corpus import PREFIX, entry
+
+    try:
+        entry(value[len(PREFIX):])
+    except QstateError as exc:
+        return str(exc)
+    return None
 
 
 def _resolve_paths(run: dict, folder: Path) -> dict:
@@ -331,7 +346,7 @@ def _resolve_paths(run: dict, folder: Path) -> dict:
     def resolve(value):
         if isinstance(value, list):
             return [resolve(v) for v in value]
-        if isinstance(value, str) and value not in SPECIAL_PATHS and not Path(value).expanduser().is_absolute():
+        if isinstance(value, str) and not _is_name(value) and not Path(value).expanduser().is_absolute():
             return str(folder / value)
         return value
 
@@ -359,7 +374,12 @@ def _point_errors(data: dict, runs: list[dict]) -> list[tuple[tuple, str]]:
         for point in expand_run(run):
             where = prefix + (("axes",) if point.assignment else ("defaults",))
             missing = [v for key in PATH_PARAMS for v in [point.params.get(key)]
-                       if isinstance(v, str) and v not in SPECIAL_PATHS and not Path(v).expanduser().exists()]
+                       if isinstance(v, str) and not _is_name(v) and not Path(v).expanduser().exists()]
+            unknown = [v for key in PATH_PARAMS for v in [point.params.get(key)]
+                       if isinstance(v, str) and v.startswith("corpus:") and _corpus_error(v)]
+            if unknown:
+                errs.append((where, _corpus_error(unknown[0])))
+                break
             if missing:
                 errs.append((prefix + ("defaults", PATH_PARAMS[0]) if not point.assignment else where,
                              f"{missing[0]}: no such file (a relative path is read from the suite's folder)"))
