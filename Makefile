@@ -20,7 +20,7 @@ quick: $(READY)
 	$(PY) -m qstate_cli run suites/quick.yaml
 
 test: $(READY)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 venv: $(READY)
 
