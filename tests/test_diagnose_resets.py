@@ -69,10 +69,12 @@ def test_minifloat_advice_follows_the_corpus_evidence(monkeypatch):
     assert period == 33 and "the model's 33 steps had the lowest update error" in why
     period, why = recommend(parse_spec("e4m3:nearest:b256"), "v", "adamw", 0.999, stall, None)
     assert period is None and "on 1 of 2 traces (a tie" in why  # 64 paid on synthetic-heavy, nothing on digits-cnn
-    # at another beta2, or without evidence for the rounding, the model's period stands
+    # at another beta2, or without evidence for the format and rounding, the model's period stands
     assert recommend(parse_spec("bf16"), "v", "adamw", 0.99, stall, None)[0] == theory.reset_period(
         parse_spec("bf16"), 0.99)
-    assert recommend(parse_spec("bf16:stochastic"), "v", "adamw", 0.999, stall, None)[0] == 776
+    assert recommend(parse_spec("bf16:stochastic"), "v", "adamw", 0.999, stall, None)[0] is None
+    assert recommend(parse_spec("e2m2:stochastic:b128"), "v", "adamw", 0.999, stall, None)[0] == theory.reset_period(
+        parse_spec("e2m2:stochastic"), 0.999)
     # evidence where the published period wins on 2 of 3 traces: the advice follows it
     rows = [evidence.Row("a", "bf16", 3000, 827, 1000, 0.30, 0.29, 0.25),
             evidence.Row("b", "bf16", 3000, 827, 1000, 0.30, 0.31, 0.28),
