@@ -42,7 +42,7 @@ def test_frozen_codes_get_replayed_advice_with_its_numbers():
     longer 'too little stalling' but a replay of a reset every 1/(1 - beta2) steps, and it
     is kept exactly when it lowers the update error against fp32."""
     trace = synthetic.gaussian(2048, 1500, beta2=0.999, seed=5)
-    cfg = parse_config("nearest-4bit")
+    cfg = parse_config(f"m=fp32,v={parse_config('nearest-4bit').v}")  # v decides; an fp32 m halves the cost
     doc, _ = diagnose(trace, [cfg], check_resets=True)
     v = [r for r in doc["records"] if r["state"] == "v"][0]
     assert v["code_stall_rate_late"] > 0.95 and "too little stalling" not in v["reset_reason"]
