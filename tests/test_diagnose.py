@@ -229,7 +229,9 @@ def test_reset_restarts_the_predicted_build_up_and_stale_values_reset():
 def test_reset_recommendations_explain_themselves():
     bf16 = parse_spec("bf16")
     period, why = recommend(bf16, "v", "adamw", 0.999, np.full(100, 0.5), None)
-    assert period == theory.reset_period(bf16, 0.999) and "staleness model" in why
+    assert period is None and "staleness model" in why and "by step 827" in why  # the corpus: no reset (evidence.py)
+    period, why = recommend(bf16, "v", "adamw", 0.99, np.full(100, 0.5), None)  # no evidence at this beta2
+    assert period == theory.reset_period(bf16, 0.99) and "staleness model" in why
     period, why = recommend(parse_spec("uint4:bred:b128"), "v", "adamw", 0.999, np.zeros(100), None)
     assert period is None and "BReD" in why
     ramp = np.minimum(np.arange(400) / 200, 1.0) * 0.4  # builds up to 0.4 over 200 steps

@@ -129,7 +129,8 @@ def test_heavy_tailed_non_stationary_trace_warns_and_the_empirical_model_holds()
 
 def test_every_quantized_adam_state_gets_both_predictions():
     trace = synthetic.gaussian(2048, 60, beta2=0.99, seed=3)
-    names = ["nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit", "bf16", "bf16-sr", "fp32"]
+    names = ["nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit", "bf16", "bf16-sr", "fp8", "fp4-sr",
+             "fp32"]
     doc, _ = diagnose(trace, [parse_config(n) for n in names])
     for r in doc["records"]:
         if r["config"] == "fp32":

@@ -1,8 +1,11 @@
 """Reset advice that helps: every recommended period is replayed against the fp32
 optimizer without resets and kept only where it lowers the update error."""
+import numpy as np
 import pytest
 
-from qstate_cli.diagnose import diagnose, validate as validate_mod
+from qstate_cli import theory
+from qstate_cli.diagnose import diagnose, evidence, validate as validate_mod
+from qstate_cli.diagnose.recommend import recommend
 from qstate_cli.diagnose.validate import candidates, update_error, validate
 from qstate_cli.quant import parse_config, parse_spec
 from qstate_cli.trace import synthetic
@@ -11,7 +14,8 @@ from qstate_cli.trace import synthetic
 def test_candidates_include_the_published_period_for_minifloats():
     assert candidates(parse_spec("bf16"), 0.999, 827) == [827, 1000]
     assert candidates(parse_spec("e2m2"), 0.999, 33) == [33, 200]
-    assert candidates(parse_spec("bf16"), 0.99, 80) == [80]  # published periods are for beta2 = 0.999
+    assert candidates(parse_spec("bf16"), 0.999, None) == [827, 1000]  # the corpus said no reset: both replayed
+    assert candidates(parse_spec("bf16"), 0.99, 80) == [69, 80]  # published periods are for beta2 = 0.999
     assert candidates(parse_spec("lin4nz:nearest:b128"), 0.999, None) == [1000]  # frozen from the start: try its memory
     assert candidates(parse_spec("de8u:nearest:b256"), 0.999, 913) == [913]
 
@@ -38,7 +42,7 @@ def test_frozen_codes_get_replayed_advice_with_its_numbers():
     longer 'too little stalling' but a replay of a reset every 1/(1 - beta2) steps, and it
     is kept exactly when it lowers the update error against fp32."""
     trace = synthetic.gaussian(2048, 1500, beta2=0.999, seed=5)
-    cfg = parse_config("nearest-4bit")
+    cfg = parse_config(f"m=fp32,v={parse_config('nearest-4bit').v}")  # v decides; an fp32 m halves the cost
     doc, _ = diagnose(trace, [cfg], check_resets=True)
     v = [r for r in doc["records"] if r["state"] == "v"][0]
     assert v["code_stall_rate_late"] > 0.95 and "too little stalling" not in v["reset_reason"]
@@ -48,3 +52,37 @@ def test_frozen_codes_get_replayed_advice_with_its_numbers():
     pays = v["reset_update_error"] < 0.99 * v["no_reset_update_error"]
     assert (v["reset_period"] == 1000) == pays
     assert ("does not pay" in v["reset_reason"]) == (not pays)
+
+
+def test_minifloat_advice_follows_the_corpus_evidence(monkeypatch):
+    """Without a replay, a minifloat v gets the option that had the lowest update error on
+    the corpus (evidence.py), not the model's period by default; changing the evidence
+    changes the advice."""
+    stall = np.full(200, 0.9)
+    for (fmt, rounding), rows in evidence.EVIDENCE.items():
+        spec = parse_spec(f"{fmt}:{rounding}")
+        assert all(r.model == theory.reset_period(spec, 0.999) for r in rows)
+        assert all(r.published == theory.REPORTED_PERIODS[fmt] for r in rows)
+    period, why = recommend(parse_spec("bf16"), "v", "adamw", 0.999, stall, None)
+    assert period is None and "on the trace corpus no reset had the lowest update error" in why
+    period, why = recommend(parse_spec("e2m2:nearest:b128"), "v", "adamw", 0.999, stall, None)
+    assert period == 33 and "the model's 33 steps had the lowest update error" in why
+    period, why = recommend(parse_spec("e4m3:nearest:b256"), "v", "adamw", 0.999, stall, None)
+    assert period is None and "on 1 of 2 traces (a tie" in why  # 64 paid on synthetic-heavy, nothing on digits-cnn
+    # at another beta2, or without evidence for the format and rounding, the model's period stands
+    assert recommend(parse_spec("bf16"), "v", "adamw", 0.99, stall, None)[0] == theory.reset_period(
+        parse_spec("bf16"), 0.99)
+    assert recommend(parse_spec("bf16:stochastic"), "v", "adamw", 0.999, stall, None)[0] is None
+    assert recommend(parse_spec("e2m2:stochastic:b128"), "v", "adamw", 0.999, stall, None)[0] == theory.reset_period(
+        parse_spec("e2m2:stochastic"), 0.999)
+    # evidence where the published period wins on 2 of 3 traces: the advice follows it
+    rows = [evidence.Row("a", "bf16", 3000, 827, 1000, 0.30, 0.29, 0.25),
+            evidence.Row("b", "bf16", 3000, 827, 1000, 0.30, 0.31, 0.28),
+            evidence.Row("c", "bf16", 3000, 827, 1000, 0.30, 0.20, 0.31)]
+    monkeypatch.setattr(evidence, "EVIDENCE", {("bf16", "nearest"): rows})
+    period, why = recommend(parse_spec("bf16"), "v", "adamw", 0.999, stall, None)
+    assert period == 1000 and "on 2 of 3 traces" in why and "a (bf16, 3000 steps): none 0.3, every 827 0.29" in why
+    # a period that beats no reset by under 1% does not count: no reset wins
+    rows = [evidence.Row("a", "bf16", 3000, 827, 1000, 0.30, 0.299, 0.2995)]
+    monkeypatch.setattr(evidence, "EVIDENCE", {("bf16", "nearest"): rows})
+    assert recommend(parse_spec("bf16"), "v", "adamw", 0.999, stall, None)[0] is None

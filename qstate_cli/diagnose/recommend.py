@@ -7,6 +7,9 @@ The state with the longest memory decides (v for Adam; the momentum otherwise):
 2. A float format for Adam's v under nearest or stochastic rounding: the staleness model
    (theory.py) gives the step at which the predicted stall probability has built up to
    90% of its steady state after a reset; the observed stall rate is shown beside it.
+   Where the trace corpus holds evidence for the format and rounding (evidence.py: the
+   model's period, the published one and no reset replayed on corpus traces), the
+   option with the lowest update error there is recommended, with its numbers.
 3. Otherwise, from the observed *code* stall rate of the replay (summary.py passes the
    code series: under a block scale the stored value moves with the absmax while the
    element's code is frozen, and the frozen code is what goes stale) (the stretch before the first
@@ -25,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import theory
+from . import evidence
 
 MIN_PLATEAU = 0.02
 
@@ -46,9 +50,14 @@ def recommend(spec, state: str, optimizer: str, beta: float, stall: np.ndarray,
         if period is None:
             return None, (f"staleness model ({spec}, rho={rho:.3g}): predicted steady stall probability "
                           f"{steady:.1%} is negligible: no reset needed")
-        return period, (f"staleness model ({spec}, beta2={beta}, rho={rho:.3g}): the predicted stall "
-                        f"probability builds up to 90% of its steady state {steady:.1%} by step {period} "
-                        f"after a reset; observed stall rate at the end of the trace {observed:.1%}")
+        why = (f"staleness model ({spec}, beta2={beta}, rho={rho:.3g}): the predicted stall probability builds "
+               f"up to 90% of its steady state {steady:.1%} by step {period} after a reset; observed stall rate "
+               f"at the end of the trace {observed:.1%}")
+        found = evidence.supported(spec, beta)
+        if found is None:
+            return period, why
+        option, chosen, text = found
+        return chosen, f"{why}; {text}: " + (f"a reset every {chosen} steps" if chosen else "no reset")
     return observed_period(seg, state)
 
 

@@ -9,10 +9,11 @@ and without it. The period is recommended only when it lowers that error by at l
 `MIN_GAIN` (1%) relative; otherwise the advice says that a reset does not pay, with both
 numbers. Candidates:
 
-- the period recommend.py derived (the staleness model's for float formats of Adam's v,
-  the observed build-up of the code stall rate otherwise);
-- for float formats, also the published period (theory.REPORTED_PERIODS at beta2 = 0.999:
-  bf16 1000, e4m3 300, e2m2 200): the evidence picks between the two;
+- the period recommend.py derived (for float formats of Adam's v the one the trace corpus
+  supports, evidence.py; the observed build-up of the code stall rate otherwise);
+- for float formats, also the staleness model's period and the published one
+  (theory.REPORTED_PERIODS at beta2 = 0.999: bf16 1000, e4m3 300, e2m2 200): the replay
+  on the user's trace picks among them and no reset;
 - a format whose codes stall from the first steps on (no build-up for recommend.py to
   see) still gets one candidate: 1 / (1 - beta) steps, the state's memory, so the replay
   decides instead of a rule of thumb.
@@ -25,9 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import theory
+from .evidence import MIN_GAIN, published_period
 from .replay import ReplayOptions, replay
-
-MIN_GAIN = 0.01
 
 
 @dataclass
@@ -41,8 +41,10 @@ class Verdict:
 def candidates(spec, beta: float, period: int | None) -> list[int]:
     """Periods worth replaying for a state under `spec` (module docstring)."""
     out = [period] if period else []
-    if spec.fmt.kind == "float" and beta == 0.999 and spec.fmt.name in theory.REPORTED_PERIODS:
-        out.append(theory.REPORTED_PERIODS[spec.fmt.name])
+    if spec.fmt.kind == "float" and spec.rounding != "bred":
+        out.append(theory.reset_period(spec, beta))
+        out.append(published_period(spec, beta))
+    out = [p for p in out if p]
     if not out and spec.fmt.kind != "identity":
         out.append(int(round(1.0 / (1.0 - beta))))
     return sorted(set(out))
@@ -77,8 +79,8 @@ def validate(trace, cfg, spec, beta: float, advice: tuple, n_steps: int, baselin
     measured = f"update error vs fp32 without resets, replayed: none: {baseline:.4g}; {shown}"
     if errors[best] is not None and baseline is not None and errors[best] < (1 - MIN_GAIN) * baseline:
         why = "" if best == period else (f" (better than the derived {period})" if period else "")
-        return Verdict(best, f"{reason}; validated: a reset every {best} steps{why} lowers the {measured}",
-                       errors[best], baseline)
+        return Verdict(best, f"{reason}; validated on this trace: a reset every {best} steps{why} lowers the "
+                             f"{measured}", errors[best], baseline)
     note = f"; {untestable[0]} not tried (trace too short)" if untestable else ""
     return Verdict(None, f"{reason}; a reset does not pay here ({measured}){note}: no reset",
                    errors[best], baseline)
