@@ -475,7 +475,7 @@ def suite_missing_trace(tmp):
     return ["suite", "validate", write(tmp, "mt.yaml", "kind: diagnose\ndefaults: {trace: nosuch.pt}\n")]
 
 
-@case(SUITE, "an unknown corpus trace (corpus:NAME)", r"ct.yaml:2: defaults: unknown corpus trace 'nosuch'; choose from")
+@case(SUITE, "an unknown corpus trace (corpus:NAME)", r"ct.yaml:2: defaults(.trace)?: unknown corpus trace 'nosuch'; choose from")
 def suite_unknown_corpus(tmp):
     return ["suite", "validate", write(tmp, "ct.yaml", "kind: diagnose\ndefaults: {trace: 'corpus:nosuch'}\n")]
 

@@ -122,7 +122,8 @@ def test_corpus_suite_runs_on_the_smallest_trace(cache, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     doc = results.load(out / "diagnose.json")
     configs = {x["config"] for x in doc["records"]}
-    assert len(configs) == 11 and {"bred-4bit", "bred-sr-4bit", "torchao-4bit", "bnb-8bit"} <= configs
+    assert len(configs) == 17 and {"bred-4bit", "bred-sr-4bit", "torchao-4bit", "bnb-8bit", "bred-8bit",
+                                   "te-fp8", "flashoptim-8bit"} <= configs
     assert all(x["steps"] == 6 for x in doc["records"])
     assert (out / "report.md").exists()
 

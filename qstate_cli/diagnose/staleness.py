@@ -57,8 +57,8 @@ def windows(spec: StateSpec, s: torch.Tensor, full: bool, binade_average: bool =
     smoothing) rather than the ulp at x."""
     fmt = spec.fmt
     y = s.clamp(min=0.0).sqrt() if spec.sqrt else s
-    if spec.scaled:
-        yb = y.view(-1, spec.block)
+    if spec.has_scales:  # per block, or one scale for the tensor (tensor_scale)
+        yb = y.view(-1, spec.block) if spec.scaled else y.view(1, -1)
         delta = (yb.abs().amax(1, keepdim=True) / fmt.top).expand_as(yb).reshape(-1)
         n = torch.where(delta > 0, y / torch.where(delta > 0, delta, 1.0), 0.0)
     else:

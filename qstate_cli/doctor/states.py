@@ -310,15 +310,15 @@ def _qstate(key: str, value: dict, group: dict, index: int, where: str):
     numel = codes.numel() * 8 // bits if codes.dtype == torch.uint8 else codes.numel()
     if scales is not None:
         scales = _check_scales(scales, "scales", problems)
-        expected = -(-numel // spec.block) if spec.scaled else None
+        expected = -(-numel // spec.block) if spec.scaled else (1 if spec.has_scales else None)
         if expected is not None and scales.numel() != expected:
-            problems.append(f"{scales.numel()} scales for {numel} elements in blocks of {spec.block}")
+            problems.append(f"{scales.numel()} scales for {numel} elements in blocks of {spec.block or numel}")
             scales = None
-    elif spec.scaled:
+    elif spec.has_scales:
         problems.append("no scales stored for a block-scaled format")
     if written == 0:
         vals = torch.zeros(numel)
-    elif spec.scaled and scales is None:
+    elif spec.has_scales and scales is None:
         vals = torch.full((numel,), float("nan"))
     else:
         stream = Stream(int(group.get("seed", 0)), int(index), STATE_IDS.get(key, 0))

@@ -75,6 +75,8 @@ def why_not_covered(spec: StateSpec) -> str | None:
         return f"{fmt.bits}-bit codes have no kernel"
     if not spec.scaled:
         return "unscaled states have no kernel"
+    if spec.per_element_division:
+        return "FlashOptim's arithmetic (softsign, fp16 scales) has no kernel; the reference path steps it"
     return None
 
 

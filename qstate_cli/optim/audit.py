@@ -103,6 +103,8 @@ def state_row(name: str, tensor_id: int, state: str, layout: sharding.ShardLayou
     else:
         blocks = "local"
         reasons.append(f"{unaligned}: quantized on local blocks, codes depend on the world size")
+    if spec.tensor_scale and layout.sharded:
+        reasons.append("one scale per tensor: each rank scales its own shard by the shard's absmax")
     if path_reason:
         reasons.append(f"path: {path_reason}")
     scaled_block = spec.block if spec.scaled else None

@@ -2,7 +2,8 @@
 
 One state (m, v or a momentum buffer)::
 
-    spec    := FORMAT [":" ROUNDING] [":b" BLOCK] [":sqrt"] [":sbf16"]
+    spec    := FORMAT [":" ROUNDING] [":b" BLOCK | ":tensor"] [":sqrt"] [":softsign"]
+               [":sbf16" | ":sfp16"]
     FORMAT  := fp32 | bf16 | fp16 | e4m3 (fp8) | e5m2 | e2m1 (fp4) | e2m2
              | int4 | uint4 | int8 | uint8 | de8 | de8u | de4 | de4u | *nz | lin4nz
     ROUNDING:= nearest (nr) | stochastic (sr) | bred
@@ -12,6 +13,17 @@ formats, default 128 at 4 bits and 256 at 8 bits; optional for floats, which are
 block scaled so that the absmax maps to the format's largest value). `sqrt` stores
 sqrt(x) and reads back its square (for the non-negative v). `sbf16` keeps the scales in
 bf16, rounded up so no value overflows.
+
+Peer recipes (docs/peers.md):
+- `tensor`: one fp32 scale for the whole tensor (absmax maps to the format's largest
+  value), as Transformer Engine's FusedAdam keeps its FP8 states.
+- `sfp16`: FlashOptim's arithmetic: the block absmax (at least 1e-12) divides every
+  element (r = x / absmax, one division per element), codes are floor(r * top + 1/2)
+  (ties up), the scale is stored as fp16 (rounded to nearest) and reads back
+  q / top * fp16(absmax).
+- `softsign`: FlashOptim's companding of a signed linear state: r -> 2r / (1 + |r|)
+  before the grid, t -> t / (2 - |t|) after it (more codes near zero). Implies `sfp16`'s
+  per-element arithmetic.
 
 An optimizer's configuration names each state, or gives one spec for all of them, or
 names a preset::
@@ -70,11 +82,21 @@ class StateSpec:
     rounding: str = "nearest"
     block: int | None = None
     sqrt: bool = False
-    scale_dtype: str = "fp32"
+    scale_dtype: str = "fp32"  # fp32 | bf16 (rounded up) | fp16 (FlashOptim: nearest)
+    tensor_scale: bool = False  # one scale for the whole tensor (Transformer Engine)
+    softsign: bool = False  # FlashOptim's companding of signed linear codes
 
     def __post_init__(self):
         if self.fmt.kind == "identity":
             return
+        if self.tensor_scale and self.block is not None:
+            raise QstateError("a state has either block scales (bN) or one tensor scale (tensor), not both")
+        if self.tensor_scale and self.fmt.blocked:
+            raise QstateError(f"format {self.fmt.name} needs block scales; `tensor` scaling is for float formats")
+        if self.per_element_division and (self.fmt.kind != "linear" or self.tensor_scale):
+            raise QstateError("softsign / sfp16 (FlashOptim's recipe) need a block-scaled linear format (int8, uint8, ...)")
+        if self.softsign and not self.fmt.signed:
+            raise QstateError("softsign compands signed states (m); an unsigned format has no sign to compand")
         if self.block is None and self.fmt.blocked:
             object.__setattr__(self, "block", default_block(self.fmt))
         if self.block is not None and not (MIN_BLOCK <= self.block <= MAX_BLOCK and self.block % 2 == 0):
@@ -85,18 +107,29 @@ class StateSpec:
         return self.block is not None and self.fmt.kind != "identity"
 
     @property
+    def has_scales(self) -> bool:
+        """Stores scales at all: one per block (`scaled`) or one per tensor."""
+        return self.scaled or (self.tensor_scale and self.fmt.kind != "identity")
+
+    @property
+    def per_element_division(self) -> bool:
+        """FlashOptim's arithmetic (fp16 scales or softsign): see the module docstring."""
+        return self.scale_dtype == "fp16" or self.softsign
+
+    @property
     def dither_block(self) -> int:
         return self.block if self.block else DITHER_BLOCK
 
     @property
     def scale_bytes(self) -> int:
-        return 2 if self.scale_dtype == "bf16" else 4
+        return 2 if self.scale_dtype in ("bf16", "fp16") else 4
 
     @property
     def bits(self) -> int:
         return self.fmt.bits
 
     def bytes_per_element(self) -> float:
+        """bits/8 + scale bytes per element (a tensor scale: 4 bytes per tensor, 0 per element)."""
         return self.fmt.bits / 8 + (self.scale_bytes / self.block if self.scaled else 0.0)
 
     def __str__(self) -> str:
@@ -105,10 +138,14 @@ class StateSpec:
         parts = [self.fmt.name, self.rounding]
         if self.block is not None:
             parts.append(f"b{self.block}")
+        if self.tensor_scale:
+            parts.append("tensor")
         if self.sqrt:
             parts.append("sqrt")
-        if self.scale_dtype == "bf16":
-            parts.append("sbf16")
+        if self.softsign:
+            parts.append("softsign")
+        if self.scale_dtype in ("bf16", "fp16"):
+            parts.append(f"s{self.scale_dtype}")
         return ":".join(parts)
 
 
@@ -118,6 +155,7 @@ def parse_spec(text: str) -> StateSpec:
         raise QstateError("empty state spec: expected FORMAT[:ROUNDING][:bBLOCK][:sqrt]")
     fmt = get_format(tokens[0])
     rounding, block, sqrt, scale_dtype = "nearest", None, False, "fp32"
+    tensor_scale = softsign = False
     for tok in tokens[1:]:
         low = tok.lower()
         if low in ROUNDINGS:
@@ -126,14 +164,20 @@ def parse_spec(text: str) -> StateSpec:
             block = int(low[1:])
         elif low == "sqrt":
             sqrt = True
+        elif low == "tensor":
+            tensor_scale = True
+        elif low == "softsign":
+            softsign = True
         elif low in ("sbf16", "s16"):
             scale_dtype = "bf16"
+        elif low == "sfp16":
+            scale_dtype = "fp16"
         elif low in ("sfp32", "s32"):
             scale_dtype = "fp32"
         else:
             raise QstateError(f"unknown option {tok!r} in state spec {text!r}"
-                              f"{suggest(low, list(ROUNDINGS) + ['b128', 'sqrt', 'sbf16'])}")
-    return StateSpec(fmt, rounding, block, sqrt, scale_dtype)
+                              f"{suggest(low, list(ROUNDINGS) + ['b128', 'tensor', 'sqrt', 'softsign', 'sbf16', 'sfp16'])}")
+    return StateSpec(fmt, rounding, block, sqrt, scale_dtype, tensor_scale, softsign)
 
 
 @dataclass(frozen=True)
@@ -180,6 +224,10 @@ PRESETS: dict[str, tuple[str, str]] = {
     "nearest-8bit": ("m=int8:nearest:b256,v=lin8nz:nearest:b256:sqrt", "linear 8-bit m; v on a no-zero linear grid in sqrt(v); round to nearest"),
     "sr-8bit": ("m=int8:stochastic:b256,v=lin8nz:stochastic:b256:sqrt", "as nearest-8bit, stochastic rounding"),
     "bred-8bit": ("m=int8:bred:b256,v=lin8nz:bred:b256:sqrt", "as nearest-8bit, BReD subtractive dithering"),
+    "te-fp8": ("m=e4m3:nearest:tensor,v=e4m3:nearest:tensor", "Transformer Engine FusedAdam with FP8 states: "
+               "E4M3, one fp32 scale per tensor (absmax -> 448), round to nearest"),
+    "flashoptim-8bit": ("m=int8:nearest:b32:softsign:sfp16,v=uint8:nearest:b32:sqrt:sfp16",
+                        "FlashOptim AdamW: int8 m companded 2x/(1+|x|), uint8 sqrt(v), one fp16 scale per 32, nearest"),
 }
 
 

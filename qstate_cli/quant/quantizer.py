@@ -21,6 +21,12 @@ encode(x):                                   (all fp32; `/` and sqrt correctly r
        stochastic  r = u_i < frac
        bred        r = u_b >= 1 - frac
   6. q is clamped to the code range
+  Peer recipes (config.py): `tensor` takes one absmax over the whole tensor instead of
+  one per block, with Transformer Engine's arithmetic: n = x * (1 / (absmax / top)),
+  read back times 1 / (1 / (absmax / top)) (steps 4-6 unchanged); `sfp16` / `softsign` (FlashOptim) replace steps
+  3-4 on a linear format by: absmax = max(absmax, 1e-12), r = x / absmax per element,
+  softsign r <- 2r / (1 + |r|), q = floor(r * top + d + 1/2), scale stored as fp16(absmax)
+  (nearest); read back t = (q - d) / top, softsign t <- t / (2 - |t|), x_hat = t * scale.
 decode(q):
   t = q (bred: t = q - d, d = u_b - 1/2, replayed from the step the state was written;
   for non-linear formats evaluated as the integer k and fraction f of t, exactly)
@@ -110,6 +116,36 @@ def _block_scale(xb: torch.Tensor, spec: StateSpec) -> torch.Tensor:
     return absmax
 
 
+FLASH_MIN_ABSMAX = 1e-12  # FlashOptim's floor on a block absmax
+
+
+def _encode_per_element(xb: torch.Tensor, spec: StateSpec, d: torch.Tensor | float):
+    """FlashOptim's quantizer on block rows xb (module docstring): (codes, stored scales)."""
+    absmax = xb.abs().amax(dim=1).clamp(min=FLASH_MIN_ABSMAX)
+    r = xb / absmax[:, None]
+    if spec.softsign:
+        r = 2.0 * r / (1.0 + r.abs())
+    q = torch.floor(r * spec.fmt.top + d + 0.5).to(torch.int32)
+    scales = absmax.to(torch.float16) if spec.scale_dtype == "fp16" else absmax
+    return q, scales
+
+
+def _decode_per_element(val: torch.Tensor, scales: torch.Tensor, spec: StateSpec) -> torch.Tensor:
+    t = val / spec.fmt.top
+    if spec.softsign:
+        t = t / (2.0 - t.abs())
+    return t * scales.to(torch.float32)[:, None]
+
+
+def _tensor_inverse_scale(absmax: torch.Tensor, top: float) -> torch.Tensor:
+    """Transformer Engine's per-tensor scale, as its FusedAdam computes it: s = absmax / top
+    (fp32), the quantizer multiplies by 1 / s and reads back times 1 / (1 / s); 0 where
+    the tensor is not scaled() (all zero)."""
+    ok = scaled(absmax, top)
+    s = div_scalar(torch.where(ok, absmax, 1.0), top)
+    return torch.where(ok, 1.0 / s, 0.0)
+
+
 def _uniform_elements(stream: Stream, step: int, shape, device) -> torch.Tensor:
     n = shape[0] * shape[1]
     counter = torch.arange(n, device=device) + stream.offset
@@ -135,18 +171,20 @@ def encode(x: torch.Tensor, spec: StateSpec, step: int, stream: Stream = Stream(
     numel = x.numel()
     xb = to_blocks(x, spec.dither_block)  # [nblocks, B]
     absmax = None
+    if spec.per_element_division:
+        q, scales = _encode_per_element(xb, spec, _linear_dither(spec, stream, step, xb))
+        return _store(q, fmt, spec, scales, numel, signbit=None)
     if spec.scaled:
         absmax = _block_scale(xb, spec)
         n = normalize(xb, absmax, spec.fmt.top)
+    elif spec.tensor_scale:
+        absmax = x.abs().amax().reshape(1)
+        n = xb * _tensor_inverse_scale(absmax, spec.fmt.top)
     else:
         n = xb
     is_float = fmt.kind == "float"
     if fmt.kind == "linear":
-        if spec.rounding == "stochastic":
-            n = n + (_uniform_elements(stream, step, n.shape, x.device) - 0.5)
-        elif spec.rounding == "bred":
-            n = n + (_uniform_blocks(stream, step, n.shape[0], spec.dither_block, x.device)[:, None] - 0.5)
-        q = torch.round(n).to(torch.int32)  # half to even
+        q = torch.round(n + _linear_dither(spec, stream, step, n)).to(torch.int32)  # half to even
         return _store(q, fmt, spec, absmax, numel, signbit=None)
     k, frac = fmt.floor_frac(n)
     if spec.rounding == "nearest":
@@ -162,6 +200,16 @@ def encode(x: torch.Tensor, spec: StateSpec, step: int, stream: Stream = Stream(
         up = u >= (1.0 - frac)
     q = k + up.to(torch.int32)
     return _store(q, fmt, spec, absmax, numel, signbit=torch.signbit(n) if is_float and fmt.signed else None)
+
+
+def _linear_dither(spec: StateSpec, stream: Stream, step: int, n: torch.Tensor):
+    """d added to n before rounding a linear grid: 0 (nearest), u_i - 1/2 (stochastic),
+    u_b - 1/2 (BReD)."""
+    if spec.rounding == "stochastic":
+        return _uniform_elements(stream, step, n.shape, n.device) - 0.5
+    if spec.rounding == "bred":
+        return _uniform_blocks(stream, step, n.shape[0], spec.dither_block, n.device)[:, None] - 0.5
+    return 0.0
 
 
 def _store(q, fmt, spec: StateSpec, absmax, numel: int, signbit):
@@ -208,7 +256,12 @@ def decode(storage: torch.Tensor, scales: torch.Tensor | None, spec: StateSpec, 
             val = fmt.ordinal_value(cb)
         if neg is not None:
             val = torch.where(to_blocks(neg, B), -val, val)
-        if spec.scaled:
+        if spec.per_element_division:
+            val = _decode_per_element(val, scales, spec)
+        elif spec.tensor_scale:
+            inv = _tensor_inverse_scale(scales.to(torch.float32), fmt.top)
+            val = val * torch.where(inv > 0, 1.0 / torch.where(inv > 0, inv, 1.0), 0.0)
+        elif spec.scaled:
             delta = step_of(scales.to(torch.float32), fmt.top)
             val = val * delta[:, None]
         x = val.reshape(-1)[:numel]

@@ -62,7 +62,8 @@ class QuantizedState:
 
     def expected_nbytes(self) -> int:
         block = self.spec.block if self.spec.scaled else None
-        return state_bytes(self.spec.fmt, self.numel, block, self.spec.scale_bytes)
+        tensor_scale = self.spec.scale_bytes if self.spec.tensor_scale else 0
+        return state_bytes(self.spec.fmt, self.numel, block, self.spec.scale_bytes) + tensor_scale
 
     # ---- plain-tensor round trip -----------------------------------------------------
     def to_tensors(self) -> dict[str, torch.Tensor]:
@@ -95,7 +96,8 @@ def _empty_storage(spec: StateSpec, numel: int, device):
     else:
         codes = torch.zeros(nbytes, dtype=torch.uint8, device=device)
     scales = None
-    if spec.scaled:
-        dtype = torch.bfloat16 if spec.scale_dtype == "bf16" else torch.float32
-        scales = torch.zeros(num_blocks(numel, spec.block), dtype=dtype, device=device)
+    if spec.has_scales:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.scale_dtype, torch.float32)
+        count = num_blocks(numel, spec.block) if spec.scaled else 1
+        scales = torch.zeros(count, dtype=dtype, device=device)
     return codes, scales

@@ -323,21 +323,28 @@ def load_suite(path, sets: list[str] | None = None, check_params: bool = True) -
 
 
 PATH_PARAMS = ("trace",)  # parameters that name a file: relative to the suite's folder
-SPECIAL_PATHS = ("demo",)  # values of those that are names, not paths (and corpus:NAME, trace/corpus.py)
+SPECIAL_PATHS = ("demo",)  # values of those that are names, not paths
+CORPUS_PREFIX = "corpus:"  # corpus:NAME names a corpus trace (trace/corpus.py), recorded on first use
 
 
 def _is_name(value: str) -> bool:
-    return value in SPECIAL_PATHS or value.startswith("corpus:")
+    return value in SPECIAL_PATHS or value.startswith(CORPUS_PREFIX)
 
 
-def _corpus_error(value: str) -> str | None:
-    """Why corpus:NAME names no corpus trace (None when it does)."""
-    from ..trace.corpus import PREFIX, entry
+def _missing_file(value) -> str | None:
+    """Why a trace value names nothing: an unknown corpus name, or a file that does not exist."""
+    if not isinstance(value, str) or value in SPECIAL_PATHS:
+        return None
+    if value.startswith(CORPUS_PREFIX):
+        from ..trace import corpus
 
-    try:
-        entry(value[len(PREFIX):])
-    except QstateError as exc:
-        return str(exc)
+        try:
+            corpus.entry(value[len(CORPUS_PREFIX):])
+        except QstateError as exc:
+            return str(exc)
+        return None
+    if not Path(value).expanduser().exists():
+        return f"{value}: no such file (a relative path is read from the suite's folder)"
     return None
 
 
@@ -373,16 +380,9 @@ def _point_errors(data: dict, runs: list[dict]) -> list[tuple[tuple, str]]:
             continue  # said in a note by _param_errors
         for point in expand_run(run):
             where = prefix + (("axes",) if point.assignment else ("defaults",))
-            missing = [v for key in PATH_PARAMS for v in [point.params.get(key)]
-                       if isinstance(v, str) and not _is_name(v) and not Path(v).expanduser().exists()]
-            unknown = [v for key in PATH_PARAMS for v in [point.params.get(key)]
-                       if isinstance(v, str) and v.startswith("corpus:") and _corpus_error(v)]
-            if unknown:
-                errs.append((where, _corpus_error(unknown[0])))
-                break
+            missing = [why for key in PATH_PARAMS for why in [_missing_file(point.params.get(key))] if why]
             if missing:
-                errs.append((prefix + ("defaults", PATH_PARAMS[0]) if not point.assignment else where,
-                             f"{missing[0]}: no such file (a relative path is read from the suite's folder)"))
+                errs.append((prefix + ("defaults", PATH_PARAMS[0]) if not point.assignment else where, missing[0]))
                 break
             try:
                 cls.from_params({k: v for k, v in point.params.items() if k != "baseline" or v}, run["kind"])
