@@ -45,3 +45,14 @@ def test_audit_as_a_subprocess():
     assert {r["rank"] for r in doc["records"]} == {3}
     small = [r for r in doc["records"] if r["fp32"]]
     assert small and all("min_quant_numel=4096" in r["reason"] for r in small)
+
+
+def test_audit_table_names_the_path_of_each_state():
+    res = runner.invoke(app, ["audit", "--model", "1000x100,3072", "-w", "2", "--rank", "0"],
+                        env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    header = next(line for line in res.output.splitlines() if "global" in line and "local" in line)
+    assert [h.strip() for h in header.strip("┃ ").split("┃")][:7] == [
+        "rank", "name", "state", "global", "local", "path", "format"]
+    rows = [line for line in res.output.splitlines() if "param" in line]
+    assert len(rows) == 4 and all("reference" in line for line in rows)  # a sharded tensor steps the reference

@@ -313,3 +313,29 @@ def test_sparse_gradients_are_a_clear_error_and_touch_nothing(cls):
     with pytest.raises(RuntimeError, match="does not support sparse gradients"):
         opt.step()
     assert torch.equal(emb.weight, before) and torch.equal(dense.detach(), torch.ones(4))
+
+
+def test_a_compiled_training_loop_steps_as_eager():
+    """torch.compile of a function that calls opt.step() (issue: dynamo recursed until it
+    failed, or compiled for minutes): the step is kept out of the graph and steps the
+    same weights as eager. 256x256 is over min_quant_numel, so the states are 4-bit."""
+    def train(compiled):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(256, 256)
+        opt = AdamW(model.parameters(), lr=1e-3, states="bred-4bit")
+
+        def one_step(x):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        fn = torch.compile(one_step) if compiled else one_step
+        for i in range(3):
+            fn(torch.ones(8, 256) * (i + 1) / 10)
+        return model.weight.detach().clone(), opt.state_nbytes()
+
+    (w_eager, bytes_eager), (w_compiled, bytes_compiled) = train(False), train(True)
+    assert torch.equal(w_compiled, w_eager)
+    assert bytes_compiled == bytes_eager < 256 * 256 * 2  # quantized states, not fp32

@@ -175,3 +175,46 @@ def test_sparse_documents_still_render(kind):
         page = parse(render_html([d]))
         assert all(attrs["src"].startswith("data:image/png;base64,") for tag, attrs in page.tags if tag == "img")
         assert render_markdown([d]).startswith("## qstate report")
+
+
+def test_kernels_plots_leave_out_the_copy_and_draw_one_point_per_size(docs, monkeypatch):
+    """The copy rows (no optimizer) made a panel titled 'None: fp32 params, None grads'; a size
+    measured more than once was drawn as a vertical line; a 38x slower row read '0.03x'."""
+    from qstate_cli.report import plots, sections
+    from qstate_cli.report.plots import Palette
+
+    doc = copy.deepcopy(next(d for d in docs if d["kind"] == "kernels"))
+    ours = next(r for r in doc["records"] if r.get("path") == "triton" and r.get("status", "ok") == "ok")
+    top = max(r["numel"] for r in doc["records"] if r.get("path") == "triton" and r.get("status", "ok") == "ok")
+    fused = next(r for r in doc["records"] if r.get("path") == "torch-fused" and r["numel"] == top
+                 and r.get("param_dtype") == ours.get("param_dtype"))
+    for r in doc["records"]:
+        if r.get("path") == "triton" and r["numel"] == top and r.get("status", "ok") == "ok":
+            r["time_ms"] = fused["time_ms"] * 38.7  # every one of ours is 38.7x slower at the top size
+    again = dict(ours, time_ms=ours["time_ms"] * 3)  # the same name at the same size, measured twice
+    copy_row = dict(ours, name="copy", role="copy", optimizer=None, grad_dtype=None, config="copy", path="copy")
+    doc["records"] += [again, copy_row]
+    drawn = []
+    monkeypatch.setattr(plots, "new_figure", _recording_figure(plots.new_figure, drawn))
+    sec, lines = sections.kernels(doc, "k.json", Palette(["copy", ours["name"]]))
+    assert sec.plots and not any("None" in p.title for p in sec.plots), [p.title for p in sec.plots]
+    for p in sec.plots:
+        p.png()
+    xs = [x for name, x in drawn if name == ours["name"]]
+    assert xs and all(len(x) == len(set(x)) for x in xs)  # one point per size
+    assert not any(name == "copy" for name, _ in drawn)
+    assert "torch fused AdamW is 38.7x faster" in lines[0] and "0.0" not in lines[0].split("bandwidth")[1]
+
+
+def _recording_figure(new_figure, drawn):
+    def make(*args, **kw):
+        fig, axes = new_figure(*args, **kw)
+        for ax in axes:
+            plot = ax.plot
+
+            def recording(x, y, *a, _plot=plot, **k):
+                drawn.append((str(k.get("label", "")).replace(" (baseline)", ""), list(x)))
+                return _plot(x, y, *a, **k)
+            ax.plot = recording
+        return fig, axes
+    return make

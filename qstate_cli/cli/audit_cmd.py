@@ -19,7 +19,7 @@ from .output import Destinations
 
 HELP = ("Audit optimizer states under FSDP2 sharding: per parameter and state, global and local shape, format, "
         "bytes, whether its blocks are the whole tensor's (bit-equal to single-process) or the shard's, and why.")
-COLUMNS = ["rank", "name", "state", "global_shape", "local_shape", "format", "local_bytes", "blocks",
+COLUMNS = ["rank", "name", "state", "global_shape", "local_shape", "path", "format", "local_bytes", "blocks",
            "world_independent", "reason"]
 HEADERS = {"global_shape": "global", "local_shape": "local", "local_bytes": "bytes",
            "world_independent": "any world"}

@@ -201,6 +201,11 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         return int(sum(int(st["nonfinite"]) for st in self.state.values() if "nonfinite" in st))
 
     # ---- the step ----------------------------------------------------------------------
+    # Kept out of torch.compile's graph (a graph break, then eager): dynamo tracing the packed
+    # codes, the hash and the fused launches gave up with a RecursionError (or compiled for
+    # minutes); the step is one fused launch per group already, so compiling it gains nothing.
+    # A compiled training loop runs its forward/backward compiled and this step as written.
+    @torch.compiler.disable
     @torch.no_grad()
     def step(self, closure=None):
         loss = None

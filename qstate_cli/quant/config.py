@@ -28,7 +28,11 @@ Peer recipes (docs/peers.md):
 An optimizer's configuration names each state, or gives one spec for all of them, or
 names a preset::
 
-    config  := PRESET | spec | "m=" spec ["," "v=" spec]
+    config  := PRESET | spec | "m=" spec "," "v=" spec
+
+(`m=SPEC` alone is refused: it used to give v the same spec, which put AdamW's
+non-negative v on m's signed grid without a word; one spec for every state is the bare
+`spec`.)
 
 e.g. ``bred-4bit`` == ``m=int4:bred:b128,v=lin4nz:bred:b128``.
 
@@ -274,6 +278,9 @@ def _parse_explicit(raw: str) -> StateConfig:
         specs[key] = parse_spec(val)
     if "m" not in specs:
         raise QstateError(f"in {raw!r}: the m state needs a spec")
+    if "v" not in specs:
+        raise QstateError(f"in {raw!r}: the v state needs a spec too (e.g. {raw},v=lin4nz); "
+                          f"a bare spec such as {specs['m']} gives every state the same one")
     return StateConfig(specs["m"], specs.get("v", specs["m"]))
 
 

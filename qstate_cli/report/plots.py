@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+import statistics
 from collections import defaultdict
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -66,12 +67,15 @@ def size_sweep(rows: list[dict], title: str, palette: Palette, is_baseline) -> b
         if _finite(r.get("time_ms")) and _finite(r.get("numel")):
             by_name[r["name"]].append(r)
     for name, group in sorted(by_name.items()):
-        group.sort(key=lambda r: r["numel"])
-        x = [r["numel"] for r in group]
+        at = defaultdict(list)  # numel -> rows: a size measured more than once is one point, its median
+        for r in group:
+            at[r["numel"]].append(r)
+        x = sorted(at)
+        pct = [[r["pct_of_copy"] for r in at[n] if _finite(r.get("pct_of_copy"))] for n in x]
         style = dict(color=palette(name), marker="o", ms=4, lw=1.6, ls="--" if is_baseline(group[0]) else "-",
                      label=f"{name} (baseline)" if is_baseline(group[0]) else str(name))
-        ax_t.plot(x, [r["time_ms"] for r in group], **style)
-        ax_p.plot(x, [r.get("pct_of_copy") if _finite(r.get("pct_of_copy")) else math.nan for r in group], **style)
+        ax_t.plot(x, [statistics.median(r["time_ms"] for r in at[n]) for n in x], **style)
+        ax_p.plot(x, [statistics.median(p) if p else math.nan for p in pct], **style)
     ax_t.set(xscale="log", yscale="log", xlabel="elements per step (numel)", ylabel="time per step (ms, median)",
              title="Time")
     ax_p.set(xscale="log", xlabel="elements per step (numel)", ylabel="% of measured copy bandwidth",

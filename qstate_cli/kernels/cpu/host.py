@@ -66,9 +66,15 @@ def run_blocks(kernel, numel: int, block: int, args: tuple) -> int:
     return total + sum(int(f.result()) for f in futures)
 
 
+# launch.StateLayout.kind of the no-zero linear map {(j + 1) / NT} (lin4nz, lin8nz): the Triton
+# kernels compute its entries; here it is the code book it is (kind 1) on the UNIT path.
+NOZERO = 2
+
+
 @lru_cache(maxsize=None)
 def _layout(layout: StateLayout):
-    lay = np.array([layout.kind, layout.bits, int(layout.signed), layout.table_len, layout.rounding,
+    kind = 1 if layout.kind == NOZERO else layout.kind
+    lay = np.array([kind, layout.bits, int(layout.signed), layout.table_len, layout.rounding,
                     int(layout.sqrt), int(layout.sbf16), _unit(layout)], np.int64)
     lim = np.array([layout.top, layout.top * MIN_STEP], np.float32)
     return lay, lim
@@ -76,7 +82,7 @@ def _layout(layout: StateLayout):
 
 def _unit(layout: StateLayout) -> int:
     """2**bits if the code book is exactly {1, ..., 2**bits} / 2**bits (codec.py: UNIT), else 0."""
-    if layout.kind != 1:
+    if layout.kind not in (1, NOZERO):
         return 0
     unit = 1 << layout.bits
     table = codebook(layout.table_name)
@@ -86,6 +92,8 @@ def _unit(layout: StateLayout) -> int:
 def layout_arrays(layout: StateLayout, table: torch.Tensor | None):
     """(lay int64 [8], lim fp32 [2], table fp32) of a state layout (codec.py)."""
     lay, lim = _layout(layout)
+    if table is None and layout.kind == NOZERO:  # launch hands the Triton kernels no table for it
+        return lay, lim, np.asarray(codebook(layout.table_name), np.float32)
     tab = np.zeros(2, np.float32) if table is None else table.detach().cpu().numpy()
     return lay, lim, tab
 
