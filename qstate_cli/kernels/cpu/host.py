@@ -66,9 +66,13 @@ def run_blocks(kernel, numel: int, block: int, args: tuple) -> int:
     return total + sum(int(f.result()) for f in futures)
 
 
+NOZERO_KIND = 2  # launch.StateLayout.kind of the no-zero linear map (lin4nz, lin8nz): a table here
+
+
 @lru_cache(maxsize=None)
 def _layout(layout: StateLayout):
-    lay = np.array([layout.kind, layout.bits, int(layout.signed), layout.table_len, layout.rounding,
+    kind = 1 if layout.kind == NOZERO_KIND else layout.kind  # codec.py: a code book with UNIT set
+    lay = np.array([kind, layout.bits, int(layout.signed), layout.table_len, layout.rounding,
                     int(layout.sqrt), int(layout.sbf16), _unit(layout)], np.int64)
     lim = np.array([layout.top, layout.top * MIN_STEP], np.float32)
     return lay, lim
@@ -76,17 +80,28 @@ def _layout(layout: StateLayout):
 
 def _unit(layout: StateLayout) -> int:
     """2**bits if the code book is exactly {1, ..., 2**bits} / 2**bits (codec.py: UNIT), else 0."""
-    if layout.kind != 1:
+    if layout.kind not in (1, NOZERO_KIND):
         return 0
     unit = 1 << layout.bits
     table = codebook(layout.table_name)
     return unit if list(table) == [(i + 1) / unit for i in range(unit)] else 0
 
 
+@lru_cache(maxsize=None)
+def _table(name: str) -> np.ndarray:
+    return np.array(codebook(name), np.float32)
+
+
 def layout_arrays(layout: StateLayout, table: torch.Tensor | None):
-    """(lay int64 [8], lim fp32 [2], table fp32) of a state layout (codec.py)."""
+    """(lay int64 [8], lim fp32 [2], table fp32) of a state layout (codec.py). The Triton
+    kernels compute the no-zero map (kind 2) and get no table; the codec reads its entries."""
     lay, lim = _layout(layout)
-    tab = np.zeros(2, np.float32) if table is None else table.detach().cpu().numpy()
+    if table is not None:
+        tab = table.detach().cpu().numpy()
+    elif layout.kind == NOZERO_KIND:
+        tab = _table(layout.table_name)
+    else:
+        tab = np.zeros(2, np.float32)
     return lay, lim, tab
 
 
