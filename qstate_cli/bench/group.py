@@ -9,6 +9,9 @@ The references are never rows of their own; each row carries them:
     ref_copy_ms      median time of a copy of bytes_moved / 8 fp32 values (bytes read +
                      written = the row's own bytes_moved): the same bytes at copy speed
     time_rel_copy    time_ms / ref_copy_ms (how many copies of its own footprint a step costs)
+    footprint_copy_gbps, cache_resident
+                     the copy bandwidth at the row's own footprint, and whether the row
+                     sits in cache (then pct_of_copy is null): roofline.py
     rel_copy_rounds  per round r: median(row, round r) / median(copy, round r)
     ref_fused_ms     median time of torch's fused AdamW over the same tensors
                      (torch.optim.AdamW(fused=True), whatever the optimizer)
@@ -28,6 +31,7 @@ import torch
 from ..errors import QstateError
 from ..runtime import free_memory, is_oom
 from .bytes_model import gbps
+from .roofline import mark as mark_roofline
 from .subjects import Context, Subject, Unavailable
 from .timing import CaptureFailed, Item, copy_item, measure_rounds
 
@@ -126,6 +130,7 @@ def measure_group(jobs: list[tuple[dict, Subject, Context]], tensors, p) -> None
             if copy is not None and not isinstance(copy, BaseException):
                 row.update(ref_copy_ms=copy.stats.median, time_rel_copy=row["time_ms"] / copy.stats.median,
                            rel_copy_rounds=_round_ratios(rounds, copy.round_medians))
+            mark_roofline(row)  # after ref_copy_ms: without it, judged on gbps alone
             ref = timed.get(id(fused)) if fused is not None else None
             if ref is not None and not isinstance(ref, BaseException):
                 row.update(ref_fused_ms=ref.stats.median, time_rel_fused=row["time_ms"] / ref.stats.median)

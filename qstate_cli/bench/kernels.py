@@ -8,6 +8,9 @@ median time), which every row's `pct_of_copy` divides by:
 
     gbps = bytes_moved / time,   pct_of_copy = 100 * gbps / copy_gbps
 
+except for a row that sits in cache (roofline.py: faster than the copy, or its own bytes
+copy at cache speed): `cache_resident` true and `pct_of_copy` null.
+
 `bytes_moved` is the bytes model (bytes_model.py) for the states that subject really
 keeps on each tensor. A size that runs out of memory marks its rows "failed" and the
 sweep goes on; a baseline that cannot run here is "unavailable" with the reason.
@@ -58,7 +61,7 @@ FIELDS = ("name", "role", "optimizer", "config", "rounding", "bits", "numel", "n
           "time_ms", "time_ms_iqr", "time_ms_min", "samples_ms", "noisy", "reps", "first_step_ms",
           "compile_ms", "bytes_moved", "bytes_per_elem", "gbps", "copy_gbps", "pct_of_copy",
           "cuda_graph", "l2_flush_bytes", "rounds", "round_ms", "ref_copy_ms", "time_rel_copy", "rel_copy_rounds",
-          "ref_fused_ms", "time_rel_fused", "cpu_share")
+          "ref_fused_ms", "time_rel_fused", "cpu_share", "footprint_copy_gbps", "cache_resident")
 
 
 @dataclass

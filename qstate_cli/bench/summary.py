@@ -4,13 +4,15 @@ records: nothing here is written to the result files).
 Kernels: `size` is the model name or the element count; `iqr_pct` = 100 * IQR / median;
 `x_fused` = time of torch-fused at the same size and dtype / this row's time (> 1:
 faster than torch's fused AdamW at that parameter dtype); `note` carries the status
-and reason of rows that did not run, and `noisy` for rows whose IQR exceeds 10%.
+and reason of rows that did not run, and `noisy` for rows whose IQR exceeds 10%;
+`pct_of_copy` reads "cache" for a cache-resident row (bench/roofline.py).
 """
 from __future__ import annotations
 
 KERNEL_COLUMNS = ["name", "path", "param_dtype", "size", "time_ms", "iqr_pct", "gbps", "pct_of_copy",
                   "bytes_per_elem", "x_fused", "compile_ms", "note"]
-KERNEL_FORMATS = {"time_ms": ".4g", "iqr_pct": ".1f", "gbps": ".3g", "pct_of_copy": ".1f",
+KERNEL_FORMATS = {"time_ms": ".4g", "iqr_pct": ".1f", "gbps": ".3g",
+                  "pct_of_copy": lambda v: v if isinstance(v, str) else f"{v:.1f}",
                   "bytes_per_elem": ".4g", "x_fused": ".3g", "compile_ms": ".0f"}
 KERNEL_HEADERS = {"param_dtype": "dtype", "time_ms": "ms (median)", "iqr_pct": "IQR %", "gbps": "GB/s",
                   "pct_of_copy": "% copy", "bytes_per_elem": "B/elem", "x_fused": "x fused",
@@ -44,6 +46,7 @@ def kernel_display_rows(rows: list[dict]) -> list[dict]:
         out.append({**r, "size": r["model"] or f"{r['numel']:,}",
                     "iqr_pct": 100 * r["time_ms_iqr"] / t if t else None,
                     "x_fused": ref / t if (t and ref and r["role"] != "copy") else None,
+                    "pct_of_copy": "cache" if r.get("cache_resident") else r.get("pct_of_copy"),
                     "note": _note(r)})
     return out
 

@@ -36,6 +36,9 @@ def row_line(row: dict) -> str:
         return f"{head}: {row['status']}: {row.get('reason')}"
     if "time_ms" in row:
         pct = f", {row['pct_of_copy']:.1f}% of copy" if row.get("pct_of_copy") is not None else ""
+        if row.get("cache_resident"):
+            rel = row.get("time_rel_copy")
+            pct = ", cache-resident" + (f" ({rel:.3g}x a copy of its own bytes)" if rel is not None else "")
         return f"{head}: {row['time_ms']:.4g} ms, {row['gbps']:.3g} GB/s{pct}"
     return f"{head}: {row['bytes_per_param']:.4f} bytes/param"
 

@@ -59,8 +59,12 @@ def _legend(fig, axes) -> None:
         fig.legend([handles[label] for label in labels], labels, loc="outside right upper", fontsize=8, frameon=False)
 
 
+CACHE_BAND = 110.0  # where size_sweep marks cache-resident rows (bench/roofline.py), in %
+
+
 def size_sweep(rows: list[dict], title: str, palette: Palette, is_baseline) -> bytes:
-    """Kernels: time (ms, log-log) and % of the measured copy bandwidth against numel."""
+    """Kernels: time (ms, log-log) and % of the measured copy bandwidth against numel;
+    cache-resident rows have no percentage and are crosses in a band above 100%."""
     fig, (ax_t, ax_p) = new_figure(2, width=11.5, height=4.0)
     by_name = defaultdict(list)
     for r in rows:
@@ -71,16 +75,22 @@ def size_sweep(rows: list[dict], title: str, palette: Palette, is_baseline) -> b
         for r in group:
             at[r["numel"]].append(r)
         x = sorted(at)
-        pct = [[r["pct_of_copy"] for r in at[n] if _finite(r.get("pct_of_copy"))] for n in x]
         style = dict(color=palette(name), marker="o", ms=4, lw=1.6, ls="--" if is_baseline(group[0]) else "-",
                      label=f"{name} (baseline)" if is_baseline(group[0]) else str(name))
         ax_t.plot(x, [statistics.median(r["time_ms"] for r in at[n]) for n in x], **style)
+        pct = [[r["pct_of_copy"] for r in at[n] if _finite(r.get("pct_of_copy")) and not r.get("cache_resident")]
+               for n in x]
         ax_p.plot(x, [statistics.median(p) if p else math.nan for p in pct], **style)
+        cached = [n for n in x if any(r.get("cache_resident") for r in at[n])]
+        if cached:  # no roofline percentage: a cross in the band above 100%
+            ax_p.plot(cached, [CACHE_BAND] * len(cached), ls="none", marker="x", ms=7, color=palette(name))
     ax_t.set(xscale="log", yscale="log", xlabel="elements per step (numel)", ylabel="time per step (ms, median)",
              title="Time")
     ax_p.set(xscale="log", xlabel="elements per step (numel)", ylabel="% of measured copy bandwidth",
-             title="Roofline", ylim=(0, 105))
+             title="Roofline", ylim=(0, 120))
     ax_p.axhline(100, color="#999999", lw=0.8)
+    ax_p.text(0.01, CACHE_BAND + 4, "cache-resident (x)", transform=ax_p.get_yaxis_transform(), fontsize=7,
+              color="#666666", va="bottom")
     fig.suptitle(title, fontsize=11)
     _legend(fig, [ax_t, ax_p])
     return to_png(fig)

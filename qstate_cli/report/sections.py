@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from ..bench.roofline import classify
 from . import corpus, plots
 from .model import Plot, Section, Table, cell, pct
 
@@ -30,8 +31,20 @@ def _slug(*parts) -> str:
 
 # -- kernels ---------------------------------------------------------------------------
 
+def with_roofline(row: dict) -> dict:
+    """The row with `cache_resident` and `pct_of_copy` as bench/roofline.py defines them
+    (results written before that field are classified here), and `roofline`: the text of
+    the roofline cell ("cache-resident" or the percentage)."""
+    out = dict(row)
+    if out.get("role") != "copy" and "cache_resident" not in out:
+        out.update(classify(out))
+    pct = out.get("pct_of_copy")
+    out["roofline"] = "cache-resident" if out.get("cache_resident") else (f"{pct:.1f}" if _finite(pct) else None)
+    return out
+
+
 def kernels(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
-    rows = doc["records"]
+    rows = [with_roofline(r) for r in doc["records"]]
     sec = Section("Kernels: time and roofline", "kernels", source)
     sweep = [r for r in rows if _ok(r) and r.get("model") in (None, "")]
     groups = defaultdict(list)
@@ -45,20 +58,24 @@ def kernels(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
         sec.plots.append(Plot(_slug("kernels", opt, pdt, dev), title,
                               "Median time per optimizer step (left, log-log) and bytes moved per second as % of "
                               "the copy bandwidth measured in the same run (right). Dashed: baselines. A size "
-                              "measured more than once (suite points, rounds) is drawn at the median of its rows.",
+                              "measured more than once (suite points, rounds) is drawn at the median of its rows. "
+                              "Crosses in the top band: cache-resident rows (faster than the memory copy, or their "
+                              "own bytes copy at cache speed), which a memory roofline does not describe.",
                               lambda g=group, t=title: plots.size_sweep(g, t, palette, is_baseline)))
     cols = [("name", "name"), ("path", "path"), ("numel", "numel"), ("param_dtype", "dtype"),
             ("time_ms", "time (ms)", ".4g"), ("time_ms_iqr", "IQR (ms)", ".3g"), ("time_ms_min", "min (ms)", ".4g"),
-            ("gbps", "GB/s", ".1f"), ("pct_of_copy", "% of copy", ".1f"), ("noisy", "noisy"),
-            ("compile_ms", "compile (ms)", ".0f")]
+            ("gbps", "GB/s", ".1f"), ("roofline", "% of copy"), ("time_rel_copy", "x copy of own bytes", ".3g"),
+            ("noisy", "noisy"), ("compile_ms", "compile (ms)", ".0f")]
     sec.tables.append(Table.of("Size sweep", sorted(sweep, key=lambda r: (str(r.get("name")), r.get("numel") or 0)),
-                               cols, "noisy: IQR above 10% of the median."))
+                               cols, "noisy: IQR above 10% of the median. cache-resident: the row ran faster than "
+                               "the memory copy or its own bytes copy at cache speed (no roofline percentage); "
+                               "x copy of own bytes: time over a same-run copy of the row's bytes_moved."))
     models = [r for r in rows if _ok(r) and r.get("model") not in (None, "")]
     if models:
         sec.tables.append(Table.of("Whole-model steps", models, [("name", "name"), ("model", "model"),
                                    ("n_tensors", "tensors"), ("numel", "numel"), ("path", "path"),
                                    ("time_ms", "time (ms)", ".4g"), ("gbps", "GB/s", ".1f"),
-                                   ("pct_of_copy", "% of copy", ".1f")]))
+                                   ("roofline", "% of copy"), ("time_rel_copy", "x copy of own bytes", ".3g")]))
     bad = [r for r in rows if not _ok(r)]
     if bad:
         sec.tables.append(Table.of("Not measured", bad, [("name", "name"), ("numel", "numel"), ("path", "path"),
@@ -75,8 +92,13 @@ def _kernels_summary(rows, sweep) -> str:
         return line
     top = max(r["numel"] for r in ours)
     best = min((r for r in ours if r["numel"] == top), key=lambda r: r["time_ms"])
-    line += (f"; at numel {top:,.0f} the fastest of ours is {best['name']} ({best['path']}): {cell(best['time_ms'], '.4g')} ms, "
-             f"{cell(best.get('pct_of_copy'), '.1f')}% of copy bandwidth")
+    if best.get("cache_resident"):
+        rel = best.get("time_rel_copy")
+        where = "cache-resident" + (f", {rel:.3g}x a copy of its own bytes" if _finite(rel) else "")
+    else:
+        where = f"{cell(best.get('pct_of_copy'), '.1f')}% of copy bandwidth"
+    line += (f"; at numel {top:,.0f} the fastest of ours is {best['name']} ({best['path']}): "
+             f"{cell(best['time_ms'], '.4g')} ms, {where}")
     fused = [r for r in sweep if r.get("path") == "torch-fused" and r.get("numel") == top and _finite(r.get("time_ms"))
              and r.get("param_dtype") == best.get("param_dtype")]
     if fused:

@@ -2,6 +2,7 @@
 
     codec.py     numba helpers: bit casts, the hash, bf16 casts, decode/encode of one block
     adamw.py     fused AdamW/Adam step (two states)
+    lion.py, sgd.py, muon.py   one-state steps (Muon: the momentum update; Newton-Schulz in torch)
     host.py      numpy views of the tensors, layout arrays, stream keys (no numba)
 
 The same spec as the Triton kernels (quant/, optim/rules.py), bit for bit, for the same
@@ -22,7 +23,8 @@ import torch
 
 PATH = "cpu-numba"  # what optimizer rows and path_for() call this path
 # kernel module (the optimizers' `kernel` attribute) -> (module here, launch function)
-LAUNCHERS = {"adamw": ("adamw", "adamw_step")}
+LAUNCHERS = {"adamw": ("adamw", "adamw_step"), "lion": ("lion", "lion_step"), "sgd": ("sgd", "sgd_step"),
+             "muon": ("muon", "muon_momentum_step")}
 _import_error: list = []
 
 

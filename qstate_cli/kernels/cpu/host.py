@@ -66,14 +66,12 @@ def run_blocks(kernel, numel: int, block: int, args: tuple) -> int:
     return total + sum(int(f.result()) for f in futures)
 
 
-# launch.StateLayout.kind of the no-zero linear map {(j + 1) / NT} (lin4nz, lin8nz): the Triton
-# kernels compute its entries; here it is the code book it is (kind 1) on the UNIT path.
-NOZERO = 2
+NOZERO_KIND = 2  # launch.StateLayout.kind of the no-zero linear map (lin4nz, lin8nz): a table here
 
 
 @lru_cache(maxsize=None)
 def _layout(layout: StateLayout):
-    kind = 1 if layout.kind == NOZERO else layout.kind
+    kind = 1 if layout.kind == NOZERO_KIND else layout.kind  # codec.py: a code book with UNIT set
     lay = np.array([kind, layout.bits, int(layout.signed), layout.table_len, layout.rounding,
                     int(layout.sqrt), int(layout.sbf16), _unit(layout)], np.int64)
     lim = np.array([layout.top, layout.top * MIN_STEP], np.float32)
@@ -82,19 +80,28 @@ def _layout(layout: StateLayout):
 
 def _unit(layout: StateLayout) -> int:
     """2**bits if the code book is exactly {1, ..., 2**bits} / 2**bits (codec.py: UNIT), else 0."""
-    if layout.kind not in (1, NOZERO):
+    if layout.kind not in (1, NOZERO_KIND):
         return 0
     unit = 1 << layout.bits
     table = codebook(layout.table_name)
     return unit if list(table) == [(i + 1) / unit for i in range(unit)] else 0
 
 
+@lru_cache(maxsize=None)
+def _table(name: str) -> np.ndarray:
+    return np.array(codebook(name), np.float32)
+
+
 def layout_arrays(layout: StateLayout, table: torch.Tensor | None):
-    """(lay int64 [8], lim fp32 [2], table fp32) of a state layout (codec.py)."""
+    """(lay int64 [8], lim fp32 [2], table fp32) of a state layout (codec.py). The Triton
+    kernels compute the no-zero map (kind 2) and get no table; the codec reads its entries."""
     lay, lim = _layout(layout)
-    if table is None and layout.kind == NOZERO:  # launch hands the Triton kernels no table for it
-        return lay, lim, np.asarray(codebook(layout.table_name), np.float32)
-    tab = np.zeros(2, np.float32) if table is None else table.detach().cpu().numpy()
+    if table is not None:
+        tab = table.detach().cpu().numpy()
+    elif layout.kind == NOZERO_KIND:
+        tab = _table(layout.table_name)
+    else:
+        tab = np.zeros(2, np.float32)
     return lay, lim, tab
 
 
