@@ -22,6 +22,7 @@ CASES = [  # (states, parameter dtype)
     ("m=int8:bred:b1024:sbf16,v=de4u:sr:b1024", torch.float16),
     ("torchao-4bit", torch.bfloat16),
     ("bred-sr-4bit", torch.float32),
+    ("bred-linv-8bit", torch.bfloat16),
 ]
 
 

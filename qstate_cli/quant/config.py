@@ -228,6 +228,9 @@ PRESETS: dict[str, tuple[str, str]] = {
     "nearest-8bit": ("m=int8:nearest:b256,v=lin8nz:nearest:b256:sqrt", "linear 8-bit m; v on a no-zero linear grid in sqrt(v); round to nearest"),
     "sr-8bit": ("m=int8:stochastic:b256,v=lin8nz:stochastic:b256:sqrt", "as nearest-8bit, stochastic rounding"),
     "bred-8bit": ("m=int8:bred:b256,v=lin8nz:bred:b256:sqrt", "as nearest-8bit, BReD subtractive dithering"),
+    "bred-linv-8bit": ("m=int8:bred:b256,v=lin8nz:bred:b256", "BReD m; v itself (no sqrt) dithered on the no-zero "
+                       "grid {1/256..1}: lowest median update error of BReD's 8-bit v encodings over the trace corpus "
+                       "(docs/corpus.md; nearest-8bit is lower still)"),
     "te-fp8": ("m=e4m3:nearest:tensor,v=e4m3:nearest:tensor", "Transformer Engine FusedAdam with FP8 states: "
                "E4M3, one fp32 scale per tensor (absmax -> 448), round to nearest"),
     "flashoptim-8bit": ("m=int8:nearest:b32:softsign:sfp16,v=uint8:nearest:b32:sqrt:sfp16",
