@@ -65,6 +65,7 @@ def test_minifloat_advice_follows_the_corpus_evidence(monkeypatch):
         assert all(r.published == theory.REPORTED_PERIODS[fmt] for r in rows)
     period, why = recommend(parse_spec("bf16"), "v", "adamw", 0.999, stall, None)
     assert period is None and "on the trace corpus no reset had the lowest update error" in why
+    assert "on 3 of 3 traces" in why and "tiny-lm (bf16, 2000 steps): none 0.04286" in why
     period, why = recommend(parse_spec("e2m2:nearest:b128"), "v", "adamw", 0.999, stall, None)
     assert period == 33 and "the model's 33 steps had the lowest update error" in why
     period, why = recommend(parse_spec("e4m3:nearest:b256"), "v", "adamw", 0.999, stall, None)

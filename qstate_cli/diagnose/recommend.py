@@ -40,8 +40,9 @@ def recommend(spec, state: str, optimizer: str, beta: float, stall: np.ndarray,
     seg = seg[np.isfinite(seg)]
     observed = float(np.mean(seg[-max(1, seg.size // 4):])) if seg.size else float("nan")
     if spec.rounding == "bred":
-        return None, (f"BReD re-dithers {state} every step, so the stored value cannot go stale "
-                      f"(observed stall rate {observed:.1%}): no reset needed")
+        return None, (f"BReD re-dithers {state} every step, so the stored value cannot go stale (its code "
+                      f"stays put on {observed:.1%} of steps at the end, but the value read back carries a fresh "
+                      f"dither and is unbiased): no reset needed")
     p = theory.fraction_bits_of(spec)
     if optimizer in ("adamw", "adam") and state == "v" and p is not None:
         period = theory.reset_period(spec, beta)
