@@ -41,7 +41,14 @@ def test_explicit_config_is_named_after_a_matching_preset():
 @pytest.mark.parametrize("bad,hint", [
     ("bred4bit", "bred-4bit"), ("torchao4bit", "torchao-4bit"), ("int5:bred", "int4"),
     ("int4:bredd", "bred"), ("m=int4,w=int4", "states are m and v"), ("int4:b7", "block size"),
-    ("int4:b4096", "block size"), ("", "empty"), ("m=int4", "the v state needs a spec too")])
+    ("int4:b4096", "block size"), ("", "empty")])
 def test_unknown_names_fail_with_the_closest_matches(bad, hint):
     with pytest.raises(QstateError, match=hint):
         parse_config(bad)
+
+
+def test_m_alone_is_for_momentum_optimizers_and_refused_where_there_is_a_v():
+    cfg = parse_config("m=int4:bred:b128")
+    assert cfg.spec("m") == parse_config("int4:bred:b128").m
+    with pytest.raises(QstateError, match="the v state needs a spec too"):
+        cfg.spec("v")

@@ -59,6 +59,8 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, defaults: dict, states="bred-4bit", reset=None, seed: int = 0,
                  min_quant_numel: int = 4096, backend: str = "auto"):
         defaults = dict(defaults, states=parse_config(states), seed=int(seed), min_quant_numel=int(min_quant_numel))
+        for name in self.state_names:  # a configuration without a spec for one of them fails here, not at step 1
+            defaults["states"].spec(name)
         super().__init__(params, defaults)
         self.reset_policy = ResetPolicy.parse(reset)
         if self.reset_policy.auto:

@@ -28,9 +28,10 @@ Peer recipes (docs/peers.md):
 An optimizer's configuration names each state, or gives one spec for all of them, or
 names a preset::
 
-    config  := PRESET | spec | "m=" spec "," "v=" spec
+    config  := PRESET | spec | "m=" spec ["," "v=" spec]
 
-(`m=SPEC` alone is refused: it used to give v the same spec, which put AdamW's
+(`m=SPEC` alone is for optimizers with one state, Lion / SGD / Muon; an optimizer with a v
+refuses it (StateConfig.spec): it used to give v the same spec, which put AdamW's
 non-negative v on m's signed grid without a word; one spec for every state is the bare
 `spec`.)
 
@@ -56,7 +57,7 @@ How BReD treats what is not a uniform grid (design decision, documented in READM
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..errors import QstateError
 from .formats import Format, get_format, suggest
@@ -191,9 +192,16 @@ class StateConfig:
     m: StateSpec
     v: StateSpec
     name: str = ""
+    v_given: bool = field(default=True, compare=False)  # False: `m=SPEC` alone (momentum optimizers)
 
     def spec(self, state: str) -> StateSpec:
+        if state != "m" and not self.v_given:  # an optimizer with a v asked for it
+            raise QstateError(f"in {self.canonical_m()!r}: the v state needs a spec too (e.g. {self.canonical_m()},"
+                              f"v=lin4nz); a bare spec such as {self.m} gives every state the same one")
         return self.m if state == "m" else self.v
+
+    def canonical_m(self) -> str:
+        return f"m={self.m}"
 
     def canonical(self) -> str:
         return f"m={self.m},v={self.v}"
@@ -281,10 +289,9 @@ def _parse_explicit(raw: str) -> StateConfig:
         specs[key] = parse_spec(val)
     if "m" not in specs:
         raise QstateError(f"in {raw!r}: the m state needs a spec")
-    if "v" not in specs:
-        raise QstateError(f"in {raw!r}: the v state needs a spec too (e.g. {raw},v=lin4nz); "
-                          f"a bare spec such as {specs['m']} gives every state the same one")
-    return StateConfig(specs["m"], specs.get("v", specs["m"]))
+    # `m=SPEC` alone names the momentum of Lion / SGD / Muon; an optimizer with a v refuses it
+    # (spec("v")) instead of putting AdamW's non-negative v on m's signed grid without a word
+    return StateConfig(specs["m"], specs.get("v", specs["m"]), v_given="v" in specs)
 
 
 def _preset_name(cfg: StateConfig) -> str | None:
