@@ -43,18 +43,12 @@ def _adamw_kernel(b0, b1_, p, g, mc, ms, vc, vs, mlay, mlim, mtab, vlay, vlim, v
     for b in range(b0, b1_):
         start = b * B
         cnt = min(B, numel - start)
-        if fresh_m:
-            mrow[:] = c.ZERO
-        else:
-            c.decode_block(mc, c.scale_at(ms, b, msb), mlay, mlim, mtab, b, start, cnt, ks[4], ks[5], q, mrow)
-        if fresh_v:
-            vrow[:] = c.ZERO
-        else:
-            c.decode_block(vc, c.scale_at(vs, b, vsb), vlay, vlim, vtab, b, start, cnt, ks[6], ks[7], q, vrow)
-            if not v_sqrt:  # a dithered v read back below 0
-                for j in range(cnt):
-                    vj = vrow[j]
-                    vrow[j] = c.ZERO if vj < c.ZERO else vj
+        c.read_state(fresh_m, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, ks[4], ks[5], q, mrow)
+        c.read_state(fresh_v, vc, vs, vsb, vlay, vlim, vtab, b, start, cnt, ks[6], ks[7], q, vrow)
+        if not fresh_v and not v_sqrt:  # a dithered v read back below 0
+            for j in range(cnt):
+                vj = vrow[j]
+                vrow[j] = c.ZERO if vj < c.ZERO else vj
         nbad += c.load_grad(g, start, cnt, grow)
         c.load_row(p, start, cnt, prow)
         if l2 != c.ZERO:  # Adam: coupled weight decay

@@ -6,6 +6,7 @@ as kernels/common.py does in Triton:
     hash32, uniform             quant/hash.py (uint32 arithmetic)
     value_at / store_value      torch's exact casts fp32 <-> bf16 (round half to even, NaN -> 0x7FC0)
     decode_block                quant/quantizer.decode (+ packing.unpack) of one block
+    read_state                  decode_block with its scale, or zeros for a fresh state
     encode_block                quant/quantizer.encode (+ packing.pack) of one block
 
 A block is B consecutive elements (the short last block has fewer); its codes start at byte
@@ -353,6 +354,16 @@ def _round_table(n, cnt, lay, table, rounding, b, start, k1, k2, q):
         k = table_floor(table, nt, log, v)
         u = uniform(start + j, k1, k2) if rounding == STOCHASTIC else ub
         q[j] = np.int32(k) + np.int32(_up(v, table[k], table[k + 1], rounding, u))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def read_state(fresh, codes, s16, sbf16, lay, lim, table, b, start, cnt, k1, k2, q, out):
+    """out[:cnt] = block b of a stored state (decode_block with its scale_at), or zeros when
+    the state is fresh (its first step, or the step after a reset)."""
+    if fresh:
+        out[:] = ZERO
+    else:
+        decode_block(codes, scale_at(s16, b, sbf16), lay, lim, table, b, start, cnt, k1, k2, q, out)
 
 
 @njit(cache=True, inline="always", error_model="numpy")

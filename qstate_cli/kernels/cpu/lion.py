@@ -32,10 +32,7 @@ def _lion_kernel(b0, b1_, p, g, mc, ms, mlay, mlim, mtab, numel, B, ks, scal, be
     for b in range(b0, b1_):
         start = b * B
         cnt = min(B, numel - start)
-        if fresh:
-            mrow[:] = c.ZERO
-        else:
-            c.decode_block(mc, c.scale_at(ms, b, msb), mlay, mlim, mtab, b, start, cnt, ks[2], ks[3], q, mrow)
+        c.read_state(fresh, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, ks[2], ks[3], q, mrow)
         nbad += c.load_grad(g, start, cnt, grow)
         c.load_row(p, start, cnt, prow)
         for j in range(cnt):

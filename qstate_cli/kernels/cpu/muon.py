@@ -30,10 +30,7 @@ def _muon_kernel(b0, b1_, g, out, mc, ms, mlay, mlim, mtab, numel, B, ks, beta, 
     for blk in range(b0, b1_):
         start = blk * B
         cnt = min(B, numel - start)
-        if fresh:
-            mrow[:] = c.ZERO
-        else:
-            c.decode_block(mc, c.scale_at(ms, blk, msb), mlay, mlim, mtab, blk, start, cnt, ks[2], ks[3], q, mrow)
+        c.read_state(fresh, mc, ms, msb, mlay, mlim, mtab, blk, start, cnt, ks[2], ks[3], q, mrow)
         nbad += c.load_grad(g, start, cnt, grow)
         for j in range(cnt):
             mrow[j] = mrow[j] * b + grow[j] * ob
