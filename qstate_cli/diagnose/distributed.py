@@ -27,7 +27,7 @@ differences ~1e-15, tested to 1e-9).
 
 Scaling (docs/distributed.md, 2 shared cores, CPU seconds per rank): the element split
 divides the per-element work but every rank still issues every operation; 1.72-1.81x per
-rank on a 162,560-element trace, 1.45-1.5x on the demo's 24,320 elements, where the
+rank on a 162,560-element trace, 1.4-1.5x on the demo's 24,320 elements, where the
 per-operation overhead is about a third of the work.
 
 `--split configs` (fallback): rank r replays configurations r, r + N, ... on the whole

@@ -17,6 +17,10 @@ except that every recorded tensor is quantized (the optimizers keep tensors unde
 gather are shared by all configurations. The staleness model (staleness.py: per element,
 from the fp32 shadow) costs about one more encode + decode per state, so it is evaluated at
 MODEL_POINTS steps spread evenly over the replay (every step of a replay up to twice that).
+
+Under torchrun (`ReplayOptions.split`, distributed.py) each rank runs this loop on its
+part of the layout (layout.py) or on its configurations, and the parts are merged
+(merge.py) into the Replay one process would return.
 """
 from __future__ import annotations
 
