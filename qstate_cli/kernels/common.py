@@ -127,10 +127,26 @@ def tile_origin(numel, tile, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constex
 
 
 @triton.jit
-def count_nonfinite(meta, bad):
-    """Add the program's count of NaN/Inf gradient elements to the tensor's int64 counter."""
-    n = tl.sum(tl.sum(bad, axis=1), axis=0)
-    tl.atomic_add(tl.load(meta + NONFINITE).to(tl.pointer_type(tl.int64)), n.to(tl.int64), mask=n > 0)
+def track_nonfinite(seen, g):
+    """max(seen, |g|), NaN-propagating: one instruction per element (FMNMX.NAN), and
+    non-finite (count_nonfinite) iff some gradient element was NaN or Inf."""
+    return tl.maximum(seen, tl.abs(g), propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, KIND: tl.constexpr, B: tl.constexpr,
+                    BP: tl.constexpr, ROWS: tl.constexpr):
+    """Add the program's count of NaN/Inf gradient elements to the tensor's int64 counter.
+    seen: track_nonfinite over the program's tiles; only when it is NaN or Inf (rare) are
+    the program's gradient tiles read again and their non-finite elements counted."""
+    if tl.max(tl.max(((seen < float("inf")) == 0).to(tl.int32), axis=1), axis=0) > 0:
+        n = tl.zeros([ROWS, BP], tl.int32)
+        for i in range(0, ntiles):
+            _, base, rem, _ = tile_origin(numel, tile0 + i, B, BP, ROWS)
+            g = load_values(g_base + base, rem, KIND, B, BP, ROWS, True)
+            n += (tl.abs(g) < float("inf")) == 0
+        total = tl.sum(tl.sum(n, axis=1), axis=0)
+        tl.atomic_add(tl.load(meta + NONFINITE).to(tl.pointer_type(tl.int64)), total.to(tl.int64))
 
 
 @triton.jit
@@ -198,10 +214,10 @@ def store_values(ptr, x, rem, KIND: tl.constexpr, INTERPRET: tl.constexpr, B: tl
 @triton.jit
 def load_grad(ptr, rem, KIND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
               MASKED: tl.constexpr, C0: tl.constexpr = 0):
-    """Gradient tile in fp32 with NaN/Inf elements set to 0, and where they were (int32 0/1)."""
+    """Gradient tile in fp32 with NaN/Inf elements set to 0, and the tile as loaded (for
+    track_nonfinite)."""
     g = load_values(ptr, rem, KIND, B, BP, ROWS, MASKED, C0)
-    finite = tl.abs(g) < float("inf")
-    return tl.where(finite, g, 0.0), (finite == 0).to(tl.int32)
+    return tl.where(tl.abs(g) < float("inf"), g, 0.0), g
 
 
 # ---- integer <-> float without conversion instructions --------------------------------------------
@@ -222,8 +238,10 @@ def round_half_even(n):
 
 @triton.jit
 def nozero_entry(k, NT: tl.constexpr):
-    """Entry k of the no-zero linear map, (k + 1) / NT (exact: NT is a power of two)."""
-    return code_to_float(k + 1, 16, False) * (1.0 / NT)
+    """Entry k of the no-zero linear map, (k + 1) / NT, exactly: the float 2**e + (k + 1) / NT
+    with e = 23 - log2(NT) (whose ulp is 1 / NT) built from its bits, minus 2**e."""
+    E: tl.constexpr = 23 - NT.bit_length() + 1
+    return ((k + 1) | ((127 + E) << 23)).to(tl.float32, bitcast=True) - (2.0 ** E)
 
 
 @triton.jit
