@@ -4,7 +4,8 @@ Each helper reproduces one piece of the spec (qstate_cli/quant, optim/rules.py) 
 
     hash32, step_keys, uniform      quant/hash.py: lowbias32; per-step keys k1, k2 of a stream
                                     key (computed on the host: launch.stream_key);
-                                    u = (bits >> 8) * 2**-24
+                                    u = (bits >> 8) * 2**-24 (per block)
+    one_plus_uniform16              1 + hash.uniform16 (per element, one hash per pair)
     decode_state                    quant/quantizer.decode (+ packing.unpack)
     encode_state                    quant/quantizer.encode (+ packing.pack)
     load_values / store_values      torch's exact casts fp32 <-> bf16/fp16
@@ -70,6 +71,20 @@ def uniform(counter, k1, k2):
     """U[0, 1) on the 2**-24 grid: (hash32(hash32(c ^ k1) ^ k2) >> 8) * 2**-24."""
     bits = hash32(hash32(counter ^ k1) ^ k2)
     return (bits >> 8).to(tl.float32) * 5.9604644775390625e-08
+
+
+@triton.jit
+def one_plus_uniform16(row0, k1, k2, B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, C0: tl.constexpr = 0):
+    """1 + u for every element of a [ROWS, W] tile part (tile()), u = quant/hash.uniform16 of
+    its flat index i: one hash per pair (i even, i + 1), 16 bits each, put into the mantissa
+    of 1.0 (exact; the caller subtracts 1 or 3/2 instead of converting)."""
+    r = tl.arange(0, ROWS)
+    c = tl.arange(0, W // 2) + C0 // 2
+    pair = (row0 * (B // 2)).to(tl.uint32) + (r[:, None] * (B // 2) + c[None, :]).to(tl.uint32)
+    bits = hash32(hash32(pair ^ k1) ^ k2)
+    lo = ((bits << 7) & 0x7FFF80) | 0x3F800000  # even i: bits 0..15
+    hi = ((bits >> 9) & 0x7FFF80) | 0x3F800000  # odd i: bits 16..31
+    return tl.reshape(tl.join(lo, hi), [ROWS, W]).to(tl.float32, bitcast=True)
 
 
 # ---- addresses and program geometry --------------------------------------------------------------
@@ -377,7 +392,7 @@ def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
     n = x * inv[:, None]  # one division per block row (inverse_step)
     if KIND == LINEAR:  # q = rint(n + d): d = 0 (nearest), u - 1/2 per element (SR) or per block (BReD)
         if ROUND == STOCHASTIC:
-            n = n + (uniform((row0 * B).to(tl.uint32) + loc.to(tl.uint32), k1, k2) - 0.5)
+            n = n + (one_plus_uniform16(row0, k1, k2, B, BP, ROWS, C0) - 1.5)  # u - 1/2, exact
         elif ROUND == BRED:
             n = n + (uniform((row0 + r).to(tl.uint32), k1, k2) - 0.5)[:, None]
         _, q = round_half_even(n)
@@ -402,7 +417,7 @@ def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
         if ROUND != NEAREST:
             frac = t - tl.where(over, rt - 1.0, rt)
             if ROUND == STOCHASTIC:
-                u = uniform((row0 * B).to(tl.uint32) + loc.to(tl.uint32), k1, k2)
+                u = one_plus_uniform16(row0, k1, k2, B, BP, ROWS, C0) - 1.0
                 q = q + (u < frac).to(tl.int32)
             else:
                 u = uniform((row0 + r).to(tl.uint32), k1, k2)
@@ -417,7 +432,7 @@ def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
         else:
             frac = tl.minimum(tl.maximum(tl.math.div_rn(n - lo, step), 0.0), 1.0)
             if ROUND == STOCHASTIC:
-                u = uniform((row0 * B).to(tl.uint32) + loc.to(tl.uint32), k1, k2)
+                u = one_plus_uniform16(row0, k1, k2, B, BP, ROWS, C0) - 1.0
                 q = k + (u < frac).to(tl.int32)
             else:
                 u = uniform((row0 + r).to(tl.uint32), k1, k2)
