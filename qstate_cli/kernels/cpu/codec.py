@@ -3,7 +3,7 @@
 Each helper reproduces one piece of the spec (qstate_cli/quant, optim/rules.py) bit for bit,
 as kernels/common.py does in Triton:
 
-    hash32, uniform             quant/hash.py (uint32 arithmetic)
+    hash32, uniform, uniform16  quant/hash.py (uint32 arithmetic)
     value_at / store_value      torch's exact casts fp32 <-> bf16 (round half to even, NaN -> 0x7FC0)
     decode_block                quant/quantizer.decode (+ packing.unpack) of one block
     read_state                  decode_block with its scale, or zeros for a fresh state
@@ -43,6 +43,7 @@ MUL1 = np.uint32(0x7FEB352D)
 MUL2 = np.uint32(0x846CA68B)
 U8, U15, U16 = np.uint32(8), np.uint32(15), np.uint32(16)
 TWO_M24 = np.float32(2.0 ** -24)
+TWO_M16 = np.float32(2.0 ** -16)
 HALF = np.float32(0.5)
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
@@ -152,6 +153,15 @@ def uniform(counter, k1, k2):
     counter taken mod 2**32, k1 and k2 uint32."""
     c = np.uint32(counter)
     return np.float32(hash32(np.uint32(hash32(np.uint32(c ^ k1)) ^ k2)) >> U8) * TWO_M24
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def uniform16(counter, k1, k2):
+    """U[0, 1) on the 2**-16 grid for element counter i (quant/hash.uniform16): bits
+    16 (i & 1) .. 16 (i & 1) + 15 of hash32(hash32((i >> 1) ^ k1) ^ k2), times 2**-16."""
+    i = np.int64(counter)
+    bits = hash32(np.uint32(hash32(np.uint32(np.uint32(i >> 1) ^ k1)) ^ k2))
+    return np.float32((bits >> np.uint32((i & 1) * 16)) & np.uint32(0xFFFF)) * TWO_M16
 
 
 # ---- the block codec ---------------------------------------------------------------------------------
@@ -295,7 +305,7 @@ def _round_linear(n, cnt, lay, rounding, b, start, k1, k2, q):
     mask = np.int32((1 << bits) - 1)
     if rounding == STOCHASTIC:
         for j in range(cnt):
-            n[j] = n[j] + (uniform(start + j, k1, k2) - HALF)
+            n[j] = n[j] + (uniform16(start + j, k1, k2) - HALF)
     elif rounding == BRED:
         d = uniform(b, k1, k2) - HALF
         for j in range(cnt):
@@ -335,7 +345,7 @@ def _round_unit_table(n, cnt, lay, rounding, b, start, k1, k2, q):
     elif rounding == STOCHASTIC:
         for j in range(cnt):
             kf = np.float32(q[j])
-            q[j] += np.int32(_up(n[j], (kf + ONE) * step, (kf + TWO) * step, STOCHASTIC, uniform(start + j, k1, k2)))
+            q[j] += np.int32(_up(n[j], (kf + ONE) * step, (kf + TWO) * step, STOCHASTIC, uniform16(start + j, k1, k2)))
     else:
         u = uniform(b, k1, k2)
         for j in range(cnt):
@@ -352,7 +362,7 @@ def _round_table(n, cnt, lay, table, rounding, b, start, k1, k2, q):
     for j in range(cnt):
         v = n[j]
         k = table_floor(table, nt, log, v)
-        u = uniform(start + j, k1, k2) if rounding == STOCHASTIC else ub
+        u = uniform16(start + j, k1, k2) if rounding == STOCHASTIC else ub
         q[j] = np.int32(k) + np.int32(_up(v, table[k], table[k + 1], rounding, u))
 
 
