@@ -1,29 +1,47 @@
-"""`qstate diagnose` under torchrun: the configurations split across ranks, one result.
+"""`qstate diagnose` under torchrun: the recorded elements split across ranks, one result.
 
-    torchrun --nproc-per-node 2 -m qstate_cli diagnose TRACE [options]
+    torchrun --nproc-per-node N -m qstate_cli diagnose TRACE [options]
 
-Each rank loads the trace and replays configurations rank, rank + N, rank + 2N, ... (its
-own fp32 shadow for the reset periods they use); the ConfigReplay statistics of all
-ranks are gathered on rank 0 (one `gather_object`), put back in the order asked for, and
-rank 0 builds the one table / JSON / report. A configuration's replay does not depend on
-which other configurations run beside it, so the records equal the single-process run's
-bit for bit (tested). Speed-up: at most N while there are at least N configurations
-(the default seven configurations on 2 ranks: 4 + 3, so up to 7/4 = 1.75); every rank
-also pays the trace load and the shadow, which one process pays once.
+What is split (the default, `--split elements`): the replay's flat layout (layout.py) on
+unit boundaries (the unit is the largest block of any configuration, so no quantization
+or dither block is cut): rank r replays units floor(rU/N) .. floor((r+1)U/N) - 1 of every
+configuration, with its own share of the fp32 shadow and the gradients. Random bits
+(stochastic rounding, BReD dithers) are keyed on each element's index in its own tensor
+and each block's index there (layout.LayoutStream), so a rank draws exactly the bits the
+single process draws for those elements. A rank with no units (more ranks than units)
+replays empty tensors and still takes part in every collective.
 
-What is not split: the recorded elements of one configuration. A single configuration
-runs on one rank (the others idle; a rank without a configuration only waits).
+Collectives: per step, one all-reduce MAX of a 1-element tensor for every state with one
+scale per tensor (te-fp8: `e4m3:tensor`): the replay scales the whole layout by one absmax
+(quantizer.encode), so each rank's absmax of its part becomes the global one before the
+state is encoded (and before the staleness model reads the grid, staleness.windows). No
+other collective runs inside the step loop. At the end, one all_gather_object of every
+rank's statistics (replay.ReplayPart: per-step sums, histograms, per-unit arrays; no
+per-element state); every rank merges them (merge.py: sums add, per-unit arrays
+concatenate in rank order) and holds the same Replay, so the reset check (validate.py)
+replays its candidate periods element-split on all ranks in lockstep. Rank 0 writes the
+table / JSON / report; the other ranks print nothing.
 
-Process group: torchrun sets RANK / WORLD_SIZE / MASTER_ADDR; `init()` starts gloo on
-CPU, NCCL when the replay runs on CUDA (each rank on cuda:LOCAL_RANK), unless the caller
+Equal to one process: counts exactly; float sums add in another order (relative
+differences ~1e-15, tested to 1e-9).
+
+`--split configs` (fallback): rank r replays configurations r, r + N, ... on the whole
+layout, as qstate did before the element split: on a small trace (the demo's 24,320
+elements) the replay is bound by per-operation overhead, not by elements, and splitting
+the configurations scales better there (docs/distributed.md has both measured).
+
+Process group: torchrun sets RANK / WORLD_SIZE / MASTER_ADDR; `init()` starts gloo on CPU,
+NCCL when the replay runs on CUDA (each rank on cuda:LOCAL_RANK), unless the caller
 already started one. Without WORLD_SIZE > 1 nothing here runs.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass
 
 import torch
+
+MODES = ("elements", "configs")
 
 
 def launched() -> bool:
@@ -54,32 +72,31 @@ def init(device: str) -> str:
     return str(dev)
 
 
-def my_configs(configs: list, n_ranks: int, r: int) -> list:
-    """The configurations rank r replays: r, r + N, r + 2N, ..."""
-    return configs[r::n_ranks]
+@dataclass(frozen=True)
+class Split:
+    """This rank's share of a replay and the two collectives the replay uses
+    (replay.ReplayOptions.split). `mode`: elements (the default) or configs."""
+
+    rank: int
+    size: int
+    mode: str = "elements"
+
+    def all_gather(self, obj) -> list:
+        """Every rank's `obj`, in rank order, on every rank."""
+        out = [None] * self.size
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def max_(self, x: torch.Tensor) -> torch.Tensor:
+        """The element-wise maximum of `x` over the ranks (a tensor scale's absmax)."""
+        x = x.clone()
+        torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.MAX)
+        return x
+
+    def elements(self) -> "Split":
+        return Split(self.rank, self.size, "elements")
 
 
-def merge(raw_here, gathered: list, configs: list):
-    """Rank 0: its Replay with every rank's ConfigReplays in `configs` order; wall time the
-    slowest rank's, CPU time and per-configuration phase times summed."""
-    by_cfg = {str(c.cfg): c for part in gathered for c in part["configs"]}
-    timings = dict(raw_here.timings_s)
-    for part in gathered:
-        for k, v in part["timings_s"].items():
-            if k not in ("gather", "shadow"):
-                timings[k] = v
-    return replace(raw_here, configs=[by_cfg[str(c)] for c in configs], timings_s=timings,
-                   wall_s=max(p["wall_s"] for p in gathered), cpu_s=sum(p["cpu_s"] for p in gathered))
-
-
-def gather_replays(raw_here):
-    """Every rank's ConfigReplays and times, on rank 0 (None elsewhere); raw_here None: a
-    rank with no configuration to replay."""
-    import torch.distributed as dist
-
-    part = {"configs": [], "timings_s": {}, "wall_s": 0.0, "cpu_s": 0.0} if raw_here is None else {
-        "configs": raw_here.configs, "timings_s": raw_here.timings_s, "wall_s": raw_here.wall_s,
-        "cpu_s": raw_here.cpu_s}
-    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(part, out, dst=0)
-    return out
+def split(mode: str = "elements") -> Split:
+    """This process's Split (the process group must be started: `init`)."""
+    return Split(torch.distributed.get_rank(), torch.distributed.get_world_size(), mode)

@@ -15,6 +15,15 @@ layout as hash32(hash32(c ^ k1) ^ k2). Handing it, per position, the key
 k1' = k1[tensor] ^ c ^ c_orig makes c ^ k1' = k1[tensor] ^ c_orig: exactly the bits the
 reference draws for that element or block of that tensor. So a replay of a fully
 recorded trace stores the same codes as the optimizer did, bit for bit (tested).
+
+A part (`part=(rank, ranks)`, torchrun's element split, distributed.py): the unit blocks
+u0..u1-1 of the whole layout (split_units), positions u0*unit .. u1*unit - 1. A unit never straddles
+two tensors (segments are padded to whole units), so every quantization block and every
+dither block of a part is a block of the whole layout; the keys above fold in the element's
+index in its own tensor, so a part draws the same random bits as the whole layout does.
+`offsets` / `lengths` stay the whole layout's (per tensor); `pieces` say which of each
+tensor's recorded elements the part holds; n, n_units, n_valid, valid, unit_tensor and
+element_index are the part's.
 """
 from __future__ import annotations
 
@@ -26,44 +35,61 @@ from ..trace.schema import BLOCK, Trace
 
 
 class Layout:
-    def __init__(self, trace: Trace, unit: int, device):
+    def __init__(self, trace: Trace, unit: int, device, part: tuple[int, int] | None = None, upload: bool = True):
         if unit < 1 or BLOCK % unit:
             raise QstateError(f"block size {unit} does not divide the trace's {BLOCK}-element blocks; "
                               f"use a power of two from 32 to {BLOCK}")
         self.trace, self.unit, self.device = trace, unit, torch.device(device)
-        self.offsets, self.lengths = [], []
+        self.offsets, self.lengths = [], []  # per tensor, in the whole layout
         n = 0
         for t in trace.tensors:
             self.offsets.append(n)
             self.lengths.append(t.n_recorded)
             n += -(-t.n_recorded // unit) * unit
-        self.n = n
-        self.n_units = n // unit
-        self.n_valid = sum(self.lengths)
+        self.total_n, self.total_units, self.total_valid = n, n // unit, sum(self.lengths)
+        u0, u1 = split_units(self.total_units, part[1])[part[0]] if part is not None else (0, self.total_units)
+        self.units = (u0, u1)
+        self.start = u0 * unit  # first position of the part in the whole layout
+        a, b = u0 * unit, u1 * unit
+        self.n, self.n_units = b - a, u1 - u0
+        self.pieces = []  # (tensor, first recorded element, count, position in the part)
+        for i, (o, ln) in enumerate(zip(self.offsets, self.lengths)):
+            lo, hi = max(o, a), min(o + ln, b)
+            if lo < hi:
+                self.pieces.append((i, lo - o, hi - lo, lo - a))
+        self.n_valid = sum(p[2] for p in self.pieces)
         seg = torch.empty(self.n_units, dtype=torch.int64)
-        orig = torch.zeros(n, dtype=torch.int64)
-        valid = torch.zeros(n, dtype=torch.bool)
+        orig = torch.zeros(self.n, dtype=torch.int64)
+        valid = torch.zeros(self.n, dtype=torch.bool)
         for i, t in enumerate(trace.tensors):
             o, ln = self.offsets[i], self.lengths[i]
-            seg[o // unit: (o + -(-ln // unit) * unit) // unit] = i
-            orig[o: o + ln] = t.element_index()
-            valid[o: o + ln] = True
+            s0, s1 = max(o // unit, u0), min((o + -(-ln // unit) * unit) // unit, u1)
+            if s0 < s1:
+                seg[s0 - u0: s1 - u0] = i
+        for i, first, count, at in self.pieces:
+            orig[at: at + count] = trace.tensors[i].element_index()[first: first + count]
+            valid[at: at + count] = True
         self.unit_tensor = seg.to(self.device)  # tensor index of every unit block
         self.element_index = orig  # flat index in its tensor of every layout position (host)
-        self.valid = valid.to(self.device) if self.n_valid < n else None  # None: no padding
+        self.valid = valid.to(self.device) if self.n_valid < self.n else None  # None: no padding
         self.tensor_ids = [t.index for t in trace.tensors]
         self.n_tensors = len(trace.tensors)
-        self._buf = torch.zeros(n, dtype=torch.float32, device=self.device)
-        self.grads = [t.grads for t in trace.tensors]
-        if self.device.type == "cuda" and _fits_on_device(self.grads, self.device):
-            self.grads = [g.to(self.device) for g in self.grads]  # one upload; per-step gathers stay on the GPU
+        self._buf = torch.zeros(self.n, dtype=torch.float32, device=self.device)
+        self.grads = {i: trace.tensors[i].grads[:, first: first + count] for i, first, count, _ in self.pieces}
+        if upload and self.device.type == "cuda" and _fits_on_device(list(self.grads.values()), self.device):
+            # one upload; per-step gathers stay on the GPU
+            self.grads = {i: g.to(self.device) for i, g in self.grads.items()}
         self._streams: dict[tuple, LayoutStream] = {}
+
+    @property
+    def whole(self) -> bool:
+        return self.units == (0, self.total_units)
 
     def gradients(self, row: int) -> torch.Tensor:
         """The gradient of every layout position at trace row `row` (fp32, a fresh tensor)."""
         buf = torch.zeros_like(self._buf) if self.valid is not None else torch.empty_like(self._buf)
-        for g, o, ln in zip(self.grads, self.offsets, self.lengths):
-            buf[o: o + ln].copy_(g[row], non_blocking=True)
+        for i, _, count, at in self.pieces:
+            buf[at: at + count].copy_(self.grads[i][row], non_blocking=True)
         return buf
 
     def per_tensor(self, unit_sums: torch.Tensor) -> torch.Tensor:
@@ -120,3 +146,10 @@ class LayoutStream:
                 self._cache.pop(min(self._cache))
             self._cache[step] = (k1[self.owner] ^ self.fold, k2[self.owner])
         return self._cache[step]
+
+
+def split_units(n_units: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous unit ranges, one per rank, in rank order: rank r holds units
+    floor(r U / N) .. floor((r + 1) U / N) - 1 (sizes differ by at most one; with more
+    ranks than units some ranges are empty)."""
+    return [(r * n_units // parts, (r + 1) * n_units // parts) for r in range(parts)]

@@ -34,9 +34,10 @@ from ..quant.config import STATE_IDS, StateConfig  # streams keyed as the optimi
 from ..runtime import Timer, resolve_device, torch_threads
 from ..theory import reset_period as theory_reset_period
 from ..trace.schema import Trace
+from . import merge
 from .layout import Layout
 from .recursions import Recursion, recursion_for
-from .stats import GradientStats, ModelStats, StateStats, UpdateStats, unit_sums
+from .stats import GradientStats, ModelStats, StateStats, UpdateStats, dimension_ms, fidelity, unit_sums
 
 
 
@@ -49,8 +50,7 @@ class ReplayOptions:
     snapshots: int = 32  # staleness / dimension snapshots over the replay
     keep_states: bool = False  # return the final stored states (tests)
     profile: bool = False  # synchronize around phases (CUDA) so the timings are exact
-    unit_configs: list | None = None  # the layout's unit from these configurations (default: configs);
-    # torchrun ranks pass every rank's, so their per-unit statistics line up (distributed.py)
+    split: object | None = None  # torchrun: this rank's share and the collectives (distributed.Split)
     reference_reset: bool = True  # the fp32 shadow follows each configuration's resets (False: never resets)
     models: bool = True  # evaluate the staleness model (staleness.py)
 
@@ -68,6 +68,23 @@ class ConfigReplay:
 
 
 @dataclass
+class ReplayPart:
+    """What one rank measured (merge.py puts the parts together): its unit range of the
+    layout, and the collected statistics of its configurations (host arrays only)."""
+
+    units: tuple[int, int]
+    configs: list[ConfigReplay]
+    nonfinite_units: np.ndarray | None  # None (and gradients None): a rank that replayed nothing
+    gradients: dict | None
+    wall_s: float
+    cpu_s: float
+    threads: int
+    timings_s: dict[str, float]
+    timings_synchronized: bool
+    final_states: dict | None = None  # keep_states: {config: {state: [per-tensor piece]}}
+
+
+@dataclass
 class Replay:
     """What `replay` returns: the statistics of every configuration against the fp32
     shadow, and how the replay ran (host-side; the tensors stay where stats.py says)."""
@@ -77,10 +94,10 @@ class Replay:
     layout: Layout
     n_steps: int
     device: str
-    wall_s: float  # wall time of the step loop
-    cpu_s: float  # CPU time of this process over the step loop
+    wall_s: float  # wall time of the step loop (the slowest rank's under torchrun)
+    cpu_s: float  # CPU time over the step loop (summed over torchrun's ranks)
     threads: int  # torch intra-op threads during the loop
-    timings_s: dict[str, float]  # wall seconds per phase: gather, shadow, one per configuration
+    timings_s: dict[str, float]  # wall seconds per phase: gather, shadow, one per configuration (slowest rank)
     timings_synchronized: bool  # whether each phase's time is exact (runtime.Timer.exact)
     nonfinite_units: np.ndarray  # NaN/Inf gradient elements per unit block, summed over steps
     configs: list[ConfigReplay]
@@ -138,29 +155,48 @@ SMALL_LAYOUT = 1 << 20  # elements: below it, one CPU thread is faster (runtime.
 
 
 def replay(trace: Trace, opts: ReplayOptions, progress: Callable[[int, int], None] | None = None) -> Replay:
-    """Run the replay; `progress(done, total)` after each step."""
-    device = resolve_device(opts.device)
-    small = device.type == "cpu" and trace.recorded_elements < SMALL_LAYOUT
-    with torch_threads(1 if small else None):  # small ops: one thread is fastest (runtime.py)
-        return _replay(trace, opts, device, progress)
-
-
-def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -> Replay:
+    """Run the replay; `progress(done, total)` after each step. With `opts.split` (torchrun,
+    distributed.py) this rank replays its share, and every rank returns the same merged
+    Replay (merge.py)."""
     if not opts.configs:
         raise QstateError("no configurations to replay")
+    device = resolve_device(opts.device)
     rec = recursion_for(trace.optimizer, trace.hparams)
     n_steps = min(trace.n_steps, opts.steps_limit or trace.n_steps)
-    blocks = [spec.dither_block for cfg in (opts.unit_configs or opts.configs) for spec in (cfg.m, cfg.v)
-              if spec.fmt.kind != "identity"]
+    unit = layout_unit(opts.configs)
+    split, part, mine, reduce_absmax = opts.split, None, list(opts.configs), None
+    if split is not None and split.mode == "elements":
+        part, reduce_absmax = (split.rank, split.size), split.max_
+    elif split is not None:
+        mine = mine[split.rank::split.size]
+    layout = Layout(trace, unit, device, part)
+    small = device.type == "cpu" and trace.recorded_elements < SMALL_LAYOUT
+    with torch_threads(1 if small else None):  # small ops: one thread is fastest (runtime.py)
+        here = _replay(trace, opts, mine, rec, layout, n_steps, reduce_absmax, progress) if mine else ReplayPart(
+            layout.units, [], None, None, 0.0, 0.0, torch.get_num_threads(), {}, True)
+    parts = [here] if split is None else split.all_gather(here)
+    whole = layout if layout.whole else Layout(trace, unit, device, upload=False)
+    return _assemble(trace, opts, rec, whole, n_steps, str(device), parts)
+
+
+def layout_unit(configs) -> int:
+    """The layout's unit: the largest block (quantization or dither) of any state."""
+    blocks = [spec.dither_block for cfg in configs for spec in (cfg.m, cfg.v) if spec.fmt.kind != "identity"]
     unit = max(blocks, default=128)
     if any(unit % b for b in blocks):
         raise QstateError(f"block sizes {sorted(set(blocks))} do not all divide {unit}: the replay needs "
                           f"power-of-two block sizes (32..2048)")
-    layout = Layout(trace, unit, device)
+    return unit
+
+
+def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout: Layout, n_steps: int,
+            reduce_absmax, progress) -> ReplayPart:
+    device = layout.device
+    unit = layout.unit
     sign = -1.0 if rec.hparams.get("maximize") else 1.0
     if sign < 0:
         rec.notes.append("maximize: gradients negated, as the optimizer does")
-    configs, shadows = _setup(trace, opts, rec, layout, n_steps)
+    configs, shadows = _setup(trace, opts, mine, rec, layout, n_steps, reduce_absmax)
     model_every = max(1, n_steps // MODEL_POINTS)  # the model costs about one encode + decode
     timer = Timer(device, sync=opts.profile)
     invalid = ~layout.valid if layout.valid is not None else None
@@ -188,10 +224,9 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
-    return Replay(
-        trace=trace, recursion=rec, layout=layout, n_steps=n_steps, device=str(device), wall_s=wall, cpu_s=cpu,
-        threads=torch.get_num_threads(), timings_s=timer.totals, timings_synchronized=timer.exact,
-        nonfinite_units=nonfinite.cpu().numpy(),
+    return ReplayPart(
+        units=layout.units, wall_s=wall, cpu_s=cpu, threads=torch.get_num_threads(), timings_s=timer.totals,
+        timings_synchronized=timer.exact, nonfinite_units=nonfinite.cpu().numpy(),
         configs=[ConfigReplay(c.cfg, c.period, c.period_reason, {s: c.stats[s].collect() for s in rec.states},
                               c.update.collect(), {s: m.collect() for s, m in c.models.items()}) for c in configs],
         gradients=grad_stats.collect(),
@@ -199,14 +234,48 @@ def _replay(trace: Trace, opts: ReplayOptions, device: torch.device, progress) -
         if opts.keep_states else None)
 
 
-def _setup(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout, n_steps: int):
+def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout, n_steps: int, device: str,
+              parts: list[ReplayPart]) -> Replay:
+    """The parts (in rank order = layout order) as one Replay of the whole layout (merge.py)."""
+    ran, seen = [], set()
+    for p in parts:  # gradients: one part per distinct unit range (the configuration split repeats them)
+        if p.gradients is not None and p.units not in seen:
+            seen.add(p.units)
+            ran.append(p)
+    configs = []
+    for cfg in opts.configs:
+        held = [c for p in parts for c in p.configs if c.cfg == cfg]
+        st = {s: merge.states([c.states[s] for c in held]) for s in rec.states}
+        for s in st.values():
+            s["dim_ms"] = dimension_ms(s, layout)
+        configs.append(ConfigReplay(cfg, held[0].period, held[0].period_reason, st,
+                                    fidelity(merge.update([c.update for c in held])),
+                                    {s: merge.models([c.models[s] for c in held]) for s in held[0].models}))
+    timings = {}
+    for p in parts:
+        for k, v in p.timings_s.items():
+            timings[k] = max(v, timings.get(k, 0.0))
+    final = None
+    if opts.keep_states:
+        final = {str(c): {s: merge.tensors([p.final_states[str(c)][s] for p in parts if str(c) in p.final_states])
+                          for s in rec.states} for c in opts.configs}
+    return Replay(
+        trace=trace, recursion=rec, layout=layout, n_steps=n_steps, device=device,
+        wall_s=max(p.wall_s for p in parts), cpu_s=sum(p.cpu_s for p in parts), threads=parts[0].threads,
+        timings_s=timings, timings_synchronized=all(p.timings_synchronized for p in parts),
+        nonfinite_units=np.concatenate([p.nonfinite_units for p in ran]), configs=configs,
+        gradients=merge.gradients([p.gradients for p in ran]), final_states=final)
+
+
+def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout: Layout, n_steps: int,
+           reduce_absmax):
     """One _ConfigReplay per configuration, one _Shadow per distinct reset period."""
     def zeros():
         return torch.zeros(layout.n, dtype=torch.float32, device=layout.device)
 
     snap_every = max(1, n_steps // max(1, opts.snapshots))
     configs, shadows = [], {}
-    for cfg in opts.configs:
+    for cfg in mine:
         period, why = reset_schedule(opts.reset, cfg, rec)
         key = period if opts.reference_reset else None
         shadows.setdefault(key, _Shadow(key, {s: zeros() for s in rec.states}))
@@ -214,10 +283,10 @@ def _setup(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout, n_
         for s in rec.states:
             spec = cfg.spec(s)
             stream = _stream(layout, spec, int(trace.seed), STATE_IDS[s])
-            qs[s] = QuantizedState(spec, (layout.n,), stream, device=layout.device)
+            qs[s] = QuantizedState(spec, (layout.n,), stream, device=layout.device, reduce_absmax=reduce_absmax)
             stats[s] = StateStats(layout, spec, n_steps, snap_every)
             clamp[s] = s == "v" and spec.rounding == "bred" and not spec.sqrt
-        models = {s: ModelStats(layout, cfg.spec(s), n_steps) for s in rec.states
+        models = {s: ModelStats(layout, cfg.spec(s), n_steps, reduce_absmax) for s in rec.states
                   if cfg.spec(s).fmt.kind != "identity"} if opts.models else {}
         configs.append(_ConfigReplay(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
                                      UpdateStats(layout, n_steps), clamp, models, key))
@@ -288,5 +357,9 @@ def _stream(layout: Layout, spec, seed: int, state_id: int):
 
 
 def _split(layout: Layout, x: torch.Tensor) -> list[torch.Tensor]:
-    return [x[o: o + ln].cpu() for o, ln in zip(layout.offsets, layout.lengths)]
+    """Per tensor, the recorded elements of it that the layout (part) holds."""
+    out = [x[:0].cpu()] * layout.n_tensors
+    for i, _, count, at in layout.pieces:
+        out[i] = x[at: at + count].cpu()
+    return out
 

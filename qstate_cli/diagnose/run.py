@@ -60,6 +60,8 @@ class DiagnoseOptions(Options):
                                 "model).")
     steps_limit: int | None = option(None, "Replay only the first N recorded steps.", type=int)
     device: str = option("auto", "auto (CUDA when present), cpu or cuda.")
+    split: str = option("elements", "Under torchrun: split the recorded elements across ranks (elements) or the "
+                                    "configurations (configs); docs/distributed.md.", parse=lambda v: _split_mode(v))
     profile: bool = option(False, "Print replay throughput (element-steps per second) per phase (always in meta).")
     skip_reset_check: bool = option(False, "Give the reset advice without replaying it (validate.py: by default "
                                            "each recommended period is replayed and kept only if it lowers the "
@@ -67,6 +69,13 @@ class DiagnoseOptions(Options):
     theory: bool = option(False, "Only the staleness model: predicted stall probabilities and reset periods.")
     format: list[str] = many("With --theory: float formats (default bf16, e4m3, e2m2).", "--format", "-f")
     beta2: float = option(0.999, "With --theory: the second-moment beta.")
+
+
+def _split_mode(value) -> str:
+    mode = str(value).strip().lower()
+    if mode not in distributed.MODES:
+        raise QstateError(f"--split {value}: choose elements or configs")
+    return mode
 
 
 def select_configs(configs=(), bits=(), rounding=(), block_size: int | None = None) -> list[StateConfig]:
@@ -127,7 +136,7 @@ def execute(opts: DiagnoseOptions, progress: Progress | None = None) -> Result:
 
     result, _ = replay_result(trace, configs, reset=opts.reset, steps_limit=opts.steps_limit, device=opts.device,
                               progress=advance, profile_phases=opts.profile,
-                              check_resets=not opts.skip_reset_check, log=progress.log)
+                              check_resets=not opts.skip_reset_check, log=progress.log, split=opts.split)
     return result
 
 
@@ -146,31 +155,29 @@ def diagnose(trace: Trace | str | Path, configs: list[StateConfig], reset="none"
 
 def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="none",
                   steps_limit: int | None = None, device: str = "auto", progress=None, keep_states: bool = False,
-                  profile_phases: bool = False, check_resets: bool = True, log=None) -> tuple[Result, Replay]:
-    """The replay (Replay) and its rows as a Result (kind "diagnose")."""
+                  profile_phases: bool = False, check_resets: bool = True, log=None,
+                  split: str = "elements") -> tuple[Result, Replay]:
+    """The replay (Replay) and its rows as a Result (kind "diagnose"). Under torchrun every
+    rank replays its share (`split`: elements or configs, distributed.py) and returns the
+    same Result; rank 0 writes it."""
     if not isinstance(trace, Trace):
         trace = load_trace(resolve_trace(trace))
     if steps_limit is not None and steps_limit < 1:
         raise QstateError(f"steps limit must be >= 1, got {steps_limit}")
-    ranks = 1
-    mine = list(configs)
-    if distributed.launched():  # torchrun: this rank's share of the configurations (distributed.py)
+    ranks, share = 1, None
+    if distributed.launched():  # torchrun: this rank's share (distributed.py)
         device = distributed.init(device)
-        ranks = torch.distributed.get_world_size()
-        mine = distributed.my_configs(mine, ranks, distributed.rank())
-    opts = ReplayOptions(mine, reset=reset, steps_limit=steps_limit, device=device, keep_states=keep_states,
-                         profile=profile_phases, unit_configs=list(configs))
+        share = distributed.split(split)
+        ranks = share.size
+    opts = ReplayOptions(list(configs), reset=reset, steps_limit=steps_limit, device=device, keep_states=keep_states,
+                         profile=profile_phases, split=share)
     t0 = time.perf_counter()
-    raw = replay(trace, opts, progress) if mine else None
-    if ranks > 1:
-        gathered = distributed.gather_replays(raw)
-        if distributed.rank() != 0:
-            return Result("diagnose", meta={"rank": distributed.rank(), "ranks": ranks}), raw
-        raw = distributed.merge(raw, gathered, configs)
+    raw = replay(trace, opts, progress)
     rows = build(raw)
     if check_resets:
         t_check = time.perf_counter()
-        check_reset_advice(trace, raw, rows["records"], steps_limit, device, log)
+        check_reset_advice(trace, raw, rows["records"], steps_limit, device, log,
+                           None if share is None else share.elements())
         meta_check_s = round(time.perf_counter() - t_check, 3)
     else:
         meta_check_s = None
@@ -185,7 +192,7 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         "quantized_everything": "every recorded tensor is quantized (the optimizers keep tensors under "
                                 "min_quant_numel=4096 in fp32)",
         "profile": profile(raw, time.perf_counter() - t0),
-        "ranks": ranks,  # > 1: configurations split across torchrun's ranks (distributed.py)
+        "ranks": ranks, "split": split if ranks > 1 else None,  # torchrun's ranks and what they split
         "reset_check_s": meta_check_s,
     }
     meta["gradient_checks"] = rows.pop("gradient_checks")
@@ -198,7 +205,8 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
     return Result("diagnose", records, meta, extras=rows, device=raw.device), raw
 
 
-def check_reset_advice(trace: Trace, raw: Replay, records: list[dict], steps_limit, device, log=None) -> None:
+def check_reset_advice(trace: Trace, raw: Replay, records: list[dict], steps_limit, device, log=None,
+                       split=None) -> None:
     """Replay every configuration's recommended reset period (validate.py) and rewrite its
     records' advice: kept where it lowers the update error against fp32, else no reset."""
     rec = raw.recursion
@@ -210,7 +218,7 @@ def check_reset_advice(trace: Trace, raw: Replay, records: list[dict], steps_lim
         if log is not None:
             log(f"checking the reset advice for {c.cfg} by replay")
         verdict = validate(trace, c.cfg, c.cfg.spec(slow), rec.betas[slow], advice, raw.n_steps, baseline,
-                           steps_limit, device)
+                           steps_limit, device, split)
         for r in rows:
             r.update(reset_period=verdict.period, reset_reason=verdict.reason,
                      reset_update_error=verdict.error_with, no_reset_update_error=verdict.error_without)

@@ -48,18 +48,25 @@ INF = float("inf")
 _SQRT2 = math.sqrt(2.0)
 
 
-def windows(spec: StateSpec, s: torch.Tensor, full: bool, binade_average: bool = False):
+def windows(spec: StateSpec, s: torch.Tensor, full: bool, binade_average: bool = False, reduce_absmax=None):
     """(down, up): distances in state units from the element's grid point (nearest to s)
     to the edges of its rounding cell (full=False: half-gaps, nearest rounding) or to its
     neighbours (full=True: whole gaps, stochastic rounding). inf: no neighbour that side;
     0 where the block's scale is 0 (everything reads back as 0: any update moves it).
     binade_average: a float format's gap is its binade average eps ln2 |x| (theory.py's
-    smoothing) rather than the ulp at x."""
+    smoothing) rather than the ulp at x. reduce_absmax: a tensor scale's absmax over pieces
+    of one tensor (quantizer.encode)."""
     fmt = spec.fmt
     y = s.clamp(min=0.0).sqrt() if spec.sqrt else s
-    if spec.has_scales:  # per block, or one scale for the tensor (tensor_scale)
-        yb = y.view(-1, spec.block) if spec.scaled else y.view(1, -1)
+    if spec.scaled:  # per block
+        yb = y.view(-1, spec.block)
         delta = (yb.abs().amax(1, keepdim=True) / fmt.top).expand_as(yb).reshape(-1)
+    elif spec.has_scales:  # one scale for the tensor (tensor_scale)
+        amax = y.abs().amax().reshape(1) if y.numel() else torch.zeros(1, dtype=y.dtype, device=y.device)
+        if reduce_absmax is not None:
+            amax = reduce_absmax(amax)
+        delta = (amax / fmt.top).expand_as(y)
+    if spec.has_scales:
         n = torch.where(delta > 0, y / torch.where(delta > 0, delta, 1.0), 0.0)
     else:
         delta, n = torch.ones_like(y), y
@@ -108,7 +115,8 @@ def _grid_gaps(fmt, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     raise ValueError(f"no grid for format kind {fmt.kind!r}")
 
 
-def predict(spec: StateSpec, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor, gaussian=None):
+def predict(spec: StateSpec, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor, gaussian=None,
+            reduce_absmax=None):
     """(empirical P(stall) per element, nominal mask, Gaussian P(stall) per element or None).
 
     x_hat, x_new: the stored state before the step and its fp32 value after (the replay's
@@ -120,7 +128,7 @@ def predict(spec: StateSpec, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.
         zero = torch.zeros_like(s)
         return zero, nominal, (zero if gaussian is not None else None)
     sr = spec.rounding == "stochastic"
-    down, up = windows(spec, x_hat, full=sr, binade_average=True)
+    down, up = windows(spec, x_hat, full=sr, binade_average=True, reduce_absmax=reduce_absmax)
     if sr:
         p = (1.0 - d.abs() / torch.where(d > 0, up, down)).clamp(min=0.0)
     else:
@@ -128,7 +136,7 @@ def predict(spec: StateSpec, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.
     emp = torch.where(nominal, p, 0.0)
     if gaussian is None:
         return emp, nominal, None
-    down, up = windows(spec, s, full=sr)
+    down, up = windows(spec, s, full=sr, reduce_absmax=reduce_absmax)
     kind, beta, arg = gaussian
     g = gaussian_v(sr, beta, arg, s, down, up) if kind == "v" else gaussian_m(sr, beta, s, arg, down, up)
     return emp, nominal, g

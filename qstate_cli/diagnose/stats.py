@@ -62,9 +62,8 @@ class StateStats:
         self.code_mode = _code_mode(spec)
         self.n_codes = {"code": 2 ** spec.fmt.bits, "binade": 2 ** spec.fmt.exp_bits}.get(self.code_mode, 0)
         self.codes = torch.zeros(N_CODE_CLASSES * max(self.n_codes, 1), dtype=torch.int64, device=dev)
-        self.dims = [2 ** k for k in range(int(math.log2(max(1, layout.n // 4))) + 1)]
-        self.dim_ms = torch.zeros(len(self.dims), dtype=torch.float64, device=dev)
-        self.n_snapshots = 0
+        self.dims = [2 ** k for k in range(int(math.log2(max(1, layout.total_n // 4))) + 1)]
+        self.snap_x2, self.snap_small, self.snap_units = [], [], []  # per snapshot (_snapshot)
         self._ones = torch.ones(layout.n, dtype=torch.int64, device=dev)
 
     def observe(self, i: int, x: torch.Tensor, prev: torch.Tensor, new: torch.Tensor,
@@ -111,14 +110,20 @@ class StateStats:
         if lay.valid is not None:
             stale = torch.where(lay.valid, stale, 0)
         self.staleness.scatter_add_(0, stale.clamp_(max=self.staleness.numel() - 1), self._ones)
-        n_el = torch.tensor(lay.lengths, dtype=torch.float64, device=err.device)
-        rms = (lay.per_tensor(shadow_x2_units.double()) / n_el).sqrt()[lay.unit_tensor]
-        rms = torch.where(rms > 0, rms, 1.0)
-        e = (err.view(-1, lay.unit).double() / rms[:, None]).reshape(-1)
-        for j, _ in enumerate(self.dims):  # chunk sums of d = 1, 2, 4, ...: pairwise from the last
-            self.dim_ms[j] += (e * e).mean()
-            e = e[: e.numel() // 2 * 2].view(-1, 2).sum(1)
-        self.n_snapshots += 1
+        # the dimension statistic, in parts that add up across ranks (dimension_ms finishes it):
+        # per tensor, sum of s^2 and of the squared chunk sums of d < unit raw errors (chunks
+        # inside one unit); per unit, the raw error sum (chunks of d >= unit cross units)
+        self.snap_x2.append(lay.per_tensor(shadow_x2_units.double()))
+        e = err.double().view(-1, lay.unit)
+        small = []
+        for d in self.dims:
+            if d >= lay.unit:
+                break
+            small.append(lay.per_tensor((e * e).sum(1)))
+            e = e.view(e.shape[0], e.shape[1] // 2, 2).sum(2)  # pairwise, as the whole layout's chunks pair up
+        self.snap_small.append(torch.stack(small) if small else torch.zeros(0, lay.n_tensors, dtype=torch.float64,
+                                                                             device=err.device))
+        self.snap_units.append(e.sum(1))
 
     def collect(self) -> dict:
         """Host-side numbers: per-step arrays, staleness histogram, per-code and per-unit sums."""
@@ -130,7 +135,35 @@ class StateStats:
                 "staleness_counts": stale,
                 "codes": self.codes.cpu().numpy().reshape(-1, N_CODE_CLASSES) if self.n_codes else None,
                 "code_mode": self.code_mode, "units": self.units.cpu().numpy(),
-                "dims": list(self.dims), "dim_ms": (self.dim_ms / max(1, self.n_snapshots)).cpu().numpy()}
+                "dims": list(self.dims), "dim_x2": _stack(self.snap_x2), "dim_small": _stack(self.snap_small),
+                "dim_units": _stack(self.snap_units)}
+
+
+def _stack(parts: list) -> np.ndarray:
+    return torch.stack(parts).cpu().numpy() if parts else np.zeros((0, 0))
+
+
+def dimension_ms(st: dict, layout: Layout) -> np.ndarray:
+    """Mean over snapshots of the mean squared chunk sum of d errors, each error over its
+    tensor's shadow RMS, at every d of st["dims"] (module docstring), from StateStats'
+    parts of the whole layout (summed or, per unit, concatenated across ranks)."""
+    dims, snaps = st["dims"], st["dim_x2"].shape[0]
+    out = np.zeros(len(dims))
+    if snaps == 0:
+        return out
+    n_el = np.asarray(layout.lengths, dtype=np.float64)
+    owner = layout.unit_tensor.cpu().numpy()
+    for k in range(snaps):
+        rms = np.sqrt(st["dim_x2"][k] / n_el)
+        rms = np.where(rms > 0, rms, 1.0)
+        small = st["dim_small"][k]  # [levels d < unit, tensors]
+        for j, row in enumerate(small):
+            out[j] += float((row / (rms * rms)).sum()) / (layout.total_n // dims[j])
+        e = st["dim_units"][k] / rms[owner]
+        for j in range(len(small), len(dims)):  # d >= unit: chunk sums across units, pairwise from the last
+            out[j] += float((e * e).mean())
+            e = e[: e.size // 2 * 2].reshape(-1, 2).sum(1)
+    return out / snaps
 
 
 def stored_code(storage: torch.Tensor, spec: StateSpec, numel: int) -> torch.Tensor:
@@ -167,11 +200,17 @@ class UpdateStats:
         self.series[:, i] = s.sum(1, dtype=torch.float64)
 
     def collect(self) -> dict:
-        ser = self.series.cpu().numpy()
-        with np.errstate(divide="ignore", invalid="ignore"):
-            cos = ser[0] / np.sqrt(ser[1] * ser[3])
-            rel = np.sqrt(ser[2] / ser[3])
-        return {"cosine": cos, "rel_error": rel, "units": self.units.cpu().numpy()}
+        """Per-step sums (add up across ranks) and per-unit sums; `fidelity` finishes them."""
+        return {"sums": self.series.cpu().numpy(), "units": self.units.cpu().numpy()}
+
+
+def fidelity(update: dict) -> dict:
+    """UpdateStats' sums -> per-step cosine and relative error of the update direction."""
+    ser = update["sums"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cos = ser[0] / np.sqrt(ser[1] * ser[3])
+        rel = np.sqrt(ser[2] / ser[3])
+    return {**update, "cosine": cos, "rel_error": rel}
 
 
 class ModelStats:
@@ -180,15 +219,15 @@ class ModelStats:
     update, and their count. The Gaussian row stays NaN where no Gaussian model
     applies (optimizers other than Adam; float formats of v use theory.py's curve)."""
 
-    def __init__(self, layout: Layout, spec: StateSpec, n_steps: int):
-        self.spec = spec
+    def __init__(self, layout: Layout, spec: StateSpec, n_steps: int, reduce_absmax=None):
+        self.spec, self.reduce_absmax = spec, reduce_absmax
         self.series = torch.full((3, n_steps), float("nan"), dtype=torch.float64, device=layout.device)
         self.valid = layout.valid
 
     def observe(self, i: int, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor, gaussian) -> None:
         from .staleness import predict
 
-        emp, nominal, gauss = predict(self.spec, x_hat, x_new, s, gaussian)
+        emp, nominal, gauss = predict(self.spec, x_hat, x_new, s, gaussian, self.reduce_absmax)
         if self.valid is not None:
             nominal = nominal & self.valid
             emp = torch.where(self.valid, emp, 0.0)

@@ -24,7 +24,9 @@ encode(x):                                   (all fp32; `/` and sqrt correctly r
   6. q is clamped to the code range
   Peer recipes (config.py): `tensor` takes one absmax over the whole tensor instead of
   one per block, with Transformer Engine's arithmetic: n = x * (1 / (absmax / top)),
-  read back times 1 / (1 / (absmax / top)) (steps 4-6 unchanged); `sfp16` / `softsign` (FlashOptim) replace steps
+  read back times 1 / (1 / (absmax / top)) (steps 4-6 unchanged; `reduce_absmax`, when
+  x is one piece of the tensor, turns the piece's absmax into the tensor's: an all-reduce
+  MAX across torchrun ranks, diagnose/distributed.py); `sfp16` / `softsign` (FlashOptim) replace steps
   3-4 on a linear format by: absmax = max(absmax, 1e-12), r = x / absmax per element,
   softsign r <- 2r / (1 + |r|), q = floor(r * top + d + 1/2), scale stored as fp16(absmax)
   (nearest); read back t = (q - d) / top, softsign t <- t / (2 - |t|), x_hat = t * scale.
@@ -160,7 +162,7 @@ def _uniform_blocks(stream: Stream, step: int, nblocks: int, block: int, device)
     return qhash.uniform(stream.keys(step), counter)
 
 
-def encode(x: torch.Tensor, spec: StateSpec, step: int, stream: Stream = Stream()):
+def encode(x: torch.Tensor, spec: StateSpec, step: int, stream: Stream = Stream(), reduce_absmax=None):
     """Quantize x (any shape) -> (storage, scales or None). See module docstring."""
     fmt = spec.fmt
     x = x.detach().reshape(-1).to(torch.float32)
@@ -181,7 +183,9 @@ def encode(x: torch.Tensor, spec: StateSpec, step: int, stream: Stream = Stream(
         absmax = _block_scale(xb, spec)
         n = normalize(xb, absmax, spec.fmt.top)
     elif spec.tensor_scale:
-        absmax = x.abs().amax().reshape(1)
+        absmax = x.abs().amax().reshape(1) if numel else torch.zeros(1, device=x.device)
+        if reduce_absmax is not None:
+            absmax = reduce_absmax(absmax)
         n = xb * _tensor_inverse_scale(absmax, spec.fmt.top)
     else:
         n = xb

@@ -20,8 +20,11 @@ from .quantizer import Stream, decode, encode
 
 
 class QuantizedState:
-    def __init__(self, spec: StateSpec, shape, stream: Stream = Stream(), device=None):
+    reduce_absmax = None  # a tensor scale over pieces of one tensor (quantizer.encode; diagnose under torchrun)
+
+    def __init__(self, spec: StateSpec, shape, stream: Stream = Stream(), device=None, reduce_absmax=None):
         self.spec = spec
+        self.reduce_absmax = reduce_absmax
         self.shape = torch.Size(shape)
         self.stream = stream
         self.codes, self.scales = _empty_storage(spec, self.shape.numel(), device)
@@ -32,7 +35,7 @@ class QuantizedState:
         """Store x (fp32 math) as written at optimizer step `step` (>= 1)."""
         if x.shape != self.shape and x.numel() != self.numel:
             raise ValueError(f"state of shape {tuple(self.shape)} cannot store {tuple(x.shape)}")
-        self.codes, self.scales = encode(x, self.spec, step, self.stream)
+        self.codes, self.scales = encode(x, self.spec, step, self.stream, self.reduce_absmax)
         self.written = int(step)
 
     def decode(self) -> torch.Tensor:
