@@ -345,13 +345,10 @@ def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
         pos = d > 0
         f = tl.where(pos, 1.0 - d, -d)
         if KIND == NOZERO:
-            # table_interp with lo = (kc + 1) / NT, hi - lo = 1 / NT: NT * value =
-            # rn(kc + 1 + rn(f + k - kc)), k = q - [d > 0], kc = clamp(k, 0, NT - 2). Below the
-            # clamp (q = 0, d > 0) rn(1 + (f - 1)) = f = rn(k + 1 + f) exactly; above it
-            # (q = NT - 1, d <= 0) the sum is rn(NT - 1 + rn(1 + f)): one select per element.
-            top = (q == NT - 1) & (pos == 0)[:, None]
-            a = tl.where(top, NT - 1.0, code_to_float(q, BITS, False) + tl.where(pos, 0.0, 1.0)[:, None])
-            val = (a + tl.where(top, (1.0 + f)[:, None], f[:, None])) * (1.0 / NT)
+            # formats.interp of a no-zero linear map: rn((k + 1) + f) / NT, k + 1 = q + [d <= 0]
+            # an exact integer: as_float(2**23 | q) - (2**23 - [d <= 0]), both exact
+            a = (q | INT_BASE_BITS).to(tl.float32, bitcast=True) - tl.where(pos, INT_BASE, INT_BASE - 1.0)[:, None]
+            val = (a + f[:, None]) * (1.0 / NT)
         else:
             val = table_interp(table_ptr, tl.where(pos[:, None], q - 1, q), f[:, None], NT)
     elif KIND == NOZERO:

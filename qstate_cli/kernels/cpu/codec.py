@@ -229,12 +229,17 @@ def decode_block(codes, scale, lay, lim, table, b, start, cnt, k1, k2, q, out):
         f0 = ONE - d if pos else -d
         shift = np.int32(1) if pos else np.int32(0)
         top = np.int32(lay[NT] - 2)
-        for j in range(cnt):
-            k = q[j] - shift
-            kc = min(max(k, np.int32(0)), top)
-            f = f0 + np.float32(k - kc)
-            lo = table[kc]
-            out[j] = (lo + f * (table[kc + 1] - lo)) * delta
+        if lay[UNIT]:  # a no-zero linear map, one line: rn((k + 1) + f) / UNIT (formats.interp)
+            inv_unit = ONE / np.float32(lay[UNIT])
+            for j in range(cnt):
+                out[j] = ((np.float32(q[j] - shift + 1) + f0) * inv_unit) * delta
+        else:
+            for j in range(cnt):
+                k = q[j] - shift
+                kc = min(max(k, np.int32(0)), top)
+                f = f0 + np.float32(k - kc)
+                lo = table[kc]
+                out[j] = (lo + f * (table[kc + 1] - lo)) * delta
     else:
         for j in range(cnt):
             out[j] = table[q[j]] * delta
