@@ -28,6 +28,13 @@ direction of the quantized configuration and of the fp32 shadow, per step.
 Everything is reduced per `unit` block first (one pass per quantity), then to per-step
 scalars and per-unit sums over time (per-tensor statistics); all of it stays on the
 device until `collect()`, so the CUDA replay never waits on the host.
+
+`collect()` returns parts that add up across torchrun's ranks (merge.py): per-step sums,
+histograms, per-unit arrays. What is not a sum is finished once on the whole: the update
+cosine and relative error (`fidelity`) and the dimension statistic (`dimension_ms`),
+which a snapshot keeps as per-tensor sums of s^2 and of squared chunk sums of the raw
+errors for d < unit, and per-unit raw error sums for d >= unit (those chunks span units,
+and ranks); the per-tensor shadow RMS divides them afterwards.
 """
 from __future__ import annotations
 
