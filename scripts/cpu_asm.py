@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from collections import Counter
 
 import torch
@@ -37,11 +38,13 @@ def main(presets: list[str]) -> None:
         p = torch.nn.Parameter(torch.randn(3000))
         p.grad = torch.randn(3000)
         opt = AdamW([p], states=preset, backend="cpu", min_quant_numel=0)
+        t = time.perf_counter()
         opt.step()
+        print(f"{preset}: first step {time.perf_counter() - t:.1f} s (compile, or load from the disk cache)")
         for key, kernel in built.items():
             for asm in kernel.inspect_asm().values():
                 counts = Counter(re.findall(r"^\s+(v\w+)\s", asm, re.M))
-                print(preset, key, " ".join(f"{op} {counts[op]}" for op in OPS))
+                print(f"  {key}:", " ".join(f"{op} {counts[op]}" for op in OPS))
         built.clear()
 
 
