@@ -8,12 +8,17 @@
 The same spec as the Triton kernels (quant/, optim/rules.py), bit for bit, for the same
 formats (launch.why_not_covered) on fp32 and bf16 parameters and gradients. One pass per
 quantization block (decode -> update -> absmax -> encode in an L1-resident row), parallel
-over chunks of blocks on numba's threads (NUMBA_NUM_THREADS, default: every core).
+over contiguous block ranges on torch.get_num_threads() threads (host.run_blocks).
 
-numba is optional (`pip install 'qstate-cli[cpu]'`) and imported on first use only: this
-package's __init__ and host.py never import it. Compiled code is cached on disk
-(`cache=True`, in __pycache__ next to the sources or NUMBA_CACHE_DIR), so only the first
-call of a process tree on a machine pays the compile (docs/cpu.md states the cost).
+Each kernel is compiled per state layout (`kernel_for(lay..., block)`: format kind, bits,
+signedness, rounding, sqrt, scale dtype, code-book shape and block size are constants of
+the compiled code, as the Triton kernels' tl.constexpr), so its per-block loops are
+branch-free and packed (AVX2). numba is optional (`pip install 'qstate-cli[cpu]'`) and
+imported on first use only: this package's __init__ and host.py never import it. Compiled
+code is cached on disk (`cache=True`, in __pycache__ next to the sources or
+NUMBA_CACHE_DIR; numba caches these closures too, keyed by their constants), so only the
+first call with a new layout and dtype on a machine pays the compile (docs/cpu.md states
+the cost).
 """
 from __future__ import annotations
 
