@@ -411,9 +411,9 @@ def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
         if ROUND == NEAREST:  # ties up: q = floor(t + 1/2) - 1 (rn(t + 1/2) crosses no integer)
             q = (t + 0.5).to(tl.int32) - 1
         else:
-            fl = tl.floor(t)
-            frac = t - fl  # exact
-            q = fl.to(tl.int32) - 1
+            fl = t.to(tl.int32)  # (tl.floor would flush subnormals: cvt.rmi.ftz)
+            frac = t - fl.to(tl.float32)  # exact
+            q = fl - 1
             if ROUND == STOCHASTIC:
                 u = one_plus_uniform16(row0, k1, k2, B, BP, ROWS, C0) - 1.0
                 q = q + (u < frac).to(tl.int32)
