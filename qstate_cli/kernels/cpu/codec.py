@@ -35,10 +35,18 @@ contiguous (slices would do the same but cost two atomic reference counts each p
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
+
+from . import numba_cache_dir
+
+# Every kernel module imports this one before it compiles anything: point numba's disk
+# cache at a folder per source version (package docstring: an inlined helper's change
+# does not invalidate its callers' cached code).
+numba.config.CACHE_DIR = str(numba_cache_dir())
 
 # lay columns
 KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT = range(8)
