@@ -13,14 +13,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.qstate-installed
 CPU_TORCH := torch==2.13.0
+JOBS ?= auto
 
 .PHONY: quick test venv clean-venv
 
 quick: $(READY)
 	$(PY) -m qstate_cli run suites/quick.yaml
 
+# The tests on JOBS workers (pytest-xdist; a file stays on one worker), then the few real
+# timing verdicts (marker `serial`) alone, since a shared CPU makes them skip as noisy.
 test: $(READY)
-	$(PY) -m pytest -q --durations=20
+	$(PY) -m pytest -q -n $(JOBS) --dist loadfile -m "not serial" --durations=20
+	$(PY) -m pytest -q -m serial
 
 venv: $(READY)
 

@@ -15,6 +15,8 @@ One definition of each, used by every engine (bench, diagnose, train, trace):
     Timer(device, sync)
         wall seconds per named phase, summed over calls; sync=True on CUDA synchronizes
         around each phase so a phase is charged for the GPU work it queued
+    cache_dir()
+        qstate's cache folder: $QSTATE_CACHE, else $XDG_CACHE_HOME/qstate, else ~/.cache/qstate
 
 The benchmark clock (repetitions, CUDA events, L2 flush) is bench/timing.py: a timer of
 phases and a measurement of a step's time are different things.
@@ -22,8 +24,10 @@ phases and a measurement of a step's time are different things.
 from __future__ import annotations
 
 import gc
+import os
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -115,3 +119,11 @@ class Timer:
             if self.sync:
                 torch.cuda.synchronize(self.device)
             self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0
+
+
+def cache_dir() -> Path:
+    """qstate's cache folder (demo and corpus traces, compiled CPU kernels): $QSTATE_CACHE,
+    else $XDG_CACHE_HOME/qstate, else ~/.cache/qstate."""
+    if os.environ.get("QSTATE_CACHE"):
+        return Path(os.environ["QSTATE_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qstate"

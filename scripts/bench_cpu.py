@@ -1,8 +1,10 @@
 """Benchmark (not a test): one AdamW step on one fp32 tensor on the CPU, qstate's fused CPU
 path against torch fused AdamW, torchao AdamW4bit and bitsandbytes AdamW8bit in the same
-run; median wall time of `--reps` steps after two warm-up steps (the first compiles).
+run; minimum and median wall time of `--reps` steps after two warm-up steps (the first
+compiles). The subjects step in turn (one step each per round), so load from other
+processes falls on all of them alike; ratios use the minimums (the least disturbed step).
 
-    python scripts/bench_cpu.py [--numel 4194304] [--reps 10]
+    python scripts/bench_cpu.py [--numel 4194304] [--reps 10] [--presets a,b] [--no-peers]
 
 Prints ms/step and the ratio to torch fused AdamW; peers that do not import are skipped
 with the reason. The machine may be shared: the load average is printed with the numbers.
@@ -19,21 +21,18 @@ import torch
 from qstate_cli.optim import AdamW
 
 
-def median_ms(opt, reps: int) -> float:
+def timed_step(opt) -> float:
+    t = time.perf_counter()
     opt.step()
-    opt.step()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        opt.step()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    return (time.perf_counter() - t) * 1e3
 
 
-def subjects():
+def subjects(presets, peers: bool):
     yield "torch AdamW fused (fp32 states)", lambda ps: torch.optim.AdamW(ps, fused=True), "torch-fused"
-    for preset in ("nearest-4bit", "sr-4bit", "bred-4bit", "torchao-4bit", "bnb-8bit"):
+    for preset in presets:
         yield f"qstate {preset}", (lambda pr: lambda ps: AdamW(ps, states=pr, backend="cpu"))(preset), None
+    if not peers:
+        return
     yield "torchao AdamW4bit (compiled)", lambda ps: __import__("torchao.optim").optim.AdamW4bit(ps), "torchao"
     yield "bitsandbytes AdamW8bit", lambda ps: __import__("bitsandbytes").optim.AdamW8bit(ps), "bnb"
 
@@ -42,22 +41,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--numel", type=int, default=4194304)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--presets", default="nearest-4bit,sr-4bit,bred-4bit,torchao-4bit,bnb-8bit")
+    ap.add_argument("--no-peers", action="store_true", help="skip torchao and bitsandbytes")
     args = ap.parse_args()
     print(f"numel {args.numel}, fp32, torch threads {torch.get_num_threads()}, load average before {os.getloadavg()}")
-    base = None
-    print(f"{'optimizer':34s} {'path':12s} {'ms/step':>9s} {'x torch fused':>14s}")
-    for name, build, path in subjects():
+    runs = []  # (name, path, optimizer, times); warm-up (the first step compiles) before any timing
+    for name, build, path in subjects(args.presets.split(","), not args.no_peers):
         p = torch.nn.Parameter(torch.randn(args.numel))
         p.grad = torch.randn(args.numel)
         try:
             opt = build([p])
             path = path or opt.path_for(p)
-            ms = median_ms(opt, args.reps)
+            opt.step()
+            opt.step()
         except Exception as exc:  # noqa: BLE001 - a peer that cannot run here is skipped, with why
             print(f"{name:34s} skipped: {type(exc).__name__}: {str(exc)[:80]}")
             continue
-        base = base or ms
-        print(f"{name:34s} {path:12s} {ms:9.1f} {ms / base:14.1f}")
+        runs.append((name, path, opt, []))
+    for _ in range(args.reps):  # interleaved: every subject sees the same moments of a shared machine
+        for _, _, opt, times in runs:
+            times.append(timed_step(opt))
+    print(f"{'optimizer':34s} {'path':12s} {'min ms':>8s} {'median':>8s} {'x torch fused (min)':>20s}")
+    base = min(runs[0][3])
+    for name, path, _, times in runs:
+        print(f"{name:34s} {path:12s} {min(times):8.1f} {statistics.median(times):8.1f} {min(times) / base:20.2f}")
     print(f"load average after {os.getloadavg()}")
 
 

@@ -5,7 +5,14 @@ import os
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist the workers share the cores: each gets its share of threads.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # xdist's workers get COLUMNS=80 / LINES=24; a plain run has neither, and the CLI's
+    # tables are then 160 wide when piped (cli/output.py), which the tests read.
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 if not torch.cuda.is_available():
     # The kernels run in Triton's interpreter on CPU tensors. Triton reads this when a

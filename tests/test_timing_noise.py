@@ -180,6 +180,7 @@ def quiet_and_loaded():
     return quiet, loaded
 
 
+@pytest.mark.serial  # a verdict needs the CPU to itself (Makefile: run after the parallel part)
 def test_same_commit_under_load_is_never_regressed_or_improved(quiet_and_loaded):
     quiet, loaded = quiet_and_loaded
     for row in quiet["records"][1:] + loaded["records"][1:]:
@@ -194,6 +195,7 @@ def test_same_commit_under_load_is_never_regressed_or_improved(quiet_and_loaded)
         assert {r["status"] for r in v.records} == {"noisy"}  # the loaded run makes every row noisy
 
 
+@pytest.mark.serial
 def test_a_planted_slowdown_is_regressed_with_exit_1(quiet_and_loaded, tmp_path):
     quiet, _ = quiet_and_loaded
     if quiet["meta"]["cpu_share"] < NOISY_CPU_SHARE:
@@ -211,6 +213,7 @@ def test_a_planted_slowdown_is_regressed_with_exit_1(quiet_and_loaded, tmp_path)
     assert same.returncode == 0 and "no regression (1 same)" in same.stdout
 
 
+@pytest.mark.serial
 def test_ab_passes_a_tie_and_catches_a_slowdown():
     args = ["-n", "262144", "--backend", "reference", "--threads", "1", "--rep-ms", "200"]
     tie = subprocess.run([sys.executable, "-m", "qstate_cli", "compare", "--ab", "nearest-4bit", "nearest-4bit", *args],

@@ -46,9 +46,9 @@ def _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table
                 FRESH_M: tl.constexpr, FRESH_V: tl.constexpr,
                 B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, C0: tl.constexpr):
     """Columns C0 .. C0 + W - 1 of every block row of the tile: load, decode, update, store
-    the parameter. Returns (m, v in its stored domain, where the gradient was not finite)."""
+    the parameter. Returns (m, v in its stored domain, the gradient as loaded)."""
     p = c.load_values(p_ptr, rem, P_KIND, B, W, ROWS, MASKED, C0)
-    g, bad = c.load_grad(g_ptr, rem, G_KIND, B, W, ROWS, MASKED, C0)
+    g, g_raw = c.load_grad(g_ptr, rem, G_KIND, B, W, ROWS, MASKED, C0)
     if L2:  # Adam: coupled weight decay
         g = g + p * l2_wd
     m_hat = c.decode_state(mc_ptr, ms_ptr, table_m_ptr, rem, row0, wm1, wm2, M_KIND, M_BITS, M_SIGNED, M_TOP,
@@ -63,12 +63,12 @@ def _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table
     p = p * decay - tl.math.div_rn(m, sqrt_v * inv_bc2_sqrt + eps) * step_size
     c.store_values(p_ptr, p, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, C0)
     if V_SQRT:
-        return m, sqrt_v, bad
-    return m, v, bad
+        return m, sqrt_v, g_raw
+    return m, v, g_raw
 
 
 @triton.jit
-def _adamw_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+def _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
                 rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
                 decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
                 P_KIND: tl.constexpr, G_KIND: tl.constexpr, L2: tl.constexpr, INTERPRET: tl.constexpr,
@@ -82,31 +82,32 @@ def _adamw_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table
     """One tile of ROWS blocks, held as PARTS parts of BP / PARTS columns (each thread holds
     the same block row in every part, so its per-row work, the block scales, the BReD
     hashes and divisions, is done once for all of them). (wm*, wv*) are the keys of the
-    step m and v were written at, (km*, kv*) those of this step. Returns where the
-    gradient was not finite (int32 0/1, [ROWS, BP / PARTS], summed over the parts)."""
+    step m and v were written at, (km*, kv*) those of this step. Returns `seen` updated
+    with the tile's gradient (common.track_nonfinite)."""
     W: tl.constexpr = BP // PARTS
-    m0, v0, bad = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+    m0, v0, g0 = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
                               rem, row0, wm1, wm2, wv1, wv2,
                               decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
                               P_KIND, G_KIND, L2, INTERPRET,
                               M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
                               V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
                               FRESH_M, FRESH_V, B, W, ROWS, MASKED, 0)
+    seen = c.track_nonfinite(seen, g0)
     m1, v1 = m0, v0
     if PARTS == 2:
-        m1, v1, bad1 = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+        m1, v1, g1 = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
                                    rem, row0, wm1, wm2, wv1, wv2,
                                    decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
                                    P_KIND, G_KIND, L2, INTERPRET,
                                    M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
                                    V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
                                    FRESH_M, FRESH_V, B, W, ROWS, MASKED, W)
-        bad += bad1
+        seen = c.track_nonfinite(seen, g1)
     c.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED, M_TOP,
                    M_NT, M_ROUND, M_SQRT, M_SBF16, False, B, W, ROWS, MASKED, PARTS)
     c.encode_parts(v0, v1, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
                    V_NT, V_ROUND, V_SQRT, V_SBF16, True, B, W, ROWS, MASKED, PARTS)
-    return bad
+    return seen
 
 
 @triton.jit(do_not_specialize=["step", "written_m", "written_v"])
@@ -142,14 +143,14 @@ def _adamw_kernel(
     ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
     vc_base = c.codes_ptr_at(tl.load(meta + c.V_CODES), ALIGNED)
     vs_base = c.scales_ptr_at(tl.load(meta + c.V_SCALES), V_SBF16)
-    bad = tl.zeros([ROWS, BP // PARTS], tl.int32)
+    seen = tl.zeros([ROWS, BP // PARTS], tl.float32)
     for i in range(0, ntiles):
         row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
         p_ptr, g_ptr = p_base + base, g_base + base
         mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
         vc_ptr, vs_ptr = vc_base + base * V_BITS // 8, vs_base + row0
         if full:  # every element of the tile exists: no masks
-            bad += _adamw_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+            seen = _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
                                rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
                                decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
                                P_KIND, G_KIND, L2, INTERPRET,
@@ -157,14 +158,14 @@ def _adamw_kernel(
                                V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
                                FRESH_M, FRESH_V, B, BP, ROWS, False, PARTS)
         else:
-            bad += _adamw_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+            seen = _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
                                rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
                                decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
                                P_KIND, G_KIND, L2, INTERPRET,
                                M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
                                V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
                                FRESH_M, FRESH_V, B, BP, ROWS, True, PARTS)
-    c.count_nonfinite(meta, bad)
+    c.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 
 def adamw_step(batch: Batch, scalars, m: StateLayout, v: StateLayout, *, p_kind: int, g_kind: int,

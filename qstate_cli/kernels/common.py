@@ -4,7 +4,8 @@ Each helper reproduces one piece of the spec (qstate_cli/quant, optim/rules.py) 
 
     hash32, step_keys, uniform      quant/hash.py: lowbias32; per-step keys k1, k2 of a stream
                                     key (computed on the host: launch.stream_key);
-                                    u = (bits >> 8) * 2**-24
+                                    u = (bits >> 8) * 2**-24 (per block)
+    one_plus_uniform16              1 + hash.uniform16 (per element, one hash per pair)
     decode_state                    quant/quantizer.decode (+ packing.unpack)
     encode_state                    quant/quantizer.encode (+ packing.pack)
     load_values / store_values      torch's exact casts fp32 <-> bf16/fp16
@@ -72,6 +73,20 @@ def uniform(counter, k1, k2):
     return (bits >> 8).to(tl.float32) * 5.9604644775390625e-08
 
 
+@triton.jit
+def one_plus_uniform16(row0, k1, k2, B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, C0: tl.constexpr = 0):
+    """1 + u for every element of a [ROWS, W] tile part (tile()), u = quant/hash.uniform16 of
+    its flat index i: one hash per pair (i even, i + 1), 16 bits each, put into the mantissa
+    of 1.0 (exact; the caller subtracts 1 or 3/2 instead of converting)."""
+    r = tl.arange(0, ROWS)
+    c = tl.arange(0, W // 2) + C0 // 2
+    pair = (row0 * (B // 2)).to(tl.uint32) + (r[:, None] * (B // 2) + c[None, :]).to(tl.uint32)
+    bits = hash32(hash32(pair ^ k1) ^ k2)
+    lo = ((bits << 7) & 0x7FFF80) | 0x3F800000  # even i: bits 0..15
+    hi = ((bits >> 9) & 0x7FFF80) | 0x3F800000  # odd i: bits 16..31
+    return tl.reshape(tl.join(lo, hi), [ROWS, W]).to(tl.float32, bitcast=True)
+
+
 # ---- addresses and program geometry --------------------------------------------------------------
 @triton.jit
 def value_ptr(addr, KIND: tl.constexpr, ALIGNED: tl.constexpr):
@@ -127,10 +142,26 @@ def tile_origin(numel, tile, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constex
 
 
 @triton.jit
-def count_nonfinite(meta, bad):
-    """Add the program's count of NaN/Inf gradient elements to the tensor's int64 counter."""
-    n = tl.sum(tl.sum(bad, axis=1), axis=0)
-    tl.atomic_add(tl.load(meta + NONFINITE).to(tl.pointer_type(tl.int64)), n.to(tl.int64), mask=n > 0)
+def track_nonfinite(seen, g):
+    """max(seen, |g|), NaN-propagating: one instruction per element (FMNMX.NAN), and
+    non-finite (count_nonfinite) iff some gradient element was NaN or Inf."""
+    return tl.maximum(seen, tl.abs(g), propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, KIND: tl.constexpr, B: tl.constexpr,
+                    BP: tl.constexpr, ROWS: tl.constexpr):
+    """Add the program's count of NaN/Inf gradient elements to the tensor's int64 counter.
+    seen: track_nonfinite over the program's tiles; only when it is NaN or Inf (rare) are
+    the program's gradient tiles read again and their non-finite elements counted."""
+    if tl.max(tl.max(((seen < float("inf")) == 0).to(tl.int32), axis=1), axis=0) > 0:
+        n = tl.zeros([ROWS, BP], tl.int32)
+        for i in range(0, ntiles):
+            _, base, rem, _ = tile_origin(numel, tile0 + i, B, BP, ROWS)
+            g = load_values(g_base + base, rem, KIND, B, BP, ROWS, True)
+            n += (tl.abs(g) < float("inf")) == 0
+        total = tl.sum(tl.sum(n, axis=1), axis=0)
+        tl.atomic_add(tl.load(meta + NONFINITE).to(tl.pointer_type(tl.int64)), total.to(tl.int64))
 
 
 @triton.jit
@@ -198,10 +229,10 @@ def store_values(ptr, x, rem, KIND: tl.constexpr, INTERPRET: tl.constexpr, B: tl
 @triton.jit
 def load_grad(ptr, rem, KIND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
               MASKED: tl.constexpr, C0: tl.constexpr = 0):
-    """Gradient tile in fp32 with NaN/Inf elements set to 0, and where they were (int32 0/1)."""
+    """Gradient tile in fp32 with NaN/Inf elements set to 0, and the tile as loaded (for
+    track_nonfinite)."""
     g = load_values(ptr, rem, KIND, B, BP, ROWS, MASKED, C0)
-    finite = tl.abs(g) < float("inf")
-    return tl.where(finite, g, 0.0), (finite == 0).to(tl.int32)
+    return tl.where(tl.abs(g) < float("inf"), g, 0.0), g
 
 
 # ---- integer <-> float without conversion instructions --------------------------------------------
@@ -222,8 +253,10 @@ def round_half_even(n):
 
 @triton.jit
 def nozero_entry(k, NT: tl.constexpr):
-    """Entry k of the no-zero linear map, (k + 1) / NT (exact: NT is a power of two)."""
-    return code_to_float(k + 1, 16, False) * (1.0 / NT)
+    """Entry k of the no-zero linear map, (k + 1) / NT, exactly: the float 2**e + (k + 1) / NT
+    with e = 23 - log2(NT) (whose ulp is 1 / NT) built from its bits, minus 2**e."""
+    E: tl.constexpr = 23 - NT.bit_length() + 1
+    return ((k + 1) | ((127 + E) << 23)).to(tl.float32, bitcast=True) - (2.0 ** E)
 
 
 @triton.jit
@@ -312,13 +345,10 @@ def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
         pos = d > 0
         f = tl.where(pos, 1.0 - d, -d)
         if KIND == NOZERO:
-            # table_interp with lo = (kc + 1) / NT, hi - lo = 1 / NT: NT * value =
-            # rn(kc + 1 + rn(f + k - kc)), k = q - [d > 0], kc = clamp(k, 0, NT - 2). Below the
-            # clamp (q = 0, d > 0) rn(1 + (f - 1)) = f = rn(k + 1 + f) exactly; above it
-            # (q = NT - 1, d <= 0) the sum is rn(NT - 1 + rn(1 + f)): one select per element.
-            top = (q == NT - 1) & (pos == 0)[:, None]
-            a = tl.where(top, NT - 1.0, code_to_float(q, BITS, False) + tl.where(pos, 0.0, 1.0)[:, None])
-            val = (a + tl.where(top, (1.0 + f)[:, None], f[:, None])) * (1.0 / NT)
+            # formats.interp of a no-zero linear map: rn((k + 1) + f) / NT, k + 1 = q + [d <= 0]
+            # an exact integer: as_float(2**23 | q) - (2**23 - [d <= 0]), both exact
+            a = (q | INT_BASE_BITS).to(tl.float32, bitcast=True) - tl.where(pos, INT_BASE, INT_BASE - 1.0)[:, None]
+            val = (a + f[:, None]) * (1.0 / NT)
         else:
             val = table_interp(table_ptr, tl.where(pos[:, None], q - 1, q), f[:, None], NT)
     elif KIND == NOZERO:
@@ -359,7 +389,7 @@ def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
     n = x * inv[:, None]  # one division per block row (inverse_step)
     if KIND == LINEAR:  # q = rint(n + d): d = 0 (nearest), u - 1/2 per element (SR) or per block (BReD)
         if ROUND == STOCHASTIC:
-            n = n + (uniform((row0 * B).to(tl.uint32) + loc.to(tl.uint32), k1, k2) - 0.5)
+            n = n + (one_plus_uniform16(row0, k1, k2, B, BP, ROWS, C0) - 1.5)  # u - 1/2, exact
         elif ROUND == BRED:
             n = n + (uniform((row0 + r).to(tl.uint32), k1, k2) - 0.5)[:, None]
         _, q = round_half_even(n)
@@ -376,15 +406,16 @@ def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
         # (frac = t - fl); for t < 1 the table gives 0 and these give -1 or 0, for t >= NT
         # it gives NT - 1 and these NT - 1 or NT: the final clamp makes them equal.
         t = n * NT
+        # t >= 0, so floor is a truncating conversion (one F2I; at <= 2 per element the
+        # 1/8-rate conversion pipe keeps pace, common.py docstring)
         if ROUND == NEAREST:  # ties up: q = floor(t + 1/2) - 1 (rn(t + 1/2) crosses no integer)
-            t = t + 0.5
-        rt, rti = round_half_even(t)
-        over = rt > t
-        q = tl.where(over, rti - 2, rti - 1)  # floor(t) - 1
-        if ROUND != NEAREST:
-            frac = t - tl.where(over, rt - 1.0, rt)
+            q = (t + 0.5).to(tl.int32) - 1
+        else:
+            fl = t.to(tl.int32)  # (tl.floor would flush subnormals: cvt.rmi.ftz)
+            frac = t - fl.to(tl.float32)  # exact
+            q = fl - 1
             if ROUND == STOCHASTIC:
-                u = uniform((row0 * B).to(tl.uint32) + loc.to(tl.uint32), k1, k2)
+                u = one_plus_uniform16(row0, k1, k2, B, BP, ROWS, C0) - 1.0
                 q = q + (u < frac).to(tl.int32)
             else:
                 u = uniform((row0 + r).to(tl.uint32), k1, k2)
@@ -399,7 +430,7 @@ def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
         else:
             frac = tl.minimum(tl.maximum(tl.math.div_rn(n - lo, step), 0.0), 1.0)
             if ROUND == STOCHASTIC:
-                u = uniform((row0 * B).to(tl.uint32) + loc.to(tl.uint32), k1, k2)
+                u = one_plus_uniform16(row0, k1, k2, B, BP, ROWS, C0) - 1.0
                 q = k + (u < frac).to(tl.int32)
             else:
                 u = uniform((row0 + r).to(tl.uint32), k1, k2)

@@ -17,13 +17,13 @@ from . import common as c
 from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, one_part_geometry
 
 @triton.jit
-def _lion_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr, decay,
+def _lion_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr, decay,
                beta1, omb1, beta2, omb2, P_KIND: tl.constexpr, G_KIND: tl.constexpr, INTERPRET: tl.constexpr,
                KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
                NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr, FRESH: tl.constexpr,
                B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr):
     p = c.load_values(p_ptr, rem, P_KIND, B, BP, ROWS, MASKED)
-    g, bad = c.load_grad(g_ptr, rem, G_KIND, B, BP, ROWS, MASKED)
+    g, g_raw = c.load_grad(g_ptr, rem, G_KIND, B, BP, ROWS, MASKED)
     m_hat = c.decode_state(mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, KIND, BITS, SIGNED, TOP, NT, ROUND,
                            SQRT, SBF16, FRESH, B, BP, ROWS, MASKED)
     cm = m_hat * beta1 + g * omb1
@@ -32,7 +32,7 @@ def _lion_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w
     c.store_values(p_ptr, p, rem, P_KIND, INTERPRET, B, BP, ROWS, MASKED)
     c.encode_state(m, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND,
                    SQRT, SBF16, False, B, BP, ROWS, MASKED)
-    return bad
+    return c.track_nonfinite(seen, g_raw)
 
 @triton.jit(do_not_specialize=["step", "written"])
 def _lion_kernel(
@@ -58,20 +58,20 @@ def _lion_kernel(
     g_base = c.value_ptr(tl.load(meta + c.GRAD), G_KIND, ALIGNED)
     mc_base = c.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
     ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
-    bad = tl.zeros([ROWS, BP], tl.int32)
+    seen = tl.zeros([ROWS, BP], tl.float32)
     for i in range(0, ntiles):
         row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
         p_ptr, g_ptr = p_base + base, g_base + base
         mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
         if full:  # every element of the tile exists: no masks
-            bad += _lion_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr, decay,
+            seen = _lion_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr, decay,
                               beta1, omb1, beta2, omb2, P_KIND, G_KIND, INTERPRET, M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
                               FRESH, B, BP, ROWS, False)
         else:
-            bad += _lion_tile(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr, decay,
+            seen = _lion_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr, decay,
                               beta1, omb1, beta2, omb2, P_KIND, G_KIND, INTERPRET, M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
                               FRESH, B, BP, ROWS, True)
-    c.count_nonfinite(meta, bad)
+    c.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 
 def lion_step(batch: Batch, scalars, m: StateLayout, *, p_kind: int, g_kind: int, step: int,

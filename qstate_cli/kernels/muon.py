@@ -20,12 +20,12 @@ from . import common as c
 from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, one_part_geometry
 
 @triton.jit
-def _muon_tile(g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, beta, omb,
+def _muon_tile(seen, g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, beta, omb,
                G_KIND: tl.constexpr, NESTEROV: tl.constexpr,
                KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
                NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr, FRESH: tl.constexpr,
                B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr):
-    g, bad = c.load_grad(g_ptr, rem, G_KIND, B, BP, ROWS, MASKED)
+    g, g_raw = c.load_grad(g_ptr, rem, G_KIND, B, BP, ROWS, MASKED)
     buf_hat = c.decode_state(mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, KIND, BITS, SIGNED, TOP, NT, ROUND,
                              SQRT, SBF16, FRESH, B, BP, ROWS, MASKED)
     buf = buf_hat * beta + g * omb
@@ -36,7 +36,7 @@ def _muon_tile(g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1,
     c.store_values(out_ptr, upd, rem, 0, False, B, BP, ROWS, MASKED)
     c.encode_state(buf, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND,
                    SQRT, SBF16, False, B, BP, ROWS, MASKED)
-    return bad
+    return c.track_nonfinite(seen, g_raw)
 
 @triton.jit(do_not_specialize=["step", "written"])
 def _muon_kernel(
@@ -59,18 +59,18 @@ def _muon_kernel(
     out_base = c.value_ptr(tl.load(meta + c.OUT), 0, ALIGNED)
     mc_base = c.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
     ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
-    bad = tl.zeros([ROWS, BP], tl.int32)
+    seen = tl.zeros([ROWS, BP], tl.float32)
     for i in range(0, ntiles):
         row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
         g_ptr, out_ptr = g_base + base, out_base + base
         mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
         if full:  # every element of the tile exists: no masks
-            bad += _muon_tile(g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, beta, omb,
+            seen = _muon_tile(seen, g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, beta, omb,
                               G_KIND, NESTEROV, M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH, B, BP, ROWS, False)
         else:
-            bad += _muon_tile(g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, beta, omb,
+            seen = _muon_tile(seen, g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, beta, omb,
                               G_KIND, NESTEROV, M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH, B, BP, ROWS, True)
-    c.count_nonfinite(meta, bad)
+    c.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 
 def muon_momentum_step(batch: Batch, m: StateLayout, *, g_kind: int, step: int, written: int,

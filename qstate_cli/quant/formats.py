@@ -57,6 +57,14 @@ class Format:
         return codebook(self.name) if self.kind == "table" else ()
 
     @property
+    def nozero_linear(self) -> bool:
+        """A code book exactly {1/NT, 2/NT, ..., 1} in fp32, NT a power of two (lin4nz, lin8nz)."""
+        table = self.table
+        nt = len(table)
+        return nt >= 2 and nt & (nt - 1) == 0 and all(
+            float(torch.tensor(v, dtype=torch.float32)) == (j + 1) / nt for j, v in enumerate(table))
+
+    @property
     def fmax(self) -> float:
         """Largest finite magnitude (float formats)."""
         return float(self.ordinal_value(torch.tensor([self.max_ordinal]))[0])
@@ -103,9 +111,14 @@ class Format:
     def interp(self, k: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
         """Value at the fractional ordinal k + f (k integer, f in [0, 1]): linear between
         neighbouring codes, extrapolated beyond the ends. Taking k and f apart (rather than
-        t = k + f) keeps f's 24 bits even where ordinals are large (bf16: up to 2**15)."""
+        t = k + f) keeps f's 24 bits even where ordinals are large (bf16: up to 2**15).
+        The no-zero linear maps (lin4nz, lin8nz: entries (j + 1) / NT) are one line, so
+        they are read with one rounding and no clamp: rn((k + 1) + f) / NT (the same line
+        as the table's extrapolation; k + 1 is an exact integer, / NT exact)."""
         if self.kind == "linear":
             return k.to(torch.float32) + f
+        if self.nozero_linear:
+            return ((k + 1).to(torch.float32) + f) * (1.0 / len(self.table))
         top = len(self.table) - 2 if self.kind == "table" else self.max_ordinal
         kc = k.clamp(0, top)
         f = f + (k - kc).to(torch.float32)

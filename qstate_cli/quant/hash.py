@@ -10,9 +10,14 @@ reference and in the Triton kernels, with no generator state to carry or checkpo
                    k1 = hash32(k ^ step);  k2 = hash32(k1 ^ 0x9e3779b9)
     bits(counter)  hash32(hash32(counter ^ k1) ^ k2)
     uniform        (bits >> 8) * 2**-24, exactly representable in fp32, in [0, 1)
+    uniform16      per element i: 16 of the bits of counter i >> 1, the low half for
+                   even i and the high half for odd i, times 2**-16: one hash serves two
+                   neighbouring elements (stochastic rounding)
 
-`counter` is the block index for BReD (one dither per block) and the flat element
-index for stochastic rounding. The second key k2 makes two streams whose first keys
+`counter` is the block index for BReD (one dither per block, `uniform`) and the flat
+element index for stochastic rounding (`uniform16`: two elements per hash, so a fused
+kernel evaluates the hash once per pair; a 2**-16 grid biases P(round up) by less than
+2**-16 of a code step). The second key k2 makes two streams whose first keys
 collide after the XOR with the counter still differ. Only 32-bit unsigned integer
 multiply, xor and shift are used, so a Triton kernel computes the same values with
 `tl.uint32` arithmetic (see `kernels/common.py`).
@@ -67,6 +72,14 @@ def uniform(keys: tuple[int, int], counter: torch.Tensor) -> torch.Tensor:
     """U[0, 1) on a 2**-24 grid, fp32, one value per counter."""
     bits = random_bits(keys, counter)
     return (bits >> (32 - UNIFORM_BITS)).to(torch.float32) * (2.0 ** -UNIFORM_BITS)
+
+
+def uniform16(keys: tuple[int, int], counter: torch.Tensor) -> torch.Tensor:
+    """U[0, 1) on a 2**-16 grid, fp32, one value per element counter i: bits 16 (i & 1) ..
+    16 (i & 1) + 15 of random_bits(counter i >> 1)."""
+    c = counter.to(torch.int64)
+    bits = random_bits(keys, c >> 1)
+    return ((bits >> ((c & 1) << 4)) & 0xFFFF).to(torch.float32) * (2.0 ** -16)
 
 
 def uniform_for(seed: int, tensor_id: int, state_id: int, step: int, n: int,

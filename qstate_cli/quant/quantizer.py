@@ -11,7 +11,8 @@ encode(x):                                   (all fp32; `/` and sqrt correctly r
      unscaled: n = x
   4. linear formats: q = rint(n + d) (fp32 add, then round half to even), with
        nearest     d = 0
-       stochastic  d = u_i - 1/2                    u_i per element  (counter = index i)
+       stochastic  d = u_i - 1/2                    u_i per element  (counter = index i;
+                                                    hash.uniform16: 2**-16 grid)
        bred        d = u_b - 1/2                    u_b per block    (counter = block b)
      (BRIEF §2: q = round(x/delta + u), u ~ U[-1/2, 1/2); P(round up) = the position
      of n between its neighbours, up to fp32 rounding of n + d)
@@ -35,7 +36,9 @@ decode(q):
   x_hat = value(t) * delta  (signed floats: sign applied to the magnitude), then squared
   in the sqrt domain.
 
-Random numbers: hash.uniform over stream (seed, tensor_id, state_id, step). Counters are
+Random numbers: over stream (seed, tensor_id, state_id, step), hash.uniform per block
+(BReD, 2**-24 grid) and hash.uniform16 per element (stochastic: one hash per two
+neighbouring elements, 2**-16 grid). Counters are
 global: element counter = stream.offset + i, block counter = stream.offset // B + b, where
 `offset` is the flat index of x's first element in the whole tensor (0 unless x is one
 rank's shard of a sharded parameter, optim/sharding.py). A shard that starts and ends on
@@ -151,7 +154,7 @@ def _tensor_inverse_scale(absmax: torch.Tensor, top: float) -> torch.Tensor:
 def _uniform_elements(stream: Stream, step: int, shape, device) -> torch.Tensor:
     n = shape[0] * shape[1]
     counter = torch.arange(n, device=device) + stream.offset
-    return qhash.uniform(stream.keys(step), counter).view(shape)
+    return qhash.uniform16(stream.keys(step), counter).view(shape)
 
 
 def _uniform_blocks(stream: Stream, step: int, nblocks: int, block: int, device) -> torch.Tensor:

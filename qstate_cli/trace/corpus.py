@@ -61,6 +61,7 @@ RECORDED_SHA256 = {
     "synthetic-heavy": "fa94563ed32614fae6c46d6ff4f93eb62f9042031ccf78e927e3881adf82c4e3",
     "tiny-lm": "27fd99e85226090479c4fd1b02007eb412275bca70f75aa15e8e6354a58fb127",
     "digits-cnn": "46f40868b12af7b13a5582d4e4e0244af01d9e611d6419b43a0fdae25adc94b5",
+    "small-lm": "8f4b3349a12ce3536b7acbe333ea941020fdc1f8d2e0dc21bd32392404070ee2",
 }
 
 

@@ -8,7 +8,6 @@ every tensor, bf16 gradients (~95 MiB).
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..models import tiny_lm
-from ..runtime import torch_threads
+from ..runtime import cache_dir, torch_threads  # noqa: F401  (cache_dir: also trace.corpus's)
 from .recorder import Recorder
 from .schema import BLOCK, Trace
 
@@ -36,12 +35,6 @@ class DemoSettings:
 DEFAULT = DemoSettings()
 
 
-def cache_dir() -> Path:
-    """Where the cached demo trace lives: $QSTATE_CACHE, else $XDG_CACHE_HOME/qstate, else
-    ~/.cache/qstate."""
-    if os.environ.get("QSTATE_CACHE"):
-        return Path(os.environ["QSTATE_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qstate"
 
 
 def cached_demo(settings: DemoSettings | None = None, log: Callable[[str], None] | None = None) -> Path:

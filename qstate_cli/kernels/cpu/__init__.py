@@ -8,18 +8,31 @@
 The same spec as the Triton kernels (quant/, optim/rules.py), bit for bit, for the same
 formats (launch.why_not_covered) on fp32 and bf16 parameters and gradients. One pass per
 quantization block (decode -> update -> absmax -> encode in an L1-resident row), parallel
-over chunks of blocks on numba's threads (NUMBA_NUM_THREADS, default: every core).
+over contiguous block ranges on torch.get_num_threads() threads (host.run_blocks).
 
-numba is optional (`pip install 'qstate-cli[cpu]'`) and imported on first use only: this
-package's __init__ and host.py never import it. Compiled code is cached on disk
-(`cache=True`, in __pycache__ next to the sources or NUMBA_CACHE_DIR), so only the first
-call of a process tree on a machine pays the compile (docs/cpu.md states the cost).
+Each kernel is compiled per state layout (`kernel_for(lay..., block)`: format kind, bits,
+signedness, rounding, sqrt, scale dtype, code-book shape and block size are constants of
+the compiled code, as the Triton kernels' tl.constexpr), so its per-block loops are
+branch-free and packed (AVX2). numba is optional (`pip install 'qstate-cli[cpu]'`) and
+imported on first use only: this package's __init__ and host.py never import it. Compiled
+code is cached on disk (`cache=True`; numba caches these closures too, keyed by their
+constants), so only the first call with a new layout and dtype on a machine pays the
+compile (docs/cpu.md states the cost). The cache lives in
+`cache_dir()/numba/<sha256 of this folder's sources>` unless NUMBA_CACHE_DIR is set:
+numba invalidates a cached kernel only when its own file changes, not when an inlined
+helper in codec.py does, so a folder per source version keeps an edited checkout from
+loading stale kernels.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import os
+from pathlib import Path
 
 import torch
+
+from ...runtime import cache_dir
 
 PATH = "cpu-numba"  # what optimizer rows and path_for() call this path
 # kernel module (the optimizers' `kernel` attribute) -> (module here, launch function)
@@ -45,6 +58,16 @@ def unavailable_reason(device) -> str | None:
 def covers(kernel: str | None) -> bool:
     """Whether the CPU path has this optimizer's kernel."""
     return kernel in LAUNCHERS
+
+
+def numba_cache_dir() -> Path:
+    """Where compiled kernels are cached: NUMBA_CACHE_DIR if set, else one folder per version
+    of this folder's sources (codec.py points numba there before any kernel is compiled)."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return Path(os.environ["NUMBA_CACHE_DIR"])
+    sources = sorted(Path(__file__).parent.glob("*.py"))
+    digest = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in sources)).hexdigest()[:16]
+    return cache_dir() / "numba" / digest
 
 
 def launcher(kernel: str):

@@ -16,6 +16,8 @@ The rule is optim/rules.adamw, op for op (see kernels/adamw.py for the formula):
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from numba import njit
 
@@ -23,51 +25,57 @@ from . import codec as c
 from .host import CpuBatch, keys, layout_arrays, numpy_views, run_blocks
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
-def _adamw_kernel(b0, b1_, p, g, mc, ms, vc, vs, mlay, mlim, mtab, vlay, vlim, vtab, numel, B,
-                  ks, scal, beta1, omb1, beta2, omb2, eps, l2_wd, fresh_m, fresh_v):
-    """ks: uint32 [8] = keys of this step (m: 0, 1; v: 2, 3) and of the steps m and v were
-    written at (m: 4, 5; v: 6, 7). scal: fp32 [lr, decay, step_size, inv_bc2_sqrt].
-    Steps blocks b0 .. b1_ - 1; returns how many gradient elements were non-finite (zeroed)."""
-    b1, ob1, b2, ob2 = np.float32(beta1), np.float32(omb1), np.float32(beta2), np.float32(omb2)
-    eps32, l2 = np.float32(eps), np.float32(l2_wd)
-    decay, step_size, ibc2 = scal[1], scal[2], scal[3]
-    v_sqrt = vlay[c.SQRT] != 0
-    msb, vsb = mlay[c.SBF16] != 0, vlay[c.SBF16] != 0
-    mrow = np.empty(B, np.float32)
-    vrow = np.empty(B, np.float32)
-    prow = np.empty(B, np.float32)
-    grow = np.empty(B, np.float32)
-    q = np.empty(B, np.int32)
-    nbad = 0
-    for b in range(b0, b1_):
-        start = b * B
-        cnt = min(B, numel - start)
-        c.read_state(fresh_m, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, ks[4], ks[5], q, mrow)
-        c.read_state(fresh_v, vc, vs, vsb, vlay, vlim, vtab, b, start, cnt, ks[6], ks[7], q, vrow)
-        if not fresh_v and not v_sqrt:  # a dithered v read back below 0
-            for j in range(cnt):
-                vj = vrow[j]
-                vrow[j] = c.ZERO if vj < c.ZERO else vj
-        nbad += c.load_grad(g, start, cnt, grow)
-        c.load_row(p, start, cnt, prow)
-        if l2 != c.ZERO:  # Adam: coupled weight decay
-            for j in range(cnt):
-                grow[j] = grow[j] + prow[j] * l2
-        for j in range(cnt):  # the rule (rows in L1, no branches: vectorizes)
-            gj = grow[j]
-            m = mrow[j] * b1 + gj * ob1
-            v = vrow[j] * b2 + (gj * gj) * ob2
-            sqrt_v = np.sqrt(v)
-            prow[j] = prow[j] * decay - (m / (sqrt_v * ibc2 + eps32)) * step_size
-            mrow[j] = m
-            vrow[j] = sqrt_v if v_sqrt else v
-        c.store_row(prow, start, cnt, p)
-        c.store_scale(ms, b, c.encode_block(mrow, cnt, mlay, mlim, mtab, b, start, ks[0], ks[1], False, q), msb)
-        c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
-        c.store_scale(vs, b, c.encode_block(vrow, cnt, vlay, vlim, vtab, b, start, ks[2], ks[3], True, q), vsb)
-        c.pack_codes(q, vlay[c.BITS], start, cnt, vc)
-    return nbad
+@lru_cache(maxsize=None)
+def kernel_for(mlay: tuple, vlay: tuple, B: int):
+    """The AdamW kernel compiled for these layouts (codec.py: lay tuples) and block size B,
+    all compile-time constants of it (one compilation per key, cached on disk)."""
+
+    @njit(nogil=True, cache=True, error_model="numpy")
+    def _adamw_kernel(b0, b1_, p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, numel,
+                      ks, scal, beta1, omb1, beta2, omb2, eps, l2_wd, fresh_m, fresh_v):
+        """ks: uint32 [8] = keys of this step (m: 0, 1; v: 2, 3) and of the steps m and v were
+        written at (m: 4, 5; v: 6, 7). scal: fp32 [lr, decay, step_size, inv_bc2_sqrt].
+        Steps blocks b0 .. b1_ - 1; returns how many gradient elements were non-finite (zeroed)."""
+        b1, ob1, b2, ob2 = np.float32(beta1), np.float32(omb1), np.float32(beta2), np.float32(omb2)
+        eps32, l2 = np.float32(eps), np.float32(l2_wd)
+        decay, step_size, ibc2 = scal[1], scal[2], scal[3]
+        v_sqrt = vlay[c.SQRT] != 0
+        msb, vsb = mlay[c.SBF16] != 0, vlay[c.SBF16] != 0
+        mrow = np.empty(B, np.float32)
+        vrow = np.empty(B, np.float32)
+        prow = np.empty(B, np.float32)
+        grow = np.empty(B, np.float32)
+        q = np.empty(B, np.int32)
+        nbad = 0
+        for b in range(b0, b1_):
+            start = b * B
+            cnt = min(B, numel - start)
+            c.read_state(fresh_m, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, ks[4], ks[5], q, mrow)
+            c.read_state(fresh_v, vc, vs, vsb, vlay, vlim, vtab, b, start, cnt, ks[6], ks[7], q, vrow)
+            nbad += c.load_grad(g, start, cnt, grow)
+            c.load_row(p, start, cnt, prow)
+            if l2 != c.ZERO:  # Adam: coupled weight decay
+                for j in range(cnt):
+                    grow[j] = grow[j] + prow[j] * l2
+            clamp_v = not fresh_v and not v_sqrt  # a dithered v read back below 0 counts as 0
+            for j in range(cnt):  # the rule (rows in L1, no branches: vectorizes)
+                gj = grow[j]
+                vh = vrow[j]
+                vh = c.ZERO if clamp_v and vh < c.ZERO else vh
+                m = mrow[j] * b1 + gj * ob1
+                v = vh * b2 + (gj * gj) * ob2
+                sqrt_v = np.sqrt(v)
+                prow[j] = prow[j] * decay - (m / (sqrt_v * ibc2 + eps32)) * step_size
+                mrow[j] = m
+                vrow[j] = sqrt_v if v_sqrt else v
+            c.store_row(prow, start, cnt, p)
+            c.store_scale(ms, b, c.encode_block(mrow, cnt, mlay, mlim, mtab, b, start, ks[0], ks[1], False, q), msb)
+            c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
+            c.store_scale(vs, b, c.encode_block(vrow, cnt, vlay, vlim, vtab, b, start, ks[2], ks[3], True, q), vsb)
+            c.pack_codes(q, vlay[c.BITS], start, cnt, vc)
+        return nbad
+
+    return _adamw_kernel
 
 
 def adamw_step(batch: CpuBatch, scalars, m, v, *, p_kind: int, g_kind: int, step: int,
@@ -79,13 +87,14 @@ def adamw_step(batch: CpuBatch, scalars, m, v, *, p_kind: int, g_kind: int, step
         raise ValueError("m and v must share a block size to be stepped by one kernel")
     mlay, mlim, mtab = layout_arrays(m, tables[0])
     vlay, vlim, vtab = layout_arrays(v, tables[1])
+    kernel = kernel_for(mlay, vlay, int(m.block))
     scal = scalars.detach().cpu().numpy()
     for member in batch.members:
         p, g, (mc, ms), (vc, vs) = numpy_views(member, ("m", "v"))
         km, kv = batch.stream_key(member, 0), batch.stream_key(member, 1)
         ks = np.array(keys(km, step) + keys(kv, step) + keys(km, written[0]) + keys(kv, written[1]), np.uint32)
-        bad = run_blocks(_adamw_kernel, p.size, m.block,
-                         (p, g, mc, ms, vc, vs, mlay, mlim, mtab, vlay, vlim, vtab, p.size, m.block, ks, scal,
+        bad = run_blocks(kernel, p.size, m.block,
+                         (p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, p.size, ks, scal,
                           float(beta1), 1.0 - float(beta1), float(beta2), 1.0 - float(beta2), float(eps),
                           float(l2_wd), bool(fresh[0]), bool(fresh[1])))
         if bad:

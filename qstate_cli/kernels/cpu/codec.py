@@ -3,7 +3,7 @@
 Each helper reproduces one piece of the spec (qstate_cli/quant, optim/rules.py) bit for bit,
 as kernels/common.py does in Triton:
 
-    hash32, uniform             quant/hash.py (uint32 arithmetic)
+    hash32, uniform, uniform16  quant/hash.py (uint32 arithmetic)
     value_at / store_value      torch's exact casts fp32 <-> bf16 (round half to even, NaN -> 0x7FC0)
     decode_block                quant/quantizer.decode (+ packing.unpack) of one block
     read_state                  decode_block with its scale, or zeros for a fresh state
@@ -20,19 +20,33 @@ error_model="numpy": a division by zero is IEEE (inf/nan) instead of a raised
 ZeroDivisionError, so no division carries a check and the loops vectorize (no divisor
 here can be zero: eps > 0, guarded block scales, distinct neighbouring codes).
 
-A state layout is two small arrays (`layout_arrays` in host.py):
-    lay  int64 [KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT]   (launch.StateLayout;
+A state layout is a tuple and an array (`layout_arrays` in host.py):
+    lay  ints (KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT)     (launch.StateLayout;
          UNIT = 2**bits for a code book that is exactly {1, 2, ..., 2**bits} / 2**bits
          (lin4nz, lin8nz), where #(table <= n) = clamp(floor(n * UNIT), 0, NT) exactly
          (n * UNIT is an exact power-of-two scaling); else 0 and a binary search)
     lim  fp32  [TOP, TOP * 2**-126]                          (quantizer.step_of / normalize)
+The kernels (adamw.py, ...) are built per layout (`specialized`): lay is a closure constant
+of the compiled kernel, as the Triton kernels' tl.constexpr, so every `lay[...]` branch below
+is resolved at compile time and each per-element loop is straight-line code that LLVM packs
+into AVX2 vectors. Loops index with unsigned integers (`a[np.uint64(start) + np.uint64(j)]`): numba
+adds no negative-index wraparound select to an unsigned index, so loads and stores stay
+contiguous (slices would do the same but cost two atomic reference counts each per block).
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
+
+from . import numba_cache_dir
+
+# Every kernel module imports this one before it compiles anything: point numba's disk
+# cache at a folder per source version (package docstring: an inlined helper's change
+# does not invalidate its callers' cached code).
+numba.config.CACHE_DIR = str(numba_cache_dir())
 
 # lay columns
 KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT = range(8)
@@ -43,6 +57,7 @@ MUL1 = np.uint32(0x7FEB352D)
 MUL2 = np.uint32(0x846CA68B)
 U8, U15, U16 = np.uint32(8), np.uint32(15), np.uint32(16)
 TWO_M24 = np.float32(2.0 ** -24)
+TWO_M16 = np.float32(2.0 ** -16)
 HALF = np.float32(0.5)
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
@@ -112,16 +127,18 @@ def _store_value(a, i, x):
 @njit(cache=True, inline="always", error_model="numpy")
 def load_row(a, start, cnt, row):
     """row[:cnt] = a[start:start + cnt] as fp32."""
+    i0 = np.uint64(start)
     for j in range(cnt):
-        row[j] = value_at(a, start + j)
+        row[j] = value_at(a, i0 + np.uint64(j))
 
 
 @njit(cache=True, inline="always", error_model="numpy")
 def load_grad(g, start, cnt, row):
     """row[:cnt] = the gradient as fp32 with NaN/Inf elements set to 0; returns how many were."""
     bad = 0
+    i0 = np.uint64(start)
     for j in range(cnt):
-        gj = value_at(g, start + j)
+        gj = value_at(g, i0 + np.uint64(j))
         ok = abs(gj) < INF
         row[j] = gj if ok else ZERO
         bad += np.int64(not ok)
@@ -131,8 +148,9 @@ def load_grad(g, start, cnt, row):
 @njit(cache=True, inline="always", error_model="numpy")
 def store_row(row, start, cnt, a):
     """a[start:start + cnt] = row[:cnt] in a's dtype."""
+    i0 = np.uint64(start)
     for j in range(cnt):
-        store_value(a, start + j, row[j])
+        store_value(a, i0 + np.uint64(j), row[j])
 
 
 # ---- the hash (quant/hash.py) --------------------------------------------------------------------
@@ -151,7 +169,17 @@ def uniform(counter, k1, k2):
     """U[0, 1) on the 2**-24 grid: (hash32(hash32(c ^ k1) ^ k2) >> 8) * 2**-24 (fp32);
     counter taken mod 2**32, k1 and k2 uint32."""
     c = np.uint32(counter)
-    return np.float32(hash32(np.uint32(hash32(np.uint32(c ^ k1)) ^ k2)) >> U8) * TWO_M24
+    h = np.uint32(hash32(np.uint32(hash32(np.uint32(c ^ k1)) ^ k2)) >> U8)
+    return np.float32(np.int32(h)) * TWO_M24  # h < 2**24: exact through int32 (packs on AVX2)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def uniform16(counter, k1, k2):
+    """U[0, 1) on the 2**-16 grid for element counter i (quant/hash.uniform16): bits
+    16 (i & 1) .. 16 (i & 1) + 15 of hash32(hash32((i >> 1) ^ k1) ^ k2), times 2**-16."""
+    i = np.int64(counter)
+    bits = hash32(np.uint32(hash32(np.uint32(np.uint32(i >> 1) ^ k1)) ^ k2))
+    return np.float32((bits >> np.uint32((i & 1) * 16)) & np.uint32(0xFFFF)) * TWO_M16
 
 
 # ---- the block codec ---------------------------------------------------------------------------------
@@ -159,16 +187,17 @@ def uniform(counter, k1, k2):
 def unpack_codes(codes, bits, start, cnt, q):
     """q[:cnt] = the unsigned codes of elements start .. start + cnt - 1."""
     if bits == 4:
-        base = start >> 1
+        i0 = np.uint64(start >> 1)
         for j in range(cnt >> 1):
-            byte = np.int32(codes[base + j])
+            byte = np.int32(codes[i0 + np.uint64(j)])
             q[2 * j] = byte & 15
             q[2 * j + 1] = byte >> 4
         if cnt & 1:
-            q[cnt - 1] = np.int32(codes[base + (cnt >> 1)]) & 15
+            q[cnt - 1] = np.int32(codes[i0 + np.uint64(cnt >> 1)]) & 15
     else:
+        i0 = np.uint64(start)
         for j in range(cnt):
-            q[j] = np.int32(codes[start + j])
+            q[j] = np.int32(codes[i0 + np.uint64(j)])
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -176,14 +205,15 @@ def pack_codes(q, bits, start, cnt, codes):
     """Write q[:cnt] (reduced to `bits` bits) as the codes of elements start .. (4-bit: the
     high nibble after an odd tail is 0, as packing.pack pads)."""
     if bits == 4:
-        base = start >> 1
+        i0 = np.uint64(start >> 1)
         for j in range(cnt >> 1):
-            codes[base + j] = np.uint8(q[2 * j] | (q[2 * j + 1] << 4))
+            codes[i0 + np.uint64(j)] = np.uint8(q[2 * j] | (q[2 * j + 1] << 4))
         if cnt & 1:
-            codes[base + (cnt >> 1)] = np.uint8(q[cnt - 1])
+            codes[i0 + np.uint64(cnt >> 1)] = np.uint8(q[cnt - 1])
     else:
+        i0 = np.uint64(start)
         for j in range(cnt):
-            codes[start + j] = np.uint8(q[j])
+            codes[i0 + np.uint64(j)] = np.uint8(q[j])
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -213,6 +243,18 @@ def decode_block(codes, scale, lay, lim, table, b, start, cnt, k1, k2, q, out):
         else:
             for j in range(cnt):
                 out[j] = np.float32(q[j]) * delta
+    elif lay[UNIT] and rounding == BRED:  # a no-zero linear map, one line: rn((k + 1) + f) / UNIT (formats.interp)
+        d = uniform(b, k1, k2) - HALF
+        pos = d > ZERO
+        f0 = ONE - d if pos else -d
+        shift = np.int32(1) if pos else np.int32(0)
+        inv_unit = ONE / np.float32(lay[UNIT])
+        for j in range(cnt):
+            out[j] = ((np.float32(q[j] - shift + 1) + f0) * inv_unit) * delta
+    elif lay[UNIT]:
+        step = ONE / np.float32(lay[UNIT])
+        for j in range(cnt):
+            out[j] = (np.float32(q[j] + 1) * step) * delta
     elif rounding == BRED:  # ordinal q - d read as (k, f) = (q - 1, 1 - d) if d > 0 else (q, -d)
         d = uniform(b, k1, k2) - HALF
         pos = d > ZERO
@@ -247,33 +289,36 @@ def table_floor(table, nt, log, n):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
+def stored_value(v, lay, prepared):
+    """The value encode_block quantizes: non-finite -> 0; unless prepared, sqrt(max(v, 0))
+    for a sqrt state and max(v, 0) for an unsigned one. Computed where it is used instead
+    of written back over x: a store of `0 where v is bad, else v` into v's own slot becomes
+    a masked store (vmaskmovps), microcoded and slow on AMD cores."""
+    v = v if abs(v) < INF else ZERO
+    if not prepared:
+        if lay[SQRT]:
+            v = np.sqrt(ZERO if v < ZERO else v)
+        if not lay[SIGNED]:
+            v = ZERO if v < ZERO else v
+    return v
+
+
+@njit(cache=True, inline="always", error_model="numpy")
 def encode_block(x, cnt, lay, lim, table, b, start, k1, k2, prepared, q):
     """Quantize x[:cnt] (modified: the stored-domain values) into q[:cnt] (codes reduced to
     their bits) and return the block's scale as fp32 (quantizer.encode; bf16 scales rounded
     up). prepared: x is already in the stored domain (sqrt taken, >= 0 where unsigned), so
-    only the non-finite rule remains. Every loop has its branches outside (it vectorizes)."""
-    for j in range(cnt):  # non-finite values are stored as 0
-        v = x[j]
-        x[j] = v if abs(v) < INF else ZERO
-    if not prepared:
-        if lay[SQRT]:
-            for j in range(cnt):
-                v = x[j]
-                x[j] = np.sqrt(ZERO if v < ZERO else v)
-        if not lay[SIGNED]:
-            for j in range(cnt):
-                v = x[j]
-                x[j] = ZERO if v < ZERO else v
+    only the non-finite rule remains (stored_value). Every loop is branch-free (it vectorizes)."""
     amax_bits = np.uint32(0)  # max of |x| as bit patterns (ordered as the values)
     for j in range(cnt):
-        amax_bits = max(amax_bits, np.uint32(bits_of_f32(x[j]) & np.uint32(0x7FFFFFFF)))
+        amax_bits = max(amax_bits, np.uint32(bits_of_f32(stored_value(x[j], lay, prepared)) & np.uint32(0x7FFFFFFF)))
     if lay[SBF16] and amax_bits & np.uint32(0xFFFF):  # round the scale up to a bf16 value
         amax_bits = np.uint32((amax_bits & np.uint32(0xFFFF0000)) + np.uint32(0x10000))
     absmax = f32_from_bits(amax_bits)
     top, top_min = lim[0], lim[1]
     inv = top / absmax if absmax >= top_min else ZERO
     for j in range(cnt):
-        x[j] = x[j] * inv  # n
+        x[j] = stored_value(x[j], lay, prepared) * inv  # n
     rounding = lay[ROUND]
     if lay[KIND] == LINEAR:
         _round_linear(x, cnt, lay, rounding, b, start, k1, k2, q)
@@ -295,7 +340,7 @@ def _round_linear(n, cnt, lay, rounding, b, start, k1, k2, q):
     mask = np.int32((1 << bits) - 1)
     if rounding == STOCHASTIC:
         for j in range(cnt):
-            n[j] = n[j] + (uniform(start + j, k1, k2) - HALF)
+            n[j] = n[j] + (uniform16(start + j, k1, k2) - HALF)
     elif rounding == BRED:
         d = uniform(b, k1, k2) - HALF
         for j in range(cnt):
@@ -319,28 +364,28 @@ def _up(n, lo, hi, rounding, u):
 
 @njit(cache=True, inline="always", error_model="numpy")
 def _round_unit_table(n, cnt, lay, rounding, b, start, k1, k2, q):
-    """Code book {1, ..., UNIT} / UNIT: k = clamp(clamp(floor(n * UNIT), 0, NT) - 1, 0, NT - 2)
-    and table[k] = (k + 1) / UNIT computed exactly: no search, no gather."""
-    nt = lay[NT]
+    """Code book {1, ..., UNIT} / UNIT: k = clamp(clamp(floor(n * UNIT), 0, NT) - 1, 0, NT - 2),
+    table[k] = (k + 1) / UNIT and table[k + 1] - table[k] = 1 / UNIT, all exact (UNIT is a
+    power of two), so _up's division by the gap is the exact product by UNIT: no search, no
+    gather, no division; one loop per block."""
+    ntf = np.float32(lay[NT])
     unit = np.float32(lay[UNIT])
     step = ONE / unit
-    top_k = np.float32(nt - 2)
-    for j in range(cnt):  # k, as a float
-        n_ = n[j]
-        q[j] = np.int32(min(max(min(max(np.floor(n_ * unit), ZERO), np.float32(nt)) - ONE, ZERO), top_k))
-    if rounding == NEAREST:
-        for j in range(cnt):
-            kf = np.float32(q[j])
-            q[j] += np.int32(_up(n[j], (kf + ONE) * step, (kf + TWO) * step, NEAREST, ZERO))
-    elif rounding == STOCHASTIC:
-        for j in range(cnt):
-            kf = np.float32(q[j])
-            q[j] += np.int32(_up(n[j], (kf + ONE) * step, (kf + TWO) * step, STOCHASTIC, uniform(start + j, k1, k2)))
-    else:
-        u = uniform(b, k1, k2)
-        for j in range(cnt):
-            kf = np.float32(q[j])
-            q[j] += np.int32(_up(n[j], (kf + ONE) * step, (kf + TWO) * step, BRED, u))
+    top_k = np.float32(lay[NT] - 2)
+    ub = uniform(b, k1, k2) if rounding == BRED else ZERO
+    for j in range(cnt):
+        v = n[j]
+        kf = min(max(min(max(np.floor(v * unit), ZERO), ntf) - ONE, ZERO), top_k)
+        lo = (kf + ONE) * step
+        if rounding == NEAREST:
+            up = (v - lo) >= step * HALF
+        else:
+            frac = min(max((v - lo) * unit, ZERO), ONE)
+            if rounding == STOCHASTIC:
+                up = uniform16(start + j, k1, k2) < frac
+            else:
+                up = ub >= ONE - frac
+        q[j] = np.int32(kf) + np.int32(up)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -352,7 +397,7 @@ def _round_table(n, cnt, lay, table, rounding, b, start, k1, k2, q):
     for j in range(cnt):
         v = n[j]
         k = table_floor(table, nt, log, v)
-        u = uniform(start + j, k1, k2) if rounding == STOCHASTIC else ub
+        u = uniform16(start + j, k1, k2) if rounding == STOCHASTIC else ub
         q[j] = np.int32(k) + np.int32(_up(v, table[k], table[k + 1], rounding, u))
 
 

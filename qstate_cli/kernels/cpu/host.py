@@ -72,8 +72,8 @@ NOZERO_KIND = 2  # launch.StateLayout.kind of the no-zero linear map (lin4nz, li
 @lru_cache(maxsize=None)
 def _layout(layout: StateLayout):
     kind = 1 if layout.kind == NOZERO_KIND else layout.kind  # codec.py: a code book with UNIT set
-    lay = np.array([kind, layout.bits, int(layout.signed), layout.table_len, layout.rounding,
-                    int(layout.sqrt), int(layout.sbf16), _unit(layout)], np.int64)
+    lay = (int(kind), int(layout.bits), int(layout.signed), int(layout.table_len), int(layout.rounding),
+           int(layout.sqrt), int(layout.sbf16), _unit(layout))  # the kernels' compile-time constants
     lim = np.array([layout.top, layout.top * MIN_STEP], np.float32)
     return lay, lim
 
@@ -93,7 +93,8 @@ def _table(name: str) -> np.ndarray:
 
 
 def layout_arrays(layout: StateLayout, table: torch.Tensor | None):
-    """(lay int64 [8], lim fp32 [2], table fp32) of a state layout (codec.py). The Triton
+    """(lay: 8 ints, lim fp32 [2], table fp32) of a state layout (codec.py; the kernels are
+    compiled per lay, which they hold as constants: adamw.kernel_for, ...). The Triton
     kernels compute the no-zero map (kind 2) and get no table; the codec reads its entries."""
     lay, lim = _layout(layout)
     if table is not None:

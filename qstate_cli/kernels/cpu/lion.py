@@ -10,6 +10,8 @@ Bytes moved per element (one state), as kernels/lion.py: 2p + g + 2 * (bits/8) +
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from numba import njit
 
@@ -17,48 +19,56 @@ from . import codec as c
 from .host import CpuBatch, keys, layout_arrays, numpy_views, run_blocks
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
-def _lion_kernel(b0, b1_, p, g, mc, ms, mlay, mlim, mtab, numel, B, ks, scal, beta1, omb1, beta2, omb2, fresh):
-    """ks: uint32 [4] = keys of this step (0, 1) and of the step m was written at (2, 3);
-    scal: fp32 [lr, decay, ...]. Steps blocks b0 .. b1_ - 1; returns the non-finite count."""
-    b1, ob1, b2, ob2 = np.float32(beta1), np.float32(omb1), np.float32(beta2), np.float32(omb2)
-    lr, decay = scal[0], scal[1]
-    msb = mlay[c.SBF16] != 0
-    mrow = np.empty(B, np.float32)
-    prow = np.empty(B, np.float32)
-    grow = np.empty(B, np.float32)
-    q = np.empty(B, np.int32)
-    nbad = 0
-    for b in range(b0, b1_):
-        start = b * B
-        cnt = min(B, numel - start)
-        c.read_state(fresh, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, ks[2], ks[3], q, mrow)
-        nbad += c.load_grad(g, start, cnt, grow)
-        c.load_row(p, start, cnt, prow)
-        for j in range(cnt):
-            gj = grow[j]
-            mh = mrow[j]
-            cm = mh * b1 + gj * ob1
-            sgn = c.ONE if cm > c.ZERO else (-c.ONE if cm < c.ZERO else c.ZERO)
-            prow[j] = prow[j] * decay - sgn * lr
-            mrow[j] = mh * b2 + gj * ob2
-        c.store_row(prow, start, cnt, p)
-        c.store_scale(ms, b, c.encode_block(mrow, cnt, mlay, mlim, mtab, b, start, ks[0], ks[1], False, q), msb)
-        c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
-    return nbad
+@lru_cache(maxsize=None)
+def kernel_for(mlay: tuple, B: int):
+    """The kernel compiled for this layout (codec.py: lay tuple) and block size B, both
+    compile-time constants of it (one compilation per key, cached on disk)."""
+
+    @njit(nogil=True, cache=True, error_model="numpy")
+    def _lion_kernel(b0, b1_, p, g, mc, ms, mlim, mtab, numel, ks, scal, beta1, omb1, beta2, omb2, fresh):
+        """ks: uint32 [4] = keys of this step (0, 1) and of the step m was written at (2, 3);
+        scal: fp32 [lr, decay, ...]. Steps blocks b0 .. b1_ - 1; returns the non-finite count."""
+        b1, ob1, b2, ob2 = np.float32(beta1), np.float32(omb1), np.float32(beta2), np.float32(omb2)
+        lr, decay = scal[0], scal[1]
+        msb = mlay[c.SBF16] != 0
+        mrow = np.empty(B, np.float32)
+        prow = np.empty(B, np.float32)
+        grow = np.empty(B, np.float32)
+        q = np.empty(B, np.int32)
+        nbad = 0
+        for b in range(b0, b1_):
+            start = b * B
+            cnt = min(B, numel - start)
+            c.read_state(fresh, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, ks[2], ks[3], q, mrow)
+            nbad += c.load_grad(g, start, cnt, grow)
+            c.load_row(p, start, cnt, prow)
+            for j in range(cnt):
+                gj = grow[j]
+                mh = mrow[j]
+                cm = mh * b1 + gj * ob1
+                sgn = c.ONE if cm > c.ZERO else (-c.ONE if cm < c.ZERO else c.ZERO)
+                prow[j] = prow[j] * decay - sgn * lr
+                mrow[j] = mh * b2 + gj * ob2
+            c.store_row(prow, start, cnt, p)
+            c.store_scale(ms, b, c.encode_block(mrow, cnt, mlay, mlim, mtab, b, start, ks[0], ks[1], False, q), msb)
+            c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
+        return nbad
+
+    return _lion_kernel
 
 
 def lion_step(batch: CpuBatch, scalars, m, *, p_kind: int, g_kind: int, step: int, written: int, fresh: bool,
               beta1: float, beta2: float, table=None) -> None:
     """One fused Lion step over every tensor of `batch`, with kernels/lion.lion_step's signature."""
     mlay, mlim, mtab = layout_arrays(m, table)
+    kernel = kernel_for(mlay, int(m.block))
     scal = scalars.detach().cpu().numpy()
     for member in batch.members:
         p, g, (mc, ms) = numpy_views(member, ("m",))
         km = batch.stream_key(member, 0)
         ks = np.array(keys(km, step) + keys(km, written), np.uint32)
-        bad = run_blocks(_lion_kernel, p.size, m.block,
-                         (p, g, mc, ms, mlay, mlim, mtab, p.size, m.block, ks, scal, float(beta1),
+        bad = run_blocks(kernel, p.size, m.block,
+                         (p, g, mc, ms, mlim, mtab, p.size, ks, scal, float(beta1),
                           1.0 - float(beta1), float(beta2), 1.0 - float(beta2), bool(fresh)))
         if bad:
             member.nonfinite += int(bad)

@@ -9,6 +9,8 @@ The rule is optim/rules.sgd, op for op (coupled weight decay first, as torch doe
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from numba import njit
 
@@ -16,58 +18,66 @@ from . import codec as c
 from .host import CpuBatch, keys, layout_arrays, numpy_views, run_blocks
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
-def _sgd_kernel(b0, b1_, p, g, mc, ms, mlay, mlim, mtab, numel, B, ks, scal, momentum, omd, wd, use_wd, nesterov,
-                fresh):
-    """ks: uint32 [4] = keys of this step (0, 1) and of the step the buffer was written at
-    (2, 3); scal: fp32 [lr, ...]; omd = 1 - dampening; use_wd: weight_decay != 0 (as
-    kernels/sgd.py's WD). Returns the non-finite count."""
-    mu, om, wd32 = np.float32(momentum), np.float32(omd), np.float32(wd)
-    lr = scal[0]
-    msb = mlay[c.SBF16] != 0
-    mrow = np.empty(B, np.float32)
-    prow = np.empty(B, np.float32)
-    grow = np.empty(B, np.float32)
-    q = np.empty(B, np.int32)
-    nbad = 0
-    for b in range(b0, b1_):
-        start = b * B
-        cnt = min(B, numel - start)
-        nbad += c.load_grad(g, start, cnt, grow)
-        c.load_row(p, start, cnt, prow)
-        if use_wd:
-            for j in range(cnt):
-                grow[j] = grow[j] + prow[j] * wd32
-        if fresh:  # first step (or after a reset): the buffer starts as the gradient
-            for j in range(cnt):
-                mrow[j] = grow[j]
-        else:
-            c.decode_block(mc, c.scale_at(ms, b, msb), mlay, mlim, mtab, b, start, cnt, ks[2], ks[3], q, mrow)
-            for j in range(cnt):
-                mrow[j] = mrow[j] * mu + grow[j] * om
-        if nesterov:
-            for j in range(cnt):
-                prow[j] = prow[j] - (grow[j] + mrow[j] * mu) * lr
-        else:
-            for j in range(cnt):
-                prow[j] = prow[j] - mrow[j] * lr
-        c.store_row(prow, start, cnt, p)
-        c.store_scale(ms, b, c.encode_block(mrow, cnt, mlay, mlim, mtab, b, start, ks[0], ks[1], False, q), msb)
-        c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
-    return nbad
+@lru_cache(maxsize=None)
+def kernel_for(mlay: tuple, B: int):
+    """The kernel compiled for this layout (codec.py: lay tuple) and block size B, both
+    compile-time constants of it (one compilation per key, cached on disk)."""
+
+    @njit(nogil=True, cache=True, error_model="numpy")
+    def _sgd_kernel(b0, b1_, p, g, mc, ms, mlim, mtab, numel, ks, scal, momentum, omd, wd, use_wd, nesterov,
+                    fresh):
+        """ks: uint32 [4] = keys of this step (0, 1) and of the step the buffer was written at
+        (2, 3); scal: fp32 [lr, ...]; omd = 1 - dampening; use_wd: weight_decay != 0 (as
+        kernels/sgd.py's WD). Returns the non-finite count."""
+        mu, om, wd32 = np.float32(momentum), np.float32(omd), np.float32(wd)
+        lr = scal[0]
+        msb = mlay[c.SBF16] != 0
+        mrow = np.empty(B, np.float32)
+        prow = np.empty(B, np.float32)
+        grow = np.empty(B, np.float32)
+        q = np.empty(B, np.int32)
+        nbad = 0
+        for b in range(b0, b1_):
+            start = b * B
+            cnt = min(B, numel - start)
+            nbad += c.load_grad(g, start, cnt, grow)
+            c.load_row(p, start, cnt, prow)
+            if use_wd:
+                for j in range(cnt):
+                    grow[j] = grow[j] + prow[j] * wd32
+            if fresh:  # first step (or after a reset): the buffer starts as the gradient
+                for j in range(cnt):
+                    mrow[j] = grow[j]
+            else:
+                c.decode_block(mc, c.scale_at(ms, b, msb), mlay, mlim, mtab, b, start, cnt, ks[2], ks[3], q, mrow)
+                for j in range(cnt):
+                    mrow[j] = mrow[j] * mu + grow[j] * om
+            if nesterov:
+                for j in range(cnt):
+                    prow[j] = prow[j] - (grow[j] + mrow[j] * mu) * lr
+            else:
+                for j in range(cnt):
+                    prow[j] = prow[j] - mrow[j] * lr
+            c.store_row(prow, start, cnt, p)
+            c.store_scale(ms, b, c.encode_block(mrow, cnt, mlay, mlim, mtab, b, start, ks[0], ks[1], False, q), msb)
+            c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
+        return nbad
+
+    return _sgd_kernel
 
 
 def sgd_step(batch: CpuBatch, scalars, m, *, p_kind: int, g_kind: int, step: int, written: int, fresh: bool,
              momentum: float, dampening: float, weight_decay: float, nesterov: bool, table=None) -> None:
     """One fused SGD-momentum step over every tensor of `batch`, with kernels/sgd.sgd_step's signature."""
     mlay, mlim, mtab = layout_arrays(m, table)
+    kernel = kernel_for(mlay, int(m.block))
     scal = scalars.detach().cpu().numpy()
     for member in batch.members:
         p, g, (mc, ms) = numpy_views(member, ("m",))
         km = batch.stream_key(member, 0)
         ks = np.array(keys(km, step) + keys(km, written), np.uint32)
-        bad = run_blocks(_sgd_kernel, p.size, m.block,
-                         (p, g, mc, ms, mlay, mlim, mtab, p.size, m.block, ks, scal, float(momentum),
+        bad = run_blocks(kernel, p.size, m.block,
+                         (p, g, mc, ms, mlim, mtab, p.size, ks, scal, float(momentum),
                           1.0 - float(dampening), float(weight_decay), weight_decay != 0.0, bool(nesterov),
                           bool(fresh)))
         if bad:
