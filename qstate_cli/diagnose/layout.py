@@ -13,8 +13,12 @@ Random streams (LayoutStream): the reference draws stochastic-rounding bits from
 (seed, tensor id, state id, step). `quant.encode` hashes counter c = 0, 1, ... of the
 layout as hash32(hash32(c ^ k1) ^ k2). Handing it, per position, the key
 k1' = k1[tensor] ^ c ^ c_orig makes c ^ k1' = k1[tensor] ^ c_orig: exactly the bits the
-reference draws for that element or block of that tensor. So a replay of a fully
-recorded trace stores the same codes as the optimizer did, bit for bit (tested).
+reference draws for that element or block of that tensor. Stochastic rounding hashes
+counter i >> 1 for element i and takes half (i & 1) of the bits (hash.uniform16), so the
+element fold is (c >> 1) ^ (c_orig >> 1); a segment starts on an even position and its
+recorded blocks on even element indices, so c and c_orig agree in parity (checked). So a
+replay of a fully recorded trace stores the same codes as the optimizer did, bit for bit
+(tested).
 
 A part (`part=(rank, ranks)`, torchrun's element split, distributed.py): the unit blocks
 u0..u1-1 of the whole layout (split_units), positions u0*unit .. u1*unit - 1. A unit never straddles
@@ -121,9 +125,14 @@ class LayoutStream:
     def __init__(self, layout: Layout, seed: int, state_id: int, counter: str, block: int):
         self.seed, self.state_id, self.layout = seed, state_id, layout
         idx = layout.element_index
-        if counter == "element":
+        if counter == "element":  # hash.uniform16: element i takes half (i & 1) of hash counter i >> 1
             pos = torch.arange(layout.n, dtype=torch.int64)
             orig, owner = idx, layout.unit_tensor.cpu().repeat_interleave(layout.unit)
+            held = layout.valid.cpu() if layout.valid is not None else torch.ones(layout.n, dtype=torch.bool)
+            if not torch.equal((pos & 1)[held], (orig & 1)[held]):  # segments start on even positions
+                raise QstateError("layout positions and tensor elements differ in parity: the stochastic-rounding "
+                                  "bits would not be the optimizer's")
+            pos, orig = pos >> 1, orig >> 1
         else:
             pos = torch.arange(layout.n // block, dtype=torch.int64)
             orig = idx[::block] // block
