@@ -25,10 +25,10 @@ table / JSON / report; the other ranks print nothing.
 Equal to one process: counts exactly; float sums add in another order (relative
 differences ~1e-15, tested to 1e-9).
 
-Scaling (docs/distributed.md, 2 shared cores): the element split divides the per-element
-work, but every rank still issues every operation. One process's replay CPU time over
-one rank's: 1.72-2.04x on a 162,560-element trace, 1.4-1.5x on the demo's 24,320
-elements, where the per-operation overhead is about a third of the work.
+Scaling (docs/distributed.md, 2 near-idle cores): the element split divides the
+per-element work, but every rank still issues every operation. Replay 1.98x (whole
+command 1.78x, 0.89 N) on a 162,560-element trace; 1.15x on the demo's 24,320 elements,
+where the per-operation overhead dominates (there `--split configs`: 1.86x).
 
 `--split configs` (fallback): rank r replays configurations r, r + N, ... on the whole
 layout, as qstate did before the element split: no overhead added, so it scales better
