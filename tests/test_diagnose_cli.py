@@ -93,7 +93,7 @@ def test_theory_table():
     (["diagnose"], "diagnose needs a TRACE"),
     (["diagnose", "--theory", "--format", "int4"], "covers float formats"),
     (["diagnose", "--theory", "--beta2", "1.5"], "--beta2 1.5"),
-    (["diagnose", "demo", "--split", "rows"], "--split rows: choose elements or configs"),
+    (["diagnose", "demo", "--split", "rows"], "--split rows: choose auto, elements or configs"),
 ])
 def test_diagnose_input_errors_are_one_line(args, message, tmp_path):
     r = runner.invoke(app, args)

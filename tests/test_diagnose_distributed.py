@@ -47,7 +47,7 @@ def test_torchrun_diagnose_equals_single_process(demo_trace, tmp_path):
     r1 = run("-m", "qstate_cli", "diagnose", demo_trace, *CONFIGS, "--reset", "3", "--json", one)
     assert r1.returncode == 0, r1.stderr
     r2 = run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "qstate_cli", "diagnose",
-             demo_trace, *CONFIGS, "--reset", "3", "--json", two)
+             demo_trace, *CONFIGS, "--reset", "3", "--split", "elements", "--json", two)  # auto: configs here
     assert r2.returncode == 0, r2.stderr[-3000:]
     a, b = json.loads(one.read_text()), json.loads(two.read_text())
     assert b["meta"]["ranks"] == 2 and a["meta"]["ranks"] == 1 and b["meta"]["split"] == "elements"

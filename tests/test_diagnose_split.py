@@ -126,3 +126,13 @@ def test_configuration_split_equals_one_process(trace):
     configs = [parse_config(c) for c in ("bred-4bit", "nearest-4bit", "te-fp8")]
     one = replay(trace, ReplayOptions(configs, keep_states=True))
     assert_same_replay(one, split_replay(trace, configs, 2, mode="configs", keep_states=True))
+
+
+def test_auto_splits_elements_on_large_traces_and_configurations_on_small_ones():
+    from qstate_cli.diagnose.distributed import AUTO_ELEMENTS_PER_RANK, auto_mode
+
+    assert auto_mode(24_320, 7, 2) == "configs"                      # the demo trace: 12,160 per rank
+    assert auto_mode(162_560, 7, 2) == "elements"                    # small-lm: 81,280 per rank
+    assert auto_mode(2 * AUTO_ELEMENTS_PER_RANK, 7, 2) == "elements"
+    assert auto_mode(2 * AUTO_ELEMENTS_PER_RANK - 1, 7, 2) == "configs"
+    assert auto_mode(24_320, 1, 2) == "elements"                     # one configuration: only elements split

@@ -60,8 +60,10 @@ class DiagnoseOptions(Options):
                                 "model).")
     steps_limit: int | None = option(None, "Replay only the first N recorded steps.", type=int)
     device: str = option("auto", "auto (CUDA when present), cpu or cuda.")
-    split: str = option("elements", "Under torchrun: split the recorded elements across ranks (elements) or the "
-                                    "configurations (configs); docs/distributed.md.", parse=lambda v: _split_mode(v))
+    split: str = option("auto", "Under torchrun: split the recorded elements across ranks (elements) or the "
+                                "configurations (configs); auto: elements from 65,536 recorded elements per rank "
+                                "or with fewer configurations than ranks, else configs; docs/distributed.md.",
+                        parse=lambda v: _split_mode(v))
     profile: bool = option(False, "Print replay throughput (element-steps per second) per phase (always in meta).")
     skip_reset_check: bool = option(False, "Give the reset advice without replaying it (validate.py: by default "
                                            "each recommended period is replayed and kept only if it lowers the "
@@ -74,7 +76,7 @@ class DiagnoseOptions(Options):
 def _split_mode(value) -> str:
     mode = str(value).strip().lower()
     if mode not in distributed.MODES:
-        raise QstateError(f"--split {value}: choose elements or configs")
+        raise QstateError(f"--split {value}: choose auto, elements or configs")
     return mode
 
 
@@ -156,9 +158,9 @@ def diagnose(trace: Trace | str | Path, configs: list[StateConfig], reset="none"
 def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="none",
                   steps_limit: int | None = None, device: str = "auto", progress=None, keep_states: bool = False,
                   profile_phases: bool = False, check_resets: bool = True, log=None,
-                  split: str = "elements") -> tuple[Result, Replay]:
+                  split: str = "auto") -> tuple[Result, Replay]:
     """The replay (Replay) and its rows as a Result (kind "diagnose"). Under torchrun every
-    rank replays its share (`split`: elements or configs, distributed.py) and returns the
+    rank replays its share (`split`: auto, elements or configs, distributed.py) and returns the
     same Result; rank 0 writes it."""
     if not isinstance(trace, Trace):
         trace = load_trace(resolve_trace(trace))
@@ -167,6 +169,9 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
     ranks, share = 1, None
     if distributed.launched():  # torchrun: this rank's share (distributed.py)
         device = distributed.init(device)
+        if split == "auto":
+            split = distributed.auto_mode(trace.recorded_elements, len(configs),
+                                          torch.distributed.get_world_size())
         share = distributed.split(split)
         ranks = share.size
     opts = ReplayOptions(list(configs), reset=reset, steps_limit=steps_limit, device=device, keep_states=keep_states,
