@@ -21,7 +21,8 @@ import torch
 
 from ..errors import QstateError
 from . import recipes
-from .demo import DEFAULT as DEMO_SETTINGS, cache_dir, cached_demo, demo_path
+from ..runtime import cache_dir
+from .demo import DEFAULT as DEMO_SETTINGS, cached_demo, demo_path
 
 PREFIX = "corpus:"
 DEMO = "demo"

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..models import tiny_lm
-from ..runtime import cache_dir, torch_threads  # noqa: F401  (cache_dir: also trace.corpus's)
+from ..runtime import cache_dir, torch_threads
 from .recorder import Recorder
 from .schema import BLOCK, Trace
 
