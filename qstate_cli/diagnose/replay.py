@@ -33,12 +33,13 @@ import torch
 
 from ..errors import QstateError
 from ..optim.reset import ResetPolicy
-from ..quant import QuantizedState, Stream
+from ..quant import Stream
 from ..quant.config import STATE_IDS, StateConfig  # streams keyed as the optimizers key them
 from ..runtime import Timer, resolve_device, torch_threads
 from ..theory import reset_period as theory_reset_period
 from ..trace.schema import Trace
 from . import merge
+from .codec import replay_state
 from .layout import Layout
 from .recursions import Recursion, recursion_for
 from .stats import GradientStats, ModelStats, StateStats, UpdateStats, dimension_ms, fidelity, unit_sums
@@ -57,6 +58,7 @@ class ReplayOptions:
     split: object | None = None  # torchrun: this rank's share and the collectives (distributed.Split)
     reference_reset: bool = True  # the fp32 shadow follows each configuration's resets (False: never resets)
     models: bool = True  # evaluate the staleness model (staleness.py)
+    backend: str = "auto"  # the states' codec: auto (a fused one where it covers the state) or reference (codec.py)
 
 
 @dataclass
@@ -69,6 +71,7 @@ class ConfigReplay:
     states: dict[str, dict]  # state -> StateStats.collect(): per-step series and per-unit sums (stats.py)
     update: dict  # UpdateStats.collect(): update fidelity per step and per unit
     models: dict[str, dict] = field(default_factory=dict)  # state -> ModelStats.collect() (staleness.py)
+    codec: dict[str, list] = field(default_factory=dict)  # state -> [path, why the reference ran or None] (codec.py)
 
 
 @dataclass
@@ -139,6 +142,7 @@ class _ConfigReplay:
     clamp: dict  # name -> bool (a BReD v read back below 0 is clamped)
     models: dict  # name -> ModelStats (quantized states only)
     shadow: int | None  # key of the fp32 shadow it is measured against
+    codec: dict  # name -> [path, why the reference ran or None] (codec.py)
     since: int = 0  # steps since the start or the last reset
 
 
@@ -232,7 +236,8 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
         units=layout.units, wall_s=wall, cpu_s=cpu, threads=torch.get_num_threads(), timings_s=timer.totals,
         timings_synchronized=timer.exact, nonfinite_units=nonfinite.cpu().numpy(),
         configs=[ConfigReplay(c.cfg, c.period, c.period_reason, {s: c.stats[s].collect() for s in rec.states},
-                              c.update.collect(), {s: m.collect() for s, m in c.models.items()}) for c in configs],
+                              c.update.collect(), {s: m.collect() for s, m in c.models.items()}, c.codec)
+                 for c in configs],
         gradients=grad_stats.collect(),
         final_states={str(c.cfg): {s: _split(layout, c.x_hat[s]) for s in rec.states} for c in configs}
         if opts.keep_states else None)
@@ -254,7 +259,8 @@ def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout,
             s["dim_ms"] = dimension_ms(s, layout)
         configs.append(ConfigReplay(cfg, held[0].period, held[0].period_reason, st,
                                     fidelity(merge.update([c.update for c in held])),
-                                    {s: merge.models([c.models[s] for c in held]) for s in held[0].models}))
+                                    {s: merge.models([c.models[s] for c in held]) for s in held[0].models},
+                                    held[0].codec))
     timings = {}
     for p in parts:
         for k, v in p.timings_s.items():
@@ -283,17 +289,18 @@ def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout
         period, why = reset_schedule(opts.reset, cfg, rec)
         key = period if opts.reference_reset else None
         shadows.setdefault(key, _Shadow(key, {s: zeros() for s in rec.states}))
-        qs, stats, clamp = {}, {}, {}
+        qs, stats, clamp, paths = {}, {}, {}, {}
         for s in rec.states:
             spec = cfg.spec(s)
             stream = _stream(layout, spec, int(trace.seed), STATE_IDS[s])
-            qs[s] = QuantizedState(spec, (layout.n,), stream, device=layout.device, reduce_absmax=reduce_absmax)
+            qs[s], path, why = replay_state(spec, layout, stream, reduce_absmax, opts.backend)
+            paths[s] = [path, why]
             stats[s] = StateStats(layout, spec, n_steps, snap_every)
             clamp[s] = s == "v" and spec.rounding == "bred" and not spec.sqrt
         models = {s: ModelStats(layout, cfg.spec(s), n_steps, reduce_absmax) for s in rec.states
                   if cfg.spec(s).fmt.kind != "identity"} if opts.models else {}
         configs.append(_ConfigReplay(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
-                                     UpdateStats(layout, n_steps), clamp, models, key))
+                                     UpdateStats(layout, n_steps), clamp, models, key, paths))
     return configs, shadows
 
 

@@ -32,6 +32,7 @@ from ..results import Result
 from ..trace import load_trace
 from ..trace.schema import Trace
 from . import distributed
+from .codec import check_backend
 from .replay import Replay, ReplayOptions, replay
 from .summary import build
 from .validate import validate
@@ -64,6 +65,9 @@ class DiagnoseOptions(Options):
                                 "configurations (configs); auto: elements from 65,536 recorded elements per rank "
                                 "or with fewer configurations than ranks, else configs; docs/distributed.md.",
                         parse=lambda v: _split_mode(v))
+    backend: str = option("auto", "The states' codec: auto (a fused codec where one covers the state and device, "
+                                  "bit-identical records) or reference (the eager quantizer).",
+                          parse=lambda v: check_backend(v))
     profile: bool = option(False, "Print replay throughput (element-steps per second) per phase (always in meta).")
     skip_reset_check: bool = option(False, "Give the reset advice without replaying it (validate.py: by default "
                                            "each recommended period is replayed and kept only if it lowers the "
@@ -138,27 +142,28 @@ def execute(opts: DiagnoseOptions, progress: Progress | None = None) -> Result:
 
     result, _ = replay_result(trace, configs, reset=opts.reset, steps_limit=opts.steps_limit, device=opts.device,
                               progress=advance, profile_phases=opts.profile,
-                              check_resets=not opts.skip_reset_check, log=progress.log, split=opts.split)
+                              check_resets=not opts.skip_reset_check, log=progress.log, split=opts.split,
+                              backend=opts.backend)
     return result
 
 
 def diagnose(trace: Trace | str | Path, configs: list[StateConfig], reset="none", steps_limit: int | None = None,
              device: str = "auto", progress=None, keep_states: bool = False,
-             profile_phases: bool = False, check_resets: bool = False) -> tuple[dict, Replay]:
+             profile_phases: bool = False, check_resets: bool = False, backend: str = "auto") -> tuple[dict, Replay]:
     """Replay `trace` through `configs`; returns (result document, the Replay). `trace`
     may be a Trace, a path, or "demo" (the cached demo trace). `progress(done, total)`
     after each step; `profile_phases` synchronizes CUDA around each phase so the
     per-phase times are exact; `check_resets` replays each recommended reset period
     (validate.py; off here by default: tests ask for it)."""
     result, raw = replay_result(trace, configs, reset, steps_limit, device, progress, keep_states, profile_phases,
-                                check_resets)
+                                check_resets, backend=backend)
     return result.document(), raw
 
 
 def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="none",
                   steps_limit: int | None = None, device: str = "auto", progress=None, keep_states: bool = False,
                   profile_phases: bool = False, check_resets: bool = True, log=None,
-                  split: str = "auto") -> tuple[Result, Replay]:
+                  split: str = "auto", backend: str = "auto") -> tuple[Result, Replay]:
     """The replay (Replay) and its rows as a Result (kind "diagnose"). Under torchrun every
     rank replays its share (`split`: auto, elements or configs, distributed.py) and returns the
     same Result; rank 0 writes it."""
@@ -175,7 +180,7 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         share = distributed.split(split)
         ranks = share.size
     opts = ReplayOptions(list(configs), reset=reset, steps_limit=steps_limit, device=device, keep_states=keep_states,
-                         profile=profile_phases, split=share)
+                         profile=profile_phases, split=share, backend=backend)
     t0 = time.perf_counter()
     raw = replay(trace, opts, progress)
     rows = build(raw)
@@ -197,6 +202,7 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         "quantized_everything": "every recorded tensor is quantized (the optimizers keep tensors under "
                                 "min_quant_numel=4096 in fp32)",
         "profile": profile(raw, time.perf_counter() - t0),
+        "codec": {str(c.cfg): c.codec for c in raw.configs},  # state -> [path, why the reference ran] (codec.py)
         "ranks": ranks, "split": split if ranks > 1 else None,  # torchrun's ranks and what they split
         "reset_check_s": meta_check_s,
     }

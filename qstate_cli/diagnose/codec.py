@@ -1,0 +1,47 @@
+"""Which codec the replay's quantized states encode and decode through.
+
+    backend "reference"  quant.QuantizedState: the eager reference (40-60 torch ops per
+                         encode + decode; docs/diagnose.md "Replay throughput")
+    backend "auto"       a fused codec where one covers the state on the layout's device,
+                         bit-identical to the reference (same codes, scales and values read
+                         back, so the same records); else the reference, with the reason
+
+A fused codec is a QuantizedState subclass (same fields: codes, scales, written; same
+encode(x, step) / decode() / reset()), made by the factory FUSED[device type]:
+factory(spec, layout, stream, reduce_absmax) -> (state, None) or (None, why not).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import QstateError
+from ..quant import QuantizedState
+
+BACKENDS = ("auto", "reference")
+REFERENCE = "reference"
+
+# device type -> factory(spec, layout, stream, reduce_absmax) -> (state | None, why_reference | None)
+FUSED: dict[str, Callable] = {}
+
+
+def check_backend(backend: str) -> str:
+    name = str(backend).strip().lower()
+    if name not in BACKENDS:
+        raise QstateError(f"--backend {backend}: choose auto or reference")
+    return name
+
+
+def replay_state(spec, layout, stream, reduce_absmax, backend: str = "auto") -> tuple[QuantizedState, str, str | None]:
+    """(the state the replay stores one state in, its path, why the reference runs or None)."""
+    plain = QuantizedState(spec, (layout.n,), stream, device=layout.device, reduce_absmax=reduce_absmax)
+    if check_backend(backend) == REFERENCE:
+        return plain, REFERENCE, "--backend reference"
+    if spec.fmt.kind == "identity":
+        return plain, REFERENCE, "an fp32 state is stored as is"
+    factory = FUSED.get(layout.device.type)
+    if factory is None:
+        return plain, REFERENCE, f"no fused replay codec on {layout.device.type}"
+    state, why = factory(spec, layout, stream, reduce_absmax)
+    if state is None:
+        return plain, REFERENCE, why
+    return state, getattr(state, "PATH", "fused"), None
