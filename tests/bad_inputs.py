@@ -460,6 +460,13 @@ def diagnose_bad_reset(tmp):
     return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "bf16", "--reset", "sometimes"]
 
 
+@case(FLAGS, "`diagnose --backend fused` (not a codec backend)", r"--backend fused: choose auto or reference")
+def diagnose_bad_backend(tmp):
+    from qstate_cli.trace import save_trace
+
+    return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "bf16", "--backend", "fused"]
+
+
 @case(FLAGS, "`-c m=int4` (v was silently stored on m's signed grid)", r"the v state needs a spec too")
 def config_m_without_v(tmp):
     from qstate_cli.trace import save_trace
