@@ -15,7 +15,18 @@ READY := $(VENV)/.qstate-installed
 CPU_TORCH := torch==2.13.0
 JOBS ?= auto
 
-.PHONY: quick test venv clean-venv
+NUMBA_DIR := .numba
+# The fused CPU path's parity tests (kernels/cpu, diagnose's CPU codec) skip where numba is
+# missing, as in `make test`'s environment. `make test-cpu-path` puts numba (the `cpu`
+# extra) in NUMBA_DIR, beside .venv and not in it (so `make test` keeps the reference path
+# and its speed), and runs a subset that compiles a few kernel layouts (~2-3 min on 2 cores
+# the first time; numba caches them under the qstate cache). The whole grid:
+# `PYTHONPATH=.numba .venv/bin/python -m pytest tests/test_kernels_cpu*.py` (~15 min fresh).
+CPU_PATH_TESTS := tests/test_kernels_cpu.py tests/test_kernels_cpu_momentum.py tests/test_kernels_cpu_cache.py
+CPU_PATH_SELECT := adamw_presets or lion-bred or sgd-sr or muon-nearest or nonfinite or auto_picks or without_numba \
+    or fp16 or cpu_cache
+
+.PHONY: quick test test-cpu-path venv clean-venv
 
 quick: $(READY)
 	$(PY) -m qstate_cli run suites/quick.yaml
@@ -25,6 +36,11 @@ quick: $(READY)
 test: $(READY)
 	$(PY) -m pytest -q -n $(JOBS) --dist loadfile -m "not serial" --durations=20
 	$(PY) -m pytest -q -m serial
+
+test-cpu-path: $(READY)
+	test -d $(NUMBA_DIR)/numba || $(PY) -m pip install -q --disable-pip-version-check --no-deps \
+	    --target $(NUMBA_DIR) "numba>=0.59" llvmlite
+	PYTHONPATH=$(NUMBA_DIR) $(PY) -m pytest -q $(CPU_PATH_TESTS) -k "$(CPU_PATH_SELECT)"
 
 venv: $(READY)
 
