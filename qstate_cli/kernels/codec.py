@@ -53,8 +53,11 @@ def _block_keys(key_ptr, ctr_ptr, rem, row0, step, ROUND: tl.constexpr, B: tl.co
         # the pair counter one_plus_uniform16 hashes, folded into the tensor's: ctr + j/2
         j = tl.arange(0, BP // 2)
         own = (row0 * (B // 2)).to(tl.uint32) + (r[:, None] * (B // 2) + j[None, :]).to(tl.uint32)
-        return k1[:, None] ^ own ^ (ctr[:, None] + j[None, :].to(tl.uint32)), k2[:, None]
-    return k1 ^ (row0 + r).to(tl.uint32) ^ ctr, k2
+        k1 = k1[:, None] ^ own ^ (ctr[:, None] + j[None, :].to(tl.uint32))
+        k2 = k2[:, None]
+    else:  # the block counter row0 + r the BReD dither hashes, folded into the tensor's
+        k1 = k1 ^ (row0 + r).to(tl.uint32) ^ ctr
+    return k1, k2  # (one return: the compiler wants one type per function)
 
 
 @triton.jit
