@@ -120,14 +120,26 @@ def _replay_both(trace, configs, device, monkeypatch=None):
     return ref_doc, ref, doc, raw
 
 
-def _assert_same_replay(ref_doc, ref, doc, raw, configs):
+def _close(a, b, rel: float) -> bool:
+    """Equal, floats to `rel` (0: exactly), through nested records."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_close(a[k], b[k], rel) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_close(x, y, rel) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and rel:
+        return a == pytest.approx(b, rel=rel, abs=1e-300, nan_ok=True)
+    return a == b or (a != a and b != b)
+
+
+def _assert_same_replay(ref_doc, ref, doc, raw, configs, rel: float = 0.0):
     for cfg in configs:
         for s in ("m", "v"):
             for a, b in zip(ref.final_states[str(cfg)][s], raw.final_states[str(cfg)][s]):
                 assert_bits_equal(f"{cfg} {s} final state", b.cpu(), a.cpu())
     paths = {str(c.cfg): c.codec for c in raw.configs}
     assert all(paths[str(c)][s][0] == "triton" for c in configs for s in ("m", "v")), paths
-    assert ref_doc["records"] == doc["records"]  # every statistic, exactly
+    # every statistic: exactly on CPU; on CUDA float sums may add in another order (atomics)
+    assert _close(ref_doc["records"], doc["records"], rel)
 
 
 def test_replay_records_do_not_change_with_the_triton_codec(trace, monkeypatch):
@@ -138,7 +150,7 @@ def test_replay_records_do_not_change_with_the_triton_codec(trace, monkeypatch):
 @pytest.mark.cuda
 def test_replay_on_cuda_goes_through_the_codec_and_records_do_not_change(trace):
     configs = [parse_config(c) for c in ("bred-4bit", "sr-4bit", "nearest-4bit", "bnb-8bit", "torchao-4bit")]
-    _assert_same_replay(*_replay_both(trace, configs, "cuda"), configs)
+    _assert_same_replay(*_replay_both(trace, configs, "cuda"), configs, rel=1e-9)
 
 
 PROBE = """
