@@ -101,7 +101,8 @@ def test_codec_on_one_rank_s_part_of_the_layout(trace, text):
 
 def test_states_without_a_kernel_keep_the_reference_with_the_reason(trace):
     layout = Layout(trace, 128, DEVICE)
-    cases = {"e4m3:nearest:tensor": "tensor scale", "e4m3:bred:b128": "no kernel", "int8:nearest:b128:sfp16": "FlashOptim"}
+    cases = {"e4m3:nearest:tensor": "tensor scale", "e4m3:bred:b128": "no kernel",
+             "int8:nearest:b128:sfp16": "FlashOptim"}
     for text, reason in cases.items():
         spec = parse_spec(text)
         state, why = triton_state(spec, layout, _stream(layout, spec, SEED, 0), None)
@@ -176,8 +177,9 @@ for text in sys.argv[1:]:
             raise
         print(json.dumps({"unavailable": f"{type(exc).__name__}: {exc}"}))
         continue
+    bad = len(re.findall(r"div\\.(full|approx)|sqrt\\.approx", ptx))
     print(json.dumps({"spec": text, "fma": ptx.count("fma.rn.f32"), "ftz": len(re.findall(r"\\.ftz\\b", ptx)),
-                      "div_rn": ptx.count("div.rn.f32"), "bad": len(re.findall(r"div\\.(full|approx)|sqrt\\.approx", ptx))}))
+                      "div_rn": ptx.count("div.rn.f32"), "bad": bad}))
 """
 
 
