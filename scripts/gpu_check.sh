@@ -95,11 +95,16 @@ stage bench_memory 60 "$PY" -m qstate_cli bench memory --model gpt2-small --json
 #     a 2-step auto replay first compiles the codec kernels (Triton's cache), so the timed
 #     runs measure the replay alone.
 replay_codec() {
-    local trace=demo b t0 t1
-    if ! "$PY" -c "import sys; from qstate_cli.trace.demo import demo_path; sys.exit(0 if demo_path().exists() else 1)"; then
-        trace="$OUT_DIR/demo-${REPLAY_STEPS}steps.pt"
-        "$PY" -m qstate_cli trace demo --steps "$REPLAY_STEPS" -o "$trace" > /dev/null || return 1
-    fi
+    local trace b t0 t1
+    trace=$("$PY" -c "
+from pathlib import Path
+from qstate_cli.trace.demo import DemoSettings, demo_path, run_demo
+out = Path('$OUT_DIR/demo-${REPLAY_STEPS}steps.pt')
+if demo_path().exists():
+    print('demo')
+else:
+    run_demo(out, DemoSettings(steps=$REPLAY_STEPS))
+    print(out)") || return 1
     "$PY" -m qstate_cli diagnose "$trace" --device cuda --skip-reset-check --steps-limit 2 --backend auto \
         --json "$OUT_DIR/diagnose-demo-warmup.json" > /dev/null || return 1
     for b in reference auto; do
