@@ -143,6 +143,7 @@ def _assert_same_replay(ref_doc, ref, doc, raw, configs, rel: float = 0.0):
     assert _close(ref_doc["records"], doc["records"], rel)
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors need Triton's interpreter")
 def test_replay_records_do_not_change_with_the_triton_codec(trace, monkeypatch):
     configs = [parse_config(c) for c in ("bred-4bit", "sr-4bit", "bnb-8bit")]
     _assert_same_replay(*_replay_both(trace, configs, "cpu", monkeypatch), configs)
