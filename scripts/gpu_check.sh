@@ -114,6 +114,14 @@ else:
         t1=$(date +%s.%N)
         echo "== backend $b: $trace, $REPLAY_STEPS steps, command wall $(awk "BEGIN { print $t1 - $t0 }") s"
     done
+    "$PY" -c "
+import json
+ref, auto = (json.load(open('$OUT_DIR/diagnose-demo-' + b + '.json'))['meta'] for b in ('reference', 'auto'))
+r, a = ref['profile']['config_element_steps_per_s'], auto['profile']['config_element_steps_per_s']
+print('== per configuration, M element-steps/s (replay phases synchronized):')
+for c in r:
+    path = '/'.join(sorted({p[0] for p in auto['codec'][c].values()}))
+    print(f'{c:14s} reference {r[c] / 1e6:9.2f}   auto {a[c] / 1e6:9.2f}   x{a[c] / r[c]:6.2f}   auto path: {path}')"
 }
 REPLAY_STEPS="${REPLAY_STEPS:-400}"
 export -f replay_codec; export REPLAY_STEPS
