@@ -7,11 +7,12 @@
 #
 # Files: summary.log (one line per stage), <stage>.log, junit XML of the test stages,
 # headline.json, bench-kernels-4bit.json/.csv, bench-kernels-gpt2.json, bench-memory.json,
+# diagnose-demo-reference.json / diagnose-demo-auto.json (the replay's codec, stage replay_codec),
 # prediction.log / prediction.jsonl (each measured fused-kernel row beside the static
 # SASS prediction of scripts/sass_budget.py, compiled with this machine's Triton).
 # Every stage runs even if an earlier one failed (exit status 1 if any failed); a stage
 # that would start after DEADLINE seconds is skipped, so the whole run fits a lease.
-# Knobs: PYTHON, HEADLINE_NUMEL (1e8), BENCH_NUMEL (2^27), DEADLINE (s, 480).
+# Knobs: PYTHON, HEADLINE_NUMEL (1e8), BENCH_NUMEL (2^27), REPLAY_STEPS (400), DEADLINE (s, 480).
 # Peers: if .peers/ exists (bitsandbytes, torchao and flashoptim unpacked there, carried
 # to a machine without network), it is put on PYTHONPATH so their baselines can run;
 # FlashOptim's FlashAdamW and Transformer Engine's FusedAdam are `bench kernels`
@@ -87,11 +88,49 @@ stage bench_gpt2 90 "$PY" -m qstate_cli bench kernels -c bred-4bit --model gpt2-
     --warmup-ms 25 --rep-ms 150 --json "$OUT_DIR/bench-kernels-gpt2.json"
 # 5. Memory: exact accounting and torch.cuda.max_memory_allocated on GPT-2 small shapes.
 stage bench_memory 60 "$PY" -m qstate_cli bench memory --model gpt2-small --json "$OUT_DIR/bench-memory.json"
+# 5b. The replay's codec on CUDA: `qstate diagnose` on the demo trace's shape (24,320
+#     elements, the default configurations, REPLAY_STEPS steps) with --backend reference and
+#     auto (the Triton codec where it covers a state); meta.codec names each state's path.
+#     The cached 2000-step demo trace if this machine has one, else a short one made here;
+#     a 2-step auto replay first compiles the codec kernels (Triton's cache), so the timed
+#     runs measure the replay alone.
+replay_codec() {
+    local trace b t0 t1
+    trace=$("$PY" -c "
+from pathlib import Path
+from qstate_cli.trace.demo import DemoSettings, demo_path, run_demo
+out = Path('$OUT_DIR/demo-${REPLAY_STEPS}steps.pt')
+if demo_path().exists():
+    print('demo')
+else:
+    run_demo(out, DemoSettings(steps=$REPLAY_STEPS))
+    print(out)") || return 1
+    "$PY" -m qstate_cli diagnose "$trace" --device cuda --skip-reset-check --steps-limit 2 --backend auto \
+        --json "$OUT_DIR/diagnose-demo-warmup.json" > /dev/null || return 1
+    for b in reference auto; do
+        t0=$(date +%s.%N)
+        "$PY" -m qstate_cli diagnose "$trace" --profile --device cuda --skip-reset-check \
+            --steps-limit "$REPLAY_STEPS" --backend "$b" --json "$OUT_DIR/diagnose-demo-$b.json" || return 1
+        t1=$(date +%s.%N)
+        echo "== backend $b: $trace, $REPLAY_STEPS steps, command wall $(awk "BEGIN { print $t1 - $t0 }") s"
+    done
+    "$PY" -c "
+import json
+ref, auto = (json.load(open('$OUT_DIR/diagnose-demo-' + b + '.json'))['meta'] for b in ('reference', 'auto'))
+r, a = ref['profile']['config_element_steps_per_s'], auto['profile']['config_element_steps_per_s']
+print('== per configuration, M element-steps/s (replay phases synchronized):')
+for c in r:
+    path = '/'.join(sorted({p[0] for p in auto['codec'][c].values()}))
+    print(f'{c:14s} reference {r[c] / 1e6:9.2f}   auto {a[c] / 1e6:9.2f}   x{a[c] / r[c]:6.2f}   auto path: {path}')"
+}
+REPLAY_STEPS="${REPLAY_STEPS:-400}"
+export -f replay_codec; export REPLAY_STEPS
+stage replay_codec 75 bash -c replay_codec
 # 6. Every other CUDA test (timers, replay on the GPU, ...).
 stage cuda_tests 90 "$PY" -m pytest -q -ra -m cuda tests --ignore-glob='tests/test_kernels_*' \
     --junitxml="$OUT_DIR/cuda_tests.xml"
 
-for f in headline bench_kernels prediction bench_gpt2 bench_memory; do
+for f in headline bench_kernels prediction bench_gpt2 bench_memory replay_codec; do
     echo "== $f (tail)"; tail -n 30 "$OUT_DIR/$f.log" 2>/dev/null || true
 done
 echo "== done in $(( $(date +%s) - T0 ))s: $([ "$failed" -eq 0 ] && echo 'all stages ok' || echo 'some stages FAILED') (see $SUMMARY)" | tee -a "$SUMMARY"

@@ -24,6 +24,20 @@ REFERENCE = "reference"
 FUSED: dict[str, Callable] = {}
 
 
+def _triton(spec, layout, stream, reduce_absmax):
+    from ..kernels import unavailable_reason
+
+    why = unavailable_reason(layout.device)
+    if why is not None:
+        return None, why
+    from .codec_triton import triton_state  # imports Triton on first use
+
+    return triton_state(spec, layout, stream, reduce_absmax)
+
+
+FUSED["cuda"] = _triton  # the Triton codec kernel (codec_triton.py, kernels/codec.py)
+
+
 def check_backend(backend: str) -> str:
     name = str(backend).strip().lower()
     if name not in BACKENDS:

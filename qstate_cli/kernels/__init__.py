@@ -6,10 +6,12 @@
     lion.py      fused Lion step (one state)
     sgd.py       fused SGD-momentum step (one state)
     muon.py      fused Muon momentum update (one state + fp32 update for Newton-Schulz)
+    codec.py     the replay's state codec: encode and read back a flat vector (diagnose/codec_triton.py)
 
 Triton code and its launchers only: kernels import quant/ (the spec they reproduce) and
-nothing above it. The optimizers reach them through one seam, optim/fused.py, which
-imports the kernel modules (and so Triton) on first use; the math never imports them.
+nothing above it. The optimizers reach them through one seam, optim/fused.py, and the
+replay through diagnose/codec_triton.py; both import the kernel modules (and so Triton)
+on first use; the math never imports them.
 Measurements of the kernels live in bench/ (`qstate bench headline`, `bench kernels`).
 `available(device)` says whether kernels can run for tensors on `device`: Triton must
 import, and the device must be CUDA, or Triton's interpreter must be on

@@ -335,6 +335,17 @@ def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
         absmax = (s.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     else:
         absmax = s
+    return decode_codes(q, absmax, table_ptr, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND, SQRT, ROWS)
+
+
+@triton.jit
+def decode_codes(q, absmax, table_ptr, row0, k1, k2, KIND: tl.constexpr, BITS: tl.constexpr,
+                 SIGNED: tl.constexpr, TOP: tl.constexpr, NT: tl.constexpr, ROUND: tl.constexpr,
+                 SQRT: tl.constexpr, ROWS: tl.constexpr):
+    """fp32 values of int32 codes q [ROWS, W] as stored (unsigned, two's complement for
+    signed linear formats; store_codes returns them) in blocks of the fp32 block absmax
+    [ROWS] (quantizer.decode; decode_state's second half)."""
+    r = tl.arange(0, ROWS)
     delta = step_of(absmax, TOP)
     if KIND == LINEAR:
         val = code_to_float(q, BITS, SIGNED)
@@ -383,7 +394,8 @@ def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
                 KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
                 NT: tl.constexpr, ROUND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
                 MASKED: tl.constexpr, C0: tl.constexpr = 0):
-    """Quantize x (stored domain) with n = x * inv (inv = top / absmax per row) and store the codes."""
+    """Quantize x (stored domain) with n = x * inv (inv = top / absmax per row) and store the
+    codes; returns them as int32 [ROWS, BP] (decode_codes reads them back; 0 beyond rem)."""
     loc, mask = tile(rem, B, BP, ROWS, C0)
     r = tl.arange(0, ROWS)
     n = x * inv[:, None]  # one division per block row (inverse_step)
@@ -450,6 +462,15 @@ def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
             tl.store(codes_ptr + loc, q.to(tl.uint8), mask=mask)
         else:
             tl.store(codes_ptr + loc, q.to(tl.uint8))
+    return q
+
+
+@triton.jit
+def bf16_round_up(absmax):
+    """The smallest bf16 value >= absmax (>= 0), in fp32 (quantizer.bf16_round_up)."""
+    bits = absmax.to(tl.uint32, bitcast=True)
+    down = bits & 0xFFFF0000
+    return tl.where((bits & 0xFFFF) != 0, down + 0x10000, down).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -469,10 +490,7 @@ def encode_parts(x0, x1, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
         x1 = stored_domain(x1, rem, SIGNED, SQRT, PREPARED, B, W, ROWS, MASKED, W)
         absmax = tl.maximum(absmax, tl.max(tl.abs(x1), axis=1))
     if SBF16:  # round the scale up to a bf16 value, so no element overflows the grid
-        bits = absmax.to(tl.uint32, bitcast=True)
-        down = bits & 0xFFFF0000
-        bits = tl.where((bits & 0xFFFF) != 0, down + 0x10000, down)
-        absmax = bits.to(tl.float32, bitcast=True)
+        absmax = bf16_round_up(absmax)
     inv = inverse_step(absmax, TOP)
     store_codes(x0, inv, codes_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND, B, W, ROWS,
                 MASKED, 0)

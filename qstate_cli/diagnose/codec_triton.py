@@ -1,0 +1,132 @@
+"""The replay's quantized states on the fused Triton codec (kernels/codec.py).
+
+TritonReplayState is a quant.QuantizedState over the replay's flat layout (layout.py)
+whose encode(x, step) is one kernel launch: it writes the codes and block scales that
+quant.encode writes and keeps the value read back, which the next decode() returns
+(quant.decode of those codes, bit for bit: tests/test_replay_codec_triton.py). The
+random bits are the layout stream's: per quantization block b of the layout, the stream
+key of its tensor (LayoutStream.base) and the counter of its first element in that tensor,
+
+    BReD        ctr[b] = element_index[b B] // B       (LayoutStream "block": idx[::B] // B)
+    stochastic  ctr[b] = element_index[b B] >> 1       (element j of the block: hash counter
+                                                        ctr[b] + (j >> 1), half j & 1)
+
+which is exact where each block's recorded elements are consecutive in their tensor (trace
+blocks of 2048 hold whole quantization blocks; checked here) and padding holds 0.
+
+Covered: what the fused optimizer kernels cover (launch.why_not_covered: linear int4/uint4/
+int8/uint8 and the code books, any rounding, :sqrt, fp32 or bf16 block scales); tensor
+scales (te-fp8, all-reduced under torchrun) and FlashOptim's arithmetic are not, and the
+replay keeps the reference for them. On CUDA the factory (diagnose/codec.FUSED["cuda"])
+picks it; on CPU tensors it runs in Triton's interpreter (TRITON_INTERPRET=1) for tests.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels import codec as kcodec
+from ..kernels import unavailable_reason
+from ..kernels.launch import interpreting, kernel_layout, why_not_covered
+from ..quant import QuantizedState, StateSpec
+from ..quant import hash as qhash
+
+PATH = "triton"
+
+
+def why_not(spec: StateSpec, layout, stream) -> str | None:
+    """None where the codec kernel stores this state on this layout, else the reason."""
+    if spec.tensor_scale:
+        return "a tensor scale (one absmax per tensor; under torchrun all-reduced) has no fused codec"
+    why = why_not_covered(spec)
+    if why is not None:
+        return why
+    if layout.unit % spec.block:
+        return f"block {spec.block} does not divide the layout's unit {layout.unit}"
+    if spec.rounding != "nearest" and getattr(stream, "layout", None) is not layout:
+        return "the random stream is not this layout's (diagnose/layout.LayoutStream)"
+    why = unavailable_reason(layout.device)
+    if why is None and spec.rounding != "nearest":
+        why = _block_counters(spec, layout)[1]
+    return why
+
+
+def triton_state(spec: StateSpec, layout, stream, reduce_absmax=None):
+    """The factory of diagnose/codec.FUSED: (state, None) or (None, why not). reduce_absmax
+    only acts on tensor scales, which this codec leaves to the reference."""
+    why = why_not(spec, layout, stream)
+    if why is not None:
+        return None, why
+    return TritonReplayState(spec, layout, stream, reduce_absmax), None
+
+
+def _block_counters(spec: StateSpec, layout) -> tuple[torch.Tensor, str | None]:
+    """int64 counter base per quantization block (module docstring), and a reason where
+    some block's recorded elements are not consecutive in their tensor (none: None)."""
+    B = spec.block
+    idx = layout.element_index  # host, int64 [n]
+    first = idx[::B]
+    pos = torch.arange(layout.n, dtype=torch.int64)
+    expect = first.repeat_interleave(B) + pos % B
+    held = layout.valid.cpu() if layout.valid is not None else torch.ones(layout.n, dtype=torch.bool)
+    if not torch.equal(expect[held], idx[held]):
+        return first, f"some {B}-element blocks of the layout are not consecutive elements of one tensor"
+    if spec.rounding == "stochastic":
+        return first >> 1, None
+    return first // B, None
+
+
+def _int32_bits(values: torch.Tensor) -> torch.Tensor:
+    """uint32 values (in int64) as the int32 with the same bits."""
+    v = values & qhash.MASK32
+    return torch.where(v >= 1 << 31, v - (1 << 32), v).to(torch.int32)
+
+
+class TritonReplayState(QuantizedState):
+    PATH = PATH
+
+    def __init__(self, spec: StateSpec, layout, stream, reduce_absmax=None):
+        super().__init__(spec, (layout.n,), stream, device=layout.device, reduce_absmax=reduce_absmax)
+        self.kernel = kernel_layout(spec)
+        self.device = layout.device
+        self.table = self.kernel.table(layout.device)
+        nblocks = layout.n // spec.block
+        if spec.rounding == "nearest":  # no random bits: the kernel reads neither
+            keys = counters = torch.zeros(nblocks, dtype=torch.int64)
+        else:
+            counters, why = _block_counters(spec, layout)
+            if why is not None:
+                raise ValueError(why)
+            owner = layout.unit_tensor.cpu().repeat_interleave(layout.unit // spec.block)
+            keys = stream.base[owner]
+        self.block_keys = _int32_bits(keys).to(layout.device)
+        self.block_counters = _int32_bits(counters).to(layout.device)
+        self._read_back = None  # fp32 [n]: decode(encode(x)) of the last encode, not yet handed out
+
+    def encode(self, x: torch.Tensor, step: int) -> None:
+        """Store x as written at optimizer step `step` (>= 1), keeping the value read back."""
+        if x.numel() != self.numel:
+            raise ValueError(f"state of shape {tuple(self.shape)} cannot store {tuple(x.shape)}")
+        x = x.detach().reshape(-1).to(device=self.device, dtype=torch.float32).contiguous()
+        n, spec = self.numel, self.spec
+        codes = torch.empty(n * spec.fmt.bits // 8, dtype=torch.uint8, device=self.device)
+        scales = torch.empty(n // spec.block, dtype=torch.bfloat16 if self.kernel.sbf16 else torch.float32,
+                             device=self.device)
+        out = torch.empty(n, dtype=torch.float32, device=self.device)
+        kcodec.encode_decode(x, out, codes, scales.view(torch.int16) if self.kernel.sbf16 else scales,
+                             self.block_keys, self.block_counters, self.kernel, int(step),
+                             interpret=interpreting(), table=self.table)
+        self.codes, self.scales, self.written, self._read_back = codes, scales, int(step), out
+
+    def decode(self) -> torch.Tensor:
+        """The stored value as fp32 (zeros if never written): the kernel's read-back the first
+        time after an encode (handed over, not kept), quant.decode of the codes after that."""
+        if self.written == 0:
+            return torch.zeros(self.shape, dtype=torch.float32, device=self.codes.device)
+        if self._read_back is not None:
+            out, self._read_back = self._read_back, None
+            return out.view(self.shape)
+        return super().decode()
+
+    def reset(self) -> None:
+        super().reset()
+        self._read_back = None
