@@ -24,6 +24,14 @@ REFERENCE = "reference"
 FUSED: dict[str, Callable] = {}
 
 
+def _cpu(spec, layout, stream, reduce_absmax):
+    from ..kernels.cpu.replay import fused_state  # imports numba only when a state is covered
+    return fused_state(spec, layout, stream, reduce_absmax)
+
+
+FUSED["cpu"] = _cpu
+
+
 def check_backend(backend: str) -> str:
     name = str(backend).strip().lower()
     if name not in BACKENDS:

@@ -1,0 +1,137 @@
+"""The replay's fused CPU codec: `qstate diagnose`'s quantized states encoded and read back
+in one numba pass per block, bit for bit as quant.QuantizedState (the reference).
+
+Per quantization block b of B elements of the flat layout (diagnose/layout.py), on an
+L1-resident row (codec.py's helpers, so the spec is the optimizers' fused kernels' own):
+
+    v      = stored_value(x): non-finite -> 0, sqrt(max(x, 0)) / max(x, 0) as the spec says
+    absmax = max |v| (bf16 scales: rounded up), n = v * (top / absmax) (0 if absmax < top 2**-126)
+    q      = the rounding of n (nearest / stochastic / BReD), clamped, packed into the codes
+    x_hat  = decode_block(q): the value the reference's decode reads back
+
+so one encode(x, step) leaves the codes, the scales AND the value read back; decode()
+hands that value over (reset / never written: zeros, as the reference).
+
+Random bits, as LayoutStream draws them (layout.py): block b holds elements of one tensor t
+(owner[b]) at consecutive flat indices o = ostart[b], o + 1, ... (its nvalid[b] recorded
+elements; the rest is padding), with the stream keys (k1, k2) of tensor t at the step:
+    stochastic  element j < nvalid: uniform16(o + j, k1, k2); padding: uniform16((p + j) & 1, k1, k2)
+                (p = b * B, the layout position: LayoutStream folds a padding element to counter 0)
+    BReD        uniform(o // B, k1, k2)   (o = 0 for a block of padding only)
+The factory checks that every block is such a run (else the reference runs, with the reason).
+
+One compiled kernel for every covered spec: the state layout (launch.StateLayout as codec.py's
+`lay` ints) is a runtime argument here, not a compile-time constant as in the optimizer
+kernels, because one `qstate diagnose` replays ~14 (configuration, state) layouts and each
+compilation costs 30-50 s. numba caches it on disk (cache=True, in numba_cache_dir()), so
+only the first use on a machine compiles (docs/diagnose.md states the cost). numba is
+imported on first use only.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...quant import QuantizedState
+from ...quant import hash as qhash
+from ...quant.state import _empty_storage
+from ..launch import kernel_layout, why_not_covered
+from . import unavailable_reason
+
+PATH = "cpu-numba"
+
+
+def fused_state(spec, layout, stream, reduce_absmax=None):
+    """diagnose/codec.FUSED["cpu"]: (a FusedReplayState, None), or (None, why the reference runs).
+
+    reduce_absmax (torchrun's element split) only changes a tensor-scaled state, which the
+    codec does not cover; for a block-scaled state each block's scale is its own, so a part
+    of the layout encodes as the whole layout does."""
+    why = unavailable_reason(layout.device)
+    if why is None:
+        why = why_not_covered(spec)
+    if why is None and spec.tensor_scale:
+        why = "tensor-scaled states have no fused replay codec"
+    if why is not None:
+        return None, why
+    plan = _plan(layout, int(spec.block))
+    if isinstance(plan, str):
+        return None, plan
+    if spec.rounding != "nearest" and not hasattr(stream, "base"):
+        return None, "the stream has no per-tensor keys (not a diagnose.layout.LayoutStream)"
+    return FusedReplayState(spec, layout, stream, plan), None
+
+
+def _plan(layout, B: int):
+    """Per block of B layout positions: (owner tensor int32, first flat index int64, recorded
+    elements int32), or why the blocks are not runs of consecutive elements of one tensor."""
+    n = layout.n
+    if n % B or layout.unit % B:
+        return f"block size {B} does not divide the layout's {layout.unit}-element units"
+    nb = n // B
+    idx = layout.element_index.view(nb, B)
+    valid = (layout.valid.cpu() if layout.valid is not None else torch.ones(n, dtype=torch.bool)).view(nb, B)
+    nvalid = valid.sum(1)
+    j = torch.arange(B)
+    if not torch.equal(valid, j[None, :] < nvalid[:, None]):
+        return "padding inside a block (recorded elements are not a prefix of each block)"
+    run = idx[:, :1] + j[None, :]
+    if not torch.equal(torch.where(valid, idx, run), run):
+        return "a block's recorded elements are not consecutive in their tensor"
+    owner = layout.unit_tensor.cpu().repeat_interleave(layout.unit // B)
+    return (owner.to(torch.int32).numpy().copy(), idx[:, 0].contiguous().numpy().copy(),
+            nvalid.to(torch.int32).numpy().copy())
+
+
+class FusedReplayState(QuantizedState):
+    """A QuantizedState of the whole layout whose encode runs the fused kernel (module
+    docstring). decode() returns the value read back at the last encode: the tensor itself
+    the first time (the caller owns it: the replay clamps and masks it in place), the
+    reference decode of the stored codes after that."""
+
+    PATH = PATH
+
+    def __init__(self, spec, layout, stream, plan):
+        super().__init__(spec, (layout.n,), stream, device="cpu")
+        from .host import layout_arrays  # no numba there
+        kl = kernel_layout(spec)
+        self.lay, self.lim, self.table = layout_arrays(kl, kl.table("cpu"))
+        self.block = int(spec.block)
+        self.owner, self.ostart, self.nvalid = plan
+        self.base = np.asarray(stream.base.numpy(), np.int64) if hasattr(stream, "base") else np.zeros(
+            max(1, layout.n_tensors), np.int64)
+        self._value = None
+
+    def keys(self, step: int) -> np.ndarray:
+        """uint32 [tensors, 2]: (k1, k2) of each tensor's stream at `step` (hash.stream_keys)."""
+        k1 = qhash.hash32(self.base ^ (int(step) & qhash.MASK32))
+        k2 = qhash.hash32(k1 ^ qhash.GOLDEN)
+        return np.stack([k1, k2], axis=1).astype(np.uint32)
+
+    def encode(self, x: torch.Tensor, step: int) -> None:
+        if x.numel() != self.numel:
+            raise ValueError(f"state of shape {tuple(self.shape)} cannot store {tuple(x.shape)}")
+        from .host import array, run_blocks, scale_words
+        xs = array(x.detach().reshape(-1).to(torch.float32).contiguous())
+        codes, scales = _empty_storage(self.spec, self.numel, "cpu")  # zeros: a fresh tensor per step, as the reference
+        out = torch.empty(self.numel, dtype=torch.float32)
+        run_blocks(_kernel(), self.numel, self.block,
+                   (xs, array(codes), scale_words(scales), array(out), self.lay, self.lim, self.table, self.block,
+                    self.numel, self.ostart, self.nvalid, self.owner, self.keys(step)))
+        self.codes, self.scales, self.written, self._value = codes, scales, int(step), out
+
+    def decode(self) -> torch.Tensor:
+        if self.written and self._value is not None:
+            value, self._value = self._value, None
+            return value
+        return super().decode()
+
+    def reset(self) -> None:
+        super().reset()
+        self._value = None
+
+
+def _kernel():
+    """The fused encode + read-back kernel (imports numba; compiled on first use, cached on disk)."""
+    from .replay_kernel import replay_codec
+    return replay_codec
