@@ -13,7 +13,7 @@ so one encode(x, step) leaves the codes, the scales AND the value read back; dec
 hands that value over (reset / never written: zeros, as the reference).
 
 Random bits, as LayoutStream draws them (layout.py): block b holds elements of one tensor t
-(owner[b]) at consecutive flat indices o = ostart[b], o + 1, ... (its nvalid[b] recorded
+(plan[b, 0]) at consecutive flat indices o = plan[b, 1], o + 1, ... (its nvalid = plan[b, 2] recorded
 elements; the rest is padding), with the stream keys (k1, k2) of tensor t at the step:
     stochastic  element j < nvalid: uniform16(o + j, k1, k2); padding: uniform16((p + j) & 1, k1, k2)
                 (p = b * B, the layout position: LayoutStream folds a padding element to counter 0)
@@ -63,8 +63,8 @@ def fused_state(spec, layout, stream, reduce_absmax=None):
 
 
 def _plan(layout, B: int):
-    """Per block of B layout positions: (owner tensor int32, first flat index int64, recorded
-    elements int32), or why the blocks are not runs of consecutive elements of one tensor."""
+    """int64 [blocks, 3]: per block of B layout positions (owner tensor, flat index of its first
+    element, recorded elements), or why the blocks are not runs of consecutive elements of one tensor."""
     n = layout.n
     if n % B or layout.unit % B:
         return f"block size {B} does not divide the layout's {layout.unit}-element units"
@@ -79,8 +79,7 @@ def _plan(layout, B: int):
     if not torch.equal(torch.where(valid, idx, run), run):
         return "a block's recorded elements are not consecutive in their tensor"
     owner = layout.unit_tensor.cpu().repeat_interleave(layout.unit // B)
-    return (owner.to(torch.int32).numpy().copy(), idx[:, 0].contiguous().numpy().copy(),
-            nvalid.to(torch.int32).numpy().copy())
+    return torch.stack([owner.to(torch.int64), idx[:, 0], nvalid.to(torch.int64)], 1).contiguous().numpy()
 
 
 class FusedReplayState(QuantizedState):
@@ -95,29 +94,27 @@ class FusedReplayState(QuantizedState):
         super().__init__(spec, (layout.n,), stream, device="cpu")
         from .host import layout_arrays  # no numba there
         kl = kernel_layout(spec)
-        self.lay, self.lim, self.table = layout_arrays(kl, kl.table("cpu"))
+        self.lay, self.lim, table = layout_arrays(kl, kl.table("cpu"))
+        self.table = np.full(max(len(table), 1 << kl.bits), np.inf, np.float32)  # +inf padding: replay_kernel
+        self.table[:len(table)] = table
         self.block = int(spec.block)
-        self.owner, self.ostart, self.nvalid = plan
-        self.base = np.asarray(stream.base.numpy(), np.int64) if hasattr(stream, "base") else np.zeros(
-            max(1, layout.n_tensors), np.int64)
+        self.plan = plan
+        base = stream.base.numpy() if hasattr(stream, "base") else np.zeros(max(1, layout.n_tensors), np.int64)
+        self.base = np.asarray(base & qhash.MASK32, np.uint32)  # nearest: no random bits, any keys
         self._value = None
-
-    def keys(self, step: int) -> np.ndarray:
-        """uint32 [tensors, 2]: (k1, k2) of each tensor's stream at `step` (hash.stream_keys)."""
-        k1 = qhash.hash32(self.base ^ (int(step) & qhash.MASK32))
-        k2 = qhash.hash32(k1 ^ qhash.GOLDEN)
-        return np.stack([k1, k2], axis=1).astype(np.uint32)
 
     def encode(self, x: torch.Tensor, step: int) -> None:
         if x.numel() != self.numel:
             raise ValueError(f"state of shape {tuple(self.shape)} cannot store {tuple(x.shape)}")
-        from .host import array, run_blocks, scale_words
-        xs = array(x.detach().reshape(-1).to(torch.float32).contiguous())
-        codes, scales = _empty_storage(self.spec, self.numel, "cpu")  # zeros: a fresh tensor per step, as the reference
+        from .host import run_blocks, scale_words
+        x = x.detach().reshape(-1)
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.to(torch.float32).contiguous()
+        codes, scales = _empty_storage(self.spec, self.numel, "cpu")  # a fresh tensor per step, as the reference
         out = torch.empty(self.numel, dtype=torch.float32)
         run_blocks(_kernel(), self.numel, self.block,
-                   (xs, array(codes), scale_words(scales), array(out), self.lay, self.lim, self.table, self.block,
-                    self.numel, self.ostart, self.nvalid, self.owner, self.keys(step)))
+                   (x.numpy(), codes.numpy(), scale_words(scales), out.numpy(), self.lay, self.lim, self.table,
+                    self.block, self.numel, self.plan, self.base, int(step)))
         self.codes, self.scales, self.written, self._value = codes, scales, int(step), out
 
     def decode(self) -> torch.Tensor:
