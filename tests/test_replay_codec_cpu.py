@@ -97,6 +97,30 @@ def test_fused_codec_equals_the_reference_bit_for_bit(spec):
 
 
 @needs_numba
+@pytest.mark.parametrize("fmt", ["de8", "de8u", "de8nz", "de4", "de4unz"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_code_book_search_at_every_entry_and_its_neighbours(fmt, rounding):
+    """Blocks whose absmax is 1 (n = x exactly): every table entry, the fp32 values next to
+    it on both sides and the midpoints between entries, so the bucketed floor-code search
+    (replay.search_buckets) is checked at every place it can go wrong."""
+    from qstate_cli.quant.codebooks import codebook_tensor
+    table = codebook_tensor(fmt, "cpu")
+    up, down = torch.nextafter(table, torch.tensor(2.0)), torch.nextafter(table, torch.tensor(-2.0))
+    cands = torch.cat([table, up, down, (table[1:] + table[:-1]) / 2, -table, -up, torch.tensor([0.0, -0.0, 1e-38])])
+    layout = Layout(small_trace(1), 256, "cpu")
+    spec = parse_spec(f"{fmt}:{rounding}:b32")
+    x = cands.repeat(-(-layout.n // cands.numel()))[:layout.n].clone()
+    x[::32] = 1.0
+    stream = _stream(layout, spec, 77, 0)
+    fused, _, why = replay_state(spec, layout, stream, None, "auto")
+    assert why is None
+    ref = QuantizedState(spec, (layout.n,), stream, device="cpu")
+    fused.encode(x, 4)
+    ref.encode(x, 4)
+    assert_same(fused, ref, f"{spec} at the code book's entries")
+
+
+@needs_numba
 def test_fused_codec_on_a_part_of_the_layout_and_over_threads(monkeypatch):
     """torchrun's element split (a part of the layout: its own positions, the whole
     tensors' counters) and a layout split over threads (host.run_blocks)."""
@@ -109,8 +133,10 @@ def test_fused_codec_on_a_part_of_the_layout_and_over_threads(monkeypatch):
 
 
 def comparable(doc: dict) -> dict:
+    """The document less what may differ: timings, the codec paths, the creation time."""
     meta = {k: v for k, v in doc["meta"].items() if k not in ("profile", "codec")}
-    return {**doc, "meta": meta}
+    env = {k: v for k, v in doc["env"].items() if k != "created"}
+    return {**doc, "meta": meta, "env": env}
 
 
 CONFIGS = ["sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit", "m=int8:nearest:b64,v=de8u:bred:b32:sbf16", "bf16"]
