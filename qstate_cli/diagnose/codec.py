@@ -38,6 +38,14 @@ def _triton(spec, layout, stream, reduce_absmax):
 FUSED["cuda"] = _triton  # the Triton codec kernel (codec_triton.py, kernels/codec.py)
 
 
+def _cpu(spec, layout, stream, reduce_absmax):
+    from ..kernels.cpu.replay import fused_state  # imports numba only when a state is covered
+    return fused_state(spec, layout, stream, reduce_absmax)
+
+
+FUSED["cpu"] = _cpu
+
+
 def check_backend(backend: str) -> str:
     name = str(backend).strip().lower()
     if name not in BACKENDS:

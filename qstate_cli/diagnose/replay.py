@@ -293,8 +293,8 @@ def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout
         for s in rec.states:
             spec = cfg.spec(s)
             stream = _stream(layout, spec, int(trace.seed), STATE_IDS[s])
-            qs[s], path, why = replay_state(spec, layout, stream, reduce_absmax, opts.backend)
-            paths[s] = [path, why]
+            qs[s], path, why_ref = replay_state(spec, layout, stream, reduce_absmax, opts.backend)
+            paths[s] = [path, why_ref]
             stats[s] = StateStats(layout, spec, n_steps, snap_every)
             clamp[s] = s == "v" and spec.rounding == "bred" and not spec.sqrt
         models = {s: ModelStats(layout, cfg.spec(s), n_steps, reduce_absmax) for s in rec.states

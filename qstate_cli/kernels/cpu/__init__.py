@@ -4,6 +4,8 @@
     adamw.py     fused AdamW/Adam step (two states)
     lion.py, sgd.py, muon.py   one-state steps (Muon: the momentum update; Newton-Schulz in torch)
     host.py      numpy views of the tensors, layout arrays, stream keys (no numba)
+    replay.py    `qstate diagnose`'s fused state codec (diagnose/codec.FUSED["cpu"]; no numba
+                 until used), its kernel in replay_kernel.py: one compilation for every layout
 
 The same spec as the Triton kernels (quant/, optim/rules.py), bit for bit, for the same
 formats (launch.why_not_covered) on fp32 and bf16 parameters and gradients. One pass per

@@ -1,0 +1,166 @@
+"""The replay's fused CPU codec: `qstate diagnose`'s quantized states encoded and read back
+in one numba pass per block, bit for bit as quant.QuantizedState (the reference).
+
+Per quantization block b of B elements of the flat layout (diagnose/layout.py), on an
+L1-resident row (codec.py's helpers, so the spec is the optimizers' fused kernels' own):
+
+    v      = stored_value(x): non-finite -> 0, sqrt(max(x, 0)) / max(x, 0) as the spec says
+    absmax = max |v| (bf16 scales: rounded up), n = v * (top / absmax) (0 if absmax < top 2**-126)
+    q      = the rounding of n (nearest / stochastic / BReD), clamped, packed into the codes
+    x_hat  = decode_block(q): the value the reference's decode reads back
+
+so one encode(x, step) leaves the codes, the scales AND the value read back; decode()
+hands that value over (reset / never written: zeros, as the reference).
+
+Random bits, as LayoutStream draws them (layout.py): block b holds elements of one tensor t
+(plan[b, 0]) at consecutive flat indices o = plan[b, 1], o + 1, ... (its nvalid = plan[b, 2] recorded
+elements; the rest is padding), with the stream keys (k1, k2) of tensor t at the step:
+    stochastic  element j < nvalid: uniform16(o + j, k1, k2); padding: uniform16((p + j) & 1, k1, k2)
+                (p = b * B, the layout position: LayoutStream folds a padding element to counter 0)
+    BReD        uniform(o // B, k1, k2)   (o = 0 for a block of padding only)
+The factory checks that every block is such a run (else the reference runs, with the reason).
+
+One compiled kernel for every covered spec: the state layout (launch.StateLayout as codec.py's
+`lay` ints) is a runtime argument here, not a compile-time constant as in the optimizer
+kernels, because one `qstate diagnose` replays ~14 (configuration, state) layouts and each
+compilation costs 30-50 s. numba caches it on disk (cache=True, in numba_cache_dir()), so
+only the first use on a machine compiles (docs/diagnose.md states the cost). numba is
+imported on first use only.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...quant import QuantizedState
+from ...quant import hash as qhash
+from ...quant.state import _empty_storage
+from ..launch import kernel_layout, why_not_covered
+from . import unavailable_reason
+
+PATH = "cpu-numba"
+
+
+def fused_state(spec, layout, stream, reduce_absmax=None):
+    """diagnose/codec.FUSED["cpu"]: (a FusedReplayState, None), or (None, why the reference runs).
+
+    reduce_absmax (torchrun's element split) only changes a tensor-scaled state, which the
+    codec does not cover; for a block-scaled state each block's scale is its own, so a part
+    of the layout encodes as the whole layout does."""
+    why = unavailable_reason(layout.device)
+    if why is None:
+        why = why_not_covered(spec)
+    if why is None and spec.tensor_scale:
+        why = "tensor-scaled states have no fused replay codec"
+    if why is not None:
+        return None, why
+    plan = _plan(layout, int(spec.block))
+    if isinstance(plan, str):
+        return None, plan
+    if spec.rounding != "nearest" and not hasattr(stream, "base"):
+        return None, "the stream has no per-tensor keys (not a diagnose.layout.LayoutStream)"
+    return FusedReplayState(spec, layout, stream, plan), None
+
+
+def _plan(layout, B: int):
+    """int64 [blocks, 3]: per block of B layout positions (owner tensor, flat index of its first
+    element, recorded elements), or why the blocks are not runs of consecutive elements of one tensor."""
+    n = layout.n
+    if n % B or layout.unit % B:
+        return f"block size {B} does not divide the layout's {layout.unit}-element units"
+    nb = n // B
+    idx = layout.element_index.view(nb, B)
+    valid = (layout.valid.cpu() if layout.valid is not None else torch.ones(n, dtype=torch.bool)).view(nb, B)
+    nvalid = valid.sum(1)
+    j = torch.arange(B)
+    if not torch.equal(valid, j[None, :] < nvalid[:, None]):
+        return "padding inside a block (recorded elements are not a prefix of each block)"
+    run = idx[:, :1] + j[None, :]
+    if not torch.equal(torch.where(valid, idx, run), run):
+        return "a block's recorded elements are not consecutive in their tensor"
+    owner = layout.unit_tensor.cpu().repeat_interleave(layout.unit // B)
+    return torch.stack([owner.to(torch.int64), idx[:, 0], nvalid.to(torch.int64)], 1).contiguous().numpy()
+
+
+class FusedReplayState(QuantizedState):
+    """A QuantizedState of the whole layout whose encode runs the fused kernel (module
+    docstring). decode() returns the value read back at the last encode: the tensor itself
+    the first time (the caller owns it: the replay clamps and masks it in place), the
+    reference decode of the stored codes after that."""
+
+    PATH = PATH
+
+    def __init__(self, spec, layout, stream, plan):
+        super().__init__(spec, (layout.n,), stream, device="cpu")
+        from .host import layout_arrays  # no numba there
+        kl = kernel_layout(spec)
+        self.lay, self.lim, table = layout_arrays(kl, kl.table("cpu"))
+        self.table, self.bucket, self.srch = search_buckets(table if kl.kind == 1 else np.zeros(0, np.float32))
+        self.block = int(spec.block)
+        self.plan = plan
+        base = stream.base.numpy() if hasattr(stream, "base") else np.zeros(max(1, layout.n_tensors), np.int64)
+        self.base = np.asarray(base & qhash.MASK32, np.uint32)  # nearest: no random bits, any keys
+        self._value = None
+
+    def encode(self, x: torch.Tensor, step: int) -> None:
+        if x.numel() != self.numel:
+            raise ValueError(f"state of shape {tuple(self.shape)} cannot store {tuple(x.shape)}")
+        from .host import run_blocks, scale_words
+        x = x.detach().reshape(-1)
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.to(torch.float32).contiguous()
+        codes, scales = _empty_storage(self.spec, self.numel, "cpu")  # a fresh tensor per step, as the reference
+        out = torch.empty(self.numel, dtype=torch.float32)
+        run_blocks(_kernel(), self.numel, self.block,
+                   (x.numpy(), codes.numpy(), scale_words(scales), out.numpy(), self.lay, self.lim, self.table,
+                    self.bucket, self.srch, self.block, self.numel, self.plan, self.base, int(step)))
+        self.codes, self.scales, self.written, self._value = codes, scales, int(step), out
+
+    def decode(self) -> torch.Tensor:
+        if self.written and self._value is not None:
+            value, self._value = self._value, None
+            return value
+        return super().decode()
+
+    def reset(self) -> None:
+        super().reset()
+        self._value = None
+
+
+SEARCH_MIN_EXP = -30  # magnitudes below 2**-30 share the buckets next to 0
+
+
+def search_buckets(table: np.ndarray):
+    """(table padded with +inf, bucket int16, srch int64 [LO, HI, S, NM, M]) for the kernel's
+    floor-code search (replay_kernel.floor_code), exact for any sorted fp32 code book:
+
+    mag = clamp(bits(|v|), LO = bits(2**-30), HI = bits(1.0)); i = (mag - LO) >> S, with
+    S = 23 - m (2**m buckets per binade); bucket NM + i for v >= +0, NM - 1 - i for a set sign
+    bit. bucket[j] = #(table <= the least value of bucket j) (first buckets: all magnitudes
+    below LO; last: all above 1), and M = the most entries any bucket holds above its least
+    value, so bucket[j] + M steps of `count += table[count] <= v` reach #(table <= v).
+    m is the smallest of 3..6 with M <= 1, else 6. The table is unused for linear formats."""
+    tab = np.asarray(table, np.float32)
+    lo = int(np.float32(2.0 ** SEARCH_MIN_EXP).view(np.uint32))
+    hi = int(np.float32(1.0).view(np.uint32))
+    for m in range(3, 7):
+        s = 23 - m
+        nm = ((hi - lo) >> s) + 1
+        i = np.arange(nm, dtype=np.int64)
+        least = np.where(i == 0, 0, lo + (i << s)).astype(np.uint32).view(np.float32)
+        most = np.where(i == nm - 1, 0x7F800000, lo + ((i + 1) << s) - 1).astype(np.uint32).view(np.float32)
+        vmin = np.concatenate([-most[::-1], least])
+        vmax = np.concatenate([-least[::-1], most])
+        c0 = np.searchsorted(tab, vmin, side="right")
+        steps = int((np.searchsorted(tab, vmax, side="right") - c0).max()) if tab.size else 0
+        if steps <= 1:
+            break
+    padded = np.full(max(tab.size, 256) + steps + 1, np.inf, np.float32)
+    padded[:tab.size] = tab
+    return padded, c0.astype(np.int16), np.array([lo, hi, s, nm, steps], np.int64)
+
+
+def _kernel():
+    """The fused encode + read-back kernel (imports numba; compiled on first use, cached on disk)."""
+    from .replay_kernel import replay_codec
+    return replay_codec

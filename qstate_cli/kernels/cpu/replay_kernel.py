@@ -1,0 +1,179 @@
+"""numba kernel of the replay's fused codec (replay.py says what it computes; imports numba).
+
+One compilation for every covered state layout: `lay` (codec.py's 8 ints) is a runtime
+tuple here, so its branches are taken per block. LLVM does not unswitch a loop on a
+runtime condition, so every per-element loop below is written once per case (sqrt or
+not, signed or not, each rounding, each format kind) and stays branch-free. A code book's
+floor code is found from a bucket of the value's fp32 bits and at most M (1 or 2) steps
+(replay.search_buckets), not a binary search: 1 + M dependent loads instead of `bits`.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import codec as c
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def load_stored(x, i0, cnt, lay, row):
+    """row[:cnt] = codec.stored_value of x[i0 + j] (op for op); returns the bits of max |row|."""
+    amax = np.uint32(0)
+    if lay[c.SQRT]:
+        for j in range(cnt):
+            v = x[i0 + np.uint64(j)]
+            v = v if abs(v) < c.INF else c.ZERO
+            v = np.sqrt(c.ZERO if v < c.ZERO else v)
+            row[j] = v
+            amax = max(amax, np.uint32(c.bits_of_f32(v) & np.uint32(0x7FFFFFFF)))
+    elif lay[c.SIGNED]:
+        for j in range(cnt):
+            v = x[i0 + np.uint64(j)]
+            v = v if abs(v) < c.INF else c.ZERO
+            row[j] = v
+            amax = max(amax, np.uint32(c.bits_of_f32(v) & np.uint32(0x7FFFFFFF)))
+    else:
+        for j in range(cnt):
+            v = x[i0 + np.uint64(j)]
+            v = v if abs(v) < c.INF else c.ZERO
+            v = c.ZERO if v < c.ZERO else v
+            row[j] = v
+            amax = max(amax, np.uint32(c.bits_of_f32(v) & np.uint32(0x7FFFFFFF)))
+    return amax
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def round_linear(n, u, cnt, lay, rounding, d, q):
+    """q = clamp(rint(n + dither)) reduced to the format's bits (codec._round_linear)."""
+    bits = lay[c.BITS]
+    mask = np.int32((1 << bits) - 1)
+    if lay[c.SIGNED]:
+        lo_code, hi_code = np.int32(-(1 << (bits - 1))), np.int32((1 << (bits - 1)) - 1)
+    else:
+        lo_code, hi_code = np.int32(0), np.int32((1 << bits) - 1)
+    if rounding == c.STOCHASTIC:
+        for j in range(cnt):
+            q[j] = min(max(np.int32(np.rint(n[j] + (u[j] - c.HALF))), lo_code), hi_code) & mask
+    elif rounding == c.BRED:
+        for j in range(cnt):
+            q[j] = min(max(np.int32(np.rint(n[j] + d)), lo_code), hi_code) & mask
+    else:
+        for j in range(cnt):
+            q[j] = min(max(np.int32(np.rint(n[j])), lo_code), hi_code) & mask
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def round_unit(n, u, cnt, lay, rounding, ub, q):
+    """Code book {1, ..., UNIT} / UNIT without search (codec._round_unit_table)."""
+    ntf, unit = np.float32(lay[c.NT]), np.float32(lay[c.UNIT])
+    step = c.ONE / unit
+    top_k = np.float32(lay[c.NT] - 2)
+    if rounding == c.NEAREST:
+        for j in range(cnt):
+            v = n[j]
+            kf = min(max(min(max(np.floor(v * unit), c.ZERO), ntf) - c.ONE, c.ZERO), top_k)
+            q[j] = np.int32(kf) + np.int32((v - (kf + c.ONE) * step) >= step * c.HALF)
+    elif rounding == c.STOCHASTIC:
+        for j in range(cnt):
+            v = n[j]
+            kf = min(max(min(max(np.floor(v * unit), c.ZERO), ntf) - c.ONE, c.ZERO), top_k)
+            frac = min(max((v - (kf + c.ONE) * step) * unit, c.ZERO), c.ONE)
+            q[j] = np.int32(kf) + np.int32(u[j] < frac)
+    else:
+        for j in range(cnt):
+            v = n[j]
+            kf = min(max(min(max(np.floor(v * unit), c.ZERO), ntf) - c.ONE, c.ZERO), top_k)
+            frac = min(max((v - (kf + c.ONE) * step) * unit, c.ZERO), c.ONE)
+            q[j] = np.int32(kf) + np.int32(ub >= c.ONE - frac)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def floor_code(table, bucket, srch, nt, v):
+    """clamp(#(table <= v) - 1, 0, nt - 2) (codec.table_floor) through a bucket of v's bits
+    (replay.search_buckets): the bucket gives #(table <= its least value), then at most
+    M = srch[4] steps count the entries up to v (table padded with +inf)."""
+    b = c.bits_of_f32(v)
+    lo, hi = np.uint32(srch[0]), np.uint32(srch[1])
+    i = np.int64((min(max(np.uint32(b & np.uint32(0x7FFFFFFF)), lo), hi) - lo) >> np.uint32(srch[2]))
+    nm = srch[3]
+    count = np.int64(bucket[nm - 1 - i if b >> np.uint32(31) else nm + i])
+    for _ in range(srch[4]):
+        count += np.int64(table[count] <= v)
+    return min(max(count - 1, np.int64(0)), np.int64(nt - 2))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def round_table(n, u, cnt, lay, table, bucket, srch, rounding, ub, q):
+    """Any sorted code book: floor code k, then up from table[k] towards table[k + 1] (codec._up)."""
+    nt = lay[c.NT]
+    if rounding == c.NEAREST:
+        for j in range(cnt):
+            v = n[j]
+            k = floor_code(table, bucket, srch, nt, v)
+            lo, hi = table[k], table[k + 1]
+            q[j] = np.int32(k) + np.int32((v - lo) >= (hi - lo) * c.HALF)
+    elif rounding == c.STOCHASTIC:
+        for j in range(cnt):
+            v = n[j]
+            k = floor_code(table, bucket, srch, nt, v)
+            lo, hi = table[k], table[k + 1]
+            q[j] = np.int32(k) + np.int32(u[j] < min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
+    else:
+        for j in range(cnt):
+            v = n[j]
+            k = floor_code(table, bucket, srch, nt, v)
+            lo, hi = table[k], table[k + 1]
+            q[j] = np.int32(k) + np.int32(ub >= c.ONE - min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
+
+
+GOLDEN = np.uint32(0x9E3779B9)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, bucket, srch, B, numel, plan, base, step):
+    """Blocks b0 .. b1 - 1 of the layout: codes, scales (uint16 words, codec.scale_at) and
+    values read back (out) of x (replay.py's docstring). plan: int64 [blocks, 3] = (owner
+    tensor, first flat index, recorded elements); base: uint32 [tensors], the streams' step-free
+    keys, so k1 = hash32(base ^ step), k2 = hash32(k1 ^ 0x9e3779b9) (quant/hash.stream_keys);
+    table, bucket, srch: the code book and its search buckets (replay.search_buckets)."""
+    row = np.empty(B, np.float32)
+    u = np.zeros(B, np.float32)
+    q = np.empty(B, np.int32)
+    rounding, sbf16 = lay[c.ROUND], lay[c.SBF16] != 0
+    top, top_min = lim[0], lim[1]
+    s32 = np.uint32(step & 0xFFFFFFFF)
+    for b in range(b0, b1):
+        start = b * B
+        cnt = min(B, numel - start)
+        k1 = c.hash32(np.uint32(base[plan[b, 0]] ^ s32))
+        k2 = c.hash32(np.uint32(k1 ^ GOLDEN))
+        o, nv = plan[b, 1], plan[b, 2]
+        bctr = o // B
+        i0 = np.uint64(start)
+        amax_bits = load_stored(x, i0, cnt, lay, row)
+        if sbf16 and amax_bits & np.uint32(0xFFFF):  # round the scale up to a bf16 value
+            amax_bits = np.uint32((amax_bits & np.uint32(0xFFFF0000)) + np.uint32(0x10000))
+        absmax = c.f32_from_bits(amax_bits)
+        inv = top / absmax if absmax >= top_min else c.ZERO
+        for j in range(cnt):
+            row[j] = row[j] * inv  # n
+        ub = c.ZERO
+        if rounding == c.STOCHASTIC:
+            for j in range(nv):  # recorded elements: their own counters
+                u[j] = c.uniform16(o + j, k1, k2)
+            for j in range(nv, cnt):  # padding: LayoutStream folds it to hash counter 0
+                u[j] = c.uniform16((start + j) & 1, k1, k2)
+        elif rounding == c.BRED:
+            ub = c.uniform(bctr, k1, k2)
+        if lay[c.KIND] == c.LINEAR:
+            round_linear(row, u, cnt, lay, rounding, ub - c.HALF, q)
+        elif lay[c.UNIT]:
+            round_unit(row, u, cnt, lay, rounding, ub, q)
+        else:
+            round_table(row, u, cnt, lay, table, bucket, srch, rounding, ub, q)
+        c.store_scale(s16, b, absmax, sbf16)
+        c.pack_codes(q, lay[c.BITS], start, cnt, codes)
+        c.decode_block(codes, absmax, lay, lim, table, bctr, start, cnt, k1, k2, q, row)
+        for j in range(cnt):
+            out[i0 + np.uint64(j)] = row[j]
+    return 0

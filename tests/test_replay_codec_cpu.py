@@ -1,0 +1,175 @@
+"""The replay's fused CPU codec (kernels/cpu/replay.py) against the reference QuantizedState,
+bit for bit: codes, scales and the values read back, on a layout of several partly recorded
+tensors with padding, over every covered format, rounding, 4/8 bits, block sizes, sqrt and
+bf16 scales, at several steps (the stream keys change per step); the replay's records are
+the same through either codec; states it does not cover fall back with the reason in meta.
+
+Skipped where numba is not installed, except the fallback test. One kernel serves every
+layout (compiled once per machine, then cached on disk)."""
+import pytest
+import torch
+
+from qstate_cli.diagnose import diagnose
+from qstate_cli.diagnose.codec import replay_state
+from qstate_cli.diagnose.layout import Layout
+from qstate_cli.diagnose.replay import _stream
+from qstate_cli.kernels import cpu
+from qstate_cli.quant import QuantizedState, parse_config, parse_spec
+from qstate_cli.trace.schema import Trace, TraceTensor
+
+needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
+
+# (shape, recorded 2048-element blocks): partial recording, short last blocks, a tiny tensor
+TENSORS = [((5000,), [0, 2]), ((40, 70), [1]), ((33,), [0]), ((3000,), [0])]
+
+
+def small_trace(steps: int = 6, seed: int = 5, optimizer: str = "adamw") -> Trace:
+    gen = torch.Generator().manual_seed(seed)
+    tensors = []
+    for i, (shape, blocks) in enumerate(TENSORS):
+        t = TraceTensor(f"w{i}", i + 3, shape, torch.tensor(blocks), torch.zeros(0))
+        n = t.element_index().numel()
+        scale = torch.exp(2 * torch.randn(n, generator=gen))  # a spread of magnitudes
+        t.grads = torch.randn(steps, n, generator=gen) * scale
+        tensors.append(t)
+    hp = {"betas": [0.9, 0.999], "eps": 1e-8, "lr": 1e-3, "weight_decay": 0.0}
+    return Trace(optimizer, hp, 77, 1, steps, "fp32", tensors)
+
+
+def values(layout: Layout, gen: torch.Generator) -> torch.Tensor:
+    """A state to store: a spread of magnitudes and signs, non-finite values, an all-zero
+    block and a block of subnormals; padding not zero (the codec must not care)."""
+    x = torch.randn(layout.n, generator=gen) * torch.exp(3 * torch.randn(layout.n, generator=gen))
+    x[5], x[77], x[300] = float("nan"), float("inf"), -float("inf")
+    x[2048:2080] = 0.0
+    x[2080:2112] = 1e-41
+    return x
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.reshape(-1)
+    return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
+
+
+def assert_same(fused: QuantizedState, ref: QuantizedState, what: str) -> None:
+    assert fused.written == ref.written, what
+    assert fused.codes.dtype == ref.codes.dtype and torch.equal(fused.codes, ref.codes), f"{what}: codes"
+    assert fused.scales.dtype == ref.scales.dtype and torch.equal(bits(fused.scales), bits(ref.scales)), \
+        f"{what}: scales"
+    got, want = fused.decode(), ref.decode()
+    bad = torch.nonzero(bits(got) != bits(want)).flatten()
+    assert bad.numel() == 0, f"{what}: values read back differ first at {bad[:5].tolist()}"
+    again = fused.decode()  # later reads: the reference decode of the stored codes
+    assert torch.equal(bits(again), bits(want)), f"{what}: second read"
+
+
+def check_spec(spec_text: str, layout: Layout, steps=(1, 2, 9)) -> None:
+    spec = parse_spec(spec_text)
+    stream = _stream(layout, spec, 77, 1)
+    fused, path, why = replay_state(spec, layout, stream, None, "auto")
+    assert why is None and path == cpu.PATH, why
+    ref = QuantizedState(spec, (layout.n,), stream, device="cpu")
+    gen = torch.Generator().manual_seed(len(spec_text))
+    for step in steps:
+        x = values(layout, gen)
+        fused.encode(x, step)
+        ref.encode(x, step)
+        assert_same(fused, ref, f"{spec_text} step {step}")
+    fused.reset()
+    ref.reset()
+    assert torch.equal(fused.decode(), ref.decode())
+
+
+FORMATS_4 = ["int4", "uint4", "de4", "de4u", "lin4nz", "de4unz"]
+FORMATS_8 = ["int8", "uint8", "de8", "de8u", "lin8nz", "de8nz"]
+CASES = []
+for _i, _f in enumerate(FORMATS_4 + FORMATS_8):
+    for _j, _r in enumerate(("nearest", "stochastic", "bred")):
+        _b = (32, 128, 256)[(_i + _j) % 3]
+        _extra = [":sqrt" if not _f.startswith("int") and _f != "de4" and _f != "de8" else "", ":sbf16"][(_i + _j) % 2]
+        CASES.append(f"{_f}:{_r}:b{_b}{_extra}")
+
+
+@needs_numba
+@pytest.mark.parametrize("spec", CASES)
+def test_fused_codec_equals_the_reference_bit_for_bit(spec):
+    check_spec(spec, Layout(small_trace(1), 256, "cpu"))
+
+
+@needs_numba
+@pytest.mark.parametrize("fmt", ["de8", "de8u", "de8nz", "de4", "de4unz"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_code_book_search_at_every_entry_and_its_neighbours(fmt, rounding):
+    """Blocks whose absmax is 1 (n = x exactly): every table entry, the fp32 values next to
+    it on both sides and the midpoints between entries, so the bucketed floor-code search
+    (replay.search_buckets) is checked at every place it can go wrong."""
+    from qstate_cli.quant.codebooks import codebook_tensor
+    table = codebook_tensor(fmt, "cpu")
+    up, down = torch.nextafter(table, torch.tensor(2.0)), torch.nextafter(table, torch.tensor(-2.0))
+    cands = torch.cat([table, up, down, (table[1:] + table[:-1]) / 2, -table, -up, torch.tensor([0.0, -0.0, 1e-38])])
+    layout = Layout(small_trace(1), 256, "cpu")
+    spec = parse_spec(f"{fmt}:{rounding}:b32")
+    x = cands.repeat(-(-layout.n // cands.numel()))[:layout.n].clone()
+    x[::32] = 1.0
+    stream = _stream(layout, spec, 77, 0)
+    fused, _, why = replay_state(spec, layout, stream, None, "auto")
+    assert why is None
+    ref = QuantizedState(spec, (layout.n,), stream, device="cpu")
+    fused.encode(x, 4)
+    ref.encode(x, 4)
+    assert_same(fused, ref, f"{spec} at the code book's entries")
+
+
+@needs_numba
+def test_fused_codec_on_a_part_of_the_layout_and_over_threads(monkeypatch):
+    """torchrun's element split (a part of the layout: its own positions, the whole
+    tensors' counters) and a layout split over threads (host.run_blocks)."""
+    from qstate_cli.kernels.cpu import host
+    for spec in ("int4:stochastic:b128", "lin4nz:bred:b128", "de8:stochastic:b256:sbf16"):
+        check_spec(spec, Layout(small_trace(1), 256, "cpu", part=(1, 3)), steps=(3, 4))
+    monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
+    monkeypatch.setattr(host, "threads", lambda: 3)
+    check_spec("uint4:stochastic:b32:sqrt", Layout(small_trace(1), 256, "cpu"), steps=(1, 2))
+
+
+def comparable(doc: dict) -> dict:
+    """The document less what may differ: timings, the codec paths, the creation time."""
+    meta = {k: v for k, v in doc["meta"].items() if k not in ("profile", "codec")}
+    env = {k: v for k, v in doc["env"].items() if k != "created"}
+    return {**doc, "meta": meta, "env": env}
+
+
+CONFIGS = ["sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit", "m=int8:nearest:b64,v=de8u:bred:b32:sbf16", "bf16"]
+
+
+@needs_numba
+@pytest.mark.parametrize("reset", ["none", "3"])
+def test_replay_records_are_the_same_through_either_codec(reset):
+    trace = small_trace(8)
+    cfgs = [parse_config(c) for c in CONFIGS]
+    auto, raw_auto = diagnose(trace, cfgs, reset=reset, backend="auto", keep_states=True)
+    ref, raw_ref = diagnose(trace, cfgs, reset=reset, backend="reference", keep_states=True)
+    assert comparable(auto) == comparable(ref)
+    for name, states in raw_ref.final_states.items():
+        for s, pieces in states.items():
+            for a, b in zip(raw_auto.final_states[name][s], pieces):
+                assert torch.equal(bits(a), bits(b)), f"{name} {s}"
+    codec = auto["meta"]["codec"]
+    assert codec[str(cfgs[0])]["m"] == [cpu.PATH, None] and codec[str(cfgs[2])]["v"] == [cpu.PATH, None]
+    assert codec[str(cfgs[-1])]["m"][0] == "reference"  # bf16: a minifloat, no fused codec
+    assert all(v == ["reference", "--backend reference"] for c in ref["meta"]["codec"].values() for v in c.values())
+
+
+def test_uncovered_states_fall_back_with_the_reason_in_meta():
+    """A tensor-scaled fp8 v (Transformer Engine's recipe) and an FlashOptim m: the
+    reference runs them, and meta.codec says why (numba missing: that reason instead)."""
+    trace = small_trace(3)
+    cfgs = [parse_config("m=int8:nearest:b64:softsign,v=e4m3:tensor")]
+    doc, _ = diagnose(trace, cfgs, backend="auto")
+    m, v = doc["meta"]["codec"][str(cfgs[0])]["m"], doc["meta"]["codec"][str(cfgs[0])]["v"]
+    assert m[0] == "reference" and v[0] == "reference"
+    missing = cpu.unavailable_reason("cpu")
+    if missing is not None:
+        assert m[1] == v[1] == missing
+    else:
+        assert "FlashOptim" in m[1] and "e4m3" in v[1]
