@@ -22,8 +22,8 @@ The factory checks that every block is such a run (else the reference runs, with
 
 One compiled kernel for every covered spec: the state layout (launch.StateLayout as codec.py's
 `lay` ints) is a runtime argument here, not a compile-time constant as in the optimizer
-kernels, because one `qstate diagnose` replays ~14 (configuration, state) layouts and each
-compilation costs 30-50 s. numba caches it on disk (cache=True, in numba_cache_dir()), so
+kernels, because one `qstate diagnose` replays ~14 (configuration, state) layouts and a
+compilation per layout would cost each of them seconds (30-50 s for an optimizer kernel). numba caches it on disk (cache=True, in numba_cache_dir()), so
 only the first use on a machine compiles (docs/diagnose.md states the cost). numba is
 imported on first use only.
 """
@@ -34,9 +34,9 @@ import torch
 
 from ...quant import QuantizedState
 from ...quant import hash as qhash
-from ...quant.state import _empty_storage
 from ..launch import kernel_layout, why_not_covered
 from . import unavailable_reason
+from .host import layout_arrays, run_blocks  # no numba there
 
 PATH = "cpu-numba"
 
@@ -92,7 +92,6 @@ class FusedReplayState(QuantizedState):
 
     def __init__(self, spec, layout, stream, plan):
         super().__init__(spec, (layout.n,), stream, device="cpu")
-        from .host import layout_arrays  # no numba there
         kl = kernel_layout(spec)
         self.lay, self.lim, table = layout_arrays(kl, kl.table("cpu"))
         self.table, self.bucket, self.srch = search_buckets(table if kl.kind == 1 else np.zeros(0, np.float32))
@@ -100,20 +99,24 @@ class FusedReplayState(QuantizedState):
         self.plan = plan
         base = stream.base.numpy() if hasattr(stream, "base") else np.zeros(max(1, layout.n_tensors), np.int64)
         self.base = np.asarray(base & qhash.MASK32, np.uint32)  # nearest: no random bits, any keys
+        self._scale_dtype = self.scales.dtype  # fp32 or bf16 (_empty_storage)
         self._value = None
 
     def encode(self, x: torch.Tensor, step: int) -> None:
         if x.numel() != self.numel:
             raise ValueError(f"state of shape {tuple(self.shape)} cannot store {tuple(x.shape)}")
-        from .host import run_blocks, scale_words
         x = x.detach().reshape(-1)
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.to(torch.float32).contiguous()
-        codes, scales = _empty_storage(self.spec, self.numel, "cpu")  # a fresh tensor per step, as the reference
+        # fresh tensors per step, as the reference (the replay keeps the previous ones); every
+        # byte is written (the layout holds whole blocks of an even size)
+        codes = torch.empty(self.numel * self.spec.fmt.bits // 8, dtype=torch.uint8)
+        scales = torch.empty(self.numel // self.block, dtype=self._scale_dtype)
         out = torch.empty(self.numel, dtype=torch.float32)
         run_blocks(_kernel(), self.numel, self.block,
-                   (x.numpy(), codes.numpy(), scale_words(scales), out.numpy(), self.lay, self.lim, self.table,
-                    self.bucket, self.srch, self.block, self.numel, self.plan, self.base, int(step)))
+                   (x.numpy(), codes.numpy(), scales.view(torch.int16).numpy().view(np.uint16), out.numpy(),
+                    self.lay, self.lim, self.table, self.bucket, self.srch, self.block, self.numel, self.plan,
+                    self.base, int(step)))
         self.codes, self.scales, self.written, self._value = codes, scales, int(step), out
 
     def decode(self) -> torch.Tensor:
@@ -160,7 +163,12 @@ def search_buckets(table: np.ndarray):
     return padded, c0.astype(np.int16), np.array([lo, hi, s, nm, steps], np.int64)
 
 
+_KERNEL: list = []
+
+
 def _kernel():
     """The fused encode + read-back kernel (imports numba; compiled on first use, cached on disk)."""
-    from .replay_kernel import replay_codec
-    return replay_codec
+    if not _KERNEL:
+        from .replay_kernel import replay_codec
+        _KERNEL.append(replay_codec)
+    return _KERNEL[0]
