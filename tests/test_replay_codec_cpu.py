@@ -173,3 +173,21 @@ def test_uncovered_states_fall_back_with_the_reason_in_meta():
         assert m[1] == v[1] == missing
     else:
         assert "FlashOptim" in m[1] and "e4m3" in v[1]
+
+
+def test_backend_reference_also_runs_the_reset_check_replays(monkeypatch):
+    """`--backend reference` reaches every replay: validate.py's reset-check replays
+    (one forced candidate period on this short trace) store their states through the
+    codec backend the diagnose was asked for, not the default auto."""
+    from qstate_cli.diagnose import codec, replay as replay_mod, run, validate as validate_mod
+    asked = []
+
+    def spy(spec, layout, stream, reduce_absmax, backend="auto"):
+        asked.append(backend)
+        return codec.replay_state(spec, layout, stream, reduce_absmax, backend)
+
+    monkeypatch.setattr(replay_mod, "replay_state", spy)
+    monkeypatch.setattr(validate_mod, "candidates", lambda spec, beta, period: [2])
+    result, _ = run.replay_result(small_trace(8), [parse_config("sr-4bit")], check_resets=True, backend="reference")
+    assert "every 2:" in result.records[0]["reset_reason"]  # the check did replay a reset every 2 steps
+    assert len(asked) > 2 and set(asked) == {"reference"}, asked
