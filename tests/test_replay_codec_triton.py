@@ -131,6 +131,20 @@ def test_code_books_without_zero_keep_the_reference_for_stochastic_padding(trace
     assert_codec_parity(unpadded, "de4nz:stochastic:b32", steps=(2, 3))
 
 
+def test_without_triton_a_state_no_kernel_covers_says_why(monkeypatch):
+    """CUDA without Triton (simulated): a covered state falls back saying Triton is missing,
+    a minifloat (bf16) says it has no kernel, not that Triton is missing."""
+    import types
+
+    from qstate_cli import kernels
+    monkeypatch.setattr(kernels, "_triton_import_error", lambda: "triton is not importable: simulated")
+    on_cuda = types.SimpleNamespace(device=torch.device("cuda"))
+    assert codec.FUSED["cuda"](parse_spec("int4:nearest:b128"), on_cuda, None, None) == \
+        (None, "triton is not importable: simulated")
+    state, why = codec.FUSED["cuda"](parse_spec("bf16"), on_cuda, None, None)
+    assert state is None and "no kernel" in why and "triton" not in why, why
+
+
 def _replay_both(trace, configs, device, monkeypatch=None):
     if monkeypatch is not None:  # on CPU: the Triton codec in the interpreter stands in for the CPU one
         monkeypatch.setitem(codec.FUSED, "cpu", triton_state)

@@ -26,8 +26,9 @@ FUSED: dict[str, Callable] = {}
 
 def _triton(spec, layout, stream, reduce_absmax):
     from ..kernels import unavailable_reason
+    from ..kernels.launch import why_not_covered  # no Triton there
 
-    why = unavailable_reason(layout.device)
+    why = why_not_covered(spec) or unavailable_reason(layout.device)  # the spec's reason first
     if why is not None:
         return None, why
     from .codec_triton import triton_state  # imports Triton on first use
