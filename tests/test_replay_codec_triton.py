@@ -143,6 +143,7 @@ def test_without_triton_a_state_no_kernel_covers_says_why(monkeypatch):
         (None, "triton is not importable: simulated")
     state, why = codec.FUSED["cuda"](parse_spec("bf16"), on_cuda, None, None)
     assert state is None and "no kernel" in why and "triton" not in why, why
+    assert "tensor scale" in codec.FUSED["cuda"](parse_spec("e4m3:nearest:tensor"), on_cuda, None, None)[1]
 
 
 def _replay_both(trace, configs, device, monkeypatch=None):

@@ -29,18 +29,17 @@ import torch
 
 from ..kernels import codec as kcodec
 from ..kernels import unavailable_reason
-from ..kernels.launch import interpreting, kernel_layout, why_not_covered
+from ..kernels.launch import interpreting, kernel_layout
 from ..quant import QuantizedState, StateSpec
 from ..quant import hash as qhash
+from .codec import uncovered
 
 PATH = "triton"
 
 
 def why_not(spec: StateSpec, layout, stream) -> str | None:
     """None where the codec kernel stores this state on this layout, else the reason."""
-    if spec.tensor_scale:
-        return "a tensor scale (one absmax per tensor; under torchrun all-reduced) has no fused codec"
-    why = why_not_covered(spec)
+    why = uncovered(spec)
     if why is not None:
         return why
     if layout.unit % spec.block:
