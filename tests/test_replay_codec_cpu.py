@@ -168,8 +168,34 @@ def test_uncovered_states_fall_back_with_the_reason_in_meta():
     doc, _ = diagnose(trace, cfgs, backend="auto")
     m, v = doc["meta"]["codec"][str(cfgs[0])]["m"], doc["meta"]["codec"][str(cfgs[0])]["v"]
     assert m[0] == "reference" and v[0] == "reference"
-    missing = cpu.unavailable_reason("cpu")
-    if missing is not None:
-        assert m[1] == v[1] == missing
-    else:
-        assert "FlashOptim" in m[1] and "e4m3" in v[1]
+    assert "FlashOptim" in m[1] and "e4m3" in v[1]  # with or without numba: the spec is why
+
+
+def test_numba_missing_is_the_reason_only_for_states_it_would_cover(monkeypatch):
+    """Without numba (simulated): a covered state falls back saying numba is missing, a
+    state no fused codec covers (bf16) says why it is not covered, and numba is not needed."""
+    missing = "numba is not importable (ModuleNotFoundError: simulated); pip install 'qstate-cli[cpu]'"
+    monkeypatch.setattr(cpu, "_import_error", [missing])
+    cfgs = [parse_config("sr-4bit"), parse_config("bf16")]
+    doc, _ = diagnose(small_trace(3), cfgs, backend="auto")
+    codec = doc["meta"]["codec"]
+    assert codec["sr-4bit"] == {"m": ["reference", missing], "v": ["reference", missing]}
+    assert all(why[0] == "reference" and "bf16" in why[1] and "numba" not in why[1] for why in codec["bf16"].values())
+
+
+def test_backend_reference_also_runs_the_reset_check_replays(monkeypatch):
+    """`--backend reference` reaches every replay: validate.py's reset-check replays
+    (one forced candidate period on this short trace) store their states through the
+    codec backend the diagnose was asked for, not the default auto."""
+    from qstate_cli.diagnose import codec, replay as replay_mod, run, validate as validate_mod
+    asked = []
+
+    def spy(spec, layout, stream, reduce_absmax, backend="auto"):
+        asked.append(backend)
+        return codec.replay_state(spec, layout, stream, reduce_absmax, backend)
+
+    monkeypatch.setattr(replay_mod, "replay_state", spy)
+    monkeypatch.setattr(validate_mod, "candidates", lambda spec, beta, period: [2])
+    result, _ = run.replay_result(small_trace(8), [parse_config("sr-4bit")], check_resets=True, backend="reference")
+    assert "every 2:" in result.records[0]["reset_reason"]  # the check did replay a reset every 2 steps
+    assert len(asked) > 2 and set(asked) == {"reference"}, asked

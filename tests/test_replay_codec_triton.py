@@ -112,6 +112,40 @@ def test_states_without_a_kernel_keep_the_reference_with_the_reason(trace):
     assert codec.FUSED["cuda"] is not None  # the replay picks the codec on CUDA (conftest: no GPU here)
 
 
+def test_code_books_without_zero_keep_the_reference_for_stochastic_padding(trace):
+    """de4nz / de8nz hold no code for 0, so the padding's 0 rounds by random bits, and the
+    kernel hashes padding as the block's next elements where LayoutStream draws counter 0:
+    on a padded layout the reference stores them (codes differed at ~half the padding
+    before); nearest and BReD stay on the codec, exact; without padding so does stochastic."""
+    layout = Layout(trace, 128, DEVICE)
+    assert layout.valid is not None
+    for text in ("de4nz:stochastic:b32", "de8nz:stochastic:b128"):
+        spec = parse_spec(text)
+        state, why = triton_state(spec, layout, _stream(layout, spec, SEED, 0), None)
+        assert state is None and "no code for 0" in why, (text, why)
+    assert_codec_parity(layout, "de4nz:nearest:b32", steps=(2,))
+    assert_codec_parity(layout, "de8nz:bred:b128", steps=(2,))
+    whole = Trace("adamw", {}, SEED, 0, 3, "fp32", [_tensor("d", 2, 4096, [0, 1], torch.Generator().manual_seed(1))])
+    unpadded = Layout(whole, 128, DEVICE)
+    assert unpadded.valid is None
+    assert_codec_parity(unpadded, "de4nz:stochastic:b32", steps=(2, 3))
+
+
+def test_without_triton_a_state_no_kernel_covers_says_why(monkeypatch):
+    """CUDA without Triton (simulated): a covered state falls back saying Triton is missing,
+    a minifloat (bf16) says it has no kernel, not that Triton is missing."""
+    import types
+
+    from qstate_cli import kernels
+    monkeypatch.setattr(kernels, "_triton_import_error", lambda: "triton is not importable: simulated")
+    on_cuda = types.SimpleNamespace(device=torch.device("cuda"))
+    assert codec.FUSED["cuda"](parse_spec("int4:nearest:b128"), on_cuda, None, None) == \
+        (None, "triton is not importable: simulated")
+    state, why = codec.FUSED["cuda"](parse_spec("bf16"), on_cuda, None, None)
+    assert state is None and "no kernel" in why and "triton" not in why, why
+    assert "tensor scale" in codec.FUSED["cuda"](parse_spec("e4m3:nearest:tensor"), on_cuda, None, None)[1]
+
+
 def _replay_both(trace, configs, device, monkeypatch=None):
     if monkeypatch is not None:  # on CPU: the Triton codec in the interpreter stands in for the CPU one
         monkeypatch.setitem(codec.FUSED, "cpu", triton_state)

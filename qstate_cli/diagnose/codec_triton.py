@@ -12,7 +12,10 @@ key of its tensor (LayoutStream.base) and the counter of its first element in th
                                                         ctr[b] + (j >> 1), half j & 1)
 
 which is exact where each block's recorded elements are consecutive in their tensor (trace
-blocks of 2048 hold whole quantization blocks; checked here) and padding holds 0.
+blocks of 2048 hold whole quantization blocks; checked here) and padding holds 0, except
+stochastic rounding of a code book without a code for 0 (de4nz, de8nz: 0 rounds by the
+random bits; padding draws other bits than LayoutStream's), which keeps the reference on a
+padded layout (zero_takes_bits).
 
 Covered: what the fused optimizer kernels cover (launch.why_not_covered: linear int4/uint4/
 int8/uint8 and the code books, any rounding, :sqrt, fp32 or bf16 block scales); tensor
@@ -26,18 +29,17 @@ import torch
 
 from ..kernels import codec as kcodec
 from ..kernels import unavailable_reason
-from ..kernels.launch import interpreting, kernel_layout, why_not_covered
+from ..kernels.launch import interpreting, kernel_layout
 from ..quant import QuantizedState, StateSpec
 from ..quant import hash as qhash
+from .codec import uncovered
 
 PATH = "triton"
 
 
 def why_not(spec: StateSpec, layout, stream) -> str | None:
     """None where the codec kernel stores this state on this layout, else the reason."""
-    if spec.tensor_scale:
-        return "a tensor scale (one absmax per tensor; under torchrun all-reduced) has no fused codec"
-    why = why_not_covered(spec)
+    why = uncovered(spec)
     if why is not None:
         return why
     if layout.unit % spec.block:
@@ -47,7 +49,19 @@ def why_not(spec: StateSpec, layout, stream) -> str | None:
     why = unavailable_reason(layout.device)
     if why is None and spec.rounding != "nearest":
         why = _block_counters(spec, layout)[1]
+    if why is None and spec.rounding == "stochastic" and layout.valid is not None and zero_takes_bits(spec):
+        why = (f"stochastic {spec.fmt.name} has no code for 0: the layout's padding rounds by the reference's "
+               f"random bits, which this codec does not draw")
     return why
+
+
+def zero_takes_bits(spec: StateSpec) -> bool:
+    """Whether a stored 0 (the layout's padding) is rounded by the random bits: a code book
+    whose entries straddle 0 without holding it (de4nz, de8nz), so 0 sits between two codes
+    at frac 1/2. The kernel hashes padding elements as the block's next elements, where
+    LayoutStream folds them to counter 0 of the tensor: their codes would differ."""
+    table = spec.fmt.table if spec.fmt.kind == "table" else ()
+    return bool(table) and min(table) < 0.0 < max(table) and 0.0 not in table
 
 
 def triton_state(spec: StateSpec, layout, stream, reduce_absmax=None):

@@ -187,7 +187,7 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
     if check_resets:
         t_check = time.perf_counter()
         check_reset_advice(trace, raw, rows["records"], steps_limit, device, log,
-                           None if share is None else share.elements())
+                           None if share is None else share.elements(), backend)
         meta_check_s = round(time.perf_counter() - t_check, 3)
     else:
         meta_check_s = None
@@ -217,9 +217,10 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
 
 
 def check_reset_advice(trace: Trace, raw: Replay, records: list[dict], steps_limit, device, log=None,
-                       split=None) -> None:
+                       split=None, backend: str = "auto") -> None:
     """Replay every configuration's recommended reset period (validate.py) and rewrite its
-    records' advice: kept where it lowers the update error against fp32, else no reset."""
+    records' advice: kept where it lowers the update error against fp32, else no reset
+    (through the same codec `backend` as the replay itself)."""
     rec = raw.recursion
     slow = rec.slowest_state
     for c in raw.configs:
@@ -229,7 +230,7 @@ def check_reset_advice(trace: Trace, raw: Replay, records: list[dict], steps_lim
         if log is not None:
             log(f"checking the reset advice for {c.cfg} by replay")
         verdict = validate(trace, c.cfg, c.cfg.spec(slow), rec.betas[slow], advice, raw.n_steps, baseline,
-                           steps_limit, device, split)
+                           steps_limit, device, split, backend)
         for r in rows:
             r.update(reset_period=verdict.period, reset_reason=verdict.reason,
                      reset_update_error=verdict.error_with, no_reset_update_error=verdict.error_without)

@@ -50,19 +50,21 @@ def candidates(spec, beta: float, period: int | None) -> list[int]:
     return sorted(set(out))
 
 
-def update_error(trace, cfg, period: int | None, steps_limit, device, split=None) -> float | None:
+def update_error(trace, cfg, period: int | None, steps_limit, device, split=None,
+                 backend: str = "auto") -> float | None:
     """Mean relative update error of `cfg` resetting every `period` steps against fp32 without resets
-    (`split`: torchrun's ranks replay it together, each its share of the elements)."""
+    (`split`: torchrun's ranks replay it together, each its share of the elements; `backend`:
+    the states' codec, as `qstate diagnose --backend`, diagnose/codec.py)."""
     raw = replay(trace, ReplayOptions([cfg], reset=str(period) if period else "none", steps_limit=steps_limit,
                                       device=device, reference_reset=False, models=False, snapshots=1,
-                                      split=split))
+                                      split=split, backend=backend))
     rel = raw.configs[0].update["rel_error"]
     rel = rel[rel == rel]
     return float(rel.mean()) if rel.size else None
 
 
 def validate(trace, cfg, spec, beta: float, advice: tuple, n_steps: int, baseline: float | None,
-             steps_limit=None, device="auto", split=None) -> Verdict:
+             steps_limit=None, device="auto", split=None, backend: str = "auto") -> Verdict:
     """The advice for `cfg`, validated by replay; `baseline`: its error without resets (None: replay it)."""
     period, reason = advice
     if spec.rounding == "bred" or spec.fmt.kind == "identity":
@@ -74,8 +76,8 @@ def validate(trace, cfg, spec, beta: float, advice: tuple, n_steps: int, baselin
             reason += f"; not validated: the trace ({n_steps} steps) is too short for a reset every {period} steps"
         return Verdict(period, reason)
     if baseline is None:
-        baseline = update_error(trace, cfg, None, steps_limit, device, split)
-    errors = {p: update_error(trace, cfg, p, steps_limit, device, split) for p in tried}
+        baseline = update_error(trace, cfg, None, steps_limit, device, split, backend)
+    errors = {p: update_error(trace, cfg, p, steps_limit, device, split, backend) for p in tried}
     best = min(errors, key=lambda p: errors[p] if errors[p] is not None else float("inf"))
     shown = ", ".join(f"every {p}: {errors[p]:.4g}" for p in tried if errors[p] is not None)
     measured = f"update error vs fp32 without resets, replayed: none: {baseline:.4g}; {shown}"

@@ -24,7 +24,9 @@ The common.py helpers hash counters of the vector's own blocks and pairs (row0 +
 row0 * B/2 + ...); handing them k1' = k1 ^ (own counter) ^ (tensor counter) per block or
 pair makes them hash exactly the tensor's counter (x ^ x = 0), the trick of
 diagnose/layout.LayoutStream. Elements that are padding (no element of any tensor) must
-hold 0: a zero's code does not depend on the random bits, only the block's dither does.
+hold 0: a zero's code then depends on no random bits but the block's dither, except under
+stochastic rounding of a code book without a code for 0 (de4nz, de8nz), where the replay
+keeps the reference (diagnose/codec_triton.zero_takes_bits).
 """
 from __future__ import annotations
 

@@ -46,12 +46,13 @@ def fused_state(spec, layout, stream, reduce_absmax=None):
 
     reduce_absmax (torchrun's element split) only changes a tensor-scaled state, which the
     codec does not cover; for a block-scaled state each block's scale is its own, so a part
-    of the layout encodes as the whole layout does."""
-    why = unavailable_reason(layout.device)
-    if why is None:
-        why = why_not_covered(spec)
+    of the layout encodes as the whole layout does. The spec's reason comes first: a state
+    the codec never covers says why, not that numba is missing."""
+    why = why_not_covered(spec)
     if why is None and spec.tensor_scale:
         why = "tensor-scaled states have no fused replay codec"
+    if why is None:
+        why = unavailable_reason(layout.device)
     if why is not None:
         return None, why
     plan = _plan(layout, int(spec.block))
