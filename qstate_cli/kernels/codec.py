@@ -68,7 +68,6 @@ def _codec_tile(x_ptr, out_ptr, codes_ptr, scales_ptr, table_ptr, key_ptr, ctr_p
                 TOP: tl.constexpr, NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr,
                 SBF16: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
                 MASKED: tl.constexpr):
-    r = tl.arange(0, ROWS)
     if ROUND == c.NEAREST:  # no random bits
         k1 = 0
         k2 = 0
@@ -81,14 +80,7 @@ def _codec_tile(x_ptr, out_ptr, codes_ptr, scales_ptr, table_ptr, key_ptr, ctr_p
         absmax = c.bf16_round_up(absmax)
     q = c.store_codes(x, c.inverse_step(absmax, TOP), codes_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS,
                       SIGNED, TOP, NT, ROUND, B, BP, ROWS, MASKED)
-    if SBF16:
-        scale = (absmax.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.int16, bitcast=True)
-    else:
-        scale = absmax
-    if MASKED:
-        tl.store(scales_ptr + r, scale, mask=r * B < rem)
-    else:
-        tl.store(scales_ptr + r, scale)
+    c.store_scales(scales_ptr, absmax, rem, SBF16, B, ROWS, MASKED)
     val = c.decode_codes(q, absmax, table_ptr, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND, SQRT, ROWS)
     c.store_values(out_ptr, val, rem, c.F32, INTERPRET, B, BP, ROWS, MASKED)
 

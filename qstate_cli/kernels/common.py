@@ -483,7 +483,6 @@ def encode_parts(x0, x1, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
     W..2W-1; x1 is ignored when PARTS == 1) and store codes and block absmax
     (quantizer.encode); k1, k2 are the keys of this step. PREPARED: x is already in the
     stored domain (sqrt taken) and >= 0 where the format is unsigned or SQRT."""
-    r = tl.arange(0, ROWS)
     x0 = stored_domain(x0, rem, SIGNED, SQRT, PREPARED, B, W, ROWS, MASKED, 0)
     absmax = tl.max(tl.abs(x0), axis=1)
     if PARTS == 2:
@@ -497,8 +496,17 @@ def encode_parts(x0, x1, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
     if PARTS == 2:
         store_codes(x1, inv, codes_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND, B, W,
                     ROWS, MASKED, W)
+    store_scales(scales_ptr, absmax, rem, SBF16, B, ROWS, MASKED)
+
+
+@triton.jit
+def store_scales(scales_ptr, absmax, rem, SBF16: tl.constexpr, B: tl.constexpr, ROWS: tl.constexpr,
+                 MASKED: tl.constexpr):
+    """Store the [ROWS] block absmax: fp32, or (SBF16) its top 16 bits, the bf16 it was
+    rounded up to, as int16 bits."""
+    r = tl.arange(0, ROWS)
     if SBF16:
-        scale = (absmax.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16)
+        scale = (absmax.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.int16, bitcast=True)
     else:
         scale = absmax
     if MASKED:
