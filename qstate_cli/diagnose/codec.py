@@ -24,20 +24,11 @@ REFERENCE = "reference"
 FUSED: dict[str, Callable] = {}
 
 
-def uncovered(spec) -> str | None:
-    """Why no fused codec stores this state on any device (None: one may; the factories add
-    their device's checks). Given before a missing Triton or numba, which would not help."""
-    if spec.tensor_scale:
-        return "a tensor scale (one absmax per tensor; under torchrun all-reduced) has no fused codec"
-    from ..kernels.launch import why_not_covered  # neither Triton nor numba there
-
-    return why_not_covered(spec)
-
-
 def _triton(spec, layout, stream, reduce_absmax):
     from ..kernels import unavailable_reason
+    from ..kernels.launch import why_no_codec  # neither Triton nor numba there
 
-    why = uncovered(spec) or unavailable_reason(layout.device)
+    why = why_no_codec(spec) or unavailable_reason(layout.device)
     if why is not None:
         return None, why
     from .codec_triton import triton_state  # imports Triton on first use

@@ -29,17 +29,16 @@ import torch
 
 from ..kernels import codec as kcodec
 from ..kernels import unavailable_reason
-from ..kernels.launch import interpreting, kernel_layout
+from ..kernels.launch import interpreting, kernel_layout, why_no_codec
 from ..quant import QuantizedState, StateSpec
 from ..quant import hash as qhash
-from .codec import uncovered
 
 PATH = "triton"
 
 
 def why_not(spec: StateSpec, layout, stream) -> str | None:
     """None where the codec kernel stores this state on this layout, else the reason."""
-    why = uncovered(spec)
+    why = why_no_codec(spec)
     if why is not None:
         return why
     if layout.unit % spec.block:

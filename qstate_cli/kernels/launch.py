@@ -80,6 +80,15 @@ def why_not_covered(spec: StateSpec) -> str | None:
     return None
 
 
+def why_no_codec(spec: StateSpec) -> str | None:
+    """Why no fused replay codec (diagnose/codec.py) stores this state on any device (None:
+    one may; each device's factory adds its own checks). Given before a missing Triton or
+    numba, which would not help."""
+    if spec.tensor_scale:
+        return "a tensor scale (one absmax per tensor; under torchrun all-reduced) has no fused codec"
+    return why_not_covered(spec)
+
+
 def kernel_layout(spec: StateSpec) -> StateLayout | None:
     if why_not_covered(spec) is not None:
         return None
