@@ -4,7 +4,7 @@ and arrays without reference counts: native.py).
 Each helper reproduces one piece of the spec (qstate_cli/quant, optim/rules.py) bit for bit,
 as kernels/common.py does in Triton:
 
-    hash32, uniform, uniform16  quant/hash.py (uint32 arithmetic)
+    hash32, uniform, uniform16  quant/hash.py (uint32 arithmetic; uniform_bits: uniform16 of a block)
     value_at / store_value      torch's exact casts fp32 <-> bf16 (round half to even, NaN -> 0x7FC0)
     decode_value                quant/quantizer.decode of one code (decode_params: the block's)
     decode_block                quant/quantizer.decode (+ packing.unpack) of one block
@@ -168,6 +168,19 @@ def uniform16(counter, k1, k2):
     i = np.int64(counter)
     bits = hash32(np.uint32(hash32(np.uint32(np.uint32(i >> 1) ^ k1)) ^ k2))
     return np.float32((bits >> np.uint32((i & 1) * 16)) & np.uint32(0xFFFF)) * TWO_M16
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def uniform_bits(q, start, cnt, k1, k2):
+    """q[j] = the 16 bits of uniform16(start + j, k1, k2) (times 2**-16: the uniform) for
+    j < cnt, and for j = cnt when cnt is odd: one hash per pair of elements, whose halves are
+    the pair's bits (start is even, so element start + 2i and the next share hash i + start / 2);
+    a loop over pairs packs, where uniform16 per element computes each hash twice."""
+    p0 = np.int64(start) >> 1
+    for i in range((cnt + 1) >> 1):
+        h = hash32(np.uint32(hash32(np.uint32(np.uint32(p0 + i) ^ k1)) ^ k2))
+        q[2 * i] = np.int32(h & np.uint32(0xFFFF))
+        q[2 * i + 1] = np.int32(h >> U16)
 
 
 # ---- the block codec ---------------------------------------------------------------------------------
@@ -343,10 +356,12 @@ def _round_linear(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q):
         lo_code, hi_code = np.int32(0), np.int32((1 << bits) - 1)
     mask = np.int32((1 << bits) - 1)
     d = uniform(b, k1, k2) - HALF if rounding == BRED else ZERO
+    if rounding == STOCHASTIC:
+        uniform_bits(q, start, cnt, k1, k2)
     for j in range(cnt):
         n = stored_value(x[j], lay, prepared) * inv
         if rounding == STOCHASTIC:
-            n = n + (uniform16(start + j, k1, k2) - HALF)
+            n = n + (np.float32(q[j]) * TWO_M16 - HALF)
         elif rounding == BRED:
             n = n + d
         c = np.int32(np.rint(n))
@@ -377,6 +392,8 @@ def _round_unit_table(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q)
     step = ONE / unit
     top_k = np.float32(lay[NT] - 2)
     ub = uniform(b, k1, k2) if rounding == BRED else ZERO
+    if rounding == STOCHASTIC:
+        uniform_bits(q, start, cnt, k1, k2)
     for j in range(cnt):
         v = stored_value(x[j], lay, prepared) * inv
         kf = min(max(np.floor(v * unit) - ONE, ZERO), top_k)  # = the clamps above for any non-NaN v
@@ -386,7 +403,7 @@ def _round_unit_table(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q)
         else:
             frac = min(max((v - lo) * unit, ZERO), ONE)
             if rounding == STOCHASTIC:
-                up = uniform16(start + j, k1, k2) < frac
+                up = np.float32(q[j]) * TWO_M16 < frac
             else:
                 up = ub >= ONE - frac
         q[j] = np.int32(kf) + np.int32(up)
@@ -398,10 +415,12 @@ def _round_table(x, cnt, inv, prepared, lay, table, rounding, b, start, k1, k2, 
     nt = lay[NT]
     log = lay[BITS]
     ub = uniform(b, k1, k2) if rounding == BRED else ZERO
+    if rounding == STOCHASTIC:
+        uniform_bits(q, start, cnt, k1, k2)
     for j in range(cnt):
         v = stored_value(x[j], lay, prepared) * inv
         k = table_floor(table, nt, log, v)
-        u = uniform16(start + j, k1, k2) if rounding == STOCHASTIC else ub
+        u = np.float32(q[j]) * TWO_M16 if rounding == STOCHASTIC else ub
         q[j] = np.int32(k) + np.int32(_up(v, table[k], table[k + 1], rounding, u))
 
 
