@@ -3,6 +3,9 @@ path against torch fused AdamW, torchao AdamW4bit and bitsandbytes AdamW8bit in 
 run; minimum and median wall time of `--reps` steps after two warm-up steps (the first
 compiles). The subjects step in turn (one step each per round), so load from other
 processes falls on all of them alike; ratios use the minimums (the least disturbed step).
+The CPU columns give the process's CPU time per step (all threads): on a shared machine it
+moves far less with the load than wall time does (a step that waits for a core costs wall
+time, not CPU time), so its ratio is the steadier measure of the work each subject does.
 
     python scripts/bench_cpu.py [--numel 4194304] [--reps 10] [--presets a,b] [--no-peers]
 
@@ -21,10 +24,11 @@ import torch
 from qstate_cli.optim import AdamW
 
 
-def timed_step(opt) -> float:
-    t = time.perf_counter()
+def timed_step(opt) -> tuple[float, float]:
+    """(wall ms, CPU ms of the whole process: every thread's time on a core) of one step."""
+    c, t = time.process_time(), time.perf_counter()
     opt.step()
-    return (time.perf_counter() - t) * 1e3
+    return (time.perf_counter() - t) * 1e3, (time.process_time() - c) * 1e3
 
 
 def subjects(presets, peers: bool):
@@ -45,7 +49,7 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true", help="skip torchao and bitsandbytes")
     args = ap.parse_args()
     print(f"numel {args.numel}, fp32, torch threads {torch.get_num_threads()}, load average before {os.getloadavg()}")
-    runs = []  # (name, path, optimizer, times); warm-up (the first step compiles) before any timing
+    runs = []  # (name, path, optimizer, (wall, cpu) per step); warm-up (the first step compiles) before any timing
     for name, build, path in subjects(args.presets.split(","), not args.no_peers):
         p = torch.nn.Parameter(torch.randn(args.numel))
         p.grad = torch.randn(args.numel)
@@ -61,10 +65,13 @@ def main() -> None:
     for _ in range(args.reps):  # interleaved: every subject sees the same moments of a shared machine
         for _, _, opt, times in runs:
             times.append(timed_step(opt))
-    print(f"{'optimizer':34s} {'path':12s} {'min ms':>8s} {'median':>8s} {'x torch fused (min)':>20s}")
-    base = min(runs[0][3])
+    print(f"{'optimizer':34s} {'path':12s} {'min ms':>8s} {'median':>8s} {'x torch fused (min)':>20s}"
+          f" {'cpu min ms':>10s} {'x torch (cpu)':>13s}")
+    base, base_cpu = min(w for w, _ in runs[0][3]), min(c for _, c in runs[0][3])
     for name, path, _, times in runs:
-        print(f"{name:34s} {path:12s} {min(times):8.1f} {statistics.median(times):8.1f} {min(times) / base:20.2f}")
+        wall, cpu = [w for w, _ in times], [c for _, c in times]
+        print(f"{name:34s} {path:12s} {min(wall):8.1f} {statistics.median(wall):8.1f} {min(wall) / base:20.2f}"
+              f" {min(cpu):10.1f} {min(cpu) / base_cpu:13.2f}")
     print(f"load average after {os.getloadavg()}")
 
 

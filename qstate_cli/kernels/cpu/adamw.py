@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c
+from . import native as nv
 from .host import CpuBatch, keys, layout_arrays, numpy_views, run_blocks
 
 
@@ -41,38 +42,51 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
         decay, step_size, ibc2 = scal[1], scal[2], scal[3]
         v_sqrt = vlay[c.SQRT] != 0
         msb, vsb = mlay[c.SBF16] != 0, vlay[c.SBF16] != 0
-        mrow = np.empty(B, np.float32)
-        vrow = np.empty(B, np.float32)
-        prow = np.empty(B, np.float32)
-        grow = np.empty(B, np.float32)
-        q = np.empty(B, np.int32)
+        p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, ks = nv.borrowed(  # no reference counts (native.py)
+            (p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, ks))
+        mrow = nv.scratch_f32(B)
+        vrow = nv.scratch_f32(B)
+        qm = nv.scratch_i32(B)  # m's codes: read, then written
+        qv = nv.scratch_i32(B)
+        has_l2 = l2 != c.ZERO  # Adam: coupled weight decay
+        clamp_v = not fresh_v and not v_sqrt  # a dithered v read back below 0 counts as 0
         nbad = 0
         for b in range(b0, b1_):
             start = b * B
             cnt = min(B, numel - start)
-            c.read_state(fresh_m, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, ks[4], ks[5], q, mrow)
-            c.read_state(fresh_v, vc, vs, vsb, vlay, vlim, vtab, b, start, cnt, ks[6], ks[7], q, vrow)
-            nbad += c.load_grad(g, start, cnt, grow)
-            c.load_row(p, start, cnt, prow)
-            if l2 != c.ZERO:  # Adam: coupled weight decay
-                for j in range(cnt):
-                    grow[j] = grow[j] + prow[j] * l2
-            clamp_v = not fresh_v and not v_sqrt  # a dithered v read back below 0 counts as 0
-            for j in range(cnt):  # the rule (rows in L1, no branches: vectorizes)
-                gj = grow[j]
+            c.read_state(fresh_m, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, ks[4], ks[5], qm, mrow)
+            c.read_state(fresh_v, vc, vs, vsb, vlay, vlim, vtab, b, start, cnt, ks[6], ks[7], qv, vrow)
+            i0 = np.uint64(start)
+            bad = np.int32(0)
+            mbits = np.uint32(0)  # running max of |m| and |v| as stored (codec.encode_with_absmax)
+            vbits = np.uint32(0)
+            for j in range(cnt):  # the rule, the gradient's and parameter's I/O, the absmaxes: one pass
+                i = i0 + np.uint64(j)
+                gj = c.value_at(g, i)
+                ok = abs(gj) < c.INF
+                gj = gj if ok else c.ZERO
+                bad = np.int32(bad + np.int32(not ok))
+                pj = c.value_at(p, i)
+                gj = gj + pj * l2 if has_l2 else gj
                 vh = vrow[j]
                 vh = c.ZERO if clamp_v and vh < c.ZERO else vh
                 m = mrow[j] * b1 + gj * ob1
                 v = vh * b2 + (gj * gj) * ob2
                 sqrt_v = np.sqrt(v)
-                prow[j] = prow[j] * decay - (m / (sqrt_v * ibc2 + eps32)) * step_size
-                mrow[j] = m
-                vrow[j] = sqrt_v if v_sqrt else v
-            c.store_row(prow, start, cnt, p)
-            c.store_scale(ms, b, c.encode_block(mrow, cnt, mlay, mlim, mtab, b, start, ks[0], ks[1], False, q), msb)
-            c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
-            c.store_scale(vs, b, c.encode_block(vrow, cnt, vlay, vlim, vtab, b, start, ks[2], ks[3], True, q), vsb)
-            c.pack_codes(q, vlay[c.BITS], start, cnt, vc)
+                c.store_value(p, i, pj * decay - (m / (sqrt_v * ibc2 + eps32)) * step_size)
+                ms_ = c.stored_value(m, mlay, False)  # the values encode quantizes (codec.STORED)
+                vs_ = c.stored_value(sqrt_v if v_sqrt else v, vlay, True)
+                mrow[j] = ms_
+                vrow[j] = vs_
+                mbits = max(mbits, c.abs_bits(ms_))
+                vbits = max(vbits, c.abs_bits(vs_))
+            nbad += bad
+            c.store_scale(ms, b, c.encode_with_absmax(mrow, cnt, mbits, mlay, mlim, mtab, b, start, ks[0], ks[1],
+                                                      c.STORED, qm), msb)
+            c.pack_codes(qm, mlay[c.BITS], start, cnt, mc)
+            c.store_scale(vs, b, c.encode_with_absmax(vrow, cnt, vbits, vlay, vlim, vtab, b, start, ks[2], ks[3],
+                                                      c.STORED, qv), vsb)
+            c.pack_codes(qv, vlay[c.BITS], start, cnt, vc)
         return nbad
 
     return _adamw_kernel

@@ -1,13 +1,16 @@
-"""numba building blocks of the CPU path: bit casts, the hash, value casts, the block codec.
+"""numba building blocks of the CPU path: the hash, value casts, the block codec (bit casts
+and arrays without reference counts: native.py).
 
 Each helper reproduces one piece of the spec (qstate_cli/quant, optim/rules.py) bit for bit,
 as kernels/common.py does in Triton:
 
-    hash32, uniform, uniform16  quant/hash.py (uint32 arithmetic)
+    hash32, uniform, uniform16  quant/hash.py (uint32 arithmetic; uniform_bits: uniform16 of a block)
     value_at / store_value      torch's exact casts fp32 <-> bf16 (round half to even, NaN -> 0x7FC0)
+    decode_value                quant/quantizer.decode of one code (decode_params: the block's)
     decode_block                quant/quantizer.decode (+ packing.unpack) of one block
     read_state                  decode_block with its scale, or zeros for a fresh state
     encode_block                quant/quantizer.encode (+ packing.pack) of one block
+    encode_with_absmax          the same, the absmax computed by the caller (AdamW: in its update loop)
 
 A block is B consecutive elements (the short last block has fewer); its codes start at byte
 start * bits / 8 (B is even, so a 4-bit block starts on a byte), its scale is scales[b].
@@ -37,11 +40,11 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import njit, types
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
 from . import numba_cache_dir
+from .native import bits_of_f32, f32_from_bits
 
 # Every kernel module imports this one before it compiles anything: point numba's disk
 # cache at a folder per source version (package docstring: an inlined helper's change
@@ -52,6 +55,7 @@ numba.config.CACHE_DIR = str(numba_cache_dir())
 KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT = range(8)
 LINEAR, TABLE = 0, 1
 NEAREST, STOCHASTIC, BRED = 0, 1, 2
+STORED = 2  # stored_value's `prepared` (False: raw, True: sqrt and sign applied, STORED: final)
 
 MUL1 = np.uint32(0x7FEB352D)
 MUL2 = np.uint32(0x846CA68B)
@@ -65,23 +69,7 @@ TWO = np.float32(2.0)
 INF = np.float32(np.inf)
 
 
-# ---- bit casts ------------------------------------------------------------------------------------
-@intrinsic
-def f32_from_bits(typingctx, x):
-    """The fp32 whose bit pattern is the uint32 x."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-    return types.float32(types.uint32), codegen
-
-
-@intrinsic
-def bits_of_f32(typingctx, x):
-    """The bit pattern (uint32) of the fp32 x."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-    return types.uint32(types.float32), codegen
-
-
+# ---- bf16 ------------------------------------------------------------------------------------------
 @njit(cache=True, inline="always", error_model="numpy")
 def bf16_bits_to_f32(h):
     return f32_from_bits(np.uint32(np.uint32(h) << np.uint32(16)))
@@ -182,6 +170,19 @@ def uniform16(counter, k1, k2):
     return np.float32((bits >> np.uint32((i & 1) * 16)) & np.uint32(0xFFFF)) * TWO_M16
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def uniform_bits(q, start, cnt, k1, k2):
+    """q[j] = the 16 bits of uniform16(start + j, k1, k2) (times 2**-16: the uniform) for
+    j < cnt, and for j = cnt when cnt is odd: one hash per pair of elements, whose halves are
+    the pair's bits (start is even, so element start + 2i and the next share hash i + start / 2);
+    a loop over pairs packs, where uniform16 per element computes each hash twice."""
+    p0 = np.int64(start) >> 1
+    for i in range((cnt + 1) >> 1):
+        h = hash32(np.uint32(hash32(np.uint32(np.uint32(p0 + i) ^ k1)) ^ k2))
+        q[2 * i] = np.int32(h & np.uint32(0xFFFF))
+        q[2 * i + 1] = np.int32(h >> U16)
+
+
 # ---- the block codec ---------------------------------------------------------------------------------
 @njit(cache=True, inline="always", error_model="numpy")
 def unpack_codes(codes, bits, start, cnt, q):
@@ -225,54 +226,53 @@ def block_step(absmax, top, top_min):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
+def decode_params(scale, lay, lim, b, k1, k2):
+    """(delta, d, f0, shift) of block b for decode_value: the step delta = scale / top (0 for
+    a scale below top * 2**-126), BReD's dither d = u_b - 1/2 (0 otherwise), and the dither
+    read as an ordinal offset: (1 - d, 1) if d > 0 else (-d, 0) (formats.interp)."""
+    delta = block_step(scale, lim[0], lim[1])
+    d = uniform(b, k1, k2) - HALF if lay[ROUND] == BRED else ZERO
+    pos = d > ZERO
+    f0 = ONE - d if pos else -d
+    shift = np.int32(1) if pos else np.int32(0)
+    return delta, d, f0, shift
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def decode_value(qj, lay, table, dp):
+    """The stored value of code qj (an int32 in [0, 2**bits)) in a block with decode_params dp
+    (quantizer.decode, one element: straight-line code for a given lay, so a loop of it packs)."""
+    delta, d, f0, shift = dp
+    rounding = lay[ROUND]
+    if lay[KIND] == LINEAR:  # x_hat = (q - d) * delta, q read as two's complement if signed
+        half = np.int32(1 << (lay[BITS] - 1)) if lay[SIGNED] else np.int32(0)
+        qf = np.float32(np.int32((qj ^ half) - half))
+        x = (qf - d) * delta if rounding == BRED else qf * delta
+    elif lay[UNIT] and rounding == BRED:  # a no-zero linear map, one line: rn((k + 1) + f) / UNIT
+        x = ((np.float32(np.int32(qj - shift + 1)) + f0) * (ONE / np.float32(lay[UNIT]))) * delta
+    elif lay[UNIT]:
+        x = (np.float32(np.int32(qj + 1)) * (ONE / np.float32(lay[UNIT]))) * delta
+    elif rounding == BRED:  # ordinal q - d read as (k, f) = (q - 1, 1 - d) if d > 0 else (q, -d)
+        k = np.int32(qj - shift)
+        kc = min(max(k, np.int32(0)), np.int32(lay[NT] - 2))
+        f = f0 + np.float32(np.int32(k - kc))
+        lo = table[kc]
+        x = (lo + f * (table[kc + 1] - lo)) * delta
+    else:
+        x = table[qj] * delta
+    if lay[SQRT]:
+        x = x * x
+    return x
+
+
+@njit(cache=True, inline="always", error_model="numpy")
 def decode_block(codes, scale, lay, lim, table, b, start, cnt, k1, k2, q, out):
     """out[:cnt] = the stored values of block b (quantizer.decode); (k1, k2) are the keys of
     the step the state was written at (BReD replays its dither from them)."""
     unpack_codes(codes, lay[BITS], start, cnt, q)
-    delta = block_step(scale, lim[0], lim[1])
-    rounding = lay[ROUND]
-    if lay[KIND] == LINEAR:
-        if lay[SIGNED]:
-            half = np.int32(1 << (lay[BITS] - 1))
-            for j in range(cnt):
-                q[j] = (q[j] ^ half) - half
-        if rounding == BRED:  # x_hat = (q - d) * delta, d = u_b - 1/2
-            d = uniform(b, k1, k2) - HALF
-            for j in range(cnt):
-                out[j] = (np.float32(q[j]) - d) * delta
-        else:
-            for j in range(cnt):
-                out[j] = np.float32(q[j]) * delta
-    elif lay[UNIT] and rounding == BRED:  # a no-zero linear map, one line: rn((k + 1) + f) / UNIT (formats.interp)
-        d = uniform(b, k1, k2) - HALF
-        pos = d > ZERO
-        f0 = ONE - d if pos else -d
-        shift = np.int32(1) if pos else np.int32(0)
-        inv_unit = ONE / np.float32(lay[UNIT])
-        for j in range(cnt):
-            out[j] = ((np.float32(q[j] - shift + 1) + f0) * inv_unit) * delta
-    elif lay[UNIT]:
-        step = ONE / np.float32(lay[UNIT])
-        for j in range(cnt):
-            out[j] = (np.float32(q[j] + 1) * step) * delta
-    elif rounding == BRED:  # ordinal q - d read as (k, f) = (q - 1, 1 - d) if d > 0 else (q, -d)
-        d = uniform(b, k1, k2) - HALF
-        pos = d > ZERO
-        f0 = ONE - d if pos else -d
-        shift = np.int32(1) if pos else np.int32(0)
-        top = np.int32(lay[NT] - 2)
-        for j in range(cnt):
-            k = q[j] - shift
-            kc = min(max(k, np.int32(0)), top)
-            f = f0 + np.float32(k - kc)
-            lo = table[kc]
-            out[j] = (lo + f * (table[kc + 1] - lo)) * delta
-    else:
-        for j in range(cnt):
-            out[j] = table[q[j]] * delta
-    if lay[SQRT]:
-        for j in range(cnt):
-            out[j] = out[j] * out[j]
+    dp = decode_params(scale, lay, lim, b, k1, k2)
+    for j in range(cnt):
+        out[j] = decode_value(q[j], lay, table, dp)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -291,9 +291,12 @@ def table_floor(table, nt, log, n):
 @njit(cache=True, inline="always", error_model="numpy")
 def stored_value(v, lay, prepared):
     """The value encode_block quantizes: non-finite -> 0; unless prepared, sqrt(max(v, 0))
-    for a sqrt state and max(v, 0) for an unsigned one. Computed where it is used instead
-    of written back over x: a store of `0 where v is bad, else v` into v's own slot becomes
-    a masked store (vmaskmovps), microcoded and slow on AMD cores."""
+    for a sqrt state and max(v, 0) for an unsigned one; prepared == STORED: v is that value
+    already (the caller applied this rule where it computed v). Computed where it is used
+    instead of written back over x: a store of `0 where v is bad, else v` into v's own slot
+    becomes a masked store (vmaskmovps), microcoded and slow on AMD cores."""
+    if prepared == STORED:
+        return v
     v = v if abs(v) < INF else ZERO
     if not prepared:
         if lay[SQRT]:
@@ -304,49 +307,64 @@ def stored_value(v, lay, prepared):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
+def abs_bits(v):
+    """The bit pattern of |v| (uint32): ordered as the values for every v >= 0 that is not
+    NaN, so a running max of abs_bits is the bit pattern of the absmax."""
+    return np.uint32(bits_of_f32(v) & np.uint32(0x7FFFFFFF))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
 def encode_block(x, cnt, lay, lim, table, b, start, k1, k2, prepared, q):
-    """Quantize x[:cnt] (modified: the stored-domain values) into q[:cnt] (codes reduced to
-    their bits) and return the block's scale as fp32 (quantizer.encode; bf16 scales rounded
-    up). prepared: x is already in the stored domain (sqrt taken, >= 0 where unsigned), so
-    only the non-finite rule remains (stored_value). Every loop is branch-free (it vectorizes)."""
+    """Quantize x[:cnt] into q[:cnt] (codes reduced to their bits) and return the block's
+    scale as fp32 (quantizer.encode; bf16 scales rounded up). prepared: x is already in the
+    stored domain (sqrt taken, >= 0 where unsigned), so only the non-finite rule remains
+    (stored_value). x is not modified. Every loop is branch-free (it vectorizes)."""
     amax_bits = np.uint32(0)  # max of |x| as bit patterns (ordered as the values)
     for j in range(cnt):
-        amax_bits = max(amax_bits, np.uint32(bits_of_f32(stored_value(x[j], lay, prepared)) & np.uint32(0x7FFFFFFF)))
+        amax_bits = max(amax_bits, abs_bits(stored_value(x[j], lay, prepared)))
+    return encode_with_absmax(x, cnt, amax_bits, lay, lim, table, b, start, k1, k2, prepared, q)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def encode_with_absmax(x, cnt, amax_bits, lay, lim, table, b, start, k1, k2, prepared, q):
+    """encode_block where the caller has computed amax_bits = max_j abs_bits(stored_value(x[j]))
+    in a loop of its own (the AdamW update loop: one pass less over the block). One loop:
+    n = stored_value(x[j]) * (top / absmax), rounded to a code."""
     if lay[SBF16] and amax_bits & np.uint32(0xFFFF):  # round the scale up to a bf16 value
         amax_bits = np.uint32((amax_bits & np.uint32(0xFFFF0000)) + np.uint32(0x10000))
     absmax = f32_from_bits(amax_bits)
     top, top_min = lim[0], lim[1]
     inv = top / absmax if absmax >= top_min else ZERO
-    for j in range(cnt):
-        x[j] = stored_value(x[j], lay, prepared) * inv  # n
     rounding = lay[ROUND]
     if lay[KIND] == LINEAR:
-        _round_linear(x, cnt, lay, rounding, b, start, k1, k2, q)
+        _round_linear(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q)
     elif lay[UNIT]:
-        _round_unit_table(x, cnt, lay, rounding, b, start, k1, k2, q)
+        _round_unit_table(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q)
     else:
-        _round_table(x, cnt, lay, table, rounding, b, start, k1, k2, q)
+        _round_table(x, cnt, inv, prepared, lay, table, rounding, b, start, k1, k2, q)
     return absmax
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _round_linear(n, cnt, lay, rounding, b, start, k1, k2, q):
-    """q = clamp(rint(n + d)) reduced to the format's bits (two's complement if signed)."""
+def _round_linear(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q):
+    """q = clamp(rint(n + d)) reduced to the format's bits (two's complement if signed),
+    n = stored_value(x) * inv."""
     bits = lay[BITS]
     if lay[SIGNED]:
         lo_code, hi_code = np.int32(-(1 << (bits - 1))), np.int32((1 << (bits - 1)) - 1)
     else:
         lo_code, hi_code = np.int32(0), np.int32((1 << bits) - 1)
     mask = np.int32((1 << bits) - 1)
+    d = uniform(b, k1, k2) - HALF if rounding == BRED else ZERO
     if rounding == STOCHASTIC:
-        for j in range(cnt):
-            n[j] = n[j] + (uniform16(start + j, k1, k2) - HALF)
-    elif rounding == BRED:
-        d = uniform(b, k1, k2) - HALF
-        for j in range(cnt):
-            n[j] = n[j] + d
+        uniform_bits(q, start, cnt, k1, k2)
     for j in range(cnt):
-        c = np.int32(np.rint(n[j]))
+        n = stored_value(x[j], lay, prepared) * inv
+        if rounding == STOCHASTIC:
+            n = n + (np.float32(q[j]) * TWO_M16 - HALF)
+        elif rounding == BRED:
+            n = n + d
+        c = np.int32(np.rint(n))
         q[j] = min(max(c, lo_code), hi_code) & mask
 
 
@@ -363,8 +381,9 @@ def _up(n, lo, hi, rounding, u):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _round_unit_table(n, cnt, lay, rounding, b, start, k1, k2, q):
-    """Code book {1, ..., UNIT} / UNIT: k = clamp(clamp(floor(n * UNIT), 0, NT) - 1, 0, NT - 2),
+def _round_unit_table(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q):
+    """Code book {1, ..., UNIT} / UNIT: k = clamp(clamp(floor(n * UNIT), 0, NT) - 1, 0, NT - 2)
+    (= clamp(floor(n * UNIT) - 1, 0, NT - 2): the inner clamp never changes the outer one),
     table[k] = (k + 1) / UNIT and table[k + 1] - table[k] = 1 / UNIT, all exact (UNIT is a
     power of two), so _up's division by the gap is the exact product by UNIT: no search, no
     gather, no division; one loop per block."""
@@ -373,31 +392,35 @@ def _round_unit_table(n, cnt, lay, rounding, b, start, k1, k2, q):
     step = ONE / unit
     top_k = np.float32(lay[NT] - 2)
     ub = uniform(b, k1, k2) if rounding == BRED else ZERO
+    if rounding == STOCHASTIC:
+        uniform_bits(q, start, cnt, k1, k2)
     for j in range(cnt):
-        v = n[j]
-        kf = min(max(min(max(np.floor(v * unit), ZERO), ntf) - ONE, ZERO), top_k)
+        v = stored_value(x[j], lay, prepared) * inv
+        kf = min(max(np.floor(v * unit) - ONE, ZERO), top_k)  # = the clamps above for any non-NaN v
         lo = (kf + ONE) * step
         if rounding == NEAREST:
             up = (v - lo) >= step * HALF
         else:
             frac = min(max((v - lo) * unit, ZERO), ONE)
             if rounding == STOCHASTIC:
-                up = uniform16(start + j, k1, k2) < frac
+                up = np.float32(q[j]) * TWO_M16 < frac
             else:
                 up = ub >= ONE - frac
         q[j] = np.int32(kf) + np.int32(up)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _round_table(n, cnt, lay, table, rounding, b, start, k1, k2, q):
+def _round_table(x, cnt, inv, prepared, lay, table, rounding, b, start, k1, k2, q):
     """Any sorted code book: k by binary search, round between table[k] and table[k + 1]."""
     nt = lay[NT]
     log = lay[BITS]
     ub = uniform(b, k1, k2) if rounding == BRED else ZERO
+    if rounding == STOCHASTIC:
+        uniform_bits(q, start, cnt, k1, k2)
     for j in range(cnt):
-        v = n[j]
+        v = stored_value(x[j], lay, prepared) * inv
         k = table_floor(table, nt, log, v)
-        u = uniform16(start + j, k1, k2) if rounding == STOCHASTIC else ub
+        u = np.float32(q[j]) * TWO_M16 if rounding == STOCHASTIC else ub
         q[j] = np.int32(k) + np.int32(_up(v, table[k], table[k + 1], rounding, u))
 
 
@@ -406,7 +429,8 @@ def read_state(fresh, codes, s16, sbf16, lay, lim, table, b, start, cnt, k1, k2,
     """out[:cnt] = block b of a stored state (decode_block with its scale_at), or zeros when
     the state is fresh (its first step, or the step after a reset)."""
     if fresh:
-        out[:] = ZERO
+        for j in range(cnt):
+            out[j] = ZERO
     else:
         decode_block(codes, scale_at(s16, b, sbf16), lay, lim, table, b, start, cnt, k1, k2, q, out)
 

@@ -16,6 +16,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c
+from . import native as nv
 from .host import CpuBatch, keys, layout_arrays, numpy_views, run_blocks
 
 
@@ -31,10 +32,12 @@ def kernel_for(mlay: tuple, B: int):
         b1, ob1, b2, ob2 = np.float32(beta1), np.float32(omb1), np.float32(beta2), np.float32(omb2)
         lr, decay = scal[0], scal[1]
         msb = mlay[c.SBF16] != 0
-        mrow = np.empty(B, np.float32)
-        prow = np.empty(B, np.float32)
-        grow = np.empty(B, np.float32)
-        q = np.empty(B, np.int32)
+        p, g, mc, ms, mlim, mtab, ks = nv.borrowed(  # no reference counts (native.py)
+            (p, g, mc, ms, mlim, mtab, ks))
+        mrow = nv.scratch_f32(B)
+        prow = nv.scratch_f32(B)
+        grow = nv.scratch_f32(B)
+        q = nv.scratch_i32(B)
         nbad = 0
         for b in range(b0, b1_):
             start = b * B

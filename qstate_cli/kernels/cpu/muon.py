@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c
+from . import native as nv
 from .host import CpuBatch, array, keys, layout_arrays, numpy_views, run_blocks
 
 
@@ -29,10 +30,12 @@ def kernel_for(mlay: tuple, B: int):
         (2, 3); out: fp32 update. Returns the non-finite count."""
         b, ob = np.float32(beta), np.float32(omb)
         msb = mlay[c.SBF16] != 0
-        mrow = np.empty(B, np.float32)
-        grow = np.empty(B, np.float32)
-        urow = np.empty(B, np.float32)
-        q = np.empty(B, np.int32)
+        g, out, mc, ms, mlim, mtab, ks = nv.borrowed(  # no reference counts (native.py)
+            (g, out, mc, ms, mlim, mtab, ks))
+        mrow = nv.scratch_f32(B)
+        grow = nv.scratch_f32(B)
+        urow = nv.scratch_f32(B)
+        q = nv.scratch_i32(B)
         nbad = 0
         for blk in range(b0, b1_):
             start = blk * B
