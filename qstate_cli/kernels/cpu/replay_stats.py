@@ -67,6 +67,8 @@ class CodeCounts:
 
 
 def _f32(t: torch.Tensor) -> np.ndarray:
+    if t.dtype == torch.float32 and t.dim() == 1 and t.is_contiguous() and not t.requires_grad:
+        return t.numpy()  # the replay's states: no copy, no checks beyond these
     t = t.detach().reshape(-1)
     if t.dtype != torch.float32 or not t.is_contiguous():
         t = t.to(torch.float32).contiguous()
