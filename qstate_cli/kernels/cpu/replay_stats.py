@@ -53,6 +53,10 @@ class CodeCounts:
         counts = torch.empty(3, self.n // self.unit, dtype=torch.float32)
         if prev_code.dtype != torch.int32 or last_change.dtype != torch.int32:
             raise ValueError("prev_code and last_change must be int32")
+        sizes = (x.numel(), prev.numel(), new.numel(), prev_code.numel(), last_change.numel())
+        if set(sizes) != {self.n} or storage.dtype != torch.uint8 or storage.numel() != self.n * self.bits // 8:
+            raise ValueError(f"fused code statistics of {self.n} elements got sizes {sizes} and "
+                             f"{storage.numel()} {storage.dtype} code bytes")  # the kernel does not bound-check
         if parts_of(self.n) > self.hist.shape[0]:  # more threads than at the start: more rows
             self.hist = np.concatenate([self.hist, np.zeros((parts_of(self.n) - self.hist.shape[0],
                                                              self.hist.shape[1]), np.int64)])
