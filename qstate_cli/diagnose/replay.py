@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ..errors import QstateError
+from ..kernels.cpu import PATH as CPU_PATH  # the fused CPU codec's path (no numba imported)
 from ..optim.reset import ResetPolicy
 from ..quant import Stream
 from ..quant.config import STATE_IDS, StateConfig  # streams keyed as the optimizers key them
@@ -295,7 +296,7 @@ def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout
             stream = _stream(layout, spec, int(trace.seed), STATE_IDS[s])
             qs[s], path, why_ref = replay_state(spec, layout, stream, reduce_absmax, opts.backend)
             paths[s] = [path, why_ref]
-            stats[s] = StateStats(layout, spec, n_steps, snap_every)
+            stats[s] = StateStats(layout, spec, n_steps, snap_every, fused=path == CPU_PATH)
             clamp[s] = s == "v" and spec.rounding == "bred" and not spec.sqrt
         models = {s: ModelStats(layout, cfg.spec(s), n_steps, reduce_absmax) for s in rec.states
                   if cfg.spec(s).fmt.kind != "identity"} if opts.models else {}

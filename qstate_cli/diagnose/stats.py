@@ -57,7 +57,12 @@ def unit_sums(x: torch.Tensor, unit: int) -> torch.Tensor:
 
 
 class StateStats:
-    def __init__(self, layout: Layout, spec: StateSpec, n_steps: int, snapshot_every: int):
+    """fused: the state is stored through the fused CPU codec (kernels/cpu/replay.py), so the
+    comparisons, counts and code updates run in one numba pass per unit block
+    (kernels/cpu/replay_stats.py, the same integers); else (no numba, the reference codec,
+    CUDA) as torch ops. The float sums and the snapshots are torch ops either way."""
+
+    def __init__(self, layout: Layout, spec: StateSpec, n_steps: int, snapshot_every: int, fused: bool = False):
         dev, self.layout, self.spec = layout.device, layout, spec
         self.n_steps = n_steps
         self.series = torch.zeros(N_ROWS, n_steps, dtype=torch.float64, device=dev)  # rows: S_*
@@ -72,12 +77,24 @@ class StateStats:
         self.dims = [2 ** k for k in range(int(math.log2(max(1, layout.total_n // 4))) + 1)]
         self.snap_x2, self.snap_small, self.snap_units = [], [], []  # per snapshot (_snapshot)
         self._ones = torch.ones(layout.n, dtype=torch.int64, device=dev)
+        self._fused = None
+        if fused and self.code_mode == "code" and dev.type == "cpu":
+            from ..kernels.cpu.replay_stats import CodeCounts  # no numba until the first observe
+            self._fused = CodeCounts(spec.fmt.bits, layout.n, layout.unit, self.n_codes)
 
     def observe(self, i: int, x: torch.Tensor, prev: torch.Tensor, new: torch.Tensor,
                 shadow: torch.Tensor, shadow_x2_units: torch.Tensor, storage: torch.Tensor | None) -> None:
         """Record replay step t = i + 1: nominal x, stored before (prev) and after (new), shadow."""
         unit, step = self.layout.unit, i + 1
         err = new - shadow
+        if self._fused is not None and storage is not None:
+            stall, nominal, code_stall = self._fused.observe(step, x, prev, new, storage, self.prev_code,
+                                                             self.last_change)
+            self._add(i, torch.stack([unit_sums(err, unit), unit_sums(err * err, unit), stall, nominal,
+                                      shadow_x2_units, code_stall]))
+            if (i + 1) % self.snapshot_every == 0 or i + 1 == self.n_steps:
+                self._snapshot(step, err, shadow_x2_units)
+            return
         changed = new != prev
         nominal = x != prev
         stall = nominal > changed  # nominal and not changed
@@ -87,13 +104,17 @@ class StateStats:
         self.prev_code = code
         u = torch.stack([unit_sums(err, unit), unit_sums(err * err, unit), unit_sums(stall, unit),
                          unit_sums(nominal, unit), shadow_x2_units, unit_sums(code_stall, unit)])
-        self.units += u
-        self.series[:, i] = u.sum(1, dtype=torch.float64)
+        self._add(i, u)
         self.last_change.masked_fill_(code_changed, step)
         if self.n_codes:
             self._count_codes(code, nominal, stall, code_stall)
         if (i + 1) % self.snapshot_every == 0 or i + 1 == self.n_steps:
             self._snapshot(step, err, shadow_x2_units)
+
+    def _add(self, i: int, u: torch.Tensor) -> None:
+        """u: fp32 [N_ROWS, units], this step's per-unit sums (rows S_*)."""
+        self.units += u
+        self.series[:, i] = u.sum(1, dtype=torch.float64)
 
     def on_reset(self, i: int) -> None:
         """A reset before replay step t = i + 1 puts every code back to the never-written
@@ -137,6 +158,8 @@ class StateStats:
         n = self.layout.n_valid
         ser = self.series.cpu().numpy()
         stale = self.staleness.cpu().numpy()[1:]  # bin 0 held padding
+        if self._fused is not None:
+            self.codes = self._fused.codes()
         return {"err_sum": ser[S_ERR], "err2_sum": ser[S_ERR2], "stalls": ser[S_STALL],
                 "nominal": ser[S_NOMINAL], "shadow2_sum": ser[S_SHADOW2], "code_stalls": ser[S_CSTALL], "n": n,
                 "staleness_counts": stale,

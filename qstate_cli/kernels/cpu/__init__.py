@@ -6,6 +6,8 @@
     host.py      numpy views of the tensors, layout arrays, stream keys (no numba)
     replay.py    `qstate diagnose`'s fused state codec (diagnose/codec.FUSED["cpu"]; no numba
                  until used), its kernel in replay_kernel.py: one compilation for every layout
+    replay_stats.py  the replay's integer statistics (stalls, code changes, per-code counts) on
+                 the fused codec's codes, its kernel in replay_stats_kernel.py (no numba until used)
 
 The same spec as the Triton kernels (quant/, optim/rules.py), bit for bit, for the same
 formats (launch.why_not_covered) on fp32 and bf16 parameters and gradients. One pass per

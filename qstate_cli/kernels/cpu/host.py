@@ -50,19 +50,30 @@ def threads() -> int:
     return max(1, torch.get_num_threads())
 
 
+def parts_of(numel: int) -> int:
+    """How many threads run_blocks splits `numel` elements over (>= MIN_THREAD_ELEMENTS each)."""
+    return max(1, min(threads(), int(numel) // MIN_THREAD_ELEMENTS))
+
+
 def run_blocks(kernel, numel: int, block: int, args: tuple) -> int:
     """kernel(b0, b1, *args) over blocks [0, ceil(numel / block)) in contiguous ranges, one
     per thread; returns the sum of what the calls return (non-finite counts)."""
+    return run_parts(lambda b0, b1, part, *rest: kernel(b0, b1, *rest), numel, block, args)
+
+
+def run_parts(kernel, numel: int, block: int, args: tuple) -> int:
+    """run_blocks, with each range's index: kernel(b0, b1, part, *args), part in
+    [0, parts_of(numel)) (a thread's own row of a shared output)."""
     nblocks = -(-int(numel) // int(block))
-    parts = max(1, min(threads(), int(numel) // MIN_THREAD_ELEMENTS))
+    parts = parts_of(numel)
     if parts == 1:
-        return int(kernel(0, nblocks, *args))
+        return int(kernel(0, nblocks, 0, *args))
     pool = _pools.get(parts)
     if pool is None:
         pool = _pools[parts] = ThreadPoolExecutor(parts, thread_name_prefix="qstate-cpu")
     edges = [nblocks * i // parts for i in range(parts + 1)]
-    futures = [pool.submit(kernel, edges[i], edges[i + 1], *args) for i in range(1, parts)]
-    total = int(kernel(edges[0], edges[1], *args))  # the first range on this thread
+    futures = [pool.submit(kernel, edges[i], edges[i + 1], i, *args) for i in range(1, parts)]
+    total = int(kernel(edges[0], edges[1], 0, *args))  # the first range on this thread
     return total + sum(int(f.result()) for f in futures)
 
 

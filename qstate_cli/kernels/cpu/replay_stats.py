@@ -1,0 +1,79 @@
+"""The replay's fused code statistics on CPU: StateStats.observe's integer-valued part
+(diagnose/stats.py) in one numba pass per unit block, on the packed codes the fused codec
+(replay.py) just stored, instead of ~15 torch ops each its own pass over memory.
+
+Per element i of the layout at replay step t (x the nominal fp32 state, prev / new the
+values read back before / after, code the stored code unpacked from the packed storage):
+
+    nominal_i    = x_i != prev_i                  stall_i      = nominal_i and new_i == prev_i
+    code_stall_i = nominal_i and code_i == prev_code_i
+    per unit u:  #stall, #nominal, #code stall (fp32: exact integers, a unit holds <= 2048
+                 elements, so equal to torch's fp32 sums of the booleans)
+    last_change_i = t where code_i != prev_code_i;  prev_code_i = code_i
+    per code:    counts[code * 5 + nominal * (1 + stall + 2 x code stall)] += 1
+
+exactly as StateStats' torch path computes them (padding included: it counts what the
+torch path counts), so every record stays bit-identical; the float sums (err, err^2) and
+the snapshots stay in torch. Codes of 4 or 8 bits (the formats the fused codec covers).
+Threads: parallel over unit ranges (host.run_parts), one histogram row per thread, summed.
+No numba at import: the kernel (replay_stats_kernel.py) is imported on first use.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .host import parts_of, run_parts
+
+_KERNEL: list = []
+
+
+def _kernel():
+    if not _KERNEL:
+        from .replay_stats_kernel import state_counts
+        _KERNEL.append(state_counts)
+    return _KERNEL[0]
+
+
+class CodeCounts:
+    """The fused counterpart of StateStats' comparisons, per-unit counts, per-code counts and
+    last_change / prev_code updates for one state (module docstring)."""
+
+    def __init__(self, bits: int, n: int, unit: int, n_codes: int):
+        if bits not in (4, 8) or n % unit or unit % 2:
+            raise ValueError(f"fused code statistics need 4- or 8-bit codes on whole even units "
+                             f"(got {bits} bits, {n} elements, unit {unit})")
+        self.bits, self.n, self.unit = bits, n, unit
+        self.hist = np.zeros((parts_of(n), n_codes * 5), np.int64)  # per thread; summed in `codes`
+
+    def observe(self, step: int, x: torch.Tensor, prev: torch.Tensor, new: torch.Tensor, storage: torch.Tensor,
+                prev_code: torch.Tensor, last_change: torch.Tensor) -> torch.Tensor:
+        """fp32 [3, n_units]: per unit #stall, #nominal, #code stall; updates prev_code and
+        last_change (int32 [n]) in place and adds this step's per-code counts."""
+        counts = torch.empty(3, self.n // self.unit, dtype=torch.float32)
+        if prev_code.dtype != torch.int32 or last_change.dtype != torch.int32:
+            raise ValueError("prev_code and last_change must be int32")
+        sizes = (x.numel(), prev.numel(), new.numel(), prev_code.numel(), last_change.numel())
+        if set(sizes) != {self.n} or storage.dtype != torch.uint8 or storage.numel() != self.n * self.bits // 8:
+            raise ValueError(f"fused code statistics of {self.n} elements got sizes {sizes} and "
+                             f"{storage.numel()} {storage.dtype} code bytes")  # the kernel does not bound-check
+        if parts_of(self.n) > self.hist.shape[0]:  # more threads than at the start: more rows
+            self.hist = np.concatenate([self.hist, np.zeros((parts_of(self.n) - self.hist.shape[0],
+                                                             self.hist.shape[1]), np.int64)])
+        run_parts(_kernel(), self.n, self.unit,
+                  (_f32(x), _f32(prev), _f32(new), storage.reshape(-1).numpy(), self.bits, prev_code.numpy(),
+                   last_change.numpy(), int(step), self.unit, counts.numpy(), self.hist))
+        return counts
+
+    def codes(self) -> torch.Tensor:
+        """int64 [n_codes * 5]: the per-code counts over every step observed."""
+        return torch.from_numpy(self.hist.sum(0))
+
+
+def _f32(t: torch.Tensor) -> np.ndarray:
+    if t.dtype == torch.float32 and t.dim() == 1 and t.is_contiguous() and not t.requires_grad:
+        return t.numpy()  # the replay's states: no copy, no checks beyond these
+    t = t.detach().reshape(-1)
+    if t.dtype != torch.float32 or not t.is_contiguous():
+        t = t.to(torch.float32).contiguous()
+    return t.numpy()

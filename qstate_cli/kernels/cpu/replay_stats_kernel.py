@@ -1,0 +1,59 @@
+"""numba kernel of the replay's fused code statistics (replay_stats.py says what it counts;
+imports numba). One compilation for every layout: bits, unit and step are runtime arguments."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import codec as c  # sets numba's cache folder before anything here compiles
+
+N_CLASSES = 5  # diagnose/stats.N_CODE_CLASSES
+
+
+LANES = 4  # interleaved histogram copies: neighbours that hit the same bin do not wait on each other
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change, step, unit, counts, hist):
+    """Units u0 .. u1 - 1 (of `unit` elements each) of one state at one replay step: per
+    element, nominal = x != prev, stall = nominal and new == prev, code = the unpacked stored
+    code, code stall = nominal and code == prev_code; counts[0 / 1 / 2, u] = the unit's
+    stalls / nominal updates / code stalls (fp32, exact below 2**24); last_change = step where
+    the code changed; prev_code = code; hist[part, code * 5 + nominal * (1 + stall + 2 x code
+    stall)] += 1 (one histogram row per thread: `part`). Per unit, a branch-free pass (it
+    vectorizes) leaves each element's histogram bin in a row, then LANES interleaved local
+    histograms count the bins."""
+    q = np.empty(unit, np.int32)
+    nbins = hist.shape[1]
+    local = np.zeros(LANES * nbins, np.int64)
+    s = np.int32(step)
+    for u in range(u0, u1):
+        start = u * unit
+        c.unpack_codes(codes, bits, start, unit, q)
+        n_stall, n_nominal, n_cstall = np.int32(0), np.int32(0), np.int32(0)
+        i0 = np.uint64(start)
+        for j in range(unit):
+            i = i0 + np.uint64(j)
+            p = prev[i]
+            nominal = np.int32(x[i] != p)
+            stall = nominal & np.int32(new[i] == p)
+            code = q[j]
+            old = prev_code[i]
+            cstall = nominal & np.int32(code == old)
+            last_change[i] = last_change[i] if code == old else s
+            prev_code[i] = code
+            n_stall += stall
+            n_nominal += nominal
+            n_cstall += cstall
+            q[j] = code * N_CLASSES + nominal * (1 + stall + 2 * cstall) + (j & (LANES - 1)) * nbins
+        for j in range(unit):
+            local[np.uint64(q[j])] += 1
+        counts[0, u] = np.float32(n_stall)
+        counts[1, u] = np.float32(n_nominal)
+        counts[2, u] = np.float32(n_cstall)
+    for k in range(nbins):
+        t = np.int64(0)
+        for lane in range(LANES):
+            t += local[lane * nbins + k]
+        hist[part, k] += t
+    return 0

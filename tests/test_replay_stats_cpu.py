@@ -1,0 +1,100 @@
+"""StateStats' fused CPU counts (kernels/cpu/replay_stats.py) against its torch path, exactly:
+the same inputs (a fused codec's packed codes and values read back, on a layout with padding,
+over several steps with a reset) through both give identical collected arrays (per-step and
+per-unit sums, per-code counts, staleness histogram) and identical last_change / prev_code,
+for 4- and 8-bit linear formats and code books under nearest, stochastic and BReD rounding,
+on one thread and split over threads. The whole replay's records through `--backend auto`
+and `reference` are compared in test_replay_codec_cpu.py. Skipped without numba."""
+import numpy as np
+import pytest
+import torch
+
+from qstate_cli.diagnose.codec import replay_state
+from qstate_cli.diagnose.layout import Layout
+from qstate_cli.diagnose.replay import _stream
+from qstate_cli.diagnose.stats import StateStats, unit_sums
+from qstate_cli.kernels import cpu
+from qstate_cli.quant import parse_spec
+from test_replay_codec_cpu import small_trace
+
+pytestmark = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
+
+STEPS, RESET_AT, SNAP = 7, 4, 3  # a reset before step index 4; snapshots every 3 steps and at the end
+SPECS = ["int4:nearest:b128", "uint4:stochastic:b32:sqrt", "de4:bred:b256", "lin4nz:stochastic:b64:sbf16",
+         "int8:bred:b64", "de8u:nearest:b128:sqrt", "de8:stochastic:b256:sbf16", "uint8:nearest:b32"]
+
+
+def run_both(spec_text: str, layout: Layout):
+    """(fused StateStats, torch StateStats) after the same STEPS observations."""
+    spec = parse_spec(spec_text)
+    q, path, why = replay_state(spec, layout, _stream(layout, spec, 77, 1), None, "auto")
+    assert path == cpu.PATH, why
+    fused = StateStats(layout, spec, STEPS, SNAP, fused=True)
+    plain = StateStats(layout, spec, STEPS, SNAP)
+    assert fused._fused is not None and plain._fused is None
+    gen = torch.Generator().manual_seed(len(spec_text))
+    invalid = ~layout.valid
+    prev = torch.zeros(layout.n)
+    for i in range(STEPS):
+        if i == RESET_AT:
+            for st in (fused, plain):
+                st.on_reset(i)
+            q.reset()
+            prev = torch.zeros(layout.n)
+        # a nominal state: unchanged on ~30% of elements, nudged slightly (codes that stall)
+        # on ~40%, moved a lot on the rest; on the first step and after the reset, from 0
+        r = torch.rand(layout.n, generator=gen)
+        noise = torch.randn(layout.n, generator=gen)
+        big = torch.randn(layout.n, generator=gen) * torch.exp(2 * torch.randn(layout.n, generator=gen))
+        x = torch.where(r < 0.3, prev, torch.where(r < 0.7, prev * (1 + 1e-3 * noise), big))
+        if spec.sqrt:
+            x = x.abs()
+        x[invalid & (r < 0.5)] = 0.0
+        q.encode(x, 11 + i)
+        new = q.decode().clone()
+        new.masked_fill_(invalid, 0.0)  # padding stays 0, as the replay does
+        shadow = x + 0.01 * torch.randn(layout.n, generator=gen)
+        sx2 = unit_sums(shadow * shadow, layout.unit)
+        for st in (fused, plain):
+            st.observe(i, x, prev, new, shadow, sx2, q.codes)
+        prev = new
+    return fused, plain
+
+
+def assert_same_stats(fused: StateStats, plain: StateStats, what: str) -> None:
+    assert torch.equal(fused.last_change, plain.last_change), f"{what}: last_change"
+    assert torch.equal(fused.prev_code, plain.prev_code), f"{what}: prev_code"
+    a, b = fused.collect(), plain.collect()
+    assert a.keys() == b.keys()
+    for k, v in b.items():
+        if isinstance(v, np.ndarray):
+            assert a[k].dtype == v.dtype and np.array_equal(a[k], v), f"{what}: {k}"
+        else:
+            assert a[k] == v, f"{what}: {k}"
+    # the inputs exercised every count: stalls, nominal updates, code stalls and resets
+    assert b["stalls"].sum() > 0 and b["code_stalls"].sum() > b["stalls"].sum() > 0, what
+    assert 0 < b["nominal"].sum() < STEPS * b["n"], what
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_fused_state_stats_equal_the_torch_path(spec):
+    assert_same_stats(*run_both(spec, Layout(small_trace(1), 256, "cpu")), spec)
+
+
+def test_fused_state_stats_over_threads(monkeypatch):
+    """Unit ranges on 3 threads (host.run_parts), each its own per-code histogram row."""
+    from qstate_cli.kernels.cpu import host
+    monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
+    monkeypatch.setattr(host, "threads", lambda: 3)
+    for spec in ("uint4:stochastic:b128", "de8:bred:b64"):
+        fused, plain = run_both(spec, Layout(small_trace(1), 512, "cpu"))
+        assert fused._fused.hist.shape[0] == 3
+        assert_same_stats(fused, plain, f"{spec} on 3 threads")
+
+
+def test_torch_path_without_the_fused_codec():
+    """fused=False (the reference codec, no numba, CUDA) and states without codes (bf16,
+    fp32) keep the torch path."""
+    layout = Layout(small_trace(1), 256, "cpu")
+    assert StateStats(layout, parse_spec("int4:nearest:b128"), 2, 1)._fused is None
+    assert StateStats(layout, parse_spec("bf16:nearest"), 2, 1, fused=True)._fused is None
