@@ -30,7 +30,8 @@ import torch
 from ..kernels import codec as kcodec
 from ..kernels import unavailable_reason
 from ..kernels.launch import interpreting, kernel_layout, why_no_codec
-from ..quant import QuantizedState, StateSpec
+from ..quant import StateSpec
+from ..quant.state import ReadBackState
 from ..quant import hash as qhash
 
 PATH = "triton"
@@ -94,7 +95,7 @@ def _int32_bits(values: torch.Tensor) -> torch.Tensor:
     return torch.where(v >= 1 << 31, v - (1 << 32), v).to(torch.int32)
 
 
-class TritonReplayState(QuantizedState):
+class TritonReplayState(ReadBackState):
     PATH = PATH
 
     def __init__(self, spec: StateSpec, layout, stream, reduce_absmax=None):
@@ -113,7 +114,6 @@ class TritonReplayState(QuantizedState):
             keys = stream.base[owner]
         self.block_keys = _int32_bits(keys).to(layout.device)
         self.block_counters = _int32_bits(counters).to(layout.device)
-        self._read_back = None  # fp32 [n]: decode(encode(x)) of the last encode, not yet handed out
 
     def encode(self, x: torch.Tensor, step: int) -> None:
         """Store x as written at optimizer step `step` (>= 1), keeping the value read back."""
@@ -129,17 +129,3 @@ class TritonReplayState(QuantizedState):
                              self.block_keys, self.block_counters, self.kernel, int(step),
                              interpret=interpreting(), table=self.table)
         self.codes, self.scales, self.written, self._read_back = codes, scales, int(step), out
-
-    def decode(self) -> torch.Tensor:
-        """The stored value as fp32 (zeros if never written): the kernel's read-back the first
-        time after an encode (handed over, not kept), quant.decode of the codes after that."""
-        if self.written == 0:
-            return torch.zeros(self.shape, dtype=torch.float32, device=self.codes.device)
-        if self._read_back is not None:
-            out, self._read_back = self._read_back, None
-            return out.view(self.shape)
-        return super().decode()
-
-    def reset(self) -> None:
-        super().reset()
-        self._read_back = None

@@ -89,6 +89,25 @@ class QuantizedState:
                 f"nbytes={self.nbytes})")
 
 
+
+class ReadBackState(QuantizedState):
+    """A QuantizedState whose encode (a fused codec: diagnose/codec.py) also computes the
+    value read back, decode(encode(x)), into `_read_back`. decode() hands that tensor over
+    the first time after an encode (the caller owns it: the replay clamps and masks it in
+    place) and decodes the stored codes, as QuantizedState does, after that."""
+
+    _read_back: torch.Tensor | None = None
+
+    def decode(self) -> torch.Tensor:
+        if self.written and self._read_back is not None:
+            value, self._read_back = self._read_back, None
+            return value.view(self.shape)
+        return super().decode()
+
+    def reset(self) -> None:
+        super().reset()
+        self._read_back = None
+
 def _empty_storage(spec: StateSpec, numel: int, device):
     fmt = spec.fmt
     if fmt.kind == "identity":

@@ -32,9 +32,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...quant import QuantizedState
+from ...quant.state import ReadBackState
 from ...quant import hash as qhash
-from ..launch import kernel_layout, why_not_covered
+from ..launch import kernel_layout, why_no_codec
 from . import unavailable_reason
 from .host import layout_arrays, run_blocks  # no numba there
 
@@ -48,11 +48,7 @@ def fused_state(spec, layout, stream, reduce_absmax=None):
     codec does not cover; for a block-scaled state each block's scale is its own, so a part
     of the layout encodes as the whole layout does. The spec's reason comes first: a state
     the codec never covers says why, not that numba is missing."""
-    why = why_not_covered(spec)
-    if why is None and spec.tensor_scale:
-        why = "tensor-scaled states have no fused replay codec"
-    if why is None:
-        why = unavailable_reason(layout.device)
+    why = why_no_codec(spec) or unavailable_reason(layout.device)
     if why is not None:
         return None, why
     plan = _plan(layout, int(spec.block))
@@ -83,11 +79,9 @@ def _plan(layout, B: int):
     return torch.stack([owner.to(torch.int64), idx[:, 0], nvalid.to(torch.int64)], 1).contiguous().numpy()
 
 
-class FusedReplayState(QuantizedState):
-    """A QuantizedState of the whole layout whose encode runs the fused kernel (module
-    docstring). decode() returns the value read back at the last encode: the tensor itself
-    the first time (the caller owns it: the replay clamps and masks it in place), the
-    reference decode of the stored codes after that."""
+class FusedReplayState(ReadBackState):
+    """The whole layout's state, its encode the fused kernel (module docstring); decode()
+    hands over the value read back once (quant.state.ReadBackState)."""
 
     PATH = PATH
 
@@ -101,7 +95,6 @@ class FusedReplayState(QuantizedState):
         base = stream.base.numpy() if hasattr(stream, "base") else np.zeros(max(1, layout.n_tensors), np.int64)
         self.base = np.asarray(base & qhash.MASK32, np.uint32)  # nearest: no random bits, any keys
         self._scale_dtype = self.scales.dtype  # fp32 or bf16 (_empty_storage)
-        self._value = None
 
     def encode(self, x: torch.Tensor, step: int) -> None:
         if x.numel() != self.numel:
@@ -118,17 +111,8 @@ class FusedReplayState(QuantizedState):
                    (x.numpy(), codes.numpy(), scales.view(torch.int16).numpy().view(np.uint16), out.numpy(),
                     self.lay, self.lim, self.table, self.bucket, self.srch, self.block, self.numel, self.plan,
                     self.base, int(step)))
-        self.codes, self.scales, self.written, self._value = codes, scales, int(step), out
+        self.codes, self.scales, self.written, self._read_back = codes, scales, int(step), out
 
-    def decode(self) -> torch.Tensor:
-        if self.written and self._value is not None:
-            value, self._value = self._value, None
-            return value
-        return super().decode()
-
-    def reset(self) -> None:
-        super().reset()
-        self._value = None
 
 
 SEARCH_MIN_EXP = -30  # magnitudes below 2**-30 share the buckets next to 0
