@@ -85,7 +85,8 @@ def why_no_codec(spec: StateSpec) -> str | None:
     one may; each device's factory adds its own checks). Given before a missing Triton or
     numba, which would not help."""
     if spec.tensor_scale:
-        return f"{spec.fmt.name} with a tensor scale (one absmax per tensor; under torchrun all-reduced) has no fused codec"
+        return (f"{spec.fmt.name} with a tensor scale (one absmax per tensor; under torchrun all-reduced) "
+                f"has no fused codec")
     return why_not_covered(spec)
 
 
