@@ -22,3 +22,14 @@ def test_muon_kernel_equals_reference(states, dtype, options):
 @pytest.mark.cuda
 def test_muon_kernel_equals_reference_on_large_matrices():
     run_parity(Muon, "bred-4bit", [(1024, 1024), (4097,)], torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_muon_kernel_full_tiles_equal_reference(dtype):
+    """Tensors of several full tiles (the unmasked path: two vectors of a block row per
+    thread, bf16 gradients read as 32-bit words) and a short last one."""
+    from qstate_cli.kernels import launch
+
+    _, rows, _ = launch.tile_shape(128, 4)  # the fp32 update out sets the tile: `rows` blocks of 128
+    run_parity(Muon, "m=int4:bred:b128", [(2 * rows + 3, 128), (rows, 128)], dtype, lr=0.02, momentum=0.95,
+               nesterov=True)

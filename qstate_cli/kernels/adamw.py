@@ -44,11 +44,12 @@ def _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table
                 V_KIND: tl.constexpr, V_BITS: tl.constexpr, V_SIGNED: tl.constexpr, V_TOP: tl.constexpr,
                 V_NT: tl.constexpr, V_ROUND: tl.constexpr, V_SQRT: tl.constexpr, V_SBF16: tl.constexpr,
                 FRESH_M: tl.constexpr, FRESH_V: tl.constexpr,
-                B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, C0: tl.constexpr):
+                B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, C0: tl.constexpr,
+                ALIGNED: tl.constexpr):
     """Columns C0 .. C0 + W - 1 of every block row of the tile: load, decode, update, store
     the parameter. Returns (m, v in its stored domain, the gradient as loaded)."""
-    p = c.load_values(p_ptr, rem, P_KIND, B, W, ROWS, MASKED, C0)
-    g, g_raw = c.load_grad(g_ptr, rem, G_KIND, B, W, ROWS, MASKED, C0)
+    p = c.load_values(p_ptr, rem, P_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+    g, g_raw = c.load_grad(g_ptr, rem, G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
     if L2:  # Adam: coupled weight decay
         g = g + p * l2_wd
     m_hat = c.decode_state(mc_ptr, ms_ptr, table_m_ptr, rem, row0, wm1, wm2, M_KIND, M_BITS, M_SIGNED, M_TOP,
@@ -78,7 +79,7 @@ def _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr,
                 V_NT: tl.constexpr, V_ROUND: tl.constexpr, V_SQRT: tl.constexpr, V_SBF16: tl.constexpr,
                 FRESH_M: tl.constexpr, FRESH_V: tl.constexpr,
                 B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr,
-                PARTS: tl.constexpr):
+                PARTS: tl.constexpr, ALIGNED: tl.constexpr):
     """One tile of ROWS blocks, held as PARTS parts of BP / PARTS columns (each thread holds
     the same block row in every part, so its per-row work, the block scales, the BReD
     hashes and divisions, is done once for all of them). (wm*, wv*) are the keys of the
@@ -91,7 +92,7 @@ def _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr,
                               P_KIND, G_KIND, L2, INTERPRET,
                               M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
                               V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                              FRESH_M, FRESH_V, B, W, ROWS, MASKED, 0)
+                              FRESH_M, FRESH_V, B, W, ROWS, MASKED, 0, ALIGNED)
     seen = c.track_nonfinite(seen, g0)
     m1, v1 = m0, v0
     if PARTS == 2:
@@ -101,7 +102,7 @@ def _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr,
                                    P_KIND, G_KIND, L2, INTERPRET,
                                    M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
                                    V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                                   FRESH_M, FRESH_V, B, W, ROWS, MASKED, W)
+                                   FRESH_M, FRESH_V, B, W, ROWS, MASKED, W, ALIGNED)
         seen = c.track_nonfinite(seen, g1)
     c.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED, M_TOP,
                    M_NT, M_ROUND, M_SQRT, M_SBF16, False, B, W, ROWS, MASKED, PARTS)
@@ -156,7 +157,7 @@ def _adamw_kernel(
                                P_KIND, G_KIND, L2, INTERPRET,
                                M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
                                V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                               FRESH_M, FRESH_V, B, BP, ROWS, False, PARTS)
+                               FRESH_M, FRESH_V, B, BP, ROWS, False, PARTS, ALIGNED)
         else:
             seen = _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
                                rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
@@ -164,7 +165,7 @@ def _adamw_kernel(
                                P_KIND, G_KIND, L2, INTERPRET,
                                M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
                                V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                               FRESH_M, FRESH_V, B, BP, ROWS, True, PARTS)
+                               FRESH_M, FRESH_V, B, BP, ROWS, True, PARTS, ALIGNED)
     c.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 

@@ -188,9 +188,19 @@ def tile_bytes(rem, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, C0: t
 # ---- parameters and gradients ---------------------------------------------------------------------
 @triton.jit
 def load_values(ptr, rem, KIND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
-                MASKED: tl.constexpr, C0: tl.constexpr = 0):
-    """[ROWS, BP] fp32 (exact widening; missing elements read 0)."""
+                MASKED: tl.constexpr, C0: tl.constexpr = 0, ALIGNED: tl.constexpr = False):
+    """[ROWS, BP] fp32 (exact widening; missing elements read 0). ALIGNED (ptr 4-byte
+    aligned) and not MASKED: bf16 is read as 32-bit words of two elements, widened as
+    w << 16 and w & 0xFFFF0000 (one instruction each; from 16-bit loads ptxas spends a
+    PRMT and a shift on the odd element)."""
     loc, mask = tile(rem, B, BP, ROWS, C0)
+    if KIND == BF16 and ALIGNED and not MASKED:
+        r = tl.arange(0, ROWS)
+        c = tl.arange(0, BP // 2) + C0 // 2
+        w = tl.load(ptr.to(tl.pointer_type(tl.uint32)) + (r[:, None] * (B // 2) + c[None, :]))
+        lo = w << 16
+        hi = w & 0xFFFF0000
+        return tl.reshape(tl.join(lo, hi), [ROWS, BP]).to(tl.float32, bitcast=True)
     if MASKED:
         x = tl.load(ptr + loc, mask=mask, other=0)
     else:
@@ -228,10 +238,10 @@ def store_values(ptr, x, rem, KIND: tl.constexpr, INTERPRET: tl.constexpr, B: tl
 
 @triton.jit
 def load_grad(ptr, rem, KIND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
-              MASKED: tl.constexpr, C0: tl.constexpr = 0):
+              MASKED: tl.constexpr, C0: tl.constexpr = 0, ALIGNED: tl.constexpr = False):
     """Gradient tile in fp32 with NaN/Inf elements set to 0, and the tile as loaded (for
     track_nonfinite)."""
-    g = load_values(ptr, rem, KIND, B, BP, ROWS, MASKED, C0)
+    g = load_values(ptr, rem, KIND, B, BP, ROWS, MASKED, C0, ALIGNED)
     return tl.where(tl.abs(g) < float("inf"), g, 0.0), g
 
 
