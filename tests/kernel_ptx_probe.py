@@ -25,9 +25,33 @@ def compile_ptx(op: str, states: str, dtype: torch.dtype, arch: int = 90) -> str
     return sass.compile_kernel(jit, call, arch).asm["ptx"]
 
 
+def _fastmath_sqrt() -> re.Pattern:
+    """kernels.fastmath.SQRT4 as it appears in PTX: its $n operands are registers."""
+    from qstate_cli.kernels import fastmath
+
+    return re.compile(re.sub(r"\\\$\d+", r"%r\\d+", re.escape(fastmath.SQRT4.value)))
+
+
+def _div_top_constants() -> set[str]:
+    """PTX spellings of -TOP and rn(1 / TOP), the multipliers of fastmath.div_top's FMAs."""
+    import numpy as np
+
+    from qstate_cli.kernels import fastmath
+
+    spell = lambda x: "0f%08X" % int(np.array(x, dtype=np.float32).view(np.uint32))  # noqa: E731
+    return {spell(c) for d, r in fastmath.RECIP.value.items() for c in (-d, r)}
+
+
 def summarize(ptx: str) -> dict:
-    """Counts of memory, division, sqrt, FMA and barrier instructions, and of .ftz ones."""
-    return {"all": dict(Counter(re.findall(OPS, ptx, re.M))), "ftz": len(re.findall(r"\.ftz\b", ptx))}
+    """Counts of memory, division, sqrt, FMA and barrier instructions and of .ftz ones,
+    outside fastmath.sqrt_rn's blocks ("fastmath_sqrt": how many); "div_top_fma": the FMAs
+    whose multiplier is one of fastmath.div_top's constants."""
+    sqrt4 = _fastmath_sqrt()
+    rest = sqrt4.sub("", ptx)
+    fmas = re.findall(r"^\s+fma\.rn\.f32\s+[^,]+,\s*[^,]+,\s*([^,]+),", rest, re.M)
+    consts = _div_top_constants()
+    return {"all": dict(Counter(re.findall(OPS, rest, re.M))), "ftz": len(re.findall(r"\.ftz\b", rest)),
+            "fastmath_sqrt": len(sqrt4.findall(ptx)), "div_top_fma": sum(f.strip() in consts for f in fmas)}
 
 
 VARIANTS = [("adamw", "bred-4bit", torch.bfloat16), ("adamw", "torchao-4bit", torch.float32),

@@ -190,8 +190,8 @@ def test_replay_on_cuda_goes_through_the_codec_and_records_do_not_change(trace):
 
 
 PROBE = """
-import json, re, sys, torch
-from qstate_cli.kernels import codec as kc, sass
+import json, re, sys, numpy as np, torch
+from qstate_cli.kernels import codec as kc, fastmath as fm, sass
 from qstate_cli.kernels.launch import kernel_layout
 from qstate_cli.quant import parse_spec
 for text in sys.argv[1:]:
@@ -213,14 +213,19 @@ for text in sys.argv[1:]:
         print(json.dumps({"unavailable": f"{type(exc).__name__}: {exc}"}))
         continue
     bad = len(re.findall(r"div\\.(full|approx)|sqrt\\.approx", ptx))
-    print(json.dumps({"spec": text, "fma": ptx.count("fma.rn.f32"), "ftz": len(re.findall(r"\\.ftz\\b", ptx)),
-                      "div_rn": ptx.count("div.rn.f32"), "bad": bad}))
+    # fastmath.div_top's FMAs (multiplier -TOP or rn(1/TOP): Markstein's exact division) are not contractions
+    consts = {"0f%08X" % int(np.array(c, dtype=np.float32).view(np.uint32))
+              for d, r in fm.RECIP.value.items() for c in (-d, r)}
+    fmas = [f.strip() for f in re.findall(r"fma\\.rn\\.f32\\s+[^,]+,\\s*[^,]+,\\s*([^,]+),", ptx)]
+    print(json.dumps({"spec": text, "fma": sum(f not in consts for f in fmas),
+                      "ftz": len(re.findall(r"\\.ftz\\b", ptx)), "div_rn": ptx.count("div.rn.f32"), "bad": bad}))
 """
 
 
 def test_codec_kernel_compiles_for_sm90_without_fma_or_flush_to_zero():
     """What the interpreter cannot show: the kernel compiles for a GPU (one return type per
-    function, ...) and rounds as the reference (no FMA, no flushed subnormals, true division)."""
+    function, ...) and rounds as the reference (no FMA but fastmath.div_top's exact division
+    by a format's top, no flushed subnormals, true division)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     specs = ["uint4:stochastic:b128:sqrt", "de4:bred:b32:sbf16", "lin4nz:bred:b128", "int8:nearest:b256"]

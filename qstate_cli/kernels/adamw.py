@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from . import common as c
+from . import fastmath as fm
 from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_parts, tile_shape
 
 
@@ -60,7 +61,7 @@ def _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table
         v_hat = tl.where(v_hat < 0.0, 0.0, v_hat)  # the no-zero map reads back > 0 even dithered)
     m = m_hat * beta1 + g * omb1
     v = v_hat * beta2 + (g * g) * omb2  # >= 0: v's storage needs no clamp (PREPARED)
-    sqrt_v = tl.sqrt_rn(v)
+    sqrt_v = fm.sqrt_rn(v, INTERPRET)  # sqrt.rn.f32, four elements per range check (fastmath)
     p = p * decay - tl.math.div_rn(m, sqrt_v * inv_bc2_sqrt + eps) * step_size
     c.store_values(p_ptr, p, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, C0)
     if V_SQRT:

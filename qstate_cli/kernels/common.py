@@ -28,6 +28,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from . import fastmath as fm
+
 # format kinds, rounding modes and value dtypes as the kernels see them (launch.py maps specs)
 LINEAR = tl.constexpr(0)
 TABLE = tl.constexpr(1)
@@ -274,8 +276,8 @@ def step_of(absmax, TOP: tl.constexpr):
     """delta = absmax / top, 0 where absmax < top * 2**-126 (quantizer.step_of)."""
     if TOP == 1.0:
         delta = absmax
-    else:
-        delta = tl.math.div_rn(absmax, TOP)
+    else:  # rn(absmax / TOP) where it is used (fastmath: Markstein's correction)
+        delta = fm.div_top(absmax, TOP)
     return tl.where(absmax >= TOP * MIN_STEP, delta, 0.0)
 
 

@@ -1,0 +1,75 @@
+"""Correctly rounded fp32 square root and division by a format constant, in fewer sm_90
+instructions than ptxas's per-element expansions, with the same results bit for bit.
+
+    sqrt_rn(x)          = sqrt.rn.f32(x), element for element
+    div_top(a, TOP)     = rn(a / TOP) for TOP in RECIP and a >= TOP * 2**-126 (step_of)
+
+sqrt_rn. ptxas expands every `sqrt.rn.f32 s, x` (sm_90, Triton 3.6-3.9's ptxas) into
+
+    fast path   r = MUFU.RSQ(x); y = x * r (FMUL.FTZ); h = r * 0.5 (FMUL.FTZ);
+                e = fma(-y, y, x); s = fma(e, h, y)
+    guard       bits(x) + 0xF3000000 > 0x727FFFFF (unsigned): x outside the positive normals
+                [2**-101, FLT_MAX] (zero, subnormal, negative, Inf, NaN) -> a slow-path call
+
+and wraps each element's guard in BSSY / BRA / BSYNC: 10 instructions per element, 5 of them
+the guard. SQRT4 below is the same fast path for four elements behind one combined guard
+(the four checks OR-ed into one predicate, one branch); if any of the four is outside the
+range, all four take `sqrt.rn.f32` itself. So every element gets either the very fast path
+ptxas would have given it (it passed the same check) or sqrt.rn.f32: the result is
+sqrt.rn.f32's, bit for bit. tests/test_kernels_fastmath.py checks on the sm_90 SASS that
+the fast path and the guard constants are the ones ptxas emits for sqrt.rn.f32 (a ptxas
+that expands it differently fails that test). Triton's interpreter runs no PTX: there
+(INTERPRET) it is tl.sqrt_rn.
+
+div_top. For a constant divisor D and R = rn(1/D) (exact fp32 constants, RECIP):
+q = rn(a * R), e = fma(-q, D, a), q' = fma(e, R, q) is Markstein's correction of q (R is
+within half an ulp of 1/D, q within one ulp of a/D, e exact): q' = rn(a / D). Over-/underflow
+aside the result only scales with a's exponent, so tests/test_kernels_fastmath.py checks
+it against true division for every fp32 mantissa of one binade, and every value of the
+lowest binades (from D * 2**-126, where q could be subnormal, up to where q is normal) and
+of the top binade. Three instructions instead of div.rn's ten or so and its slow-path guard.
+"""
+from __future__ import annotations
+
+import numpy as np
+import triton
+import triton.language as tl
+
+
+def _sqrt4_ptx() -> str:
+    check, fast, slow, out = [], [], [], []
+    for i in range(4):
+        x = f"${i + 4}"
+        test = "setp.gt.u32 p," if i == 0 else "setp.gt.or.u32 p,"
+        check.append(f"mov.b32 b{i}, {x}; add.u32 b{i}, b{i}, 0xF3000000; {test} b{i}, 0x727FFFFF{', p' if i else ''};")
+        fast.append(f"rsqrt.approx.ftz.f32 r{i}, {x}; mul.ftz.f32 y{i}, {x}, r{i}; mul.ftz.f32 h{i}, r{i}, 0f3F000000; "
+                    f"neg.f32 n{i}, y{i}; fma.rn.f32 e{i}, n{i}, y{i}, {x}; fma.rn.f32 s{i}, e{i}, h{i}, y{i};")
+        slow.append(f"sqrt.rn.f32 s{i}, {x};")
+        out.append(f"mov.f32 ${i}, s{i};")
+    regs = ".reg .pred p; .reg .b32 b<4>; .reg .f32 r<4>, y<4>, h<4>, n<4>, e<4>, s<4>;"
+    return " ".join(["{", regs, *check, "@p bra SQRT_SLOW;", *fast, "bra.uni SQRT_DONE; SQRT_SLOW:", *slow,
+                     "SQRT_DONE:", *out, "}"])
+
+
+SQRT4 = tl.constexpr(_sqrt4_ptx())
+# rn(1 / D) for the linear formats' tops (2**(bits-1) - 1 signed, 2**bits - 1 unsigned; 4 and 8 bits)
+RECIP = tl.constexpr({d: float(np.float32(1.0 / d)) for d in (7.0, 15.0, 127.0, 255.0)})
+
+
+@triton.jit
+def sqrt_rn(x, INTERPRET: tl.constexpr):
+    """sqrt.rn.f32 of every element of fp32 x (four per guard; module docstring)."""
+    if INTERPRET:
+        return tl.sqrt_rn(x)
+    return tl.inline_asm_elementwise(SQRT4, "=f,=f,=f,=f,f,f,f,f", [x], dtype=tl.float32, is_pure=True, pack=4)
+
+
+@triton.jit
+def div_top(a, TOP: tl.constexpr):
+    """rn(a / TOP) for a == 0 or a >= TOP * 2**-126 and TOP in RECIP (module docstring);
+    the correctly rounded division itself for any other TOP."""
+    if TOP == 7.0 or TOP == 15.0 or TOP == 127.0 or TOP == 255.0:
+        R: tl.constexpr = RECIP[TOP]
+        q = a * R
+        return tl.fma(tl.fma(-q, TOP, a), R, q)
+    return tl.math.div_rn(a, TOP)
