@@ -226,3 +226,23 @@ def test_tiles_per_program_fills_the_gpu_first():
     assert launch.tiles_per_program(10) == 1
     assert launch.tiles_per_program(2 * launch.PROGRAMS_WANTED) == 2
     assert launch.tiles_per_program(10 ** 6) == launch.MAX_TILES_PER_PROGRAM
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")  # g * g, on purpose
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_full_tiles_with_overflowing_second_moments_equal_reference(dtype):
+    """AdamW checks a full tile for non-finite m and v once (adamw._adamw_tile): a tile whose
+    v overflows (g * g > FLT_MAX: stored as 0) and a tile whose m and v are all finite, in
+    one tensor and one launch, equal the reference."""
+    _, rows, _ = launch.tile_shape(128, dtype.itemsize)
+    n = 3 * rows * 128 + 5  # three full tiles and a short one
+    ref, ker = make_pair(AdamW, [(n,)], dtype=dtype, states="nearest-4bit")
+    gen = torch.Generator().manual_seed(5)
+    for t in (1, 2, 3):
+        g = torch.randn(n, generator=gen)
+        g[rows * 128 + 7: rows * 128 + 300] *= 1e20  # in the second tile only
+        (a,), (b,) = ref.param_groups[0]["params"], ker.param_groups[0]["params"]
+        a.grad, b.grad = g.to(dtype).to(a.device), g.to(dtype).to(b.device)
+        ref.step()
+        ker.step()
+        assert_same_state(ref, ker, t)

@@ -52,6 +52,30 @@ def test_hot_path_takes_the_short_arm_around_the_loop_and_never_a_call():
     assert sass.classify("ULDC") == "memory" and sass.classify("LOP3") == "integer"
 
 
+# a shuffle ptxas cannot prove convergent: BRA.DIV jumps to a collective fallback only
+# when the warp is diverged; converged, it falls through to the plain shuffle
+SYNTH_DIV = """
+        /*0000*/                   S2R R0, SR_TID.X ;
+.L_x_0:
+        /*0010*/                   BRA.DIV UR4, `(.L_x_9) ;
+        /*0020*/                   SHFL.BFLY PT, R3, R0, 0x1, 0x1f ;
+.L_x_5:
+        /*0030*/                   FMNMX R0, R0, R3, !PT ;
+        /*0040*/               @P3 BRA `(.L_x_0) ;
+        /*0050*/                   EXIT ;
+.L_x_9:
+        /*0060*/                   WARPSYNC.COLLECTIVE R2, `(.L_x_6) ;
+        /*0070*/                   SHFL.BFLY P5, R3, R0, R4, R5 ;
+        /*0080*/                   ENDCOLLECTIVE ;
+        /*0090*/                   BRA `(.L_x_5) ;
+"""
+
+
+def test_divergence_check_falls_through_to_the_converged_arm():
+    hot = sass.hot_path(SYNTH_DIV)
+    assert hot.per_tile == {"integer": 0, "memory": 1, "float": 1, "conversion": 0, "control": 2}
+
+
 def test_h200_budget_is_the_issue_rate_over_the_copy_rate():
     dev = budget.H200
     assert dev.thread_instructions_per_s == pytest.approx(132 * 4 * 1.98e9 * 32)

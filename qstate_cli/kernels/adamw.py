@@ -70,6 +70,22 @@ def _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table
 
 
 @triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _row_absmax_nan(x0, x1, PARTS: tl.constexpr):
+    """max |x| per block row over the tile's parts, NaN where a row holds a NaN: equal to
+    encode_parts's block absmax (the max over |x| with non-finite values zeroed) in every
+    row, when no value of the tile is NaN or Inf."""
+    a = tl.reduce(tl.abs(x0), 1, _max_nan)
+    if PARTS == 2:
+        a = _max_nan(a, tl.reduce(tl.abs(x1), 1, _max_nan))
+    return a
+
+
+@triton.jit
 def _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
                 rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
                 decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
@@ -105,10 +121,24 @@ def _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr,
                                    V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
                                    FRESH_M, FRESH_V, B, W, ROWS, MASKED, W, ALIGNED)
         seen = c.track_nonfinite(seen, g1)
-    c.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED, M_TOP,
-                   M_NT, M_ROUND, M_SQRT, M_SBF16, False, B, W, ROWS, MASKED, PARTS)
-    c.encode_parts(v0, v1, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
-                   V_NT, V_ROUND, V_SQRT, V_SBF16, True, B, W, ROWS, MASKED, PARTS)
+    if MASKED or M_SQRT or M_SIGNED == 0:  # encode_parts's stored_domain does more than zero non-finite
+        c.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED, M_TOP,
+                       M_NT, M_ROUND, M_SQRT, M_SBF16, False, B, W, ROWS, MASKED, PARTS)
+        c.encode_parts(v0, v1, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
+                       V_NT, V_ROUND, V_SQRT, V_SBF16, True, B, W, ROWS, MASKED, PARTS)
+    else:  # a full tile: zero non-finite m and v only when the tile has some (one check per tile)
+        am = _row_absmax_nan(m0, m1, PARTS)
+        av = _row_absmax_nan(v0, v1, PARTS)
+        if tl.reduce(_max_nan(am, av), 0, _max_nan) < float("inf"):  # all finite (NaN compares false)
+            c.encode_scaled(m0, m1, am, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED,
+                            M_TOP, M_NT, M_ROUND, M_SBF16, B, W, ROWS, MASKED, PARTS)
+            c.encode_scaled(v0, v1, av, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED,
+                            V_TOP, V_NT, V_ROUND, V_SBF16, B, W, ROWS, MASKED, PARTS)
+        else:
+            c.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED,
+                           M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16, False, B, W, ROWS, MASKED, PARTS)
+            c.encode_parts(v0, v1, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED,
+                           V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16, True, B, W, ROWS, MASKED, PARTS)
     return seen
 
 

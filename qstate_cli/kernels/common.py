@@ -500,6 +500,17 @@ def encode_parts(x0, x1, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
     if PARTS == 2:
         x1 = stored_domain(x1, rem, SIGNED, SQRT, PREPARED, B, W, ROWS, MASKED, W)
         absmax = tl.maximum(absmax, tl.max(tl.abs(x1), axis=1))
+    encode_scaled(x0, x1, absmax, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP,
+                  NT, ROUND, SBF16, B, W, ROWS, MASKED, PARTS)
+
+
+@triton.jit
+def encode_scaled(x0, x1, absmax, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
+                  KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
+                  NT: tl.constexpr, ROUND: tl.constexpr, SBF16: tl.constexpr, B: tl.constexpr, W: tl.constexpr,
+                  ROWS: tl.constexpr, MASKED: tl.constexpr, PARTS: tl.constexpr):
+    """encode_parts after the block absmax [ROWS] of x0, x1 (in the stored domain): round
+    it up to bf16 (SBF16), quantize and store codes and scales."""
     if SBF16:  # round the scale up to a bf16 value, so no element overflows the grid
         absmax = bf16_round_up(absmax)
     inv = inverse_step(absmax, TOP)

@@ -109,7 +109,9 @@ def parse_sass(text: str) -> tuple[list[Instruction], dict[str, int]]:
         if not m:
             continue
         tgt = TARGET.search(m.group(5))
-        instrs.append(Instruction(int(m.group(1), 16), m.group(3), bool(m.group(2)), tgt.group(1) if tgt else None))
+        # BRA.DIV jumps only when the warp is diverged (to a collective fallback): conditional
+        conditional = bool(m.group(2)) or (m.group(3) == "BRA" and m.group(4).startswith(".DIV"))
+        instrs.append(Instruction(int(m.group(1), 16), m.group(3), conditional, tgt.group(1) if tgt else None))
     return instrs, labels
 
 
