@@ -228,15 +228,20 @@ def test_tiles_per_program_fills_the_gpu_first():
     assert launch.tiles_per_program(10 ** 6) == launch.MAX_TILES_PER_PROGRAM
 
 
+FULL_TILE_CASES = [("nearest-4bit", torch.bfloat16), ("nearest-4bit", torch.float32), ("bred-4bit", torch.float32),
+                   ("sr-4bit", torch.float32), ("m=int4:bred:b128,v=uint4:sr:b128:sqrt", torch.bfloat16)]
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered")  # g * g, on purpose
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_full_tiles_with_overflowing_second_moments_equal_reference(dtype):
-    """AdamW checks a full tile for non-finite m and v once (adamw._adamw_tile): a tile whose
-    v overflows (g * g > FLT_MAX: stored as 0) and a tile whose m and v are all finite, in
-    one tensor and one launch, equal the reference."""
+@pytest.mark.parametrize("states,dtype", FULL_TILE_CASES, ids=[f"{s}-{str(d)[6:]}" for s, d in FULL_TILE_CASES])
+def test_full_tiles_with_overflowing_second_moments_equal_reference(states, dtype):
+    """Full tiles take the unmasked path: 4-bit codes decoded from 32/16-bit words
+    (kernels/nibbles.py), and m and v checked for NaN/Inf once per tile
+    (adamw._adamw_tile). A tile whose v overflows (g * g > FLT_MAX: stored as 0) and
+    all-finite tiles, in one tensor and one launch, equal the reference."""
     _, rows, _ = launch.tile_shape(128, dtype.itemsize)
     n = 3 * rows * 128 + 5  # three full tiles and a short one
-    ref, ker = make_pair(AdamW, [(n,)], dtype=dtype, states="nearest-4bit")
+    ref, ker = make_pair(AdamW, [(n,)], dtype=dtype, states=states)
     gen = torch.Generator().manual_seed(5)
     for t in (1, 2, 3):
         g = torch.randn(n, generator=gen)

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from . import common as c
 from . import fastmath as fm
+from . import nibbles as nb
 from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_parts, tile_shape
 
 
@@ -49,14 +50,15 @@ def _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table
                 ALIGNED: tl.constexpr):
     """Columns C0 .. C0 + W - 1 of every block row of the tile: load, decode, update, store
     the parameter. Returns (m, v in its stored domain, the gradient as loaded)."""
+    G: tl.constexpr = 4 if P_KIND == c.F32 or G_KIND == c.F32 else 8  # columns per thread (launch.tile_shape)
     p = c.load_values(p_ptr, rem, P_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
     g, g_raw = c.load_grad(g_ptr, rem, G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
     if L2:  # Adam: coupled weight decay
         g = g + p * l2_wd
-    m_hat = c.decode_state(mc_ptr, ms_ptr, table_m_ptr, rem, row0, wm1, wm2, M_KIND, M_BITS, M_SIGNED, M_TOP,
-                           M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH_M, B, W, ROWS, MASKED, C0)
-    v_hat = c.decode_state(vc_ptr, vs_ptr, table_v_ptr, rem, row0, wv1, wv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
-                           V_NT, V_ROUND, V_SQRT, V_SBF16, FRESH_V, B, W, ROWS, MASKED, C0)
+    m_hat = nb.decode_state(mc_ptr, ms_ptr, table_m_ptr, rem, row0, wm1, wm2, M_KIND, M_BITS, M_SIGNED, M_TOP,
+                           M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH_M, B, W, ROWS, MASKED, C0, ALIGNED, G)
+    v_hat = nb.decode_state(vc_ptr, vs_ptr, table_v_ptr, rem, row0, wv1, wv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
+                           V_NT, V_ROUND, V_SQRT, V_SBF16, FRESH_V, B, W, ROWS, MASKED, C0, ALIGNED, G)
     if V_SQRT == 0 and V_KIND != c.NOZERO:  # a dithered v read back below 0 (a square never is;
         v_hat = tl.where(v_hat < 0.0, 0.0, v_hat)  # the no-zero map reads back > 0 even dithered)
     m = m_hat * beta1 + g * omb1
