@@ -12,7 +12,7 @@ import torch
 from kernel_parity import DEVICE, assert_bits_equal, assert_same_state, make_pair, step_both
 from qstate_cli.errors import QstateError
 from qstate_cli.kernels import adamw, launch
-from qstate_cli.optim import AdamW, Lion, rules
+from qstate_cli.optim import Adam, AdamW, Lion, rules
 from qstate_cli.quant import QuantizedState, Stream, parse_config
 
 
@@ -228,26 +228,34 @@ def test_tiles_per_program_fills_the_gpu_first():
     assert launch.tiles_per_program(10 ** 6) == launch.MAX_TILES_PER_PROGRAM
 
 
-FULL_TILE_CASES = [("nearest-4bit", torch.bfloat16), ("nearest-4bit", torch.float32), ("bred-4bit", torch.float32),
-                   ("sr-4bit", torch.float32), ("m=int4:bred:b128,v=uint4:sr:b128:sqrt", torch.bfloat16)]
+FULL_TILE_CASES = [("nearest-4bit", torch.bfloat16, AdamW), ("nearest-4bit", torch.float32, AdamW),
+                   ("bred-4bit", torch.float32, AdamW), ("sr-4bit", torch.float32, AdamW),
+                   ("m=int4:bred:b128,v=uint4:sr:b128:sqrt", torch.bfloat16, AdamW),
+                   ("nearest-4bit", torch.bfloat16, Adam)]
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered")  # g * g, on purpose
-@pytest.mark.parametrize("states,dtype", FULL_TILE_CASES, ids=[f"{s}-{str(d)[6:]}" for s, d in FULL_TILE_CASES])
-def test_full_tiles_with_overflowing_second_moments_equal_reference(states, dtype):
+@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")  # on purpose
+@pytest.mark.parametrize("states,dtype,cls", FULL_TILE_CASES,
+                         ids=[f"{s}-{str(d)[6:]}-{c.__name__}" for s, d, c in FULL_TILE_CASES])
+def test_full_tiles_with_nonfinite_values_equal_reference(states, dtype, cls):
     """Full tiles take the unmasked path: 4-bit codes decoded from 32/16-bit words
-    (kernels/nibbles.py), and m and v checked for NaN/Inf once per tile
-    (adamw._adamw_tile). A tile whose v overflows (g * g > FLT_MAX: stored as 0) and
-    all-finite tiles, in one tensor and one launch, equal the reference."""
+    (kernels/nibbles.py), and the tile checked for NaN/Inf gradients, m and v once
+    (adamw._adamw_tile), stepped again element by element only if it holds one. A tile
+    whose v overflows (g * g > FLT_MAX: stored as 0), one with NaN and Inf gradients at
+    step 2 (zeroed and counted) and all-finite tiles, in one launch, equal the reference."""
     _, rows, _ = launch.tile_shape(128, dtype.itemsize)
     n = 3 * rows * 128 + 5  # three full tiles and a short one
-    ref, ker = make_pair(AdamW, [(n,)], dtype=dtype, states=states)
+    wd = dict(weight_decay=0.05) if cls is Adam else {}
+    ref, ker = make_pair(cls, [(n,)], dtype=dtype, states=states, **wd)
     gen = torch.Generator().manual_seed(5)
     for t in (1, 2, 3):
         g = torch.randn(n, generator=gen)
         g[rows * 128 + 7: rows * 128 + 300] *= 1e20  # in the second tile only
+        if t == 2:
+            g[2 * rows * 128 + 11], g[2 * rows * 128 + 50] = float("nan"), -float("inf")  # the third
         (a,), (b,) = ref.param_groups[0]["params"], ker.param_groups[0]["params"]
         a.grad, b.grad = g.to(dtype).to(a.device), g.to(dtype).to(b.device)
         ref.step()
         ker.step()
         assert_same_state(ref, ker, t)
+    assert int(ker.state[b]["nonfinite"]) == 2

@@ -47,12 +47,18 @@ def _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table
                 V_NT: tl.constexpr, V_ROUND: tl.constexpr, V_SQRT: tl.constexpr, V_SBF16: tl.constexpr,
                 FRESH_M: tl.constexpr, FRESH_V: tl.constexpr,
                 B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, C0: tl.constexpr,
-                ALIGNED: tl.constexpr):
+                ALIGNED: tl.constexpr, RAW: tl.constexpr):
     """Columns C0 .. C0 + W - 1 of every block row of the tile: load, decode, update, store
-    the parameter. Returns (m, v in its stored domain, the gradient as loaded)."""
+    the parameter. Returns (m, v in its stored domain, the gradient as loaded, the new
+    parameter). RAW: the gradient as loaded, not checked for NaN/Inf, and the parameter not
+    stored (the caller checks the tile, then stores it or steps the tile again)."""
     G: tl.constexpr = 4 if P_KIND == c.F32 or G_KIND == c.F32 else 8  # columns per thread (launch.tile_shape)
     p = c.load_values(p_ptr, rem, P_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
-    g, g_raw = c.load_grad(g_ptr, rem, G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+    if RAW:
+        g_raw = c.load_values(g_ptr, rem, G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+        g = g_raw
+    else:
+        g, g_raw = c.load_grad(g_ptr, rem, G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
     if L2:  # Adam: coupled weight decay
         g = g + p * l2_wd
     m_hat = nb.decode_state(mc_ptr, ms_ptr, table_m_ptr, rem, row0, wm1, wm2, M_KIND, M_BITS, M_SIGNED, M_TOP,
@@ -65,10 +71,11 @@ def _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table
     v = v_hat * beta2 + (g * g) * omb2  # >= 0: v's storage needs no clamp (PREPARED)
     sqrt_v = fm.sqrt_rn(v, INTERPRET)  # sqrt.rn.f32, four elements per range check (fastmath)
     p = p * decay - tl.math.div_rn(m, sqrt_v * inv_bc2_sqrt + eps) * step_size
-    c.store_values(p_ptr, p, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, C0)
+    if not RAW:
+        c.store_values(p_ptr, p, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, C0)
     if V_SQRT:
-        return m, sqrt_v, g_raw
-    return m, v, g_raw
+        return m, sqrt_v, g_raw, p
+    return m, v, g_raw, p
 
 
 @triton.jit
@@ -88,6 +95,46 @@ def _row_absmax_nan(x0, x1, PARTS: tl.constexpr):
 
 
 @triton.jit
+def _adamw_tile_zeroing(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+                        rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
+                        decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
+                        P_KIND: tl.constexpr, G_KIND: tl.constexpr, L2: tl.constexpr, INTERPRET: tl.constexpr,
+                        M_KIND: tl.constexpr, M_BITS: tl.constexpr, M_SIGNED: tl.constexpr, M_TOP: tl.constexpr,
+                        M_NT: tl.constexpr, M_ROUND: tl.constexpr, M_SQRT: tl.constexpr, M_SBF16: tl.constexpr,
+                        V_KIND: tl.constexpr, V_BITS: tl.constexpr, V_SIGNED: tl.constexpr, V_TOP: tl.constexpr,
+                        V_NT: tl.constexpr, V_ROUND: tl.constexpr, V_SQRT: tl.constexpr, V_SBF16: tl.constexpr,
+                        FRESH_M: tl.constexpr, FRESH_V: tl.constexpr,
+                        B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr,
+                        PARTS: tl.constexpr, ALIGNED: tl.constexpr):
+    """A tile with every gradient, m and v element checked for NaN/Inf (zeroed, tracked in
+    `seen`), as the reference does: masked tiles, and full tiles that hold one."""
+    W: tl.constexpr = BP // PARTS
+    m0, v0, g0, _ = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+                              rem, row0, wm1, wm2, wv1, wv2,
+                              decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
+                              P_KIND, G_KIND, L2, INTERPRET,
+                              M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
+                              V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
+                              FRESH_M, FRESH_V, B, W, ROWS, MASKED, 0, ALIGNED, False)
+    seen = c.track_nonfinite(seen, g0)
+    m1, v1 = m0, v0
+    if PARTS == 2:
+        m1, v1, g1, _ = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+                                   rem, row0, wm1, wm2, wv1, wv2,
+                                   decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
+                                   P_KIND, G_KIND, L2, INTERPRET,
+                                   M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
+                                   V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
+                                   FRESH_M, FRESH_V, B, W, ROWS, MASKED, W, ALIGNED, False)
+        seen = c.track_nonfinite(seen, g1)
+    c.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED, M_TOP,
+                   M_NT, M_ROUND, M_SQRT, M_SBF16, False, B, W, ROWS, MASKED, PARTS)
+    c.encode_parts(v0, v1, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
+                   V_NT, V_ROUND, V_SQRT, V_SBF16, True, B, W, ROWS, MASKED, PARTS)
+    return seen
+
+
+@triton.jit
 def _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
                 rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
                 decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
@@ -103,44 +150,59 @@ def _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr,
     the same block row in every part, so its per-row work, the block scales, the BReD
     hashes and divisions, is done once for all of them). (wm*, wv*) are the keys of the
     step m and v were written at, (km*, kv*) those of this step. Returns `seen` updated
-    with the tile's gradient (common.track_nonfinite)."""
+    with the tile's gradient (common.track_nonfinite).
+
+    A full tile is stepped from the gradient as loaded, its parameter held back: if no
+    gradient, m or v element of the tile is NaN or Inf (one tile-wide NaN-propagating max of
+    the block maxima, which are then the block absmax encode_parts would compute), zeroing
+    them changes nothing, so the parameter is stored and m, v quantized as they are; else
+    the tile is stepped again by _adamw_tile_zeroing (nothing was written yet). Same bits
+    either way, without the per-element checks (FSETP + FSEL each) on the common path."""
     W: tl.constexpr = BP // PARTS
-    m0, v0, g0 = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
-                              rem, row0, wm1, wm2, wv1, wv2,
-                              decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
-                              P_KIND, G_KIND, L2, INTERPRET,
-                              M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
-                              V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                              FRESH_M, FRESH_V, B, W, ROWS, MASKED, 0, ALIGNED)
-    seen = c.track_nonfinite(seen, g0)
-    m1, v1 = m0, v0
-    if PARTS == 2:
-        m1, v1, g1 = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
-                                   rem, row0, wm1, wm2, wv1, wv2,
-                                   decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
-                                   P_KIND, G_KIND, L2, INTERPRET,
-                                   M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
-                                   V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                                   FRESH_M, FRESH_V, B, W, ROWS, MASKED, W, ALIGNED)
-        seen = c.track_nonfinite(seen, g1)
     if MASKED or M_SQRT or M_SIGNED == 0:  # encode_parts's stored_domain does more than zero non-finite
-        c.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED, M_TOP,
-                       M_NT, M_ROUND, M_SQRT, M_SBF16, False, B, W, ROWS, MASKED, PARTS)
-        c.encode_parts(v0, v1, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
-                       V_NT, V_ROUND, V_SQRT, V_SBF16, True, B, W, ROWS, MASKED, PARTS)
-    else:  # a full tile: zero non-finite m and v only when the tile has some (one check per tile)
+        seen = _adamw_tile_zeroing(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+                rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
+                decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
+                P_KIND, G_KIND, L2, INTERPRET,
+                M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
+                V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
+                FRESH_M, FRESH_V, B, BP, ROWS, MASKED, PARTS, ALIGNED)
+    else:  # a full tile: checked for NaN/Inf once, stepped again element by element if it holds one
+        m0, v0, g0, p0 = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+                                 rem, row0, wm1, wm2, wv1, wv2,
+                                 decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
+                                 P_KIND, G_KIND, L2, INTERPRET,
+                                 M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
+                                 V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
+                                 FRESH_M, FRESH_V, B, W, ROWS, MASKED, 0, ALIGNED, True)
+        m1, v1, g1, p1 = m0, v0, g0, p0
+        if PARTS == 2:
+            m1, v1, g1, p1 = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+                                 rem, row0, wm1, wm2, wv1, wv2,
+                                 decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
+                                 P_KIND, G_KIND, L2, INTERPRET,
+                                 M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
+                                 V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
+                                 FRESH_M, FRESH_V, B, W, ROWS, MASKED, W, ALIGNED, True)
         am = _row_absmax_nan(m0, m1, PARTS)
         av = _row_absmax_nan(v0, v1, PARTS)
-        if tl.reduce(_max_nan(am, av), 0, _max_nan) < float("inf"):  # all finite (NaN compares false)
+        ag = _row_absmax_nan(g0, g1, PARTS)
+        if tl.reduce(_max_nan(_max_nan(am, av), ag), 0, _max_nan) < float("inf"):  # NaN compares false
+            c.store_values(p_ptr, p0, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, 0)
+            if PARTS == 2:
+                c.store_values(p_ptr, p1, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, W)
             c.encode_scaled(m0, m1, am, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED,
                             M_TOP, M_NT, M_ROUND, M_SBF16, B, W, ROWS, MASKED, PARTS)
             c.encode_scaled(v0, v1, av, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED,
                             V_TOP, V_NT, V_ROUND, V_SBF16, B, W, ROWS, MASKED, PARTS)
         else:
-            c.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED,
-                           M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16, False, B, W, ROWS, MASKED, PARTS)
-            c.encode_parts(v0, v1, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED,
-                           V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16, True, B, W, ROWS, MASKED, PARTS)
+            seen = _adamw_tile_zeroing(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
+                rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
+                decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
+                P_KIND, G_KIND, L2, INTERPRET,
+                M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
+                V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
+                FRESH_M, FRESH_V, B, BP, ROWS, MASKED, PARTS, ALIGNED)
     return seen
 
 
