@@ -113,8 +113,8 @@ def _is_nozero_linear(table: tuple[float, ...]) -> bool:
 def tile_parts(block: int, value_bytes: int = 4) -> int:
     """16-byte vectors of one block row each thread holds (1 or 2): 2 where a block row has
     room for two per thread, so a thread's per-row work (block scale loads, BReD hashes,
-    the divisions of the scale) serves twice the elements (kernels that split a tile into
-    parts: adamw.py; the others hold PARTS rows per thread instead)."""
+    the divisions of the scale) serves twice the elements (every kernel splits its tile into
+    parts: adamw.py, lion.py, sgd.py, muon.py)."""
     bp = 1 << (int(block) - 1).bit_length()
     return 2 if bp // 2 >= 16 // int(value_bytes) else 1
 
@@ -136,15 +136,6 @@ def tile_shape(block: int, value_bytes: int = 4, parts: int | None = None) -> tu
     if rows * bp > per_thread * 32 * warps:  # one block is bigger than the tile: more warps
         warps = min(32, bp // (per_thread * 32))
     return bp, rows, warps
-
-
-def one_part_geometry(block: int, value_bytes: int, tiles: int) -> tuple[int, int, int, int]:
-    """(BP, ROWS, num_warps, tiles per program) for a kernel that holds one vector per thread
-    (Lion, SGD, Muon): tiles of tile_shape(..., parts=1), as many more per program as make
-    up the batch's tiles (build_batch counts tiles of tile_shape(...)), so each program
-    covers the same elements."""
-    bp, rows, warps = tile_shape(block, value_bytes, parts=1)
-    return bp, rows, warps, tiles * (tile_shape(block, value_bytes)[1] // rows)
 
 
 def tiles_per_program(total_tiles: int) -> int:
