@@ -38,6 +38,12 @@ def _fast_sqrt(x_ptr, y_ptr, N: tl.constexpr):
     tl.store(y_ptr + i, fm.sqrt_rn(tl.load(x_ptr + i), False))
 
 
+@triton.jit
+def _fast_sqrt_low(x_ptr, y_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(y_ptr + i, fm.sqrt_rn_low_guard(tl.load(x_ptr + i), False))
+
+
 def compile_sass(fn) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -99,6 +105,11 @@ def fast_path(text: str) -> dict:
                 env[args[0]] = f"add({','.join(regs)},{hex(sum(consts) % 2 ** 32)})"
             elif base in ("MOV", "IMAD") and op in ("MOV", "IMAD.MOV.U32", "IMAD.MOV"):
                 env[args[0]] = _val(env, args[-1] if base == "MOV" else args[3])
+            elif base == "FMNMX":
+                a, b = sorted((_val(env, args[1]), _val(env, args[2])))
+                env[args[0]] = f"{op}({a},{b},{args[3]})"
+            elif base == "FSETP":
+                guards.add(f"{op}({_val(env, args[2])},{_val(env, args[3])})")
             elif base == "ISETP":
                 cmp = op.split(".")[1] + "." + op.split(".")[2]
                 guards.add(f"{cmp}({_val(env, args[2])},{_val(env, args[3])})")
@@ -107,7 +118,8 @@ def fast_path(text: str) -> dict:
 
 if __name__ == "__main__":
     try:
-        out = {"ptxas": fast_path(compile_sass(_ptxas_sqrt)), "fastmath": fast_path(compile_sass(_fast_sqrt))}
+        out = {"ptxas": fast_path(compile_sass(_ptxas_sqrt)), "fastmath": fast_path(compile_sass(_fast_sqrt)),
+               "low_guard": fast_path(compile_sass(_fast_sqrt_low))}
     except Exception as exc:  # noqa: BLE001 - no CUDA backend here: the test skips
         from triton.compiler.errors import CompilationError
 

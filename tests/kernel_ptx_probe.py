@@ -26,10 +26,11 @@ def compile_ptx(op: str, states: str, dtype: torch.dtype, arch: int = 90) -> str
 
 
 def _fastmath_sqrt() -> re.Pattern:
-    """kernels.fastmath.SQRT4 as it appears in PTX: its $n operands are registers."""
+    """kernels.fastmath.SQRT4 and SQRT4_MIN as they appear in PTX: $n operands are registers."""
     from qstate_cli.kernels import fastmath
 
-    return re.compile(re.sub(r"\\\$\d+", r"%r\\d+", re.escape(fastmath.SQRT4.value)))
+    blocks = (fastmath.SQRT4.value, fastmath.SQRT4_MIN.value)
+    return re.compile("|".join(re.sub(r"\\\$\d+", r"%r\\d+", re.escape(b)) for b in blocks))
 
 
 def _div_top_constants() -> set[str]:
@@ -44,7 +45,7 @@ def _div_top_constants() -> set[str]:
 
 def summarize(ptx: str) -> dict:
     """Counts of memory, division, sqrt, FMA and barrier instructions and of .ftz ones,
-    outside fastmath.sqrt_rn's blocks ("fastmath_sqrt": how many); "div_top_fma": the FMAs
+    outside fastmath's sqrt blocks ("fastmath_sqrt": how many); "div_top_fma": the FMAs
     whose multiplier is one of fastmath.div_top's constants."""
     sqrt4 = _fastmath_sqrt()
     rest = sqrt4.sub("", ptx)

@@ -7,9 +7,11 @@ give the same bits as sqrt.rn.f32 and true fp32 division.
   result every other binade's is a power-of-two multiple of; compared with torch's a / TOP.
 - sqrt_rn's GPU path is inline PTX the interpreter cannot run: its sm_90 SASS is compared
   with ptxas's own expansion of sqrt.rn.f32 (tests/fastmath_sass_probe.py): the same
-  expression on the fast path for every element, behind the same range checks."""
+  expression on the fast path for every element, behind the same range checks
+  (sqrt_rn_low_guard: behind one check of the four elements' minimum)."""
 import json
 import os
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -82,3 +84,12 @@ def test_sqrt_fast_path_is_ptxas_sqrt_rn_fast_path():
     assert len(ptxas["stored"]) == 4 and all("MUFU.RSQ" in e for e in ptxas["stored"]), ptxas
     assert fast["stored"] == ptxas["stored"]
     assert fast["guards"] == ptxas["guards"] and len(ptxas["guards"]) == 4
+    # sqrt_rn_low_guard: the same fast path behind one ordered compare of min(x0..x3) with
+    # 2**-101 (ptxas's low end; its high end, +Inf and NaN, is left to the caller)
+    low = got["low_guard"]
+    assert low["stored"] == ptxas["stored"]
+    (guard,) = low["guards"]
+    m = re.fullmatch(r"FSETP\.GE\.AND\((.*),([-0-9.e+]+)\)", guard)
+    assert m and float(m.group(2)) == 2.0 ** -101, guard
+    assert m.group(1).count("FMNMX(") == 3 and "!PT" not in m.group(1), guard  # PT: min
+    assert all(f"x{i}" in m.group(1) for i in range(4)), guard

@@ -69,7 +69,10 @@ def _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table
         v_hat = tl.where(v_hat < 0.0, 0.0, v_hat)  # the no-zero map reads back > 0 even dithered)
     m = m_hat * beta1 + g * omb1
     v = v_hat * beta2 + (g * g) * omb2  # >= 0: v's storage needs no clamp (PREPARED)
-    sqrt_v = fm.sqrt_rn(v, INTERPRET)  # sqrt.rn.f32, four elements per range check (fastmath)
+    if RAW:  # an Inf or NaN v sends the tile to _adamw_tile_zeroing: its sqrt is discarded
+        sqrt_v = fm.sqrt_rn_low_guard(v, INTERPRET)
+    else:
+        sqrt_v = fm.sqrt_rn(v, INTERPRET)  # sqrt.rn.f32, four elements per range check (fastmath)
     p = p * decay - tl.math.div_rn(m, sqrt_v * inv_bc2_sqrt + eps) * step_size
     if not RAW:
         c.store_values(p_ptr, p, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, C0)

@@ -19,7 +19,9 @@ ptxas would have given it (it passed the same check) or sqrt.rn.f32: the result 
 sqrt.rn.f32's, bit for bit. tests/test_kernels_fastmath.py checks on the sm_90 SASS that
 the fast path and the guard constants are the ones ptxas emits for sqrt.rn.f32 (a ptxas
 that expands it differently fails that test). Triton's interpreter runs no PTX: there
-(INTERPRET) it is tl.sqrt_rn.
+(INTERPRET) it is tl.sqrt_rn. sqrt_rn_low_guard (SQRT4_MIN) checks only the low end,
+min(x0..x3) >= 2**-101: for finite x the same results; for +Inf or NaN elements not
+sqrt.rn's, so only callers that discard those may use it (AdamW's checked full tiles).
 
 div_top. For a constant divisor D and R = rn(1/D) (exact fp32 constants, RECIP):
 q = rn(a * R), e = fma(-q, D, a), q' = fma(e, R, q) is Markstein's correction of q (R is
@@ -51,7 +53,18 @@ def _sqrt4_ptx() -> str:
                      "SQRT_DONE:", *out, "}"])
 
 
+def _sqrt4_min_ptx() -> str:
+    """SQRT4 with the guard on the low end only: min(x0..x3) >= 2**-101 (ordered compare of
+    the NaN-ignoring min), for callers that discard results of +Inf and NaN inputs."""
+    full = _sqrt4_ptx()
+    start, end = full.index("mov.b32 b0"), full.index("@p bra SQRT_SLOW;")
+    guard = ("min.f32 m0, $4, $5; min.f32 m1, $6, $7; min.f32 m0, m0, m1; "
+             "setp.ltu.f32 p, m0, 0f0D000000;")  # 2**-101; unordered (NaN min) -> slow too
+    return full[:start].replace(".reg .pred p;", ".reg .pred p; .reg .f32 m<2>;") + guard + " " + full[end:]
+
+
 SQRT4 = tl.constexpr(_sqrt4_ptx())
+SQRT4_MIN = tl.constexpr(_sqrt4_min_ptx())
 # rn(1 / D) for the linear formats' tops (2**(bits-1) - 1 signed, 2**bits - 1 unsigned; 4 and 8 bits)
 RECIP = tl.constexpr({d: float(np.float32(1.0 / d)) for d in (7.0, 15.0, 127.0, 255.0)})
 
@@ -62,6 +75,16 @@ def sqrt_rn(x, INTERPRET: tl.constexpr):
     if INTERPRET:
         return tl.sqrt_rn(x)
     return tl.inline_asm_elementwise(SQRT4, "=f,=f,=f,=f,f,f,f,f", [x], dtype=tl.float32, is_pure=True, pack=4)
+
+
+@triton.jit
+def sqrt_rn_low_guard(x, INTERPRET: tl.constexpr):
+    """sqrt.rn.f32 of every element of fp32 x that is finite (four per guard, which checks
+    only their minimum against 2**-101); for +Inf or NaN elements the result is NOT
+    sqrt.rn's (the caller must discard it: adamw's checked full tiles do)."""
+    if INTERPRET:
+        return tl.sqrt_rn(x)
+    return tl.inline_asm_elementwise(SQRT4_MIN, "=f,=f,=f,=f,f,f,f,f", [x], dtype=tl.float32, is_pure=True, pack=4)
 
 
 @triton.jit
