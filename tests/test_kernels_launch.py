@@ -259,3 +259,27 @@ def test_full_tiles_with_nonfinite_values_equal_reference(states, dtype, cls):
         ker.step()
         assert_same_state(ref, ker, t)
     assert int(ker.state[b]["nonfinite"]) == 2
+
+
+def test_a_view_at_an_odd_offset_takes_the_unaligned_path_and_equals_an_aligned_copy():
+    """Word and 16-byte vector reads need every address 16-byte aligned (Batch.aligned). A
+    bf16 parameter and gradient that are views 2 bytes into their storage must be reported
+    unaligned, and their launch (element reads) must give the aligned copies' bits."""
+    shape = (3 * 128 * 16 + 7,)
+    c, (m,) = _members([shape], "m=int4:nearest:b128,v=uint4:nearest:b128:sqrt", torch.bfloat16,
+                       torch.Generator().manual_seed(9))
+    big_p = torch.zeros(m.param.numel() + 1, dtype=torch.bfloat16, device=DEVICE)
+    big_g = torch.zeros_like(big_p)
+    big_p[1:].copy_(m.param)
+    big_g[1:].copy_(m.grad)
+    odd = launch.Member(big_p[1:], big_g[1:], {n: tuple(t.clone() for t in s) for n, s in m.states.items()},
+                        m.nonfinite.clone(), tensor_id=m.tensor_id)
+    assert launch.build_batch([m], 128, seed=1).aligned
+    assert not launch.build_batch([odd], 128, seed=1).aligned
+    for step in (1, 2):
+        for member in (m, odd):
+            _launch(launch.build_batch([member], 128, seed=1), c, step)
+        assert_bits_equal("param", m.param, odd.param)
+        for n in "mv":
+            assert_bits_equal(f"{n} codes", m.states[n][0], odd.states[n][0])
+            assert_bits_equal(f"{n} scales", m.states[n][1], odd.states[n][1])

@@ -33,6 +33,8 @@ of the top binade. Three instructions instead of div.rn's ten or so and its slow
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import triton
 import triton.language as tl
@@ -63,6 +65,28 @@ def _sqrt4_min_ptx() -> str:
     return full[:start].replace(".reg .pred p;", ".reg .pred p; .reg .f32 m<2>;") + guard + " " + full[end:]
 
 
+@triton.jit
+def _fma_probe(x_ptr, y_ptr):
+    x = tl.load(x_ptr)
+    tl.store(y_ptr, tl.fma(x, x, -1.0))
+
+
+def _fma_rounds_once() -> bool:
+    """Whether tl.fma rounds once, as the GPU's fma.rn.f32 does. Only Triton's interpreter
+    can differ: Triton 3.6's computes x * y + z with two roundings (3.9's rounds once). The
+    probe: x = 1 + 2**-12, x * x - 1 = 2**-11 + 2**-24 exactly (an fp32), but 2**-11 when the
+    product is rounded first. Where it rounds twice div_top is the true division (div_rn):
+    the interpreter's parity tests then do not depend on the interpreter's fma."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return True
+    import torch
+    x = torch.tensor([1.0 + 2.0 ** -12], dtype=torch.float32)
+    y = torch.empty_like(x)
+    _fma_probe[(1,)](x, y)
+    return float(y[0]) == 2.0 ** -11 + 2.0 ** -24
+
+
+FMA_ROUNDS_ONCE = tl.constexpr(_fma_rounds_once())
 SQRT4 = tl.constexpr(_sqrt4_ptx())
 SQRT4_MIN = tl.constexpr(_sqrt4_min_ptx())
 # rn(1 / D) for the linear formats' tops (2**(bits-1) - 1 signed, 2**bits - 1 unsigned; 4 and 8 bits)
@@ -92,7 +116,10 @@ def div_top(a, TOP: tl.constexpr):
     """rn(a / TOP) for a == 0 or a >= TOP * 2**-126 and TOP in RECIP (module docstring);
     the correctly rounded division itself for any other TOP."""
     if TOP == 7.0 or TOP == 15.0 or TOP == 127.0 or TOP == 255.0:
-        R: tl.constexpr = RECIP[TOP]
-        q = a * R
-        return tl.fma(tl.fma(-q, TOP, a), R, q)
+        if FMA_ROUNDS_ONCE:
+            R: tl.constexpr = RECIP[TOP]
+            q = a * R
+            # a = +Inf (a bf16 scale rounded up past bf16's largest finite value): q = +Inf is
+            # Inf / TOP, while the correction would make it NaN (fma(-Inf, TOP, Inf) = NaN)
+            return tl.where(a < float("inf"), tl.fma(tl.fma(-q, TOP, a), R, q), q)
     return tl.math.div_rn(a, TOP)
