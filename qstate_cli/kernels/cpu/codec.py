@@ -23,12 +23,14 @@ error_model="numpy": a division by zero is IEEE (inf/nan) instead of a raised
 ZeroDivisionError, so no division carries a check and the loops vectorize (no divisor
 here can be zero: eps > 0, guarded block scales, distinct neighbouring codes).
 
-A state layout is a tuple and an array (`layout_arrays` in host.py):
-    lay  ints (KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT)     (launch.StateLayout;
-         UNIT = 2**bits for a code book that is exactly {1, 2, ..., 2**bits} / 2**bits
-         (lin4nz, lin8nz), where #(table <= n) = clamp(floor(n * UNIT), 0, NT) exactly
-         (n * UNIT is an exact power-of-two scaling); else 0 and a binary search)
+A state layout is a tuple and two arrays (`layout_arrays` in host.py):
+    lay  ints (KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT, SHIFT, NM, STEPS, OFF)
+         (launch.StateLayout; UNIT = 2**bits for a code book that is exactly
+         {1, 2, ..., 2**bits} / 2**bits (lin4nz, lin8nz), where #(table <= n) =
+         clamp(floor(n * UNIT), 0, NT) exactly (n * UNIT is an exact power-of-two scaling);
+         else 0 and the bucketed search floor_code, whose constants are the last 4)
     lim  fp32  [TOP, TOP * 2**-126]                          (quantizer.step_of / normalize)
+    table  fp32: the code book (padded with +inf), then its search buckets (host.search_table)
 The kernels (adamw.py, ...) are built per layout (`specialized`): lay is a closure constant
 of the compiled kernel, as the Triton kernels' tl.constexpr, so every `lay[...]` branch below
 is resolved at compile time and each per-element loop is straight-line code that LLVM packs
@@ -44,6 +46,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from . import numba_cache_dir
+from .host import SEARCH_HI, SEARCH_LO
 from .native import bits_of_f32, f32_from_bits
 
 # Every kernel module imports this one before it compiles anything: point numba's disk
@@ -52,7 +55,7 @@ from .native import bits_of_f32, f32_from_bits
 numba.config.CACHE_DIR = str(numba_cache_dir())
 
 # lay columns
-KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT = range(8)
+KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT, SHIFT, NM, STEPS, OFF = range(12)
 LINEAR, TABLE = 0, 1
 NEAREST, STOCHASTIC, BRED = 0, 1, 2
 STORED = 2  # stored_value's `prepared` (False: raw, True: sqrt and sign applied, STORED: final)
@@ -67,6 +70,7 @@ ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 TWO = np.float32(2.0)
 INF = np.float32(np.inf)
+MAG_LO, MAG_HI = np.uint32(SEARCH_LO), np.uint32(SEARCH_HI)
 
 
 # ---- bf16 ------------------------------------------------------------------------------------------
@@ -276,16 +280,22 @@ def decode_block(codes, scale, lay, lim, table, b, start, cnt, k1, k2, q, out):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def table_floor(table, nt, log, n):
-    """clamp(#(table <= n) - 1, 0, nt - 2) (searchsorted(right=True) - 1, clamped): a binary
-    search of `log` steps without branches (nt <= 2**log entries, sorted)."""
-    pos = 0
-    for i in range(log):
-        cand = pos + (1 << (log - 1 - i))
-        ok = cand <= nt - 1
-        t = table[cand - 1 if ok else 0]
-        pos = cand if ok and t <= n else pos
-    return max(pos - 1, 0)
+def floor_code(table, lay, v):
+    """clamp(#(table <= v) - 1, 0, NT - 2) (searchsorted(right=True) - 1, clamped) for any
+    sorted code book, through a bucket of v's fp32 bits (host.search_table): the bucket,
+    table[OFF + NM + i] (v >= +0) or table[OFF + NM - 1 - i] (sign set), i = (clamp(bits(|v|),
+    LO, HI) - LO) >> SHIFT, holds #(table <= its least value) as an int32 bit pattern; then
+    STEPS (1-2) steps count the entries up to v: 1 + STEPS dependent loads, not `bits`.
+    lay's constants are compile-time in the optimizer kernels, runtime in the replay's."""
+    b = bits_of_f32(v)
+    i = np.uint64((min(max(np.uint32(b & np.uint32(0x7FFFFFFF)), MAG_LO), MAG_HI) - MAG_LO)
+                  >> np.uint32(lay[SHIFT]))
+    nm = np.uint64(lay[NM])
+    j = nm - np.uint64(1) - i if b >> np.uint32(31) else nm + i
+    count = np.int64(bits_of_f32(table[np.uint64(lay[OFF]) + j]))
+    for _ in range(lay[STEPS]):
+        count += np.int64(table[np.uint64(count)] <= v)
+    return min(max(count - 1, np.int64(0)), np.int64(lay[NT] - 2))
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -411,15 +421,13 @@ def _round_unit_table(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q)
 
 @njit(cache=True, inline="always", error_model="numpy")
 def _round_table(x, cnt, inv, prepared, lay, table, rounding, b, start, k1, k2, q):
-    """Any sorted code book: k by binary search, round between table[k] and table[k + 1]."""
-    nt = lay[NT]
-    log = lay[BITS]
+    """Any sorted code book: k by floor_code, round between table[k] and table[k + 1]."""
     ub = uniform(b, k1, k2) if rounding == BRED else ZERO
     if rounding == STOCHASTIC:
         uniform_bits(q, start, cnt, k1, k2)
     for j in range(cnt):
         v = stored_value(x[j], lay, prepared) * inv
-        k = table_floor(table, nt, log, v)
+        k = floor_code(table, lay, v)
         u = np.float32(q[j]) * TWO_M16 if rounding == STOCHASTIC else ub
         q[j] = np.int32(k) + np.int32(_up(v, table[k], table[k + 1], rounding, u))
 
