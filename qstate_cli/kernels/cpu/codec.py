@@ -28,7 +28,7 @@ A state layout is a tuple and two arrays (`layout_arrays` in host.py):
          (launch.StateLayout; UNIT = 2**bits for a code book that is exactly
          {1, 2, ..., 2**bits} / 2**bits (lin4nz, lin8nz), where #(table <= n) =
          clamp(floor(n * UNIT), 0, NT) exactly (n * UNIT is an exact power-of-two scaling);
-         else 0 and the bucketed search floor_code, whose constants are the last 4)
+         else 0 and search.py's floor code, whose constants are the last 4)
     lim  fp32  [TOP, TOP * 2**-126]                          (quantizer.step_of / normalize)
     table  fp32: the code book (padded with +inf), then its search buckets (host.search_table)
 The kernels (adamw.py, ...) are built per layout (`specialized`): lay is a closure constant
@@ -46,16 +46,16 @@ from numba import njit, types
 from numba.extending import overload
 
 from . import numba_cache_dir
-from .host import SEARCH_HI, SEARCH_LO
 from .native import bits_of_f32, f32_from_bits
 
 # Every kernel module imports this one before it compiles anything: point numba's disk
 # cache at a folder per source version (package docstring: an inlined helper's change
 # does not invalidate its callers' cached code).
 numba.config.CACHE_DIR = str(numba_cache_dir())
+from .search import SCAN_MAX, floor_code, scan_code  # noqa: E402 (imported after the line above)
 
 # lay columns
-KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT, SHIFT, NM, STEPS, OFF = range(12)
+KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT = range(8)  # then search.py's SHIFT, NM, STEPS, OFF
 LINEAR, TABLE = 0, 1
 NEAREST, STOCHASTIC, BRED = 0, 1, 2
 STORED = 2  # stored_value's `prepared` (False: raw, True: sqrt and sign applied, STORED: final)
@@ -70,7 +70,6 @@ ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 TWO = np.float32(2.0)
 INF = np.float32(np.inf)
-MAG_LO, MAG_HI = np.uint32(SEARCH_LO), np.uint32(SEARCH_HI)
 
 
 # ---- bf16 ------------------------------------------------------------------------------------------
@@ -280,25 +279,6 @@ def decode_block(codes, scale, lay, lim, table, b, start, cnt, k1, k2, q, out):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def floor_code(table, lay, v):
-    """clamp(#(table <= v) - 1, 0, NT - 2) (searchsorted(right=True) - 1, clamped) for any
-    sorted code book, through a bucket of v's fp32 bits (host.search_table): the bucket,
-    table[OFF + NM + i] (v >= +0) or table[OFF + NM - 1 - i] (sign set), i = (clamp(bits(|v|),
-    LO, HI) - LO) >> SHIFT, holds #(table <= its least value) as an int32 bit pattern; then
-    STEPS (1-2) steps count the entries up to v: 1 + STEPS dependent loads, not `bits`.
-    lay's constants are compile-time in the optimizer kernels, runtime in the replay's."""
-    b = bits_of_f32(v)
-    i = np.uint64((min(max(np.uint32(b & np.uint32(0x7FFFFFFF)), MAG_LO), MAG_HI) - MAG_LO)
-                  >> np.uint32(lay[SHIFT]))
-    nm = np.uint64(lay[NM])
-    j = nm - np.uint64(1) - i if b >> np.uint32(31) else nm + i
-    count = np.int64(bits_of_f32(table[np.uint64(lay[OFF]) + j]))
-    for _ in range(lay[STEPS]):
-        count += np.int64(table[np.uint64(count)] <= v)
-    return min(max(count - 1, np.int64(0)), np.int64(lay[NT] - 2))
-
-
-@njit(cache=True, inline="always", error_model="numpy")
 def stored_value(v, lay, prepared):
     """The value encode_block quantizes: non-finite -> 0; unless prepared, sqrt(max(v, 0))
     for a sqrt state and max(v, 0) for an unsigned one; prepared == STORED: v is that value
@@ -421,15 +401,20 @@ def _round_unit_table(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q)
 
 @njit(cache=True, inline="always", error_model="numpy")
 def _round_table(x, cnt, inv, prepared, lay, table, rounding, b, start, k1, k2, q):
-    """Any sorted code book: k by floor_code, round between table[k] and table[k + 1]."""
+    """Any sorted code book: k (scan_code for at most SCAN_MAX entries, else floor_code),
+    round between table[k] and table[k + 1]."""
     ub = uniform(b, k1, k2) if rounding == BRED else ZERO
     if rounding == STOCHASTIC:
         uniform_bits(q, start, cnt, k1, k2)
     for j in range(cnt):
         v = stored_value(x[j], lay, prepared) * inv
-        k = floor_code(table, lay, v)
+        if lay[NT] <= SCAN_MAX:
+            k, lo, hi = scan_code(table, lay[NT], v)
+        else:
+            k = floor_code(table, lay, lay[NT], v)
+            lo, hi = table[k], table[k + 1]
         u = np.float32(q[j]) * TWO_M16 if rounding == STOCHASTIC else ub
-        q[j] = np.int32(k) + np.int32(_up(v, table[k], table[k + 1], rounding, u))
+        q[j] = np.int32(k) + np.int32(_up(v, lo, hi, rounding, u))
 
 
 @njit(cache=True, inline="always", error_model="numpy")

@@ -5,7 +5,7 @@ tuple here, so its branches are taken per block. LLVM does not unswitch a loop o
 runtime condition, so every per-element loop below is written once per case (sqrt or
 not, signed or not, each rounding, each format kind) and stays branch-free. A code book's
 floor code is found from a bucket of the value's fp32 bits and at most M (1 or 2) steps
-(codec.floor_code, the optimizer kernels' own search), not a binary search.
+(search.floor_code, the optimizer kernels' own search), not a binary search.
 """
 from __future__ import annotations
 
@@ -93,19 +93,19 @@ def round_table(n, u, cnt, lay, table, rounding, ub, q):
     if rounding == c.NEAREST:
         for j in range(cnt):
             v = n[j]
-            k = c.floor_code(table, lay, v)
+            k = c.floor_code(table, lay, lay[c.NT], v)
             lo, hi = table[k], table[k + 1]
             q[j] = np.int32(k) + np.int32((v - lo) >= (hi - lo) * c.HALF)
     elif rounding == c.STOCHASTIC:
         for j in range(cnt):
             v = n[j]
-            k = c.floor_code(table, lay, v)
+            k = c.floor_code(table, lay, lay[c.NT], v)
             lo, hi = table[k], table[k + 1]
             q[j] = np.int32(k) + np.int32(u[j] < min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
     else:
         for j in range(cnt):
             v = n[j]
-            k = c.floor_code(table, lay, v)
+            k = c.floor_code(table, lay, lay[c.NT], v)
             lo, hi = table[k], table[k + 1]
             q[j] = np.int32(k) + np.int32(ub >= c.ONE - min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
 
