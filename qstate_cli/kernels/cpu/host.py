@@ -116,7 +116,7 @@ def layout_arrays(layout: StateLayout, table: torch.Tensor | None):
         tab = _table(layout.table_name)
     else:
         tab = np.zeros(2, np.float32)
-    if lay[0] == 1 and not lay[7]:
+    if lay[0] == 1 and not lay[7]:  # KIND == TABLE, UNIT == 0 (codec.py): searched
         tab, search = search_table(np.ascontiguousarray(tab, np.float32).tobytes())
         return lay + search, lim, tab
     return lay + (0, 0, 0, 0), lim, tab
@@ -129,18 +129,18 @@ SEARCH_HI = int(np.float32(1.0).view(np.uint32))  # bits of 1.0
 
 @lru_cache(maxsize=None)
 def search_table(table_bytes: bytes) -> tuple[np.ndarray, tuple[int, int, int, int]]:
-    """(the code book with its search buckets, (S, NM, M, OFF)) for codec.floor_code, exact
-    for any sorted fp32 code book (given as its bytes, so each is prepared once):
+    """(the code book with its search buckets, (SHIFT, NM, STEPS, OFF)) for search.floor_code,
+    exact for any sorted fp32 code book (given as its bytes, so each is prepared once):
 
-    mag = clamp(bits(|v|), LO = bits(2**-30), HI = bits(1.0)); i = (mag - LO) >> S, with
-    S = 23 - m (2**m buckets per binade); bucket NM + i for v >= +0, NM - 1 - i for a set sign
-    bit. bucket[j] = #(table <= the least value of bucket j) (first buckets: all magnitudes
-    below LO; last: all above 1), and M = the most entries any bucket holds above its least
-    value, so bucket[j] + M steps of `count += table[count] <= v` reach #(table <= v).
-    m is the smallest of 3..6 with M <= 1, else 6. The array returned holds the table padded
-    with +inf to OFF = max(NT, 256) + M + 1 entries (every code and every step reads an entry),
-    then the 2 NM buckets as int32 bit patterns in its fp32 slots (one array per code book,
-    so the kernels take it where they took the table)."""
+    mag = clamp(bits(|v|), LO = bits(2**-30), HI = bits(1.0)); i = (mag - LO) >> SHIFT, with
+    SHIFT = 23 - m (2**m buckets per binade); bucket NM + i for v >= +0, NM - 1 - i for a set
+    sign bit. bucket[j] = #(table <= the least value of bucket j) (first buckets: all magnitudes
+    below LO; last: all above 1), and STEPS = the most entries any bucket holds above its least
+    value, so bucket[j] + STEPS steps of `count += table[count] <= v` reach #(table <= v).
+    m is the smallest of 3..6 with STEPS <= 1, else 6. The array returned holds the table padded
+    with +inf to OFF = max(NT, 256) + STEPS + 1 entries (every code and every step reads an
+    entry), then the 2 NM buckets as int32 bit patterns in its fp32 slots (one array per code
+    book, so the kernels take it where they took the table)."""
     tab = np.frombuffer(table_bytes, np.float32)
     lo, hi = SEARCH_LO, SEARCH_HI
     for m in range(3, 7):
