@@ -1,6 +1,8 @@
 """The CPU path: the fused optimizer steps and the state codec compiled with numba.
 
     codec.py     numba helpers: bit casts, the hash, bf16 casts, decode/encode of one block
+    search.py    the floor code of a code book (bucketed search, or a scan of <= 16 entries),
+                 shared with the replay kernel; host.search_table prepares its buckets
     adamw.py     fused AdamW/Adam step (two states)
     lion.py, sgd.py, muon.py   one-state steps (Muon: the momentum update; Newton-Schulz in torch)
     host.py      numpy views of the tensors, layout arrays, stream keys (no numba)

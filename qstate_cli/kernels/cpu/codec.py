@@ -23,12 +23,14 @@ error_model="numpy": a division by zero is IEEE (inf/nan) instead of a raised
 ZeroDivisionError, so no division carries a check and the loops vectorize (no divisor
 here can be zero: eps > 0, guarded block scales, distinct neighbouring codes).
 
-A state layout is a tuple and an array (`layout_arrays` in host.py):
-    lay  ints (KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT)     (launch.StateLayout;
-         UNIT = 2**bits for a code book that is exactly {1, 2, ..., 2**bits} / 2**bits
-         (lin4nz, lin8nz), where #(table <= n) = clamp(floor(n * UNIT), 0, NT) exactly
-         (n * UNIT is an exact power-of-two scaling); else 0 and a binary search)
+A state layout is a tuple and two arrays (`layout_arrays` in host.py):
+    lay  ints (KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT, SHIFT, NM, STEPS, OFF)
+         (launch.StateLayout; UNIT = 2**bits for a code book that is exactly
+         {1, 2, ..., 2**bits} / 2**bits (lin4nz, lin8nz), where #(table <= n) =
+         clamp(floor(n * UNIT), 0, NT) exactly (n * UNIT is an exact power-of-two scaling);
+         else 0 and search.py's floor code, whose constants are the last 4)
     lim  fp32  [TOP, TOP * 2**-126]                          (quantizer.step_of / normalize)
+    table  fp32: the code book (padded with +inf), then its search buckets (host.search_table)
 The kernels (adamw.py, ...) are built per layout (`specialized`): lay is a closure constant
 of the compiled kernel, as the Triton kernels' tl.constexpr, so every `lay[...]` branch below
 is resolved at compile time and each per-element loop is straight-line code that LLVM packs
@@ -50,9 +52,10 @@ from .native import bits_of_f32, f32_from_bits
 # cache at a folder per source version (package docstring: an inlined helper's change
 # does not invalidate its callers' cached code).
 numba.config.CACHE_DIR = str(numba_cache_dir())
+from .search import SCAN_MAX, floor_code, scan_code  # noqa: E402 (imported after the line above)
 
 # lay columns
-KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT = range(8)
+KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT = range(8)  # then search.py's SHIFT, NM, STEPS, OFF
 LINEAR, TABLE = 0, 1
 NEAREST, STOCHASTIC, BRED = 0, 1, 2
 STORED = 2  # stored_value's `prepared` (False: raw, True: sqrt and sign applied, STORED: final)
@@ -276,19 +279,6 @@ def decode_block(codes, scale, lay, lim, table, b, start, cnt, k1, k2, q, out):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def table_floor(table, nt, log, n):
-    """clamp(#(table <= n) - 1, 0, nt - 2) (searchsorted(right=True) - 1, clamped): a binary
-    search of `log` steps without branches (nt <= 2**log entries, sorted)."""
-    pos = 0
-    for i in range(log):
-        cand = pos + (1 << (log - 1 - i))
-        ok = cand <= nt - 1
-        t = table[cand - 1 if ok else 0]
-        pos = cand if ok and t <= n else pos
-    return max(pos - 1, 0)
-
-
-@njit(cache=True, inline="always", error_model="numpy")
 def stored_value(v, lay, prepared):
     """The value encode_block quantizes: non-finite -> 0; unless prepared, sqrt(max(v, 0))
     for a sqrt state and max(v, 0) for an unsigned one; prepared == STORED: v is that value
@@ -411,17 +401,20 @@ def _round_unit_table(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q)
 
 @njit(cache=True, inline="always", error_model="numpy")
 def _round_table(x, cnt, inv, prepared, lay, table, rounding, b, start, k1, k2, q):
-    """Any sorted code book: k by binary search, round between table[k] and table[k + 1]."""
-    nt = lay[NT]
-    log = lay[BITS]
+    """Any sorted code book: k (scan_code for at most SCAN_MAX entries, else floor_code),
+    round between table[k] and table[k + 1]."""
     ub = uniform(b, k1, k2) if rounding == BRED else ZERO
     if rounding == STOCHASTIC:
         uniform_bits(q, start, cnt, k1, k2)
     for j in range(cnt):
         v = stored_value(x[j], lay, prepared) * inv
-        k = table_floor(table, nt, log, v)
+        if lay[NT] <= SCAN_MAX:
+            k, lo, hi = scan_code(table, lay[NT], v)
+        else:
+            k = floor_code(table, lay, lay[NT], v)
+            lo, hi = table[k], table[k + 1]
         u = np.float32(q[j]) * TWO_M16 if rounding == STOCHASTIC else ub
-        q[j] = np.int32(k) + np.int32(_up(v, table[k], table[k + 1], rounding, u))
+        q[j] = np.int32(k) + np.int32(_up(v, lo, hi, rounding, u))
 
 
 @njit(cache=True, inline="always", error_model="numpy")

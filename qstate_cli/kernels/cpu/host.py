@@ -104,9 +104,11 @@ def _table(name: str) -> np.ndarray:
 
 
 def layout_arrays(layout: StateLayout, table: torch.Tensor | None):
-    """(lay: 8 ints, lim fp32 [2], table fp32) of a state layout (codec.py; the kernels are
+    """(lay: 12 ints, lim fp32 [2], table fp32) of a state layout (codec.py; the kernels are
     compiled per lay, which they hold as constants: adamw.kernel_for, ...). The Triton
-    kernels compute the no-zero map (kind 2) and get no table; the codec reads its entries."""
+    kernels compute the no-zero map (kind 2) and get no table; the codec reads its entries.
+    A code book searched by the codec (kind 1, UNIT 0) comes with its search buckets
+    appended (search_table, prepared once per code book); lay's last 4 ints say where."""
     lay, lim = _layout(layout)
     if table is not None:
         tab = table.detach().cpu().numpy()
@@ -114,7 +116,50 @@ def layout_arrays(layout: StateLayout, table: torch.Tensor | None):
         tab = _table(layout.table_name)
     else:
         tab = np.zeros(2, np.float32)
-    return lay, lim, tab
+    if lay[0] == 1 and not lay[7]:  # KIND == TABLE, UNIT == 0 (codec.py): searched
+        tab, search = search_table(np.ascontiguousarray(tab, np.float32).tobytes())
+        return lay + search, lim, tab
+    return lay + (0, 0, 0, 0), lim, tab
+
+
+SEARCH_MIN_EXP = -30  # magnitudes below 2**-30 share the buckets next to 0
+SEARCH_LO = int(np.float32(2.0 ** SEARCH_MIN_EXP).view(np.uint32))  # bits of 2**-30
+SEARCH_HI = int(np.float32(1.0).view(np.uint32))  # bits of 1.0
+
+
+@lru_cache(maxsize=None)
+def search_table(table_bytes: bytes) -> tuple[np.ndarray, tuple[int, int, int, int]]:
+    """(the code book with its search buckets, (SHIFT, NM, STEPS, OFF)) for search.floor_code,
+    exact for any sorted fp32 code book (given as its bytes, so each is prepared once):
+
+    mag = clamp(bits(|v|), LO = bits(2**-30), HI = bits(1.0)); i = (mag - LO) >> SHIFT, with
+    SHIFT = 23 - m (2**m buckets per binade); bucket NM + i for v >= +0, NM - 1 - i for a set
+    sign bit. bucket[j] = #(table <= the least value of bucket j) (first buckets: all magnitudes
+    below LO; last: all above 1), and STEPS = the most entries any bucket holds above its least
+    value, so bucket[j] + STEPS steps of `count += table[count] <= v` reach #(table <= v).
+    m is the smallest of 3..6 with STEPS <= 1, else 6. The array returned holds the table padded
+    with +inf to OFF = max(NT, 256) + STEPS + 1 entries (every code and every step reads an
+    entry), then the 2 NM buckets as int32 bit patterns in its fp32 slots (one array per code
+    book, so the kernels take it where they took the table)."""
+    tab = np.frombuffer(table_bytes, np.float32)
+    lo, hi = SEARCH_LO, SEARCH_HI
+    for m in range(3, 7):
+        s = 23 - m
+        nm = ((hi - lo) >> s) + 1
+        i = np.arange(nm, dtype=np.int64)
+        least = np.where(i == 0, 0, lo + (i << s)).astype(np.uint32).view(np.float32)
+        most = np.where(i == nm - 1, 0x7F800000, lo + ((i + 1) << s) - 1).astype(np.uint32).view(np.float32)
+        vmin = np.concatenate([-most[::-1], least])
+        vmax = np.concatenate([-least[::-1], most])
+        c0 = np.searchsorted(tab, vmin, side="right")
+        steps = int((np.searchsorted(tab, vmax, side="right") - c0).max()) if tab.size else 0
+        if steps <= 1:
+            break
+    off = max(tab.size, 256) + steps + 1
+    out = np.full(off + c0.size, np.inf, np.float32)
+    out[:tab.size] = tab
+    out[off:] = c0.astype(np.int32).view(np.float32)
+    return out, (s, nm, steps, off)
 
 
 def array(t: torch.Tensor) -> np.ndarray:

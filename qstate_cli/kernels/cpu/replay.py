@@ -88,8 +88,7 @@ class FusedReplayState(ReadBackState):
     def __init__(self, spec, layout, stream, plan):
         super().__init__(spec, (layout.n,), stream, device="cpu")
         kl = kernel_layout(spec)
-        self.lay, self.lim, table = layout_arrays(kl, kl.table("cpu"))
-        self.table, self.bucket, self.srch = search_buckets(table if kl.kind == 1 else np.zeros(0, np.float32))
+        self.lay, self.lim, self.table = layout_arrays(kl, kl.table("cpu"))  # a code book: with its buckets
         self.block = int(spec.block)
         self.plan = plan
         base = stream.base.numpy() if hasattr(stream, "base") else np.zeros(max(1, layout.n_tensors), np.int64)
@@ -109,43 +108,9 @@ class FusedReplayState(ReadBackState):
         out = torch.empty(self.numel, dtype=torch.float32)
         run_blocks(_kernel(), self.numel, self.block,
                    (x.numpy(), codes.numpy(), scales.view(torch.int16).numpy().view(np.uint16), out.numpy(),
-                    self.lay, self.lim, self.table, self.bucket, self.srch, self.block, self.numel, self.plan,
+                    self.lay, self.lim, self.table, self.block, self.numel, self.plan,
                     self.base, int(step)))
         self.codes, self.scales, self.written, self._read_back = codes, scales, int(step), out
-
-
-
-SEARCH_MIN_EXP = -30  # magnitudes below 2**-30 share the buckets next to 0
-
-
-def search_buckets(table: np.ndarray):
-    """(table padded with +inf, bucket int16, srch int64 [LO, HI, S, NM, M]) for the kernel's
-    floor-code search (replay_kernel.floor_code), exact for any sorted fp32 code book:
-
-    mag = clamp(bits(|v|), LO = bits(2**-30), HI = bits(1.0)); i = (mag - LO) >> S, with
-    S = 23 - m (2**m buckets per binade); bucket NM + i for v >= +0, NM - 1 - i for a set sign
-    bit. bucket[j] = #(table <= the least value of bucket j) (first buckets: all magnitudes
-    below LO; last: all above 1), and M = the most entries any bucket holds above its least
-    value, so bucket[j] + M steps of `count += table[count] <= v` reach #(table <= v).
-    m is the smallest of 3..6 with M <= 1, else 6. The table is unused for linear formats."""
-    tab = np.asarray(table, np.float32)
-    lo = int(np.float32(2.0 ** SEARCH_MIN_EXP).view(np.uint32))
-    hi = int(np.float32(1.0).view(np.uint32))
-    for m in range(3, 7):
-        s = 23 - m
-        nm = ((hi - lo) >> s) + 1
-        i = np.arange(nm, dtype=np.int64)
-        least = np.where(i == 0, 0, lo + (i << s)).astype(np.uint32).view(np.float32)
-        most = np.where(i == nm - 1, 0x7F800000, lo + ((i + 1) << s) - 1).astype(np.uint32).view(np.float32)
-        vmin = np.concatenate([-most[::-1], least])
-        vmax = np.concatenate([-least[::-1], most])
-        c0 = np.searchsorted(tab, vmin, side="right")
-        steps = int((np.searchsorted(tab, vmax, side="right") - c0).max()) if tab.size else 0
-        if steps <= 1:
-            break
-    padded = np.full(max(tab.size, 256) + steps + 1, np.inf, np.float32)
-    padded[:tab.size] = tab
-    return padded, c0.astype(np.int16), np.array([lo, hi, s, nm, steps], np.int64)
 
 
 _KERNEL: list = []

@@ -5,7 +5,7 @@ tuple here, so its branches are taken per block. LLVM does not unswitch a loop o
 runtime condition, so every per-element loop below is written once per case (sqrt or
 not, signed or not, each rounding, each format kind) and stays branch-free. A code book's
 floor code is found from a bucket of the value's fp32 bits and at most M (1 or 2) steps
-(replay.search_buckets), not a binary search: 1 + M dependent loads instead of `bits`.
+(search.floor_code, the optimizer kernels' own search), not a binary search.
 """
 from __future__ import annotations
 
@@ -88,40 +88,24 @@ def round_unit(n, u, cnt, lay, rounding, ub, q):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def floor_code(table, bucket, srch, nt, v):
-    """clamp(#(table <= v) - 1, 0, nt - 2) (codec.table_floor) through a bucket of v's bits
-    (replay.search_buckets): the bucket gives #(table <= its least value), then at most
-    M = srch[4] steps count the entries up to v (table padded with +inf)."""
-    b = c.bits_of_f32(v)
-    lo, hi = np.uint32(srch[0]), np.uint32(srch[1])
-    i = np.int64((min(max(np.uint32(b & np.uint32(0x7FFFFFFF)), lo), hi) - lo) >> np.uint32(srch[2]))
-    nm = srch[3]
-    count = np.int64(bucket[nm - 1 - i if b >> np.uint32(31) else nm + i])
-    for _ in range(srch[4]):
-        count += np.int64(table[count] <= v)
-    return min(max(count - 1, np.int64(0)), np.int64(nt - 2))
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def round_table(n, u, cnt, lay, table, bucket, srch, rounding, ub, q):
+def round_table(n, u, cnt, lay, table, rounding, ub, q):
     """Any sorted code book: floor code k, then up from table[k] towards table[k + 1] (codec._up)."""
-    nt = lay[c.NT]
     if rounding == c.NEAREST:
         for j in range(cnt):
             v = n[j]
-            k = floor_code(table, bucket, srch, nt, v)
+            k = c.floor_code(table, lay, lay[c.NT], v)
             lo, hi = table[k], table[k + 1]
             q[j] = np.int32(k) + np.int32((v - lo) >= (hi - lo) * c.HALF)
     elif rounding == c.STOCHASTIC:
         for j in range(cnt):
             v = n[j]
-            k = floor_code(table, bucket, srch, nt, v)
+            k = c.floor_code(table, lay, lay[c.NT], v)
             lo, hi = table[k], table[k + 1]
             q[j] = np.int32(k) + np.int32(u[j] < min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
     else:
         for j in range(cnt):
             v = n[j]
-            k = floor_code(table, bucket, srch, nt, v)
+            k = c.floor_code(table, lay, lay[c.NT], v)
             lo, hi = table[k], table[k + 1]
             q[j] = np.int32(k) + np.int32(ub >= c.ONE - min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
 
@@ -130,12 +114,12 @@ GOLDEN = np.uint32(0x9E3779B9)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, bucket, srch, B, numel, plan, base, step):
+def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, base, step):
     """Blocks b0 .. b1 - 1 of the layout: codes, scales (uint16 words, codec.scale_at) and
     values read back (out) of x (replay.py's docstring). plan: int64 [blocks, 3] = (owner
     tensor, first flat index, recorded elements); base: uint32 [tensors], the streams' step-free
     keys, so k1 = hash32(base ^ step), k2 = hash32(k1 ^ 0x9e3779b9) (quant/hash.stream_keys);
-    table, bucket, srch: the code book and its search buckets (replay.search_buckets)."""
+    table: the code book and its search buckets (host.search_table)."""
     row = np.empty(B, np.float32)
     u = np.zeros(B, np.float32)
     q = np.empty(B, np.int32)
@@ -170,7 +154,7 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, bucket, srch, B, n
         elif lay[c.UNIT]:
             round_unit(row, u, cnt, lay, rounding, ub, q)
         else:
-            round_table(row, u, cnt, lay, table, bucket, srch, rounding, ub, q)
+            round_table(row, u, cnt, lay, table, rounding, ub, q)
         c.store_scale(s16, b, absmax, sbf16)
         c.pack_codes(q, lay[c.BITS], start, cnt, codes)
         c.decode_block(codes, absmax, lay, lim, table, bctr, start, cnt, k1, k2, q, row)

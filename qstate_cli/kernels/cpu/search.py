@@ -1,0 +1,66 @@
+"""The floor code of a sorted fp32 code book, shared by the optimizer kernels (codec.py) and
+the replay's (replay_kernel.py): k = clamp(#(table <= v) - 1, 0, NT - 2), the code below v
+that the rounding starts from (searchsorted(right=True) - 1, clamped).
+
+    floor_code  any code book: a bucket of v's fp32 bits, then 1-2 exact steps (host.search_table
+                prepares the buckets once per code book and appends them to the table array)
+    scan_code   a book of at most SCAN_MAX entries: compares and selects against every entry
+
+Both are exact for every fp32 v (tests/test_codebook_search_cpu.py: every entry, its fp32
+neighbours, the midpoints). The 4 columns of the layout tuple `lay` (codec.py) that follow
+codec's 8 say where the buckets are; the optimizer kernels hold lay as compile-time
+constants (the step loop unrolls, NT is known), the replay kernel reads it at run time.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .host import SEARCH_HI, SEARCH_LO
+from .native import bits_of_f32, f32_from_bits
+
+SHIFT, NM, STEPS, OFF = range(8, 12)  # lay columns after codec's 8 (host.layout_arrays)
+MAG_LO, MAG_HI = np.uint32(SEARCH_LO), np.uint32(SEARCH_HI)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def floor_code(table, lay, nt, v):
+    """clamp(#(table <= v) - 1, 0, nt - 2) (searchsorted(right=True) - 1, clamped) for any
+    sorted code book, through a bucket of v's fp32 bits (host.search_table): the bucket,
+    table[OFF + NM + i] (v >= +0) or table[OFF + NM - 1 - i] (sign set), i = (clamp(bits(|v|),
+    LO, HI) - LO) >> SHIFT, holds #(table <= its least value) as an int32 bit pattern; then
+    STEPS (1-2) steps count the entries up to v: 1 + STEPS dependent loads, not `bits`.
+    lay's constants are compile-time in the optimizer kernels, runtime in the replay's."""
+    b = bits_of_f32(v)
+    i = np.uint64((min(max(np.uint32(b & np.uint32(0x7FFFFFFF)), MAG_LO), MAG_HI) - MAG_LO)
+                  >> np.uint32(lay[SHIFT]))
+    nm = np.uint64(lay[NM])
+    j = nm - np.uint64(1) - i if b >> np.uint32(31) else nm + i
+    count = np.int64(bits_of_f32(table[np.uint64(lay[OFF]) + j]))
+    for _ in range(lay[STEPS]):
+        count += np.int64(table[np.uint64(count)] <= v)
+    return min(max(count - 1, np.int64(0)), np.int64(nt - 2))
+
+
+SCAN_MAX = 16  # code books of at most this many entries (4-bit) are scanned, not searched
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def scan_code(table, nt, v):
+    """(k, table[k], table[k + 1]) with k = floor_code's clamp(#(table <= v) - 1, 0, nt - 2),
+    for a short code book (nt a compile-time constant): the entries <= v are a prefix (sorted),
+    so k = #(table[1 .. nt - 2] <= v), and selecting table[i], table[i + 1] wherever
+    table[i] <= v (i = 1 .. nt - 2, from table[0], table[1]) leaves exactly table[k],
+    table[k + 1]. nt - 2 compares, adds and pairs of selects against broadcast entries:
+    8 elements per AVX2 op, no gather (LLVM emulates a gather by scalar loads on these
+    cores). The selects are bit masks: written as `t if c else lo`, 28 of them kept the
+    block's rounding loop scalar (torchao-4bit raw kernel 84 ms against 15 ms, scripts/cpu_profile.py)."""
+    lo, hi = bits_of_f32(table[0]), bits_of_f32(table[1])
+    k = np.int32(0)
+    for i in range(1, nt - 1):  # unrolled: nt is a constant
+        c = table[i] <= v
+        m = np.uint32(0) - np.uint32(c)
+        lo = np.uint32(lo ^ ((lo ^ bits_of_f32(table[i])) & m))
+        hi = np.uint32(hi ^ ((hi ^ bits_of_f32(table[i + 1])) & m))
+        k += np.int32(c)
+    return k, f32_from_bits(lo), f32_from_bits(hi)

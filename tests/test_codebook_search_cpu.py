@@ -1,0 +1,63 @@
+"""The optimizer kernels' floor code of a code book (kernels/cpu/search.py: floor_code, the
+bucketed search of host.search_table, and scan_code for books of at most 16 entries) against
+numpy's searchsorted, at every entry, the fp32 values next to it on both sides, the midpoints,
+their negatives, zeros, tiny and out-of-range values: k = clamp(#(table <= v) - 1, 0, NT - 2)
+and the entries table[k], table[k + 1] that the rounding reads, exactly.
+
+Skipped where numba is not installed. Two small helpers compile (seconds)."""
+import numpy as np
+import pytest
+
+from qstate_cli.kernels import cpu
+
+needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
+BOOKS = ["de4", "de4u", "de4nz", "de4unz", "de8", "de8u", "de8nz", "de8unz"]
+
+
+def candidates(table: np.ndarray) -> np.ndarray:
+    up, down = np.nextafter(table, np.float32(2)), np.nextafter(table, np.float32(-2))
+    mids = (table[1:] + table[:-1]) / np.float32(2)
+    extra = np.array([0.0, -0.0, 1e-38, -1e-38, 2.0 ** -31, 1.5, -1.5, 3e38, -3e38], np.float32)
+    v = np.concatenate([table, up, down, mids, extra]).astype(np.float32)
+    return np.concatenate([v, -v])
+
+
+def _helpers():
+    from numba import njit
+    from qstate_cli.kernels.cpu import codec as c
+
+    @njit(error_model="numpy")
+    def search(table, lay, vs, k, lo, hi):
+        for j in range(vs.size):
+            kj = c.floor_code(table, lay, lay[c.NT], vs[j])
+            k[j], lo[j], hi[j] = kj, table[kj], table[kj + 1]
+
+    @njit(error_model="numpy")
+    def scan(table, nt, vs, k, lo, hi):
+        for j in range(vs.size):
+            k[j], lo[j], hi[j] = c.scan_code(table, nt, vs[j])
+
+    return search, scan
+
+
+@needs_numba
+@pytest.mark.parametrize("name", BOOKS)
+def test_floor_code_of_every_code_book_at_its_entries_and_their_neighbours(name):
+    from qstate_cli.kernels.cpu.host import layout_arrays
+    from qstate_cli.kernels.launch import kernel_layout
+    from qstate_cli.quant import parse_spec
+    kl = kernel_layout(parse_spec(f"{name}:nearest:b32"))
+    table = np.asarray(kl.table("cpu").numpy(), np.float32)
+    lay, _, prepared = layout_arrays(kl, kl.table("cpu"))
+    nt = table.size
+    vs = candidates(table)
+    want = np.clip(np.searchsorted(table, vs, side="right") - 1, 0, nt - 2)
+    search, scan = _helpers()
+    paths = [("bucketed search", search, lay)] + ([("scan", scan, nt)] if nt <= 16 else [])
+    for what, fn, arg in paths:
+        k, lo, hi = np.zeros(vs.size, np.int64), np.zeros(vs.size, np.float32), np.zeros(vs.size, np.float32)
+        fn(prepared, arg, vs, k, lo, hi)
+        bad = np.flatnonzero(k != want)
+        assert bad.size == 0, f"{name} {what}: k at v={vs[bad[:3]]} is {k[bad[:3]]}, want {want[bad[:3]]}"
+        assert np.array_equal(lo.view(np.uint32), table[want].view(np.uint32)), f"{name} {what}: lo"
+        assert np.array_equal(hi.view(np.uint32), table[want + 1].view(np.uint32)), f"{name} {what}: hi"
