@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...optim import rules
 from . import unavailable_reason
 from .host import run_blocks
 
@@ -46,7 +47,7 @@ class FusedAdamRule:
 
     def __init__(self, rec):
         self.rec = rec
-        b1, b2 = (float(b) for b in rec.hparams["betas"])
+        b1, b2 = self.b12 = tuple(float(b) for b in rec.hparams["betas"])
         self.betas = np.array([b1, 1.0 - b1, b2, 1.0 - b2], np.float32)  # each rounded once, as torch does
         self.eps = np.float32(float(rec.hparams["eps"]))
         self._scalars: dict[int, np.ndarray] = {}
@@ -54,10 +55,11 @@ class FusedAdamRule:
     def scalars(self, since: int) -> np.ndarray:
         """fp32 [b1, 1 - b1, b2, 1 - b2, inv_bc2_sqrt, eps, step_size, decay] of step `since`."""
         sc = self._scalars.get(since)
-        if sc is None:
-            s = self.rec.scalars(since, "cpu")
-            sc = np.concatenate([self.betas, np.array([s.inv_bc2_sqrt.item(), self.eps, s.step_size.item(),
-                                                       s.decay.item()], np.float32)])
+        if sc is None:  # rules.step_scalars with lr = 1, wd = 0, on the host: the same fp32 values
+            bc1, inv_bc2_sqrt = rules.bias_corrections(*self.b12, since)
+            one = np.float32(1.0)
+            sc = np.concatenate([self.betas, np.array([inv_bc2_sqrt, self.eps, one / np.float32(bc1),
+                                                       one - one * np.float32(0.0)], np.float32)])
             self._scalars[since] = sc
         return sc
 
