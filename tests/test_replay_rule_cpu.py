@@ -56,3 +56,27 @@ def test_other_optimizers_keep_the_reference():
 
     rule, why = fused_rule(recursion_for("lion", {}), torch.device("cpu"))
     assert rule is None and "lion" in why
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_fused_update_stats_are_the_torch_path(threads):
+    """UpdateStats with the products in numba and one [3, units, unit] sum collects exactly
+    what its torch path collects (per-step and per-unit sums), over steps of awkward values."""
+    from qstate_cli.diagnose.layout import Layout
+    from qstate_cli.diagnose.stats import UpdateStats, unit_sums
+    from test_replay_codec_cpu import small_trace
+
+    layout = Layout(small_trace(2), 128, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(threads)
+    n = layout.n
+    with torch_threads(threads):
+        fused, plain = UpdateStats(layout, 5, fused=True), UpdateStats(layout, 5)
+        assert fused.fused and not plain.fused
+        for i in range(5):
+            u, ref = awkward(n, gen), awkward(n, gen)
+            r2 = unit_sums(ref * ref, layout.unit)
+            for st in (fused, plain):
+                st.observe(i, u, ref, r2)
+        a, b = fused.collect(), plain.collect()
+    for k in ("sums", "units"):
+        assert a[k].tobytes() == b[k].tobytes(), k

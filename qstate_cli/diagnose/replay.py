@@ -217,8 +217,8 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     sign = -1.0 if rec.hparams.get("maximize") else 1.0
     if sign < 0:
         rec.notes.append("maximize: gradients negated, as the optimizer does")
-    configs, shadows = _setup(trace, opts, mine, rec, layout, n_steps, reduce_absmax)
     rule = _rule_step(rec, opts.backend, device)
+    configs, shadows = _setup(trace, opts, mine, rec, layout, n_steps, reduce_absmax, rule != rec.step)
     model_every = max(1, n_steps // model_points(layout.total_n))  # the model costs ~ one encode + decode
     timer = Timer(device, sync=opts.profile)
     invalid = ~layout.valid if layout.valid is not None else None
@@ -292,7 +292,7 @@ def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout,
 
 
 def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout: Layout, n_steps: int,
-           reduce_absmax):
+           reduce_absmax, fused_rule: bool = False):
     """One _ConfigReplay per configuration, one _Shadow per distinct reset period."""
     def zeros():
         return torch.zeros(layout.n, dtype=torch.float32, device=layout.device)
@@ -314,7 +314,7 @@ def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout
         models = {s: ModelStats(layout, cfg.spec(s), n_steps, reduce_absmax) for s in rec.states
                   if cfg.spec(s).fmt.kind != "identity"} if opts.models else {}
         configs.append(_ConfigReplay(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
-                                     UpdateStats(layout, n_steps), clamp, models, key, paths))
+                                     UpdateStats(layout, n_steps, fused_rule), clamp, models, key, paths))
     return configs, shadows
 
 

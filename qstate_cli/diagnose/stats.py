@@ -216,16 +216,23 @@ def _code_mode(spec: StateSpec) -> str | None:
 class UpdateStats:
     """Update fidelity of one configuration against the fp32 shadow's update."""
 
-    def __init__(self, layout: Layout, n_steps: int):
+    def __init__(self, layout: Layout, n_steps: int, fused: bool = False):
         dev = layout.device
         self.layout = layout
         self.series = torch.zeros(4, n_steps, dtype=torch.float64, device=dev)  # dot, |u|^2, |u-r|^2, |r|^2
         self.units = torch.zeros(4, layout.n_units, dtype=torch.float64, device=dev)
+        self.fused = fused and dev.type == "cpu"  # the products in one numba pass (kernels/cpu/replay_rule.py)
 
     def observe(self, i: int, u: torch.Tensor, ref: torch.Tensor, ref2_units: torch.Tensor) -> None:
         unit = self.layout.unit
-        d = u - ref
-        s = torch.stack([unit_sums(u * ref, unit), unit_sums(u * u, unit), unit_sums(d * d, unit), ref2_units])
+        if self.fused:  # the same fp32 products; one sum over [3, units, unit] = three unit_sums, row by row
+            from ..kernels.cpu.replay_rule import update_products
+
+            prod = update_products(u, ref)
+            s = torch.cat([prod.view(3, -1, unit).sum(2, dtype=torch.float32), ref2_units[None]])
+        else:
+            d = u - ref
+            s = torch.stack([unit_sums(u * ref, unit), unit_sums(u * u, unit), unit_sums(d * d, unit), ref2_units])
         self.units += s
         self.series[:, i] = s.sum(1, dtype=torch.float64)
 

@@ -25,11 +25,23 @@ CHUNK = 4096  # elements per run_blocks block (ranges of >= MIN_THREAD_ELEMENTS 
 _KERNEL: list = []
 
 
-def _kernel():
+def _kernel(which: int = 0):
     if not _KERNEL:
-        from .replay_rule_kernel import adamw_rule
-        _KERNEL.append(adamw_rule)
-    return _KERNEL[0]
+        from .replay_rule_kernel import adamw_rule, update_products
+        _KERNEL.extend([adamw_rule, update_products])
+    return _KERNEL[which]
+
+
+def update_products(u: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """fp32 [3, n]: u * ref, u * u, (u - ref)^2 per element in one pass (UpdateStats'
+    products, each one fp32 op as torch's u * ref, u * u, d * d with d = u - ref)."""
+    n = u.numel()
+    for t in (u, ref):
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != n or t.device.type != "cpu":
+            raise ValueError(f"update products need contiguous fp32 CPU tensors of {n} elements")
+    out = torch.empty(3, n, dtype=torch.float32)
+    run_blocks(_kernel(1), n, CHUNK, (u.numpy(), ref.numpy(), out.numpy(), CHUNK, n))
+    return out
 
 
 def fused_rule(rec, device) -> tuple["FusedAdamRule | None", str | None]:

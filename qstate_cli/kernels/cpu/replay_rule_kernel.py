@@ -30,3 +30,18 @@ def adamw_rule(b0, b1, g, m_hat, v_hat, u, m, v, sc, B, numel):
         m[i] = mi
         v[i] = vi
     return 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def update_products(b0, b1, u, ref, out, B, numel):
+    """Elements [b0 * B, min(b1 * B, numel)) of UpdateStats' products, each one fp32 op as
+    torch does them: out[0] = u * ref, out[1] = u * u, out[2] = (u - ref) * (u - ref)."""
+    lo = np.uint64(b0 * B)
+    hi = np.uint64(min(b1 * B, numel))
+    for i in range(lo, hi):
+        a, r = u[i], ref[i]
+        d = a - r
+        out[0, i] = a * r
+        out[1, i] = a * a
+        out[2, i] = d * d
+    return 0
