@@ -86,15 +86,14 @@ class StateStats:
                 shadow: torch.Tensor, shadow_x2_units: torch.Tensor, storage: torch.Tensor | None) -> None:
         """Record replay step t = i + 1: nominal x, stored before (prev) and after (new), shadow."""
         unit, step = self.layout.unit, i + 1
-        err = new - shadow
-        if self._fused is not None and storage is not None:
-            stall, nominal, code_stall = self._fused.observe(step, x, prev, new, storage, self.prev_code,
-                                                             self.last_change)
-            self._add(i, torch.stack([unit_sums(err, unit), unit_sums(err * err, unit), stall, nominal,
-                                      shadow_x2_units, code_stall]))
+        if self._fused is not None and storage is not None:  # err, err^2 from the kernel; one sum = two unit_sums
+            counts, ee = self._fused.observe(step, x, prev, new, storage, self.prev_code, self.last_change, shadow)
+            self._add(i, torch.cat([ee.view(2, -1, unit).sum(2, dtype=torch.float32), counts[:2],
+                                    shadow_x2_units[None], counts[2:]]))
             if (i + 1) % self.snapshot_every == 0 or i + 1 == self.n_steps:
-                self._snapshot(step, err, shadow_x2_units)
+                self._snapshot(step, ee[0], shadow_x2_units)
             return
+        err = new - shadow
         changed = new != prev
         nominal = x != prev
         stall = nominal > changed  # nominal and not changed
