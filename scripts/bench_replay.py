@@ -18,8 +18,9 @@ a configuration's throughput is
 
 (its phase: rule step, encode + read back, statistics, staleness model; the gradient
 gather and the fp32 shadow are shared by all configurations and printed as their own
-rows). With --repeats R each number is the median of R replays. The last column is the
-ratio auto / reference of the throughputs. numba's first compilation (cached on disk) is
+rows), per wall second and per CPU second of the process (all threads; on a machine other
+jobs share, the steadier of the two). With --repeats R each number is the median of R
+replays. The last column is the ratio auto / reference of the wall throughputs. numba's first compilation (cached on disk) is
 paid by a short warm-up replay before anything is timed.
 """
 from __future__ import annotations
@@ -28,11 +29,13 @@ import argparse
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from qstate_cli import __version__
+from qstate_cli import __version__, runtime
+from qstate_cli.diagnose import replay as replay_module
 from qstate_cli.diagnose.run import diagnose, select_configs
 from qstate_cli.runtime import cache_dir
 from qstate_cli.trace import load_trace
@@ -52,10 +55,31 @@ def synthetic_trace(numel: int, steps: int, folder: Path | None = None) -> Path:
     return path
 
 
+class CpuTimer(runtime.Timer):
+    """runtime.Timer that also sums the process's CPU seconds per phase (all threads): on a
+    machine shared with other jobs a phase that waits for a core costs wall time, not CPU."""
+
+    last: "CpuTimer | None" = None
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.cpu: dict[str, float] = {}
+        CpuTimer.last = self
+
+    @contextmanager
+    def __call__(self, name: str):
+        c0 = time.process_time()
+        with super().__call__(name):
+            yield
+        self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - c0
+
+
 def time_replay(trace, configs, backend: str, steps: int | None) -> dict:
-    """One replay: {phase: seconds}, element-steps, wall seconds of the step loop."""
+    """One replay: {phase: wall seconds}, {phase: CPU seconds}, element-steps, wall and CPU
+    seconds of the step loop."""
     _, raw = diagnose(trace, configs, steps_limit=steps, device="cpu", profile_phases=True, backend=backend)
-    return {"phases": dict(raw.timings_s), "element_steps": raw.layout.n_valid * raw.n_steps, "wall": raw.wall_s,
+    return {"phases": dict(raw.timings_s), "cpu": dict(CpuTimer.last.cpu),
+            "element_steps": raw.layout.n_valid * raw.n_steps, "wall": raw.wall_s, "loop_cpu": raw.cpu_s,
             "codec": {str(c.cfg): c.codec for c in raw.configs}}
 
 
@@ -68,7 +92,8 @@ def bench(trace, name: str, configs, backends, steps, repeats: int) -> list[dict
         row = {"trace": name, "phase": phase, "element_steps": el}
         for b in backends:
             secs = [r["wall"] if phase == "loop" else r["phases"][phase] for r in runs[b]]
-            row[b] = statistics.median(secs)
+            cpu = [r["loop_cpu"] if phase == "loop" else r["cpu"][phase] for r in runs[b]]
+            row[b], row[b + " cpu"] = statistics.median(secs), statistics.median(cpu)
         rows.append(row)
     for c in configs:
         paths = {b: runs[b][0]["codec"][str(c)] for b in backends}
@@ -77,7 +102,8 @@ def bench(trace, name: str, configs, backends, steps, repeats: int) -> list[dict
 
 
 def show(rows, backends) -> None:
-    head = f"{'trace':<14} {'phase':<28}" + "".join(f" {b + ' s':>12} {b + ' M/s':>14}" for b in backends)
+    head = f"{'trace':<14} {'phase':<28}" + "".join(
+        f" {b[:4] + ' s':>9} {b[:4] + ' M/s':>9} {b[:4] + ' cpu-s':>10} {b[:4] + ' M/cpu-s':>12}" for b in backends)
     if "auto" in backends and "reference" in backends:
         head += f" {'auto/ref':>9}"
     print(head)
@@ -90,7 +116,8 @@ def show(rows, backends) -> None:
         rate = {}
         for b in backends:
             rate[b] = r["element_steps"] / r[b] / 1e6 if r[b] > 0 else float("nan")
-            line += f" {r[b]:>12.3f} {rate[b]:>14.1f}"
+            c = r[b + " cpu"]
+            line += f" {r[b]:>9.3f} {rate[b]:>9.1f} {c:>10.3f} {r['element_steps'] / c / 1e6 if c > 0 else 0:>12.1f}"
         if "auto" in rate and "reference" in rate:
             line += f" {rate['auto'] / rate['reference']:>9.2f}"
         print(line)
@@ -107,6 +134,7 @@ def main(argv=None) -> int:
     ap.add_argument("--traces", nargs="+", default=["demo", "synthetic"], choices=["demo", "synthetic"])
     ap.add_argument("--cache", type=Path, default=None, help="folder of the synthetic trace (default: qstate's cache)")
     args = ap.parse_args(argv)
+    replay_module.Timer = CpuTimer  # CPU seconds per phase too (the replay's own Timer otherwise)
     configs = select_configs(args.configs)
     traces = []
     if "demo" in args.traces:
