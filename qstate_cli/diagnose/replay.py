@@ -42,7 +42,7 @@ from ..runtime import Timer, resolve_device, torch_threads
 from ..theory import reset_period as theory_reset_period
 from ..trace.schema import Trace
 from . import merge
-from .codec import check_backend, replay_state
+from .codec import replay_rule, replay_state
 from .layout import Layout
 from .recursions import Recursion, recursion_for
 from .stats import GradientStats, ModelStats, StateStats, UpdateStats, dimension_ms, fidelity, unit_sums
@@ -217,7 +217,7 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     sign = -1.0 if rec.hparams.get("maximize") else 1.0
     if sign < 0:
         rec.notes.append("maximize: gradients negated, as the optimizer does")
-    rule = _rule_step(rec, opts.backend, device)
+    rule = replay_rule(rec, opts.backend, device)
     configs, shadows = _setup(trace, opts, mine, rec, layout, n_steps, reduce_absmax, rule != rec.step)
     model_every = max(1, n_steps // model_points(layout.total_n))  # the model costs ~ one encode + decode
     timer = Timer(device, sync=opts.profile)
@@ -316,17 +316,6 @@ def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout
         configs.append(_ConfigReplay(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
                                      UpdateStats(layout, n_steps, fused_rule), clamp, models, key, paths))
     return configs, shadows
-
-
-def _rule_step(rec: Recursion, backend: str, device) -> Callable:
-    """The update rule's step: the fused CPU rule where `backend` is auto and one covers the
-    optimizer (kernels/cpu/replay_rule.py, bit for bit Recursion.step), else Recursion.step."""
-    if check_backend(backend) != "auto" or device.type != "cpu":
-        return rec.step
-    from ..kernels.cpu.replay_rule import fused_rule  # imports numba only when it runs
-
-    rule, _ = fused_rule(rec, device)
-    return rec.step if rule is None else rule.step
 
 
 def _step_shadow(sh: _Shadow, rec: Recursion, g: torch.Tensor, layout: Layout, rule: Callable) -> None:
