@@ -9,6 +9,9 @@
 A fused codec is a QuantizedState subclass (same fields: codes, scales, written; same
 encode(x, step) / decode() / reset()), made by the factory FUSED[device type]:
 factory(spec, layout, stream, reduce_absmax) -> (state, None) or (None, why not).
+
+The update rule goes the same way (`replay_rule`): under auto on CPU, the fused AdamW/Adam
+rule (kernels/cpu/replay_rule.py, bit for bit Recursion.step), else Recursion.step.
 """
 from __future__ import annotations
 
@@ -68,3 +71,15 @@ def replay_state(spec, layout, stream, reduce_absmax, backend: str = "auto") -> 
     if state is None:
         return plain, REFERENCE, why
     return state, getattr(state, "PATH", "fused"), None
+
+
+def replay_rule(rec, backend: str, device) -> Callable:
+    """The replay's update-rule step, (g, x_hat, since, first) -> (direction, new states):
+    the fused CPU rule where `backend` is auto and one covers the optimizer, else rec.step."""
+    if check_backend(backend) != REFERENCE and device.type == "cpu":
+        from ..kernels.cpu.replay_rule import fused_rule  # imports numba only when it runs
+
+        rule, _ = fused_rule(rec, device)
+        if rule is not None:
+            return rule.step
+    return rec.step

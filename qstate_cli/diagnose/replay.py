@@ -15,8 +15,10 @@ except that every recorded tensor is quantized (the optimizers keep tensors unde
 `min_quant_numel` in fp32). Cost per configuration and step: about 2 x (encode + decode
 + ~15 elementwise passes) over the recorded elements; the fp32 shadow and the gradient
 gather are shared by all configurations. The staleness model (staleness.py: per element,
-from the fp32 shadow) costs about one more encode + decode per state, so it is evaluated at
-MODEL_POINTS steps spread evenly over the replay (every step of a replay up to twice that).
+from the fp32 shadow) costs about one more encode + decode per state (~60 torch passes), so
+it is evaluated at model_points(n) steps spread evenly over the replay: MODEL_POINTS, fewer
+on a large layout (at most MODEL_ELEMENT_STEPS element evaluations per state, at least
+MODEL_MIN_POINTS steps), every step of a replay up to twice that.
 
 Under torchrun (`ReplayOptions.split`, distributed.py) each rank runs this loop on its
 part of the layout (layout.py) or on its configurations, and the parts are merged
@@ -40,7 +42,7 @@ from ..runtime import Timer, resolve_device, torch_threads
 from ..theory import reset_period as theory_reset_period
 from ..trace.schema import Trace
 from . import merge
-from .codec import replay_state
+from .codec import replay_rule, replay_state
 from .layout import Layout
 from .recursions import Recursion, recursion_for
 from .stats import GradientStats, ModelStats, StateStats, UpdateStats, dimension_ms, fidelity, unit_sums
@@ -160,6 +162,16 @@ def reset_schedule(reset, cfg: StateConfig, rec: Recursion) -> tuple[int | None,
 
 
 MODEL_POINTS = 250  # steps at which the staleness model is evaluated (every step up to 2 x this)
+MODEL_ELEMENT_STEPS = 1 << 25  # at most this many element evaluations of the model per state (large layouts)
+MODEL_MIN_POINTS = 16  # but at least this many steps
+
+
+def model_points(n: int) -> int:
+    """Steps at which the staleness model is evaluated for a layout of n elements:
+    min(MODEL_POINTS, max(MODEL_MIN_POINTS, MODEL_ELEMENT_STEPS // n)); 250 up to
+    134,217 elements (the demo's 24,320: 250), 32 at 2**20."""
+    return min(MODEL_POINTS, max(MODEL_MIN_POINTS, MODEL_ELEMENT_STEPS // max(1, n)))
+
 SMALL_LAYOUT = 1 << 20  # elements: below it, one CPU thread is faster (runtime.torch_threads)
 
 
@@ -205,8 +217,9 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     sign = -1.0 if rec.hparams.get("maximize") else 1.0
     if sign < 0:
         rec.notes.append("maximize: gradients negated, as the optimizer does")
-    configs, shadows = _setup(trace, opts, mine, rec, layout, n_steps, reduce_absmax)
-    model_every = max(1, n_steps // MODEL_POINTS)  # the model costs about one encode + decode
+    rule = replay_rule(rec, opts.backend, device)
+    configs, shadows = _setup(trace, opts, mine, rec, layout, n_steps, reduce_absmax, rule != rec.step)
+    model_every = max(1, n_steps // model_points(layout.total_n))  # the model costs ~ one encode + decode
     timer = Timer(device, sync=opts.profile)
     invalid = ~layout.valid if layout.valid is not None else None
     nonfinite = torch.zeros(layout.n_units, dtype=torch.float64, device=device)
@@ -223,11 +236,11 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
             grad_stats.observe(i, g)
         with timer("shadow"):
             for sh in shadows.values():
-                _step_shadow(sh, rec, g, layout)
+                _step_shadow(sh, rec, g, layout, rule)
         for c in configs:
             with timer(str(c.cfg)):
                 _step_config(c, shadows[c.shadow], rec, g, i, trace.step_start + i, invalid, layout,
-                             i % model_every == 0)
+                             i % model_every == 0, rule)
         if progress is not None:
             progress(i + 1, n_steps)
     if device.type == "cuda":
@@ -279,7 +292,7 @@ def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout,
 
 
 def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout: Layout, n_steps: int,
-           reduce_absmax):
+           reduce_absmax, fused_rule: bool = False):
     """One _ConfigReplay per configuration, one _Shadow per distinct reset period."""
     def zeros():
         return torch.zeros(layout.n, dtype=torch.float32, device=layout.device)
@@ -301,11 +314,11 @@ def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout
         models = {s: ModelStats(layout, cfg.spec(s), n_steps, reduce_absmax) for s in rec.states
                   if cfg.spec(s).fmt.kind != "identity"} if opts.models else {}
         configs.append(_ConfigReplay(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
-                                     UpdateStats(layout, n_steps), clamp, models, key, paths))
+                                     UpdateStats(layout, n_steps, fused_rule), clamp, models, key, paths))
     return configs, shadows
 
 
-def _step_shadow(sh: _Shadow, rec: Recursion, g: torch.Tensor, layout: Layout) -> None:
+def _step_shadow(sh: _Shadow, rec: Recursion, g: torch.Tensor, layout: Layout, rule: Callable) -> None:
     """fp32 states: reset when the schedule says so, then one step of the rule."""
     sh.reset_now = sh.period is not None and sh.since >= sh.period
     if sh.reset_now:
@@ -314,13 +327,13 @@ def _step_shadow(sh: _Shadow, rec: Recursion, g: torch.Tensor, layout: Layout) -
     first = {s: sh.since == 0 for s in rec.states}
     sh.prev = sh.x
     sh.since += 1
-    sh.update, sh.x = rec.step(g, sh.x, sh.since, first)
+    sh.update, sh.x = rule(g, sh.x, sh.since, first)
     sh.x2_units = {s: unit_sums(sh.x[s] * sh.x[s], layout.unit) for s in rec.states}
     sh.ref2_units = unit_sums(sh.update * sh.update, layout.unit)
 
 
 def _step_config(c: _ConfigReplay, sh: _Shadow, rec: Recursion, g: torch.Tensor, i: int, step: int,
-                 invalid, layout: Layout, model: bool) -> None:
+                 invalid, layout: Layout, model: bool, rule: Callable) -> None:
     """One optimizer step of a quantized configuration, as QuantizedOptimizer._step_param
     does it, then its statistics against the shadow."""
     if c.period is not None and c.since >= c.period:
@@ -331,7 +344,7 @@ def _step_config(c: _ConfigReplay, sh: _Shadow, rec: Recursion, g: torch.Tensor,
             c.x_hat[s] = torch.zeros_like(c.x_hat[s])
     first = {s: q.written == 0 for s, q in c.states.items()}
     c.since += 1
-    u, new = rec.step(g, c.x_hat, c.since, first)
+    u, new = rule(g, c.x_hat, c.since, first)
     for s, q in c.states.items():
         if model and s in c.models:  # before x_hat moves on: the step's own nominal update
             c.models[s].observe(i, c.x_hat[s], new[s], sh.prev[s], _gaussian(rec, c.cfg.spec(s), s, sh))

@@ -86,15 +86,14 @@ class StateStats:
                 shadow: torch.Tensor, shadow_x2_units: torch.Tensor, storage: torch.Tensor | None) -> None:
         """Record replay step t = i + 1: nominal x, stored before (prev) and after (new), shadow."""
         unit, step = self.layout.unit, i + 1
-        err = new - shadow
-        if self._fused is not None and storage is not None:
-            stall, nominal, code_stall = self._fused.observe(step, x, prev, new, storage, self.prev_code,
-                                                             self.last_change)
-            self._add(i, torch.stack([unit_sums(err, unit), unit_sums(err * err, unit), stall, nominal,
-                                      shadow_x2_units, code_stall]))
+        if self._fused is not None and storage is not None:  # err, err^2 from the kernel; one sum = two unit_sums
+            counts, ee = self._fused.observe(step, x, prev, new, storage, self.prev_code, self.last_change, shadow)
+            self._add(i, torch.cat([ee.view(2, -1, unit).sum(2, dtype=torch.float32), counts[:2],
+                                    shadow_x2_units[None], counts[2:]]))
             if (i + 1) % self.snapshot_every == 0 or i + 1 == self.n_steps:
-                self._snapshot(step, err, shadow_x2_units)
+                self._snapshot(step, ee[0], shadow_x2_units)
             return
+        err = new - shadow
         changed = new != prev
         nominal = x != prev
         stall = nominal > changed  # nominal and not changed
@@ -216,16 +215,23 @@ def _code_mode(spec: StateSpec) -> str | None:
 class UpdateStats:
     """Update fidelity of one configuration against the fp32 shadow's update."""
 
-    def __init__(self, layout: Layout, n_steps: int):
+    def __init__(self, layout: Layout, n_steps: int, fused: bool = False):
         dev = layout.device
         self.layout = layout
         self.series = torch.zeros(4, n_steps, dtype=torch.float64, device=dev)  # dot, |u|^2, |u-r|^2, |r|^2
         self.units = torch.zeros(4, layout.n_units, dtype=torch.float64, device=dev)
+        self.fused = fused and dev.type == "cpu"  # the products in one numba pass (kernels/cpu/replay_rule.py)
 
     def observe(self, i: int, u: torch.Tensor, ref: torch.Tensor, ref2_units: torch.Tensor) -> None:
         unit = self.layout.unit
-        d = u - ref
-        s = torch.stack([unit_sums(u * ref, unit), unit_sums(u * u, unit), unit_sums(d * d, unit), ref2_units])
+        if self.fused:  # the same fp32 products; one sum over [3, units, unit] = three unit_sums, row by row
+            from ..kernels.cpu.replay_rule import update_products
+
+            prod = update_products(u, ref)
+            s = torch.cat([prod.view(3, -1, unit).sum(2, dtype=torch.float32), ref2_units[None]])
+        else:
+            d = u - ref
+            s = torch.stack([unit_sums(u * ref, unit), unit_sums(u * u, unit), unit_sums(d * d, unit), ref2_units])
         self.units += s
         self.series[:, i] = s.sum(1, dtype=torch.float64)
 

@@ -41,10 +41,10 @@ class HeavyTailedGradients:
     r_j = exp(0.5 z) per regime of 750 steps, spike_j = 20 with probability 0.005.
     """
 
-    def __init__(self, steps: int, seed: int):
-        self.steps = steps
+    def __init__(self, steps: int, seed: int, numel: int = SYNTH_NUMEL):
+        self.steps, self.numel = steps, numel
         self.gen = torch.Generator().manual_seed(seed)
-        n = (SYNTH_TENSORS, SYNTH_NUMEL)
+        n = (SYNTH_TENSORS, numel)
         self.s = torch.exp(1.5 * torch.randn(n, generator=self.gen))
         self.s *= (10.0 ** -torch.arange(SYNTH_TENSORS, dtype=torch.float32))[:, None]
         self.mu = 0.3 * torch.randn(n, generator=self.gen)
@@ -55,7 +55,7 @@ class HeavyTailedGradients:
         """Gradients of step t (0-based), [tensors, numel] fp32."""
         if t % SYNTH_REGIME == 0:
             self.regime = torch.exp(0.5 * torch.randn(SYNTH_TENSORS, generator=self.gen))
-        eps = self._student_t((SYNTH_TENSORS, SYNTH_NUMEL)) / math.sqrt(SYNTH_DOF / (SYNTH_DOF - 2))
+        eps = self._student_t((SYNTH_TENSORS, self.numel)) / math.sqrt(SYNTH_DOF / (SYNTH_DOF - 2))
         spike = torch.where(torch.rand(SYNTH_TENSORS, generator=self.gen) < SYNTH_SPIKE_P, 20.0, 1.0)
         a = self.amplitude(t)
         return (a * self.regime * spike)[:, None] * self.s * (self.mu + eps)
@@ -72,11 +72,13 @@ class HeavyTailedGradients:
         return z / torch.sqrt(chi2 / SYNTH_DOF)
 
 
-def record_synthetic(out: Path, steps: int, seed: int, log: Log = None) -> dict:
+def record_synthetic(out: Path, steps: int, seed: int, log: Log = None, numel: int = SYNTH_NUMEL) -> dict:
+    """The corpus recipe (4 tensors of `numel` elements; the corpus uses SYNTH_NUMEL, the
+    replay benchmark scripts/bench_replay.py a larger numel)."""
     t0 = time.perf_counter()
-    params = [torch.nn.Parameter(torch.zeros(SYNTH_NUMEL)) for _ in range(SYNTH_TENSORS)]
+    params = [torch.nn.Parameter(torch.zeros(numel)) for _ in range(SYNTH_TENSORS)]
     opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0)
-    process = HeavyTailedGradients(steps, seed)
+    process = HeavyTailedGradients(steps, seed, numel)
     meta = {"source": "qstate corpus", "model": "synthetic-heavy",
             "data": "heavy-tailed non-stationary synthetic gradients (trace/recipes.py)"}
     with torch_threads(1), Recorder(opt, out, blocks_per_tensor=None, steps=steps, seed=seed, grad_dtype="bf16",

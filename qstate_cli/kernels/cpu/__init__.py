@@ -10,6 +10,8 @@
                  until used), its kernel in replay_kernel.py: one compilation for every layout
     replay_stats.py  the replay's integer statistics (stalls, code changes, per-code counts) on
                  the fused codec's codes, its kernel in replay_stats_kernel.py (no numba until used)
+    replay_rule.py   the replay's AdamW/Adam rule and UpdateStats' products in one pass each,
+                 bit for bit the torch ops (diagnose/codec.replay_rule), kernels in replay_rule_kernel.py
 
 The same spec as the Triton kernels (quant/, optim/rules.py), bit for bit, for the same
 formats (launch.why_not_covered) on fp32 and bf16 parameters and gradients. One pass per

@@ -6,7 +6,7 @@ Per element i of the layout at replay step t (x the nominal fp32 state, prev / n
 values read back before / after, code the stored code unpacked from the packed storage):
 
     nominal_i    = x_i != prev_i                  stall_i      = nominal_i and new_i == prev_i
-    code_stall_i = nominal_i and code_i == prev_code_i
+    code_stall_i = nominal_i and code_i == prev_code_i      err_i = new_i - shadow_i, err_i^2 (fp32)
     per unit u:  #stall, #nominal, #code stall (fp32: exact integers, a unit holds <= 2048
                  elements, so equal to torch's fp32 sums of the booleans)
     last_change_i = t where code_i != prev_code_i;  prev_code_i = code_i
@@ -47,13 +47,15 @@ class CodeCounts:
         self.hist = np.zeros((parts_of(n), n_codes * 5), np.int64)  # per thread; summed in `codes`
 
     def observe(self, step: int, x: torch.Tensor, prev: torch.Tensor, new: torch.Tensor, storage: torch.Tensor,
-                prev_code: torch.Tensor, last_change: torch.Tensor) -> torch.Tensor:
-        """fp32 [3, n_units]: per unit #stall, #nominal, #code stall; updates prev_code and
+                prev_code: torch.Tensor, last_change: torch.Tensor, shadow: torch.Tensor):
+        """(fp32 [3, n_units]: per unit #stall, #nominal, #code stall; fp32 [2, n]: the error
+        new - shadow and its square, each one fp32 op as torch's); updates prev_code and
         last_change (int32 [n]) in place and adds this step's per-code counts."""
         counts = torch.empty(3, self.n // self.unit, dtype=torch.float32)
+        err = torch.empty(2, self.n, dtype=torch.float32)
         if prev_code.dtype != torch.int32 or last_change.dtype != torch.int32:
             raise ValueError("prev_code and last_change must be int32")
-        sizes = (x.numel(), prev.numel(), new.numel(), prev_code.numel(), last_change.numel())
+        sizes = (x.numel(), prev.numel(), new.numel(), prev_code.numel(), last_change.numel(), shadow.numel())
         if set(sizes) != {self.n} or storage.dtype != torch.uint8 or storage.numel() != self.n * self.bits // 8:
             raise ValueError(f"fused code statistics of {self.n} elements got sizes {sizes} and "
                              f"{storage.numel()} {storage.dtype} code bytes")  # the kernel does not bound-check
@@ -62,8 +64,8 @@ class CodeCounts:
                                                              self.hist.shape[1]), np.int64)])
         run_parts(_kernel(), self.n, self.unit,
                   (_f32(x), _f32(prev), _f32(new), storage.reshape(-1).numpy(), self.bits, prev_code.numpy(),
-                   last_change.numpy(), int(step), self.unit, counts.numpy(), self.hist))
-        return counts
+                   last_change.numpy(), int(step), self.unit, counts.numpy(), self.hist, _f32(shadow), err.numpy()))
+        return counts, err
 
     def codes(self) -> torch.Tensor:
         """int64 [n_codes * 5]: the per-code counts over every step observed."""

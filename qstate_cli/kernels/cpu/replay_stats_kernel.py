@@ -14,13 +14,15 @@ LANES = 4  # interleaved histogram copies: neighbours that hit the same bin do n
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change, step, unit, counts, hist):
+def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change, step, unit, counts, hist,
+                 shadow, err):
     """Units u0 .. u1 - 1 (of `unit` elements each) of one state at one replay step: per
     element, nominal = x != prev, stall = nominal and new == prev, code = the unpacked stored
     code, code stall = nominal and code == prev_code; counts[0 / 1 / 2, u] = the unit's
     stalls / nominal updates / code stalls (fp32, exact below 2**24); last_change = step where
     the code changed; prev_code = code; hist[part, code * 5 + nominal * (1 + stall + 2 x code
-    stall)] += 1 (one histogram row per thread: `part`). Per unit, a branch-free pass (it
+    stall)] += 1 (one histogram row per thread: `part`); err[0] = new - shadow and
+    err[1] = err[0] * err[0] (fp32, as torch's). Per unit, a branch-free pass (it
     vectorizes) leaves each element's histogram bin in a row, then LANES interleaved local
     histograms count the bins."""
     q = np.empty(unit, np.int32)
@@ -35,6 +37,9 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
         for j in range(unit):
             i = i0 + np.uint64(j)
             p = prev[i]
+            e = new[i] - shadow[i]
+            err[0, i] = e
+            err[1, i] = e * e
             nominal = np.int32(x[i] != p)
             stall = nominal & np.int32(new[i] == p)
             code = q[j]

@@ -1,0 +1,165 @@
+"""Benchmark (not a test): the replay's throughput per configuration, fused CPU path
+(`--backend auto`) against the reference (`--backend reference`), on the demo trace and on a
+large synthetic trace (docs/diagnose.md, "Replay throughput").
+
+    PYTHONPATH=$PWD nice python scripts/bench_replay.py [--configs bred-4bit nearest-4bit]
+        [--numel 262144] [--steps 100] [--demo-steps 2000] [--repeats 3] [--backends auto reference]
+
+Traces: `demo` (the cached demo trace, `qstate trace demo`) and a synthetic-heavy trace
+(trace/recipes.HeavyTailedGradients: 4 tensors of --numel elements, so 4 x 262144 =
+1,048,576 recorded elements per step, --steps steps, bf16 gradients), recorded once and
+cached in qstate's cache folder (runtime.cache_dir) next to the demo trace.
+
+For each trace and backend, diagnose.run.diagnose replays the configurations together
+(profile on: every statistic and the staleness model, as `qstate diagnose --profile`);
+a configuration's throughput is
+
+    M element-steps/s = recorded elements x steps / (seconds of its own phase) / 1e6
+
+(its phase: rule step, encode + read back, statistics, staleness model; the gradient
+gather and the fp32 shadow are shared by all configurations and printed as their own
+rows), per wall second and per CPU second of the process (all threads; on a machine other
+jobs share, the steadier of the two). With --repeats R each number is the median of R
+replays. The last column is the ratio auto / reference of the wall throughputs. numba's first compilation (cached on disk) is
+paid by a short warm-up replay before anything is timed.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from qstate_cli import __version__, runtime
+from qstate_cli.diagnose import replay as replay_module
+from qstate_cli.diagnose.run import diagnose, select_configs
+from qstate_cli.runtime import cache_dir
+from qstate_cli.trace import load_trace
+from qstate_cli.trace.recipes import SYNTH_TENSORS, record_synthetic
+
+
+def synthetic_trace(numel: int, steps: int, folder: Path | None = None) -> Path:
+    """The cached synthetic-heavy trace of SYNTH_TENSORS x numel elements and `steps` steps."""
+    folder = folder or cache_dir()
+    path = folder / f"bench-synthetic-heavy-{SYNTH_TENSORS}x{numel}-{steps}steps-seed0-qstate{__version__}.pt"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.pt")
+        print(f"recording {path.name} (once)", file=sys.stderr)
+        record_synthetic(tmp, steps, 0, numel=numel)
+        tmp.replace(path)
+    return path
+
+
+class CpuTimer(runtime.Timer):
+    """runtime.Timer that also sums the process's CPU seconds per phase (all threads): on a
+    machine shared with other jobs a phase that waits for a core costs wall time, not CPU."""
+
+    last: "CpuTimer | None" = None
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.cpu: dict[str, float] = {}
+        CpuTimer.last = self
+
+    @contextmanager
+    def __call__(self, name: str):
+        c0 = time.process_time()
+        with super().__call__(name):
+            yield
+        self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - c0
+
+
+def time_replay(trace, configs, backend: str, steps: int | None) -> dict:
+    """One replay: {phase: wall seconds}, {phase: CPU seconds}, element-steps, wall and CPU
+    seconds of the step loop."""
+    _, raw = diagnose(trace, configs, steps_limit=steps, device="cpu", profile_phases=True, backend=backend)
+    return {"phases": dict(raw.timings_s), "cpu": dict(CpuTimer.last.cpu),
+            "element_steps": raw.layout.n_valid * raw.n_steps, "wall": raw.wall_s, "loop_cpu": raw.cpu_s,
+            "codec": {str(c.cfg): c.codec for c in raw.configs}}
+
+
+def bench(trace, name: str, configs, backends, steps, repeats: int) -> list[dict]:
+    """Rows: per phase and backend, the median seconds and M element-steps/s."""
+    runs = {b: [time_replay(trace, configs, b, steps) for _ in range(repeats)] for b in backends}
+    rows = []
+    el = runs[backends[0]][0]["element_steps"]
+    for phase in ["gather", "shadow"] + [str(c) for c in configs] + ["loop"]:
+        row = {"trace": name, "phase": phase, "element_steps": el}
+        for b in backends:
+            secs = [r["wall"] if phase == "loop" else r["phases"][phase] for r in runs[b]]
+            cpu = [r["loop_cpu"] if phase == "loop" else r["cpu"][phase] for r in runs[b]]
+            row[b], row[b + " cpu"] = statistics.median(secs), statistics.median(cpu)
+        rows.append(row)
+    for c in configs:
+        paths = {b: runs[b][0]["codec"][str(c)] for b in backends}
+        rows.append({"trace": name, "phase": f"  codec of {c}", "paths": paths})
+    return rows
+
+
+def show(rows, backends) -> None:
+    head = f"{'trace':<14} {'phase':<28}" + "".join(
+        f" {b[:4] + ' s':>9} {b[:4] + ' M/s':>9} {b[:4] + ' cpu-s':>10} {b[:4] + ' M/cpu-s':>12}" for b in backends)
+    if "auto" in backends and "reference" in backends:
+        head += f" {'auto/ref':>9}"
+    print(head)
+    for r in rows:
+        if "paths" in r:
+            print(f"{r['trace']:<14} {r['phase']:<28} " + "; ".join(
+                f"{b}: " + ", ".join(f"{s}={p[0]}" for s, p in r["paths"][b].items()) for b in backends))
+            continue
+        line = f"{r['trace']:<14} {r['phase']:<28}"
+        rate = {}
+        for b in backends:
+            rate[b] = r["element_steps"] / r[b] / 1e6 if r[b] > 0 else float("nan")
+            c = r[b + " cpu"]
+            line += f" {r[b]:>9.3f} {rate[b]:>9.1f} {c:>10.3f} {r['element_steps'] / c / 1e6 if c > 0 else 0:>12.1f}"
+        if "auto" in rate and "reference" in rate:
+            line += f" {rate['auto'] / rate['reference']:>9.2f}"
+        print(line)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", nargs="+", default=["bred-4bit", "nearest-4bit"])
+    ap.add_argument("--numel", type=int, default=262144, help="elements per synthetic tensor (4 tensors)")
+    ap.add_argument("--steps", type=int, default=100, help="synthetic trace steps")
+    ap.add_argument("--demo-steps", type=int, default=None, help="replay only the first N demo steps")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--backends", nargs="+", default=["auto", "reference"], choices=["auto", "reference"])
+    ap.add_argument("--traces", nargs="+", default=["demo", "synthetic"], choices=["demo", "synthetic"])
+    ap.add_argument("--cache", type=Path, default=None, help="folder of the synthetic trace (default: qstate's cache)")
+    args = ap.parse_args(argv)
+    replay_module.Timer = CpuTimer  # CPU seconds per phase too (the replay's own Timer otherwise)
+    configs = select_configs(args.configs)
+    traces = []
+    if "demo" in args.traces:
+        traces.append(("demo", load_trace(diagnose_path("demo")), args.demo_steps))
+    if "synthetic" in args.traces:
+        path = synthetic_trace(args.numel, args.steps, args.cache)
+        traces.append((f"synth-{SYNTH_TENSORS * args.numel // 1024}k", load_trace(path), None))
+    t0 = time.perf_counter()
+    for _, trace, _ in traces[:1]:  # numba compiles (or loads its disk cache) here, untimed
+        for b in args.backends:
+            time_replay(trace, configs, b, 2)
+    print(f"# torch threads {torch.get_num_threads()}, warm-up {time.perf_counter() - t0:.1f} s, "
+          f"median of {args.repeats}; M/s = M element-steps/s of the phase")
+    rows = []
+    for name, trace, steps in traces:
+        rows += bench(trace, name, configs, args.backends, steps, args.repeats)
+    show(rows, args.backends)
+    return 0
+
+
+def diagnose_path(name: str) -> Path:
+    from qstate_cli.diagnose.run import resolve_trace
+
+    return resolve_trace(name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The replay's fused AdamW rule (kernels/cpu/replay_rule.py) against Recursion.step, the
+reference rule (optim.rules.adamw with p = 0), bit for bit: the new m, v and the update
+direction, including the sign of zeros, on inputs that exercise every rounding (values over
+40 binades, subnormals, zeros of both signs, gradients that overflow g*g to inf), for several
+betas / eps and at steps 1, 2, 10 and 5000 (bias corrections), on one thread and on
+threads (a layout over the per-thread minimum). The whole replay's records through
+`--backend auto` (this rule) and `reference` are compared in test_replay_codec_cpu.py.
+Skipped without numba."""
+import pytest
+import torch
+
+from qstate_cli.diagnose.recursions import recursion_for
+from qstate_cli.kernels import cpu
+from qstate_cli.runtime import torch_threads
+
+pytestmark = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
+
+
+def awkward(n: int, gen: torch.Generator) -> torch.Tensor:
+    x = torch.randn(n, generator=gen) * torch.exp2(torch.randint(-40, 40, (n,), generator=gen).float())
+    x[::17] = 0.0
+    x[5::17] = -0.0
+    x[7::31] = 1e-42  # subnormal
+    x[9::37] = 3e19  # g * g overflows to inf
+    return x
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
+
+
+@pytest.mark.parametrize("hp", [{}, {"betas": (0.8, 0.95), "eps": 1e-6}, {"betas": (0.0, 0.5), "eps": 1e-30}])
+@pytest.mark.parametrize("threads, n", [(1, 6 * 4096 + 128), (3, 3 * 65536 + 4096)])
+def test_fused_adamw_rule_is_the_reference(hp, threads, n):
+    from qstate_cli.kernels.cpu.replay_rule import fused_rule
+
+    rec = recursion_for("adamw", hp)
+    rule, why = fused_rule(rec, torch.device("cpu"))
+    assert rule is not None, why
+    gen = torch.Generator().manual_seed(n + len(hp))
+    with torch_threads(threads):
+        for since in (1, 2, 10, 5000):
+            g = awkward(n, gen)
+            x_hat = {"m": awkward(n, gen), "v": awkward(n, gen).abs()}
+            x_hat["v"][3::23] = 0.0
+            first = {"m": since == 1, "v": since == 1}
+            u_ref, new_ref = rec.step(g, x_hat, since, first)
+            u, new = rule.step(g, x_hat, since, first)
+            assert torch.equal(bits(u), bits(u_ref)), since
+            for s in ("m", "v"):
+                assert torch.equal(bits(new[s]), bits(new_ref[s])), (since, s)
+
+
+def test_other_optimizers_keep_the_reference():
+    from qstate_cli.kernels.cpu.replay_rule import fused_rule
+
+    rule, why = fused_rule(recursion_for("lion", {}), torch.device("cpu"))
+    assert rule is None and "lion" in why
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_fused_update_stats_are_the_torch_path(threads):
+    """UpdateStats with the products in numba and one [3, units, unit] sum collects exactly
+    what its torch path collects (per-step and per-unit sums), over steps of awkward values."""
+    from qstate_cli.diagnose.layout import Layout
+    from qstate_cli.diagnose.stats import UpdateStats, unit_sums
+    from test_replay_codec_cpu import small_trace
+
+    layout = Layout(small_trace(2), 128, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(threads)
+    n = layout.n
+    with torch_threads(threads):
+        fused, plain = UpdateStats(layout, 5, fused=True), UpdateStats(layout, 5)
+        assert fused.fused and not plain.fused
+        for i in range(5):
+            u, ref = awkward(n, gen), awkward(n, gen)
+            r2 = unit_sums(ref * ref, layout.unit)
+            for st in (fused, plain):
+                st.observe(i, u, ref, r2)
+        a, b = fused.collect(), plain.collect()
+    for k in ("sums", "units"):
+        assert a[k].tobytes() == b[k].tobytes(), k
