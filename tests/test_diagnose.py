@@ -22,8 +22,9 @@ def diagnose_point(params):
     return hook_for("diagnose")(params)
 
 
-def run_reference(opt_factory, shapes, steps, blocks_per_tensor=None, seed=0):
-    """Step a reference optimizer on random gradients while recording them."""
+def run_reference(opt_factory, shapes, steps, blocks_per_tensor=None, seed=0, zero_every=0):
+    """Step a reference optimizer on random gradients while recording them (every
+    `zero_every`-th element's gradient 0, if set)."""
     g = torch.Generator().manual_seed(seed)
     params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
     opt = opt_factory(params)
@@ -33,6 +34,8 @@ def run_reference(opt_factory, shapes, steps, blocks_per_tensor=None, seed=0):
             for p in params:
                 scale = torch.exp(torch.randn(p.shape, generator=g))  # a spread of magnitudes
                 p.grad = torch.randn(p.shape, generator=g) * scale * (1 + 0.1 * t)
+                if zero_every:
+                    p.grad.view(-1)[::zero_every] = 0.0
             opt.step()
     return params, opt, rec.trace()
 
@@ -66,6 +69,22 @@ def test_replay_stores_what_the_reference_adamw_stores_bit_for_bit(cfg, reset, b
             mismatch = torch.nonzero(ours.view(torch.int32) != ref.view(torch.int32)).flatten()
             assert mismatch.numel() == 0, f"{t.name} {s}: first mismatches at {mismatch[:5].tolist()}"
     assert {r["state"] for r in doc["records"]} == {"m", "v"}
+
+
+def test_replay_clamps_a_v_read_back_below_zero_as_the_optimizer_does():
+    """A signed grid without a zero code (de8nz) rounds v = 0 stochastically to -l or +l:
+    v reads back below 0 about half the time. The optimizer clamps v read back at 0
+    (optim/base.py); the replay must too, or its v and m drift from what the optimizer stores."""
+    cfg = "m=int4:nearest:b128,v=de8nz:stochastic:b256"
+    params, opt, trace = run_reference(lambda ps: AdamW(ps, lr=1e-2, states=cfg, seed=11, min_quant_numel=0),
+                                       [(4096,)], 5, zero_every=2)
+    assert (stored(opt, params[0], "v", 0) < 0).any()  # the case the clamp is for occurs
+    _, raw = diagnose(trace, [parse_config(cfg)], keep_states=True)
+    idx = trace.tensors[0].element_index()
+    for s in ("m", "v"):  # the replay keeps v as read back and clamped, as the optimizer uses it
+        ours, ref = raw.final_states[str(parse_config(cfg))][s][0], stored(opt, params[0], s, 0)[idx]
+        ref = ref.clamp(min=0.0) if s == "v" else ref
+        assert torch.equal(ours.view(torch.int32), ref.view(torch.int32)), s
 
 
 @pytest.mark.parametrize("factory", [

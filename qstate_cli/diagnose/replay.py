@@ -10,7 +10,7 @@ Per step (one pass over the trace, all configurations together):
              statistics of x_hat vs s and of u vs u_ref (stats.py)
 
 exactly as the reference optimizer does it (quantized states read back as zeros until
-written; a reset puts them back to that; a BReD v read back below 0 is clamped to 0),
+written; a reset puts them back to that; a v read back below 0 is clamped to 0, as the optimizer does),
 except that every recorded tensor is quantized (the optimizers keep tensors under
 `min_quant_numel` in fp32). Cost per configuration and step: about 2 x (encode + decode
 + ~15 elementwise passes) over the recorded elements; the fp32 shadow and the gradient
@@ -142,7 +142,7 @@ class _ConfigReplay:
     x_hat: dict
     stats: dict  # name -> StateStats
     update: UpdateStats
-    clamp: dict  # name -> bool (a BReD v read back below 0 is clamped)
+    clamp: dict  # name -> bool (v on a grid that can read back below 0: clamped, as base.py does)
     models: dict  # name -> ModelStats (quantized states only)
     shadow: int | None  # key of the fp32 shadow it is measured against
     codec: dict  # name -> [path, why the reference ran or None] (codec.py)
@@ -310,7 +310,9 @@ def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout
             qs[s], path, why_ref = replay_state(spec, layout, stream, reduce_absmax, opts.backend)
             paths[s] = [path, why_ref]
             stats[s] = StateStats(layout, spec, n_steps, snap_every, fused=path == CPU_PATH)
-            clamp[s] = s == "v" and spec.rounding == "bred" and not spec.sqrt
+            # as the optimizer (base.py): a v read back below 0 (dithered, or rounded to the
+            # negative side of a signed grid without a zero code) is clamped to 0
+            clamp[s] = s == "v" and not spec.sqrt and (spec.rounding == "bred" or spec.fmt.signed)
         models = {s: ModelStats(layout, cfg.spec(s), n_steps, reduce_absmax) for s in rec.states
                   if cfg.spec(s).fmt.kind != "identity"} if opts.models else {}
         configs.append(_ConfigReplay(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
@@ -351,7 +353,7 @@ def _step_config(c: _ConfigReplay, sh: _Shadow, rec: Recursion, g: torch.Tensor,
         q.encode(new[s], step)
         x_hat = q.decode()
         if c.clamp[s]:
-            x_hat = x_hat.clamp(min=0.0)  # a dithered v read back below 0 (base.py)
+            x_hat = x_hat.clamp(min=0.0)  # a v read back below 0 (base.py)
         if invalid is not None:
             x_hat.masked_fill_(invalid, 0.0)  # padding stays 0
         c.stats[s].observe(i, new[s], c.x_hat[s], x_hat, sh.x[s], sh.x2_units[s], q.codes)
