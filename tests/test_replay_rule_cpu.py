@@ -32,7 +32,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("hp", [{}, {"betas": (0.8, 0.95), "eps": 1e-6}, {"betas": (0.0, 0.5), "eps": 1e-30}])
 @pytest.mark.parametrize("threads, n", [(1, 6 * 4096 + 128), (3, 3 * 65536 + 4096)])
 def test_fused_adamw_rule_is_the_reference(hp, threads, n):
-    from qstate_cli.kernels.cpu.replay_rule import fused_rule
+    from qstate_cli.diagnose.recursions import fused_rule
 
     rec = recursion_for("adamw", hp)
     rule, why = fused_rule(rec, torch.device("cpu"))
@@ -52,7 +52,7 @@ def test_fused_adamw_rule_is_the_reference(hp, threads, n):
 
 
 def test_other_optimizers_keep_the_reference():
-    from qstate_cli.kernels.cpu.replay_rule import fused_rule
+    from qstate_cli.diagnose.recursions import fused_rule
 
     rule, why = fused_rule(recursion_for("lion", {}), torch.device("cpu"))
     assert rule is None and "lion" in why

@@ -77,7 +77,7 @@ def replay_rule(rec, backend: str, device) -> Callable:
     """The replay's update-rule step, (g, x_hat, since, first) -> (direction, new states):
     the fused CPU rule where `backend` is auto and one covers the optimizer, else rec.step."""
     if check_backend(backend) != REFERENCE and device.type == "cpu":
-        from ..kernels.cpu.replay_rule import fused_rule  # imports numba only when it runs
+        from .recursions import fused_rule  # numba is imported when the rule first steps
 
         rule, _ = fused_rule(rec, device)
         if rule is not None:

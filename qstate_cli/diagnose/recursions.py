@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..errors import QstateError
@@ -65,3 +66,45 @@ def recursion_for(optimizer: str, hparams: dict) -> Recursion:
     hp = info.hparams(dict(hparams))
     notes = info.cls.replay_notes(hp)  # raises for a recursion with no state (SGD without momentum)
     return Recursion(name, hp, info.states, info.cls.state_betas(hp), notes, info)
+
+
+def fused_rule(rec: Recursion, device) -> tuple["FusedAdamRule | None", str | None]:
+    """(the fused CPU rule for `rec`, None) or (None, why Recursion.step runs):
+    kernels/cpu/replay_rule.py, AdamW and Adam only."""
+    if rec.optimizer not in ("adamw", "adam"):
+        return None, f"no fused replay rule for {rec.optimizer}"
+    from ..kernels.cpu import unavailable_reason
+
+    why = unavailable_reason(device)
+    if why is not None:
+        return None, why
+    return FusedAdamRule(rec), None
+
+
+class FusedAdamRule:
+    """step(g, x_hat, since, first) -> (direction, {"m": m, "v": v}), as Recursion.step, in
+    one numba pass (kernels/cpu/replay_rule.adamw_rule) with the step's fp32 scalars."""
+
+    def __init__(self, rec: Recursion):
+        self.rec = rec
+        b1, b2 = self.b12 = tuple(float(b) for b in rec.hparams["betas"])
+        self.betas = np.array([b1, 1.0 - b1, b2, 1.0 - b2], np.float32)  # each rounded once, as torch does
+        self.eps = np.float32(float(rec.hparams["eps"]))
+        self._scalars: dict[int, np.ndarray] = {}
+
+    def scalars(self, since: int) -> np.ndarray:
+        """fp32 [b1, 1 - b1, b2, 1 - b2, inv_bc2_sqrt, eps, step_size, decay] of step `since`."""
+        sc = self._scalars.get(since)
+        if sc is None:  # rules.step_scalars with lr = 1, wd = 0, on the host: the same fp32 values
+            bc1, inv_bc2_sqrt = rules.bias_corrections(*self.b12, since)
+            one = np.float32(1.0)
+            sc = np.concatenate([self.betas, np.array([inv_bc2_sqrt, self.eps, one / np.float32(bc1),
+                                                       one - one * np.float32(0.0)], np.float32)])
+            self._scalars[since] = sc
+        return sc
+
+    def step(self, g: torch.Tensor, x_hat: dict, since: int, first: dict):
+        from ..kernels.cpu.replay_rule import adamw_rule  # numba on first use
+
+        u, m, v = adamw_rule(g, x_hat["m"], x_hat["v"], self.scalars(since))
+        return u, {"m": m, "v": v}

@@ -8,8 +8,9 @@ instead of ~15 torch ops each its own pass over memory.
 op for op as optim.rules.adamw computes it with p = 0 (every constant rounded to fp32 as
 torch rounds a Python scalar against an fp32 tensor; the square root in fp64 then rounded,
 rules.sqrt_rn; fastmath off, so no FMA), so the states and the direction are bit for bit
-the reference's and every record stays identical (tests/test_replay_rule_cpu.py). Other
-optimizers keep Recursion.step. Threads: host.run_blocks over 4096-element ranges.
+the reference's and every record stays identical (tests/test_replay_rule_cpu.py). The
+per-step scalars come from the caller (diagnose/recursions.FusedAdamRule, which knows the
+optimizer's rules); other optimizers keep Recursion.step. Threads: host.run_blocks over 4096-element ranges.
 No numba at import: the kernel (replay_rule_kernel.py) is imported on first use.
 """
 from __future__ import annotations
@@ -17,8 +18,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...optim import rules
-from . import unavailable_reason
 from .host import run_blocks
 
 CHUNK = 4096  # elements per run_blocks block (ranges of >= MIN_THREAD_ELEMENTS per thread)
@@ -44,44 +43,15 @@ def update_products(u: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def fused_rule(rec, device) -> tuple["FusedAdamRule | None", str | None]:
-    """(a fused rule for Recursion `rec`, None) or (None, why Recursion.step runs)."""
-    if rec.optimizer not in ("adamw", "adam"):
-        return None, f"no fused replay rule for {rec.optimizer}"
-    why = unavailable_reason(device)
-    if why is not None:
-        return None, why
-    return FusedAdamRule(rec), None
-
-
-class FusedAdamRule:
-    """step(g, x_hat, since, first) -> (direction, {"m": m, "v": v}), as Recursion.step."""
-
-    def __init__(self, rec):
-        self.rec = rec
-        b1, b2 = self.b12 = tuple(float(b) for b in rec.hparams["betas"])
-        self.betas = np.array([b1, 1.0 - b1, b2, 1.0 - b2], np.float32)  # each rounded once, as torch does
-        self.eps = np.float32(float(rec.hparams["eps"]))
-        self._scalars: dict[int, np.ndarray] = {}
-
-    def scalars(self, since: int) -> np.ndarray:
-        """fp32 [b1, 1 - b1, b2, 1 - b2, inv_bc2_sqrt, eps, step_size, decay] of step `since`."""
-        sc = self._scalars.get(since)
-        if sc is None:  # rules.step_scalars with lr = 1, wd = 0, on the host: the same fp32 values
-            bc1, inv_bc2_sqrt = rules.bias_corrections(*self.b12, since)
-            one = np.float32(1.0)
-            sc = np.concatenate([self.betas, np.array([inv_bc2_sqrt, self.eps, one / np.float32(bc1),
-                                                       one - one * np.float32(0.0)], np.float32)])
-            self._scalars[since] = sc
-        return sc
-
-    def step(self, g: torch.Tensor, x_hat: dict, since: int, first: dict):
-        n = g.numel()
-        m_hat, v_hat = x_hat["m"], x_hat["v"]
-        for t in (g, m_hat, v_hat):
-            if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != n or t.device.type != "cpu":
-                raise ValueError(f"the fused replay rule needs contiguous fp32 CPU tensors of {n} elements")
-        u, m, v = (torch.empty(n, dtype=torch.float32) for _ in range(3))
-        run_blocks(_kernel(), n, CHUNK, (g.numpy(), m_hat.numpy(), v_hat.numpy(), u.numpy(), m.numpy(), v.numpy(),
-                                         self.scalars(since), CHUNK, n))
-        return u, {"m": m, "v": v}
+def adamw_rule(g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: np.ndarray):
+    """(u, m, v), fp32 [n] each: one pass of the AdamW rule over contiguous fp32 CPU tensors,
+    sc = fp32 [b1, 1 - b1, b2, 1 - b2, inv_bc2_sqrt, eps, step_size, decay] (the caller's,
+    diagnose/recursions.FusedAdamRule: the values rules.step_scalars gives)."""
+    n = g.numel()
+    for t in (g, m_hat, v_hat):
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != n or t.device.type != "cpu":
+            raise ValueError(f"the fused replay rule needs contiguous fp32 CPU tensors of {n} elements")
+    u, m, v = (torch.empty(n, dtype=torch.float32) for _ in range(3))
+    run_blocks(_kernel(), n, CHUNK, (g.numpy(), m_hat.numpy(), v_hat.numpy(), u.numpy(), m.numpy(), v.numpy(),
+                                     sc, CHUNK, n))
+    return u, m, v
