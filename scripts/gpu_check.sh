@@ -61,10 +61,11 @@ command -v nvidia-smi > /dev/null && stage nvidia_smi 30 nvidia-smi --query-gpu=
 
 # 1. Headline: fused 4-bit AdamW kernel vs copy bandwidth, BReD vs nearest, vs torch fused AdamW.
 stage headline 150 "$PY" -m qstate_cli bench headline --numel "$NUMEL" --json "$OUT_DIR/headline.json"
-# 2. Bit-exact parity of every kernel with the reference, on the GPU.
+# 2. Bit-exact parity of every kernel with the reference, on the GPU (with fastmath's inline-PTX
+#    sqrt.rn fast path and div_top, which Triton's interpreter cannot run: their first real test).
 stage kernel_tests 180 "$PY" -m pytest -q -ra tests/test_kernels_adamw.py tests/test_kernels_lion.py \
     tests/test_kernels_sgd.py tests/test_kernels_muon.py tests/test_kernels_launch.py tests/test_kernels_ptx.py \
-    tests/test_kernels_nozero.py \
+    tests/test_kernels_nozero.py tests/test_kernels_fastmath.py tests/test_kernels_inf_scale.py \
     --junitxml="$OUT_DIR/kernel_tests.xml"
 # 3. The headline command: every 4-bit rounding mode for AdamW against the baselines,
 #    FlashOptim and Transformer Engine's FusedAdam included (named: they are not defaults).

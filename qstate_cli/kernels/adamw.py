@@ -189,8 +189,9 @@ def _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr,
                                  FRESH_M, FRESH_V, B, W, ROWS, MASKED, W, ALIGNED, True)
         am = _row_absmax_nan(m0, m1, PARTS)
         av = _row_absmax_nan(v0, v1, PARTS)
-        ag = _row_absmax_nan(g0, g1, PARTS)
-        if tl.reduce(_max_nan(_max_nan(am, av), ag), 0, _max_nan) < float("inf"):  # NaN compares false
+        # no check of g itself: a NaN or Inf gradient makes m NaN or Inf (m = m_hat * b1 + g * (1 - b1),
+        # and Inf * 0 is NaN where b1 = 1; Adam's g + p * wd keeps g non-finite), so m's check covers it
+        if tl.reduce(_max_nan(am, av), 0, _max_nan) < float("inf"):  # NaN compares false
             c.store_values(p_ptr, p0, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, 0)
             if PARTS == 2:
                 c.store_values(p_ptr, p1, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, W)
