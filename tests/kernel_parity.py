@@ -2,6 +2,12 @@
 the kernel path side by side on the same parameters and gradients, and compare bits."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -75,3 +81,16 @@ def run_parity(cls, states: str, shapes, dtype=torch.float32, steps: int = 3, po
 
 def _params(opt):
     return [p for g in opt.param_groups for p in g["params"]]
+
+
+def run_compile_probe(script: str, timeout: int) -> list[dict]:
+    """The JSON lines a probe script under tests/ prints, run in a subprocess with Triton
+    compiling for CUDA (TRITON_INTERPRET unset; no GPU needed): test_kernels_ptx.py's and
+    test_kernels_fastmath.py's SASS/PTX probes."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, str(root / "tests" / script)], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]

@@ -9,13 +9,8 @@ give the same bits as sqrt.rn.f32 and true fp32 division.
   with ptxas's own expansion of sqrt.rn.f32 (tests/fastmath_sass_probe.py): the same
   expression on the fast path for every element, behind the same range checks
   (sqrt_rn_low_guard: behind one check of the four elements' minimum)."""
-import json
-import os
 import re
-import subprocess
-import sys
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,10 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_parity import DEVICE
+from kernel_parity import DEVICE, run_compile_probe
 from qstate_cli.kernels import fastmath as fm
 
-ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 1 << 20
 
 
@@ -74,12 +68,7 @@ def test_div_top_equals_true_division(top, one_thread):
 
 
 def test_sqrt_fast_path_is_ptxas_sqrt_rn_fast_path():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "fastmath_sass_probe.py")], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = run_compile_probe("fastmath_sass_probe.py", timeout=300)[-1]
     if "unavailable" in got:
         pytest.skip(f"Triton cannot compile for CUDA here: {got['unavailable']}")
     ptxas, fast = got["ptxas"], got["fastmath"]

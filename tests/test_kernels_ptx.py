@@ -6,25 +6,14 @@
 - the widest values (AdamW: the parameter and gradient; Muon: the fp32 update) move with
   16-byte vector accesses, and no tile-sized register layout conversion goes through
   shared memory (launch.tile_shape)."""
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from kernel_parity import run_compile_probe
 
 
 @pytest.fixture(scope="module")
 def probes():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "kernel_ptx_probe.py")], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    rows = run_compile_probe("kernel_ptx_probe.py", timeout=600)
     if all("unavailable" in r for r in rows):
         pytest.skip(f"Triton cannot compile for CUDA here: {rows[0]['unavailable']}")
     return rows
