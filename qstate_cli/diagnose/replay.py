@@ -313,8 +313,8 @@ def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout
             # as the optimizer (base.py): a v read back below 0 (dithered, or rounded to the
             # negative side of a signed grid without a zero code) is clamped to 0
             clamp[s] = s == "v" and not spec.sqrt and (spec.rounding == "bred" or spec.fmt.signed)
-        models = {s: ModelStats(layout, cfg.spec(s), n_steps, reduce_absmax) for s in rec.states
-                  if cfg.spec(s).fmt.kind != "identity"} if opts.models else {}
+        models = {s: ModelStats(layout, cfg.spec(s), n_steps, reduce_absmax, fused=paths[s][0] == CPU_PATH)
+                  for s in rec.states if cfg.spec(s).fmt.kind != "identity"} if opts.models else {}
         configs.append(_ConfigReplay(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
                                      UpdateStats(layout, n_steps, fused_rule), clamp, models, key, paths))
     return configs, shadows

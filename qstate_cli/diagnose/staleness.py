@@ -137,9 +137,13 @@ def predict(spec: StateSpec, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.
     if gaussian is None:
         return emp, nominal, None
     down, up = windows(spec, s, full=sr, reduce_absmax=reduce_absmax)
+    return emp, nominal, gaussian_p(sr, gaussian, s, down, up)
+
+
+def gaussian_p(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The Gaussian P(stall) per element of predict, given s's cell (down, up) = windows(s)."""
     kind, beta, arg = gaussian
-    g = gaussian_v(sr, beta, arg, s, down, up) if kind == "v" else gaussian_m(sr, beta, s, arg, down, up)
-    return emp, nominal, g
+    return gaussian_v(sr, beta, arg, s, down, up) if kind == "v" else gaussian_m(sr, beta, s, arg, down, up)
 
 
 def _chi2_1(x: torch.Tensor) -> torch.Tensor:
