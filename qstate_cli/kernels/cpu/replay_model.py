@@ -29,7 +29,7 @@ import torch
 
 from ...quant.codebooks import codebook
 from ..launch import why_no_codec
-from .host import parts_of, run_parts
+from .host import parts_of, run_parts, search_table
 
 ROUNDINGS = {"nearest": 0, "stochastic": 1, "bred": 2}  # codec.NEAREST, STOCHASTIC, BRED
 _KERNEL: list = []
@@ -54,21 +54,24 @@ class StalenessModel:
         if n % self.block:
             raise ValueError(f"block size {self.block} does not divide the layout's {n} elements")
         self.n, self.rounding, self.sqrt = n, spec.rounding, bool(spec.sqrt)
-        table = np.zeros(2, np.float32)
+        nt, search = 0, (0, 0, 0, 0)
+        self.table = np.zeros(2, np.float32)
         lo = hi = 0.0
         if fmt.kind == "linear":
             lo, hi = fmt.code_range
-        else:
-            table = np.array(codebook(fmt.name), np.float32)
-        self.table = table
+        else:  # the code book with its search buckets (search.floor_code, as the codec's)
+            nt = len(fmt.table)
+            self.table, search = search_table(np.asarray(codebook(fmt.name), np.float32).tobytes())
         self.lim = np.array([lo, hi, fmt.top], np.float32)
         self.valid = None if valid is None else valid.cpu().contiguous().numpy()
+        self._out = None
         self.prm = (0 if fmt.kind == "linear" else 1, int(spec.sqrt), ROUNDINGS[spec.rounding],
-                    int(valid is not None), 0, int(table.size))
+                    int(valid is not None), 0, nt, 0, 0) + tuple(int(v) for v in search)
 
     def predict(self, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor | None):
         """(emp fp32 [n], nominal bool [n], #nominal, (down, up) fp32 [n] each of windows(s),
-        or None where s is None or the rounding is BReD)."""
+        or None where s is None or the rounding is BReD). The tensors are this object's
+        buffers: valid until the next predict."""
         n = self.n
         gauss = s is not None and self.rounding != "bred"
         ys = s if gauss else x_hat
@@ -77,9 +80,10 @@ class StalenessModel:
         else:
             yx = x_hat
         arrays = [_f32(t, n) for t in (x_hat, x_new, yx, ys)]
-        emp = torch.empty(n, dtype=torch.float32)
-        nominal = torch.empty(n, dtype=torch.bool)
-        down, up = (torch.empty(n if gauss else 1, dtype=torch.float32) for _ in range(2))
+        if self._out is None:  # reused: fresh pages would cost a page fault per 4 kB every call
+            self._out = (torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.bool),
+                         torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.float32))
+        emp, nominal, down, up = self._out
         counts = np.zeros(parts_of(n), np.int64)
         valid = self.valid if self.valid is not None else np.ones(1, np.bool_)
         run_parts(_kernel(), n, self.block,

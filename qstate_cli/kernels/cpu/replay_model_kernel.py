@@ -9,52 +9,44 @@ import numpy as np
 from numba import njit
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
+from .search import floor_code
 
-# prm columns (replay_model.params)
+# prm columns (replay_model.StalenessModel; 8 .. 11: search.py's SHIFT, NM, STEPS, OFF)
 P_KIND, P_SQRT, P_ROUND, P_VALID, P_GAUSS, P_NT = range(6)
 LINEAR = 0
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def upper_bound(table, nt, v):
-    """#(i < nt: not table[i] > v): torch.searchsorted(table, v, right=True) (NaN: nt), branch-free."""
-    base = 0
-    n = nt
-    while n > 1:
-        half = n >> 1
-        base = base + half if not (table[base + half] > v) else base
-        n -= half
-    return base + (0 if table[base] > v else 1)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
 def block_windows(src, start, cnt, prm, lim, table, frac, y, dn, up, o0):
     """staleness.windows of one quantization block, given its y = src[start : start + cnt]
     (x, or torch's sqrt(clamp(x, 0)): torch's CPU sqrt is not the correctly rounded one),
-    into dn[o0 + j], up[o0 + j]; y: a scratch row."""
+    into dn[o0 + j], up[o0 + j]; y: a scratch row (n, the normalised value)."""
     i0 = np.uint64(start)
     amax = c.ZERO
-    for j in range(cnt):
-        y[j] = src[i0 + np.uint64(j)]
     for j in range(cnt):  # amax(|y|), NaN propagating as torch's amax
-        a = abs(y[j])
-        amax = a if (a > amax or a != a) else amax
+        a = abs(src[i0 + np.uint64(j)])
+        amax = a if (a > amax) | (a != a) else amax
     delta = amax / lim[2]
     inv_ok = delta > c.ZERO
     lo, hi = lim[0], lim[1]
     o = np.uint64(o0)
+    if inv_ok:  # n = y / delta (else 0: torch.where(delta > 0, ...))
+        for j in range(cnt):
+            y[j] = src[i0 + np.uint64(j)] / delta
+    else:
+        for j in range(cnt):
+            y[j] = c.ZERO
     if prm[P_KIND] == LINEAR:
         for j in range(cnt):
-            n = y[j] / delta if inv_ok else c.ZERO
-            k = np.rint(n)  # clamp(lo, hi) then k > lo, k < hi: the same tests (NaN: both false)
+            k = np.rint(y[j])  # clamp(lo, hi) then k > lo, k < hi: the same tests (NaN: both false)
             dn[o + np.uint64(j)] = (c.ONE if k > lo else c.INF) * delta * frac
             up[o + np.uint64(j)] = (c.ONE if k < hi else c.INF) * delta * frac
     else:
         nt = prm[P_NT]
         last = nt - 1
         for j in range(cnt):
-            n = y[j] / delta if inv_ok else c.ZERO
-            k0 = min(max(upper_bound(table, nt, n) - 1, 0), nt - 2)
+            n = y[j]  # searchsorted(right=True) - 1, clamped; a NaN n (inf / inf) sorts last
+            k0 = floor_code(table, prm, nt, n) if n == n else np.int64(nt - 2)
             tlo, thi = table[k0], table[k0 + 1]
             f = (n - tlo) / (thi - tlo)  # clamp(0, 1) does not change f >= 0.5 (NaN: False)
             k = k0 + (1 if f >= c.HALF else 0)
@@ -64,7 +56,7 @@ def block_windows(src, start, cnt, prm, lim, table, frac, y, dn, up, o0):
             up[o + np.uint64(j)] = gu * delta * frac
     if prm[P_SQRT]:  # gaps on y = sqrt(x) -> gaps on x around the same point
         for j in range(cnt):
-            y0 = abs(y[j])
+            y0 = abs(src[i0 + np.uint64(j)])
             i = o + np.uint64(j)
             t = y0 + up[i]
             up[i] = t * t - y0 * y0
@@ -92,22 +84,28 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
         i0 = np.uint64(start)
         if rounding != c.BRED:
             block_windows(yx, start, cnt, prm, lim, table, frac, y, rdn, rup, 0)
-        for j in range(cnt):
+        for j in range(cnt):  # nominal (recorded elements only)
             i = i0 + np.uint64(j)
-            d = x_new[i] - x_hat[i]
-            nom = d != c.ZERO
-            if has_valid:
-                nom = nom and valid[i]
-            if rounding == c.BRED:
-                p = c.ZERO
-            elif sr:
+            nom = (x_new[i] - x_hat[i]) != c.ZERO
+            nominal[i] = (nom & valid[i]) if has_valid else nom
+        if rounding == c.BRED:
+            for j in range(cnt):
+                emp[i0 + np.uint64(j)] = c.ZERO
+        elif sr:
+            for j in range(cnt):
+                i = i0 + np.uint64(j)
+                d = x_new[i] - x_hat[i]
                 p = c.ONE - abs(d) / (rup[j] if d > c.ZERO else rdn[j])
                 p = c.ZERO if p < c.ZERO else p  # clamp(min=0): NaN stays
-            else:
-                p = c.ONE if (d > -rdn[j] and d < rup[j]) else c.ZERO
-            emp[i] = p if nom else c.ZERO
-            nominal[i] = nom
-            total += 1 if nom else 0
+                emp[i] = p if nominal[i] else c.ZERO
+        else:
+            for j in range(cnt):
+                i = i0 + np.uint64(j)
+                d = x_new[i] - x_hat[i]
+                p = c.ONE if (d > -rdn[j]) & (d < rup[j]) else c.ZERO
+                emp[i] = p if nominal[i] else c.ZERO
+        for j in range(cnt):
+            total += np.int64(nominal[i0 + np.uint64(j)])
         if prm[P_GAUSS]:
             block_windows(ys, start, cnt, prm, lim, table, frac, y, down, up, start)
     counts[part] += total
