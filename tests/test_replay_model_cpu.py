@@ -9,7 +9,7 @@ Inputs: values stored on the grid (the reference codec's read-back), blocks whos
 makes n = the value exactly, holding grid points, exact midpoints and their fp32
 neighbours, zero blocks, -0.0, negative values of unsigned formats, nominal updates that
 land exactly on the cell's edges, non-finite x_new and s, and padding.
-Skipped where numba is not installed."""
+The tests of the kernel skip where numba is not installed."""
 import pytest
 import torch
 
@@ -19,7 +19,7 @@ from qstate_cli.kernels import cpu
 from qstate_cli.quant import QuantizedState, Stream, parse_config, parse_spec
 from qstate_cli.quant.codebooks import codebook_tensor
 
-pytestmark = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
+needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
 
 N = 8192
 FORMATS = ["int4", "uint4", "de4", "de4u", "lin4nz", "de4unz", "int8", "uint8", "de8", "de8u", "lin8nz", "de8nz"]
@@ -114,6 +114,7 @@ def check(spec_text: str, seed: int = 1) -> None:
         assert bad.numel() == 0, f"{spec_text}: {side} differs at {bad[:5].tolist()}: {got[bad[:5]]} vs {want[bad[:5]]}"
 
 
+@needs_numba
 @pytest.mark.parametrize("spec", CASES)
 def test_fused_model_equals_staleness_predict_bit_for_bit(spec):
     check(spec)
@@ -132,6 +133,7 @@ def test_the_inputs_reach_the_cases_that_matter():
     assert (emp[nominal] == 1).sum() > 100 and (emp[nominal] == 0).sum() > 100
 
 
+@needs_numba
 def test_fused_model_over_threads(monkeypatch):
     from qstate_cli.kernels.cpu import host
     monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
@@ -159,6 +161,7 @@ def comparable(doc: dict) -> dict:
     return {**doc, "meta": meta, "env": env}
 
 
+@needs_numba
 @pytest.mark.parametrize("reset", ["none", "3"])
 def test_replay_records_are_the_same_through_the_fused_model(reset, monkeypatch):
     """Whole replays (every step a model step at 8 steps): the JSON documents of --backend
@@ -184,3 +187,43 @@ def test_replay_records_are_the_same_through_the_fused_model(reset, monkeypatch)
     assert comparable(auto) == comparable(ref)
     rows = [r for r in auto["records"] if r.get("stall_rate_predicted_empirical") is not None]
     assert rows, "no record carries the model's prediction"
+
+
+def test_gaussian_stochastic_formulas_computed_once_are_the_textbook_ones():
+    """staleness.gaussian_v / gaussian_m under stochastic rounding compute each CDF once;
+    the written-out formulas (every CDF where the math names it) give the same bits, incl.
+    NaN, 0 and inf cells and a size that is no multiple of the vector width. Runs without numba."""
+    import math
+    from qstate_cli.diagnose import staleness as st
+
+    def chi3(x):
+        x = x.clamp(min=0.0)
+        return st._chi2_1(x) - (2 * x / math.pi).sqrt() * torch.exp(-x / 2)
+
+    gen = torch.Generator().manual_seed(3)
+    n = 4099
+    s = torch.randn(n, generator=gen).abs() * torch.exp(torch.randn(n, generator=gen))
+    m = torch.randn(n, generator=gen) * 0.1
+    down, up = (s * torch.rand(n, generator=gen) for _ in range(2))
+    down[:5], up[5:10], s[10:12] = float("nan"), float("inf"), 0.0
+    down[12], up[13] = 0.0, 0.0
+    for c in (0.3, 1.0):
+        scale = (1 - 0.999) * s
+        ok = scale > 0
+        scale = torch.where(ok, scale, 1.0)
+        w_lo, w_hi = (c * down / scale).clamp(max=1e30), (c * up / scale).clamp(max=1e30)
+        a, b = (c - w_lo).clamp(min=0.0), c + w_hi
+        cc = torch.full_like(s, c)
+        p = ((1 - c / w_lo) * (st._chi2_1(cc) - st._chi2_1(a)) + (chi3(cc) - chi3(a)) / w_lo
+             + (1 + c / w_hi) * (st._chi2_1(b) - st._chi2_1(cc)) - (chi3(b) - chi3(cc)) / w_hi)
+        want = torch.where(ok & (w_lo > 0) & (w_hi > 0), p.clamp(0.0, 1.0), 0.0)
+        assert torch.equal(st.gaussian_v(True, 0.999, c, s, down, up).view(torch.int32), want.view(torch.int32))
+    sigma2 = s
+    ok = sigma2 > 0
+    sigma = torch.where(ok, sigma2, 1.0).sqrt()
+    lo, hi = (down / (1 - 0.9)).clamp(max=1e30), (up / (1 - 0.9)).clamp(max=1e30)
+    a, b, z0 = (m - lo) / sigma, (m + hi) / sigma, m / sigma
+    left = (1 - m / lo) * (st._Phi(z0) - st._Phi(a)) + sigma * (st._phi(a) - st._phi(z0)) / lo
+    right = (1 + m / hi) * (st._Phi(b) - st._Phi(z0)) - sigma * (st._phi(z0) - st._phi(b)) / hi
+    want = torch.where(ok & (lo > 0) & (hi > 0), (left + right).clamp(0.0, 1.0), 0.0)
+    assert torch.equal(st.gaussian_m(True, 0.9, m, sigma2, down, up).view(torch.int32), want.view(torch.int32))
