@@ -15,7 +15,8 @@ except that every recorded tensor is quantized (the optimizers keep tensors unde
 `min_quant_numel` in fp32). Cost per configuration and step: about 2 x (encode + decode
 + ~15 elementwise passes) over the recorded elements; the fp32 shadow and the gradient
 gather are shared by all configurations. The staleness model (staleness.py: per element,
-from the fp32 shadow) costs about one more encode + decode per state (~60 torch passes), so
+from the fp32 shadow) costs about one more encode + decode per state (~60 torch passes; on
+the fused CPU codec's states one numba pass and the Gaussian CDFs, stats.ModelStats), so
 it is evaluated at model_points(n) steps spread evenly over the replay: MODEL_POINTS, fewer
 on a large layout (at most MODEL_ELEMENT_STEPS element evaluations per state, at least
 MODEL_MIN_POINTS steps), every step of a replay up to twice that.
@@ -313,8 +314,8 @@ def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout
             # as the optimizer (base.py): a v read back below 0 (dithered, or rounded to the
             # negative side of a signed grid without a zero code) is clamped to 0
             clamp[s] = s == "v" and not spec.sqrt and (spec.rounding == "bred" or spec.fmt.signed)
-        models = {s: ModelStats(layout, cfg.spec(s), n_steps, reduce_absmax) for s in rec.states
-                  if cfg.spec(s).fmt.kind != "identity"} if opts.models else {}
+        models = {s: ModelStats(layout, cfg.spec(s), n_steps, reduce_absmax, fused=paths[s][0] == CPU_PATH)
+                  for s in rec.states if cfg.spec(s).fmt.kind != "identity"} if opts.models else {}
         configs.append(_ConfigReplay(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
                                      UpdateStats(layout, n_steps, fused_rule), clamp, models, key, paths))
     return configs, shadows

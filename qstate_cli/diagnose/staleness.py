@@ -137,18 +137,24 @@ def predict(spec: StateSpec, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.
     if gaussian is None:
         return emp, nominal, None
     down, up = windows(spec, s, full=sr, reduce_absmax=reduce_absmax)
+    return emp, nominal, gaussian_p(sr, gaussian, s, down, up)
+
+
+def gaussian_p(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The Gaussian P(stall) per element of predict, given s's cell (down, up) = windows(s)."""
     kind, beta, arg = gaussian
-    g = gaussian_v(sr, beta, arg, s, down, up) if kind == "v" else gaussian_m(sr, beta, s, arg, down, up)
-    return emp, nominal, g
+    return gaussian_v(sr, beta, arg, s, down, up) if kind == "v" else gaussian_m(sr, beta, s, arg, down, up)
 
 
 def _chi2_1(x: torch.Tensor) -> torch.Tensor:
     return torch.special.erf((x.clamp(min=0.0) / 2).sqrt())
 
 
-def _chi2_3(x: torch.Tensor) -> torch.Tensor:
+def _chi2_3(x: torch.Tensor, f1: torch.Tensor | None = None) -> torch.Tensor:
+    """F3(x) = F1(x) - sqrt(2 x / pi) exp(-x / 2), x clamped to >= 0; f1: F1(x) where the
+    caller has it (the same values: the clamp is idempotent)."""
     x = x.clamp(min=0.0)
-    return _chi2_1(x) - (2 * x / math.pi).sqrt() * torch.exp(-x / 2)
+    return (_chi2_1(x) if f1 is None else f1) - (2 * x / math.pi).sqrt() * torch.exp(-x / 2)
 
 
 def _phi(x):
@@ -175,8 +181,10 @@ def gaussian_v(sr: bool, beta: float, c: float, s: torch.Tensor, down: torch.Ten
     w_lo, w_hi = w_lo.clamp(max=big), w_hi.clamp(max=big)
     a, b = (c - w_lo).clamp(min=0.0), c + w_hi
     cc = torch.full_like(s, c)
-    p = ((1 - c / w_lo) * (_chi2_1(cc) - _chi2_1(a)) + (_chi2_3(cc) - _chi2_3(a)) / w_lo
-         + (1 + c / w_hi) * (_chi2_1(b) - _chi2_1(cc)) - (_chi2_3(b) - _chi2_3(cc)) / w_hi)
+    f1c, f1a, f1b = _chi2_1(cc), _chi2_1(a), _chi2_1(b)  # each CDF once (elementwise: the same values)
+    f3c, f3a, f3b = _chi2_3(cc, f1c), _chi2_3(a, f1a), _chi2_3(b, f1b)
+    p = ((1 - c / w_lo) * (f1c - f1a) + (f3c - f3a) / w_lo
+         + (1 + c / w_hi) * (f1b - f1c) - (f3b - f3c) / w_hi)
     return torch.where(ok & (w_lo > 0) & (w_hi > 0), p.clamp(0.0, 1.0), 0.0)
 
 
@@ -193,6 +201,8 @@ def gaussian_m(sr: bool, beta: float, m: torch.Tensor, sigma2: torch.Tensor, dow
     a, b = (m - lo) / sigma, (m + hi) / sigma
     z0 = m / sigma
     # tent 1 - (m - g) / lo on (m - lo, m), 1 - (g - m) / hi on (m, m + hi); E[g; a < g < b] = sigma (phi(a) - phi(b))
-    left = (1 - m / lo) * (_Phi(z0) - _Phi(a)) + sigma * (_phi(a) - _phi(z0)) / lo
-    right = (1 + m / hi) * (_Phi(b) - _Phi(z0)) - sigma * (_phi(z0) - _phi(b)) / hi
+    cz, ca, cb = _Phi(z0), _Phi(a), _Phi(b)  # each once (elementwise: the same values)
+    dz, da, db = _phi(z0), _phi(a), _phi(b)
+    left = (1 - m / lo) * (cz - ca) + sigma * (da - dz) / lo
+    right = (1 + m / hi) * (cb - cz) - sigma * (dz - db) / hi
     return torch.where(ok & (lo > 0) & (hi > 0), (left + right).clamp(0.0, 1.0), 0.0)

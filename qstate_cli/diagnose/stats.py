@@ -253,16 +253,34 @@ class ModelStats:
     """The staleness model's predictions for one state (staleness.py), per step: the
     empirical and Gaussian P(stall) summed over the elements with a non-zero nominal
     update, and their count. The Gaussian row stays NaN where no Gaussian model
-    applies (optimizers other than Adam; float formats of v use theory.py's curve)."""
+    applies (optimizers other than Adam; float formats of v use theory.py's curve).
 
-    def __init__(self, layout: Layout, spec: StateSpec, n_steps: int, reduce_absmax=None):
+    fused: the state is stored through the fused CPU codec (kernels/cpu/replay.py), so the
+    empirical P(stall), the nominal mask and s's cell run in one numba pass
+    (kernels/cpu/replay_model.py, the same fp32 values as staleness.predict); the Gaussian
+    formulas and the float64 sums stay torch ops either way."""
+
+    def __init__(self, layout: Layout, spec: StateSpec, n_steps: int, reduce_absmax=None, fused: bool = False):
         self.spec, self.reduce_absmax = spec, reduce_absmax
         self.series = torch.full((3, n_steps), float("nan"), dtype=torch.float64, device=layout.device)
         self.valid = layout.valid
+        self._fused = None
+        if fused and layout.device.type == "cpu":
+            from ..kernels.cpu.replay_model import StalenessModel  # no numba until the first observe
+            self._fused = StalenessModel(spec, layout.n, layout.valid)
 
     def observe(self, i: int, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor, gaussian) -> None:
-        from .staleness import predict
+        from .staleness import gaussian_p, predict
 
+        if self._fused is not None:  # padding already masked; #nominal: an exact integer
+            emp, nominal, count, cell = self._fused.predict(x_hat, x_new, s if gaussian is not None else None)
+            self.series[0, i] = emp.sum(dtype=torch.float64)
+            self.series[2, i] = float(count)
+            if gaussian is not None:  # BReD: predict's zeros (cell None)
+                sr = self.spec.rounding == "stochastic"
+                gauss = torch.zeros_like(s) if cell is None else gaussian_p(sr, gaussian, s, *cell)
+                self.series[1, i] = torch.where(nominal, gauss, 0.0).sum(dtype=torch.float64)
+            return
         emp, nominal, gauss = predict(self.spec, x_hat, x_new, s, gaussian, self.reduce_absmax)
         if self.valid is not None:
             nominal = nominal & self.valid

@@ -10,6 +10,8 @@
                  until used), its kernel in replay_kernel.py: one compilation for every layout
     replay_stats.py  the replay's integer statistics (stalls, code changes, per-code counts) on
                  the fused codec's codes, its kernel in replay_stats_kernel.py (no numba until used)
+    replay_model.py  the replay's staleness model (diagnose/staleness.predict's per-element part:
+                 empirical P(stall), nominal mask, the shadow's cells), kernel in replay_model_kernel.py
     replay_rule.py   the replay's AdamW/Adam rule and UpdateStats' products in one pass each,
                  bit for bit the torch ops (diagnose/codec.replay_rule), kernels in replay_rule_kernel.py
 

@@ -1,0 +1,99 @@
+"""The replay's fused staleness model on CPU: diagnose/staleness.predict's per-element part
+for a state the fused codec stores (replay.py), in one numba pass per quantization block,
+instead of ~60 torch ops each its own pass over memory.
+
+Per element i at a model step (x_hat the stored value before the step, x_new its fp32 value
+after, s the fp32 shadow before; staleness.windows gives each cell (down, up) from the
+grid point nearest to the value, on the block's delta = absmax(y) / top, y = x or sqrt(x)):
+
+    d_i       = x_new_i - x_hat_i,  nominal_i = d_i != 0 and i is recorded (not padding)
+    emp_i     = nominal_i ? P(stall) : 0,   P(stall) = [-down < d < up] (nearest, half-gaps),
+                max(0, 1 - |d| / (d > 0 ? up : down)) (stochastic, whole gaps), 0 (BReD)
+                (down, up = windows(x_hat))
+    down, up  = windows(s)  (the Gaussian part's cell; staleness.gaussian_v / gaussian_m stay
+                torch: torch's erf is its own polynomial)
+
+y = sqrt(clamp(x, 0)) of a `:sqrt` state is torch's (two torch ops per tensor: torch's CPU
+sqrt is not the correctly rounded one, 1 ulp off on ~17% of values), the rest is the kernel's,
+fp32 op for op as staleness.py computes them (so inf * 0 = NaN where a block's scale is 0,
+as there), so every record stays bit-identical; the float64 sums stay in torch
+(stats.ModelStats). Formats: the fused codec's (launch.why_not_covered: linear int/uint and
+code books, 4 or 8 bits, block-scaled; the scale dtype does not enter the model).
+Threads: parallel over block ranges (host.run_parts), one nominal count per thread.
+No numba at import: the kernel (replay_model_kernel.py) is imported on first use.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...quant.codebooks import codebook
+from ..launch import why_no_codec
+from .host import parts_of, run_parts, search_table
+
+ROUNDINGS = {"nearest": 0, "stochastic": 1, "bred": 2}  # codec.NEAREST, STOCHASTIC, BRED
+_KERNEL: list = []
+
+
+def _kernel():
+    if not _KERNEL:
+        from .replay_model_kernel import model_pass
+        _KERNEL.append(model_pass)
+    return _KERNEL[0]
+
+
+class StalenessModel:
+    """The fused staleness model of one state on a layout of n elements (valid: bool [n] or
+    None, the recorded elements); module docstring."""
+
+    def __init__(self, spec, n: int, valid: torch.Tensor | None = None):
+        why = why_no_codec(spec)
+        if why is not None:
+            raise ValueError(f"no fused staleness model for {spec}: {why}")
+        fmt, self.block = spec.fmt, int(spec.block)
+        if n % self.block:
+            raise ValueError(f"block size {self.block} does not divide the layout's {n} elements")
+        self.n, self.rounding, self.sqrt = n, spec.rounding, bool(spec.sqrt)
+        nt, search = 0, (0, 0, 0, 0)
+        self.table = np.zeros(2, np.float32)
+        lo = hi = 0.0
+        if fmt.kind == "linear":
+            lo, hi = fmt.code_range
+        else:  # the code book with its search buckets (search.floor_code, as the codec's)
+            nt = len(fmt.table)
+            self.table, search = search_table(np.asarray(codebook(fmt.name), np.float32).tobytes())
+        self.lim = np.array([lo, hi, fmt.top], np.float32)
+        self.valid = None if valid is None else valid.cpu().contiguous().numpy()
+        self._out = None
+        self.prm = (0 if fmt.kind == "linear" else 1, int(spec.sqrt), ROUNDINGS[spec.rounding],
+                    int(valid is not None), 0, nt, 0, 0) + tuple(int(v) for v in search)
+
+    def predict(self, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor | None):
+        """(emp fp32 [n], nominal bool [n], #nominal, (down, up) fp32 [n] each of windows(s),
+        or None where s is None or the rounding is BReD). The tensors are this object's
+        buffers: valid until the next predict."""
+        n = self.n
+        gauss = s is not None and self.rounding != "bred"
+        ys = s if gauss else x_hat
+        if self.sqrt:  # y = sqrt(clamp(x, 0)) as torch computes it (not correctly rounded on CPU)
+            yx, ys = x_hat.clamp(min=0.0).sqrt(), (ys.clamp(min=0.0).sqrt() if gauss else ys)
+        else:
+            yx = x_hat
+        arrays = [_f32(t, n) for t in (x_hat, x_new, yx, ys)]
+        if self._out is None:  # reused: fresh pages would cost a page fault per 4 kB every call
+            self._out = (torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.bool),
+                         torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.float32))
+        emp, nominal, down, up = self._out
+        counts = np.zeros(parts_of(n), np.int64)
+        valid = self.valid if self.valid is not None else np.ones(1, np.bool_)
+        run_parts(_kernel(), n, self.block,
+                  (*arrays, valid, emp.numpy(), nominal.numpy(), down.numpy(), up.numpy(), counts,
+                   self.prm[:4] + (int(gauss),) + self.prm[5:], self.lim, self.table, self.block, n))
+        return emp, nominal, int(counts.sum()), ((down, up) if gauss else None)
+
+
+def _f32(t: torch.Tensor, n: int) -> np.ndarray:
+    if t.dtype != torch.float32 or t.device.type != "cpu" or t.numel() != n:
+        raise ValueError(f"the fused staleness model needs fp32 CPU tensors of {n} elements "
+                         f"(got {t.dtype} {t.device.type} {t.numel()})")  # the kernel does not bound-check
+    return t.detach().reshape(-1).contiguous().numpy()

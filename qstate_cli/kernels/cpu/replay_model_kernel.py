@@ -1,0 +1,112 @@
+"""numba kernel of the replay's fused staleness model (replay_model.py says what it computes;
+imports numba). One compilation for every layout: the format (kind, code range, top, code
+book), sqrt, rounding and block size are runtime arguments. Every float op is the fp32 op
+diagnose/staleness.py's torch code makes, in its order (fastmath off: no FMA); clamps keep
+NaN as torch's do; torch.round is half to even (np.rint)."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import codec as c  # sets numba's cache folder before anything here compiles
+from .search import floor_code
+
+# prm columns (replay_model.StalenessModel; 8 .. 11: search.py's SHIFT, NM, STEPS, OFF)
+P_KIND, P_SQRT, P_ROUND, P_VALID, P_GAUSS, P_NT = range(6)
+LINEAR = 0
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def block_windows(src, start, cnt, prm, lim, table, frac, y, dn, up, o0):
+    """staleness.windows of one quantization block, given its y = src[start : start + cnt]
+    (x, or torch's sqrt(clamp(x, 0)): torch's CPU sqrt is not the correctly rounded one),
+    into dn[o0 + j], up[o0 + j]; y: a scratch row (n, the normalised value)."""
+    i0 = np.uint64(start)
+    amax = c.ZERO
+    for j in range(cnt):  # amax(|y|), NaN propagating as torch's amax
+        a = abs(src[i0 + np.uint64(j)])
+        amax = a if (a > amax) | (a != a) else amax
+    delta = amax / lim[2]
+    inv_ok = delta > c.ZERO
+    lo, hi = lim[0], lim[1]
+    o = np.uint64(o0)
+    if inv_ok:  # n = y / delta (else 0: torch.where(delta > 0, ...))
+        for j in range(cnt):
+            y[j] = src[i0 + np.uint64(j)] / delta
+    else:
+        for j in range(cnt):
+            y[j] = c.ZERO
+    if prm[P_KIND] == LINEAR:
+        for j in range(cnt):
+            k = np.rint(y[j])  # clamp(lo, hi) then k > lo, k < hi: the same tests (NaN: both false)
+            dn[o + np.uint64(j)] = (c.ONE if k > lo else c.INF) * delta * frac
+            up[o + np.uint64(j)] = (c.ONE if k < hi else c.INF) * delta * frac
+    else:
+        nt = prm[P_NT]
+        last = nt - 1
+        for j in range(cnt):
+            n = y[j]  # searchsorted(right=True) - 1, clamped; a NaN n (inf / inf) sorts last
+            k0 = floor_code(table, prm, nt, n) if n == n else np.int64(nt - 2)
+            tlo, thi = table[k0], table[k0 + 1]
+            f = (n - tlo) / (thi - tlo)  # clamp(0, 1) does not change f >= 0.5 (NaN: False)
+            k = k0 + (1 if f >= c.HALF else 0)
+            gu = table[min(k + 1, last)] - table[k] if k < last else c.INF
+            gd = table[k] - table[max(k - 1, 0)] if k > 0 else c.INF
+            dn[o + np.uint64(j)] = gd * delta * frac
+            up[o + np.uint64(j)] = gu * delta * frac
+    if prm[P_SQRT]:  # gaps on y = sqrt(x) -> gaps on x around the same point
+        for j in range(cnt):
+            y0 = abs(src[i0 + np.uint64(j)])
+            i = o + np.uint64(j)
+            t = y0 + up[i]
+            up[i] = t * t - y0 * y0
+            r = y0 - dn[i]
+            r = c.ZERO if r < c.ZERO else r
+            dn[i] = y0 * y0 - r * r
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up, counts, prm, lim, table, B, numel):
+    """Blocks b0 .. b1 - 1 (of B elements): emp / nominal from x_hat, x_new (staleness.predict's
+    empirical part, padding masked; windows on yx = x_hat or its sqrt), down / up = the windows
+    on ys (s or its sqrt) if prm[P_GAUSS]; counts[part] += the nominal updates of recorded elements."""
+    rdn = np.empty(B, np.float32)
+    rup = np.empty(B, np.float32)
+    y = np.empty(B, np.float32)
+    rounding = prm[P_ROUND]
+    sr = rounding == c.STOCHASTIC
+    frac = c.ONE if sr else c.HALF
+    has_valid = prm[P_VALID] != 0
+    total = 0
+    for b in range(b0, b1):
+        start = b * B
+        cnt = min(B, numel - start)
+        i0 = np.uint64(start)
+        if rounding != c.BRED:
+            block_windows(yx, start, cnt, prm, lim, table, frac, y, rdn, rup, 0)
+        for j in range(cnt):  # nominal (recorded elements only)
+            i = i0 + np.uint64(j)
+            nom = (x_new[i] - x_hat[i]) != c.ZERO
+            nominal[i] = (nom & valid[i]) if has_valid else nom
+        if rounding == c.BRED:
+            for j in range(cnt):
+                emp[i0 + np.uint64(j)] = c.ZERO
+        elif sr:
+            for j in range(cnt):
+                i = i0 + np.uint64(j)
+                d = x_new[i] - x_hat[i]
+                p = c.ONE - abs(d) / (rup[j] if d > c.ZERO else rdn[j])
+                p = c.ZERO if p < c.ZERO else p  # clamp(min=0): NaN stays
+                emp[i] = p if nominal[i] else c.ZERO
+        else:
+            for j in range(cnt):
+                i = i0 + np.uint64(j)
+                d = x_new[i] - x_hat[i]
+                p = c.ONE if (d > -rdn[j]) & (d < rup[j]) else c.ZERO
+                emp[i] = p if nominal[i] else c.ZERO
+        for j in range(cnt):
+            total += np.int64(nominal[i0 + np.uint64(j)])
+        if prm[P_GAUSS]:
+            block_windows(ys, start, cnt, prm, lim, table, frac, y, down, up, start)
+    counts[part] += total
+    return 0

@@ -1,0 +1,229 @@
+"""The replay's fused staleness model (kernels/cpu/replay_model.py) against the reference
+staleness.predict / windows, bit for bit per element: the empirical P(stall) (padding
+masked as ModelStats masks it), the nominal mask and count, and the cell (down, up) of the
+fp32 shadow the Gaussian part takes, incl. NaN positions (inf * 0 in a zero block), on
+every format and rounding the fused codec covers; and whole replays whose records are the
+same through the fused model and the reference.
+
+Inputs: values stored on the grid (the reference codec's read-back), blocks whose absmax
+makes n = the value exactly, holding grid points, exact midpoints and their fp32
+neighbours, zero blocks, -0.0, negative values of unsigned formats, nominal updates that
+land exactly on the cell's edges, non-finite x_new and s, and padding.
+The tests of the kernel skip where numba is not installed."""
+import pytest
+import torch
+
+from qstate_cli.diagnose import diagnose
+from qstate_cli.diagnose.staleness import predict, windows
+from qstate_cli.kernels import cpu
+from qstate_cli.quant import QuantizedState, Stream, parse_config, parse_spec
+from qstate_cli.quant.codebooks import codebook_tensor
+
+needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
+
+N = 8192
+FORMATS = ["int4", "uint4", "de4", "de4u", "lin4nz", "de4unz", "int8", "uint8", "de8", "de8u", "lin8nz", "de8nz"]
+CASES = []
+for _i, _f in enumerate(FORMATS):
+    for _j, _r in enumerate(("nearest", "stochastic", "bred")):
+        _b = (32, 128, 256)[(_i + _j) % 3]
+        _sqrt = ":sqrt" if (_i + _j) % 2 and not _f.startswith("int") else ""
+        _bf16 = ":sbf16" if (_i + _j) % 3 == 1 else ""
+        CASES.append(f"{_f}:{_r}:b{_b}{_sqrt}{_bf16}")
+CASES += ["uint4:nearest:b32:sqrt", "uint8:stochastic:b64:sqrt:sbf16", "de4u:stochastic:b128:sqrt"]
+
+
+def grid_points(spec) -> torch.Tensor:
+    """Normalised values where windows can go wrong: grid points, exact midpoints, their fp32
+    neighbours, zeros of both signs, beyond the ends."""
+    fmt = spec.fmt
+    if fmt.kind == "linear":
+        lo, hi = fmt.code_range
+        pts = torch.arange(lo - 1, hi + 2, dtype=torch.float32)
+        pts = torch.cat([pts, pts + 0.5])
+    else:
+        table = codebook_tensor(fmt.name)
+        pts = torch.cat([table, (table[1:] + table[:-1]) / 2, -table])
+    pts = torch.cat([pts, torch.nextafter(pts, torch.tensor(1e9)), torch.nextafter(pts, torch.tensor(-1e9)),
+                     torch.tensor([0.0, -0.0, 1e-41])])
+    return pts.clamp(-fmt.top, fmt.top)
+
+
+def state_values(spec, gen: torch.Generator) -> torch.Tensor:
+    """fp32 values of a state: a spread of magnitudes, blocks whose absmax is top (so the
+    normalised value is the value itself) holding grid_points, an all-zero block, one of
+    subnormals, a NaN and infinities (s only: the grid takes them as torch does)."""
+    x = torch.randn(N, generator=gen) * torch.exp(2 * torch.randn(N, generator=gen))
+    pts = grid_points(spec)
+    B = int(spec.block)
+    exact = pts.repeat(-(-1024 // pts.numel()))[:1024].clone()
+    exact[::B] = spec.fmt.top  # each block's absmax: delta = 1
+    if spec.sqrt:
+        exact = exact * exact  # sqrt brings them back (torch's sqrt: up to an ulp)
+    x[1024:2048] = exact[torch.randperm(1024, generator=gen)].view(-1, B).sort(1, descending=True).values.view(-1)
+    x[2048:2048 + B] = 0.0
+    x[2048 + B:2048 + 2 * B] = -0.0
+    x[2048 + 2 * B:2048 + 3 * B] = 1e-41
+    return x
+
+
+def inputs(spec, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    s = state_values(spec, gen)
+    ref = QuantizedState(spec, (N,), Stream(seed, 0, 1), device="cpu")
+    ref.encode(s + 0.05 * s.abs() * torch.randn(N, generator=gen), 3)
+    x_hat = ref.decode()  # on the grid, as the replay's stored values
+    x_hat[1024:2048] = s[1024:2048]  # the exact grid points and midpoints themselves
+    x_hat[2048:2048 + 256] = 0.0
+    sr = spec.rounding == "stochastic"
+    down, up = windows(spec, x_hat, full=sr)
+    pick = torch.randint(0, 6, (N,), generator=gen)
+    step = 0.3 * x_hat.abs() * torch.randn(N, generator=gen)
+    cand = torch.stack([x_hat - down, x_hat + up, x_hat, x_hat + step,
+                        torch.nextafter(x_hat + up, x_hat), torch.nextafter(x_hat - down, x_hat)])
+    x_new = cand.gather(0, pick[None]).squeeze(0)
+    x_new[7], x_new[8], x_new[9] = float("nan"), float("inf"), -float("inf")
+    s[11], s[3000], s[5000] = float("nan"), float("inf"), -float("inf")
+    valid = torch.ones(N, dtype=torch.bool)
+    valid[4096 + 200:4096 + 256] = False  # padding: tails of blocks
+    valid[N - 100:] = False
+    return x_hat, x_new, s, valid
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32)
+
+
+def check(spec_text: str, seed: int = 1) -> None:
+    from qstate_cli.kernels.cpu.replay_model import StalenessModel
+    spec = parse_spec(spec_text)
+    x_hat, x_new, s, valid = inputs(spec, seed)
+    emp, nominal, count, cell = StalenessModel(spec, N, valid).predict(x_hat, x_new, s)
+    want_emp, want_nom, _ = predict(spec, x_hat, x_new, s, None)
+    want_nom = want_nom & valid
+    want_emp = torch.where(valid, want_emp, 0.0)
+    assert torch.equal(nominal, want_nom) and count == int(want_nom.sum()), f"{spec_text}: nominal"
+    bad = torch.nonzero(bits(emp) != bits(want_emp)).flatten()
+    assert bad.numel() == 0, f"{spec_text}: emp differs at {bad[:5].tolist()}: {emp[bad[:5]]} vs {want_emp[bad[:5]]}"
+    if spec.rounding == "bred":
+        assert cell is None and not emp.any()
+        return
+    assert 0 < count < N and emp.isnan().sum() == want_emp.isnan().sum()
+    for got, want, side in zip(cell, windows(spec, s, full=spec.rounding == "stochastic"), ("down", "up")):
+        bad = torch.nonzero(bits(got) != bits(want)).flatten()
+        assert bad.numel() == 0, f"{spec_text}: {side} differs at {bad[:5].tolist()}: {got[bad[:5]]} vs {want[bad[:5]]}"
+
+
+@needs_numba
+@pytest.mark.parametrize("spec", CASES)
+def test_fused_model_equals_staleness_predict_bit_for_bit(spec):
+    check(spec)
+
+
+def test_the_inputs_reach_the_cases_that_matter():
+    """The adversarial inputs do hold what they claim: NaN cells (inf * 0 in a zero block),
+    inf cells (the grid's ends), half-to-even midpoints, and stalls and moves of both kinds."""
+    spec = parse_spec("uint4:nearest:b128")
+    x_hat, x_new, s, valid = inputs(spec, 1)
+    down, up = windows(spec, s, full=False)
+    assert down.isnan().any() and torch.isinf(down).any() and torch.isinf(up).any()
+    n = s[1024:2048]
+    assert ((n - n.floor()) == 0.5).sum() > 20  # exact midpoints with delta = 1
+    emp, nominal, _ = predict(spec, x_hat, x_new, s, None)
+    assert (emp[nominal] == 1).sum() > 100 and (emp[nominal] == 0).sum() > 100
+
+
+@needs_numba
+def test_fused_model_over_threads(monkeypatch):
+    from qstate_cli.kernels.cpu import host
+    monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
+    monkeypatch.setattr(host, "threads", lambda: 3)
+    for spec in ("int4:stochastic:b128", "de8:nearest:b256:sbf16"):
+        check(spec, seed=2)
+
+
+def test_model_refuses_what_it_does_not_cover():
+    from qstate_cli.kernels.cpu.replay_model import StalenessModel
+    with pytest.raises(ValueError, match="no fused staleness model"):
+        StalenessModel(parse_spec("e4m3:nearest:b32"), N)
+    with pytest.raises(ValueError, match="does not divide"):
+        StalenessModel(parse_spec("int4:nearest:b256"), 1000)
+
+
+CONFIGS = ["nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit",
+           "m=lin4nz:stochastic:b64:sbf16,v=uint4:nearest:b32:sqrt",
+           "m=int8:stochastic:b128,v=de8u:stochastic:b64:sqrt:sbf16"]
+
+
+def comparable(doc: dict) -> dict:
+    meta = {k: v for k, v in doc["meta"].items() if k not in ("profile", "codec")}
+    env = {k: v for k, v in doc["env"].items() if k != "created"}
+    return {**doc, "meta": meta, "env": env}
+
+
+@needs_numba
+@pytest.mark.parametrize("reset", ["none", "3"])
+def test_replay_records_are_the_same_through_the_fused_model(reset, monkeypatch):
+    """Whole replays (every step a model step at 8 steps): the JSON documents of --backend
+    auto (fused codec and model) and reference are equal but for timings, codec paths and
+    creation time; the fused model did run for every covered state."""
+    from qstate_cli.kernels.cpu import replay_model
+    from test_replay_codec_cpu import small_trace
+    calls = []
+    real = replay_model.StalenessModel.predict
+
+    def spy(self, *a):
+        calls.append(self.rounding)
+        return real(self, *a)
+
+    monkeypatch.setattr(replay_model.StalenessModel, "predict", spy)
+    trace = small_trace(8)
+    cfgs = [parse_config(c) for c in CONFIGS]
+    auto, _ = diagnose(trace, cfgs, reset=reset, backend="auto")
+    assert len(calls) >= 2 * len(CONFIGS) * 8 and set(calls) == {"nearest", "stochastic", "bred"}
+    n_auto = len(calls)
+    ref, _ = diagnose(trace, cfgs, reset=reset, backend="reference")
+    assert len(calls) == n_auto  # the reference path never calls the fused model
+    assert comparable(auto) == comparable(ref)
+    rows = [r for r in auto["records"] if r.get("stall_rate_predicted_empirical") is not None]
+    assert rows, "no record carries the model's prediction"
+
+
+def test_gaussian_stochastic_formulas_computed_once_are_the_textbook_ones():
+    """staleness.gaussian_v / gaussian_m under stochastic rounding compute each CDF once;
+    the written-out formulas (every CDF where the math names it) give the same bits, incl.
+    NaN, 0 and inf cells and a size that is no multiple of the vector width. Runs without numba."""
+    import math
+    from qstate_cli.diagnose import staleness as st
+
+    def chi3(x):
+        x = x.clamp(min=0.0)
+        return st._chi2_1(x) - (2 * x / math.pi).sqrt() * torch.exp(-x / 2)
+
+    gen = torch.Generator().manual_seed(3)
+    n = 4099
+    s = torch.randn(n, generator=gen).abs() * torch.exp(torch.randn(n, generator=gen))
+    m = torch.randn(n, generator=gen) * 0.1
+    down, up = (s * torch.rand(n, generator=gen) for _ in range(2))
+    down[:5], up[5:10], s[10:12] = float("nan"), float("inf"), 0.0
+    down[12], up[13] = 0.0, 0.0
+    for c in (0.3, 1.0):
+        scale = (1 - 0.999) * s
+        ok = scale > 0
+        scale = torch.where(ok, scale, 1.0)
+        w_lo, w_hi = (c * down / scale).clamp(max=1e30), (c * up / scale).clamp(max=1e30)
+        a, b = (c - w_lo).clamp(min=0.0), c + w_hi
+        cc = torch.full_like(s, c)
+        p = ((1 - c / w_lo) * (st._chi2_1(cc) - st._chi2_1(a)) + (chi3(cc) - chi3(a)) / w_lo
+             + (1 + c / w_hi) * (st._chi2_1(b) - st._chi2_1(cc)) - (chi3(b) - chi3(cc)) / w_hi)
+        want = torch.where(ok & (w_lo > 0) & (w_hi > 0), p.clamp(0.0, 1.0), 0.0)
+        assert torch.equal(st.gaussian_v(True, 0.999, c, s, down, up).view(torch.int32), want.view(torch.int32))
+    sigma2 = s
+    ok = sigma2 > 0
+    sigma = torch.where(ok, sigma2, 1.0).sqrt()
+    lo, hi = (down / (1 - 0.9)).clamp(max=1e30), (up / (1 - 0.9)).clamp(max=1e30)
+    a, b, z0 = (m - lo) / sigma, (m + hi) / sigma, m / sigma
+    left = (1 - m / lo) * (st._Phi(z0) - st._Phi(a)) + sigma * (st._phi(a) - st._phi(z0)) / lo
+    right = (1 + m / hi) * (st._Phi(b) - st._Phi(z0)) - sigma * (st._phi(z0) - st._phi(b)) / hi
+    want = torch.where(ok & (lo > 0) & (hi > 0), (left + right).clamp(0.0, 1.0), 0.0)
+    assert torch.equal(st.gaussian_m(True, 0.9, m, sigma2, down, up).view(torch.int32), want.view(torch.int32))
