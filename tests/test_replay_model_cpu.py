@@ -120,6 +120,38 @@ def test_fused_model_equals_staleness_predict_bit_for_bit(spec):
     check(spec)
 
 
+@needs_numba
+@pytest.mark.parametrize("spec", ["int4:nearest:b128", "de8:stochastic:b64:sqrt", "lin4nz:nearest:b32:sbf16"])
+def test_fused_model_without_the_gaussian_part(spec):
+    """No Gaussian model (Lion, SGD, a float v: s is None): the empirical part alone, NaN and
+    infinities in x_hat too, and no cell."""
+    from qstate_cli.kernels.cpu.replay_model import StalenessModel
+    spec = parse_spec(spec)
+    x_hat, x_new, s, valid = inputs(spec, 2)
+    x_hat[20], x_hat[21], x_hat[22] = float("nan"), float("inf"), -float("inf")
+    emp, nominal, count, cell = StalenessModel(spec, N, valid).predict(x_hat, x_new, None)
+    want_emp, want_nom, _ = predict(spec, x_hat, x_new, s, None)
+    want_nom = want_nom & valid
+    assert cell is None and torch.equal(nominal, want_nom) and count == int(want_nom.sum())
+    assert torch.equal(bits(emp), bits(torch.where(valid, want_emp, 0.0)))
+    if spec.rounding == "stochastic":  # 1 - |NaN| / cell: the non-finite x_hat did reach the kernel
+        assert emp.isnan().any()
+
+
+@needs_numba
+def test_fused_models_of_one_layout_share_their_buffers():
+    """Every state's model on a layout of n elements writes the same buffers (13 bytes per
+    element once per replay, not per configuration and state); each result is read before
+    the next pass, as ModelStats does."""
+    from qstate_cli.kernels.cpu.replay_model import StalenessModel
+    a, b = parse_spec("int4:nearest:b128"), parse_spec("de8:stochastic:b64")
+    xa, na, sa, valid = inputs(a, 3)
+    first = StalenessModel(a, N, valid).predict(xa, na, sa)
+    emp_a = first[0].clone()
+    second = StalenessModel(b, N, valid).predict(*inputs(b, 4)[:3])
+    assert second[0].data_ptr() == first[0].data_ptr() and not torch.equal(second[0], emp_a)
+
+
 def test_the_inputs_reach_the_cases_that_matter():
     """The adversarial inputs do hold what they claim: NaN cells (inf * 0 in a zero block),
     inf cells (the grid's ends), half-to-even midpoints, and stalls and moves of both kinds."""

@@ -265,7 +265,7 @@ class ModelStats:
         self.series = torch.full((3, n_steps), float("nan"), dtype=torch.float64, device=layout.device)
         self.valid = layout.valid
         self._fused = None
-        if fused and layout.device.type == "cpu":
+        if fused and layout.device.type == "cpu":  # its formats have block scales: reduce_absmax never applies
             from ..kernels.cpu.replay_model import StalenessModel  # no numba until the first observe
             self._fused = StalenessModel(spec, layout.n, layout.valid)
 

@@ -17,8 +17,12 @@ y = sqrt(clamp(x, 0)) of a `:sqrt` state is torch's (two torch ops per tensor: t
 sqrt is not the correctly rounded one, 1 ulp off on ~17% of values), the rest is the kernel's,
 fp32 op for op as staleness.py computes them (so inf * 0 = NaN where a block's scale is 0,
 as there), so every record stays bit-identical; the float64 sums stay in torch
-(stats.ModelStats). Formats: the fused codec's (launch.why_not_covered: linear int/uint and
-code books, 4 or 8 bits, block-scaled; the scale dtype does not enter the model).
+(stats.ModelStats). Formats: the fused codec's (launch.why_no_codec: linear int/uint and
+code books, 4 or 8 bits, block-scaled, no tensor scale, so no absmax reduced across ranks;
+the scale dtype does not enter the model).
+Output buffers: one set per layout size, shared by every state of the replay (they are
+summed before the next state's pass), so a replay holds 13 bytes per element for them
+once, not once per configuration and state.
 Threads: parallel over block ranges (host.run_parts), one nominal count per thread.
 No numba at import: the kernel (replay_model_kernel.py) is imported on first use.
 """
@@ -33,6 +37,17 @@ from .host import parts_of, run_parts, search_table
 
 ROUNDINGS = {"nearest": 0, "stochastic": 1, "bred": 2}  # codec.NEAREST, STOCHASTIC, BRED
 _KERNEL: list = []
+_BUFFERS: dict = {}  # n -> (emp, nominal, down, up): the latest layout size's only (module docstring)
+
+
+def _buffers(n: int) -> tuple:
+    """The shared output buffers of n elements (reused: fresh pages would cost a page fault
+    per 4 kB every call); a new size replaces the old set."""
+    if n not in _BUFFERS:
+        _BUFFERS.clear()
+        _BUFFERS[n] = (torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.bool),
+                       torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.float32))
+    return _BUFFERS[n]
 
 
 def _kernel():
@@ -64,26 +79,22 @@ class StalenessModel:
             self.table, search = search_table(np.asarray(codebook(fmt.name), np.float32).tobytes())
         self.lim = np.array([lo, hi, fmt.top], np.float32)
         self.valid = None if valid is None else valid.cpu().contiguous().numpy()
-        self._out = None
         self.prm = (0 if fmt.kind == "linear" else 1, int(spec.sqrt), ROUNDINGS[spec.rounding],
                     int(valid is not None), 0, nt, 0, 0) + tuple(int(v) for v in search)
 
     def predict(self, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor | None):
         """(emp fp32 [n], nominal bool [n], #nominal, (down, up) fp32 [n] each of windows(s),
-        or None where s is None or the rounding is BReD). The tensors are this object's
-        buffers: valid until the next predict."""
+        or None where s is None or the rounding is BReD). The tensors are buffers shared by
+        every StalenessModel of n elements: valid until the next predict of any of them."""
         n = self.n
         gauss = s is not None and self.rounding != "bred"
         ys = s if gauss else x_hat
-        if self.sqrt:  # y = sqrt(clamp(x, 0)) as torch computes it (not correctly rounded on CPU)
+        if self.sqrt and self.rounding != "bred":  # y = sqrt(clamp(x, 0)) as torch computes it
             yx, ys = x_hat.clamp(min=0.0).sqrt(), (ys.clamp(min=0.0).sqrt() if gauss else ys)
         else:
             yx = x_hat
         arrays = [_f32(t, n) for t in (x_hat, x_new, yx, ys)]
-        if self._out is None:  # reused: fresh pages would cost a page fault per 4 kB every call
-            self._out = (torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.bool),
-                         torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.float32))
-        emp, nominal, down, up = self._out
+        emp, nominal, down, up = _buffers(n)
         counts = np.zeros(parts_of(n), np.int64)
         valid = self.valid if self.valid is not None else np.ones(1, np.bool_)
         run_parts(_kernel(), n, self.block,
