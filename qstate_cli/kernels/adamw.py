@@ -50,7 +50,7 @@ def _adamw_part(ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, M: tl.constexp
     parameter). RAW: the gradient as loaded, not checked for NaN/Inf, and the parameter not
     stored (the caller checks the tile, then stores it or steps the tile again)."""
     p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr = ptrs
-    km1, km2, kv1, kv2, wm1, wm2, wv1, wv2 = keys
+    _, _, _, _, wm1, wm2, wv1, wv2 = keys  # the keys m and v were written with
     decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd = hyper
     G: tl.constexpr = 4 if OPTS.P_KIND == c.F32 or OPTS.G_KIND == c.F32 else 8  # columns per thread (launch.tile_shape)
     p = c.load_values(p_ptr, rem, OPTS.P_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
