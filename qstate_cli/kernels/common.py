@@ -120,9 +120,11 @@ def codes_ptr_at(addr, ALIGNED: tl.constexpr):
 
 @triton.jit
 def scales_ptr_at(addr, SBF16: tl.constexpr):
-    if SBF16:
-        return addr.to(tl.pointer_type(tl.uint16))
-    return addr.to(tl.pointer_type(tl.float32))
+    if SBF16:  # one return: an early one makes Triton (3.6, 3.9) type both ("Return type mismatch")
+        ptr = addr.to(tl.pointer_type(tl.uint16))
+    else:
+        ptr = addr.to(tl.pointer_type(tl.float32))
+    return ptr
 
 
 @triton.jit
