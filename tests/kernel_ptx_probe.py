@@ -56,7 +56,8 @@ def summarize(ptx: str) -> dict:
 
 
 VARIANTS = [("adamw", "bred-4bit", torch.bfloat16), ("adamw", "torchao-4bit", torch.float32),
-            ("muon", "m=int8:sr:b256", torch.bfloat16)]
+            ("muon", "m=int8:sr:b256", torch.bfloat16),
+            ("adamw", "m=int4:bred:b128:sbf16,v=lin4nz:bred:b128:sbf16", torch.bfloat16)]  # bf16 block scales
 
 if __name__ == "__main__":
     for op, states, dtype in VARIANTS:

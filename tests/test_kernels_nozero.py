@@ -27,10 +27,9 @@ def _codec(x_ptr, codes_ptr, scales_ptr, stored_ptr, stored_scales_ptr, out_ptr,
     x = tl.load(x_ptr + loc, mask=mask, other=0.0)
     k1u, k2u = k1.to(tl.uint32, bitcast=True), k2.to(tl.uint32, bitcast=True)
     w1u, w2u = w1.to(tl.uint32, bitcast=True), w2.to(tl.uint32, bitcast=True)
-    c.encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1u, k2u, KIND, BITS, False, 1.0, NT, ROUND,
-                   False, False, False, B, B, ROWS, MASKED)
-    val = c.decode_state(stored_ptr, stored_scales_ptr, table_ptr, rem, row0, w1u, w2u, KIND, BITS, False, 1.0, NT,
-                         ROUND, False, False, False, B, B, ROWS, MASKED)
+    FMT: tl.constexpr = c.Format(KIND, BITS, False, 1.0, NT, ROUND, False, False)  # unsigned, TOP 1, fp32 scales
+    c.encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1u, k2u, FMT, False, B, B, ROWS, MASKED)
+    val = c.decode_state(stored_ptr, stored_scales_ptr, table_ptr, rem, row0, w1u, w2u, FMT, False, B, B, ROWS, MASKED)
     tl.store(out_ptr + loc, val, mask=mask)
 
 

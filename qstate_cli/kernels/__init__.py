@@ -6,6 +6,7 @@
     lion.py      fused Lion step (one state)
     sgd.py       fused SGD-momentum step (one state)
     muon.py      fused Muon momentum update (one state + fp32 update for Newton-Schulz)
+    tiles.py     the one-state kernels' tile (Lion, SGD, Muon), written once
     codec.py     the replay's state codec: encode and read back a flat vector (diagnose/codec_triton.py)
 
 Triton code and its launchers only: kernels import quant/ (the spec they reproduce) and

@@ -27,6 +27,8 @@ program of up to 8 tiles, the BReD dither once per block row.
 """
 from __future__ import annotations
 
+from collections import namedtuple
+
 import triton
 import triton.language as tl
 
@@ -35,48 +37,46 @@ from . import fastmath as fm
 from . import nibbles as nb
 from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_parts, tile_shape
 
+# AdamW's own compile-time constants, one argument through the tile (OPTS.P_KIND, ...)
+_Opts = namedtuple("_Opts", ["P_KIND", "G_KIND", "L2", "INTERPRET"])
+
 
 @triton.jit
-def _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
-                rem, row0, wm1, wm2, wv1, wv2,
-                decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
-                P_KIND: tl.constexpr, G_KIND: tl.constexpr, L2: tl.constexpr, INTERPRET: tl.constexpr,
-                M_KIND: tl.constexpr, M_BITS: tl.constexpr, M_SIGNED: tl.constexpr, M_TOP: tl.constexpr,
-                M_NT: tl.constexpr, M_ROUND: tl.constexpr, M_SQRT: tl.constexpr, M_SBF16: tl.constexpr,
-                V_KIND: tl.constexpr, V_BITS: tl.constexpr, V_SIGNED: tl.constexpr, V_TOP: tl.constexpr,
-                V_NT: tl.constexpr, V_ROUND: tl.constexpr, V_SQRT: tl.constexpr, V_SBF16: tl.constexpr,
-                FRESH_M: tl.constexpr, FRESH_V: tl.constexpr,
-                B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, C0: tl.constexpr,
-                ALIGNED: tl.constexpr, RAW: tl.constexpr):
+def _adamw_part(ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, M: tl.constexpr, V: tl.constexpr,
+                FRESH_M: tl.constexpr, FRESH_V: tl.constexpr, B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
+                MASKED: tl.constexpr, C0: tl.constexpr, ALIGNED: tl.constexpr, RAW: tl.constexpr):
     """Columns C0 .. C0 + W - 1 of every block row of the tile: load, decode, update, store
     the parameter. Returns (m, v in its stored domain, the gradient as loaded, the new
     parameter). RAW: the gradient as loaded, not checked for NaN/Inf, and the parameter not
     stored (the caller checks the tile, then stores it or steps the tile again)."""
-    G: tl.constexpr = 4 if P_KIND == c.F32 or G_KIND == c.F32 else 8  # columns per thread (launch.tile_shape)
-    p = c.load_values(p_ptr, rem, P_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+    p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr = ptrs
+    _, _, _, _, wm1, wm2, wv1, wv2 = keys  # the keys m and v were written with
+    decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd = hyper
+    G: tl.constexpr = 4 if OPTS.P_KIND == c.F32 or OPTS.G_KIND == c.F32 else 8  # columns per thread (launch.tile_shape)
+    p = c.load_values(p_ptr, rem, OPTS.P_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
     if RAW:
-        g_raw = c.load_values(g_ptr, rem, G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+        g_raw = c.load_values(g_ptr, rem, OPTS.G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
         g = g_raw
     else:
-        g, g_raw = c.load_grad(g_ptr, rem, G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
-    if L2:  # Adam: coupled weight decay
+        g, g_raw = c.load_grad(g_ptr, rem, OPTS.G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+    if OPTS.L2:  # Adam: coupled weight decay
         g = g + p * l2_wd
-    m_hat = nb.decode_state(mc_ptr, ms_ptr, table_m_ptr, rem, row0, wm1, wm2, M_KIND, M_BITS, M_SIGNED, M_TOP,
-                           M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH_M, B, W, ROWS, MASKED, C0, ALIGNED, G)
-    v_hat = nb.decode_state(vc_ptr, vs_ptr, table_v_ptr, rem, row0, wv1, wv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
-                           V_NT, V_ROUND, V_SQRT, V_SBF16, FRESH_V, B, W, ROWS, MASKED, C0, ALIGNED, G)
-    if V_SQRT == 0 and V_KIND != c.NOZERO:  # a dithered v read back below 0 (a square never is;
+    m_hat = nb.decode_state(mc_ptr, ms_ptr, table_m_ptr, rem, row0, wm1, wm2, M, FRESH_M, B, W, ROWS, MASKED, C0,
+                            ALIGNED, G)
+    v_hat = nb.decode_state(vc_ptr, vs_ptr, table_v_ptr, rem, row0, wv1, wv2, V, FRESH_V, B, W, ROWS, MASKED, C0,
+                            ALIGNED, G)
+    if V.SQRT == 0 and V.KIND != c.NOZERO:  # a dithered v read back below 0 (a square never is;
         v_hat = tl.where(v_hat < 0.0, 0.0, v_hat)  # the no-zero map reads back > 0 even dithered)
     m = m_hat * beta1 + g * omb1
     v = v_hat * beta2 + (g * g) * omb2  # >= 0: v's storage needs no clamp (PREPARED)
     if RAW:  # an Inf or NaN v sends the tile to _adamw_tile_zeroing: its sqrt is discarded
-        sqrt_v = fm.sqrt_rn_low_guard(v, INTERPRET)
+        sqrt_v = fm.sqrt_rn_low_guard(v, OPTS.INTERPRET)
     else:
-        sqrt_v = fm.sqrt_rn(v, INTERPRET)  # sqrt.rn.f32, four elements per range check (fastmath)
+        sqrt_v = fm.sqrt_rn(v, OPTS.INTERPRET)  # sqrt.rn.f32, four elements per range check (fastmath)
     p = p * decay - tl.math.div_rn(m, sqrt_v * inv_bc2_sqrt + eps) * step_size
     if not RAW:
-        c.store_values(p_ptr, p, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, C0)
-    if V_SQRT:
+        c.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0)
+    if V.SQRT:
         return m, sqrt_v, g_raw, p
     return m, v, g_raw, p
 
@@ -98,62 +98,38 @@ def _row_absmax_nan(x0, x1, PARTS: tl.constexpr):
 
 
 @triton.jit
-def _adamw_tile_zeroing(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
-                        rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
-                        decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
-                        P_KIND: tl.constexpr, G_KIND: tl.constexpr, L2: tl.constexpr, INTERPRET: tl.constexpr,
-                        M_KIND: tl.constexpr, M_BITS: tl.constexpr, M_SIGNED: tl.constexpr, M_TOP: tl.constexpr,
-                        M_NT: tl.constexpr, M_ROUND: tl.constexpr, M_SQRT: tl.constexpr, M_SBF16: tl.constexpr,
-                        V_KIND: tl.constexpr, V_BITS: tl.constexpr, V_SIGNED: tl.constexpr, V_TOP: tl.constexpr,
-                        V_NT: tl.constexpr, V_ROUND: tl.constexpr, V_SQRT: tl.constexpr, V_SBF16: tl.constexpr,
-                        FRESH_M: tl.constexpr, FRESH_V: tl.constexpr,
-                        B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr,
-                        PARTS: tl.constexpr, ALIGNED: tl.constexpr):
+def _adamw_tile_zeroing(seen, ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, M: tl.constexpr, V: tl.constexpr,
+                        FRESH_M: tl.constexpr, FRESH_V: tl.constexpr, B: tl.constexpr, BP: tl.constexpr,
+                        ROWS: tl.constexpr, MASKED: tl.constexpr, PARTS: tl.constexpr, ALIGNED: tl.constexpr):
     """A tile with every gradient, m and v element checked for NaN/Inf (zeroed, tracked in
     `seen`), as the reference does: masked tiles, and full tiles that hold one."""
     W: tl.constexpr = BP // PARTS
-    m0, v0, g0, _ = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
-                              rem, row0, wm1, wm2, wv1, wv2,
-                              decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
-                              P_KIND, G_KIND, L2, INTERPRET,
-                              M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
-                              V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                              FRESH_M, FRESH_V, B, W, ROWS, MASKED, 0, ALIGNED, False)
+    _, _, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr = ptrs
+    km1, km2, kv1, kv2, _, _, _, _ = keys
+    m0, v0, g0, _ = _adamw_part(ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, W, ROWS, MASKED, 0,
+                                ALIGNED, False)
     seen = c.track_nonfinite(seen, g0)
     m1, v1 = m0, v0
     if PARTS == 2:
-        m1, v1, g1, _ = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
-                                   rem, row0, wm1, wm2, wv1, wv2,
-                                   decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
-                                   P_KIND, G_KIND, L2, INTERPRET,
-                                   M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
-                                   V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                                   FRESH_M, FRESH_V, B, W, ROWS, MASKED, W, ALIGNED, False)
+        m1, v1, g1, _ = _adamw_part(ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, W, ROWS, MASKED,
+                                    W, ALIGNED, False)
         seen = c.track_nonfinite(seen, g1)
-    c.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED, M_TOP,
-                   M_NT, M_ROUND, M_SQRT, M_SBF16, False, B, W, ROWS, MASKED, PARTS)
-    c.encode_parts(v0, v1, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED, V_TOP,
-                   V_NT, V_ROUND, V_SQRT, V_SBF16, True, B, W, ROWS, MASKED, PARTS)
+    c.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M, False, B, W, ROWS, MASKED, PARTS)
+    c.encode_parts(v0, v1, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V, True, B, W, ROWS, MASKED, PARTS)
     return seen
 
 
 @triton.jit
-def _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
-                rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
-                decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
-                P_KIND: tl.constexpr, G_KIND: tl.constexpr, L2: tl.constexpr, INTERPRET: tl.constexpr,
-                M_KIND: tl.constexpr, M_BITS: tl.constexpr, M_SIGNED: tl.constexpr, M_TOP: tl.constexpr,
-                M_NT: tl.constexpr, M_ROUND: tl.constexpr, M_SQRT: tl.constexpr, M_SBF16: tl.constexpr,
-                V_KIND: tl.constexpr, V_BITS: tl.constexpr, V_SIGNED: tl.constexpr, V_TOP: tl.constexpr,
-                V_NT: tl.constexpr, V_ROUND: tl.constexpr, V_SQRT: tl.constexpr, V_SBF16: tl.constexpr,
-                FRESH_M: tl.constexpr, FRESH_V: tl.constexpr,
-                B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr,
-                PARTS: tl.constexpr, ALIGNED: tl.constexpr):
+def _adamw_tile(seen, ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, M: tl.constexpr, V: tl.constexpr,
+                FRESH_M: tl.constexpr, FRESH_V: tl.constexpr, B: tl.constexpr, BP: tl.constexpr,
+                ROWS: tl.constexpr, MASKED: tl.constexpr, PARTS: tl.constexpr, ALIGNED: tl.constexpr):
     """One tile of ROWS blocks, held as PARTS parts of BP / PARTS columns (each thread holds
     the same block row in every part, so its per-row work, the block scales, the BReD
-    hashes and divisions, is done once for all of them). (wm*, wv*) are the keys of the
-    step m and v were written at, (km*, kv*) those of this step. Returns `seen` updated
-    with the tile's gradient (common.track_nonfinite).
+    hashes and divisions, is done once for all of them). ptrs: the addresses of p, g, m's
+    codes and scales, v's, and the code books of m and v; keys: (km1, km2, kv1, kv2) of
+    this step, (wm1, wm2, wv1, wv2) of the steps m and v were written at; hyper: the fp32
+    scalars; OPTS: AdamW's own constexprs (_Opts); M, V: the formats (common.Format).
+    Returns `seen` updated with the tile's gradient (common.track_nonfinite).
 
     A full tile is stepped from the gradient as loaded, its parameter held back: if no
     gradient, m or v element of the tile is NaN or Inf (one tile-wide NaN-propagating max of
@@ -162,51 +138,31 @@ def _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr,
     the tile is stepped again by _adamw_tile_zeroing (nothing was written yet). Same bits
     either way, without the per-element checks (FSETP + FSEL each) on the common path."""
     W: tl.constexpr = BP // PARTS
-    if MASKED or M_SQRT or M_SIGNED == 0:  # encode_parts's stored_domain does more than zero non-finite
-        seen = _adamw_tile_zeroing(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
-                rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
-                decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
-                P_KIND, G_KIND, L2, INTERPRET,
-                M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
-                V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                FRESH_M, FRESH_V, B, BP, ROWS, MASKED, PARTS, ALIGNED)
+    if MASKED or M.SQRT or M.SIGNED == 0:  # encode_parts's stored_domain does more than zero non-finite
+        seen = _adamw_tile_zeroing(seen, ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, BP, ROWS,
+                                   MASKED, PARTS, ALIGNED)
     else:  # a full tile: checked for NaN/Inf once, stepped again element by element if it holds one
-        m0, v0, g0, p0 = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
-                                 rem, row0, wm1, wm2, wv1, wv2,
-                                 decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
-                                 P_KIND, G_KIND, L2, INTERPRET,
-                                 M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
-                                 V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                                 FRESH_M, FRESH_V, B, W, ROWS, MASKED, 0, ALIGNED, True)
+        p_ptr, _, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr = ptrs
+        km1, km2, kv1, kv2, _, _, _, _ = keys
+        m0, v0, g0, p0 = _adamw_part(ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, W, ROWS, MASKED,
+                                     0, ALIGNED, True)
         m1, v1, g1, p1 = m0, v0, g0, p0
         if PARTS == 2:
-            m1, v1, g1, p1 = _adamw_part(p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
-                                 rem, row0, wm1, wm2, wv1, wv2,
-                                 decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
-                                 P_KIND, G_KIND, L2, INTERPRET,
-                                 M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
-                                 V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                                 FRESH_M, FRESH_V, B, W, ROWS, MASKED, W, ALIGNED, True)
+            m1, v1, g1, p1 = _adamw_part(ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, W, ROWS,
+                                         MASKED, W, ALIGNED, True)
         am = _row_absmax_nan(m0, m1, PARTS)
         av = _row_absmax_nan(v0, v1, PARTS)
         # no check of g itself: a NaN or Inf gradient makes m NaN or Inf (m = m_hat * b1 + g * (1 - b1),
         # and Inf * 0 is NaN where b1 = 1; Adam's g + p * wd keeps g non-finite), so m's check covers it
         if tl.reduce(_max_nan(am, av), 0, _max_nan) < float("inf"):  # NaN compares false
-            c.store_values(p_ptr, p0, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, 0)
+            c.store_values(p_ptr, p0, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, 0)
             if PARTS == 2:
-                c.store_values(p_ptr, p1, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, W)
-            c.encode_scaled(m0, m1, am, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M_KIND, M_BITS, M_SIGNED,
-                            M_TOP, M_NT, M_ROUND, M_SBF16, B, W, ROWS, MASKED, PARTS)
-            c.encode_scaled(v0, v1, av, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V_KIND, V_BITS, V_SIGNED,
-                            V_TOP, V_NT, V_ROUND, V_SBF16, B, W, ROWS, MASKED, PARTS)
+                c.store_values(p_ptr, p1, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, W)
+            c.encode_scaled(m0, m1, am, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M, B, W, ROWS, MASKED, PARTS)
+            c.encode_scaled(v0, v1, av, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V, B, W, ROWS, MASKED, PARTS)
         else:
-            seen = _adamw_tile_zeroing(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
-                rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
-                decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
-                P_KIND, G_KIND, L2, INTERPRET,
-                M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
-                V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                FRESH_M, FRESH_V, B, BP, ROWS, MASKED, PARTS, ALIGNED)
+            seen = _adamw_tile_zeroing(seen, ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, BP,
+                                       ROWS, MASKED, PARTS, ALIGNED)
     return seen
 
 
@@ -243,28 +199,24 @@ def _adamw_kernel(
     ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
     vc_base = c.codes_ptr_at(tl.load(meta + c.V_CODES), ALIGNED)
     vs_base = c.scales_ptr_at(tl.load(meta + c.V_SCALES), V_SBF16)
+    keys = (km1, km2, kv1, kv2, wm1, wm2, wv1, wv2)
+    hyper = (decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd)
+    OPTS: tl.constexpr = _Opts(P_KIND, G_KIND, L2, INTERPRET)
+    M: tl.constexpr = c.Format(M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16)
+    V: tl.constexpr = c.Format(V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16)
     seen = tl.zeros([ROWS, BP // PARTS], tl.float32)
     for i in range(0, ntiles):
         row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
         p_ptr, g_ptr = p_base + base, g_base + base
         mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
         vc_ptr, vs_ptr = vc_base + base * V_BITS // 8, vs_base + row0
+        ptrs = (p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr)
         if full:  # every element of the tile exists: no masks
-            seen = _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
-                               rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
-                               decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
-                               P_KIND, G_KIND, L2, INTERPRET,
-                               M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
-                               V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                               FRESH_M, FRESH_V, B, BP, ROWS, False, PARTS, ALIGNED)
+            seen = _adamw_tile(seen, ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, BP, ROWS, False,
+                               PARTS, ALIGNED)
         else:
-            seen = _adamw_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr,
-                               rem, row0, km1, km2, kv1, kv2, wm1, wm2, wv1, wv2,
-                               decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd,
-                               P_KIND, G_KIND, L2, INTERPRET,
-                               M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
-                               V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16,
-                               FRESH_M, FRESH_V, B, BP, ROWS, True, PARTS, ALIGNED)
+            seen = _adamw_tile(seen, ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, BP, ROWS, True,
+                               PARTS, ALIGNED)
     c.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 

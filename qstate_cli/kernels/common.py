@@ -25,6 +25,8 @@ mantissa bits), and the only per-element MUFU ops are AdamW's sqrt and division.
 """
 from __future__ import annotations
 
+from collections import namedtuple
+
 import triton
 import triton.language as tl
 
@@ -40,6 +42,10 @@ BRED = tl.constexpr(2)
 F32 = tl.constexpr(0)
 BF16 = tl.constexpr(1)
 F16 = tl.constexpr(2)
+# a state's format as the codec's compile-time constants (launch.StateLayout.constexprs, in order):
+# bound in a kernel as `M: tl.constexpr = Format(M_KIND, ...)` (a plain `m = ...` makes tensors of
+# them), passed whole, read by field (FMT.KIND, FMT.BITS, ...)
+Format = namedtuple("Format", ["KIND", "BITS", "SIGNED", "TOP", "NT", "ROUND", "SQRT", "SBF16"])
 # columns of the per-tensor address table (launch.META_COLUMNS)
 (PARAM, GRAD, M_CODES, M_SCALES, V_CODES, V_SCALES, NONFINITE, OUT, NUMEL, TENSOR_ID, FIRST_PROGRAM,
  M_KEY, V_KEY) = (tl.constexpr(i) for i in range(13))
@@ -114,9 +120,11 @@ def codes_ptr_at(addr, ALIGNED: tl.constexpr):
 
 @triton.jit
 def scales_ptr_at(addr, SBF16: tl.constexpr):
-    if SBF16:
-        return addr.to(tl.pointer_type(tl.uint16))
-    return addr.to(tl.pointer_type(tl.float32))
+    if SBF16:  # one return: an early one makes Triton (3.6, 3.9) type both ("Return type mismatch")
+        ptr = addr.to(tl.pointer_type(tl.uint16))
+    else:
+        ptr = addr.to(tl.pointer_type(tl.float32))
+    return ptr
 
 
 @triton.jit
@@ -314,19 +322,18 @@ def table_interp(table_ptr, k, f, NT: tl.constexpr):
 
 # ---- the state codec -------------------------------------------------------------------------------
 @triton.jit
-def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
-                 KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
-                 NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr,
+def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT: tl.constexpr,
                  FRESH: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
                  MASKED: tl.constexpr, C0: tl.constexpr = 0):
-    """The stored state as an fp32 [ROWS, BP] tile (quantizer.decode); zeros if FRESH
-    (never written, or just reset). BReD subtracts the dither of the step it was written
-    at (k1, k2 are that step's keys). C0: a part of the tile (tile()); the block scales and
-    dithers are the same loads and hashes for every part, computed once."""
+    """The stored state of format FMT (a Format) as an fp32 [ROWS, BP] tile
+    (quantizer.decode); zeros if FRESH (never written, or just reset). BReD subtracts the
+    dither of the step it was written at (k1, k2 are that step's keys). C0: a part of the
+    tile (tile()); the block scales and dithers are the same loads and hashes for every
+    part, computed once."""
     if FRESH:
         return tl.zeros([ROWS, BP], tl.float32)
     r = tl.arange(0, ROWS)
-    if BITS == 4:
+    if FMT.BITS == 4:
         bloc, bmask = tile_bytes(rem, B, BP, ROWS, C0)
         if MASKED:
             byte = tl.load(codes_ptr + bloc, mask=bmask, other=0).to(tl.int32)
@@ -343,11 +350,12 @@ def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
         s = tl.load(scales_ptr + r, mask=r * B < rem, other=0)
     else:
         s = tl.load(scales_ptr + r)
-    if SBF16:
+    if FMT.SBF16:
         absmax = (s.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     else:
         absmax = s
-    return decode_codes(q, absmax, table_ptr, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND, SQRT, ROWS)
+    return decode_codes(q, absmax, table_ptr, row0, k1, k2, FMT.KIND, FMT.BITS, FMT.SIGNED, FMT.TOP, FMT.NT,
+                        FMT.ROUND, FMT.SQRT, ROWS)
 
 
 @triton.jit
@@ -486,40 +494,36 @@ def bf16_round_up(absmax):
 
 
 @triton.jit
-def encode_parts(x0, x1, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
-                 KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
-                 NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr,
+def encode_parts(x0, x1, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT: tl.constexpr,
                  PREPARED: tl.constexpr, B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
                  MASKED: tl.constexpr, PARTS: tl.constexpr):
     """Quantize a tile held as PARTS (1 or 2) parts of W columns (x0: columns 0..W-1, x1:
-    W..2W-1; x1 is ignored when PARTS == 1) and store codes and block absmax
-    (quantizer.encode); k1, k2 are the keys of this step. PREPARED: x is already in the
-    stored domain (sqrt taken) and >= 0 where the format is unsigned or SQRT."""
-    x0 = stored_domain(x0, rem, SIGNED, SQRT, PREPARED, B, W, ROWS, MASKED, 0)
+    W..2W-1; x1 is ignored when PARTS == 1) to format FMT (a Format) and store codes and
+    block absmax (quantizer.encode); k1, k2 are the keys of this step. PREPARED: x is
+    already in the stored domain (sqrt taken) and >= 0 where the format is unsigned or SQRT."""
+    x0 = stored_domain(x0, rem, FMT.SIGNED, FMT.SQRT, PREPARED, B, W, ROWS, MASKED, 0)
     absmax = tl.max(tl.abs(x0), axis=1)
     if PARTS == 2:
-        x1 = stored_domain(x1, rem, SIGNED, SQRT, PREPARED, B, W, ROWS, MASKED, W)
+        x1 = stored_domain(x1, rem, FMT.SIGNED, FMT.SQRT, PREPARED, B, W, ROWS, MASKED, W)
         absmax = tl.maximum(absmax, tl.max(tl.abs(x1), axis=1))
-    encode_scaled(x0, x1, absmax, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP,
-                  NT, ROUND, SBF16, B, W, ROWS, MASKED, PARTS)
+    encode_scaled(x0, x1, absmax, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT, B, W, ROWS, MASKED,
+                  PARTS)
 
 
 @triton.jit
-def encode_scaled(x0, x1, absmax, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
-                  KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
-                  NT: tl.constexpr, ROUND: tl.constexpr, SBF16: tl.constexpr, B: tl.constexpr, W: tl.constexpr,
-                  ROWS: tl.constexpr, MASKED: tl.constexpr, PARTS: tl.constexpr):
+def encode_scaled(x0, x1, absmax, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT: tl.constexpr,
+                  B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, PARTS: tl.constexpr):
     """encode_parts after the block absmax [ROWS] of x0, x1 (in the stored domain): round
     it up to bf16 (SBF16), quantize and store codes and scales."""
-    if SBF16:  # round the scale up to a bf16 value, so no element overflows the grid
+    if FMT.SBF16:  # round the scale up to a bf16 value, so no element overflows the grid
         absmax = bf16_round_up(absmax)
-    inv = inverse_step(absmax, TOP)
-    store_codes(x0, inv, codes_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND, B, W, ROWS,
-                MASKED, 0)
+    inv = inverse_step(absmax, FMT.TOP)
+    store_codes(x0, inv, codes_ptr, table_ptr, rem, row0, k1, k2, FMT.KIND, FMT.BITS, FMT.SIGNED, FMT.TOP, FMT.NT,
+                FMT.ROUND, B, W, ROWS, MASKED, 0)
     if PARTS == 2:
-        store_codes(x1, inv, codes_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND, B, W,
-                    ROWS, MASKED, W)
-    store_scales(scales_ptr, absmax, rem, SBF16, B, ROWS, MASKED)
+        store_codes(x1, inv, codes_ptr, table_ptr, rem, row0, k1, k2, FMT.KIND, FMT.BITS, FMT.SIGNED, FMT.TOP,
+                    FMT.NT, FMT.ROUND, B, W, ROWS, MASKED, W)
+    store_scales(scales_ptr, absmax, rem, FMT.SBF16, B, ROWS, MASKED)
 
 
 @triton.jit
@@ -539,11 +543,9 @@ def store_scales(scales_ptr, absmax, rem, SBF16: tl.constexpr, B: tl.constexpr, 
 
 
 @triton.jit
-def encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
-                 KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
-                 NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr,
+def encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT: tl.constexpr,
                  PREPARED: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
                  MASKED: tl.constexpr):
-    """Quantize the fp32 [ROWS, BP] tile x and store codes and block absmax (encode_parts)."""
-    encode_parts(x, x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND,
-                 SQRT, SBF16, PREPARED, B, BP, ROWS, MASKED, 1)
+    """Quantize the fp32 [ROWS, BP] tile x to format FMT (a Format) and store codes and
+    block absmax (encode_parts)."""
+    encode_parts(x, x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT, PREPARED, B, BP, ROWS, MASKED, 1)

@@ -10,57 +10,37 @@ The rule is optim/rules.lion, op for op:
 """
 from __future__ import annotations
 
+from collections import namedtuple
+
 import triton
 import triton.language as tl
 
 from . import common as c
 from . import nibbles as nb
+from . import tiles
 from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_parts, tile_shape
 
+# Lion's own compile-time constants, one argument through the tile (OPTS.P_KIND, ...)
+_Opts = namedtuple("_Opts", ["P_KIND", "G_KIND", "INTERPRET"])
+
 @triton.jit
-def _lion_part(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, lr, decay, beta1, omb1, beta2, omb2,
-               P_KIND: tl.constexpr, G_KIND: tl.constexpr, INTERPRET: tl.constexpr,
-               KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
-               NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr, FRESH: tl.constexpr,
-               B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, C0: tl.constexpr,
-               ALIGNED: tl.constexpr):
-    """Columns C0 .. C0 + W - 1 of every block row of the tile: load, decode, update, store
-    the parameter. Returns (the new m, the gradient as loaded)."""
-    G: tl.constexpr = 4 if P_KIND == c.F32 or G_KIND == c.F32 else 8  # columns per thread (launch.tile_shape)
-    p = c.load_values(p_ptr, rem, P_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
-    g, g_raw = c.load_grad(g_ptr, rem, G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
-    m_hat = nb.decode_state(mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, KIND, BITS, SIGNED, TOP, NT, ROUND,
-                            SQRT, SBF16, FRESH, B, W, ROWS, MASKED, C0, ALIGNED, G)
+def _lion_part(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS: tl.constexpr, M: tl.constexpr,
+               FRESH: tl.constexpr, B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr,
+               C0: tl.constexpr, ALIGNED: tl.constexpr):
+    """Columns C0 .. C0 + W - 1 of every block row of the tile (tiles.state_tile): load,
+    decode, update, store the parameter. Returns (the new m, the gradient as loaded)."""
+    p_ptr, g_ptr = ptrs
+    lr, decay, beta1, omb1, beta2, omb2 = hyper
+    G: tl.constexpr = 4 if OPTS.P_KIND == c.F32 or OPTS.G_KIND == c.F32 else 8  # columns per thread (launch.tile_shape)
+    p = c.load_values(p_ptr, rem, OPTS.P_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+    g, g_raw = c.load_grad(g_ptr, rem, OPTS.G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+    m_hat = nb.decode_state(mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, M, FRESH, B, W, ROWS, MASKED, C0,
+                            ALIGNED, G)
     cm = m_hat * beta1 + g * omb1
     p = p * decay - tl.where(cm > 0.0, 1.0, tl.where(cm < 0.0, -1.0, 0.0)) * lr
     m = m_hat * beta2 + g * omb2
-    c.store_values(p_ptr, p, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, C0)
+    c.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0)
     return m, g_raw
-
-
-@triton.jit
-def _lion_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr, decay,
-               beta1, omb1, beta2, omb2, P_KIND: tl.constexpr, G_KIND: tl.constexpr, INTERPRET: tl.constexpr,
-               KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
-               NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr, FRESH: tl.constexpr,
-               B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, PARTS: tl.constexpr,
-               ALIGNED: tl.constexpr):
-    """One tile of ROWS blocks held as PARTS parts of BP / PARTS columns (adamw._adamw_tile:
-    the per-row work, block scale, BReD hashes, scale divisions, is done once for both)."""
-    W: tl.constexpr = BP // PARTS
-    m0, g0 = _lion_part(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, lr, decay, beta1, omb1, beta2,
-                        omb2, P_KIND, G_KIND, INTERPRET, KIND, BITS, SIGNED, TOP, NT, ROUND, SQRT, SBF16, FRESH,
-                        B, W, ROWS, MASKED, 0, ALIGNED)
-    seen = c.track_nonfinite(seen, g0)
-    m1 = m0
-    if PARTS == 2:
-        m1, g1 = _lion_part(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, lr, decay, beta1, omb1, beta2,
-                            omb2, P_KIND, G_KIND, INTERPRET, KIND, BITS, SIGNED, TOP, NT, ROUND, SQRT, SBF16, FRESH,
-                            B, W, ROWS, MASKED, W, ALIGNED)
-        seen = c.track_nonfinite(seen, g1)
-    c.encode_parts(m0, m1, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND,
-                   SQRT, SBF16, False, B, W, ROWS, MASKED, PARTS)
-    return seen
 
 
 @triton.jit(do_not_specialize=["step", "written"])
@@ -87,19 +67,16 @@ def _lion_kernel(
     g_base = c.value_ptr(tl.load(meta + c.GRAD), G_KIND, ALIGNED)
     mc_base = c.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
     ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
+    hyper = (lr, decay, beta1, omb1, beta2, omb2)
+    OPTS: tl.constexpr = _Opts(P_KIND, G_KIND, INTERPRET)
+    M: tl.constexpr = c.Format(M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16)
     seen = tl.zeros([ROWS, BP // PARTS], tl.float32)
     for i in range(0, ntiles):
         row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
         p_ptr, g_ptr = p_base + base, g_base + base
         mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
-        if full:  # every element of the tile exists: no masks
-            seen = _lion_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr, decay,
-                              beta1, omb1, beta2, omb2, P_KIND, G_KIND, INTERPRET, M_KIND, M_BITS, M_SIGNED, M_TOP,
-                              M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH, B, BP, ROWS, False, PARTS, ALIGNED)
-        else:
-            seen = _lion_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr, decay,
-                              beta1, omb1, beta2, omb2, P_KIND, G_KIND, INTERPRET, M_KIND, M_BITS, M_SIGNED, M_TOP,
-                              M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH, B, BP, ROWS, True, PARTS, ALIGNED)
+        seen = tiles.state_tile(seen, full, _lion_part, (p_ptr, g_ptr), hyper, mc_ptr, ms_ptr, table_ptr, rem, row0,
+                                k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS, ALIGNED)
     c.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 

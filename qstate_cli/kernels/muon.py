@@ -13,55 +13,35 @@ The parameter itself is updated in torch after the orthogonalization
 """
 from __future__ import annotations
 
+from collections import namedtuple
+
 import triton
 import triton.language as tl
 
 from . import common as c
+from . import tiles
 from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, tile_parts, tile_shape
 
+# Muon's own compile-time constants, one argument through the tile (OPTS.G_KIND, ...)
+_Opts = namedtuple("_Opts", ["G_KIND", "NESTEROV"])
+
 @triton.jit
-def _muon_part(g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, beta, omb,
-               G_KIND: tl.constexpr, NESTEROV: tl.constexpr,
-               KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
-               NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr, FRESH: tl.constexpr,
-               B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, C0: tl.constexpr,
-               ALIGNED: tl.constexpr):
-    """Columns C0 .. C0 + W - 1 of every block row of the tile: load, decode, update, write
-    the update out. Returns (the new buffer, the gradient as loaded)."""
-    g, g_raw = c.load_grad(g_ptr, rem, G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
-    buf_hat = c.decode_state(mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, KIND, BITS, SIGNED, TOP, NT, ROUND,
-                             SQRT, SBF16, FRESH, B, W, ROWS, MASKED, C0)
+def _muon_part(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS: tl.constexpr, M: tl.constexpr,
+               FRESH: tl.constexpr, B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr,
+               C0: tl.constexpr, ALIGNED: tl.constexpr):
+    """Columns C0 .. C0 + W - 1 of every block row of the tile (tiles.state_tile): load,
+    decode, update, write the update out. Returns (the new buffer, the gradient as loaded)."""
+    g_ptr, out_ptr = ptrs
+    beta, omb = hyper
+    g, g_raw = c.load_grad(g_ptr, rem, OPTS.G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+    buf_hat = c.decode_state(mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, M, FRESH, B, W, ROWS, MASKED, C0)
     buf = buf_hat * beta + g * omb
-    if NESTEROV:
+    if OPTS.NESTEROV:
         upd = g * omb + buf * beta
     else:
         upd = buf
     c.store_values(out_ptr, upd, rem, 0, False, B, W, ROWS, MASKED, C0)
     return buf, g_raw
-
-
-@triton.jit
-def _muon_tile(seen, g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, beta, omb,
-               G_KIND: tl.constexpr, NESTEROV: tl.constexpr,
-               KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
-               NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr, FRESH: tl.constexpr,
-               B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, PARTS: tl.constexpr,
-               ALIGNED: tl.constexpr):
-    """One tile of ROWS blocks held as PARTS parts of BP / PARTS columns (adamw._adamw_tile:
-    the per-row work, block scale, BReD hashes, scale divisions, is done once for both)."""
-    W: tl.constexpr = BP // PARTS
-    b0, g0 = _muon_part(g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, beta, omb, G_KIND, NESTEROV,
-                        KIND, BITS, SIGNED, TOP, NT, ROUND, SQRT, SBF16, FRESH, B, W, ROWS, MASKED, 0, ALIGNED)
-    seen = c.track_nonfinite(seen, g0)
-    b1 = b0
-    if PARTS == 2:
-        b1, g1 = _muon_part(g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, beta, omb, G_KIND,
-                            NESTEROV, KIND, BITS, SIGNED, TOP, NT, ROUND, SQRT, SBF16, FRESH, B, W, ROWS, MASKED, W,
-                            ALIGNED)
-        seen = c.track_nonfinite(seen, g1)
-    c.encode_parts(b0, b1, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND,
-                   SQRT, SBF16, False, B, W, ROWS, MASKED, PARTS)
-    return seen
 
 
 @triton.jit(do_not_specialize=["step", "written"])
@@ -85,19 +65,15 @@ def _muon_kernel(
     out_base = c.value_ptr(tl.load(meta + c.OUT), 0, ALIGNED)
     mc_base = c.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
     ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
+    OPTS: tl.constexpr = _Opts(G_KIND, NESTEROV)
+    M: tl.constexpr = c.Format(M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16)
     seen = tl.zeros([ROWS, BP // PARTS], tl.float32)
     for i in range(0, ntiles):
         row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
         g_ptr, out_ptr = g_base + base, out_base + base
         mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
-        if full:  # every element of the tile exists: no masks
-            seen = _muon_tile(seen, g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, beta, omb,
-                              G_KIND, NESTEROV, M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
-                              FRESH, B, BP, ROWS, False, PARTS, ALIGNED)
-        else:
-            seen = _muon_tile(seen, g_ptr, out_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, beta, omb,
-                              G_KIND, NESTEROV, M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16,
-                              FRESH, B, BP, ROWS, True, PARTS, ALIGNED)
+        seen = tiles.state_tile(seen, full, _muon_part, (g_ptr, out_ptr), (beta, omb), mc_ptr, ms_ptr, table_ptr,
+                                rem, row0, k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS, ALIGNED)
     c.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 

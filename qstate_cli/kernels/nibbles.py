@@ -103,17 +103,14 @@ def decode_words(codes_ptr, scales_ptr, row0, k1, k2,
 
 
 @triton.jit
-def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2,
-                 KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
-                 NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr,
+def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT: tl.constexpr,
                  FRESH: tl.constexpr, B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
                  MASKED: tl.constexpr, C0: tl.constexpr, ALIGNED: tl.constexpr, G: tl.constexpr):
     """common.decode_state, through decode_words where it applies (a full tile, aligned
     codes, 4-bit linear or no-zero codes; G: decode_words)."""
-    if BITS == 4 and ALIGNED and not MASKED and not FRESH and KIND != c.TABLE:
-        val = decode_words(codes_ptr, scales_ptr, row0, k1, k2, KIND, SIGNED, TOP, NT, ROUND, SQRT, SBF16, B, W,
-                           ROWS, C0, G)
+    if FMT.BITS == 4 and ALIGNED and not MASKED and not FRESH and FMT.KIND != c.TABLE:
+        val = decode_words(codes_ptr, scales_ptr, row0, k1, k2, FMT.KIND, FMT.SIGNED, FMT.TOP, FMT.NT, FMT.ROUND,
+                           FMT.SQRT, FMT.SBF16, B, W, ROWS, C0, G)
     else:
-        val = c.decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND,
-                             SQRT, SBF16, FRESH, B, W, ROWS, MASKED, C0)
+        val = c.decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT, FRESH, B, W, ROWS, MASKED, C0)
     return val

@@ -10,67 +10,45 @@ The rule is optim/rules.sgd, op for op (coupled weight decay first, as torch doe
 """
 from __future__ import annotations
 
+from collections import namedtuple
+
 import triton
 import triton.language as tl
 
 from . import common as c
 from . import nibbles as nb
+from . import tiles
 from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_parts, tile_shape
 
+# SGD's own compile-time constants, one argument through the tile (OPTS.P_KIND, ...)
+_Opts = namedtuple("_Opts", ["P_KIND", "G_KIND", "INTERPRET", "WD", "NESTEROV"])
+
 @triton.jit
-def _sgd_part(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, lr,
-              momentum, one_minus_dampening, wd, P_KIND: tl.constexpr, G_KIND: tl.constexpr,
-              INTERPRET: tl.constexpr, WD: tl.constexpr, NESTEROV: tl.constexpr,
-              KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
-              NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr, FRESH: tl.constexpr,
-              B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, C0: tl.constexpr,
-              ALIGNED: tl.constexpr):
-    """Columns C0 .. C0 + W - 1 of every block row of the tile: load, decode, update, store
-    the parameter. Returns (the new buffer, the gradient as loaded)."""
-    G: tl.constexpr = 4 if P_KIND == c.F32 or G_KIND == c.F32 else 8  # columns per thread (launch.tile_shape)
-    p = c.load_values(p_ptr, rem, P_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
-    g, g_raw = c.load_grad(g_ptr, rem, G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
-    if WD:
+def _sgd_part(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS: tl.constexpr, M: tl.constexpr,
+              FRESH: tl.constexpr, B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr,
+              C0: tl.constexpr, ALIGNED: tl.constexpr):
+    """Columns C0 .. C0 + W - 1 of every block row of the tile (tiles.state_tile): load,
+    decode, update, store the parameter. Returns (the new buffer, the gradient as loaded)."""
+    p_ptr, g_ptr = ptrs
+    lr, momentum, one_minus_dampening, wd = hyper
+    G: tl.constexpr = 4 if OPTS.P_KIND == c.F32 or OPTS.G_KIND == c.F32 else 8  # columns per thread (launch.tile_shape)
+    p = c.load_values(p_ptr, rem, OPTS.P_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+    g, g_raw = c.load_grad(g_ptr, rem, OPTS.G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+    if OPTS.WD:
         g = g + p * wd
     if FRESH:  # first step (or after a reset): the buffer starts as the gradient
         buf = g
     else:
-        buf_hat = nb.decode_state(mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, KIND, BITS, SIGNED, TOP, NT,
-                                  ROUND, SQRT, SBF16, False, B, W, ROWS, MASKED, C0, ALIGNED, G)
+        buf_hat = nb.decode_state(mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, M, False, B, W, ROWS, MASKED, C0,
+                                  ALIGNED, G)
         buf = buf_hat * momentum + g * one_minus_dampening
-    if NESTEROV:
+    if OPTS.NESTEROV:
         d = g + buf * momentum
     else:
         d = buf
     p = p - d * lr
-    c.store_values(p_ptr, p, rem, P_KIND, INTERPRET, B, W, ROWS, MASKED, C0)
+    c.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0)
     return buf, g_raw
-
-
-@triton.jit
-def _sgd_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr,
-              momentum, one_minus_dampening, wd, P_KIND: tl.constexpr, G_KIND: tl.constexpr,
-              INTERPRET: tl.constexpr, WD: tl.constexpr, NESTEROV: tl.constexpr,
-              KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
-              NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr, FRESH: tl.constexpr,
-              B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, PARTS: tl.constexpr,
-              ALIGNED: tl.constexpr):
-    """One tile of ROWS blocks held as PARTS parts of BP / PARTS columns (adamw._adamw_tile:
-    the per-row work, block scale, BReD hashes, scale divisions, is done once for both)."""
-    W: tl.constexpr = BP // PARTS
-    b0, g0 = _sgd_part(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, lr, momentum,
-                       one_minus_dampening, wd, P_KIND, G_KIND, INTERPRET, WD, NESTEROV, KIND, BITS, SIGNED, TOP, NT,
-                       ROUND, SQRT, SBF16, FRESH, B, W, ROWS, MASKED, 0, ALIGNED)
-    seen = c.track_nonfinite(seen, g0)
-    b1 = b0
-    if PARTS == 2:
-        b1, g1 = _sgd_part(p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, lr, momentum,
-                           one_minus_dampening, wd, P_KIND, G_KIND, INTERPRET, WD, NESTEROV, KIND, BITS, SIGNED, TOP,
-                           NT, ROUND, SQRT, SBF16, FRESH, B, W, ROWS, MASKED, W, ALIGNED)
-        seen = c.track_nonfinite(seen, g1)
-    c.encode_parts(b0, b1, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND,
-                   SQRT, SBF16, False, B, W, ROWS, MASKED, PARTS)
-    return seen
 
 
 @triton.jit(do_not_specialize=["step", "written"])
@@ -97,21 +75,16 @@ def _sgd_kernel(
     g_base = c.value_ptr(tl.load(meta + c.GRAD), G_KIND, ALIGNED)
     mc_base = c.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
     ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
+    hyper = (lr, momentum, one_minus_dampening, wd)
+    OPTS: tl.constexpr = _Opts(P_KIND, G_KIND, INTERPRET, WD, NESTEROV)
+    M: tl.constexpr = c.Format(M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16)
     seen = tl.zeros([ROWS, BP // PARTS], tl.float32)
     for i in range(0, ntiles):
         row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
         p_ptr, g_ptr = p_base + base, g_base + base
         mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
-        if full:  # every element of the tile exists: no masks
-            seen = _sgd_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr,
-                             momentum, one_minus_dampening, wd, P_KIND, G_KIND, INTERPRET, WD, NESTEROV,
-                             M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH, B, BP, ROWS,
-                             False, PARTS, ALIGNED)
-        else:
-            seen = _sgd_tile(seen, p_ptr, g_ptr, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2, lr,
-                             momentum, one_minus_dampening, wd, P_KIND, G_KIND, INTERPRET, WD, NESTEROV,
-                             M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16, FRESH, B, BP, ROWS,
-                             True, PARTS, ALIGNED)
+        seen = tiles.state_tile(seen, full, _sgd_part, (p_ptr, g_ptr), hyper, mc_ptr, ms_ptr, table_ptr, rem, row0,
+                                k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS, ALIGNED)
     c.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 

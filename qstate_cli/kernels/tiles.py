@@ -1,0 +1,59 @@
+"""The tile of the one-state kernels (Lion, SGD, Muon), written once: step the tile with the
+optimizer's part function, then requantize its state.
+
+A tile is ROWS quantization blocks held as PARTS (1 or 2) parts of W = BP / PARTS columns:
+each thread holds the same block row in every part, so the per-row work (block scale, BReD
+hashes, scale divisions) is done once for all of them (adamw._adamw_tile). The optimizer
+supplies PART, a @triton.jit function (passed as an argument: Triton >= 3.3) with
+
+    PART(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS, M, FRESH,
+         B, W, ROWS, MASKED, C0, ALIGNED) -> (the new state, the gradient as loaded)
+
+for columns C0 .. C0 + W - 1: ptrs and hyper are tuples of the op's own pointers and fp32
+scalars (unpacked at the top of PART), OPTS a namedtuple of its own constexprs (the op
+module's _Opts) and M the state's format (common.Format), both read by field (OPTS.P_KIND,
+M.BITS): unpacking a tuple of constexprs by assignment (`A, B = OPTS`) makes tensors of
+them in Triton 3.9, so it is never done. (w1, w2) are the keys of the step the state was
+written at, (k1, k2) those of this step. Tuples, fields and the function argument are
+resolved at compile time: the SASS is the same, byte for byte, as with every value passed
+by name (the variants of scripts/sass_budget.py, Triton 3.6 and 3.9).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import common as c
+
+
+@triton.jit
+def _tile_parts(seen, PART: tl.constexpr, ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2,
+                OPTS: tl.constexpr, M: tl.constexpr, FRESH: tl.constexpr, B: tl.constexpr, BP: tl.constexpr,
+                ROWS: tl.constexpr, MASKED: tl.constexpr, PARTS: tl.constexpr, ALIGNED: tl.constexpr):
+    W: tl.constexpr = BP // PARTS
+    x0, g0 = PART(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS, M, FRESH,
+                  B, W, ROWS, MASKED, 0, ALIGNED)
+    seen = c.track_nonfinite(seen, g0)
+    x1 = x0
+    if PARTS == 2:
+        x1, g1 = PART(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS, M, FRESH,
+                      B, W, ROWS, MASKED, W, ALIGNED)
+        seen = c.track_nonfinite(seen, g1)
+    c.encode_parts(x0, x1, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, M, False, B, W, ROWS, MASKED, PARTS)
+    return seen
+
+
+@triton.jit
+def state_tile(seen, full, PART: tl.constexpr, ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2,
+               OPTS: tl.constexpr, M: tl.constexpr, FRESH: tl.constexpr, B: tl.constexpr, BP: tl.constexpr,
+               ROWS: tl.constexpr, PARTS: tl.constexpr, ALIGNED: tl.constexpr):
+    """Step one tile with PART and store its state requantized; full: every element of the
+    tile exists (common.tile_origin), so no masks are built. Returns `seen` updated with the
+    tile's gradient (common.track_nonfinite)."""
+    if full:
+        seen = _tile_parts(seen, PART, ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2,
+                           OPTS, M, FRESH, B, BP, ROWS, False, PARTS, ALIGNED)
+    else:
+        seen = _tile_parts(seen, PART, ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2,
+                           OPTS, M, FRESH, B, BP, ROWS, True, PARTS, ALIGNED)
+    return seen
