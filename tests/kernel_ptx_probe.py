@@ -34,13 +34,14 @@ def _fastmath_sqrt() -> re.Pattern:
 
 
 def _div_top_constants() -> set[str]:
-    """PTX spellings of -TOP and rn(1 / TOP), the multipliers of fastmath.div_top's FMAs."""
+    """PTX spellings of -TOP, TOP and rn(1 / TOP), the multipliers of fastmath.div_top's FMAs
+    (Triton 3.9 folds the negation of fma(-q, TOP, a) into the constant, 3.6 negates q)."""
     import numpy as np
 
     from qstate_cli.kernels import fastmath
 
     spell = lambda x: "0f%08X" % int(np.array(x, dtype=np.float32).view(np.uint32))  # noqa: E731
-    return {spell(c) for d, r in fastmath.RECIP.value.items() for c in (-d, r)}
+    return {spell(c) for d, r in fastmath.RECIP.value.items() for c in (-d, d, r)}  # 3.6: fma(neg q, TOP, a)
 
 
 def summarize(ptx: str) -> dict:
