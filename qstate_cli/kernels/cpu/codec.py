@@ -320,42 +320,84 @@ def encode_with_absmax(x, cnt, amax_bits, lay, lim, table, b, start, k1, k2, pre
     """encode_block where the caller has computed amax_bits = max_j abs_bits(stored_value(x[j]))
     in a loop of its own (the AdamW update loop: one pass less over the block). One loop:
     n = stored_value(x[j]) * (top / absmax), rounded to a code."""
-    if lay[SBF16] and amax_bits & np.uint32(0xFFFF):  # round the scale up to a bf16 value
-        amax_bits = np.uint32((amax_bits & np.uint32(0xFFFF0000)) + np.uint32(0x10000))
-    absmax = f32_from_bits(amax_bits)
-    top, top_min = lim[0], lim[1]
-    inv = top / absmax if absmax >= top_min else ZERO
-    rounding = lay[ROUND]
-    if lay[KIND] == LINEAR:
-        _round_linear(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q)
-    elif lay[UNIT]:
-        _round_unit_table(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q)
-    else:
-        _round_table(x, cnt, inv, prepared, lay, table, rounding, b, start, k1, k2, q)
+    absmax, inv = scale_of(amax_bits, lay, lim)
+    _round_block(x, cnt, inv, prepared, lay, table, b, start, k1, k2, q)
     return absmax
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _round_linear(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q):
-    """q = clamp(rint(n + d)) reduced to the format's bits (two's complement if signed),
-    n = stored_value(x) * inv."""
-    bits = lay[BITS]
-    if lay[SIGNED]:
-        lo_code, hi_code = np.int32(-(1 << (bits - 1))), np.int32((1 << (bits - 1)) - 1)
+def scale_of(amax_bits, lay, lim):
+    """(scale, top / scale) of a block whose absmax has the bit pattern amax_bits (bf16 scales
+    rounded up; the factor is 0 where scale < top * 2**-126, quantizer.step_of)."""
+    if lay[SBF16] and amax_bits & np.uint32(0xFFFF):  # round the scale up to a bf16 value
+        amax_bits = np.uint32((amax_bits & np.uint32(0xFFFF0000)) + np.uint32(0x10000))
+    absmax = f32_from_bits(amax_bits)
+    return absmax, (lim[0] / absmax if absmax >= lim[1] else ZERO)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def block_dither(lay, b, k1, k2):
+    """Block b's BReD dither as its rounding uses it: u_b - 1/2 for a linear format (added to
+    n), u_b for a code book (_up); 0 for the other roundings."""
+    if lay[ROUND] != BRED:
+        return ZERO
+    if lay[KIND] == LINEAR:
+        return uniform(b, k1, k2) - HALF
+    return uniform(b, k1, k2)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def code_of(n, lay, table, dither, u):
+    """The code (reduced to the format's bits) of n = stored_value(x) * top / absmax: linear,
+    clamp(rint(n + d)) (two's complement if signed; d = u - 1/2 stochastic, the block's
+    dither for BReD); a code book, _up between its neighbours (the closed form for
+    {1, ..., UNIT} / UNIT, else search.py's scan_code or floor_code). u: the element's
+    uniform (stochastic rounding), dither: block_dither."""
+    rounding = lay[ROUND]
+    if lay[KIND] == LINEAR:
+        bits = lay[BITS]
+        if lay[SIGNED]:
+            lo_code, hi_code = np.int32(-(1 << (bits - 1))), np.int32((1 << (bits - 1)) - 1)
+        else:
+            lo_code, hi_code = np.int32(0), np.int32((1 << bits) - 1)
+        if rounding == STOCHASTIC:
+            n = n + (u - HALF)
+        elif rounding == BRED:
+            n = n + dither
+        c = np.int32(np.rint(n))
+        return min(max(c, lo_code), hi_code) & np.int32((1 << bits) - 1)
+    if lay[UNIT]:
+        unit = np.float32(lay[UNIT])
+        step = ONE / unit
+        kf = min(max(np.floor(n * unit) - ONE, ZERO), np.float32(lay[NT] - 2))  # k of the closed form
+        lo = (kf + ONE) * step
+        if rounding == NEAREST:
+            up = (n - lo) >= step * HALF
+        else:
+            frac = min(max((n - lo) * unit, ZERO), ONE)
+            if rounding == STOCHASTIC:
+                up = u < frac
+            else:
+                up = dither >= ONE - frac
+        return np.int32(kf) + np.int32(up)
+    if lay[NT] <= SCAN_MAX:  # search.py: compares and selects for a 4-bit book, else a bucket of n's bits
+        k, lo, hi = scan_code(table, lay[NT], n)
     else:
-        lo_code, hi_code = np.int32(0), np.int32((1 << bits) - 1)
-    mask = np.int32((1 << bits) - 1)
-    d = uniform(b, k1, k2) - HALF if rounding == BRED else ZERO
-    if rounding == STOCHASTIC:
+        k = floor_code(table, lay, lay[NT], n)
+        lo, hi = table[k], table[k + 1]
+    return np.int32(k) + np.int32(_up(n, lo, hi, rounding, u if rounding == STOCHASTIC else dither))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _round_block(x, cnt, inv, prepared, lay, table, b, start, k1, k2, q):
+    """q[:cnt] = code_of(stored_value(x[j]) * inv); stochastic rounding's uniforms go
+    through q first (uniform_bits: one hash per pair)."""
+    dither = block_dither(lay, b, k1, k2)
+    if lay[ROUND] == STOCHASTIC:
         uniform_bits(q, start, cnt, k1, k2)
     for j in range(cnt):
-        n = stored_value(x[j], lay, prepared) * inv
-        if rounding == STOCHASTIC:
-            n = n + (np.float32(q[j]) * TWO_M16 - HALF)
-        elif rounding == BRED:
-            n = n + d
-        c = np.int32(np.rint(n))
-        q[j] = min(max(c, lo_code), hi_code) & mask
+        u = np.float32(q[j]) * TWO_M16 if lay[ROUND] == STOCHASTIC else ZERO
+        q[j] = code_of(stored_value(x[j], lay, prepared) * inv, lay, table, dither, u)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -368,53 +410,6 @@ def _up(n, lo, hi, rounding, u):
     if rounding == STOCHASTIC:
         return u < frac
     return u >= ONE - frac
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def _round_unit_table(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q):
-    """Code book {1, ..., UNIT} / UNIT: k = clamp(clamp(floor(n * UNIT), 0, NT) - 1, 0, NT - 2)
-    (= clamp(floor(n * UNIT) - 1, 0, NT - 2): the inner clamp never changes the outer one),
-    table[k] = (k + 1) / UNIT and table[k + 1] - table[k] = 1 / UNIT, all exact (UNIT is a
-    power of two), so _up's division by the gap is the exact product by UNIT: no search, no
-    gather, no division; one loop per block."""
-    ntf = np.float32(lay[NT])
-    unit = np.float32(lay[UNIT])
-    step = ONE / unit
-    top_k = np.float32(lay[NT] - 2)
-    ub = uniform(b, k1, k2) if rounding == BRED else ZERO
-    if rounding == STOCHASTIC:
-        uniform_bits(q, start, cnt, k1, k2)
-    for j in range(cnt):
-        v = stored_value(x[j], lay, prepared) * inv
-        kf = min(max(np.floor(v * unit) - ONE, ZERO), top_k)  # = the clamps above for any non-NaN v
-        lo = (kf + ONE) * step
-        if rounding == NEAREST:
-            up = (v - lo) >= step * HALF
-        else:
-            frac = min(max((v - lo) * unit, ZERO), ONE)
-            if rounding == STOCHASTIC:
-                up = np.float32(q[j]) * TWO_M16 < frac
-            else:
-                up = ub >= ONE - frac
-        q[j] = np.int32(kf) + np.int32(up)
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def _round_table(x, cnt, inv, prepared, lay, table, rounding, b, start, k1, k2, q):
-    """Any sorted code book: k (scan_code for at most SCAN_MAX entries, else floor_code),
-    round between table[k] and table[k + 1]."""
-    ub = uniform(b, k1, k2) if rounding == BRED else ZERO
-    if rounding == STOCHASTIC:
-        uniform_bits(q, start, cnt, k1, k2)
-    for j in range(cnt):
-        v = stored_value(x[j], lay, prepared) * inv
-        if lay[NT] <= SCAN_MAX:
-            k, lo, hi = scan_code(table, lay[NT], v)
-        else:
-            k = floor_code(table, lay, lay[NT], v)
-            lo, hi = table[k], table[k + 1]
-        u = np.float32(q[j]) * TWO_M16 if rounding == STOCHASTIC else ub
-        q[j] = np.int32(k) + np.int32(_up(v, lo, hi, rounding, u))
 
 
 @njit(cache=True, inline="always", error_model="numpy")
