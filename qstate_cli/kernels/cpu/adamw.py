@@ -30,7 +30,11 @@ from .host import CpuBatch, keys, layout_arrays, numpy_views, run_blocks
 @lru_cache(maxsize=None)
 def kernel_for(mlay: tuple, vlay: tuple, B: int):
     """The AdamW kernel compiled for these layouts (codec.py: lay tuples) and block size B,
-    all compile-time constants of it (one compilation per key, cached on disk)."""
+    all compile-time constants of it (one compilation per key, cached on disk). m4 and v4
+    are plain closure bools, not `lay[...]` tests: numba prunes a branch on a closure bool
+    before it inlines the calls in it, and only LLVM prunes one on `lay[...]` (docs/cpu.md,
+    "encode by pairs": compile time)."""
+    m4, v4 = bool(mlay[c.BITS] == 4), bool(vlay[c.BITS] == 4)  # pairs.py: the 4-bit codec by code bytes
 
     @njit(nogil=True, cache=True, error_model="numpy")
     def _adamw_kernel(b0, b1_, p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, numel,
@@ -42,7 +46,6 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
         eps32, l2 = np.float32(eps), np.float32(l2_wd)
         decay, step_size, ibc2 = scal[1], scal[2], scal[3]
         msb, vsb = mlay[c.SBF16] != 0, vlay[c.SBF16] != 0
-        m4, v4 = mlay[c.BITS] == 4, vlay[c.BITS] == 4  # pairs.py: the 4-bit codec by code bytes
         p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, ks = nv.borrowed(  # no reference counts (native.py)
             (p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, ks))
         mrow = nv.scratch_f32(B)
@@ -64,21 +67,22 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
                                             step_size, ibc2, mlay, vlay, False)
             nbad += bad
             if m4 and v4:
-                mscale, vscale = pc.encode_pack4_two(mrow, vrow, cnt, mbits, vbits, mlay, vlay, mlim, vlim, mtab, vtab,
-                                                     b, start, ks[0], ks[1], ks[2], ks[3], c.STORED, mc, vc)
+                mscale, vscale = pc.encode_pack4_two(mrow, vrow, cnt, mbits, vbits, mlay, vlay, mlim,
+                                                     vlim, mtab, vtab, b, start, ks[0], ks[1], ks[2], ks[3],
+                                                     c.STORED, mc, vc)
                 c.store_scale(ms, b, mscale, msb)
                 c.store_scale(vs, b, vscale, vsb)
                 continue
             if m4:
-                c.store_scale(ms, b, pc.encode_pack4(mrow, cnt, mbits, mlay, mlim, mtab, b, start, ks[0], ks[1],
-                                                     c.STORED, mc), msb)
+                c.store_scale(ms, b, pc.encode_pack4(mrow, cnt, mbits, mlay, mlim, mtab, b, start, ks[0],
+                                                     ks[1], c.STORED, mc), msb)
             else:
                 c.store_scale(ms, b, c.encode_with_absmax(mrow, cnt, mbits, mlay, mlim, mtab, b, start, ks[0],
                                                           ks[1], c.STORED, qm), msb)
                 c.pack_codes(qm, mlay[c.BITS], start, cnt, mc)
             if v4:
-                c.store_scale(vs, b, pc.encode_pack4(vrow, cnt, vbits, vlay, vlim, vtab, b, start, ks[2], ks[3],
-                                                     c.STORED, vc), vsb)
+                c.store_scale(vs, b, pc.encode_pack4(vrow, cnt, vbits, vlay, vlim, vtab, b, start, ks[2],
+                                                     ks[3], c.STORED, vc), vsb)
             else:
                 c.store_scale(vs, b, c.encode_with_absmax(vrow, cnt, vbits, vlay, vlim, vtab, b, start, ks[2],
                                                           ks[3], c.STORED, qv), vsb)

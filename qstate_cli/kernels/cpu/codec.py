@@ -52,7 +52,6 @@ from .native import bits_of_f32, f32_from_bits
 # cache at a folder per source version (package docstring: an inlined helper's change
 # does not invalidate its callers' cached code).
 numba.config.CACHE_DIR = str(numba_cache_dir())
-from .search import SCAN_MAX, floor_code, scan_code  # noqa: E402 (imported after the line above)
 
 # lay columns
 KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT = range(8)  # then search.py's SHIFT, NM, STEPS, OFF
@@ -70,6 +69,8 @@ ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 TWO = np.float32(2.0)
 INF = np.float32(np.inf)
+
+from .rounding import code_of  # noqa: E402 (after the cache line and the constants it reads)
 
 
 # ---- bf16 ------------------------------------------------------------------------------------------
@@ -347,48 +348,6 @@ def block_dither(lay, b, k1, k2):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def code_of(n, lay, table, dither, u):
-    """The code (reduced to the format's bits) of n = stored_value(x) * top / absmax: linear,
-    clamp(rint(n + d)) (two's complement if signed; d = u - 1/2 stochastic, the block's
-    dither for BReD); a code book, _up between its neighbours (the closed form for
-    {1, ..., UNIT} / UNIT, else search.py's scan_code or floor_code). u: the element's
-    uniform (stochastic rounding), dither: block_dither."""
-    rounding = lay[ROUND]
-    if lay[KIND] == LINEAR:
-        bits = lay[BITS]
-        if lay[SIGNED]:
-            lo_code, hi_code = np.int32(-(1 << (bits - 1))), np.int32((1 << (bits - 1)) - 1)
-        else:
-            lo_code, hi_code = np.int32(0), np.int32((1 << bits) - 1)
-        if rounding == STOCHASTIC:
-            n = n + (u - HALF)
-        elif rounding == BRED:
-            n = n + dither
-        c = np.int32(np.rint(n))
-        return min(max(c, lo_code), hi_code) & np.int32((1 << bits) - 1)
-    if lay[UNIT]:
-        unit = np.float32(lay[UNIT])
-        step = ONE / unit
-        kf = min(max(np.floor(n * unit) - ONE, ZERO), np.float32(lay[NT] - 2))  # k of the closed form
-        lo = (kf + ONE) * step
-        if rounding == NEAREST:
-            up = (n - lo) >= step * HALF
-        else:
-            frac = min(max((n - lo) * unit, ZERO), ONE)
-            if rounding == STOCHASTIC:
-                up = u < frac
-            else:
-                up = dither >= ONE - frac
-        return np.int32(kf) + np.int32(up)
-    if lay[NT] <= SCAN_MAX:  # search.py: compares and selects for a 4-bit book, else a bucket of n's bits
-        k, lo, hi = scan_code(table, lay[NT], n)
-    else:
-        k = floor_code(table, lay, lay[NT], n)
-        lo, hi = table[k], table[k + 1]
-    return np.int32(k) + np.int32(_up(n, lo, hi, rounding, u if rounding == STOCHASTIC else dither))
-
-
-@njit(cache=True, inline="always", error_model="numpy")
 def _round_block(x, cnt, inv, prepared, lay, table, b, start, k1, k2, q):
     """q[:cnt] = code_of(stored_value(x[j]) * inv); stochastic rounding's uniforms go
     through q first (uniform_bits: one hash per pair)."""
@@ -398,18 +357,6 @@ def _round_block(x, cnt, inv, prepared, lay, table, b, start, k1, k2, q):
     for j in range(cnt):
         u = np.float32(q[j]) * TWO_M16 if lay[ROUND] == STOCHASTIC else ZERO
         q[j] = code_of(stored_value(x[j], lay, prepared) * inv, lay, table, dither, u)
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def _up(n, lo, hi, rounding, u):
-    """Round up from code lo towards hi? nearest: n - lo >= (hi - lo) / 2 (ties up, as
-    torchao); stochastic: u < frac; BReD: u >= 1 - frac; frac = clamp((n - lo) / (hi - lo), 0, 1)."""
-    if rounding == NEAREST:
-        return (n - lo) >= (hi - lo) * HALF
-    frac = min(max((n - lo) / (hi - lo), ZERO), ONE)
-    if rounding == STOCHASTIC:
-        return u < frac
-    return u >= ONE - frac
 
 
 @njit(cache=True, inline="always", error_model="numpy")

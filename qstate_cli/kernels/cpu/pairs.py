@@ -40,8 +40,8 @@ def _tail(x, cnt, lay, table, inv, dither, u0, prepared):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def encode_pack4_two(x, y, cnt, xbits, ybits, xlay, ylay, xlim, ylim, xtab, ytab, b, start, xk1, xk2, yk1, yk2,
-                     prepared, xcodes, ycodes):
+def encode_pack4_two(x, y, cnt, xbits, ybits, xlay, ylay, xlim, ylim, xtab, ytab, b, start,
+                     xk1, xk2, yk1, yk2, prepared, xcodes, ycodes):
     """codec.encode_with_absmax of two 4-bit states of the same block (AdamW's m and v: rows x
     and y, absmax bit patterns xbits, ybits), codes written packed straight into xcodes and
     ycodes (bytes start / 2 ..), in one loop over the block's pairs. Returns both scales."""
