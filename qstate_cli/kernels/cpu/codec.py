@@ -53,10 +53,10 @@ from .native import bits_of_f32, f32_from_bits
 # does not invalidate its callers' cached code).
 numba.config.CACHE_DIR = str(numba_cache_dir())
 
-# lay columns
-KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT = range(8)  # then search.py's SHIFT, NM, STEPS, OFF
-LINEAR, TABLE = 0, 1
-NEAREST, STOCHASTIC, BRED = 0, 1, 2
+from .layout import (BITS, BRED, HALF, KIND, LINEAR, NEAREST, NT, ONE, ROUND, SBF16,  # noqa: E402,F401
+                     SIGNED, SQRT, STOCHASTIC, TABLE, UNIT, ZERO)
+from .rounding import code_of  # noqa: E402 (after the cache line: its functions are cached there)
+
 STORED = 2  # stored_value's `prepared` (False: raw, True: sqrt and sign applied, STORED: final)
 
 MUL1 = np.uint32(0x7FEB352D)
@@ -64,13 +64,8 @@ MUL2 = np.uint32(0x846CA68B)
 U8, U15, U16 = np.uint32(8), np.uint32(15), np.uint32(16)
 TWO_M24 = np.float32(2.0 ** -24)
 TWO_M16 = np.float32(2.0 ** -16)
-HALF = np.float32(0.5)
-ZERO = np.float32(0.0)
-ONE = np.float32(1.0)
 TWO = np.float32(2.0)
 INF = np.float32(np.inf)
-
-from .rounding import code_of  # noqa: E402 (after the cache line and the constants it reads)
 
 
 # ---- bf16 ------------------------------------------------------------------------------------------

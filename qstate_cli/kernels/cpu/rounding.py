@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from . import codec as c
+from . import layout as c
 from .search import SCAN_MAX, floor_code, scan_code
 
 
