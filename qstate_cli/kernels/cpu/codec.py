@@ -334,7 +334,7 @@ def scale_of(amax_bits, lay, lim):
 @njit(cache=True, inline="always", error_model="numpy")
 def block_dither(lay, b, k1, k2):
     """Block b's BReD dither as its rounding uses it: u_b - 1/2 for a linear format (added to
-    n), u_b for a code book (_up); 0 for the other roundings."""
+    n), u_b for a code book (rounding.py's up test); 0 for the other roundings."""
     if lay[ROUND] != BRED:
         return ZERO
     if lay[KIND] == LINEAR:

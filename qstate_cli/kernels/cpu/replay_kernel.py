@@ -89,7 +89,7 @@ def round_unit(n, u, cnt, lay, rounding, ub, q):
 
 @njit(cache=True, inline="always", error_model="numpy")
 def round_table(n, u, cnt, lay, table, rounding, ub, q):
-    """Any sorted code book: floor code k, then up from table[k] towards table[k + 1] (codec._up)."""
+    """Any sorted code book: floor code k, then up from table[k] towards table[k + 1] (rounding.py's up test)."""
     if rounding == c.NEAREST:
         for j in range(cnt):
             v = n[j]

@@ -5,18 +5,21 @@
 
     linear     clamp(rint(n + d)), two's complement if signed; d = u - 1/2 (stochastic), the
                block's dither (BReD), 0 (nearest)
-    unit book  {1, ..., UNIT} / UNIT: k = clamp(floor(n * UNIT) - 1, 0, NT - 2), then _up
-               between (k + 1) / UNIT and (k + 2) / UNIT in closed form (no search)
-    code book  k by search.py (scan_code for <= SCAN_MAX entries, else floor_code), then _up
-               between table[k] and table[k + 1]
+    unit book  {1, ..., UNIT} / UNIT: k = clamp(floor(n * UNIT) - 1, 0, NT - 2), then up or not
+               between lo = (k + 1) / UNIT and hi = (k + 2) / UNIT in closed form (no search)
+    code book  k by search.py (scan_code for <= SCAN_MAX entries, else floor_code), then up or
+               not between lo = table[k] and hi = table[k + 1]
+    up         nearest: n - lo >= (hi - lo) / 2 (ties up, as torchao); stochastic: u < frac;
+               BReD: dither >= 1 - frac; frac = clamp((n - lo) / (hi - lo), 0, 1)
 
 u: the element's uniform (stochastic rounding); dither: codec.block_dither. lay must be a
 kernel's closure constant (numba types it as a tuple of literal ints): the overload reads
 its values and returns the one branch-free function for that layout, so numba's IR holds
 no other format's branches. An `inline="always"` function that branched on `lay[...]`
 instead was re-parsed, every branch included, at each call (numba prunes branches on
-`lay[...]` only in LLVM): 18 calls of it in the 4-bit pair encoder (pairs.py) took AdamW's
-nearest-4bit compile from 29 to 145 s CPU (docs/cpu.md, "encode by pairs").
+`lay[...]` only in LLVM): 14 calls of it in AdamW's kernel with the 4-bit pair encoder
+(pairs.py) took its nearest-4bit compile from 29 to 145 s CPU; 25 s with this overload
+(docs/cpu.md, "Encode by pairs: kept").
 """
 from __future__ import annotations
 
@@ -82,7 +85,7 @@ def _unit_k(n, unit, nt):
 
 
 def _unit(unit: int, nt: int, rounding: int):
-    """Code book {1, ..., UNIT} / UNIT: k + _up, the gap 1 / UNIT exact (no search, no division)."""
+    """Code book {1, ..., UNIT} / UNIT: k + up, the gap 1 / UNIT exact (no search, no division)."""
     if rounding == c.NEAREST:
         def impl(n, lay, table, dither, u):
             kf, lo = _unit_k(n, unit, nt)
@@ -100,9 +103,8 @@ def _unit(unit: int, nt: int, rounding: int):
 
 
 def _book(lv: tuple, nt: int, rounding: int):
-    """Any sorted code book: k by search.py, then _up between lo = table[k] and hi = table[k + 1]:
-    up if n - lo >= (hi - lo) / 2 (nearest, ties up as torchao), u < frac (stochastic),
-    dither >= 1 - frac (BReD), frac = clamp((n - lo) / (hi - lo), 0, 1)."""
+    """Any sorted code book: k by search.py, then up or not (module docstring) between
+    lo = table[k] and hi = table[k + 1]."""
     if nt <= SCAN_MAX:
         @njit(inline="always", error_model="numpy")
         def neighbours(table, n):
