@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, types
+from numba.core.errors import TypingError
 from numba.extending import overload
 
 from . import layout as c
@@ -36,9 +37,9 @@ def code_of(n, lay, table, dither, u):
 
 
 def _literal_lay(lay) -> tuple:
-    """lay's values from its numba type (a tuple of literal ints), or a one-line TypeError."""
+    """lay's values from its numba type (a tuple of literal ints), or a one-line TypingError."""
     if not isinstance(lay, types.BaseTuple) or not all(isinstance(t, types.IntegerLiteral) for t in lay.types):
-        raise TypeError(f"code_of: lay must be a kernel's closure constant (literal ints), got {lay}")
+        raise TypingError(f"code_of: lay must be a kernel's closure constant (literal ints), got {lay}")
     return tuple(t.literal_value for t in lay.types)
 
 
