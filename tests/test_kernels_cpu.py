@@ -71,3 +71,29 @@ def test_without_numba_auto_falls_back_with_the_reason_and_cpu_is_an_error(monke
     p.grad = torch.randn(300)
     opt.step()  # the reference steps it
     assert int(opt.state[p]["step"]) == 1
+
+
+@needs_numba
+def test_cpu_code_of_needs_the_layout_as_a_compile_time_constant():
+    """rounding.code_of picks one format's branch-free rounding from lay's literal values; a
+    lay known only at run time (an argument) is a typing error that says so, not a silent
+    every-branch fallback (docs/cpu.md, "Encode by pairs: kept": that cost 5x the compile)."""
+    import numpy as np
+    from numba import njit
+    from numba.core.errors import TypingError
+    from qstate_cli.kernels.cpu import codec as c
+
+    lay = (c.LINEAR, 4, 1, 0, c.NEAREST, 0, 0, 0, 0, 0, 0, 0)  # int4, nearest
+
+    @njit(error_model="numpy")
+    def constant(n):
+        return c.code_of(n, lay, np.zeros(1, np.float32), c.ZERO, c.ZERO)
+
+    @njit(error_model="numpy")
+    def runtime(n, lay_arg):
+        return c.code_of(n, lay_arg, np.zeros(1, np.float32), c.ZERO, c.ZERO)
+
+    # clamp(rint(n), -8, 7) & 15: 2.5 -> 2 (half to even), -3.5 -> -4 -> 12, 9 -> 7, -20 -> -8 -> 8
+    assert [int(constant(np.float32(x))) for x in (2.5, -3.5, 9.0, -20.0)] == [2, 12, 7, 8]
+    with pytest.raises(TypingError, match="closure constant"):
+        runtime(np.float32(1.0), lay)

@@ -1,6 +1,9 @@
 """The CPU path: the fused optimizer steps and the state codec compiled with numba.
 
     codec.py     numba helpers: bit casts, the hash, bf16 casts, decode/encode of one block
+    rounding.py  one element's code, a numba overload that picks the layout's branch-free
+                 function in Python (layout.py: the layout tuple's columns and constants)
+    pairs.py     the 4-bit encoder by code bytes (two elements per byte, AdamW: m and v at once)
     search.py    the floor code of a code book (bucketed search, or a scan of <= 16 entries),
                  shared with the replay kernel; host.search_table prepares its buckets
     adamw.py     fused AdamW/Adam step (two states)

@@ -23,13 +23,20 @@ from numba import njit
 
 from . import codec as c
 from . import native as nv
+from . import pairs as pc
 from .host import CpuBatch, keys, layout_arrays, numpy_views, run_blocks
 
 
 @lru_cache(maxsize=None)
 def kernel_for(mlay: tuple, vlay: tuple, B: int):
     """The AdamW kernel compiled for these layouts (codec.py: lay tuples) and block size B,
-    all compile-time constants of it (one compilation per key, cached on disk)."""
+    all compile-time constants of it (one compilation per key, cached on disk). m4 and v4
+    are plain closure bools, not `lay[...]` tests: numba prunes a branch on a closure bool
+    before it inlines the calls in it, and only LLVM prunes one on `lay[...]` (docs/cpu.md,
+    "Encode by pairs: kept": compile time). A state encodes by pairs (pairs.py) when it is
+    4-bit and not a searched code book: torchao-4bit's scanned books ran 10% slower that way
+    (raw kernel 16.0 against 14.3 ms), so they keep codec's loop, then pack_codes."""
+    m4, v4 = _by_pairs(mlay), _by_pairs(vlay)
 
     @njit(nogil=True, cache=True, error_model="numpy")
     def _adamw_kernel(b0, b1_, p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, numel,
@@ -40,7 +47,6 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
         b1, ob1, b2, ob2 = np.float32(beta1), np.float32(omb1), np.float32(beta2), np.float32(omb2)
         eps32, l2 = np.float32(eps), np.float32(l2_wd)
         decay, step_size, ibc2 = scal[1], scal[2], scal[3]
-        v_sqrt = vlay[c.SQRT] != 0
         msb, vsb = mlay[c.SBF16] != 0, vlay[c.SBF16] != 0
         p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, ks = nv.borrowed(  # no reference counts (native.py)
             (p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, ks))
@@ -49,47 +55,84 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
         qm = nv.scratch_i32(B)  # m's codes: read, then written
         qv = nv.scratch_i32(B)
         has_l2 = l2 != c.ZERO  # Adam: coupled weight decay
-        clamp_v = not fresh_v and not v_sqrt  # a dithered v read back below 0 counts as 0
         nbad = 0
         for b in range(b0, b1_):
             start = b * B
             cnt = min(B, numel - start)
             c.read_state(fresh_m, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, ks[4], ks[5], qm, mrow)
             c.read_state(fresh_v, vc, vs, vsb, vlay, vlim, vtab, b, start, cnt, ks[6], ks[7], qv, vrow)
-            i0 = np.uint64(start)
-            bad = np.int32(0)
-            mbits = np.uint32(0)  # running max of |m| and |v| as stored (codec.encode_with_absmax)
-            vbits = np.uint32(0)
-            for j in range(cnt):  # the rule, the gradient's and parameter's I/O, the absmaxes: one pass
-                i = i0 + np.uint64(j)
-                gj = c.value_at(g, i)
-                ok = abs(gj) < c.INF
-                gj = gj if ok else c.ZERO
-                bad = np.int32(bad + np.int32(not ok))
-                pj = c.value_at(p, i)
-                gj = gj + pj * l2 if has_l2 else gj
-                vh = vrow[j]
-                vh = c.ZERO if clamp_v and vh < c.ZERO else vh
-                m = mrow[j] * b1 + gj * ob1
-                v = vh * b2 + (gj * gj) * ob2
-                sqrt_v = np.sqrt(v)
-                c.store_value(p, i, pj * decay - (m / (sqrt_v * ibc2 + eps32)) * step_size)
-                ms_ = c.stored_value(m, mlay, False)  # the values encode quantizes (codec.STORED)
-                vs_ = c.stored_value(sqrt_v if v_sqrt else v, vlay, True)
-                mrow[j] = ms_
-                vrow[j] = vs_
-                mbits = max(mbits, c.abs_bits(ms_))
-                vbits = max(vbits, c.abs_bits(vs_))
+            if has_l2:  # unswitched by hand: each copy of the update loop is straight-line code
+                bad, mbits, vbits = _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay,
+                                            step_size, ibc2, mlay, vlay, True)
+            else:
+                bad, mbits, vbits = _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay,
+                                            step_size, ibc2, mlay, vlay, False)
             nbad += bad
-            c.store_scale(ms, b, c.encode_with_absmax(mrow, cnt, mbits, mlay, mlim, mtab, b, start, ks[0], ks[1],
-                                                      c.STORED, qm), msb)
-            c.pack_codes(qm, mlay[c.BITS], start, cnt, mc)
-            c.store_scale(vs, b, c.encode_with_absmax(vrow, cnt, vbits, vlay, vlim, vtab, b, start, ks[2], ks[3],
-                                                      c.STORED, qv), vsb)
-            c.pack_codes(qv, vlay[c.BITS], start, cnt, vc)
+            if m4 and v4:
+                mscale, vscale = pc.encode_pack4_two(mrow, vrow, cnt, mbits, vbits, mlay, vlay, mlim,
+                                                     vlim, mtab, vtab, b, start, ks[0], ks[1], ks[2], ks[3],
+                                                     c.STORED, mc, vc)
+                c.store_scale(ms, b, mscale, msb)
+                c.store_scale(vs, b, vscale, vsb)
+                continue
+            if m4:
+                c.store_scale(ms, b, pc.encode_pack4(mrow, cnt, mbits, mlay, mlim, mtab, b, start, ks[0],
+                                                     ks[1], c.STORED, mc), msb)
+            else:
+                c.store_scale(ms, b, c.encode_with_absmax(mrow, cnt, mbits, mlay, mlim, mtab, b, start, ks[0],
+                                                          ks[1], c.STORED, qm), msb)
+                c.pack_codes(qm, mlay[c.BITS], start, cnt, mc)
+            if v4:
+                c.store_scale(vs, b, pc.encode_pack4(vrow, cnt, vbits, vlay, vlim, vtab, b, start, ks[2],
+                                                     ks[3], c.STORED, vc), vsb)
+            else:
+                c.store_scale(vs, b, c.encode_with_absmax(vrow, cnt, vbits, vlay, vlim, vtab, b, start, ks[2],
+                                                          ks[3], c.STORED, qv), vsb)
+                c.pack_codes(qv, vlay[c.BITS], start, cnt, vc)
         return nbad
 
     return _adamw_kernel
+
+
+def _by_pairs(lay: tuple) -> bool:
+    """Whether a state of layout lay is encoded by pairs: 4-bit, linear or {1..UNIT}/UNIT."""
+    return bool(lay[c.BITS] == 4 and (lay[c.KIND] == c.LINEAR or lay[c.UNIT]))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay, step_size, ibc2, mlay, vlay, has_l2):
+    """The rule over one block, the gradient's and parameter's I/O, the absmaxes: one pass.
+    mrow, vrow: the decoded m and v in, their values as stored (codec.STORED) out. Returns
+    (non-finite gradients, abs_bits max of m, of v). A dithered v read back below 0 counts
+    as 0 (a fresh v is all +0, which the clamp leaves as is)."""
+    v_sqrt = vlay[c.SQRT] != 0
+    i0 = np.uint64(start)
+    bad = np.int32(0)
+    mbits = np.uint32(0)  # running max of |m| and |v| as stored (codec.encode_with_absmax)
+    vbits = np.uint32(0)
+    for j in range(cnt):
+        i = i0 + np.uint64(j)
+        gj = c.value_at(g, i)
+        ok = abs(gj) < c.INF
+        gj = gj if ok else c.ZERO
+        bad = np.int32(bad + np.int32(not ok))
+        pj = c.value_at(p, i)
+        if has_l2:
+            gj = gj + pj * l2
+        vh = vrow[j]
+        if not v_sqrt:
+            vh = c.ZERO if vh < c.ZERO else vh
+        m = mrow[j] * b1 + gj * ob1
+        v = vh * b2 + (gj * gj) * ob2
+        sqrt_v = np.sqrt(v)
+        c.store_value(p, i, pj * decay - (m / (sqrt_v * ibc2 + eps32)) * step_size)
+        ms_ = c.stored_value(m, mlay, False)  # the values encode quantizes (codec.STORED)
+        vs_ = c.stored_value(sqrt_v if v_sqrt else v, vlay, True)
+        mrow[j] = ms_
+        vrow[j] = vs_
+        mbits = max(mbits, c.abs_bits(ms_))
+        vbits = max(vbits, c.abs_bits(vs_))
+    return bad, mbits, vbits
 
 
 def adamw_step(batch: CpuBatch, scalars, m, v, *, p_kind: int, g_kind: int, step: int,

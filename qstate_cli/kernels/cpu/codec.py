@@ -52,12 +52,11 @@ from .native import bits_of_f32, f32_from_bits
 # cache at a folder per source version (package docstring: an inlined helper's change
 # does not invalidate its callers' cached code).
 numba.config.CACHE_DIR = str(numba_cache_dir())
-from .search import SCAN_MAX, floor_code, scan_code  # noqa: E402 (imported after the line above)
 
-# lay columns
-KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT = range(8)  # then search.py's SHIFT, NM, STEPS, OFF
-LINEAR, TABLE = 0, 1
-NEAREST, STOCHASTIC, BRED = 0, 1, 2
+from .layout import (BITS, BRED, HALF, KIND, LINEAR, NEAREST, NT, ONE, ROUND, SBF16,  # noqa: E402,F401
+                     SIGNED, SQRT, STOCHASTIC, TABLE, UNIT, ZERO)
+from .rounding import code_of  # noqa: E402 (after the cache line: its functions are cached there)
+
 STORED = 2  # stored_value's `prepared` (False: raw, True: sqrt and sign applied, STORED: final)
 
 MUL1 = np.uint32(0x7FEB352D)
@@ -65,9 +64,6 @@ MUL2 = np.uint32(0x846CA68B)
 U8, U15, U16 = np.uint32(8), np.uint32(15), np.uint32(16)
 TWO_M24 = np.float32(2.0 ** -24)
 TWO_M16 = np.float32(2.0 ** -16)
-HALF = np.float32(0.5)
-ZERO = np.float32(0.0)
-ONE = np.float32(1.0)
 TWO = np.float32(2.0)
 INF = np.float32(np.inf)
 
@@ -320,101 +316,42 @@ def encode_with_absmax(x, cnt, amax_bits, lay, lim, table, b, start, k1, k2, pre
     """encode_block where the caller has computed amax_bits = max_j abs_bits(stored_value(x[j]))
     in a loop of its own (the AdamW update loop: one pass less over the block). One loop:
     n = stored_value(x[j]) * (top / absmax), rounded to a code."""
-    if lay[SBF16] and amax_bits & np.uint32(0xFFFF):  # round the scale up to a bf16 value
-        amax_bits = np.uint32((amax_bits & np.uint32(0xFFFF0000)) + np.uint32(0x10000))
-    absmax = f32_from_bits(amax_bits)
-    top, top_min = lim[0], lim[1]
-    inv = top / absmax if absmax >= top_min else ZERO
-    rounding = lay[ROUND]
-    if lay[KIND] == LINEAR:
-        _round_linear(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q)
-    elif lay[UNIT]:
-        _round_unit_table(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q)
-    else:
-        _round_table(x, cnt, inv, prepared, lay, table, rounding, b, start, k1, k2, q)
+    absmax, inv = scale_of(amax_bits, lay, lim)
+    _round_block(x, cnt, inv, prepared, lay, table, b, start, k1, k2, q)
     return absmax
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _round_linear(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q):
-    """q = clamp(rint(n + d)) reduced to the format's bits (two's complement if signed),
-    n = stored_value(x) * inv."""
-    bits = lay[BITS]
-    if lay[SIGNED]:
-        lo_code, hi_code = np.int32(-(1 << (bits - 1))), np.int32((1 << (bits - 1)) - 1)
-    else:
-        lo_code, hi_code = np.int32(0), np.int32((1 << bits) - 1)
-    mask = np.int32((1 << bits) - 1)
-    d = uniform(b, k1, k2) - HALF if rounding == BRED else ZERO
-    if rounding == STOCHASTIC:
-        uniform_bits(q, start, cnt, k1, k2)
-    for j in range(cnt):
-        n = stored_value(x[j], lay, prepared) * inv
-        if rounding == STOCHASTIC:
-            n = n + (np.float32(q[j]) * TWO_M16 - HALF)
-        elif rounding == BRED:
-            n = n + d
-        c = np.int32(np.rint(n))
-        q[j] = min(max(c, lo_code), hi_code) & mask
+def scale_of(amax_bits, lay, lim):
+    """(scale, top / scale) of a block whose absmax has the bit pattern amax_bits (bf16 scales
+    rounded up; the factor is 0 where scale < top * 2**-126, quantizer.step_of)."""
+    if lay[SBF16] and amax_bits & np.uint32(0xFFFF):  # round the scale up to a bf16 value
+        amax_bits = np.uint32((amax_bits & np.uint32(0xFFFF0000)) + np.uint32(0x10000))
+    absmax = f32_from_bits(amax_bits)
+    return absmax, (lim[0] / absmax if absmax >= lim[1] else ZERO)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _up(n, lo, hi, rounding, u):
-    """Round up from code lo towards hi? nearest: n - lo >= (hi - lo) / 2 (ties up, as
-    torchao); stochastic: u < frac; BReD: u >= 1 - frac; frac = clamp((n - lo) / (hi - lo), 0, 1)."""
-    if rounding == NEAREST:
-        return (n - lo) >= (hi - lo) * HALF
-    frac = min(max((n - lo) / (hi - lo), ZERO), ONE)
-    if rounding == STOCHASTIC:
-        return u < frac
-    return u >= ONE - frac
+def block_dither(lay, b, k1, k2):
+    """Block b's BReD dither as its rounding uses it: u_b - 1/2 for a linear format (added to
+    n), u_b for a code book (rounding.py's up test); 0 for the other roundings."""
+    if lay[ROUND] != BRED:
+        return ZERO
+    if lay[KIND] == LINEAR:
+        return uniform(b, k1, k2) - HALF
+    return uniform(b, k1, k2)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _round_unit_table(x, cnt, inv, prepared, lay, rounding, b, start, k1, k2, q):
-    """Code book {1, ..., UNIT} / UNIT: k = clamp(clamp(floor(n * UNIT), 0, NT) - 1, 0, NT - 2)
-    (= clamp(floor(n * UNIT) - 1, 0, NT - 2): the inner clamp never changes the outer one),
-    table[k] = (k + 1) / UNIT and table[k + 1] - table[k] = 1 / UNIT, all exact (UNIT is a
-    power of two), so _up's division by the gap is the exact product by UNIT: no search, no
-    gather, no division; one loop per block."""
-    ntf = np.float32(lay[NT])
-    unit = np.float32(lay[UNIT])
-    step = ONE / unit
-    top_k = np.float32(lay[NT] - 2)
-    ub = uniform(b, k1, k2) if rounding == BRED else ZERO
-    if rounding == STOCHASTIC:
+def _round_block(x, cnt, inv, prepared, lay, table, b, start, k1, k2, q):
+    """q[:cnt] = code_of(stored_value(x[j]) * inv); stochastic rounding's uniforms go
+    through q first (uniform_bits: one hash per pair)."""
+    dither = block_dither(lay, b, k1, k2)
+    if lay[ROUND] == STOCHASTIC:
         uniform_bits(q, start, cnt, k1, k2)
     for j in range(cnt):
-        v = stored_value(x[j], lay, prepared) * inv
-        kf = min(max(np.floor(v * unit) - ONE, ZERO), top_k)  # = the clamps above for any non-NaN v
-        lo = (kf + ONE) * step
-        if rounding == NEAREST:
-            up = (v - lo) >= step * HALF
-        else:
-            frac = min(max((v - lo) * unit, ZERO), ONE)
-            if rounding == STOCHASTIC:
-                up = np.float32(q[j]) * TWO_M16 < frac
-            else:
-                up = ub >= ONE - frac
-        q[j] = np.int32(kf) + np.int32(up)
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def _round_table(x, cnt, inv, prepared, lay, table, rounding, b, start, k1, k2, q):
-    """Any sorted code book: k (scan_code for at most SCAN_MAX entries, else floor_code),
-    round between table[k] and table[k + 1]."""
-    ub = uniform(b, k1, k2) if rounding == BRED else ZERO
-    if rounding == STOCHASTIC:
-        uniform_bits(q, start, cnt, k1, k2)
-    for j in range(cnt):
-        v = stored_value(x[j], lay, prepared) * inv
-        if lay[NT] <= SCAN_MAX:
-            k, lo, hi = scan_code(table, lay[NT], v)
-        else:
-            k = floor_code(table, lay, lay[NT], v)
-            lo, hi = table[k], table[k + 1]
-        u = np.float32(q[j]) * TWO_M16 if rounding == STOCHASTIC else ub
-        q[j] = np.int32(k) + np.int32(_up(v, lo, hi, rounding, u))
+        u = np.float32(q[j]) * TWO_M16 if lay[ROUND] == STOCHASTIC else ZERO
+        q[j] = code_of(stored_value(x[j], lay, prepared) * inv, lay, table, dither, u)
 
 
 @njit(cache=True, inline="always", error_model="numpy")

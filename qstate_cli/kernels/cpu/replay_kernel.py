@@ -44,7 +44,7 @@ def load_stored(x, i0, cnt, lay, row):
 
 @njit(cache=True, inline="always", error_model="numpy")
 def round_linear(n, u, cnt, lay, rounding, d, q):
-    """q = clamp(rint(n + dither)) reduced to the format's bits (codec._round_linear)."""
+    """q = clamp(rint(n + dither)) reduced to the format's bits (codec.code_of, linear)."""
     bits = lay[c.BITS]
     mask = np.int32((1 << bits) - 1)
     if lay[c.SIGNED]:
@@ -64,7 +64,7 @@ def round_linear(n, u, cnt, lay, rounding, d, q):
 
 @njit(cache=True, inline="always", error_model="numpy")
 def round_unit(n, u, cnt, lay, rounding, ub, q):
-    """Code book {1, ..., UNIT} / UNIT without search (codec._round_unit_table)."""
+    """Code book {1, ..., UNIT} / UNIT without search (codec.code_of, its closed form)."""
     ntf, unit = np.float32(lay[c.NT]), np.float32(lay[c.UNIT])
     step = c.ONE / unit
     top_k = np.float32(lay[c.NT] - 2)
@@ -89,7 +89,7 @@ def round_unit(n, u, cnt, lay, rounding, ub, q):
 
 @njit(cache=True, inline="always", error_model="numpy")
 def round_table(n, u, cnt, lay, table, rounding, ub, q):
-    """Any sorted code book: floor code k, then up from table[k] towards table[k + 1] (codec._up)."""
+    """Any sorted code book: floor code k, then up from table[k] towards table[k + 1] (rounding.py's up test)."""
     if rounding == c.NEAREST:
         for j in range(cnt):
             v = n[j]

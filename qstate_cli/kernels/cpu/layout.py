@@ -1,0 +1,13 @@
+"""The columns of a state layout tuple `lay` (codec.py, host.layout_arrays), its format kinds
+and roundings, and the fp32 constants the kernels share (no numba here)."""
+from __future__ import annotations
+
+import numpy as np
+
+KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT = range(8)  # then search.py's SHIFT, NM, STEPS, OFF
+LINEAR, TABLE = 0, 1
+NEAREST, STOCHASTIC, BRED = 0, 1, 2
+
+HALF = np.float32(0.5)
+ZERO = np.float32(0.0)
+ONE = np.float32(1.0)

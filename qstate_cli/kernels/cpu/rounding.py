@@ -1,0 +1,130 @@
+"""The rounding of one element to its code, specialized per layout in Python (numba overload).
+
+    code_of(n, lay, table, dither, u)   the code (reduced to the format's bits) of
+                                        n = stored_value(x) * top / absmax
+
+    linear     clamp(rint(n + d)), two's complement if signed; d = u - 1/2 (stochastic), the
+               block's dither (BReD), 0 (nearest)
+    unit book  {1, ..., UNIT} / UNIT: k = clamp(floor(n * UNIT) - 1, 0, NT - 2), then up or not
+               between lo = (k + 1) / UNIT and hi = (k + 2) / UNIT in closed form (no search)
+    code book  k by search.py (scan_code for <= SCAN_MAX entries, else floor_code), then up or
+               not between lo = table[k] and hi = table[k + 1]
+    up         nearest: n - lo >= (hi - lo) / 2 (ties up, as torchao); stochastic: u < frac;
+               BReD: dither >= 1 - frac; frac = clamp((n - lo) / (hi - lo), 0, 1)
+
+u: the element's uniform (stochastic rounding); dither: codec.block_dither. lay must be a
+kernel's closure constant (numba types it as a tuple of literal ints): the overload reads
+its values and returns the one branch-free function for that layout, so numba's IR holds
+no other format's branches. An `inline="always"` function that branched on `lay[...]`
+instead was re-parsed, every branch included, at each call (numba prunes branches on
+`lay[...]` only in LLVM): 14 calls of it in AdamW's kernel with the 4-bit pair encoder
+(pairs.py) took its nearest-4bit compile from 29 to 145 s CPU; 25 s with this overload
+(docs/cpu.md, "Encode by pairs: kept").
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.core.errors import TypingError
+from numba.extending import overload
+
+from . import layout as c
+from .search import SCAN_MAX, floor_code, scan_code
+
+
+def code_of(n, lay, table, dither, u):
+    """The code of n for layout lay (module docstring); numba only."""
+
+
+def _literal_lay(lay) -> tuple:
+    """lay's values from its numba type (a tuple of literal ints), or a one-line TypingError."""
+    if not isinstance(lay, types.BaseTuple) or not all(isinstance(t, types.IntegerLiteral) for t in lay.types):
+        raise TypingError(f"code_of: lay must be a kernel's closure constant (literal ints), got {lay}")
+    return tuple(t.literal_value for t in lay.types)
+
+
+@overload(code_of, inline="always", prefer_literal=True)
+def _code_of(n, lay, table, dither, u):
+    lv = _literal_lay(lay)
+    if lv[c.KIND] == c.LINEAR:
+        return _linear(lv[c.BITS], lv[c.SIGNED], lv[c.ROUND])
+    if lv[c.UNIT]:
+        return _unit(lv[c.UNIT], lv[c.NT], lv[c.ROUND])
+    return _book(lv, lv[c.NT], lv[c.ROUND])
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _clamp_code(n, lo_code, hi_code, mask):
+    """clamp(rint(n), lo_code, hi_code) & mask as int32."""
+    return min(max(np.int32(np.rint(n)), np.int32(lo_code)), np.int32(hi_code)) & np.int32(mask)
+
+
+def _linear(bits: int, signed: int, rounding: int):
+    """clamp(rint(n + d)) & (2**bits - 1), d by the rounding (the same fp32 ops as quantizer.encode)."""
+    lo_code = -(1 << (bits - 1)) if signed else 0
+    hi_code = (1 << (bits - 1)) - 1 if signed else (1 << bits) - 1
+    mask = (1 << bits) - 1
+    if rounding == c.STOCHASTIC:
+        def impl(n, lay, table, dither, u):
+            return _clamp_code(n + (u - c.HALF), lo_code, hi_code, mask)
+    elif rounding == c.BRED:
+        def impl(n, lay, table, dither, u):
+            return _clamp_code(n + dither, lo_code, hi_code, mask)
+    else:
+        def impl(n, lay, table, dither, u):
+            return _clamp_code(n, lo_code, hi_code, mask)
+    return impl
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _unit_k(n, unit, nt):
+    """(kf, lo) of the closed form: kf = clamp(floor(n * UNIT) - 1, 0, NT - 2) as fp32 and its
+    code's value lo = (kf + 1) / UNIT (exact: UNIT is a power of two)."""
+    u32 = np.float32(unit)
+    kf = min(max(np.floor(n * u32) - c.ONE, c.ZERO), np.float32(nt - 2))
+    return kf, (kf + c.ONE) * (c.ONE / u32)
+
+
+def _unit(unit: int, nt: int, rounding: int):
+    """Code book {1, ..., UNIT} / UNIT: k + up, the gap 1 / UNIT exact (no search, no division)."""
+    if rounding == c.NEAREST:
+        def impl(n, lay, table, dither, u):
+            kf, lo = _unit_k(n, unit, nt)
+            return np.int32(kf) + np.int32((n - lo) >= (c.ONE / np.float32(unit)) * c.HALF)
+    elif rounding == c.STOCHASTIC:
+        def impl(n, lay, table, dither, u):
+            kf, lo = _unit_k(n, unit, nt)
+            return np.int32(kf) + np.int32(u < min(max((n - lo) * np.float32(unit), c.ZERO), c.ONE))
+    else:
+        def impl(n, lay, table, dither, u):
+            kf, lo = _unit_k(n, unit, nt)
+            frac = min(max((n - lo) * np.float32(unit), c.ZERO), c.ONE)
+            return np.int32(kf) + np.int32(dither >= c.ONE - frac)
+    return impl
+
+
+def _book(lv: tuple, nt: int, rounding: int):
+    """Any sorted code book: k by search.py, then up or not (module docstring) between
+    lo = table[k] and hi = table[k + 1]."""
+    if nt <= SCAN_MAX:
+        @njit(inline="always", error_model="numpy")
+        def neighbours(table, n):
+            return scan_code(table, nt, n)
+    else:
+        @njit(inline="always", error_model="numpy")
+        def neighbours(table, n):
+            k = floor_code(table, lv, nt, n)
+            return k, table[k], table[k + 1]
+    if rounding == c.NEAREST:
+        def impl(n, lay, table, dither, u):
+            k, lo, hi = neighbours(table, n)
+            return np.int32(k) + np.int32((n - lo) >= (hi - lo) * c.HALF)
+    elif rounding == c.STOCHASTIC:
+        def impl(n, lay, table, dither, u):
+            k, lo, hi = neighbours(table, n)
+            return np.int32(k) + np.int32(u < min(max((n - lo) / (hi - lo), c.ZERO), c.ONE))
+    else:
+        def impl(n, lay, table, dither, u):
+            k, lo, hi = neighbours(table, n)
+            return np.int32(k) + np.int32(dither >= c.ONE - min(max((n - lo) / (hi - lo), c.ZERO), c.ONE))
+    return impl
