@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c
+from .search import floor_code
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -93,19 +94,19 @@ def round_table(n, u, cnt, lay, table, rounding, ub, q):
     if rounding == c.NEAREST:
         for j in range(cnt):
             v = n[j]
-            k = c.floor_code(table, lay, lay[c.NT], v)
+            k = floor_code(table, lay, lay[c.NT], v)
             lo, hi = table[k], table[k + 1]
             q[j] = np.int32(k) + np.int32((v - lo) >= (hi - lo) * c.HALF)
     elif rounding == c.STOCHASTIC:
         for j in range(cnt):
             v = n[j]
-            k = c.floor_code(table, lay, lay[c.NT], v)
+            k = floor_code(table, lay, lay[c.NT], v)
             lo, hi = table[k], table[k + 1]
             q[j] = np.int32(k) + np.int32(u[j] < min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
     else:
         for j in range(cnt):
             v = n[j]
-            k = c.floor_code(table, lay, lay[c.NT], v)
+            k = floor_code(table, lay, lay[c.NT], v)
             lo, hi = table[k], table[k + 1]
             q[j] = np.int32(k) + np.int32(ub >= c.ONE - min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
 
