@@ -7,8 +7,9 @@ the block's absmax: fp32 (4 bytes) or, SBF16, rounded up to a bf16 value and sto
 16 bits (2 bytes). With delta = absmax / top (common.step_of):
 
     decode   x_hat = value(q) * delta, squared if SQRT; value(q) = q (linear; two's complement
-             if signed), table[q] (code book), (q + 1) / NT (no-zero map); BReD subtracts the
-             block's dither d = u - 1/2 (u of the step the codes were written at)
+             if signed), table[q] (code book), (q + 1) / NT (no-zero map); BReD reads at
+             ordinal q - d, d = u - 1/2 the block's dither of the step the codes were written
+             at (linear: q - d; code books: interpolated between neighbouring entries)
     encode   x -> stored domain (non-finite -> 0, sqrt if SQRT, >= 0 unless signed), absmax
              per block (rounded up to bf16 if SBF16), n = x * top / absmax, and
              q = rint(n + d) (linear; d = 0 nearest, u - 1/2 per element SR or per block
