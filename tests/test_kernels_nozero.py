@@ -1,5 +1,5 @@
 """The no-zero linear maps (lin4nz, lin8nz: entries (j + 1) / NT) are computed in the kernels
-instead of loaded from the table (common.py, NOZERO). The state codec alone, on values
+instead of loaded from the table (codes.py, NOZERO). The state codec alone, on values
 chosen to sit on, between and one ulp either side of the grid points and its midpoints,
 with tiny, zero-step and non-power-of-two block scales, against the reference quantizer
 (quant/quantizer.py), bit for bit, for every rounding, with and without masks."""
@@ -9,7 +9,9 @@ import triton
 import triton.language as tl
 
 from kernel_parity import DEVICE, assert_bits_equal
+from qstate_cli.kernels import codes as cd
 from qstate_cli.kernels import common as c
+from qstate_cli.kernels import memory as mem
 from qstate_cli.kernels.launch import ROUNDING_CODES, as_int32, kernel_layout
 from qstate_cli.quant import parse_spec
 from qstate_cli.quant.quantizer import Stream, decode, encode
@@ -22,14 +24,14 @@ def _codec(x_ptr, codes_ptr, scales_ptr, stored_ptr, stored_scales_ptr, out_ptr,
            k1, k2, w1, w2, KIND: tl.constexpr, BITS: tl.constexpr, NT: tl.constexpr, ROUND: tl.constexpr,
            B: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr):
     """Encode x (step keys k1, k2) into codes/scales; decode stored (written with w1, w2) to out."""
-    loc, mask = c.tile(rem, B, B, ROWS)
+    loc, mask = mem.tile(rem, B, B, ROWS)
     row0 = tl.program_id(0).to(tl.int64)  # 0: one program
     x = tl.load(x_ptr + loc, mask=mask, other=0.0)
     k1u, k2u = k1.to(tl.uint32, bitcast=True), k2.to(tl.uint32, bitcast=True)
     w1u, w2u = w1.to(tl.uint32, bitcast=True), w2.to(tl.uint32, bitcast=True)
     FMT: tl.constexpr = c.Format(KIND, BITS, False, 1.0, NT, ROUND, False, False)  # unsigned, TOP 1, fp32 scales
-    c.encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1u, k2u, FMT, False, B, B, ROWS, MASKED)
-    val = c.decode_state(stored_ptr, stored_scales_ptr, table_ptr, rem, row0, w1u, w2u, FMT, False, B, B, ROWS, MASKED)
+    cd.encode_state(x, codes_ptr, scales_ptr, table_ptr, rem, row0, k1u, k2u, FMT, False, B, B, ROWS, MASKED)
+    val = cd.decode_state(stored_ptr, stored_scales_ptr, table_ptr, rem, row0, w1u, w2u, FMT, False, B, B, ROWS, MASKED)
     tl.store(out_ptr + loc, val, mask=mask)
 
 

@@ -1,6 +1,8 @@
 """Fused Triton kernels (one module per op) that reproduce quant/ and optim/rules.py bit for bit.
 
-    common.py    Triton helpers: the hash, the state codec (decode/encode), casts
+    common.py    Triton helpers' constants (Format, ...), the hash, the format math
+    memory.py    Triton helpers: addresses, tiles, exact loads/stores, non-finite counting
+    codes.py     Triton helpers: the state codec (decode_state / encode_state)
     launch.py    host side: which specs are covered, the multi-tensor launch tables, tiles
     adamw.py     fused AdamW/Adam step (two states)
     lion.py      fused Lion step (one state)

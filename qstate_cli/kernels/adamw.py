@@ -10,7 +10,7 @@ parameter, both codes and both scales. Bytes moved per element:
     4-bit step can be up to 22/8.125 = 2.7x faster)
 
 No full-size temporary is allocated: decode, update and requantization happen in
-registers, one tile of ROWS quantization blocks per program (common.py). The rule is
+registers, one tile of ROWS quantization blocks per program (memory.py). The rule is
 optim/rules.adamw, op for op:
 
     m = m_hat * b1 + g * (1 - b1);   v = v_hat * b2 + (g * g) * (1 - b2)
@@ -32,8 +32,10 @@ from collections import namedtuple
 import triton
 import triton.language as tl
 
+from . import codes as cd
 from . import common as c
 from . import fastmath as fm
+from . import memory as mem
 from . import nibbles as nb
 from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_parts, tile_shape
 
@@ -53,12 +55,12 @@ def _adamw_part(ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, M: tl.constexp
     _, _, _, _, wm1, wm2, wv1, wv2 = keys  # the keys m and v were written with
     decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd = hyper
     G: tl.constexpr = 4 if OPTS.P_KIND == c.F32 or OPTS.G_KIND == c.F32 else 8  # columns per thread (launch.tile_shape)
-    p = c.load_values(p_ptr, rem, OPTS.P_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+    p = mem.load_values(p_ptr, rem, OPTS.P_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
     if RAW:
-        g_raw = c.load_values(g_ptr, rem, OPTS.G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+        g_raw = mem.load_values(g_ptr, rem, OPTS.G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
         g = g_raw
     else:
-        g, g_raw = c.load_grad(g_ptr, rem, OPTS.G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+        g, g_raw = mem.load_grad(g_ptr, rem, OPTS.G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
     if OPTS.L2:  # Adam: coupled weight decay
         g = g + p * l2_wd
     m_hat = nb.decode_state(mc_ptr, ms_ptr, table_m_ptr, rem, row0, wm1, wm2, M, FRESH_M, B, W, ROWS, MASKED, C0,
@@ -75,7 +77,7 @@ def _adamw_part(ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, M: tl.constexp
         sqrt_v = fm.sqrt_rn(v, OPTS.INTERPRET)  # sqrt.rn.f32, four elements per range check (fastmath)
     p = p * decay - tl.math.div_rn(m, sqrt_v * inv_bc2_sqrt + eps) * step_size
     if not RAW:
-        c.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0)
+        mem.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0)
     if V.SQRT:
         return m, sqrt_v, g_raw, p
     return m, v, g_raw, p
@@ -108,14 +110,14 @@ def _adamw_tile_zeroing(seen, ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, 
     km1, km2, kv1, kv2, _, _, _, _ = keys
     m0, v0, g0, _ = _adamw_part(ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, W, ROWS, MASKED, 0,
                                 ALIGNED, False)
-    seen = c.track_nonfinite(seen, g0)
+    seen = mem.track_nonfinite(seen, g0)
     m1, v1 = m0, v0
     if PARTS == 2:
         m1, v1, g1, _ = _adamw_part(ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, W, ROWS, MASKED,
                                     W, ALIGNED, False)
-        seen = c.track_nonfinite(seen, g1)
-    c.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M, False, B, W, ROWS, MASKED, PARTS)
-    c.encode_parts(v0, v1, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V, True, B, W, ROWS, MASKED, PARTS)
+        seen = mem.track_nonfinite(seen, g1)
+    cd.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M, False, B, W, ROWS, MASKED, PARTS)
+    cd.encode_parts(v0, v1, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V, True, B, W, ROWS, MASKED, PARTS)
     return seen
 
 
@@ -129,7 +131,7 @@ def _adamw_tile(seen, ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, M: tl.co
     codes and scales, v's, and the code books of m and v; keys: (km1, km2, kv1, kv2) of
     this step, (wm1, wm2, wv1, wv2) of the steps m and v were written at; hyper: the fp32
     scalars; OPTS: AdamW's own constexprs (_Opts); M, V: the formats (common.Format).
-    Returns `seen` updated with the tile's gradient (common.track_nonfinite).
+    Returns `seen` updated with the tile's gradient (memory.track_nonfinite).
 
     A full tile is stepped from the gradient as loaded, its parameter held back: if no
     gradient, m or v element of the tile is NaN or Inf (one tile-wide NaN-propagating max of
@@ -155,11 +157,11 @@ def _adamw_tile(seen, ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, M: tl.co
         # no check of g itself: a NaN or Inf gradient makes m NaN or Inf (m = m_hat * b1 + g * (1 - b1),
         # and Inf * 0 is NaN where b1 = 1; Adam's g + p * wd keeps g non-finite), so m's check covers it
         if tl.reduce(_max_nan(am, av), 0, _max_nan) < float("inf"):  # NaN compares false
-            c.store_values(p_ptr, p0, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, 0)
+            mem.store_values(p_ptr, p0, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, 0)
             if PARTS == 2:
-                c.store_values(p_ptr, p1, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, W)
-            c.encode_scaled(m0, m1, am, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M, B, W, ROWS, MASKED, PARTS)
-            c.encode_scaled(v0, v1, av, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V, B, W, ROWS, MASKED, PARTS)
+                mem.store_values(p_ptr, p1, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, W)
+            cd.encode_scaled(m0, m1, am, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M, B, W, ROWS, MASKED, PARTS)
+            cd.encode_scaled(v0, v1, av, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V, B, W, ROWS, MASKED, PARTS)
         else:
             seen = _adamw_tile_zeroing(seen, ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, BP,
                                        ROWS, MASKED, PARTS, ALIGNED)
@@ -183,7 +185,7 @@ def _adamw_kernel(
     B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr, ALIGNED: tl.constexpr,
     NC: tl.constexpr, PARTS: tl.constexpr,  # a thread holds PARTS 16-byte vectors of one block row
 ):
-    meta, numel, tile0, ntiles = c.program_tiles(meta_ptr, prog_ptr, NC, B, ROWS, TILES)
+    meta, numel, tile0, ntiles = mem.program_tiles(meta_ptr, prog_ptr, NC, B, ROWS, TILES)
     key_m = tl.load(meta + c.M_KEY).to(tl.uint32)
     key_v = tl.load(meta + c.V_KEY).to(tl.uint32)
     km1, km2 = c.step_keys(key_m, step.to(tl.uint32, bitcast=True))
@@ -193,12 +195,12 @@ def _adamw_kernel(
     decay = tl.load(scal_ptr + 1)
     step_size = tl.load(scal_ptr + 2)
     inv_bc2_sqrt = tl.load(scal_ptr + 3)
-    p_base = c.value_ptr(tl.load(meta + c.PARAM), P_KIND, ALIGNED)
-    g_base = c.value_ptr(tl.load(meta + c.GRAD), G_KIND, ALIGNED)
-    mc_base = c.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
-    ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
-    vc_base = c.codes_ptr_at(tl.load(meta + c.V_CODES), ALIGNED)
-    vs_base = c.scales_ptr_at(tl.load(meta + c.V_SCALES), V_SBF16)
+    p_base = mem.value_ptr(tl.load(meta + c.PARAM), P_KIND, ALIGNED)
+    g_base = mem.value_ptr(tl.load(meta + c.GRAD), G_KIND, ALIGNED)
+    mc_base = mem.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
+    ms_base = mem.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
+    vc_base = mem.codes_ptr_at(tl.load(meta + c.V_CODES), ALIGNED)
+    vs_base = mem.scales_ptr_at(tl.load(meta + c.V_SCALES), V_SBF16)
     keys = (km1, km2, kv1, kv2, wm1, wm2, wv1, wv2)
     hyper = (decay, step_size, inv_bc2_sqrt, beta1, omb1, beta2, omb2, eps, l2_wd)
     OPTS: tl.constexpr = _Opts(P_KIND, G_KIND, L2, INTERPRET)
@@ -206,7 +208,7 @@ def _adamw_kernel(
     V: tl.constexpr = c.Format(V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16)
     seen = tl.zeros([ROWS, BP // PARTS], tl.float32)
     for i in range(0, ntiles):
-        row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
+        row0, base, rem, full = mem.tile_origin(numel, tile0 + i, B, BP, ROWS)
         p_ptr, g_ptr = p_base + base, g_base + base
         mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
         vc_ptr, vs_ptr = vc_base + base * V_BITS // 8, vs_base + row0
@@ -217,7 +219,7 @@ def _adamw_kernel(
         else:
             seen = _adamw_tile(seen, ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, BP, ROWS, True,
                                PARTS, ALIGNED)
-    c.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
+    mem.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 
 def adamw_step(batch: Batch, scalars, m: StateLayout, v: StateLayout, *, p_kind: int, g_kind: int,

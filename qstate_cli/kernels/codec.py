@@ -33,7 +33,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from . import codes as cd
 from . import common as c
+from . import memory as mem
 from .launch import LAUNCH_OPTIONS, StateLayout, as_int32, tile_shape
 
 
@@ -73,16 +75,16 @@ def _codec_tile(x_ptr, out_ptr, codes_ptr, scales_ptr, table_ptr, key_ptr, ctr_p
         k2 = 0
     else:
         k1, k2 = _block_keys(key_ptr, ctr_ptr, rem, row0, step, ROUND, B, BP, ROWS, MASKED)
-    x = c.load_values(x_ptr, rem, c.F32, B, BP, ROWS, MASKED)
-    x = c.stored_domain(x, rem, SIGNED, SQRT, 0, B, BP, ROWS, MASKED)
+    x = mem.load_values(x_ptr, rem, c.F32, B, BP, ROWS, MASKED)
+    x = cd.stored_domain(x, rem, SIGNED, SQRT, 0, B, BP, ROWS, MASKED)
     absmax = tl.max(tl.abs(x), axis=1)
     if SBF16:  # rounded up to a bf16 value (exact in the stored bf16)
-        absmax = c.bf16_round_up(absmax)
-    q = c.store_codes(x, c.inverse_step(absmax, TOP), codes_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS,
+        absmax = cd.bf16_round_up(absmax)
+    q = cd.store_codes(x, c.inverse_step(absmax, TOP), codes_ptr, table_ptr, rem, row0, k1, k2, KIND, BITS,
                       SIGNED, TOP, NT, ROUND, B, BP, ROWS, MASKED)
-    c.store_scales(scales_ptr, absmax, rem, SBF16, B, ROWS, MASKED)
-    val = c.decode_codes(q, absmax, table_ptr, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND, SQRT, ROWS)
-    c.store_values(out_ptr, val, rem, c.F32, INTERPRET, B, BP, ROWS, MASKED)
+    cd.store_scales(scales_ptr, absmax, rem, SBF16, B, ROWS, MASKED)
+    val = cd.decode_codes(q, absmax, table_ptr, row0, k1, k2, KIND, BITS, SIGNED, TOP, NT, ROUND, SQRT, ROWS)
+    mem.store_values(out_ptr, val, rem, c.F32, INTERPRET, B, BP, ROWS, MASKED)
 
 
 @triton.jit(do_not_specialize=["step"])
@@ -100,7 +102,7 @@ def _codec_kernel(
     TOP: tl.constexpr, NT: tl.constexpr, ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr,
     B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
 ):
-    row0, base, rem, full = c.tile_origin(numel, tl.program_id(0), B, BP, ROWS)
+    row0, base, rem, full = mem.tile_origin(numel, tl.program_id(0), B, BP, ROWS)
     step = step.to(tl.uint32, bitcast=True)
     x_p, out_p = x_ptr + base, out_ptr + base
     codes_p, scales_p = codes_ptr + base * BITS // 8, scales_ptr + row0

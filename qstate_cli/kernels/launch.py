@@ -44,7 +44,7 @@ def interpreting() -> bool:
 
 @dataclass(frozen=True)
 class StateLayout:
-    """A state spec as the kernels' compile-time constants (common.decode_state/encode_state)."""
+    """A state spec as the kernels' compile-time constants (codes.decode_state/encode_state)."""
 
     kind: int  # 0 linear, 1 table, 2 the no-zero linear map {(j + 1) / NT} (lin4nz, lin8nz) without loads
     bits: int

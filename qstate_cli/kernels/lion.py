@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from . import common as c
+from . import memory as mem
 from . import nibbles as nb
 from . import tiles
 from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, interpreting, tile_parts, tile_shape
@@ -32,14 +33,14 @@ def _lion_part(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS: 
     p_ptr, g_ptr = ptrs
     lr, decay, beta1, omb1, beta2, omb2 = hyper
     G: tl.constexpr = 4 if OPTS.P_KIND == c.F32 or OPTS.G_KIND == c.F32 else 8  # columns per thread (launch.tile_shape)
-    p = c.load_values(p_ptr, rem, OPTS.P_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
-    g, g_raw = c.load_grad(g_ptr, rem, OPTS.G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+    p = mem.load_values(p_ptr, rem, OPTS.P_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+    g, g_raw = mem.load_grad(g_ptr, rem, OPTS.G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
     m_hat = nb.decode_state(mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, M, FRESH, B, W, ROWS, MASKED, C0,
                             ALIGNED, G)
     cm = m_hat * beta1 + g * omb1
     p = p * decay - tl.where(cm > 0.0, 1.0, tl.where(cm < 0.0, -1.0, 0.0)) * lr
     m = m_hat * beta2 + g * omb2
-    c.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0)
+    mem.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0)
     return m, g_raw
 
 
@@ -57,27 +58,27 @@ def _lion_kernel(
     B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr, ALIGNED: tl.constexpr,
     NC: tl.constexpr, PARTS: tl.constexpr,  # a thread holds PARTS 16-byte vectors of one block row
 ):
-    meta, numel, tile0, ntiles = c.program_tiles(meta_ptr, prog_ptr, NC, B, ROWS, TILES)
+    meta, numel, tile0, ntiles = mem.program_tiles(meta_ptr, prog_ptr, NC, B, ROWS, TILES)
     key = tl.load(meta + c.M_KEY).to(tl.uint32)
     k1, k2 = c.step_keys(key, step.to(tl.uint32, bitcast=True))
     w1, w2 = c.step_keys(key, written.to(tl.uint32, bitcast=True))
     lr = tl.load(scal_ptr + 0)
     decay = tl.load(scal_ptr + 1)
-    p_base = c.value_ptr(tl.load(meta + c.PARAM), P_KIND, ALIGNED)
-    g_base = c.value_ptr(tl.load(meta + c.GRAD), G_KIND, ALIGNED)
-    mc_base = c.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
-    ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
+    p_base = mem.value_ptr(tl.load(meta + c.PARAM), P_KIND, ALIGNED)
+    g_base = mem.value_ptr(tl.load(meta + c.GRAD), G_KIND, ALIGNED)
+    mc_base = mem.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
+    ms_base = mem.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
     hyper = (lr, decay, beta1, omb1, beta2, omb2)
     OPTS: tl.constexpr = _Opts(P_KIND, G_KIND, INTERPRET)
     M: tl.constexpr = c.Format(M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16)
     seen = tl.zeros([ROWS, BP // PARTS], tl.float32)
     for i in range(0, ntiles):
-        row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
+        row0, base, rem, full = mem.tile_origin(numel, tile0 + i, B, BP, ROWS)
         p_ptr, g_ptr = p_base + base, g_base + base
         mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
         seen = tiles.state_tile(seen, full, _lion_part, (p_ptr, g_ptr), hyper, mc_ptr, ms_ptr, table_ptr, rem, row0,
                                 k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS, ALIGNED)
-    c.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
+    mem.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 
 def lion_step(batch: Batch, scalars, m: StateLayout, *, p_kind: int, g_kind: int, step: int,

@@ -18,7 +18,9 @@ from collections import namedtuple
 import triton
 import triton.language as tl
 
+from . import codes as cd
 from . import common as c
+from . import memory as mem
 from . import tiles
 from .launch import LAUNCH_OPTIONS, NCOL, Batch, StateLayout, as_int32, tile_parts, tile_shape
 
@@ -33,14 +35,14 @@ def _muon_part(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS: 
     decode, update, write the update out. Returns (the new buffer, the gradient as loaded)."""
     g_ptr, out_ptr = ptrs
     beta, omb = hyper
-    g, g_raw = c.load_grad(g_ptr, rem, OPTS.G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
-    buf_hat = c.decode_state(mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, M, FRESH, B, W, ROWS, MASKED, C0)
+    g, g_raw = mem.load_grad(g_ptr, rem, OPTS.G_KIND, B, W, ROWS, MASKED, C0, ALIGNED)
+    buf_hat = cd.decode_state(mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, M, FRESH, B, W, ROWS, MASKED, C0)
     buf = buf_hat * beta + g * omb
     if OPTS.NESTEROV:
         upd = g * omb + buf * beta
     else:
         upd = buf
-    c.store_values(out_ptr, upd, rem, 0, False, B, W, ROWS, MASKED, C0)
+    mem.store_values(out_ptr, upd, rem, 0, False, B, W, ROWS, MASKED, C0)
     return buf, g_raw
 
 
@@ -57,24 +59,24 @@ def _muon_kernel(
     B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr, ALIGNED: tl.constexpr,
     NC: tl.constexpr, PARTS: tl.constexpr,  # a thread holds PARTS 16-byte vectors of one block row
 ):
-    meta, numel, tile0, ntiles = c.program_tiles(meta_ptr, prog_ptr, NC, B, ROWS, TILES)
+    meta, numel, tile0, ntiles = mem.program_tiles(meta_ptr, prog_ptr, NC, B, ROWS, TILES)
     key = tl.load(meta + c.M_KEY).to(tl.uint32)
     k1, k2 = c.step_keys(key, step.to(tl.uint32, bitcast=True))
     w1, w2 = c.step_keys(key, written.to(tl.uint32, bitcast=True))
-    g_base = c.value_ptr(tl.load(meta + c.GRAD), G_KIND, ALIGNED)
-    out_base = c.value_ptr(tl.load(meta + c.OUT), 0, ALIGNED)
-    mc_base = c.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
-    ms_base = c.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
+    g_base = mem.value_ptr(tl.load(meta + c.GRAD), G_KIND, ALIGNED)
+    out_base = mem.value_ptr(tl.load(meta + c.OUT), 0, ALIGNED)
+    mc_base = mem.codes_ptr_at(tl.load(meta + c.M_CODES), ALIGNED)
+    ms_base = mem.scales_ptr_at(tl.load(meta + c.M_SCALES), M_SBF16)
     OPTS: tl.constexpr = _Opts(G_KIND, NESTEROV)
     M: tl.constexpr = c.Format(M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16)
     seen = tl.zeros([ROWS, BP // PARTS], tl.float32)
     for i in range(0, ntiles):
-        row0, base, rem, full = c.tile_origin(numel, tile0 + i, B, BP, ROWS)
+        row0, base, rem, full = mem.tile_origin(numel, tile0 + i, B, BP, ROWS)
         g_ptr, out_ptr = g_base + base, out_base + base
         mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
         seen = tiles.state_tile(seen, full, _muon_part, (g_ptr, out_ptr), (beta, omb), mc_ptr, ms_ptr, table_ptr,
                                 rem, row0, k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS, ALIGNED)
-    c.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
+    mem.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 
 def muon_momentum_step(batch: Batch, m: StateLayout, *, g_kind: int, step: int, written: int,

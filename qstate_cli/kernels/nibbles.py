@@ -1,7 +1,7 @@
 """Decoding 4-bit codes of a full, aligned tile from the word that holds a thread's eight
 (uint32; bf16 values) or four (uint16; fp32 values) codes, without moving each nibble down.
 
-common.decode_state extracts each code as an integer (a byte PRMT, a shift, a zero-extend)
+codes.decode_state extracts each code as an integer (a byte PRMT, a shift, a zero-extend)
 and then turns it into a float with the 2**23 trick: as_float(q | bits(2**23)) - 2**23 = q.
 The same trick works with the nibble where it lies: code k of the word sits at bits
 4k .. 4k+3, and a float of exponent 23 - 4k has an ulp of 2**-4k there, so
@@ -20,6 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from . import codes as cd
 from . import common as c
 
 
@@ -52,7 +53,7 @@ def decode_words(codes_ptr, scales_ptr, row0, k1, k2,
                  KIND: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr, NT: tl.constexpr,
                  ROUND: tl.constexpr, SQRT: tl.constexpr, SBF16: tl.constexpr,
                  B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, C0: tl.constexpr, G: tl.constexpr):
-    """common.decode_state of a full tile's part (columns C0 .. C0 + W - 1) of 4-bit linear
+    """codes.decode_state of a full tile's part (columns C0 .. C0 + W - 1) of 4-bit linear
     or no-zero codes read as words of G = 8 (uint32) or 4 (uint16) codes, codes_ptr aligned
     to the word (module docstring). G = the columns a thread holds (its 16-byte vector of
     bf16 or fp32 values): each thread then reads one word per vector."""
@@ -106,11 +107,11 @@ def decode_words(codes_ptr, scales_ptr, row0, k1, k2,
 def decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT: tl.constexpr,
                  FRESH: tl.constexpr, B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
                  MASKED: tl.constexpr, C0: tl.constexpr, ALIGNED: tl.constexpr, G: tl.constexpr):
-    """common.decode_state, through decode_words where it applies (a full tile, aligned
+    """codes.decode_state, through decode_words where it applies (a full tile, aligned
     codes, 4-bit linear or no-zero codes; G: decode_words)."""
     if FMT.BITS == 4 and ALIGNED and not MASKED and not FRESH and FMT.KIND != c.TABLE:
         val = decode_words(codes_ptr, scales_ptr, row0, k1, k2, FMT.KIND, FMT.SIGNED, FMT.TOP, FMT.NT, FMT.ROUND,
                            FMT.SQRT, FMT.SBF16, B, W, ROWS, C0, G)
     else:
-        val = c.decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT, FRESH, B, W, ROWS, MASKED, C0)
+        val = cd.decode_state(codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT, FRESH, B, W, ROWS, MASKED, C0)
     return val

@@ -23,7 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import common as c
+from . import codes as cd
+from . import memory as mem
 
 
 @triton.jit
@@ -33,13 +34,13 @@ def _tile_parts(seen, PART: tl.constexpr, ptrs, hyper, mc_ptr, ms_ptr, table_ptr
     W: tl.constexpr = BP // PARTS
     x0, g0 = PART(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS, M, FRESH,
                   B, W, ROWS, MASKED, 0, ALIGNED)
-    seen = c.track_nonfinite(seen, g0)
+    seen = mem.track_nonfinite(seen, g0)
     x1 = x0
     if PARTS == 2:
         x1, g1 = PART(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS, M, FRESH,
                       B, W, ROWS, MASKED, W, ALIGNED)
-        seen = c.track_nonfinite(seen, g1)
-    c.encode_parts(x0, x1, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, M, False, B, W, ROWS, MASKED, PARTS)
+        seen = mem.track_nonfinite(seen, g1)
+    cd.encode_parts(x0, x1, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, M, False, B, W, ROWS, MASKED, PARTS)
     return seen
 
 
@@ -48,8 +49,8 @@ def state_tile(seen, full, PART: tl.constexpr, ptrs, hyper, mc_ptr, ms_ptr, tabl
                OPTS: tl.constexpr, M: tl.constexpr, FRESH: tl.constexpr, B: tl.constexpr, BP: tl.constexpr,
                ROWS: tl.constexpr, PARTS: tl.constexpr, ALIGNED: tl.constexpr):
     """Step one tile with PART and store its state requantized; full: every element of the
-    tile exists (common.tile_origin), so no masks are built. Returns `seen` updated with the
-    tile's gradient (common.track_nonfinite)."""
+    tile exists (memory.tile_origin), so no masks are built. Returns `seen` updated with the
+    tile's gradient (memory.track_nonfinite)."""
     if full:
         seen = _tile_parts(seen, PART, ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2,
                            OPTS, M, FRESH, B, BP, ROWS, False, PARTS, ALIGNED)

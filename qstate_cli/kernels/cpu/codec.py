@@ -2,7 +2,7 @@
 and arrays without reference counts: native.py).
 
 Each helper reproduces one piece of the spec (qstate_cli/quant, optim/rules.py) bit for bit,
-as kernels/common.py does in Triton:
+as kernels/common.py, memory.py and codes.py do in Triton:
 
     hash32, uniform, uniform16  quant/hash.py (uint32 arithmetic; uniform_bits: uniform16 of a block)
     value_at / store_value      torch's exact casts fp32 <-> bf16 (round half to even, NaN -> 0x7FC0)
