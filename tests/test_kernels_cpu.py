@@ -29,9 +29,31 @@ def test_cpu_adamw_equals_reference(states, dtype):
 @pytest.mark.parametrize("states", ["nearest-4bit", "sr-4bit", "bred-4bit"])
 def test_cpu_adamw_presets_equal_reference_with_resets_on_threads(states):
     """A tensor big enough to be split over threads (host.MIN_THREAD_ELEMENTS), a reset at
-    step 3: state, counters and parameters equal at every step."""
-    run_parity(AdamW, states, [(300, 700), (4097,)], torch.float32, steps=4, backend="cpu", device="cpu",
-               reset=3, lr=1e-2)
+    step 3: state, counters and parameters equal at every step. Two threads, whatever
+    OMP_NUM_THREADS says (the split is asserted, not assumed)."""
+    from qstate_cli.kernels.cpu import host
+    from qstate_cli.runtime import torch_threads
+    with torch_threads(2):
+        assert host.parts_of(300 * 700) == 2
+        run_parity(AdamW, states, [(300, 700), (4097,)], torch.float32, steps=4, backend="cpu", device="cpu",
+                   reset=3, lr=1e-2)
+
+
+@needs_numba
+@pytest.mark.parametrize("states,pairs", [("m=int8:nearest:b32,v=lin4nz:sr:b32", (False, True)),
+                                          ("m=int4:sr:b32:sbf16,v=uint4:sr:b32:sqrt", (True, True))])
+def test_cpu_adamw_pair_encoder_of_one_state_and_of_sqrt_with_bf16_scales(states, pairs):
+    """The pair encoder's cases the grid above does not hold: one state by pairs under
+    stochastic rounding (its own pair counter: pairs.encode_pack4), and linear 4-bit states
+    with a :sqrt v and bf16 block scales; that the pair encoder is the one that runs is
+    asserted too (adamw._by_pairs)."""
+    from qstate_cli.kernels.cpu import adamw, host
+    from qstate_cli.kernels.launch import kernel_layout
+    from qstate_cli.quant import parse_config
+    cfg = parse_config(states)
+    lays = [host.layout_arrays(kernel_layout(spec), None)[0] for spec in (cfg.m, cfg.v)]
+    assert tuple(adamw._by_pairs(lay) for lay in lays) == pairs
+    run_parity(AdamW, states, WEIRD, torch.bfloat16, steps=3, backend="cpu", device="cpu", lr=1e-2, weight_decay=0.1)
 
 
 @needs_numba

@@ -23,9 +23,14 @@ def test_folder_is_named_by_the_sources_digest_under_the_qstate_cache(monkeypatc
     assert cpu.numba_cache_dir() == tmp_path / "numba" / digest
 
 
-def test_numba_cache_dir_wins(monkeypatch, tmp_path):
+def test_numba_cache_dir_is_the_root_of_the_per_version_folders(monkeypatch, tmp_path):
+    """Under NUMBA_CACHE_DIR too, one folder per source version: with the bare folder an
+    edited rounding.py (inlined into adamw.py's kernels) loaded the kernels compiled before."""
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("QSTATE_CACHE", str(tmp_path))
+    digest = cpu.numba_cache_dir().name
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "mine"))
-    assert cpu.numba_cache_dir() == tmp_path / "mine"
+    assert cpu.numba_cache_dir() == tmp_path / "mine" / digest and len(digest) == 16
 
 
 def test_codec_points_numba_there_before_compiling(tmp_path):

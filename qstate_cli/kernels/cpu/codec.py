@@ -14,7 +14,8 @@ as kernels/common.py, memory.py and codes.py do in Triton:
 
 A block is B consecutive elements (the short last block has fewer); its codes start at byte
 start * bits / 8 (B is even, so a 4-bit block starts on a byte), its scale is scales[b].
-Codes go through an int32 scratch row so that the per-element loops are branch-free.
+Codes go through an int32 scratch row so that the per-element loops are branch-free (AdamW's
+4-bit linear states skip it: pairs.py rounds two elements into one code byte).
 
 fp32 semantics: numba compiles with fastmath off, so every +, *, / and sqrt is one correctly
 rounded IEEE fp32 op and LLVM contracts nothing into an FMA; every constant and
