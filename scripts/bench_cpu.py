@@ -47,6 +47,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--presets", default="nearest-4bit,sr-4bit,bred-4bit,torchao-4bit,bnb-8bit")
     ap.add_argument("--no-peers", action="store_true", help="skip torchao and bitsandbytes")
+    ap.add_argument("--settle-ms", type=float, default=50.0,
+                    help="idle pause before each timed step (ms), so the previous subject's OpenMP threads "
+                         "have stopped spinning")
     args = ap.parse_args()
     print(f"numel {args.numel}, fp32, torch threads {torch.get_num_threads()}, load average before {os.getloadavg()}")
     runs = []  # (name, path, optimizer, (wall, cpu) per step); warm-up (the first step compiles) before any timing
@@ -64,6 +67,7 @@ def main() -> None:
         runs.append((name, path, opt, []))
     for _ in range(args.reps):  # interleaved: every subject sees the same moments of a shared machine
         for _, _, opt, times in runs:
+            time.sleep(args.settle_ms / 1e3)
             times.append(timed_step(opt))
     print(f"{'optimizer':34s} {'path':12s} {'min ms':>8s} {'median':>8s} {'x torch fused (min)':>20s}"
           f" {'cpu min ms':>10s} {'x torch (cpu)':>13s}")
