@@ -41,7 +41,8 @@ def test_cpu_adamw_presets_equal_reference_with_resets_on_threads(states):
 
 @needs_numba
 @pytest.mark.parametrize("states,pairs", [("m=int8:nearest:b32,v=lin4nz:sr:b32", (False, True)),
-                                          ("m=int4:sr:b32:sbf16,v=uint4:sr:b32:sqrt", (True, True))])
+                                          ("m=int4:sr:b32:sbf16,v=uint4:sr:b32:sqrt", (True, True))],
+                         ids=["one-state-sr", "sqrt-sbf16"])
 def test_cpu_adamw_pair_encoder_of_one_state_and_of_sqrt_with_bf16_scales(states, pairs):
     """The pair encoder's cases the grid above does not hold: one state by pairs under
     stochastic rounding (its own pair counter: pairs.encode_pack4), and linear 4-bit states
