@@ -152,6 +152,43 @@ def test_fused_models_of_one_layout_share_their_buffers():
     assert second[0].data_ptr() == first[0].data_ptr() and not torch.equal(second[0], emp_a)
 
 
+@needs_numba
+def test_replays_in_threads_of_one_process_do_not_share_buffers():
+    """Replays side by side in one process (test_diagnose_split.py runs its ranks as threads)
+    each get their own buffers: with one set per process, predictions running at once wrote
+    into each other's (a split replay's stall_rate_predicted was 3% off). Each thread predicts
+    its own inputs many times while the other runs; every result equals the lone one."""
+    import threading
+    from qstate_cli.kernels.cpu.replay_model import StalenessModel
+    spec = parse_spec("int4:stochastic:b128")
+    model = StalenessModel(spec, N, None)
+    jobs = [inputs(spec, seed)[:3] for seed in (5, 6)]
+    want = [[t.clone() for t in (r[0], r[1], *r[3])] for r in (model.predict(*job) for job in jobs)]
+    assert not torch.equal(bits(want[0][0]), bits(want[1][0]))
+    bad, start = [], threading.Barrier(2)
+
+    def same(a, b):  # bit for bit (NaN is one of the model's values)
+        return torch.equal(a, b) if a.dtype == torch.bool else torch.equal(bits(a), bits(b))
+
+
+    def run(k):
+        start.wait()
+        ptr = None
+        for _ in range(30):
+            emp, nominal, _, (down, up) = model.predict(*jobs[k])
+            ptr = ptr or emp.data_ptr()
+            bad.extend(k for got, exp in zip((emp, nominal, down, up), want[k]) if not same(got, exp))
+        return ptr
+
+    out = [None, None]
+    threads = [threading.Thread(target=lambda k=k: out.__setitem__(k, run(k))) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out[0] != out[1] and not bad
+
+
 def test_the_inputs_reach_the_cases_that_matter():
     """The adversarial inputs do hold what they claim: NaN cells (inf * 0 in a zero block),
     inf cells (the grid's ends), half-to-even midpoints, and stalls and moves of both kinds."""

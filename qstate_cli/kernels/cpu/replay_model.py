@@ -20,13 +20,17 @@ as there), so every record stays bit-identical; the float64 sums stay in torch
 (stats.ModelStats). Formats: the fused codec's (launch.why_no_codec: linear int/uint and
 code books, 4 or 8 bits, block-scaled, no tensor scale, so no absmax reduced across ranks;
 the scale dtype does not enter the model).
-Output buffers: one set per layout size, shared by every state of the replay (they are
-summed before the next state's pass), so a replay holds 13 bytes per element for them
-once, not once per configuration and state.
+Output buffers: one set per layout size and thread, shared by every state of the replay
+(they are summed before the next state's pass), so a replay holds 13 bytes per element for
+them once, not once per configuration and state; per thread, since replays may run side
+by side in one process (tests/test_diagnose_split.py runs its ranks as threads: with one
+set per process they wrote into each other's predictions).
 Threads: parallel over block ranges (host.run_parts), one nominal count per thread.
 No numba at import: the kernel (replay_model_kernel.py) is imported on first use.
 """
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import torch
@@ -37,17 +41,18 @@ from .host import parts_of, run_parts, search_table
 
 ROUNDINGS = {"nearest": 0, "stochastic": 1, "bred": 2}  # codec.NEAREST, STOCHASTIC, BRED
 _KERNEL: list = []
-_BUFFERS: dict = {}  # n -> (emp, nominal, down, up): the latest layout size's only (module docstring)
+_LOCAL = threading.local()  # .buffers: n -> (emp, nominal, down, up), the thread's latest layout size only
 
 
 def _buffers(n: int) -> tuple:
-    """The shared output buffers of n elements (reused: fresh pages would cost a page fault
-    per 4 kB every call); a new size replaces the old set."""
-    if n not in _BUFFERS:
-        _BUFFERS.clear()
-        _BUFFERS[n] = (torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.bool),
-                       torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.float32))
-    return _BUFFERS[n]
+    """This thread's output buffers of n elements (reused: fresh pages would cost a page fault
+    per 4 kB every call); a new size replaces the thread's old set."""
+    bufs = _LOCAL.__dict__.setdefault("buffers", {})
+    if n not in bufs:
+        bufs.clear()
+        bufs[n] = (torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.bool),
+                   torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.float32))
+    return bufs[n]
 
 
 def _kernel():
@@ -85,7 +90,7 @@ class StalenessModel:
     def predict(self, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor | None):
         """(emp fp32 [n], nominal bool [n], #nominal, (down, up) fp32 [n] each of windows(s),
         or None where s is None or the rounding is BReD). The tensors are buffers shared by
-        every StalenessModel of n elements: valid until the next predict of any of them."""
+        every StalenessModel of n elements in this thread: valid until its next predict of any of them."""
         n = self.n
         gauss = s is not None and self.rounding != "bred"
         ys = s if gauss else x_hat
