@@ -147,7 +147,8 @@ class StateStats:
             if d >= lay.unit:
                 break
             small.append(lay.per_tensor((e * e).sum(1)))
-            e = e.view(e.shape[0], e.shape[1] // 2, 2).sum(2)  # pairwise, as the whole layout's chunks pair up
+            e = e[:, 0::2] + e[:, 1::2]  # pairwise, as the whole layout's chunks pair up (a sum over a
+            # trailing dim of 2 gives the same bits but sign of zero, squared away, at ~5x the time)
         self.snap_small.append(torch.stack(small) if small else torch.zeros(0, lay.n_tensors, dtype=torch.float64,
                                                                              device=err.device))
         self.snap_units.append(e.sum(1))
