@@ -21,10 +21,14 @@ NUMBA_DIR := .numba
 # extra) in NUMBA_DIR, beside .venv and not in it (so `make test` keeps the reference path
 # and its speed), and runs a subset that compiles a few kernel layouts (~3 min on 2 cores
 # the first time; numba caches them under the qstate cache). The whole grid:
-# `PYTHONPATH=.numba .venv/bin/python -m pytest tests/test_kernels_cpu*.py` (~15 min fresh).
+# `PYTHONPATH=.numba .venv/bin/python -m pytest tests/test_kernels_cpu*.py` (~15 min fresh);
+# the whole suite with numba present (every fused path on): `PYTHONPATH=.numba .venv/bin/python
+# -m pytest -n 2 --dist loadfile -m "not serial"` (~30 min on 2 cores): run it after changing
+# kernels/cpu (it found a test importing a moved helper and a buffer shared across threads).
 CPU_PATH_TESTS := tests/test_kernels_cpu.py tests/test_kernels_cpu_momentum.py tests/test_kernels_cpu_cache.py \
-    tests/test_replay_codec_cpu.py tests/test_replay_stats_cpu.py tests/test_replay_model_cpu.py
-CPU_PATH_SELECT := replay_codec_cpu or replay_stats or replay_model or adamw_presets or one-state-sr or lion-bred or sgd-sr \
+    tests/test_replay_codec_cpu.py tests/test_replay_stats_cpu.py tests/test_replay_model_cpu.py \
+    tests/test_replay_rule_cpu.py tests/test_codebook_search_cpu.py
+CPU_PATH_SELECT := replay_codec_cpu or replay_stats or replay_model or replay_rule or codebook_search or adamw_presets or one-state-sr or lion-bred or sgd-sr \
     or muon-nearest or nonfinite or auto_picks or without_numba or fp16 or cpu_cache
 
 .PHONY: quick test test-cpu-path venv clean-venv

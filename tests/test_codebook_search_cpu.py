@@ -24,18 +24,19 @@ def candidates(table: np.ndarray) -> np.ndarray:
 
 def _helpers():
     from numba import njit
-    from qstate_cli.kernels.cpu import codec as c
+    from qstate_cli.kernels.cpu import layout as c
+    from qstate_cli.kernels.cpu.search import floor_code, scan_code
 
     @njit(error_model="numpy")
     def search(table, lay, vs, k, lo, hi):
         for j in range(vs.size):
-            kj = c.floor_code(table, lay, lay[c.NT], vs[j])
+            kj = floor_code(table, lay, lay[c.NT], vs[j])
             k[j], lo[j], hi[j] = kj, table[kj], table[kj + 1]
 
     @njit(error_model="numpy")
     def scan(table, nt, vs, k, lo, hi):
         for j in range(vs.size):
-            k[j], lo[j], hi[j] = c.scan_code(table, nt, vs[j])
+            k[j], lo[j], hi[j] = scan_code(table, nt, vs[j])
 
     return search, scan
 
