@@ -212,10 +212,11 @@ def encode_parts(x0, x1, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FM
     block absmax (quantizer.encode); k1, k2 are the keys of this step. PREPARED: x is
     already in the stored domain (sqrt taken) and >= 0 where the format is unsigned or SQRT."""
     x0 = stored_domain(x0, rem, FMT.SIGNED, FMT.SQRT, PREPARED, B, W, ROWS, MASKED, 0)
-    absmax = tl.max(tl.abs(x0), axis=1)
-    if PARTS == 2:
+    a = tl.abs(x0)
+    if PARTS == 2:  # the parts' elementwise max first (finite, >= +0): one row reduction, not two
         x1 = stored_domain(x1, rem, FMT.SIGNED, FMT.SQRT, PREPARED, B, W, ROWS, MASKED, W)
-        absmax = tl.maximum(absmax, tl.max(tl.abs(x1), axis=1))
+        a = tl.maximum(a, tl.abs(x1))
+    absmax = tl.max(a, axis=1)
     encode_scaled(x0, x1, absmax, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT, B, W, ROWS, MASKED,
                   PARTS)
 
