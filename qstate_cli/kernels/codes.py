@@ -21,6 +21,8 @@ the block's absmax: fp32 (4 bytes) or, SBF16, rounded up to a bf16 value and sto
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -28,6 +30,9 @@ from .common import (BRED, INT_BASE, INT_BASE_BITS, LINEAR, NEAREST, NOZERO, STO
                      inverse_step, nozero_entry, one_plus_uniform16, round_half_even, step_of, table_floor,
                      table_interp, uniform)
 from .memory import tile, tile_bytes
+
+# Triton's interpreter runs no PTX (set before the kernels are imported, as launch.interpreting)
+_INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 # ---- the state codec -------------------------------------------------------------------------------
@@ -241,7 +246,16 @@ def encode_scaled(x0, x1, absmax, codes_ptr, scales_ptr, table_ptr, rem, row0, k
 def store_scales(scales_ptr, absmax, rem, SBF16: tl.constexpr, B: tl.constexpr, ROWS: tl.constexpr,
                  MASKED: tl.constexpr):
     """Store the [ROWS] block absmax: fp32, or (SBF16) its top 16 bits, the bf16 it was
-    rounded up to, as int16 bits."""
+    rounded up to, as int16 bits.
+
+    A full tile (compiled, not interpreted) stores it with one st.global per thread from the
+    row reduction's layout, where each of the threads holding a block row holds its scale:
+    they all write the same bits to the same address. tl.store would first move the vector
+    to a layout with one thread per row (BAR, STS, BAR, LDS, then a predicated store). The
+    address is the tensor of pointers the scales were loaded from (a pointer operand, so
+    LLVM keeps one address for both; as ptrtoint it made a second induction variable), the
+    fp32 scale passes as its int32 bits (Triton 3.6 refuses a pointer beside a float
+    operand)."""
     r = tl.arange(0, ROWS)
     if SBF16:
         scale = (absmax.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.int16, bitcast=True)
@@ -249,8 +263,17 @@ def store_scales(scales_ptr, absmax, rem, SBF16: tl.constexpr, B: tl.constexpr, 
         scale = absmax
     if MASKED:
         tl.store(scales_ptr + r, scale, mask=r * B < rem)
-    else:
+    elif _INTERPRET:
         tl.store(scales_ptr + r, scale)
+    else:  # every thread holding a row stores its scale: no layout conversion
+        addr = scales_ptr + r
+        if SBF16:
+            tl.inline_asm_elementwise("st.global.b16 [$1], $2; mov.b32 $0, 0;", "=r,l,h", [addr, scale],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise("st.global.b32 [$1], $2; mov.b32 $0, 0;", "=r,l,r",
+                                      [addr, scale.to(tl.int32, bitcast=True)],
+                                      dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
