@@ -77,7 +77,7 @@ def _adamw_part(ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, M: tl.constexp
         sqrt_v = fm.sqrt_rn(v, OPTS.INTERPRET)  # sqrt.rn.f32, four elements per range check (fastmath)
     p = p * decay - tl.math.div_rn(m, sqrt_v * inv_bc2_sqrt + eps) * step_size
     if not RAW:
-        mem.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0)
+        mem.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0, ALIGNED)
     if V.SQRT:
         return m, sqrt_v, g_raw, p
     return m, v, g_raw, p
@@ -157,9 +157,9 @@ def _adamw_tile(seen, ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, M: tl.co
         # no check of g itself: a NaN or Inf gradient makes m NaN or Inf (m = m_hat * b1 + g * (1 - b1),
         # and Inf * 0 is NaN where b1 = 1; Adam's g + p * wd keeps g non-finite), so m's check covers it
         if tl.reduce(_max_nan(am, av), 0, _max_nan) < float("inf"):  # NaN compares false
-            mem.store_values(p_ptr, p0, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, 0)
+            mem.store_values(p_ptr, p0, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, 0, ALIGNED)
             if PARTS == 2:
-                mem.store_values(p_ptr, p1, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, W)
+                mem.store_values(p_ptr, p1, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, W, ALIGNED)
             cd.encode_scaled(m0, m1, am, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M, B, W, ROWS, MASKED, PARTS)
             cd.encode_scaled(v0, v1, av, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V, B, W, ROWS, MASKED, PARTS)
         else:
