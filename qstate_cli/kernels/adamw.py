@@ -83,6 +83,17 @@ def _adamw_part(ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, M: tl.constexp
     return m, v, g_raw, p
 
 
+@triton.constexpr_function
+def _words(OPTS, ALIGNED):
+    """4-bit codes per stored word (codes.store_words): 8, the columns a thread holds with
+    16-bit parameters and gradients, if the batch is aligned; else 0 (byte stores). With
+    fp32 values (4 a thread, uint16 words) the words cost more than the bytes (nearest /
+    sr / bred 71.8 / 102.1 / 93.7 -> 72.0 / 102.3 / 94.1 SASS/elem)."""
+    if not ALIGNED or OPTS.P_KIND == c.F32 or OPTS.G_KIND == c.F32:
+        return 0
+    return 8
+
+
 @triton.jit
 def _max_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
@@ -116,8 +127,11 @@ def _adamw_tile_zeroing(seen, ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, 
         m1, v1, g1, _ = _adamw_part(ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, W, ROWS, MASKED,
                                     W, ALIGNED, False)
         seen = mem.track_nonfinite(seen, g1)
-    cd.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M, False, B, W, ROWS, MASKED, PARTS)
-    cd.encode_parts(v0, v1, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V, True, B, W, ROWS, MASKED, PARTS)
+    GW: tl.constexpr = _words(OPTS, ALIGNED)
+    cd.encode_parts(m0, m1, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M, False, B, W, ROWS, MASKED, PARTS,
+                    GW)
+    cd.encode_parts(v0, v1, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V, True, B, W, ROWS, MASKED, PARTS,
+                    GW)
     return seen
 
 
@@ -160,8 +174,11 @@ def _adamw_tile(seen, ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, M: tl.co
             mem.store_values(p_ptr, p0, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, 0, ALIGNED)
             if PARTS == 2:
                 mem.store_values(p_ptr, p1, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, W, ALIGNED)
-            cd.encode_scaled(m0, m1, am, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M, B, W, ROWS, MASKED, PARTS)
-            cd.encode_scaled(v0, v1, av, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V, B, W, ROWS, MASKED, PARTS)
+            GW: tl.constexpr = _words(OPTS, ALIGNED)
+            cd.encode_scaled(m0, m1, am, mc_ptr, ms_ptr, table_m_ptr, rem, row0, km1, km2, M, B, W, ROWS, MASKED, PARTS,
+                             GW)
+            cd.encode_scaled(v0, v1, av, vc_ptr, vs_ptr, table_v_ptr, rem, row0, kv1, kv2, V, B, W, ROWS, MASKED, PARTS,
+                             GW)
         else:
             seen = _adamw_tile_zeroing(seen, ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, BP,
                                        ROWS, MASKED, PARTS, ALIGNED)
