@@ -185,6 +185,20 @@ def _adamw_tile(seen, ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, M: tl.co
     return seen
 
 
+@triton.jit
+def _adamw_tile_at(seen, tile, numel, bases, keys, hyper, OPTS: tl.constexpr, M: tl.constexpr, V: tl.constexpr,
+                   FRESH_M: tl.constexpr, FRESH_V: tl.constexpr, B: tl.constexpr, BP: tl.constexpr,
+                   ROWS: tl.constexpr, MASKED: tl.constexpr, PARTS: tl.constexpr, ALIGNED: tl.constexpr):
+    """_adamw_tile of the program's tile number `tile`; bases: the tensor's pointers (p, g, m's
+    codes and scales, v's) and the code books."""
+    p_base, g_base, mc_base, ms_base, vc_base, vs_base, table_m_ptr, table_v_ptr = bases
+    row0, base, rem, _ = mem.tile_origin(numel, tile, B, BP, ROWS)
+    ptrs = (p_base + base, g_base + base, mc_base + base * M.BITS // 8, ms_base + row0,
+            vc_base + base * V.BITS // 8, vs_base + row0, table_m_ptr, table_v_ptr)
+    return _adamw_tile(seen, ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, BP, ROWS, MASKED, PARTS,
+                       ALIGNED)
+
+
 @triton.jit(do_not_specialize=["step", "written_m", "written_v"])
 def _adamw_kernel(
     meta_ptr,  # int64 [T, NCOL]: addresses, sizes and stream keys of each tensor (launch.META_COLUMNS)
@@ -224,18 +238,14 @@ def _adamw_kernel(
     M: tl.constexpr = c.Format(M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16)
     V: tl.constexpr = c.Format(V_KIND, V_BITS, V_SIGNED, V_TOP, V_NT, V_ROUND, V_SQRT, V_SBF16)
     seen = tl.zeros([ROWS, BP // PARTS], tl.float32)
-    for i in range(0, ntiles):
-        row0, base, rem, full = mem.tile_origin(numel, tile0 + i, B, BP, ROWS)
-        p_ptr, g_ptr = p_base + base, g_base + base
-        mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
-        vc_ptr, vs_ptr = vc_base + base * V_BITS // 8, vs_base + row0
-        ptrs = (p_ptr, g_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr, table_m_ptr, table_v_ptr)
-        if full:  # every element of the tile exists: no masks
-            seen = _adamw_tile(seen, ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, BP, ROWS, False,
-                               PARTS, ALIGNED)
-        else:
-            seen = _adamw_tile(seen, ptrs, keys, hyper, rem, row0, OPTS, M, V, FRESH_M, FRESH_V, B, BP, ROWS, True,
-                               PARTS, ALIGNED)
+    bases = (p_base, g_base, mc_base, ms_base, vc_base, vs_base, table_m_ptr, table_v_ptr)
+    nfull = mem.full_tiles(numel, tile0, ntiles, B, BP, ROWS)
+    for i in range(0, nfull):  # every element of these tiles exists: no masks
+        seen = _adamw_tile_at(seen, tile0 + i, numel, bases, keys, hyper, OPTS, M, V, FRESH_M, FRESH_V, B, BP, ROWS,
+                              False, PARTS, ALIGNED)
+    for i in range(nfull, ntiles):  # the tensor's short last tile, or every tile if B < BP
+        seen = _adamw_tile_at(seen, tile0 + i, numel, bases, keys, hyper, OPTS, M, V, FRESH_M, FRESH_V, B, BP, ROWS,
+                              True, PARTS, ALIGNED)
     mem.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 

@@ -86,6 +86,17 @@ def tile_origin(numel, tile, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constex
 
 
 @triton.jit
+def full_tiles(numel, tile0, ntiles, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr):
+    """How many of the program's tiles tile0 .. tile0 + ntiles - 1 are full (tile_origin's
+    `full`): all but the tensor's short last tile, none if B < BP. A program steps them in
+    one loop and the rest after it, so its loop over full tiles carries no masked path (nor
+    its addresses)."""
+    if BP != B:
+        return tl.zeros_like(ntiles)
+    return tl.minimum(ntiles, (numel // (ROWS * B) - tile0).to(tl.int32))
+
+
+@triton.jit
 def track_nonfinite(seen, g):
     """max(seen, |g|), NaN-propagating: one instruction per element (FMNMX.NAN), and
     non-finite (count_nonfinite) iff some gradient element was NaN or Inf."""
