@@ -40,7 +40,7 @@ def _lion_part(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS: 
     cm = m_hat * beta1 + g * omb1
     p = p * decay - tl.where(cm > 0.0, 1.0, tl.where(cm < 0.0, -1.0, 0.0)) * lr
     m = m_hat * beta2 + g * omb2
-    mem.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0)
+    mem.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0, ALIGNED)
     return m, g_raw
 
 

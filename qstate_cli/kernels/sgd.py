@@ -48,7 +48,7 @@ def _sgd_part(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS: t
     else:
         d = buf
     p = p - d * lr
-    mem.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0)
+    mem.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0, ALIGNED)
     return buf, g_raw
 
 
