@@ -21,6 +21,8 @@ the block's absmax: fp32 (4 bytes) or, SBF16, rounded up to a bf16 value and sto
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -28,6 +30,9 @@ from .common import (BRED, INT_BASE, INT_BASE_BITS, LINEAR, NEAREST, NOZERO, STO
                      inverse_step, nozero_entry, one_plus_uniform16, round_half_even, step_of, table_floor,
                      table_interp, uniform)
 from .memory import tile, tile_bytes
+
+# Triton's interpreter runs no PTX (set before the kernels are imported, as launch.interpreting)
+_INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 # ---- the state codec -------------------------------------------------------------------------------
@@ -123,9 +128,11 @@ def stored_domain(x, rem, SIGNED: tl.constexpr, SQRT: tl.constexpr, PREPARED: tl
 def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
                 KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
                 NT: tl.constexpr, ROUND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
-                MASKED: tl.constexpr, C0: tl.constexpr = 0):
+                MASKED: tl.constexpr, C0: tl.constexpr = 0, G: tl.constexpr = 0):
     """Quantize x (stored domain) with n = x * inv (inv = top / absmax per row) and store the
-    codes; returns them as int32 [ROWS, BP] (decode_codes reads them back; 0 beyond rem)."""
+    codes; returns them as int32 [ROWS, BP] (decode_codes reads them back; 0 beyond rem).
+    G = 8 (4-bit codes of a full tile, codes_ptr 4-byte aligned, 8 columns a thread): stored
+    as words of G codes (store_words); 0: bytes."""
     loc, mask = tile(rem, B, BP, ROWS, C0)
     r = tl.arange(0, ROWS)
     n = x * inv[:, None]  # one division per block row (inverse_step)
@@ -179,7 +186,9 @@ def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
                 q = k + (u[:, None] >= 1.0 - frac).to(tl.int32)
     if MASKED:
         q = tl.where(mask, q, 0)  # the high nibble after an odd tail stays 0
-    if BITS == 4:
+    if BITS == 4 and G > 0 and not MASKED:
+        store_words(q, codes_ptr, B, BP, ROWS, C0, G)
+    elif BITS == 4:
         bloc, bmask = tile_bytes(rem, B, BP, ROWS, C0)
         lo4, hi4 = tl.split(tl.reshape(q, [ROWS, BP // 2, 2]))
         byte = (lo4 | (hi4 << 4)).to(tl.uint8)
@@ -195,6 +204,50 @@ def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
     return q
 
 
+# word = q0 + (q1 << 4) + ... + (q7 << 28) of eight codes in [0, 15] (nibbles never carry):
+# bytes, then halves, then the word, one shift-and-add (LEA) each
+_WORD8 = tl.constexpr("{ .reg .b32 t<4>; shl.b32 t0, $2, 4; add.u32 t0, t0, $1; shl.b32 t1, $4, 4; "
+                      "add.u32 t1, t1, $3; shl.b32 t2, $6, 4; add.u32 t2, t2, $5; shl.b32 t3, $8, 4; "
+                      "add.u32 t3, t3, $7; shl.b32 t1, t1, 8; add.u32 t0, t0, t1; shl.b32 t3, t3, 8; "
+                      "add.u32 t2, t2, t3; shl.b32 t2, t2, 16; add.u32 $0, t0, t2; }")
+
+
+@triton.jit
+def _halves(x):
+    """[R, N, K] -> elements 0, 2, 4, ... and 1, 3, 5, ... of the last axis (K even)."""
+    return tl.split(tl.reshape(x, [x.shape[0], x.shape[1], x.shape[2] // 2, 2]))
+
+
+@triton.jit
+def store_words(q, codes_ptr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr, C0: tl.constexpr,
+                G: tl.constexpr):
+    """Store 4-bit codes q (int32 in [0, 15], [ROWS, BP]; columns C0 .. C0 + BP - 1) as uint32
+    words of G = 8 codes, code k of a word at bits 4k .. 4k + 3: the bytes tile_bytes stores
+    (element 2j in the low nibble of byte j), little-endian, one store per word, where
+    nibbles.decode_words reads them. G must be the columns a thread holds (8: its 16 bytes
+    of bf16 values), so a word is built in a thread's registers: on the GPU by _WORD8
+    (inline PTX, seven shift-and-adds; from Triton's shifts and adds LLVM made masks and
+    PRMTs, more instructions than the byte stores), in the interpreter by the same sum."""
+    tl.static_assert(G == 8, "store_words packs 8 codes a word")
+    r = tl.arange(0, ROWS)
+    j = tl.arange(0, BP // G) + C0 // G
+    loc = r[:, None] * (B // G) + j[None, :]
+    ev, od = _halves(tl.reshape(q, [ROWS, BP // G, G]))  # codes 0, 2, .. and 1, 3, .. of each word
+    e04, e26 = _halves(ev)
+    q0, q4 = tl.split(e04)
+    q2, q6 = tl.split(e26)
+    o15, o37 = _halves(od)
+    q1, q5 = tl.split(o15)
+    q3, q7 = tl.split(o37)
+    if _INTERPRET:
+        w = (q0 + (q1 << 4) + (q2 << 8) + (q3 << 12) + (q4 << 16) + (q5 << 20) + (q6 << 24)).to(tl.uint32) \
+            + (q7.to(tl.uint32) << 28)
+    else:
+        w = tl.inline_asm_elementwise(_WORD8, "=r,r,r,r,r,r,r,r,r", [q0, q1, q2, q3, q4, q5, q6, q7],
+                                      dtype=tl.uint32, is_pure=True, pack=1)
+    tl.store(codes_ptr.to(tl.pointer_type(tl.uint32)) + loc, w)
+
+
 @triton.jit
 def bf16_round_up(absmax):
     """The smallest bf16 value >= absmax (>= 0), in fp32 (quantizer.bf16_round_up)."""
@@ -206,33 +259,35 @@ def bf16_round_up(absmax):
 @triton.jit
 def encode_parts(x0, x1, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT: tl.constexpr,
                  PREPARED: tl.constexpr, B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
-                 MASKED: tl.constexpr, PARTS: tl.constexpr):
+                 MASKED: tl.constexpr, PARTS: tl.constexpr, G: tl.constexpr = 0):
     """Quantize a tile held as PARTS (1 or 2) parts of W columns (x0: columns 0..W-1, x1:
     W..2W-1; x1 is ignored when PARTS == 1) to format FMT (a Format) and store codes and
     block absmax (quantizer.encode); k1, k2 are the keys of this step. PREPARED: x is
     already in the stored domain (sqrt taken) and >= 0 where the format is unsigned or SQRT."""
     x0 = stored_domain(x0, rem, FMT.SIGNED, FMT.SQRT, PREPARED, B, W, ROWS, MASKED, 0)
-    absmax = tl.max(tl.abs(x0), axis=1)
-    if PARTS == 2:
+    a = tl.abs(x0)
+    if PARTS == 2:  # the parts' elementwise max first (finite, >= +0): one row reduction, not two
         x1 = stored_domain(x1, rem, FMT.SIGNED, FMT.SQRT, PREPARED, B, W, ROWS, MASKED, W)
-        absmax = tl.maximum(absmax, tl.max(tl.abs(x1), axis=1))
+        a = tl.maximum(a, tl.abs(x1))
+    absmax = tl.max(a, axis=1)
     encode_scaled(x0, x1, absmax, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT, B, W, ROWS, MASKED,
-                  PARTS)
+                  PARTS, G)
 
 
 @triton.jit
 def encode_scaled(x0, x1, absmax, codes_ptr, scales_ptr, table_ptr, rem, row0, k1, k2, FMT: tl.constexpr,
-                  B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, PARTS: tl.constexpr):
+                  B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, PARTS: tl.constexpr,
+                  G: tl.constexpr = 0):
     """encode_parts after the block absmax [ROWS] of x0, x1 (in the stored domain): round
     it up to bf16 (SBF16), quantize and store codes and scales."""
     if FMT.SBF16:  # round the scale up to a bf16 value, so no element overflows the grid
         absmax = bf16_round_up(absmax)
     inv = inverse_step(absmax, FMT.TOP)
     store_codes(x0, inv, codes_ptr, table_ptr, rem, row0, k1, k2, FMT.KIND, FMT.BITS, FMT.SIGNED, FMT.TOP, FMT.NT,
-                FMT.ROUND, B, W, ROWS, MASKED, 0)
+                FMT.ROUND, B, W, ROWS, MASKED, 0, G)
     if PARTS == 2:
         store_codes(x1, inv, codes_ptr, table_ptr, rem, row0, k1, k2, FMT.KIND, FMT.BITS, FMT.SIGNED, FMT.TOP,
-                    FMT.NT, FMT.ROUND, B, W, ROWS, MASKED, W)
+                    FMT.NT, FMT.ROUND, B, W, ROWS, MASKED, W, G)
     store_scales(scales_ptr, absmax, rem, FMT.SBF16, B, ROWS, MASKED)
 
 
@@ -240,7 +295,16 @@ def encode_scaled(x0, x1, absmax, codes_ptr, scales_ptr, table_ptr, rem, row0, k
 def store_scales(scales_ptr, absmax, rem, SBF16: tl.constexpr, B: tl.constexpr, ROWS: tl.constexpr,
                  MASKED: tl.constexpr):
     """Store the [ROWS] block absmax: fp32, or (SBF16) its top 16 bits, the bf16 it was
-    rounded up to, as int16 bits."""
+    rounded up to, as int16 bits.
+
+    A full tile (compiled, not interpreted) stores it with one st.global per thread from the
+    row reduction's layout, where each of the threads holding a block row holds its scale:
+    they all write the same bits to the same address. tl.store would first move the vector
+    to a layout with one thread per row (BAR, STS, BAR, LDS, then a predicated store). The
+    address is the tensor of pointers the scales were loaded from (a pointer operand, so
+    LLVM keeps one address for both; as ptrtoint it made a second induction variable), the
+    fp32 scale passes as its int32 bits (Triton 3.6 refuses a pointer beside a float
+    operand)."""
     r = tl.arange(0, ROWS)
     if SBF16:
         scale = (absmax.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.int16, bitcast=True)
@@ -248,8 +312,17 @@ def store_scales(scales_ptr, absmax, rem, SBF16: tl.constexpr, B: tl.constexpr, 
         scale = absmax
     if MASKED:
         tl.store(scales_ptr + r, scale, mask=r * B < rem)
-    else:
+    elif _INTERPRET:
         tl.store(scales_ptr + r, scale)
+    else:  # every thread holding a row stores its scale: no layout conversion
+        addr = scales_ptr + r
+        if SBF16:
+            tl.inline_asm_elementwise("st.global.b16 [$1], $2; mov.b32 $0, 0;", "=r,l,h", [addr, scale],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise("st.global.b32 [$1], $2; mov.b32 $0, 0;", "=r,l,r",
+                                      [addr, scale.to(tl.int32, bitcast=True)],
+                                      dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -28,7 +28,7 @@ _Opts = namedtuple("_Opts", ["P_KIND", "G_KIND", "INTERPRET"])
 def _lion_part(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS: tl.constexpr, M: tl.constexpr,
                FRESH: tl.constexpr, B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr,
                C0: tl.constexpr, ALIGNED: tl.constexpr):
-    """Columns C0 .. C0 + W - 1 of every block row of the tile (tiles.state_tile): load,
+    """Columns C0 .. C0 + W - 1 of every block row of the tile (tiles.step_tiles): load,
     decode, update, store the parameter. Returns (the new m, the gradient as loaded)."""
     p_ptr, g_ptr = ptrs
     lr, decay, beta1, omb1, beta2, omb2 = hyper
@@ -40,7 +40,7 @@ def _lion_part(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS: 
     cm = m_hat * beta1 + g * omb1
     p = p * decay - tl.where(cm > 0.0, 1.0, tl.where(cm < 0.0, -1.0, 0.0)) * lr
     m = m_hat * beta2 + g * omb2
-    mem.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0)
+    mem.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0, ALIGNED)
     return m, g_raw
 
 
@@ -72,12 +72,8 @@ def _lion_kernel(
     OPTS: tl.constexpr = _Opts(P_KIND, G_KIND, INTERPRET)
     M: tl.constexpr = c.Format(M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16)
     seen = tl.zeros([ROWS, BP // PARTS], tl.float32)
-    for i in range(0, ntiles):
-        row0, base, rem, full = mem.tile_origin(numel, tile0 + i, B, BP, ROWS)
-        p_ptr, g_ptr = p_base + base, g_base + base
-        mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
-        seen = tiles.state_tile(seen, full, _lion_part, (p_ptr, g_ptr), hyper, mc_ptr, ms_ptr, table_ptr, rem, row0,
-                                k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS, ALIGNED)
+    seen = tiles.step_tiles(seen, _lion_part, (p_base, g_base), hyper, mc_base, ms_base, table_ptr, numel, tile0,
+                            ntiles, k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS, ALIGNED)
     mem.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 

@@ -86,6 +86,17 @@ def tile_origin(numel, tile, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constex
 
 
 @triton.jit
+def full_tiles(numel, tile0, ntiles, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr):
+    """How many of the program's tiles tile0 .. tile0 + ntiles - 1 are full (tile_origin's
+    `full`): all but the tensor's short last tile, none if B < BP. A program steps them in
+    one loop and the rest after it, so its loop over full tiles carries no masked path (nor
+    its addresses)."""
+    if BP != B:
+        return tl.zeros_like(ntiles)
+    return tl.minimum(ntiles, (numel // (ROWS * B) - tile0).to(tl.int32))
+
+
+@triton.jit
 def track_nonfinite(seen, g):
     """max(seen, |g|), NaN-propagating: one instruction per element (FMNMX.NAN), and
     non-finite (count_nonfinite) iff some gradient element was NaN or Inf."""
@@ -158,10 +169,23 @@ def load_values(ptr, rem, KIND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr,
 
 @triton.jit
 def store_values(ptr, x, rem, KIND: tl.constexpr, INTERPRET: tl.constexpr, B: tl.constexpr,
-                 BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, C0: tl.constexpr = 0):
+                 BP: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, C0: tl.constexpr = 0,
+                 ALIGNED: tl.constexpr = False):
     """Write fp32 x as the tensor's dtype, rounding to nearest even as torch's copy_ does on
     the same device (bf16 on GPU: cvt.rn, NaN -> 0x7FFF; the interpreter's cast truncates,
-    so there it is done with integer ops, NaN -> 0x7FC0 as torch on CPU)."""
+    so there it is done with integer ops, NaN -> 0x7FC0 as torch on CPU). ALIGNED, bf16, a
+    full tile, on the GPU: written as the 32-bit words load_values(..., ALIGNED) reads, each
+    two elements rounded by one cvt.rn.bf16x2.f32 (the F2FP ptxas makes of two cvt.rn.bf16),
+    through the same tensor of pointers as that load (one address and induction variable
+    for both; from 16-bit stores LLVM kept a second one)."""
+    if KIND == BF16 and ALIGNED and not MASKED and not INTERPRET:
+        r = tl.arange(0, ROWS)
+        c = tl.arange(0, BP // 2) + C0 // 2
+        lo, hi = tl.split(tl.reshape(x, [ROWS, BP // 2, 2]))
+        w = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.uint32,
+                                      is_pure=True, pack=1)
+        tl.store(ptr.to(tl.pointer_type(tl.uint32)) + (r[:, None] * (B // 2) + c[None, :]), w)
+        return
     loc, mask = tile(rem, B, BP, ROWS, C0)
     if KIND == BF16:
         if INTERPRET:

@@ -31,7 +31,7 @@ _Opts = namedtuple("_Opts", ["G_KIND", "NESTEROV"])
 def _muon_part(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS: tl.constexpr, M: tl.constexpr,
                FRESH: tl.constexpr, B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr,
                C0: tl.constexpr, ALIGNED: tl.constexpr):
-    """Columns C0 .. C0 + W - 1 of every block row of the tile (tiles.state_tile): load,
+    """Columns C0 .. C0 + W - 1 of every block row of the tile (tiles.step_tiles): load,
     decode, update, write the update out. Returns (the new buffer, the gradient as loaded)."""
     g_ptr, out_ptr = ptrs
     beta, omb = hyper
@@ -70,12 +70,8 @@ def _muon_kernel(
     OPTS: tl.constexpr = _Opts(G_KIND, NESTEROV)
     M: tl.constexpr = c.Format(M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16)
     seen = tl.zeros([ROWS, BP // PARTS], tl.float32)
-    for i in range(0, ntiles):
-        row0, base, rem, full = mem.tile_origin(numel, tile0 + i, B, BP, ROWS)
-        g_ptr, out_ptr = g_base + base, out_base + base
-        mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
-        seen = tiles.state_tile(seen, full, _muon_part, (g_ptr, out_ptr), (beta, omb), mc_ptr, ms_ptr, table_ptr,
-                                rem, row0, k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS, ALIGNED)
+    seen = tiles.step_tiles(seen, _muon_part, (g_base, out_base), (beta, omb), mc_base, ms_base, table_ptr, numel,
+                            tile0, ntiles, k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS, ALIGNED)
     mem.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 

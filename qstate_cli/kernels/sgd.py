@@ -28,7 +28,7 @@ _Opts = namedtuple("_Opts", ["P_KIND", "G_KIND", "INTERPRET", "WD", "NESTEROV"])
 def _sgd_part(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS: tl.constexpr, M: tl.constexpr,
               FRESH: tl.constexpr, B: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr,
               C0: tl.constexpr, ALIGNED: tl.constexpr):
-    """Columns C0 .. C0 + W - 1 of every block row of the tile (tiles.state_tile): load,
+    """Columns C0 .. C0 + W - 1 of every block row of the tile (tiles.step_tiles): load,
     decode, update, store the parameter. Returns (the new buffer, the gradient as loaded)."""
     p_ptr, g_ptr = ptrs
     lr, momentum, one_minus_dampening, wd = hyper
@@ -48,7 +48,7 @@ def _sgd_part(ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, w1, w2, OPTS: t
     else:
         d = buf
     p = p - d * lr
-    mem.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0)
+    mem.store_values(p_ptr, p, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, C0, ALIGNED)
     return buf, g_raw
 
 
@@ -80,12 +80,8 @@ def _sgd_kernel(
     OPTS: tl.constexpr = _Opts(P_KIND, G_KIND, INTERPRET, WD, NESTEROV)
     M: tl.constexpr = c.Format(M_KIND, M_BITS, M_SIGNED, M_TOP, M_NT, M_ROUND, M_SQRT, M_SBF16)
     seen = tl.zeros([ROWS, BP // PARTS], tl.float32)
-    for i in range(0, ntiles):
-        row0, base, rem, full = mem.tile_origin(numel, tile0 + i, B, BP, ROWS)
-        p_ptr, g_ptr = p_base + base, g_base + base
-        mc_ptr, ms_ptr = mc_base + base * M_BITS // 8, ms_base + row0
-        seen = tiles.state_tile(seen, full, _sgd_part, (p_ptr, g_ptr), hyper, mc_ptr, ms_ptr, table_ptr, rem, row0,
-                                k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS, ALIGNED)
+    seen = tiles.step_tiles(seen, _sgd_part, (p_base, g_base), hyper, mc_base, ms_base, table_ptr, numel, tile0,
+                            ntiles, k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS, ALIGNED)
     mem.count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, G_KIND, B, BP, ROWS)
 
 

@@ -1,5 +1,6 @@
 """The tile of the one-state kernels (Lion, SGD, Muon), written once: step the tile with the
-optimizer's part function, then requantize its state.
+optimizer's part function, then requantize its state (state_tile); a program's tiles, the
+full ones in one loop and the short last one after it (step_tiles).
 
 A tile is ROWS quantization blocks held as PARTS (1 or 2) parts of W = BP / PARTS columns:
 each thread holds the same block row in every part, so the per-row work (block scale, BReD
@@ -57,4 +58,27 @@ def state_tile(seen, full, PART: tl.constexpr, ptrs, hyper, mc_ptr, ms_ptr, tabl
     else:
         seen = _tile_parts(seen, PART, ptrs, hyper, mc_ptr, ms_ptr, table_ptr, rem, row0, k1, k2, w1, w2,
                            OPTS, M, FRESH, B, BP, ROWS, True, PARTS, ALIGNED)
+    return seen
+
+
+@triton.jit
+def step_tiles(seen, PART: tl.constexpr, bases, hyper, mc_base, ms_base, table_ptr, numel, tile0, ntiles, k1, k2,
+               w1, w2, OPTS: tl.constexpr, M: tl.constexpr, FRESH: tl.constexpr, B: tl.constexpr, BP: tl.constexpr,
+               ROWS: tl.constexpr, PARTS: tl.constexpr, ALIGNED: tl.constexpr):
+    """Step the program's tiles tile0 .. tile0 + ntiles - 1 with state_tile: the full ones in one
+    loop, then the rest (the tensor's short last tile; every tile if B < BP) in a second one, so
+    the first carries neither the masked path nor its addresses (memory.full_tiles). bases:
+    PART's two value pointers (ptrs) at the tensor's first element, moved to each tile's."""
+    a_base, b_base = bases
+    nfull = mem.full_tiles(numel, tile0, ntiles, B, BP, ROWS)
+    for i in range(0, nfull):
+        row0, base, rem, _ = mem.tile_origin(numel, tile0 + i, B, BP, ROWS)
+        seen = state_tile(seen, True, PART, (a_base + base, b_base + base), hyper, mc_base + base * M.BITS // 8,
+                          ms_base + row0, table_ptr, rem, row0, k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS,
+                          ALIGNED)
+    for i in range(nfull, ntiles):
+        row0, base, rem, _ = mem.tile_origin(numel, tile0 + i, B, BP, ROWS)
+        seen = state_tile(seen, False, PART, (a_base + base, b_base + base), hyper, mc_base + base * M.BITS // 8,
+                          ms_base + row0, table_ptr, rem, row0, k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS,
+                          ALIGNED)
     return seen
