@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kernel_parity import DEVICE, assert_same_state, make_pair, run_parity, step_both
+from qstate_cli.kernels import launch
 from qstate_cli.optim import Adam, AdamW
 
 WEIRD = [(37, 29), (5,), (3, 128)]  # 1073 (odd, short last block), tiny, whole blocks
@@ -64,3 +65,24 @@ def test_scheduled_lr_in_a_tensor_equals_reference():
 def test_adamw_kernel_equals_reference_at_a_million_elements():
     run_parity(AdamW, "bred-4bit", [(1024, 1000), (4097,)], torch.bfloat16, steps=3)
     run_parity(AdamW, "bnb-8bit", [(1024, 1000), (4097,)], torch.float32, steps=2)
+
+
+def test_gradients_whose_only_nonfinite_values_are_inf_are_counted():
+    """memory.count_nonfinite compares each block row's NaN-propagating max of |g| with +Inf:
+    programs whose only non-finite gradients are +Inf or -Inf (no NaN), in a masked tile
+    and in a full one, are counted and zeroed as the reference does."""
+    rows = launch.tile_shape(128, 2)[1]
+    shapes = [(300,), (200,), (2 * rows * 128,)]  # one program each: masked, masked, two full tiles
+    ref, ker = make_pair(AdamW, shapes, torch.bfloat16, states="nearest-4bit")
+    gen = torch.Generator().manual_seed(3)
+    poison = [([3, 250], float("inf")), ([199], -float("inf")), ([rows * 128 + 9], float("inf"))]
+    for t in (1, 2):
+        for (a, b), (at, val) in zip(zip(ref.param_groups[0]["params"], ker.param_groups[0]["params"]), poison):
+            g = torch.randn(a.shape, generator=gen).to(a.dtype)
+            if t == 2:
+                g[at] = val
+            a.grad, b.grad = g.to(a.device), g.clone().to(b.device)
+        ref.step()
+        ker.step()
+        assert_same_state(ref, ker, t)
+    assert ker.nonfinite_count() == ref.nonfinite_count() == 4
