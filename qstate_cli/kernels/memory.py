@@ -71,7 +71,9 @@ def program_tiles(meta_ptr, prog_ptr, NC: tl.constexpr, B: tl.constexpr, ROWS: t
     meta = meta_ptr + t.to(tl.int64) * NC
     numel = tl.load(meta + NUMEL)
     tile0 = (pid - tl.load(meta + FIRST_PROGRAM)) * TILES
-    ntiles = ((numel + ROWS * B - 1) // (ROWS * B)).to(tl.int32)
+    # numel >= 0, divided as uint64: a shift for a power-of-two ROWS * B, without the signed
+    # division's fix-up toward zero (3 instructions fewer per program with full_tiles's)
+    ntiles = ((numel.to(tl.uint64) + ROWS * B - 1) // (ROWS * B)).to(tl.int32)
     return meta, numel, tile0, tl.minimum(ntiles - tile0, TILES)
 
 
@@ -93,7 +95,7 @@ def full_tiles(numel, tile0, ntiles, B: tl.constexpr, BP: tl.constexpr, ROWS: tl
     its addresses)."""
     if BP != B:
         return tl.zeros_like(ntiles)
-    return tl.minimum(ntiles, (numel // (ROWS * B) - tile0).to(tl.int32))
+    return tl.minimum(ntiles, (numel.to(tl.uint64) // (ROWS * B)).to(tl.int32) - tile0)  # as program_tiles
 
 
 @triton.jit
