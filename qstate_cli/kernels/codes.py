@@ -125,6 +125,19 @@ def stored_domain(x, rem, SIGNED: tl.constexpr, SQRT: tl.constexpr, PREPARED: tl
 
 
 @triton.jit
+def _up(frac, row0, k1, k2, ROUND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
+        C0: tl.constexpr):
+    """1 where a value a fraction frac of the way from its lower grid point to the next is
+    rounded up, else 0 (int32 [ROWS, BP]): stochastic, u < frac with u per element
+    (one_plus_uniform16); BReD, d >= 1 - frac with d per block row (uniform)."""
+    if ROUND == STOCHASTIC:
+        u = one_plus_uniform16(row0, k1, k2, B, BP, ROWS, C0) - 1.0
+        return (u < frac).to(tl.int32)
+    d = uniform((row0 + tl.arange(0, ROWS)).to(tl.uint32), k1, k2)
+    return (d[:, None] >= 1.0 - frac).to(tl.int32)
+
+
+@triton.jit
 def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
                 KIND: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, TOP: tl.constexpr,
                 NT: tl.constexpr, ROUND: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
@@ -162,13 +175,7 @@ def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
         else:
             fl = t.to(tl.int32)  # (tl.floor would flush subnormals: cvt.rmi.ftz)
             frac = t - fl.to(tl.float32)  # exact
-            q = fl - 1
-            if ROUND == STOCHASTIC:
-                u = one_plus_uniform16(row0, k1, k2, B, BP, ROWS, C0) - 1.0
-                q = q + (u < frac).to(tl.int32)
-            else:
-                u = uniform((row0 + r).to(tl.uint32), k1, k2)
-                q = q + (u[:, None] >= 1.0 - frac).to(tl.int32)
+            q = fl - 1 + _up(frac, row0, k1, k2, ROUND, B, BP, ROWS, C0)
         q = tl.minimum(tl.maximum(q, 0), NT - 1)
     else:  # code book: k in [0, NT-2], so k + up needs no clamp
         k = table_floor(table_ptr, n, NT, BITS)
@@ -178,12 +185,7 @@ def store_codes(x, inv, codes_ptr, table_ptr, rem, row0, k1, k2,
             q = k + ((n - lo) >= step * 0.5).to(tl.int32)
         else:
             frac = tl.minimum(tl.maximum(tl.math.div_rn(n - lo, step), 0.0), 1.0)
-            if ROUND == STOCHASTIC:
-                u = one_plus_uniform16(row0, k1, k2, B, BP, ROWS, C0) - 1.0
-                q = k + (u < frac).to(tl.int32)
-            else:
-                u = uniform((row0 + r).to(tl.uint32), k1, k2)
-                q = k + (u[:, None] >= 1.0 - frac).to(tl.int32)
+            q = k + _up(frac, row0, k1, k2, ROUND, B, BP, ROWS, C0)
     if MASKED:
         q = tl.where(mask, q, 0)  # the high nibble after an odd tail stays 0
     if BITS == 4 and G > 0 and not MASKED:
