@@ -11,6 +11,7 @@ ran on a GPU; `qstate bench headline` / `bench kernels` measure.
     python scripts/sass_budget.py --json            # one JSON record per variant (per line)
     python scripts/sass_budget.py --only adamw:bred-4bit:bf16 --only lion
     python scripts/sass_budget.py --report reports/sass-budget   # writes .json and .md
+    python scripts/sass_budget.py --opcodes --only adamw:sr-4bit:bf16   # the tile loop by opcode
     python scripts/sass_budget.py --beside OUT/headline.json OUT/bench-kernels-4bit.json
         # the measured rows of those result files, each beside the prediction (GPU check)
 
@@ -87,12 +88,23 @@ def markdown(records: list[dict], seconds: float, compiled: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def opcode_lines(c: dict, per_line: int = 4) -> str:
+    """The tile loop's opcodes, most first: count per tile and thread, and per element."""
+    n = c["geometry"]["elems_per_thread"]
+    cells = [f"{op:<10}{k:5d} {k / n:6.2f}" for op, k in c["tile_opcodes"].items()]
+    head = (f"  tile loop: {c['per_tile']} instructions a thread for {n:g} elements "
+            "(opcode, per tile, per element)")
+    return "\n".join([head] + ["    " + "   ".join(cells[i:i + per_line]) for i in range(0, len(cells), per_line)])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="one JSON record per variant per line")
     ap.add_argument("--only", action="append", default=[], metavar="KERNEL[:STATES[:DTYPE]]")
     ap.add_argument("--report", metavar="PATH", help="write PATH.json (records + env) and PATH.md")
     ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument("--opcodes", action="store_true",
+                    help="also the tile loop's instructions by opcode (per tile and thread, and per element)")
     ap.add_argument("--beside", nargs="+", metavar="RESULT.json",
                     help="print the measured rows of these `kernels` result files beside the prediction")
     args = ap.parse_args(argv)
@@ -143,12 +155,15 @@ def main(argv=None) -> int:
         if args.beside:
             continue
         if args.json:
-            print(json.dumps(r), flush=True)
+            extra = {"tile_instructions": c["per_tile"], "tile_opcodes": c["tile_opcodes"]} if args.opcodes else {}
+            print(json.dumps({**r, **extra}), flush=True)
         else:
             print(f"{r['kernel']:6} {r['states']:18} {r['param_dtype']:5} {r['sass_per_elem']:6.1f} SASS/elem  "
                   + " ".join(f"{k[:4]} {r[k + '_per_elem']:5.1f}" for k in CLASSES)
                   + f"  {r['bytes_per_elem']:6.3f} B/elem  budget {r['budget_per_elem']:5.1f}"
                   f"  predicted {r['predicted_copy_fraction']:.2f} of copy", flush=True)
+            if args.opcodes:
+                print(opcode_lines(c), flush=True)
     seconds = time.perf_counter() - t0
     if args.beside:
         rows = budget.beside(measured, records)

@@ -47,6 +47,8 @@ def test_hot_path_takes_the_short_arm_around_the_loop_and_never_a_call():
     # around: ISETP BRA | LDG FADD BRA | BRA | F2FP STG IADD3 BRA
     assert hot.per_tile == {"integer": 2, "memory": 2, "float": 1, "conversion": 1, "control": 4}
     assert hot.per_program == {"integer": 1, "memory": 0, "float": 0, "conversion": 0, "control": 2}
+    assert hot.tile_opcodes == {"BRA": 4, "F2FP": 1, "FADD": 1, "IADD3": 1, "ISETP": 1, "LDG": 1, "STG": 1}
+    assert list(hot.tile_opcodes)[0] == "BRA"  # most first
     per = hot.per_element(elems_per_thread=2, tiles=8)
     assert per["control"] == pytest.approx((2 / 8 + 4) / 2)
     assert sass.classify("ULDC") == "memory" and sass.classify("LOP3") == "integer"
@@ -114,6 +116,12 @@ def test_script_compiles_a_variant_for_sm90_on_the_cpu_and_writes_the_report(tmp
     assert "PREDICTION" in (tmp_path / "b.md").read_text()
     again = _run("--json", "--only", "sgd:m=int4:bred:b128:bf16", tmp_path=tmp_path)  # from the cache
     assert json.loads(again.stdout) == rec
+    ops = json.loads(_run("--json", "--opcodes", "--only", "sgd:m=int4:bred:b128:bf16", tmp_path=tmp_path).stdout)
+    assert {k: v for k, v in ops.items() if k not in ("tile_instructions", "tile_opcodes")} == rec
+    assert sum(ops["tile_opcodes"].values()) == ops["tile_instructions"] > 0
+    assert ops["tile_opcodes"].get("LDG", 0) > 0 and ops["tile_opcodes"].get("STG", 0) > 0  # loads, stores
+    table = _run("--opcodes", "--only", "sgd:m=int4:bred:b128:bf16", tmp_path=tmp_path).stdout
+    assert f"tile loop: {ops['tile_instructions']} instructions" in table and " LDG " in table
 
 
 def test_unknown_variant_is_one_line_and_exit_2(tmp_path):

@@ -91,6 +91,7 @@ class HotPath:
     per_tile: dict  # class -> count, once around the tile loop
     per_program: dict  # class -> count, outside the loop
     total_static: int  # every instruction of the kernel's text (all paths, slow paths included)
+    tile_opcodes: dict = field(default_factory=dict)  # opcode -> count once around the loop, most first
 
     def per_element(self, elems_per_thread: float, tiles: int) -> dict:
         return {k: (self.per_program.get(k, 0) / tiles + self.per_tile.get(k, 0)) / elems_per_thread
@@ -193,7 +194,12 @@ def hot_path(text: str) -> HotPath:
     per_program = count(into[:-1])
     for k, v in count(out_path).items():
         per_program[k] += v
-    return HotPath(per_tile=count(around), per_program=per_program, total_static=exit_at + 1)
+    opcodes = {}
+    for j in around:
+        for i in range(blocks[j].start, blocks[j].end):
+            opcodes[instrs[i].opcode] = opcodes.get(instrs[i].opcode, 0) + 1
+    opcodes = dict(sorted(opcodes.items(), key=lambda kv: (-kv[1], kv[0])))
+    return HotPath(per_tile=count(around), per_program=per_program, total_static=exit_at + 1, tile_opcodes=opcodes)
 
 
 def nvdisasm_path() -> str | None:
@@ -315,13 +321,14 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
 def count_variant(kernel: str, states: str, param_dtype: str, tiles: int = 8) -> dict:
     """Compile one variant for sm_90 and count its hot path: SASS instructions per element by
-    class (at `tiles` tiles per program), per tile and per program, and the tile geometry."""
+    class (at `tiles` tiles per program), per tile and per program, the tile loop's opcodes
+    (per tile, per thread), and the tile geometry."""
     jit, call = record_launch(kernel, states, DTYPES[param_dtype], tiles=tiles)
     hot = hot_path(disassemble(compile_cubin(jit, call)))
     geo = launch_geometry(call)
     return {"per_elem": hot.per_element(geo["elems_per_thread"], geo["tiles"]), "geometry": geo,
             "per_tile": sum(hot.per_tile.values()), "per_program": sum(hot.per_program.values()),
-            "static": hot.total_static}
+            "static": hot.total_static, "tile_opcodes": hot.tile_opcodes}
 
 
 def source_fingerprint() -> str:
