@@ -2,8 +2,8 @@
 kernels' parity grid (tests/test_kernels_adamw.py: every format, rounding, block size and
 scale dtype; weird shapes; NaN/Inf gradients at step 2), and its fallbacks.
 
-Skipped where numba is not installed (`pip install 'qstate-cli[cpu]'`), except the test of
-the fallback itself. The first run compiles the kernels (minutes on a loaded 2-core
+Skipped where numba is not installed (`pip install 'qstate-cli[cpu]'`), except the tests of
+the fallback itself and of host.run_parts' split (plain Python). The first run compiles the kernels (minutes on a loaded 2-core
 machine); numba caches them on disk for every later run."""
 import pytest
 import torch
@@ -120,3 +120,23 @@ def test_cpu_code_of_needs_the_layout_as_a_compile_time_constant():
     assert [int(constant(np.float32(x))) for x in (2.5, -3.5, 9.0, -20.0)] == [2, 12, 7, 8]
     with pytest.raises(TypingError, match="closure constant"):
         runtime(np.float32(1.0), lay)
+
+
+def test_run_parts_keeps_the_part_count_a_caller_sized_its_output_with(monkeypatch):
+    """A per-part output (replay_model's counts, replay_stats' histogram rows) is sized
+    before run_parts splits the blocks: passed that size, run_parts never hands a kernel a
+    part past it, even if the thread count grew in between (the kernels do not bound-check)."""
+    from qstate_cli.kernels.cpu import host
+    monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
+    monkeypatch.setattr(host, "threads", lambda: 2)
+    out = [0] * host.parts_of(4096)  # sized at 2 threads
+    monkeypatch.setattr(host, "threads", lambda: 3)  # then a third thread appears
+
+    def kernel(b0, b1, part, out):
+        out[part] += b1 - b0  # IndexError past the size (a numba kernel would write out of bounds)
+        return 0
+
+    host.run_parts(kernel, 4096, 128, (out,), parts=len(out))
+    assert out == [16, 16]
+    with pytest.raises(IndexError):  # without it the split follows the new count
+        host.run_parts(kernel, 4096, 128, ([0, 0],))

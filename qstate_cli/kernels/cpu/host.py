@@ -61,11 +61,13 @@ def run_blocks(kernel, numel: int, block: int, args: tuple) -> int:
     return run_parts(lambda b0, b1, part, *rest: kernel(b0, b1, *rest), numel, block, args)
 
 
-def run_parts(kernel, numel: int, block: int, args: tuple) -> int:
+def run_parts(kernel, numel: int, block: int, args: tuple, parts: int | None = None) -> int:
     """run_blocks, with each range's index: kernel(b0, b1, part, *args), part in
-    [0, parts_of(numel)) (a thread's own row of a shared output)."""
+    [0, parts) (a thread's own row of a shared output); parts defaults to parts_of(numel).
+    A caller that sized a per-part output passes the count it sized it with, so the
+    kernel (which does not bound-check) never sees a part past it."""
     nblocks = -(-int(numel) // int(block))
-    parts = parts_of(numel)
+    parts = parts_of(numel) if parts is None else max(1, int(parts))
     if parts == 1:
         return int(kernel(0, nblocks, 0, *args))
     pool = _pools.get(parts)

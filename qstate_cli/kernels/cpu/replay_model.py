@@ -104,7 +104,8 @@ class StalenessModel:
         valid = self.valid if self.valid is not None else np.ones(1, np.bool_)
         run_parts(_kernel(), n, self.block,
                   (*arrays, valid, emp.numpy(), nominal.numpy(), down.numpy(), up.numpy(), counts,
-                   self.prm[:4] + (int(gauss),) + self.prm[5:], self.lim, self.table, self.block, n))
+                   self.prm[:4] + (int(gauss),) + self.prm[5:], self.lim, self.table, self.block, n),
+                  parts=counts.size)
         return emp, nominal, int(counts.sum()), ((down, up) if gauss else None)
 
 

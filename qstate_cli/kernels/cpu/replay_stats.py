@@ -59,12 +59,14 @@ class CodeCounts:
         if set(sizes) != {self.n} or storage.dtype != torch.uint8 or storage.numel() != self.n * self.bits // 8:
             raise ValueError(f"fused code statistics of {self.n} elements got sizes {sizes} and "
                              f"{storage.numel()} {storage.dtype} code bytes")  # the kernel does not bound-check
-        if parts_of(self.n) > self.hist.shape[0]:  # more threads than at the start: more rows
-            self.hist = np.concatenate([self.hist, np.zeros((parts_of(self.n) - self.hist.shape[0],
-                                                             self.hist.shape[1]), np.int64)])
+        parts = parts_of(self.n)
+        if parts > self.hist.shape[0]:  # more threads than at the start: more rows
+            self.hist = np.concatenate([self.hist, np.zeros((parts - self.hist.shape[0], self.hist.shape[1]),
+                                                            np.int64)])
         run_parts(_kernel(), self.n, self.unit,
                   (_f32(x), _f32(prev), _f32(new), storage.reshape(-1).numpy(), self.bits, prev_code.numpy(),
-                   last_change.numpy(), int(step), self.unit, counts.numpy(), self.hist, _f32(shadow), err.numpy()))
+                   last_change.numpy(), int(step), self.unit, counts.numpy(), self.hist, _f32(shadow), err.numpy()),
+                  parts=parts)
         return counts, err
 
     def codes(self) -> torch.Tensor:
