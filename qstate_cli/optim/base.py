@@ -48,6 +48,10 @@ FP32_SPEC = parse_spec("fp32")
 SHARDED_PATH_REASON = ("sharded (DTensor) parameter: the reference steps its local shard "
                        "(the kernels take no global counter offset yet)")
 BACKENDS = ("auto", "reference", "triton", "cpu")  # what steps a parameter (module docstring)
+# torch.compiler.disable, but importing torch._dynamo (~3 s) at the first step instead of when
+# this module is imported (every qstate command imports it): torch's own lazy form where this
+# torch has it (its frame is torch's, which dynamo does not trace into), else the public one
+_eager_only = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
 
 
 class QuantizedOptimizer(torch.optim.Optimizer):
@@ -207,7 +211,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     # codes, the hash and the fused launches gave up with a RecursionError (or compiled for
     # minutes); the step is one fused launch per group already, so compiling it gains nothing.
     # A compiled training loop runs its forward/backward compiled and this step as written.
-    @torch.compiler.disable
+    @_eager_only
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
