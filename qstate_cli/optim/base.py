@@ -50,7 +50,8 @@ SHARDED_PATH_REASON = ("sharded (DTensor) parameter: the reference steps its loc
 BACKENDS = ("auto", "reference", "triton", "cpu")  # what steps a parameter (module docstring)
 # torch.compiler.disable, but importing torch._dynamo (~3 s) at the first step instead of when
 # this module is imported (every qstate command imports it): torch's own lazy form where this
-# torch has it (its frame is torch's, which dynamo does not trace into), else the public one
+# torch has it, else the public one (a compiled training loop still runs the step eagerly:
+# tests/test_optim.py::test_a_compiled_training_loop_steps_as_eager)
 _eager_only = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
 
 
