@@ -95,19 +95,14 @@ def _words(OPTS, ALIGNED):
 
 
 @triton.jit
-def _max_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
 def _row_absmax_nan(x0, x1, PARTS: tl.constexpr):
     """max |x| per block row over the tile's parts, NaN where a row holds a NaN: equal to
     encode_parts's block absmax (the max over |x| with non-finite values zeroed) in every
     row, when no value of the tile is NaN or Inf."""
     a = tl.abs(x0)
     if PARTS == 2:  # the parts' elementwise max first: one row reduction (shuffles) instead of two
-        a = _max_nan(a, tl.abs(x1))
-    return tl.reduce(a, 1, _max_nan)
+        a = mem.max_nan(a, tl.abs(x1))
+    return tl.reduce(a, 1, mem.max_nan)
 
 
 @triton.jit
@@ -170,7 +165,7 @@ def _adamw_tile(seen, ptrs, keys, hyper, rem, row0, OPTS: tl.constexpr, M: tl.co
         av = _row_absmax_nan(v0, v1, PARTS)
         # no check of g itself: a NaN or Inf gradient makes m NaN or Inf (m = m_hat * b1 + g * (1 - b1),
         # and Inf * 0 is NaN where b1 = 1; Adam's g + p * wd keeps g non-finite), so m's check covers it
-        if tl.reduce(_max_nan(am, av), 0, _max_nan) < float("inf"):  # NaN compares false
+        if tl.reduce(mem.max_nan(am, av), 0, mem.max_nan) < float("inf"):  # NaN compares false
             mem.store_values(p_ptr, p0, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, 0, ALIGNED)
             if PARTS == 2:
                 mem.store_values(p_ptr, p1, rem, OPTS.P_KIND, OPTS.INTERPRET, B, W, ROWS, MASKED, W, ALIGNED)

@@ -106,7 +106,8 @@ def track_nonfinite(seen, g):
 
 
 @triton.jit
-def _max_nan(a, b):
+def max_nan(a, b):
+    """max(a, b), NaN if either is NaN (a reduction's combine function: tl.reduce(x, axis, max_nan))."""
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
@@ -119,7 +120,7 @@ def count_nonfinite(meta, seen, g_base, numel, tile0, ntiles, KIND: tl.constexpr
     # a row's NaN-propagating max of seen is NaN or Inf iff one of its elements is, so it is
     # compared once per row, not per element (NaN < Inf is false); then an int max over rows
     # (a float max of the rows, compared once, made Triton 3.9's AdamW sr fp32 loop 2 longer)
-    if tl.max(((tl.reduce(seen, 1, _max_nan) < float("inf")) == 0).to(tl.int32), axis=0) > 0:
+    if tl.max(((tl.reduce(seen, 1, max_nan) < float("inf")) == 0).to(tl.int32), axis=0) > 0:
         n = tl.zeros([ROWS, BP], tl.int32)
         for i in range(0, ntiles):
             _, base, rem, _ = tile_origin(numel, tile0 + i, B, BP, ROWS)

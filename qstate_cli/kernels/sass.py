@@ -30,6 +30,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -180,12 +181,18 @@ def hot_path(text: str) -> HotPath:
     latch, head = max(back, key=lambda e: e[0] - e[1])
     exits = {j for j, b in enumerate(blocks) if instrs[b.end - 1].opcode == "EXIT"}
 
-    def count(path):
+    def opcodes(path):  # opcode -> count, most first
+        seen = Counter(instrs[i].opcode for j in path for i in range(blocks[j].start, blocks[j].end))
+        return dict(sorted(seen.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def classes(ops):  # opcode -> count  =>  class -> count
         out = dict.fromkeys(CLASSES, 0)
-        for j in path:
-            for i in range(blocks[j].start, blocks[j].end):
-                out[classify(instrs[i].opcode)] += 1
+        for op, k in ops.items():
+            out[classify(op)] += k
         return out
+
+    def count(path):
+        return classes(opcodes(path))
 
     _, into = _shortest(blocks, costs, 0, {head})
     _, around = _shortest(blocks, costs, head, {latch})
@@ -194,12 +201,8 @@ def hot_path(text: str) -> HotPath:
     per_program = count(into[:-1])
     for k, v in count(out_path).items():
         per_program[k] += v
-    opcodes = {}
-    for j in around:
-        for i in range(blocks[j].start, blocks[j].end):
-            opcodes[instrs[i].opcode] = opcodes.get(instrs[i].opcode, 0) + 1
-    opcodes = dict(sorted(opcodes.items(), key=lambda kv: (-kv[1], kv[0])))
-    return HotPath(per_tile=count(around), per_program=per_program, total_static=exit_at + 1, tile_opcodes=opcodes)
+    tile = opcodes(around)
+    return HotPath(per_tile=classes(tile), per_program=per_program, total_static=exit_at + 1, tile_opcodes=tile)
 
 
 def nvdisasm_path() -> str | None:

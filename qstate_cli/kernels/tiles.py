@@ -69,16 +69,23 @@ def step_tiles(seen, PART: tl.constexpr, bases, hyper, mc_base, ms_base, table_p
     loop, then the rest (the tensor's short last tile; every tile if B < BP) in a second one, so
     the first carries neither the masked path nor its addresses (memory.full_tiles). bases:
     PART's two value pointers (ptrs) at the tensor's first element, moved to each tile's."""
-    a_base, b_base = bases
     nfull = mem.full_tiles(numel, tile0, ntiles, B, BP, ROWS)
     for i in range(0, nfull):
-        row0, base, rem, _ = mem.tile_origin(numel, tile0 + i, B, BP, ROWS)
-        seen = state_tile(seen, True, PART, (a_base + base, b_base + base), hyper, mc_base + base * M.BITS // 8,
-                          ms_base + row0, table_ptr, rem, row0, k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS,
-                          ALIGNED)
+        seen = _state_tile_at(seen, tile0 + i, True, PART, bases, hyper, mc_base, ms_base, table_ptr, numel, k1, k2,
+                              w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS, ALIGNED)
     for i in range(nfull, ntiles):
-        row0, base, rem, _ = mem.tile_origin(numel, tile0 + i, B, BP, ROWS)
-        seen = state_tile(seen, False, PART, (a_base + base, b_base + base), hyper, mc_base + base * M.BITS // 8,
-                          ms_base + row0, table_ptr, rem, row0, k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS,
-                          ALIGNED)
+        seen = _state_tile_at(seen, tile0 + i, False, PART, bases, hyper, mc_base, ms_base, table_ptr, numel, k1, k2,
+                              w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS, ALIGNED)
     return seen
+
+
+@triton.jit
+def _state_tile_at(seen, tile, FULL: tl.constexpr, PART: tl.constexpr, bases, hyper, mc_base, ms_base, table_ptr,
+                   numel, k1, k2, w1, w2, OPTS: tl.constexpr, M: tl.constexpr, FRESH: tl.constexpr, B: tl.constexpr,
+                   BP: tl.constexpr, ROWS: tl.constexpr, PARTS: tl.constexpr, ALIGNED: tl.constexpr):
+    """state_tile of the program's tile number `tile`, its pointers moved there from the bases."""
+    a_base, b_base = bases
+    row0, base, rem, _ = mem.tile_origin(numel, tile, B, BP, ROWS)
+    return state_tile(seen, FULL, PART, (a_base + base, b_base + base), hyper, mc_base + base * M.BITS // 8,
+                      ms_base + row0, table_ptr, rem, row0, k1, k2, w1, w2, OPTS, M, FRESH, B, BP, ROWS, PARTS,
+                      ALIGNED)
