@@ -170,7 +170,6 @@ def test_replays_in_threads_of_one_process_do_not_share_buffers():
     def same(a, b):  # bit for bit (NaN is one of the model's values)
         return torch.equal(a, b) if a.dtype == torch.bool else torch.equal(bits(a), bits(b))
 
-
     def run(k):
         start.wait()
         ptr = None
