@@ -117,9 +117,11 @@ def show(rows, backends) -> None:
         for b in backends:
             rate[b] = r["element_steps"] / r[b] / 1e6 if r[b] > 0 else float("nan")
             c = r[b + " cpu"]
-            line += f" {r[b]:>9.3f} {rate[b]:>9.1f} {c:>10.3f} {r['element_steps'] / c / 1e6 if c > 0 else 0:>12.1f}"
+            # three significant digits: a tiny trace's phase (ms, < 0.1 M/s on a loaded machine) reads as
+            # what it took, not 0.000 s or 0.0 M/s
+            line += f" {r[b]:>9.3g} {rate[b]:>9.3g} {c:>10.3g} {r['element_steps'] / c / 1e6 if c > 0 else 0:>12.3g}"
         if "auto" in rate and "reference" in rate:
-            line += f" {rate['auto'] / rate['reference']:>9.2f}"
+            line += f" {rate['auto'] / rate['reference']:>9.3g}"
         print(line)
 
 
