@@ -266,6 +266,24 @@ def test_step_scalars_are_device_independent_fp32_values():
     assert torch.equal(rules.pack_scalars(rules.step_scalars(lr, 0.1, 0.9, 0.999, 7, "cpu")), rules.pack_scalars(s))
 
 
+@pytest.mark.parametrize("lr,wd,b1,b2,t", [
+    (3e-4, 0.1, 0.9, 0.999, 7), (1.0, 0.0, 0.0, 0.0, 1), (1e-3, 0.01, 0.95, 0.98, 100000),
+    (1e-45, 3.0, 0.9, 1.0, 3),  # a subnormal lr; beta2 = 1: inv_bc2_sqrt = inf
+    (2.5, 0.9, 1.0, 0.999, 2),  # beta1 = 1: lr / 0 = inf; decay < 0
+    (7, 1e30, 0.5, 0.5, 1),  # an int lr; lr * wd overflows: decay = -inf
+    (float("nan"), 0.1, 0.9, 0.999, 1), (3e-4, -0.5, 0.9, 0.999, 40),
+    (0.8122944235801697, 0.19301114976406097, 0.9, 0.999, 5)])  # fp32 1 - lr * wd != the float64 one rounded
+def test_packed_scalars_on_the_host_are_the_torch_ops_bits(lr, wd, b1, b2, t):
+    """The CPU launch's host-side scalars (numpy fp32) carry the very bits of step_scalars'
+    torch ops, edge values included; a tensor lr takes the torch ops."""
+    ref = rules.pack_scalars(rules.step_scalars(lr, wd, b1, b2, t, "cpu"))
+    host = rules.packed_scalars(lr, wd, b1, b2, t, "cpu")
+    assert host.dtype == torch.float32 and host.shape == (4,)
+    assert torch.equal(host.view(torch.int32), ref.view(torch.int32)), (host, ref)
+    lr_t = torch.tensor(float(lr))
+    assert torch.equal(rules.packed_scalars(lr_t, wd, b1, b2, t, "cpu").view(torch.int32), ref.view(torch.int32))
+
+
 def test_div_scalar_is_true_division():
     import numpy as np
 

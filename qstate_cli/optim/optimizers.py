@@ -74,7 +74,7 @@ class AdamW(QuantizedOptimizer):
         wd, l2 = group["weight_decay"], 0.0
         if not group["decoupled"] and wd:
             wd, l2 = 0.0, wd
-        s = rules.pack_scalars(rules.step_scalars(group["lr"], wd, beta1, beta2, run.since, run.device))
+        s = rules.packed_scalars(group["lr"], wd, beta1, beta2, run.since, run.device)
         run.launch(batch, s, run.layouts["m"], run.layouts["v"], p_kind=run.p_kind, g_kind=run.g_kind,
                    step=run.step, written=(run.written["m"], run.written["v"]),
                    fresh=(run.fresh["m"], run.fresh["v"]), beta1=beta1, beta2=beta2, eps=group["eps"],
@@ -119,8 +119,8 @@ class Lion(QuantizedOptimizer):
 
     def launch_kernel(self, group, batch, run):
         beta1, beta2 = group["betas"]
-        s = rules.step_scalars(group["lr"], group["weight_decay"], beta1, beta2, run.since, run.device)
-        run.launch(batch, rules.pack_scalars(s), run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
+        s = rules.packed_scalars(group["lr"], group["weight_decay"], beta1, beta2, run.since, run.device)
+        run.launch(batch, s, run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
                    step=run.step, written=run.written["m"], fresh=run.fresh["m"], beta1=beta1, beta2=beta2,
                    table=run.tables["m"])
 
@@ -164,8 +164,8 @@ class SGD(QuantizedOptimizer):
         return []
 
     def launch_kernel(self, group, batch, run):
-        s = rules.step_scalars(group["lr"], 0.0, 0.0, 0.0, 1, run.device)
-        run.launch(batch, rules.pack_scalars(s), run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
+        s = rules.packed_scalars(group["lr"], 0.0, 0.0, 0.0, 1, run.device)
+        run.launch(batch, s, run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
                    step=run.step, written=run.written["m"], fresh=run.fresh["m"],
                    momentum=group["momentum"], dampening=group["dampening"],
                    weight_decay=group["weight_decay"], nesterov=group["nesterov"], table=run.tables["m"])

@@ -25,6 +25,7 @@ import math
 import struct
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..quant.quantizer import sqrt_rn
@@ -66,16 +67,35 @@ def step_scalars(lr, weight_decay: float, beta1: float, beta2: float, t: int, de
 
     decay = 1 - lr * wd;  step_size = lr / (1 - beta1**t);  inv_bc2_sqrt = 1 / sqrt(1 - beta2**t)
     """
-    lr_t = f32(lr, device)
-    decay = 1.0 - lr_t * f32(weight_decay, device)
     bc1, inv_bc2_sqrt = bias_corrections(beta1, beta2, t)
-    return Scalars(lr=lr_t, decay=decay, step_size=lr_t / f32(bc1, device),
-                   inv_bc2_sqrt=f32(inv_bc2_sqrt, device))
+    return Scalars(*_scalar_ops(f32(lr, device), f32(weight_decay, device), f32(bc1, device),
+                                f32(inv_bc2_sqrt, device), 1.0))
+
+
+def _scalar_ops(lr, wd, bc1, inv_bc2_sqrt, one):
+    """(lr, one - lr * wd, lr / bc1, inv_bc2_sqrt): step_scalars' fp32 ops, once, on fp32 0-dim
+    tensors (one = 1.0) or on numpy float32 scalars (one = np.float32(1)): IEEE fp32 products,
+    differences and correctly rounded quotients either way, so the same bits."""
+    return lr, one - lr * wd, lr / bc1, inv_bc2_sqrt
 
 
 def pack_scalars(s: Scalars) -> torch.Tensor:
     """[lr, decay, step_size, inv_bc2_sqrt] as one fp32 tensor: what the kernels read."""
     return torch.stack([s.lr, s.decay, s.step_size, s.inv_bc2_sqrt])
+
+
+def packed_scalars(lr, weight_decay: float, beta1: float, beta2: float, t: int, device) -> torch.Tensor:
+    """pack_scalars(step_scalars(...)), the same fp32 numbers. For a number lr on the CPU they
+    are computed as numpy float32 scalars into one tensor: the ~10 torch ops of step_scalars
+    cost a CPU step ~0.3 ms once a step's data has pushed the interpreter out of the caches
+    (docs/cpu.md, "Step overhead"); a tensor lr or another device keeps the torch ops."""
+    if isinstance(lr, torch.Tensor) or torch.device(device).type != "cpu":
+        return pack_scalars(step_scalars(lr, weight_decay, beta1, beta2, t, device))
+    bc1, inv_bc2_sqrt = bias_corrections(beta1, beta2, t)
+    with np.errstate(all="ignore"):  # torch's inf and nan, without numpy's warnings
+        vals = _scalar_ops(np.float32(lr), np.float32(weight_decay), np.float32(bc1), np.float32(inv_bc2_sqrt),
+                           np.float32(1.0))
+    return torch.from_numpy(np.array(vals, dtype=np.float32))
 
 
 def ema(x_hat: torch.Tensor, target: torch.Tensor, beta: float) -> torch.Tensor:
