@@ -6,6 +6,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
+from . import native as nv
 
 N_CLASSES = 5  # diagnose/stats.N_CODE_CLASSES
 
@@ -22,24 +23,31 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     stalls / nominal updates / code stalls (fp32, exact below 2**24); last_change = step where
     the code changed; prev_code = code; hist[part, code * 5 + nominal * (1 + stall + 2 x code
     stall)] += 1 (one histogram row per thread: `part`); err[0] = new - shadow and
-    err[1] = err[0] * err[0] (fp32, as torch's). Per unit, a branch-free pass (it
-    vectorizes) leaves each element's histogram bin in a row, then LANES interleaved local
-    histograms count the bins."""
+    err[1] = err[0] * err[0] (fp32, as torch's). Per unit: the errors in one loop, the
+    comparisons in a second, both branch-free (they vectorize), leaving each element's
+    histogram bin in a row; then LANES interleaved local histograms count the bins. One loop
+    for both did not vectorize (8.2-8.5 ns per element, 32 k elements, one thread, against
+    3.6-3.8 ns split and on borrowed views: docs/diagnose.md, "Replay throughput")."""
+    x, prev, new, codes, prev_code, last_change, counts, hist, shadow, err = nv.borrowed(
+        (x, prev, new, codes, prev_code, last_change, counts, hist, shadow, err))  # no reference counts
     q = np.empty(unit, np.int32)
     nbins = hist.shape[1]
     local = np.zeros(LANES * nbins, np.int64)
     s = np.int32(step)
+    e0, e1 = err[0], err[1]
     for u in range(u0, u1):
         start = u * unit
         c.unpack_codes(codes, bits, start, unit, q)
-        n_stall, n_nominal, n_cstall = np.int32(0), np.int32(0), np.int32(0)
         i0 = np.uint64(start)
         for j in range(unit):
             i = i0 + np.uint64(j)
-            p = prev[i]
             e = new[i] - shadow[i]
-            err[0, i] = e
-            err[1, i] = e * e
+            e0[i] = e
+            e1[i] = e * e
+        n_stall, n_nominal, n_cstall = np.int32(0), np.int32(0), np.int32(0)
+        for j in range(unit):
+            i = i0 + np.uint64(j)
+            p = prev[i]
             nominal = np.int32(x[i] != p)
             stall = nominal & np.int32(new[i] == p)
             code = q[j]
