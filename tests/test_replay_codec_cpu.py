@@ -132,6 +132,25 @@ def test_fused_codec_on_a_part_of_the_layout_and_over_threads(monkeypatch):
     check_spec("uint4:stochastic:b32:sqrt", Layout(small_trace(1), 256, "cpu"), steps=(1, 2))
 
 
+@needs_numba
+def test_a_block_at_an_odd_element_falls_back_under_stochastic_rounding(monkeypatch):
+    """The kernel hashes stochastic rounding's pairs of elements from a block's first index,
+    which must be even (recorded blocks are 2048-aligned, so it always is); a layout whose
+    block starts at an odd index would get the reference, with the reason."""
+    from qstate_cli.kernels.cpu import replay as cpu_replay
+    layout = Layout(small_trace(1), 256, "cpu")
+    plan = cpu_replay._plan(layout, 32)
+    assert not (plan[:, 1] & 1).any()
+    odd = plan.copy()
+    odd[3, 1] += 1
+    monkeypatch.setattr(cpu_replay, "_plan", lambda layout, B: odd)
+    for rounding, fused in (("stochastic", False), ("nearest", True), ("bred", True)):
+        spec = parse_spec(f"int4:{rounding}:b32")
+        state, why = cpu_replay.fused_state(spec, layout, _stream(layout, spec, 77, 1))
+        assert (state is not None) == fused, why
+        assert fused or "odd element index" in why
+
+
 def comparable(doc: dict) -> dict:
     """The document less what may differ: timings, the codec paths, the creation time."""
     meta = {k: v for k, v in doc["meta"].items() if k not in ("profile", "codec")}

@@ -15,8 +15,9 @@ hands that value over (reset / never written: zeros, as the reference).
 Random bits, as LayoutStream draws them (layout.py): block b holds elements of one tensor t
 (plan[b, 0]) at consecutive flat indices o = plan[b, 1], o + 1, ... (its nvalid = plan[b, 2] recorded
 elements; the rest is padding), with the stream keys (k1, k2) of tensor t at the step:
-    stochastic  element j < nvalid: uniform16(o + j, k1, k2); padding: uniform16((p + j) & 1, k1, k2)
-                (p = b * B, the layout position: LayoutStream folds a padding element to counter 0)
+    stochastic  element j < nvalid: uniform16(o + j, k1, k2), one hash per pair of elements (o
+                even); padding: uniform16((p + j) & 1, k1, k2) (p = b * B, the layout position:
+                LayoutStream folds a padding element to counter 0)
     BReD        uniform(o // B, k1, k2)   (o = 0 for a block of padding only)
 The factory checks that every block is such a run (else the reference runs, with the reason).
 
@@ -56,6 +57,8 @@ def fused_state(spec, layout, stream, reduce_absmax=None):
         return None, plan
     if spec.rounding != "nearest" and not hasattr(stream, "base"):
         return None, "the stream has no per-tensor keys (not a diagnose.layout.LayoutStream)"
+    if spec.rounding == "stochastic" and (plan[:, 1] & 1).any():  # recorded blocks are 2048-aligned: never so
+        return None, "a block starts at an odd element index (stochastic rounding hashes pairs of elements)"
     return FusedReplayState(spec, layout, stream, plan), None
 
 

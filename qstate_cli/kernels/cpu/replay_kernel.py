@@ -118,9 +118,9 @@ GOLDEN = np.uint32(0x9E3779B9)
 def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, base, step):
     """Blocks b0 .. b1 - 1 of the layout: codes, scales (uint16 words, codec.scale_at) and
     values read back (out) of x (replay.py's docstring). plan: int64 [blocks, 3] = (owner
-    tensor, first flat index, recorded elements); base: uint32 [tensors], the streams' step-free
-    keys, so k1 = hash32(base ^ step), k2 = hash32(k1 ^ 0x9e3779b9) (quant/hash.stream_keys);
-    table: the code book and its search buckets (host.search_table)."""
+    tensor, first flat index: even under stochastic rounding, recorded elements); base: uint32
+    [tensors], the streams' step-free keys, so k1 = hash32(base ^ step), k2 = hash32(k1 ^
+    0x9e3779b9) (quant/hash.stream_keys); table: the code book and its search buckets (host.search_table)."""
     row = np.empty(B, np.float32)
     u = np.zeros(B, np.float32)
     q = np.empty(B, np.int32)
@@ -143,9 +143,14 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, ba
         for j in range(cnt):
             row[j] = row[j] * inv  # n
         ub = c.ZERO
-        if rounding == c.STOCHASTIC:
-            for j in range(nv):  # recorded elements: their own counters
-                u[j] = c.uniform16(o + j, k1, k2)
+        if rounding == c.STOCHASTIC:  # recorded elements: their own counters; o is even (replay.fused_state)
+            p0 = o >> 1
+            for i in range(nv >> 1):  # element o + 2i and the next share hash o / 2 + i: its halves
+                h = c.hash32(np.uint32(c.hash32(np.uint32(np.uint32(p0 + i) ^ k1)) ^ k2))
+                u[2 * i] = np.float32(np.int32(h & np.uint32(0xFFFF))) * c.TWO_M16
+                u[2 * i + 1] = np.float32(np.int32(h >> c.U16)) * c.TWO_M16
+            if nv & 1:
+                u[nv - 1] = c.uniform16(o + nv - 1, k1, k2)
             for j in range(nv, cnt):  # padding: LayoutStream folds it to hash counter 0
                 u[j] = c.uniform16((start + j) & 1, k1, k2)
         elif rounding == c.BRED:
