@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c
+from . import pairs as pc
 from .search import floor_code
 
 
@@ -146,9 +147,7 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, ba
         if rounding == c.STOCHASTIC:  # recorded elements: their own counters; o is even (replay.fused_state)
             p0 = o >> 1
             for i in range(nv >> 1):  # element o + 2i and the next share hash o / 2 + i: its halves
-                h = c.hash32(np.uint32(c.hash32(np.uint32(np.uint32(p0 + i) ^ k1)) ^ k2))
-                u[2 * i] = np.float32(np.int32(h & np.uint32(0xFFFF))) * c.TWO_M16
-                u[2 * i + 1] = np.float32(np.int32(h >> c.U16)) * c.TWO_M16
+                u[2 * i], u[2 * i + 1] = pc.pair_uniforms(np.uint32(p0 + i), k1, k2)
             if nv & 1:
                 u[nv - 1] = c.uniform16(o + nv - 1, k1, k2)
             for j in range(nv, cnt):  # padding: LayoutStream folds it to hash counter 0
