@@ -95,11 +95,9 @@ class FusedAdamRule:
     def scalars(self, since: int) -> np.ndarray:
         """fp32 [b1, 1 - b1, b2, 1 - b2, inv_bc2_sqrt, eps, step_size, decay] of step `since`."""
         sc = self._scalars.get(since)
-        if sc is None:  # rules.step_scalars with lr = 1, wd = 0, on the host: the same fp32 values
-            bc1, inv_bc2_sqrt = rules.bias_corrections(*self.b12, since)
-            one = np.float32(1.0)
-            sc = np.concatenate([self.betas, np.array([inv_bc2_sqrt, self.eps, one / np.float32(bc1),
-                                                       one - one * np.float32(0.0)], np.float32)])
+        if sc is None:  # rules.step_scalars with lr = 1, wd = 0, computed on the host (packed_scalars)
+            _, decay, step_size, inv_bc2_sqrt = rules.packed_scalars(1.0, 0.0, *self.b12, since, "cpu").numpy()
+            sc = np.concatenate([self.betas, np.array([inv_bc2_sqrt, self.eps, step_size, decay], np.float32)])
             self._scalars[since] = sc
         return sc
 
