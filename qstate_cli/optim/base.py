@@ -29,7 +29,8 @@ sizes, on the CPU path fp16 and optimizers without a CPU kernel; `why_reference(
 which, and also why "auto" found no path) is stepped by the reference. `path_for(p)` names
 what steps p: "triton", "triton-interpreter", "cpu-numba" or "reference" (benchmarks label
 every row with it). All paths keep the same state layout, so checkpoints move between
-them (optim/fused.py).
+them (optim/fused.py). With a backend other than "reference", the CPU tensors the reference
+steps with fp32 states (the small ones) step together, in one pass of the same ops (optim/small.py).
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from ..errors import QstateError
 from ..quant.config import STATE_IDS, StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
-from . import fused, sharded_state, sharding
+from . import fused, sharded_state, sharding, small
 from .reset import ResetPolicy
 
 FP32_SPEC = parse_spec("fp32")
@@ -228,16 +229,21 @@ class QuantizedOptimizer(torch.optim.Optimizer):
             self._refuse_shards()
         for group in self.param_groups:
             fused_params: dict[bool, list] = {}  # on the CPU path? -> parameters
+            together = []  # fp32 states the reference steps in one pass (optim/small.py)
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 path = self._path(group, p)
-                if path == "reference":
-                    self._step_param(group, p, ids[id(p)])
-                else:
+                if path != "reference":
                     fused_params.setdefault(path == fused.cpu.PATH, []).append(p)
+                elif small.steps_together(self, group, p):
+                    together.append(p)
+                else:
+                    self._step_param(group, p, ids[id(p)])
             for on_cpu, params in fused_params.items():
                 fused.step_group(self, group, params, ids, on_cpu=on_cpu)
+            if together:
+                small.step_together(self, group, together, ids)
         return loss
 
     def _refuse_shards(self) -> None:

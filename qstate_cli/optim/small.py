@@ -1,0 +1,104 @@
+"""Tensors with fp32 states, stepped together: the reference rule once over their concatenation.
+
+Tensors under `min_quant_numel` (biases, norms) keep fp32 (identity) states, which no kernel
+takes, so the reference steps them: ~35 torch ops per tensor, ~0.8 ms per tensor and step on
+one CPU thread (8 tensors of 1,024 elements: 6.2 ms, torch's fused AdamW 0.5 ms; docs/cpu.md,
+"Step overhead"). Everything the reference does to such a tensor is elementwise:
+
+    g   <- grad as fp32, non-finite elements counted and zeroed
+    x   <- the stored fp32 states (zeros if never written or reset now), v clamped at 0
+    p, new <- the optimizer's rule (elementwise for every optimizer with `steps_shards`)
+    store  <- new with non-finite values zeroed (quantizer.encode, identity format)
+
+so the same ops over the tensors laid end to end give every element the same fp32 result
+(IEEE products, sums, correctly rounded quotients and square roots: no op here depends on an
+element's position or its neighbours). Tensors share one pass when they share what the
+reference's scalars depend on: the step, the steps since reset and which states read as zero.
+Each tensor then gets its own parameter values, states and non-finite count, exactly what
+`QuantizedOptimizer._step_param` leaves (tests/test_optim_small.py compares the two bit for
+bit, over steps, resets, dtypes and a checkpoint); the states are written in place, as the
+kernels write theirs (the reference makes new tensors).
+
+Only for CPU tensors and a backend other than "reference" (which keeps the per-tensor
+definition); on CUDA the reference still steps them one by one.
+"""
+from __future__ import annotations
+
+import torch
+
+from torch._utils import _flatten_dense_tensors as flatten, _unflatten_dense_tensors as unflatten
+
+from ..quant.quantizer import encode
+from . import sharding
+
+
+def steps_together(opt, group, p: torch.Tensor) -> bool:
+    """True if p (routed to the reference) can step in a pass with the group's other such tensors."""
+    if opt.backend == "reference" or not opt.steps_shards or p.device.type != "cpu" or p.numel() == 0:
+        return False
+    if sharding.is_dtensor(p):
+        return False
+    return all(_plain_fp32(opt.spec_for(group, p, n)) for n in opt.state_names)
+
+
+def _plain_fp32(spec) -> bool:
+    return spec.fmt.kind == "identity" and not spec.sqrt
+
+
+def step_together(opt, group, params: list, ids: dict) -> None:
+    """Step `params` (each passed steps_together) of one param group, one pass per shared run."""
+    names = opt.state_names
+    runs: dict[tuple, list] = {}
+    for p in params:
+        st = opt.state[p]
+        if not st:
+            opt.load_states(group, p, ids[id(p)])  # creates the (zero) states
+        step = int(st["step"]) + 1
+        since = int(st["since_reset"])
+        reset = opt.reset_policy.should_reset(step, since)
+        since = 1 if reset else since + 1
+        written = tuple(0 if reset else int(st[n]["written"]) for n in names)
+        specs = tuple(opt.spec_for(group, p, n) for n in names)
+        runs.setdefault((step, since, written, specs), []).append(p)
+    for (step, since, written, specs), run in runs.items():
+        _step_run(opt, group, run, step, since, dict(zip(names, written)), dict(zip(names, specs)))
+
+
+def _step_run(opt, group, params: list, step: int, since: int, written: dict, specs: dict) -> None:
+    sizes = [p.numel() for p in params]
+    # one flat copy of each list (torch's bucket flattening, as DDP uses): mixed dtypes are promoted
+    # to one that holds them all exactly, so .to(fp32) rounds once, as the reference's p.to(fp32) does
+    g = flatten([p.grad for p in params]).to(torch.float32)
+    finite = torch.isfinite(g)
+    bad = ~finite
+    counts = _segment_sums(bad, sizes) if bool(bad.any()) else [0] * len(params)
+    g = torch.where(finite, g, torch.zeros((), device=g.device))
+    x_hat, first = {}, {}
+    for name, w in written.items():
+        first[name] = w == 0
+        if w == 0:
+            x_hat[name] = torch.zeros(g.numel(), dtype=torch.float32, device=g.device)
+        else:
+            x_hat[name] = flatten([opt.state[p][name]["codes"] for p in params]).to(torch.float32)
+    if "v" in x_hat:
+        x_hat["v"] = x_hat["v"].clamp(min=0.0)  # as the reference step (an fp32 v is never below 0)
+    p32, new = opt.update(group, flatten(params).to(torch.float32), g, x_hat, since, first)
+    step_t = torch.tensor(step, dtype=torch.int64)  # never mutated: shared, as optim/fused.py does
+    since_t = torch.tensor(since, dtype=torch.int64)
+    for name in new:  # in place, as the kernels store their states
+        torch._foreach_copy_([opt.state[p][name]["codes"] for p in params],
+                             encode(new[name], specs[name], step)[0].split(sizes))
+    torch._foreach_copy_(params, unflatten(p32, params))  # rounds to each parameter's dtype, as copy_ does
+    for p, count in zip(params, counts):
+        st = opt.state[p]
+        if count:
+            st["nonfinite"] += count
+        st["step"], st["since_reset"] = step_t, since_t
+        for name in new:
+            st[name]["written"] = step_t
+
+
+def _segment_sums(flags: torch.Tensor, sizes: list) -> list:
+    """[flags[a:b].sum() for each consecutive segment of `sizes`], from one cumulative sum."""
+    total = flags.cumsum(0)[torch.tensor(sizes).cumsum(0) - 1]
+    return torch.diff(total, prepend=total.new_zeros(1)).tolist()

@@ -1,0 +1,131 @@
+"""Tensors with fp32 states step together (optim/small.py): bit for bit what the reference
+leaves when it steps them one by one, over steps, resets, skipped gradients, non-finite
+gradients, parameter dtypes and a checkpoint round trip."""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from qstate_cli.optim import small
+from qstate_cli.optim.optimizers import SGD, Adam, AdamW, Lion, Muon
+
+# odd sizes (vector bodies and scalar tails fall in different places once laid end to end),
+# every parameter dtype the reference takes, one non-contiguous parameter (a transposed one)
+SHAPES = [((7,), torch.float32), ((1000,), torch.bfloat16), ((33, 3), torch.float32), ((1,), torch.float64),
+          ((4095,), torch.float16), ((2, 5), "transposed")]
+BUILD = {
+    "adamw": lambda ps, **kw: AdamW(ps, lr=1e-2, weight_decay=0.1, **kw),
+    "adam-l2": lambda ps, **kw: Adam(ps, lr=1e-2, weight_decay=0.1, **kw),
+    "lion": lambda ps, **kw: Lion(ps, lr=1e-3, weight_decay=0.1, **kw),
+    "sgd-nesterov": lambda ps, **kw: SGD(ps, lr=1e-2, momentum=0.9, weight_decay=0.01, nesterov=True, **kw),
+    "sgd-dampened": lambda ps, **kw: SGD(ps, lr=1e-2, momentum=0.9, dampening=0.5, **kw),
+}
+
+
+def _params(seed: int) -> list:
+    gen = torch.Generator().manual_seed(seed)
+    ps = []
+    for shape, dtype in SHAPES:
+        t = torch.randn(shape, generator=gen)
+        ps.append(torch.nn.Parameter(t.t() if dtype == "transposed" else t.to(dtype)))
+    assert not ps[-1].is_contiguous()
+    return ps
+
+
+def _grads(ps, step: int) -> None:
+    gen = torch.Generator().manual_seed(100 + step)
+    for i, p in enumerate(ps):
+        if (i + step) % 4 == 0:  # skipped: this tensor's step counter falls behind the others'
+            p.grad = None
+            continue
+        g = torch.randn(p.shape, generator=gen) * 10.0 ** (i - 3)
+        if step % 3 == 1 and p.numel() > 2:
+            g.view(-1)[1] = float("nan")
+            g.view(-1)[-1] = float("inf") if i % 2 else float("-inf")
+        p.grad = g.to(p.dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().contiguous()
+    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])
+
+
+def _same_state(a, b) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], dict):
+            _same_state(a[key], b[key])
+        else:
+            assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+            assert torch.equal(_bits(a[key]), _bits(b[key])), key
+
+
+@pytest.mark.parametrize("name", sorted(BUILD))
+def test_small_tensors_step_together_as_the_reference_steps_them_one_by_one(name, monkeypatch):
+    build = BUILD[name]
+    ref_ps, ps = _params(0), _params(0)
+    ref = build(ref_ps, backend="reference", reset=3)
+    opt = build(ps, backend="auto", reset=3)
+
+    def one_by_one(*args):
+        raise AssertionError("a small tensor stepped alone")
+
+    monkeypatch.setattr(opt, "_step_param", one_by_one)
+    assert all(small.steps_together(opt, opt.param_groups[0], p) for p in ps)
+    for step in range(1, 9):
+        _grads(ref_ps, step)
+        _grads(ps, step)
+        ref.step()
+        opt.step()
+        if step == 4:  # a checkpoint round trip in the middle (weights_only, as users load it)
+            buf = io.BytesIO()
+            torch.save(opt.state_dict(), buf)
+            buf.seek(0)
+            opt = build(ps, backend="auto", reset=3)
+            monkeypatch.setattr(opt, "_step_param", one_by_one)
+            opt.load_state_dict(torch.load(buf, weights_only=True))
+        for a, b in zip(ref_ps, ps):
+            assert torch.equal(_bits(a), _bits(b)), f"step {step}, parameter {tuple(a.shape)}"
+    assert ref.nonfinite_count() == opt.nonfinite_count() > 0
+    for a, b in zip(ref_ps, ps):
+        _same_state(ref.state[a], opt.state[b])
+    assert len({opt.state[p]["m"]["codes"].untyped_storage().data_ptr() for p in ps}) == len(ps)  # own storage each
+
+
+def test_fp32_states_on_large_tensors_step_together_across_threads():
+    """A configuration with fp32 states everywhere: tensors above ATen's one-thread grain
+    (32,768 elements) split over threads at other offsets once concatenated."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        shapes = [(70_001,), (3,), (40_000,)]
+        ref_ps = [torch.nn.Parameter(torch.randn(s, generator=torch.Generator().manual_seed(i)))
+                  for i, s in enumerate(shapes)]
+        ps = [torch.nn.Parameter(p.detach().clone()) for p in ref_ps]
+        ref = AdamW(ref_ps, states="fp32", backend="reference")
+        opt = AdamW(ps, states="fp32", backend="auto")
+        for step in range(3):
+            for a, b in zip(ref_ps, ps):
+                a.grad = torch.randn(a.shape, generator=torch.Generator().manual_seed(10 + step)) * 1e-3
+                b.grad = a.grad.clone()
+            ref.step()
+            opt.step()
+        for a, b in zip(ref_ps, ps):
+            assert torch.equal(_bits(a), _bits(b))
+            _same_state(ref.state[a], opt.state[b])
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_what_does_not_step_together():
+    p = torch.nn.Parameter(torch.randn(16))
+    p.grad = torch.randn(16)
+    assert not small.steps_together(AdamW([p], backend="reference"), AdamW([p]).param_groups[0], p)
+    muon = Muon([p])  # Newton-Schulz is not elementwise
+    assert not small.steps_together(muon, muon.param_groups[0], p)
+    quantized = AdamW([p], min_quant_numel=0)  # 4-bit states: a kernel's or the reference's, one by one
+    assert not small.steps_together(quantized, quantized.param_groups[0], p)
+    sqrt_v = AdamW([p], states="m=fp32,v=fp32:sqrt", min_quant_numel=0)
+    assert not small.steps_together(sqrt_v, sqrt_v.param_groups[0], p)
