@@ -1,6 +1,6 @@
-"""Tensors with fp32 states step together (optim/small.py): bit for bit what the reference
-leaves when it steps them one by one, over steps, resets, skipped gradients, non-finite
-gradients, parameter dtypes and a checkpoint round trip."""
+"""Tensors with elementwise states step together (optim/small.py): bit for bit what the
+reference leaves when it steps them one by one, over steps, resets, skipped gradients,
+non-finite gradients, parameter dtypes, state formats and a checkpoint round trip."""
 from __future__ import annotations
 
 import io
@@ -62,9 +62,21 @@ def _same_state(a, b) -> None:
             assert torch.equal(_bits(a[key]), _bits(b[key])), key
 
 
+# fp32 states of tensors under min_quant_numel (4096 by default; every tensor here is smaller),
+# and unscaled float states rounded to nearest on every tensor (min_quant_numel=0)
+STATES = {
+    "small-fp32": dict(states="bred-4bit"),
+    "bf16": dict(states="bf16", min_quant_numel=0),
+    "fp8-sqrt": dict(states="m=e4m3:nearest,v=fp16:nearest:sqrt", min_quant_numel=0),
+}
+
+
+@pytest.mark.parametrize("states", sorted(STATES))
 @pytest.mark.parametrize("name", sorted(BUILD))
-def test_small_tensors_step_together_as_the_reference_steps_them_one_by_one(name, monkeypatch):
-    build = BUILD[name]
+def test_small_tensors_step_together_as_the_reference_steps_them_one_by_one(name, states, monkeypatch):
+    def build(ps, **kw):
+        return BUILD[name](ps, **STATES[states], **kw)
+
     ref_ps, ps = _params(0), _params(0)
     ref = build(ref_ps, backend="reference", reset=3)
     opt = build(ps, backend="auto", reset=3)
@@ -127,5 +139,6 @@ def test_what_does_not_step_together():
     assert not small.steps_together(muon, muon.param_groups[0], p)
     quantized = AdamW([p], min_quant_numel=0)  # 4-bit states: a kernel's or the reference's, one by one
     assert not small.steps_together(quantized, quantized.param_groups[0], p)
-    sqrt_v = AdamW([p], states="m=fp32,v=fp32:sqrt", min_quant_numel=0)
-    assert not small.steps_together(sqrt_v, sqrt_v.param_groups[0], p)
+    for states in ("bf16:stochastic", "e2m1:nearest", "e4m3:nearest:tensor"):  # random bits, two per byte, a scale
+        opt = AdamW([p], states=states, min_quant_numel=0)
+        assert not small.steps_together(opt, opt.param_groups[0], p), states

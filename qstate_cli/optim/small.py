@@ -1,23 +1,26 @@
-"""Tensors with fp32 states, stepped together: the reference rule once over their concatenation.
+"""Tensors with elementwise states, stepped together: the reference rule once over their concatenation.
 
-Tensors under `min_quant_numel` (biases, norms) keep fp32 (identity) states, which no kernel
-takes, so the reference steps them: ~35 torch ops per tensor, ~0.8 ms per tensor and step on
-one CPU thread (8 tensors of 1,024 elements: 6.2 ms, torch's fused AdamW 0.5 ms; docs/cpu.md,
-"Step overhead"). Everything the reference does to such a tensor is elementwise:
+Some states no kernel takes: the fp32 states of tensors under `min_quant_numel` (biases,
+norms), and unscaled float states rounded to nearest (`bf16`, `fp16`, `e4m3`, ...). The
+reference steps each such tensor with ~35 torch ops: ~0.8 ms per tensor and step on one CPU
+thread (8 tensors of 1,024 elements: 6.2 ms, torch's fused AdamW 0.5 ms; docs/cpu.md,
+"Step overhead"). Everything the reference does to them is elementwise:
 
     g   <- grad as fp32, non-finite elements counted and zeroed
-    x   <- the stored fp32 states (zeros if never written or reset now), v clamped at 0
+    x   <- the stored states read back (zeros if never written or reset now), v clamped at 0
     p, new <- the optimizer's rule (elementwise for every optimizer with `steps_shards`)
-    store  <- new with non-finite values zeroed (quantizer.encode, identity format)
+    store  <- new rounded to the format, one storage unit (8, 16 or 32 bits) per element,
+              no scale, no random bits (quantizer.encode)
 
-so the same ops over the tensors laid end to end give every element the same fp32 result
-(IEEE products, sums, correctly rounded quotients and square roots: no op here depends on an
-element's position or its neighbours). Tensors share one pass when they share what the
-reference's scalars depend on: the step, the steps since reset and which states read as zero.
-Each tensor then gets its own parameter values, states and non-finite count, exactly what
-`QuantizedOptimizer._step_param` leaves (tests/test_optim_small.py compares the two bit for
-bit, over steps, resets, dtypes and a checkpoint); the states are written in place, as the
-kernels write theirs (the reference makes new tensors).
+so the same ops over the tensors laid end to end give every element the same result (IEEE
+products, sums, correctly rounded quotients and square roots, round to nearest: no op here
+depends on an element's position or its neighbours). Tensors share one pass when they share
+what the reference's scalars depend on: the step, the steps since reset, which states read
+as zero, and the state specs. Each tensor then gets its own parameter values, states and
+non-finite count, exactly what `QuantizedOptimizer._step_param` leaves
+(tests/test_optim_small.py compares the two bit for bit, over steps, resets, dtypes, formats
+and a checkpoint); the states are written in place, as the kernels write theirs (the
+reference makes new tensors).
 
 Only for CPU tensors and a backend other than "reference" (which keeps the per-tensor
 definition); on CUDA the reference still steps them one by one.
@@ -28,7 +31,7 @@ import torch
 
 from torch._utils import _flatten_dense_tensors as flatten, _unflatten_dense_tensors as unflatten
 
-from ..quant.quantizer import encode
+from ..quant.quantizer import decode, encode
 from . import sharding
 
 
@@ -38,11 +41,13 @@ def steps_together(opt, group, p: torch.Tensor) -> bool:
         return False
     if sharding.is_dtensor(p):
         return False
-    return all(_plain_fp32(opt.spec_for(group, p, n)) for n in opt.state_names)
+    return all(elementwise(opt.spec_for(group, p, n)) for n in opt.state_names)
 
 
-def _plain_fp32(spec) -> bool:
-    return spec.fmt.kind == "identity" and not spec.sqrt
+def elementwise(spec) -> bool:
+    """Whether a state's encode and decode are elementwise: no scale, no random bits (round to
+    nearest), one storage unit per element (a 4-bit format packs two elements in a byte)."""
+    return spec.rounding == "nearest" and not spec.has_scales and spec.fmt.bits >= 8
 
 
 def step_together(opt, group, params: list, ids: dict) -> None:
@@ -79,9 +84,10 @@ def _step_run(opt, group, params: list, step: int, since: int, written: dict, sp
         if w == 0:
             x_hat[name] = torch.zeros(g.numel(), dtype=torch.float32, device=g.device)
         else:
-            x_hat[name] = flatten([opt.state[p][name]["codes"] for p in params]).to(torch.float32)
+            codes = flatten([opt.state[p][name]["codes"] for p in params])
+            x_hat[name] = decode(codes, None, specs[name], codes.numel(), w)
     if "v" in x_hat:
-        x_hat["v"] = x_hat["v"].clamp(min=0.0)  # as the reference step (an fp32 v is never below 0)
+        x_hat["v"] = x_hat["v"].clamp(min=0.0)  # as the reference step
     p32, new = opt.update(group, flatten(params).to(torch.float32), g, x_hat, since, first)
     step_t = torch.tensor(step, dtype=torch.int64)  # never mutated: shared, as optim/fused.py does
     since_t = torch.tensor(since, dtype=torch.int64)
