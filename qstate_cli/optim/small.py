@@ -28,7 +28,6 @@ definition); on CUDA the reference still steps them one by one.
 from __future__ import annotations
 
 import torch
-
 from torch._utils import _flatten_dense_tensors as flatten, _unflatten_dense_tensors as unflatten
 
 from ..quant.quantizer import decode, encode
