@@ -186,6 +186,19 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                                                   self._stream(group, tensor_id, name, layout.offset), st[name])
                 for name in self.state_names}
 
+    def step_counters(self, group, p, tensor_id: int) -> tuple[int, int, tuple[int, ...]]:
+        """(this step, steps since the last reset including this one, the step each state was
+        written at, 0 if never or reset now) of p's next step: what a fused or batched pass keys
+        its launches on (optim/fused.py, optim/small.py). Creates p's (empty) states on first use."""
+        st = self.state[p]
+        if not st:
+            self.load_states(group, p, tensor_id)
+        step = int(st["step"]) + 1
+        since = int(st["since_reset"])
+        reset = self.reset_policy.should_reset(step, since)
+        written = tuple(0 if reset else int(st[n]["written"]) for n in self.state_names)
+        return step, 1 if reset else since + 1, written
+
     def _stream(self, group, tensor_id: int, name: str, offset: int = 0) -> Stream:
         return Stream(group["seed"], tensor_id, STATE_IDS[name], offset)
 

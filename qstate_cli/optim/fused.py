@@ -111,14 +111,8 @@ def step_group(opt, group, params: list, ids: dict, on_cpu: bool = False) -> Non
     names = opt.state_names
     runs: dict[tuple, Run] = {}
     for p in params:
+        step, since, written = opt.step_counters(group, p, ids[id(p)])
         st = opt.state[p]
-        if not st:
-            opt.load_states(group, p, ids[id(p)])  # creates the (empty) states
-        step = int(st["step"]) + 1
-        since = int(st["since_reset"])
-        reset = opt.reset_policy.should_reset(step, since)
-        since = 1 if reset else since + 1
-        written = tuple(0 if reset else int(st[n]["written"]) for n in names)
         grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
         key = (p.get_device(), p.dtype, grad.dtype, step, since, written)
         run = runs.get(key)

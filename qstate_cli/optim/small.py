@@ -54,14 +54,7 @@ def step_together(opt, group, params: list, ids: dict) -> None:
     names = opt.state_names
     runs: dict[tuple, list] = {}
     for p in params:
-        st = opt.state[p]
-        if not st:
-            opt.load_states(group, p, ids[id(p)])  # creates the (zero) states
-        step = int(st["step"]) + 1
-        since = int(st["since_reset"])
-        reset = opt.reset_policy.should_reset(step, since)
-        since = 1 if reset else since + 1
-        written = tuple(0 if reset else int(st[n]["written"]) for n in names)
+        step, since, written = opt.step_counters(group, p, ids[id(p)])
         specs = tuple(opt.spec_for(group, p, n) for n in names)
         runs.setdefault((step, since, written, specs), []).append(p)
     for (step, since, written, specs), run in runs.items():
