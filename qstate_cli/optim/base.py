@@ -30,7 +30,8 @@ which, and also why "auto" found no path) is stepped by the reference. `path_for
 what steps p: "triton", "triton-interpreter", "cpu-numba" or "reference" (benchmarks label
 every row with it). All paths keep the same state layout, so checkpoints move between
 them (optim/fused.py). With a backend other than "reference", the CPU tensors the reference
-steps with fp32 states (the small ones) step together, in one pass of the same ops (optim/small.py).
+steps whose states are stored elementwise (fp32, as below min_quant_numel; bf16, fp16 or fp8
+without scales, rounded to nearest) step together, in one pass of the same ops (optim/small.py).
 """
 from __future__ import annotations
 
@@ -242,7 +243,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
             self._refuse_shards()
         for group in self.param_groups:
             fused_params: dict[bool, list] = {}  # on the CPU path? -> parameters
-            together = []  # fp32 states the reference steps in one pass (optim/small.py)
+            together = []  # elementwise states: the reference's ops in one pass (optim/small.py)
             for p in group["params"]:
                 if p.grad is None:
                     continue
