@@ -134,7 +134,8 @@ def test_fp32_states_on_large_tensors_step_together_across_threads():
 def test_what_does_not_step_together():
     p = torch.nn.Parameter(torch.randn(16))
     p.grad = torch.randn(16)
-    assert not small.steps_together(AdamW([p], backend="reference"), AdamW([p]).param_groups[0], p)
+    reference = AdamW([p], backend="reference")  # keeps the per-tensor definition
+    assert not small.steps_together(reference, reference.param_groups[0], p)
     muon = Muon([p])  # Newton-Schulz is not elementwise
     assert not small.steps_together(muon, muon.param_groups[0], p)
     quantized = AdamW([p], min_quant_numel=0)  # 4-bit states: a kernel's or the reference's, one by one
