@@ -1,6 +1,7 @@
 """Tensors with elementwise states step together (optim/small.py): bit for bit what the
 reference leaves when it steps them one by one, over steps, resets, skipped gradients,
-non-finite gradients, parameter dtypes, state formats and a checkpoint round trip."""
+non-finite gradients, parameter dtypes, state formats and a checkpoint round trip; Muon's
+momentum steps together too, its Newton-Schulz per matrix."""
 from __future__ import annotations
 
 import io
@@ -21,6 +22,9 @@ BUILD = {
     "lion": lambda ps, **kw: Lion(ps, lr=1e-3, weight_decay=0.1, **kw),
     "sgd-nesterov": lambda ps, **kw: SGD(ps, lr=1e-2, momentum=0.9, weight_decay=0.01, nesterov=True, **kw),
     "sgd-dampened": lambda ps, **kw: SGD(ps, lr=1e-2, momentum=0.9, dampening=0.5, **kw),
+    # the momentum in one pass, Newton-Schulz per >= 2-D tensor (Muon.update_flat)
+    "muon-nesterov": lambda ps, **kw: Muon(ps, lr=2e-2, weight_decay=0.1, **kw),
+    "muon-plain": lambda ps, **kw: Muon(ps, lr=2e-2, momentum=0.9, nesterov=False, **kw),
 }
 
 
@@ -136,8 +140,6 @@ def test_what_does_not_step_together():
     p.grad = torch.randn(16)
     reference = AdamW([p], backend="reference")  # keeps the per-tensor definition
     assert not small.steps_together(reference, reference.param_groups[0], p)
-    muon = Muon([p])  # Newton-Schulz is not elementwise
-    assert not small.steps_together(muon, muon.param_groups[0], p)
     quantized = AdamW([p], min_quant_numel=0)  # 4-bit states: a kernel's or the reference's, one by one
     assert not small.steps_together(quantized, quantized.param_groups[0], p)
     for states in ("bf16:stochastic", "e2m1:nearest", "e4m3:nearest:tensor"):  # random bits, two per byte, a scale

@@ -302,6 +302,14 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         """The rule: returns (new fp32 parameter, {state name: new fp32 state})."""
         raise NotImplementedError
 
+    def update_flat(self, group, shapes: list, p32, g, x_hat: dict, since_reset: int, first: dict):
+        """The rule over tensors of these shapes laid end to end (flat p32, g and x_hat;
+        optim/small.py): what `update` gives each tensor, concatenated. An elementwise rule
+        (steps_shards) gives it over the concatenation; a rule that is not overrides this."""
+        if not self.steps_shards:
+            raise NotImplementedError(f"{type(self).__name__}: a rule that is not elementwise needs its own update_flat")
+        return self.update(group, p32, g, x_hat, since_reset, first)
+
     # ---- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict:
         """torch's, with each group's `states` as its name (plain data: a checkpoint loads

@@ -176,7 +176,9 @@ class Muon(QuantizedOptimizer):
     parameters with >= 2 dimensions (flattened to (rows, -1)); 1-D parameters take the
     momentum update itself (route them to AdamW, as usual with Muon). On the kernel path
     the momentum update is fused (kernels/muon.py, all tensors in one launch); the
-    Newton-Schulz iteration and the parameter update run in torch per matrix."""
+    Newton-Schulz iteration and the parameter update run in torch per matrix. States no
+    kernel takes step together (optim/small.py, `update_flat`): the momentum in one pass,
+    Newton-Schulz per matrix."""
 
     kernel = "muon"
     kernel_needs_out = True
@@ -192,6 +194,18 @@ class Muon(QuantizedOptimizer):
         upd, buf = rules.muon_momentum(g, x_hat["m"], group["momentum"], group["nesterov"])
         p = p32 * s.decay - rules.muon_direction(upd) * s.lr
         return p, {"m": buf}
+
+    def update_flat(self, group, shapes, p32, g, x_hat, since_reset, first):
+        """The momentum over the tensors laid end to end (it is elementwise), the direction per
+        tensor (Newton-Schulz on each >= 2-D tensor's own update, copied out of the flat one
+        into a tensor of its own, as `update` has it), then the parameter update, elementwise."""
+        s = rules.step_scalars(group["lr"], group["weight_decay"], 0.0, 0.0, 1, p32.device)
+        upd, buf = rules.muon_momentum(g, x_hat["m"], group["momentum"], group["nesterov"])
+        if any(len(shape) >= 2 for shape in shapes):
+            parts = upd.split([shape.numel() for shape in shapes])
+            upd = torch.cat([rules.muon_direction(u.view(shape).clone()).reshape(-1) if len(shape) >= 2 else u
+                             for u, shape in zip(parts, shapes)])
+        return p32 * s.decay - upd * s.lr, {"m": buf}
 
     @staticmethod
     def state_betas(hp: dict) -> dict[str, float]:

@@ -8,7 +8,8 @@ thread (8 tensors of 1,024 elements: 6.2 ms, torch's fused AdamW 0.5 ms; docs/cp
 
     g   <- grad as fp32, non-finite elements counted and zeroed
     x   <- the stored states read back (zeros if never written or reset now), v clamped at 0
-    p, new <- the optimizer's rule (elementwise for every optimizer with `steps_shards`)
+    p, new <- the optimizer's rule (elementwise for every optimizer with `steps_shards`;
+              Muon's momentum too, its Newton-Schulz per matrix: `update_flat`)
     store  <- new rounded to the format, one storage unit (8, 16 or 32 bits) per element,
               no scale, no random bits (quantizer.encode)
 
@@ -36,7 +37,7 @@ from . import sharding
 
 def steps_together(opt, group, p: torch.Tensor) -> bool:
     """True if p (routed to the reference) can step in a pass with the group's other such tensors."""
-    if opt.backend == "reference" or not opt.steps_shards or p.device.type != "cpu" or p.numel() == 0:
+    if opt.backend == "reference" or p.device.type != "cpu" or p.numel() == 0:
         return False
     if sharding.is_dtensor(p):
         return False
@@ -80,7 +81,8 @@ def _step_run(opt, group, params: list, step: int, since: int, written: dict, sp
             x_hat[name] = decode(codes, None, specs[name], codes.numel(), w)
     if "v" in x_hat:
         x_hat["v"] = x_hat["v"].clamp(min=0.0)  # as the reference step
-    p32, new = opt.update(group, flatten(params).to(torch.float32), g, x_hat, since, first)
+    p32, new = opt.update_flat(group, [p.shape for p in params], flatten(params).to(torch.float32), g, x_hat,
+                               since, first)
     step_t = torch.tensor(step, dtype=torch.int64)  # never mutated: shared, as optim/fused.py does
     since_t = torch.tensor(since, dtype=torch.int64)
     for name in new:  # in place, as the kernels store their states
