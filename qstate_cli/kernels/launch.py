@@ -12,7 +12,8 @@ What the kernels cover (`kernel_layout`): linear int4/uint4/int8/uint8 and the t
 formats (de4, de4u, de8, de8u, lin4nz and the *nz variants), any rounding, `:sqrt`,
 fp32 or bf16 scales, block sizes 32..2048. Not covered (the optimizers step those
 parameters with the reference): fp32 identity and the minifloats (bf16, fp16, e4m3,
-e5m2, e2m1, e2m2).
+e5m2, e2m1, e2m2). The CPU path (kernels/cpu) covers the block-scaled 4- and 8-bit
+minifloats too (e4m3, e5m2, e2m1, e2m2: `minifloats=True`, kind 3).
 """
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def interpreting() -> bool:
 class StateLayout:
     """A state spec as the kernels' compile-time constants (codes.decode_state/encode_state)."""
 
-    kind: int  # 0 linear, 1 table, 2 the no-zero linear map {(j + 1) / NT} (lin4nz, lin8nz) without loads
+    kind: int  # 0 linear, 1 table, 2 the no-zero linear map {(j + 1) / NT} (lin4nz, lin8nz) without loads,
+    #            3 a minifloat (the CPU path only)
     bits: int
     signed: bool
     top: float  # normalised value of the block absmax (linear: L; tables: 1)
@@ -57,6 +59,9 @@ class StateLayout:
     sbf16: bool
     block: int
     table_name: str = ""
+    man_bits: int = 0  # a minifloat's (kind 3): mantissa bits, least normal exponent, largest magnitude ordinal
+    emin: int = 0
+    max_ordinal: int = 0
 
     def constexprs(self, prefix: str) -> dict:
         return {f"{prefix}KIND": self.kind, f"{prefix}BITS": self.bits, f"{prefix}SIGNED": int(self.signed),
@@ -67,10 +72,11 @@ class StateLayout:
         return codebook_tensor(self.table_name, str(torch.device(device))) if self.kind == 1 else None
 
 
-def why_not_covered(spec: StateSpec) -> str | None:
-    """None if the kernels implement this spec, else the reason (the reference steps it)."""
+def why_not_covered(spec: StateSpec, minifloats: bool = False) -> str | None:
+    """None if the kernels implement this spec, else the reason (the reference steps it).
+    minifloats: the CPU path's kernels, which also take 4- and 8-bit minifloats."""
     fmt = spec.fmt
-    if fmt.kind not in ("linear", "table"):
+    if fmt.kind not in ("linear", "table") and not (minifloats and fmt.kind == "float"):
         return f"format {fmt.name} ({fmt.kind}) has no kernel; the reference path steps it"
     if fmt.bits not in (4, 8):
         return f"{fmt.bits}-bit codes have no kernel"
@@ -92,13 +98,18 @@ def why_no_codec(spec: StateSpec) -> str | None:
 
 
 @lru_cache(maxsize=256)
-def kernel_layout(spec: StateSpec) -> StateLayout | None:
-    """The spec's compile-time constants, or None where no kernel covers it. Cached (a
-    StateSpec is frozen and hashable): the optimizers ask for it at every step, and the
-    no-zero check and a float format's top are torch ops (~0.2 ms per state and step)."""
-    if why_not_covered(spec) is not None:
+def kernel_layout(spec: StateSpec, minifloats: bool = False) -> StateLayout | None:
+    """The spec's compile-time constants, or None where no kernel covers it (minifloats: as
+    why_not_covered). Cached (a StateSpec is frozen and hashable): the optimizers ask for it
+    at every step, and the no-zero check and a float format's top are torch ops (~0.2 ms per
+    state and step)."""
+    if why_not_covered(spec, minifloats) is not None:
         return None
     fmt = spec.fmt
+    if fmt.kind == "float":
+        return StateLayout(kind=3, bits=fmt.bits, signed=fmt.signed, top=float(fmt.top), table_len=0,
+                           rounding=ROUNDING_CODES[spec.rounding], sqrt=spec.sqrt, sbf16=spec.scale_dtype == "bf16",
+                           block=int(spec.block), man_bits=fmt.man_bits, emin=fmt.emin, max_ordinal=fmt.max_ordinal)
     table = fmt.kind == "table"
     kind = (2 if _is_nozero_linear(fmt.table) else 1) if table else 0
     return StateLayout(kind=kind, bits=fmt.bits, signed=fmt.signed, top=float(fmt.top),

@@ -77,7 +77,7 @@ def why_reference(opt, group, p: torch.Tensor, on_cpu: bool = False) -> str | No
     blocks = set()
     for name in opt.state_names:
         spec = opt.spec_for(group, p, name)
-        reason = launch.why_not_covered(spec)
+        reason = launch.why_not_covered(spec, minifloats=on_cpu)
         if reason:
             if p.numel() < group["min_quant_numel"]:
                 return f"small tensor ({p.numel()} < min_quant_numel={group['min_quant_numel']}) keeps fp32 states"
@@ -121,7 +121,7 @@ def step_group(opt, group, params: list, ids: dict, on_cpu: bool = False) -> Non
                                   written=dict(zip(names, written)), fresh={n: w == 0 for n, w in zip(names, written)},
                                   launch=cpu.launcher(opt.kernel) if on_cpu else launcher(opt.kernel))
             for n in names:
-                layout = launch.kernel_layout(opt.spec_for(group, p, n))
+                layout = launch.kernel_layout(opt.spec_for(group, p, n), minifloats=on_cpu)
                 run.layouts[n] = layout
                 run.tables[n] = layout.table(p.device)
         run.params.append(p)

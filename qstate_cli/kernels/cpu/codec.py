@@ -26,7 +26,8 @@ here can be zero: eps > 0, guarded block scales, distinct neighbouring codes).
 
 A state layout is a tuple and two arrays (`layout_arrays` in host.py):
     lay  ints (KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT, SHIFT, NM, STEPS, OFF)
-         (launch.StateLayout; UNIT = 2**bits for a code book that is exactly
+         (launch.StateLayout; KIND LINEAR, TABLE or FLOAT, a minifloat whose MAN, EMIN, MAXORD
+         take the last columns; UNIT = 2**bits for a code book that is exactly
          {1, 2, ..., 2**bits} / 2**bits (lin4nz, lin8nz), where #(table <= n) =
          clamp(floor(n * UNIT), 0, NT) exactly (n * UNIT is an exact power-of-two scaling);
          else 0 and search.py's floor code, whose constants are the last 4)
@@ -54,8 +55,8 @@ from .native import bits_of_f32, f32_from_bits
 # does not invalidate its callers' cached code).
 numba.config.CACHE_DIR = str(numba_cache_dir())
 
-from .layout import (BITS, BRED, HALF, KIND, LINEAR, NEAREST, NT, ONE, ROUND, SBF16,  # noqa: E402,F401
-                     SIGNED, SQRT, STOCHASTIC, TABLE, UNIT, ZERO)
+from .layout import (BITS, BRED, EMIN, FLOAT, HALF, KIND, LINEAR, MAN, MAXORD, NEAREST, NT,  # noqa: E402,F401
+                     ONE, ROUND, SBF16, SIGNED, SQRT, STOCHASTIC, TABLE, UNIT, ZERO)
 from .rounding import code_of  # noqa: E402 (after the cache line: its functions are cached there)
 
 STORED = 2  # stored_value's `prepared` (False: raw, True: sqrt and sign applied, STORED: final)
@@ -244,7 +245,19 @@ def decode_value(qj, lay, table, dp):
     (quantizer.decode, one element: straight-line code for a given lay, so a loop of it packs)."""
     delta, d, f0, shift = dp
     rounding = lay[ROUND]
-    if lay[KIND] == LINEAR:  # x_hat = (q - d) * delta, q read as two's complement if signed
+    if lay[KIND] == FLOAT:  # the magnitude ordinal's value (BReD: at q - d, formats.interp), signed
+        sign = np.int32(1 << (lay[BITS] - 1)) if lay[SIGNED] else np.int32(0)
+        q = np.int32(qj & ~sign)
+        if rounding == BRED:
+            k = np.int32(q - shift)
+            kc = min(max(k, np.int32(0)), np.int32(lay[MAXORD]))
+            f = f0 + np.float32(np.int32(k - kc))
+            lo = float_value(kc, lay)
+            x = lo + f * (float_value(np.int32(kc + 1), lay) - lo)
+        else:
+            x = float_value(q, lay)
+        x = (-x if (qj & sign) != 0 else x) * delta
+    elif lay[KIND] == LINEAR:  # x_hat = (q - d) * delta, q read as two's complement if signed
         half = np.int32(1 << (lay[BITS] - 1)) if lay[SIGNED] else np.int32(0)
         qf = np.float32(np.int32((qj ^ half) - half))
         x = (qf - d) * delta if rounding == BRED else qf * delta
@@ -263,6 +276,16 @@ def decode_value(qj, lay, table, dp):
     if lay[SQRT]:
         x = x * x
     return x
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def float_value(k, lay):
+    """The magnitude of minifloat ordinal k (int32 >= 0, one past the largest included):
+    formats._float_value, the normal value's bits built from k, else k on the subnormal grid."""
+    man = lay[MAN]
+    normal = f32_from_bits(np.uint32(np.int32(k + np.int32((126 + lay[EMIN]) << man)) << np.int32(23 - man)))
+    sub = np.float32(k) * np.float32(2.0 ** (lay[EMIN] - man))
+    return normal if (k >> np.int32(man)) > np.int32(0) else sub
 
 
 @njit(cache=True, inline="always", error_model="numpy")

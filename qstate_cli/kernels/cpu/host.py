@@ -80,11 +80,13 @@ def run_parts(kernel, numel: int, block: int, args: tuple, parts: int | None = N
 
 
 NOZERO_KIND = 2  # launch.StateLayout.kind of the no-zero linear map (lin4nz, lin8nz): a table here
+MINIFLOAT_KIND = 3  # launch.StateLayout.kind of a minifloat: codec.py's FLOAT (2)
 
 
 @lru_cache(maxsize=None)
 def _layout(layout: StateLayout):
-    kind = 1 if layout.kind == NOZERO_KIND else layout.kind  # codec.py: a code book with UNIT set
+    # codec.py's kinds: the no-zero map is a code book with UNIT set; a minifloat is FLOAT
+    kind = {NOZERO_KIND: 1, MINIFLOAT_KIND: 2}.get(layout.kind, layout.kind)
     lay = (int(kind), int(layout.bits), int(layout.signed), int(layout.table_len), int(layout.rounding),
            int(layout.sqrt), int(layout.sbf16), _unit(layout))  # the kernels' compile-time constants
     lim = np.array([layout.top, layout.top * MIN_STEP], np.float32)
@@ -110,7 +112,9 @@ def layout_arrays(layout: StateLayout, table: torch.Tensor | None):
     compiled per lay, which they hold as constants: adamw.kernel_for, ...). The Triton
     kernels compute the no-zero map (kind 2) and get no table; the codec reads its entries.
     A code book searched by the codec (kind 1, UNIT 0) comes with its search buckets
-    appended (search_table, prepared once per code book); lay's last 4 ints say where."""
+    appended (search_table, prepared once per code book); lay's last 4 ints say where. For a
+    minifloat (kind 3) they are its mantissa bits, emin and largest ordinal (codec's MAN, EMIN,
+    MAXORD), and 0."""
     lay, lim = _layout(layout)
     if table is not None:
         tab = table.detach().cpu().numpy()
@@ -121,6 +125,8 @@ def layout_arrays(layout: StateLayout, table: torch.Tensor | None):
     if lay[0] == 1 and not lay[7]:  # KIND == TABLE, UNIT == 0 (codec.py): searched
         tab, search = search_table(np.ascontiguousarray(tab, np.float32).tobytes())
         return lay + search, lim, tab
+    if layout.kind == MINIFLOAT_KIND:  # codec.py's MAN, EMIN, MAXORD
+        return lay + (int(layout.man_bits), int(layout.emin), int(layout.max_ordinal), 0), lim, tab
     return lay + (0, 0, 0, 0), lim, tab
 
 

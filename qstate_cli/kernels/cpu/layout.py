@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 KIND, BITS, SIGNED, NT, ROUND, SQRT, SBF16, UNIT = range(8)  # then search.py's SHIFT, NM, STEPS, OFF
-LINEAR, TABLE = 0, 1
+MAN, EMIN, MAXORD = range(8, 11)  # a minifloat's mantissa bits, emin, largest ordinal, in those columns
+LINEAR, TABLE, FLOAT = 0, 1, 2
 NEAREST, STOCHASTIC, BRED = 0, 1, 2
 
 HALF = np.float32(0.5)

@@ -9,6 +9,10 @@
                between lo = (k + 1) / UNIT and hi = (k + 2) / UNIT in closed form (no search)
     code book  k by search.py (scan_code for <= SCAN_MAX entries, else floor_code), then up or
                not between lo = table[k] and hi = table[k + 1]
+    minifloat  on |n|: the floor ordinal k and its exact fraction from the fp32 bits (or the
+               uniform grid below the least normal), up, clamp(k + up, 0, MAXORD), n's sign
+               bit on top (quant/formats._float_floor_frac, quantizer.encode and _store);
+               nearest: up if frac > 1/2, ties to even k
     up         nearest: n - lo >= (hi - lo) / 2 (ties up, as torchao); stochastic: u < frac;
                BReD: dither >= 1 - frac; frac = clamp((n - lo) / (hi - lo), 0, 1)
 
@@ -29,6 +33,7 @@ from numba.core.errors import TypingError
 from numba.extending import overload
 
 from . import layout as c
+from .native import bits_of_f32
 from .search import SCAN_MAX, floor_code, scan_code
 
 
@@ -46,6 +51,8 @@ def _literal_lay(lay) -> tuple:
 @overload(code_of, inline="always", prefer_literal=True)
 def _code_of(n, lay, table, dither, u):
     lv = _literal_lay(lay)
+    if lv[c.KIND] == c.FLOAT:
+        return _minifloat(lv[c.BITS], lv[c.SIGNED], lv[c.ROUND], lv[c.MAN], lv[c.EMIN], lv[c.MAXORD])
     if lv[c.KIND] == c.LINEAR:
         return _linear(lv[c.BITS], lv[c.SIGNED], lv[c.ROUND])
     if lv[c.UNIT]:
@@ -100,6 +107,52 @@ def _unit(unit: int, nt: int, rounding: int):
             kf, lo = _unit_k(n, unit, nt)
             frac = min(max((n - lo) * np.float32(unit), c.ZERO), c.ONE)
             return np.int32(kf) + np.int32(dither >= c.ONE - frac)
+    return impl
+
+
+def _minifloat(bits: int, signed: int, rounding: int, man: int, emin: int, maxord: int):
+    """The code of n for a minifloat with `man` mantissa bits, least normal exponent emin
+    (> -126: 4- and 8-bit formats) and largest magnitude ordinal maxord (module docstring);
+    floor_frac is formats._float_floor_frac's fp32 and int32 ops, one element."""
+    drop = 23 - man
+    rebias = np.int32((126 + emin) << man)
+    low = np.uint32((1 << drop) - 1)
+    two_m_drop = np.float32(2.0 ** -drop)
+    sub_scale = np.float32(2.0 ** (man - emin))
+    least_normal = np.float32(2.0 ** emin)
+    sign_at = np.uint32(bits - 1) if signed else np.uint32(0)
+    top = np.int32(maxord)
+
+    @njit(inline="always", error_model="numpy")
+    def floor_frac(mag):
+        b = bits_of_f32(mag)
+        kn = np.int32(np.int32(b >> np.uint32(drop)) - rebias)  # normal: the bits, re-biased
+        fn = np.float32(np.int32(b & low)) * two_m_drop  # and the dropped bits, exactly
+        y = mag * sub_scale  # below: the uniform grid of spacing 2**(emin - man), exact
+        ks = np.floor(y)
+        normal = mag >= least_normal
+        return (kn if normal else np.int32(ks)), (fn if normal else y - ks)
+
+    @njit(inline="always", error_model="numpy")
+    def signed_code(n, q):
+        q = min(max(q, np.int32(0)), top)
+        if signed:
+            return np.int32(q | np.int32((bits_of_f32(n) >> np.uint32(31)) << sign_at))
+        return q
+
+    if rounding == c.NEAREST:
+        def impl(n, lay, table, dither, u):
+            k, frac = floor_frac(abs(n))
+            up = (frac > c.HALF) | ((frac == c.HALF) & ((k & np.int32(1)) == np.int32(1)))
+            return signed_code(n, k + np.int32(up))
+    elif rounding == c.STOCHASTIC:
+        def impl(n, lay, table, dither, u):
+            k, frac = floor_frac(abs(n))
+            return signed_code(n, k + np.int32(u < frac))
+    else:
+        def impl(n, lay, table, dither, u):
+            k, frac = floor_frac(abs(n))
+            return signed_code(n, k + np.int32(dither >= c.ONE - frac))
     return impl
 
 
