@@ -19,7 +19,9 @@
                  bit for bit the torch ops (diagnose/codec.replay_rule), kernels in replay_rule_kernel.py
 
 The same spec as the Triton kernels (quant/, optim/rules.py), bit for bit, for the same
-formats (launch.why_not_covered) on fp32 and bf16 parameters and gradients. One pass per
+formats (launch.why_not_covered) and the block-scaled 4- and 8-bit minifloats, which no
+Triton kernel takes (e4m3, e5m2, e2m1, e2m2: `minifloats=True`; tests/test_kernels_cpu_minifloat.py),
+on fp32 and bf16 parameters and gradients. One pass per
 quantization block (decode -> update -> absmax -> encode in an L1-resident row), parallel
 over contiguous block ranges on torch.get_num_threads() threads (host.run_blocks).
 
