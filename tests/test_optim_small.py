@@ -72,6 +72,9 @@ STATES = {
     "small-fp32": dict(states="bred-4bit"),
     "bf16": dict(states="bf16", min_quant_numel=0),
     "fp8-sqrt": dict(states="m=e4m3:nearest,v=fp16:nearest:sqrt", min_quant_numel=0),
+    # stochastic rounding: each element's uniform from its own tensor's stream (small.Streams)
+    "bf16-sr": dict(states="bf16-sr", min_quant_numel=0),
+    "sr-mixed": dict(states="m=e5m2:stochastic,v=bf16:stochastic:sqrt", min_quant_numel=0, seed=7),
 }
 
 
@@ -142,6 +145,6 @@ def test_what_does_not_step_together():
     assert not small.steps_together(reference, reference.param_groups[0], p)
     quantized = AdamW([p], min_quant_numel=0)  # 4-bit states: a kernel's or the reference's, one by one
     assert not small.steps_together(quantized, quantized.param_groups[0], p)
-    for states in ("bf16:stochastic", "e2m1:nearest", "e4m3:nearest:tensor"):  # random bits, two per byte, a scale
+    for states in ("bf16:bred", "e2m1:nearest", "e4m3:nearest:tensor"):  # a dither per block, two per byte, a scale
         opt = AdamW([p], states=states, min_quant_numel=0)
         assert not small.steps_together(opt, opt.param_groups[0], p), states

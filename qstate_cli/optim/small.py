@@ -1,7 +1,7 @@
 """Tensors with elementwise states, stepped together: the reference rule once over their concatenation.
 
 Some states no kernel takes: the fp32 states of tensors under `min_quant_numel` (biases,
-norms), and unscaled float states rounded to nearest (`bf16`, `fp16`, `e4m3`, ...). The
+norms), and unscaled float states (`bf16`, `bf16-sr`, `fp16`, `e4m3`, ...). The
 reference steps each such tensor with ~35 torch ops: ~0.8 ms per tensor and step on one CPU
 thread (8 tensors of 1,024 elements: 6.2 ms, torch's fused AdamW 0.5 ms; docs/cpu.md,
 "Step overhead"). Everything the reference does to them is elementwise:
@@ -11,7 +11,9 @@ thread (8 tensors of 1,024 elements: 6.2 ms, torch's fused AdamW 0.5 ms; docs/cp
     p, new <- the optimizer's rule (elementwise for every optimizer with `steps_shards`;
               Muon's momentum too, its Newton-Schulz per matrix: `update_flat`)
     store  <- new rounded to the format, one storage unit (8, 16 or 32 bits) per element,
-              no scale, no random bits (quantizer.encode)
+              no scale (quantizer.encode); stochastic rounding's uniform for element i of a
+              tensor is uniform16 of counter i in that tensor's stream (`Streams` draws them
+              for the concatenation: each element its tensor's keys and its index in it)
 
 so the same ops over the tensors laid end to end give every element the same result (IEEE
 products, sums, correctly rounded quotients and square roots, round to nearest: no op here
@@ -31,7 +33,9 @@ from __future__ import annotations
 import torch
 from torch._utils import _flatten_dense_tensors as flatten, _unflatten_dense_tensors as unflatten
 
-from ..quant.quantizer import decode, encode
+from ..quant import hash as qhash
+from ..quant.quantizer import Stream, decode, encode
+from ..quant.config import STATE_IDS
 from . import sharding
 
 
@@ -45,9 +49,10 @@ def steps_together(opt, group, p: torch.Tensor) -> bool:
 
 
 def elementwise(spec) -> bool:
-    """Whether a state's encode and decode are elementwise: no scale, no random bits (round to
-    nearest), one storage unit per element (a 4-bit format packs two elements in a byte)."""
-    return spec.rounding == "nearest" and not spec.has_scales and spec.fmt.bits >= 8
+    """Whether a state's encode and decode are elementwise: no scale, one storage unit per
+    element (a 4-bit format packs two elements in a byte), rounded to nearest or stochastically
+    (one uniform per element; BReD's dither is per block)."""
+    return spec.rounding in ("nearest", "stochastic") and not spec.has_scales and spec.fmt.bits >= 8
 
 
 def step_together(opt, group, params: list, ids: dict) -> None:
@@ -59,10 +64,32 @@ def step_together(opt, group, params: list, ids: dict) -> None:
         specs = tuple(opt.spec_for(group, p, n) for n in names)
         runs.setdefault((step, since, written, specs), []).append(p)
     for (step, since, written, specs), run in runs.items():
-        _step_run(opt, group, run, step, since, dict(zip(names, written)), dict(zip(names, specs)))
+        _step_run(opt, group, run, [ids[id(p)] for p in run], step, since, dict(zip(names, written)),
+                  dict(zip(names, specs)))
 
 
-def _step_run(opt, group, params: list, step: int, since: int, written: dict, specs: dict) -> None:
+class Streams:
+    """The random streams of tensors laid end to end, as quantizer.encode draws from a Stream:
+    element j of the concatenation is element j - start_t of tensor t, so its uniform is
+    uniform16 of counter j - start_t with tensor t's keys (the reference's Stream(seed, tensor
+    id, state id)); the padding encode adds past the end gets keys 0 (its codes are dropped)."""
+
+    def __init__(self, seed: int, tensor_ids: list, state_id: int, sizes: list):
+        self.seed, self.tensor_ids, self.state_id = seed, tensor_ids, state_id
+        self.sizes = torch.tensor(sizes)
+
+    def element_uniforms(self, step: int, n: int, device) -> torch.Tensor:
+        k1, k2 = zip(*(qhash.stream_keys(self.seed, t, self.state_id, step) for t in self.tensor_ids))
+        total = int(self.sizes.sum())
+        starts = torch.cumsum(self.sizes, 0) - self.sizes
+        counter = torch.arange(n) - torch.nn.functional.pad(starts.repeat_interleave(self.sizes), (0, n - total))
+        keys = tuple(torch.nn.functional.pad(torch.tensor(k).repeat_interleave(self.sizes), (0, n - total))
+                     for k in (k1, k2))
+        return qhash.uniform16(tuple(k.to(device) for k in keys), counter.to(device))
+
+
+def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict,
+              specs: dict) -> None:
     sizes = [p.numel() for p in params]
     # one flat copy of each list (torch's bucket flattening, as DDP uses): mixed dtypes are promoted
     # to one that holds them all exactly, so .to(fp32) rounds once, as the reference's p.to(fp32) does
@@ -86,8 +113,10 @@ def _step_run(opt, group, params: list, step: int, since: int, written: dict, sp
     step_t = torch.tensor(step, dtype=torch.int64)  # never mutated: shared, as optim/fused.py does
     since_t = torch.tensor(since, dtype=torch.int64)
     for name in new:  # in place, as the kernels store their states
+        drawn = specs[name].rounding == "stochastic"
+        stream = Streams(group["seed"], tensor_ids, STATE_IDS[name], sizes) if drawn else Stream()
         torch._foreach_copy_([opt.state[p][name]["codes"] for p in params],
-                             encode(new[name], specs[name], step)[0].split(sizes))
+                             encode(new[name], specs[name], step, stream)[0].split(sizes))
     torch._foreach_copy_(params, unflatten(p32, params))  # rounds to each parameter's dtype, as copy_ does
     for p, count in zip(params, counts):
         st = opt.state[p]

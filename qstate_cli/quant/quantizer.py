@@ -69,6 +69,11 @@ class Stream:
     def keys(self, step: int) -> tuple[int, int]:
         return qhash.stream_keys(self.seed, self.tensor_id, self.state_id, step)
 
+    def element_uniforms(self, step: int, n: int, device) -> torch.Tensor:
+        """hash.uniform16 at counters offset .. offset + n - 1: stochastic rounding's one
+        uniform per element (optim/small.py draws them for tensors laid end to end)."""
+        return qhash.uniform16(self.keys(step), torch.arange(n, device=device) + self.offset)
+
 
 def sqrt_rn(x: torch.Tensor) -> torch.Tensor:
     """Correctly rounded fp32 sqrt (torch's vectorised CPU sqrt is not; CUDA's is)."""
@@ -152,9 +157,7 @@ def _tensor_inverse_scale(absmax: torch.Tensor, top: float) -> torch.Tensor:
 
 
 def _uniform_elements(stream: Stream, step: int, shape, device) -> torch.Tensor:
-    n = shape[0] * shape[1]
-    counter = torch.arange(n, device=device) + stream.offset
-    return qhash.uniform16(stream.keys(step), counter).view(shape)
+    return stream.element_uniforms(step, shape[0] * shape[1], device).view(shape)
 
 
 def _uniform_blocks(stream: Stream, step: int, nblocks: int, block: int, device) -> torch.Tensor:
