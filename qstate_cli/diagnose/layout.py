@@ -35,6 +35,7 @@ import torch
 
 from ..errors import QstateError
 from ..quant import hash as qhash
+from ..quant.quantizer import Stream
 from ..trace.schema import BLOCK, Trace
 
 
@@ -121,6 +122,7 @@ class LayoutStream:
     counter = "element" (stochastic rounding) or "block" (BReD, blocks of `block`)."""
 
     offset = 0  # quant.Stream.offset: the layout's counters are folded into the keys instead
+    element_uniforms = Stream.element_uniforms  # uniform16 of keys(step) at counters 0 .. n - 1
 
     def __init__(self, layout: Layout, seed: int, state_id: int, counter: str, block: int):
         self.seed, self.state_id, self.layout = seed, state_id, layout
