@@ -15,7 +15,14 @@ from qstate_cli.optim import Adam, AdamW
 from test_kernels_adamw import CASES, WEIRD
 
 needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
-CPU_CASES = [(s, d) for s, d in CASES if d in (torch.float32, torch.bfloat16)]  # fp16: reference (below)
+MINIFLOAT_CASES = [  # the block-scaled minifloats only the CPU path takes (the codec alone: test_kernels_cpu_minifloat.py)
+    ("fp8", torch.float32),
+    ("fp4-sr", torch.bfloat16),
+    ("m=e5m2:bred:b64,v=e2m2:bred:b64:sqrt", torch.float32),
+    ("m=e2m1:bred:b96:sbf16,v=e4m3:nearest:b96:sqrt", torch.bfloat16),
+    ("m=e4m3:sr:b2048,v=e5m2:nearest:b2048:sbf16", torch.float32),
+]
+CPU_CASES = [(s, d) for s, d in CASES if d in (torch.float32, torch.bfloat16)] + MINIFLOAT_CASES  # fp16: reference
 
 
 @needs_numba

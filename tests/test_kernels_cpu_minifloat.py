@@ -3,7 +3,8 @@ rounding._minifloat, codec.decode_value) against the reference quantizer, bit fo
 values chosen to sit on every magnitude ordinal, on the midpoints between them (the ties
 that round-half-to-even settles), one ulp either side, in the subnormal grid, at -0.0 and
 beyond the largest value, for every rounding, with and without `:sqrt` and bf16 scales; then
-whole steps of AdamW, Lion, SGD and Muon through the optimizers (tests/kernel_parity.py).
+whole steps of Lion, SGD and Muon through the optimizers (tests/kernel_parity.py; AdamW's:
+MINIFLOAT_CASES in tests/test_kernels_cpu.py's grid).
 
 Skipped where numba is not installed. Each layout compiles a small helper (seconds)."""
 import numpy as np
@@ -12,8 +13,7 @@ import torch
 
 from kernel_parity import run_parity
 from qstate_cli.kernels import cpu
-from qstate_cli.optim import SGD, AdamW, Lion, Muon
-from test_kernels_adamw import WEIRD
+from qstate_cli.optim import SGD, Lion, Muon
 
 needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
 B = 64
@@ -144,22 +144,6 @@ def test_minifloat_decode_of_every_code_byte(fmt, rounding):
          np.zeros(B, np.float32))
     want = decode(codes, scales, spec, 2 * B, 7, Stream(seed=5, tensor_id=2, state_id=1))
     assert torch.equal(torch.from_numpy(out).view(torch.int32), want.view(torch.int32))
-
-
-MINIFLOAT_CASES = [  # (states, parameter dtype): every minifloat, rounding, sqrt, bf16 scales, odd block sizes
-    ("fp8", torch.float32),
-    ("fp4-sr", torch.bfloat16),
-    ("m=e5m2:bred:b64,v=e2m2:bred:b64:sqrt", torch.float32),
-    ("m=e2m1:bred:b96:sbf16,v=e4m3:nearest:b96:sqrt", torch.bfloat16),
-    ("m=e4m3:sr:b2048,v=e5m2:nearest:b2048:sbf16", torch.float32),
-]
-
-
-@needs_numba
-@pytest.mark.parametrize("states,dtype", MINIFLOAT_CASES, ids=[f"{s}-{str(d)[6:]}" for s, d in MINIFLOAT_CASES])
-def test_cpu_adamw_with_minifloat_states_equals_reference(states, dtype):
-    _, ker = run_parity(AdamW, states, WEIRD, dtype, backend="cpu", device="cpu", lr=1e-2, weight_decay=0.1)
-    assert {ker.path_for(p) for p in ker.param_groups[0]["params"]} == {cpu.PATH}
 
 
 @needs_numba
