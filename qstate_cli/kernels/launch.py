@@ -106,16 +106,13 @@ def kernel_layout(spec: StateSpec, minifloats: bool = False) -> StateLayout | No
     if why_not_covered(spec, minifloats) is not None:
         return None
     fmt = spec.fmt
-    if fmt.kind == "float":
-        return StateLayout(kind=3, bits=fmt.bits, signed=fmt.signed, top=float(fmt.top), table_len=0,
-                           rounding=ROUNDING_CODES[spec.rounding], sqrt=spec.sqrt, sbf16=spec.scale_dtype == "bf16",
-                           block=int(spec.block), man_bits=fmt.man_bits, emin=fmt.emin, max_ordinal=fmt.max_ordinal)
-    table = fmt.kind == "table"
-    kind = (2 if _is_nozero_linear(fmt.table) else 1) if table else 0
+    table, minifloat = fmt.kind == "table", fmt.kind == "float"
+    kind = 3 if minifloat else (2 if _is_nozero_linear(fmt.table) else 1) if table else 0
+    floats = dict(man_bits=fmt.man_bits, emin=fmt.emin, max_ordinal=fmt.max_ordinal) if minifloat else {}
     return StateLayout(kind=kind, bits=fmt.bits, signed=fmt.signed, top=float(fmt.top),
                        table_len=len(fmt.table) if table else 0, rounding=ROUNDING_CODES[spec.rounding],
                        sqrt=spec.sqrt, sbf16=spec.scale_dtype == "bf16", block=int(spec.block),
-                       table_name=fmt.name if table else "")
+                       table_name=fmt.name if table else "", **floats)
 
 
 def _is_nozero_linear(table: tuple[float, ...]) -> bool:

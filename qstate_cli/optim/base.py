@@ -31,7 +31,8 @@ what steps p: "triton", "triton-interpreter", "cpu-numba" or "reference" (benchm
 every row with it). All paths keep the same state layout, so checkpoints move between
 them (optim/fused.py). With a backend other than "reference", the CPU tensors the reference
 steps whose states are stored elementwise (fp32, as below min_quant_numel; bf16, fp16 or fp8
-without scales, rounded to nearest) step together, in one pass of the same ops (optim/small.py).
+without scales, rounded to nearest or stochastically) step together, in one pass of the same
+ops (optim/small.py; Muon's Newton-Schulz still per matrix, `update_flat`).
 """
 from __future__ import annotations
 
