@@ -88,6 +88,11 @@ for _i, _f in enumerate(FORMATS_4 + FORMATS_8):
         _b = (32, 128, 256)[(_i + _j) % 3]
         _extra = [":sqrt" if not _f.startswith("int") and _f != "de4" and _f != "de8" else "", ":sbf16"][(_i + _j) % 2]
         CASES.append(f"{_f}:{_r}:b{_b}{_extra}")
+for _i, _f in enumerate(["e4m3", "e5m2", "e2m1", "e2m2"]):  # minifloats: the CPU codec only
+    for _j, _r in enumerate(("nearest", "stochastic", "bred")):
+        _b = (32, 128, 256)[(_i + _j) % 3]
+        _extra = [":sqrt" if _f == "e2m2" else "", ":sbf16"][(_i + _j) % 2]
+        CASES.append(f"{_f}:{_r}:b{_b}{_extra}")
 
 
 @needs_numba
@@ -121,11 +126,33 @@ def test_code_book_search_at_every_entry_and_its_neighbours(fmt, rounding):
 
 
 @needs_numba
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e2m1", "e2m2"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "bred"])
+def test_minifloat_at_every_ordinal_midpoint_and_neighbour(fmt, rounding):
+    """Blocks of 64 whose normalised values sit on every magnitude ordinal, the midpoints
+    between them (ties: half to even), one ulp either side, the subnormal grid, -0.0, and
+    blocks whose scale makes n exact or not (test_kernels_cpu_minifloat.crafted)."""
+    from test_kernels_cpu_minifloat import crafted
+    layout = Layout(small_trace(1), 256, "cpu")
+    spec = parse_spec(f"{fmt}:{rounding}:b64")
+    x = crafted(spec.fmt)
+    x = x.repeat(-(-layout.n // x.numel()))[:layout.n].clone()
+    stream = _stream(layout, spec, 77, 0)
+    fused, _, why = replay_state(spec, layout, stream, None, "auto")
+    assert why is None
+    ref = QuantizedState(spec, (layout.n,), stream, device="cpu")
+    for step in (4, 5):
+        fused.encode(x, step)
+        ref.encode(x, step)
+        assert_same(fused, ref, f"{spec} at the ordinals, step {step}")
+
+
+@needs_numba
 def test_fused_codec_on_a_part_of_the_layout_and_over_threads(monkeypatch):
     """torchrun's element split (a part of the layout: its own positions, the whole
     tensors' counters) and a layout split over threads (host.run_blocks)."""
     from qstate_cli.kernels.cpu import host
-    for spec in ("int4:stochastic:b128", "lin4nz:bred:b128", "de8:stochastic:b256:sbf16"):
+    for spec in ("int4:stochastic:b128", "lin4nz:bred:b128", "de8:stochastic:b256:sbf16", "e2m1:stochastic:b64"):
         check_spec(spec, Layout(small_trace(1), 256, "cpu", part=(1, 3)), steps=(3, 4))
     monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
     monkeypatch.setattr(host, "threads", lambda: 3)
@@ -158,7 +185,8 @@ def comparable(doc: dict) -> dict:
     return {**doc, "meta": meta, "env": env}
 
 
-CONFIGS = ["sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit", "m=int8:nearest:b64,v=de8u:bred:b32:sbf16", "bf16"]
+CONFIGS = ["sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit", "m=int8:nearest:b64,v=de8u:bred:b32:sbf16", "fp8-sr",
+           "m=e2m1:bred:b64,v=e2m2:nearest:b32:sqrt:sbf16", "bf16"]
 
 
 @needs_numba
@@ -175,7 +203,8 @@ def test_replay_records_are_the_same_through_either_codec(reset):
                 assert torch.equal(bits(a), bits(b)), f"{name} {s}"
     codec = auto["meta"]["codec"]
     assert codec[str(cfgs[0])]["m"] == [cpu.PATH, None] and codec[str(cfgs[2])]["v"] == [cpu.PATH, None]
-    assert codec[str(cfgs[-1])]["m"][0] == "reference"  # bf16: a minifloat, no fused codec
+    assert codec["fp8-sr"] == {"m": [cpu.PATH, None], "v": [cpu.PATH, None]}  # 8-bit minifloats: fused
+    assert codec[str(cfgs[-1])]["m"][0] == "reference"  # bf16: 16-bit codes, no fused codec
     assert all(v == ["reference", "--backend reference"] for c in ref["meta"]["codec"].values() for v in c.values())
 
 

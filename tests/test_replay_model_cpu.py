@@ -31,6 +31,10 @@ for _i, _f in enumerate(FORMATS):
         _bf16 = ":sbf16" if (_i + _j) % 3 == 1 else ""
         CASES.append(f"{_f}:{_r}:b{_b}{_sqrt}{_bf16}")
 CASES += ["uint4:nearest:b32:sqrt", "uint8:stochastic:b64:sqrt:sbf16", "de4u:stochastic:b128:sqrt"]
+for _i, _f in enumerate(["e4m3", "e5m2", "e2m1", "e2m2"]):  # minifloats: binade-averaged gaps for emp
+    for _j, _r in enumerate(("nearest", "stochastic", "bred")):
+        _sqrt = ":sqrt" if (_i + _j) % 2 and _f == "e2m2" else ""
+        CASES.append(f"{_f}:{_r}:b{(32, 128, 256)[(_i + _j) % 3]}{_sqrt}")
 
 
 def grid_points(spec) -> torch.Tensor:
@@ -42,7 +46,7 @@ def grid_points(spec) -> torch.Tensor:
         pts = torch.arange(lo - 1, hi + 2, dtype=torch.float32)
         pts = torch.cat([pts, pts + 0.5])
     else:
-        table = codebook_tensor(fmt.name)
+        table = codebook_tensor(fmt.name) if fmt.kind == "table" else fmt.code_value(torch.arange(fmt.max_ordinal + 1))
         pts = torch.cat([table, (table[1:] + table[:-1]) / 2, -table])
     pts = torch.cat([pts, torch.nextafter(pts, torch.tensor(1e9)), torch.nextafter(pts, torch.tensor(-1e9)),
                      torch.tensor([0.0, -0.0, 1e-41])])
@@ -212,15 +216,16 @@ def test_fused_model_over_threads(monkeypatch):
 
 def test_model_refuses_what_it_does_not_cover():
     from qstate_cli.kernels.cpu.replay_model import StalenessModel
-    with pytest.raises(ValueError, match="no fused staleness model"):
-        StalenessModel(parse_spec("e4m3:nearest:b32"), N)
+    for spec in ("e4m3:nearest:tensor", "bf16:nearest"):
+        with pytest.raises(ValueError, match="no fused staleness model"):
+            StalenessModel(parse_spec(spec), N)
     with pytest.raises(ValueError, match="does not divide"):
         StalenessModel(parse_spec("int4:nearest:b256"), 1000)
 
 
 CONFIGS = ["nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit",
            "m=lin4nz:stochastic:b64:sbf16,v=uint4:nearest:b32:sqrt",
-           "m=int8:stochastic:b128,v=de8u:stochastic:b64:sqrt:sbf16"]
+           "m=int8:stochastic:b128,v=de8u:stochastic:b64:sqrt:sbf16", "fp8", "fp4-sr"]
 
 
 def comparable(doc: dict) -> dict:

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reaso
 
 STEPS, RESET_AT, SNAP = 7, 4, 3  # a reset before step index 4; snapshots every 3 steps and at the end
 SPECS = ["int4:nearest:b128", "uint4:stochastic:b32:sqrt", "de4:bred:b256", "lin4nz:stochastic:b64:sbf16",
-         "int8:bred:b64", "de8u:nearest:b128:sqrt", "de8:stochastic:b256:sbf16", "uint8:nearest:b32"]
+         "int8:bred:b64", "de8u:nearest:b128:sqrt", "de8:stochastic:b256:sbf16", "uint8:nearest:b32",
+         "e4m3:stochastic:b128", "e2m2:nearest:b64:sqrt"]
 
 
 def run_both(spec_text: str, layout: Layout):

@@ -79,7 +79,7 @@ def why_not_covered(spec: StateSpec, minifloats: bool = False) -> str | None:
     if fmt.kind not in ("linear", "table") and not (minifloats and fmt.kind == "float"):
         return f"format {fmt.name} ({fmt.kind}) has no kernel; the reference path steps it"
     if fmt.bits not in (4, 8):
-        return f"{fmt.bits}-bit codes have no kernel"
+        return f"{fmt.name}: {fmt.bits}-bit codes have no kernel"
     if not spec.scaled:
         return "unscaled states have no kernel"
     if spec.per_element_division:
@@ -87,14 +87,14 @@ def why_not_covered(spec: StateSpec, minifloats: bool = False) -> str | None:
     return None
 
 
-def why_no_codec(spec: StateSpec) -> str | None:
+def why_no_codec(spec: StateSpec, minifloats: bool = False) -> str | None:
     """Why no fused replay codec (diagnose/codec.py) stores this state on any device (None:
     one may; each device's factory adds its own checks). Given before a missing Triton or
-    numba, which would not help."""
+    numba, which would not help. minifloats: the CPU codec's, which also takes them."""
     if spec.tensor_scale:
         return (f"{spec.fmt.name} with a tensor scale (one absmax per tensor; under torchrun all-reduced) "
                 f"has no fused codec")
-    return why_not_covered(spec)
+    return why_not_covered(spec, minifloats)
 
 
 @lru_cache(maxsize=256)

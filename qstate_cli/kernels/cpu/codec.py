@@ -57,7 +57,7 @@ numba.config.CACHE_DIR = str(numba_cache_dir())
 
 from .layout import (BITS, BRED, EMIN, FLOAT, HALF, KIND, LINEAR, MAN, MAXORD, NEAREST, NT,  # noqa: E402,F401
                      ONE, ROUND, SBF16, SIGNED, SQRT, STOCHASTIC, TABLE, UNIT, ZERO)
-from .rounding import code_of  # noqa: E402 (after the cache line: its functions are cached there)
+from .rounding import code_of, float_code, float_floor_frac  # noqa: E402,F401 (after the cache line: its functions are cached there)
 
 STORED = 2  # stored_value's `prepared` (False: raw, True: sqrt and sign applied, STORED: final)
 

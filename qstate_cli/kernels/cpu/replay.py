@@ -49,7 +49,7 @@ def fused_state(spec, layout, stream, reduce_absmax=None):
     codec does not cover; for a block-scaled state each block's scale is its own, so a part
     of the layout encodes as the whole layout does. The spec's reason comes first: a state
     the codec never covers says why, not that numba is missing."""
-    why = why_no_codec(spec) or unavailable_reason(layout.device)
+    why = why_no_codec(spec, minifloats=True) or unavailable_reason(layout.device)
     if why is not None:
         return None, why
     plan = _plan(layout, int(spec.block))
@@ -90,7 +90,7 @@ class FusedReplayState(ReadBackState):
 
     def __init__(self, spec, layout, stream, plan):
         super().__init__(spec, (layout.n,), stream, device="cpu")
-        kl = kernel_layout(spec)
+        kl = kernel_layout(spec, minifloats=True)
         self.lay, self.lim, self.table = layout_arrays(kl, kl.table("cpu"))  # a code book: with its buckets
         self.block = int(spec.block)
         self.plan = plan

@@ -3,7 +3,8 @@
 One compilation for every covered state layout: `lay` (codec.py's 8 ints) is a runtime
 tuple here, so its branches are taken per block. LLVM does not unswitch a loop on a
 runtime condition, so every per-element loop below is written once per case (sqrt or
-not, signed or not, each rounding, each format kind) and stays branch-free. A code book's
+not, signed or not, each rounding, each format kind) and stays branch-free (a minifloat's
+sign is a mask, codec.float_code). A code book's
 floor code is found from a bucket of the value's fp32 bits and at most M (1 or 2) steps
 (search.floor_code, the optimizer kernels' own search), not a binary search.
 """
@@ -112,6 +113,27 @@ def round_table(n, u, cnt, lay, table, rounding, ub, q):
             q[j] = np.int32(k) + np.int32(ub >= c.ONE - min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def round_float(n, u, cnt, lay, rounding, ub, q):
+    """A minifloat (codec.code_of, its rounding.py case): the floor ordinal and exact fraction
+    of |n|, up or not (nearest: ties to the even ordinal), clamped, n's sign bit on top."""
+    man, emin, top = lay[c.MAN], lay[c.EMIN], lay[c.MAXORD]
+    bits, signed = lay[c.BITS], lay[c.SIGNED]
+    if rounding == c.NEAREST:
+        for j in range(cnt):
+            k, frac = c.float_floor_frac(abs(n[j]), man, emin)
+            up = (frac > c.HALF) | ((frac == c.HALF) & ((k & np.int32(1)) == np.int32(1)))
+            q[j] = c.float_code(n[j], k + np.int32(up), bits, signed, top)
+    elif rounding == c.STOCHASTIC:
+        for j in range(cnt):
+            k, frac = c.float_floor_frac(abs(n[j]), man, emin)
+            q[j] = c.float_code(n[j], k + np.int32(u[j] < frac), bits, signed, top)
+    else:
+        for j in range(cnt):
+            k, frac = c.float_floor_frac(abs(n[j]), man, emin)
+            q[j] = c.float_code(n[j], k + np.int32(ub >= c.ONE - frac), bits, signed, top)
+
+
 GOLDEN = np.uint32(0x9E3779B9)
 
 
@@ -156,6 +178,8 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, ba
             ub = c.uniform(bctr, k1, k2)
         if lay[c.KIND] == c.LINEAR:
             round_linear(row, u, cnt, lay, rounding, ub - c.HALF, q)
+        elif lay[c.KIND] == c.FLOAT:
+            round_float(row, u, cnt, lay, rounding, ub, q)
         elif lay[c.UNIT]:
             round_unit(row, u, cnt, lay, rounding, ub, q)
         else:

@@ -9,7 +9,8 @@ grid point nearest to the value, on the block's delta = absmax(y) / top, y = x o
     d_i       = x_new_i - x_hat_i,  nominal_i = d_i != 0 and i is recorded (not padding)
     emp_i     = nominal_i ? P(stall) : 0,   P(stall) = [-down < d < up] (nearest, half-gaps),
                 max(0, 1 - |d| / (d > 0 ? up : down)) (stochastic, whole gaps), 0 (BReD)
-                (down, up = windows(x_hat))
+                (down, up = windows(x_hat); a minifloat's gaps there are its binade
+                average 2**-M ln2 |n|, binade_average=True)
     down, up  = windows(s)  (the Gaussian part's cell; staleness.gaussian_v / gaussian_m stay
                 torch: torch's erf is its own polynomial)
 
@@ -17,9 +18,9 @@ y = sqrt(clamp(x, 0)) of a `:sqrt` state is torch's (two torch ops per tensor: t
 sqrt is not the correctly rounded one, 1 ulp off on ~17% of values), the rest is the kernel's,
 fp32 op for op as staleness.py computes them (so inf * 0 = NaN where a block's scale is 0,
 as there), so every record stays bit-identical; the float64 sums stay in torch
-(stats.ModelStats). Formats: the fused codec's (launch.why_no_codec: linear int/uint and
-code books, 4 or 8 bits, block-scaled, no tensor scale, so no absmax reduced across ranks;
-the scale dtype does not enter the model).
+(stats.ModelStats). Formats: the fused CPU codec's (launch.why_no_codec(minifloats=True):
+linear int/uint, code books and minifloats, 4 or 8 bits, block-scaled, no tensor scale, so
+no absmax reduced across ranks; the scale dtype does not enter the model).
 Output buffers: one set per layout size and thread, shared by every state of the replay
 (they are summed before the next state's pass), so a replay holds 13 bytes per element for
 them once, not once per configuration and state; per thread, since replays may run side
@@ -30,6 +31,7 @@ No numba at import: the kernel (replay_model_kernel.py) is imported on first use
 """
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -40,6 +42,7 @@ from ..launch import why_no_codec
 from .host import parts_of, run_parts, search_table
 
 ROUNDINGS = {"nearest": 0, "stochastic": 1, "bred": 2}  # codec.NEAREST, STOCHASTIC, BRED
+KINDS = {"linear": 0, "table": 1, "float": 2}  # replay_model_kernel.LINEAR, BOOK, FLOAT
 _KERNEL: list = []
 _LOCAL = threading.local()  # .buffers: n -> (emp, nominal, down, up), the thread's latest layout size only
 
@@ -67,7 +70,7 @@ class StalenessModel:
     None, the recorded elements); module docstring."""
 
     def __init__(self, spec, n: int, valid: torch.Tensor | None = None):
-        why = why_no_codec(spec)
+        why = why_no_codec(spec, minifloats=True)
         if why is not None:
             raise ValueError(f"no fused staleness model for {spec}: {why}")
         fmt, self.block = spec.fmt, int(spec.block)
@@ -79,13 +82,17 @@ class StalenessModel:
         lo = hi = 0.0
         if fmt.kind == "linear":
             lo, hi = fmt.code_range
+        elif fmt.kind == "float":  # codec.py's MAN, EMIN, MAXORD in the search's columns
+            search = (fmt.man_bits, fmt.emin, fmt.max_ordinal, 0)
         else:  # the code book with its search buckets (search.floor_code, as the codec's)
             nt = len(fmt.table)
             self.table, search = search_table(np.asarray(codebook(fmt.name), np.float32).tobytes())
-        self.lim = np.array([lo, hi, fmt.top], np.float32)
+        # lim[3]: a minifloat's binade-average gap per unit of |n|, the fp32 scalar torch multiplies by
+        binade = (2.0 ** -fmt.man_bits) * math.log(2.0) if fmt.kind == "float" else 0.0
+        self.lim = np.array([lo, hi, fmt.top, binade], np.float32)
         self.valid = None if valid is None else valid.cpu().contiguous().numpy()
-        self.prm = (0 if fmt.kind == "linear" else 1, int(spec.sqrt), ROUNDINGS[spec.rounding],
-                    int(valid is not None), 0, nt, 0, 0) + tuple(int(v) for v in search)
+        self.prm = (KINDS[fmt.kind], int(spec.sqrt), ROUNDINGS[spec.rounding], int(valid is not None), 0, nt,
+                    int(fmt.signed), 0) + tuple(int(v) for v in search)
 
     def predict(self, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor | None):
         """(emp fp32 [n], nominal bool [n], #nominal, (down, up) fp32 [n] each of windows(s),

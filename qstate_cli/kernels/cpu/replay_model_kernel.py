@@ -11,16 +11,18 @@ from numba import njit
 from . import codec as c  # sets numba's cache folder before anything here compiles
 from .search import floor_code
 
-# prm columns (replay_model.StalenessModel; 8 .. 11: search.py's SHIFT, NM, STEPS, OFF)
-P_KIND, P_SQRT, P_ROUND, P_VALID, P_GAUSS, P_NT = range(6)
-LINEAR = 0
+# prm columns (replay_model.StalenessModel; 8 .. 11: search.py's SHIFT, NM, STEPS, OFF, or a
+# minifloat's MAN, EMIN, MAXORD as in codec.py's lay)
+P_KIND, P_SQRT, P_ROUND, P_VALID, P_GAUSS, P_NT, P_SIGNED = range(7)
+LINEAR, BOOK, FLOAT = 0, 1, 2
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def block_windows(src, start, cnt, prm, lim, table, frac, y, dn, up, o0):
+def block_windows(src, start, cnt, prm, lim, table, frac, binade, y, dn, up, o0):
     """staleness.windows of one quantization block, given its y = src[start : start + cnt]
     (x, or torch's sqrt(clamp(x, 0)): torch's CPU sqrt is not the correctly rounded one),
-    into dn[o0 + j], up[o0 + j]; y: a scratch row (n, the normalised value)."""
+    into dn[o0 + j], up[o0 + j]; y: a scratch row (n, the normalised value); binade: a
+    minifloat's gaps are its binade average lim[3] |n| (windows(binade_average=True))."""
     i0 = np.uint64(start)
     amax = c.ZERO
     for j in range(cnt):  # amax(|y|), NaN propagating as torch's amax
@@ -41,6 +43,12 @@ def block_windows(src, start, cnt, prm, lim, table, frac, y, dn, up, o0):
             k = np.rint(y[j])  # clamp(lo, hi) then k > lo, k < hi: the same tests (NaN: both false)
             dn[o + np.uint64(j)] = (c.ONE if k > lo else c.INF) * delta * frac
             up[o + np.uint64(j)] = (c.ONE if k < hi else c.INF) * delta * frac
+    elif prm[P_KIND] == FLOAT:
+        float_gaps(y, cnt, prm, lim[3], binade, dn, up, o)
+        for j in range(cnt):
+            i = o + np.uint64(j)
+            dn[i] = dn[i] * delta * frac
+            up[i] = up[i] * delta * frac
     else:
         nt = prm[P_NT]
         last = nt - 1
@@ -65,6 +73,35 @@ def block_windows(src, start, cnt, prm, lim, table, frac, y, dn, up, o0):
             dn[i] = y0 * y0 - r * r
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def float_gaps(y, cnt, prm, avg_per_mag, binade, dn, up, o):
+    """staleness._grid_gaps of a minifloat (then the binade average if asked) for n = y[j]:
+    the gaps below and above the ordinal nearest to |n| (a signed format's 0 has +-value(1)
+    as neighbours; an unsigned one's nothing below), swapped for negative n. A NaN n takes
+    ordinal 0, as torch's NaN -> int32 (INT_MIN) clamped does."""
+    top, signed = prm[c.MAXORD], prm[P_SIGNED] != 0
+    v1 = c.float_value(np.int32(1), prm)
+    for j in range(cnt):
+        n = y[j]
+        mag = abs(n)
+        k = np.int32(0)
+        if mag == mag:
+            k0, f = c.float_floor_frac(mag, prm[c.MAN], prm[c.EMIN])
+            k = min(max(np.int32(k0 + np.int32(f >= c.HALF)), np.int32(0)), np.int32(top))
+        val = c.float_value(k, prm)
+        above = c.float_value(np.int32(k + 1), prm) - val if k < top else c.INF
+        below = val - c.float_value(np.int32(k - 1), prm) if k > 0 else (v1 if signed else c.INF)
+        neg = n < c.ZERO
+        gd = above if neg else below
+        gu = below if neg else above
+        if binade:
+            avg = avg_per_mag * mag
+            gd = gd if (abs(gd) == c.INF) | (avg == c.ZERO) else avg
+            gu = gu if (abs(gu) == c.INF) | (avg == c.ZERO) else avg
+        dn[o + np.uint64(j)] = gd
+        up[o + np.uint64(j)] = gu
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up, counts, prm, lim, table, B, numel):
     """Blocks b0 .. b1 - 1 (of B elements): emp / nominal from x_hat, x_new (staleness.predict's
@@ -83,7 +120,7 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
         cnt = min(B, numel - start)
         i0 = np.uint64(start)
         if rounding != c.BRED:
-            block_windows(yx, start, cnt, prm, lim, table, frac, y, rdn, rup, 0)
+            block_windows(yx, start, cnt, prm, lim, table, frac, True, y, rdn, rup, 0)
         for j in range(cnt):  # nominal (recorded elements only)
             i = i0 + np.uint64(j)
             nom = (x_new[i] - x_hat[i]) != c.ZERO
@@ -107,6 +144,6 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
         for j in range(cnt):
             total += np.int64(nominal[i0 + np.uint64(j)])
         if prm[P_GAUSS]:
-            block_windows(ys, start, cnt, prm, lim, table, frac, y, down, up, start)
+            block_windows(ys, start, cnt, prm, lim, table, frac, False, y, down, up, start)
     counts[part] += total
     return 0

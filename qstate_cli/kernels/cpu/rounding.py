@@ -33,7 +33,7 @@ from numba.core.errors import TypingError
 from numba.extending import overload
 
 from . import layout as c
-from .native import bits_of_f32
+from .native import bits_of_f32, f32_from_bits
 from .search import SCAN_MAX, floor_code, scan_code
 
 
@@ -112,48 +112,53 @@ def _unit(unit: int, nt: int, rounding: int):
 
 def _minifloat(bits: int, signed: int, rounding: int, man: int, emin: int, maxord: int):
     """The code of n for a minifloat with `man` mantissa bits, least normal exponent emin
-    (> -126: 4- and 8-bit formats) and largest magnitude ordinal maxord (module docstring);
-    floor_frac is formats._float_floor_frac's fp32 and int32 ops, one element."""
-    drop = 23 - man
-    rebias = np.int32((126 + emin) << man)
-    low = np.uint32((1 << drop) - 1)
-    two_m_drop = np.float32(2.0 ** -drop)
-    sub_scale = np.float32(2.0 ** (man - emin))
-    least_normal = np.float32(2.0 ** emin)
-    sign_at = np.uint32(bits - 1) if signed else np.uint32(0)
-    top = np.int32(maxord)
-
-    @njit(inline="always", error_model="numpy")
-    def floor_frac(mag):
-        b = bits_of_f32(mag)
-        kn = np.int32(np.int32(b >> np.uint32(drop)) - rebias)  # normal: the bits, re-biased
-        fn = np.float32(np.int32(b & low)) * two_m_drop  # and the dropped bits, exactly
-        y = mag * sub_scale  # below: the uniform grid of spacing 2**(emin - man), exact
-        ks = np.floor(y)
-        normal = mag >= least_normal
-        return (kn if normal else np.int32(ks)), (fn if normal else y - ks)
-
-    @njit(inline="always", error_model="numpy")
-    def signed_code(n, q):
-        q = min(max(q, np.int32(0)), top)
-        if signed:
-            return np.int32(q | np.int32((bits_of_f32(n) >> np.uint32(31)) << sign_at))
-        return q
-
+    (> -126: 4- and 8-bit formats) and largest magnitude ordinal maxord (module docstring):
+    float_floor_frac and float_code with the layout's constants (folded at compile time)."""
     if rounding == c.NEAREST:
         def impl(n, lay, table, dither, u):
-            k, frac = floor_frac(abs(n))
+            k, frac = float_floor_frac(abs(n), man, emin)
             up = (frac > c.HALF) | ((frac == c.HALF) & ((k & np.int32(1)) == np.int32(1)))
-            return signed_code(n, k + np.int32(up))
+            return float_code(n, k + np.int32(up), bits, signed, maxord)
     elif rounding == c.STOCHASTIC:
         def impl(n, lay, table, dither, u):
-            k, frac = floor_frac(abs(n))
-            return signed_code(n, k + np.int32(u < frac))
+            k, frac = float_floor_frac(abs(n), man, emin)
+            return float_code(n, k + np.int32(u < frac), bits, signed, maxord)
     else:
         def impl(n, lay, table, dither, u):
-            k, frac = floor_frac(abs(n))
-            return signed_code(n, k + np.int32(dither >= c.ONE - frac))
+            k, frac = float_floor_frac(abs(n), man, emin)
+            return float_code(n, k + np.int32(dither >= c.ONE - frac), bits, signed, maxord)
     return impl
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def pow2(e):
+    """2**e in fp32 for an integer e in [-126, 127], exactly (built from its bits)."""
+    return f32_from_bits(np.uint32(np.int32(e + 127) << np.int32(23)))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def float_floor_frac(mag, man, emin):
+    """formats._float_floor_frac of one fp32 magnitude mag >= 0 (not NaN) for a minifloat with
+    `man` mantissa bits and least normal exponent emin > -126: (floor ordinal k int32, its exact
+    fraction fp32). Normal range: k = bits(mag) >> (23 - man), re-biased, and the dropped bits
+    times 2**(man - 23); below 2**emin: the uniform grid of spacing 2**(emin - man)."""
+    drop = np.int32(23 - man)
+    b = bits_of_f32(mag)
+    kn = np.int32(np.int32(b >> np.uint32(drop)) - np.int32((126 + emin) << man))
+    fn = np.float32(np.int32(b & np.uint32((1 << drop) - 1))) * pow2(-drop)
+    y = mag * pow2(man - emin)  # exact: a power-of-two scaling
+    ks = np.floor(y)
+    normal = mag >= pow2(emin)
+    return (kn if normal else np.int32(ks)), (fn if normal else y - ks)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def float_code(n, q, bits, signed, maxord):
+    """The minifloat code of magnitude ordinal q for the element n: clamp(q, 0, maxord), with
+    n's sign bit as bit bits - 1 if the format is signed (quantizer.encode's _store); no
+    branch, so a loop over it packs with `signed` known only at run time (the replay)."""
+    sign = np.int32((bits_of_f32(n) >> np.uint32(31)) << np.uint32(bits - 1))
+    return np.int32(min(max(q, np.int32(0)), np.int32(maxord)) | (sign & -np.int32(signed)))  # signed: 0 or 1
 
 
 def _book(lv: tuple, nt: int, rounding: int):
