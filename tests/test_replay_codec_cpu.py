@@ -54,8 +54,11 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 def assert_same(fused: QuantizedState, ref: QuantizedState, what: str) -> None:
     assert fused.written == ref.written, what
     assert fused.codes.dtype == ref.codes.dtype and torch.equal(fused.codes, ref.codes), f"{what}: codes"
-    assert fused.scales.dtype == ref.scales.dtype and torch.equal(bits(fused.scales), bits(ref.scales)), \
-        f"{what}: scales"
+    if ref.scales is None:  # an unscaled state
+        assert fused.scales is None, f"{what}: scales"
+    else:
+        assert fused.scales.dtype == ref.scales.dtype and torch.equal(bits(fused.scales), bits(ref.scales)), \
+            f"{what}: scales"
     got, want = fused.decode(), ref.decode()
     bad = torch.nonzero(bits(got) != bits(want)).flatten()
     assert bad.numel() == 0, f"{what}: values read back differ first at {bad[:5].tolist()}"
@@ -93,6 +96,7 @@ for _i, _f in enumerate(["e4m3", "e5m2", "e2m1", "e2m2"]):  # minifloats: the CP
         _b = (32, 128, 256)[(_i + _j) % 3]
         _extra = [":sqrt" if _f == "e2m2" else "", ":sbf16"][(_i + _j) % 2]
         CASES.append(f"{_f}:{_r}:b{_b}{_extra}")
+CASES += ["bf16:nearest", "bf16:stochastic", "bf16:stochastic:sqrt", "fp16:nearest:sqrt", "fp16:stochastic"]  # unscaled
 
 
 @needs_numba
@@ -157,6 +161,8 @@ def test_fused_codec_on_a_part_of_the_layout_and_over_threads(monkeypatch):
     monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
     monkeypatch.setattr(host, "threads", lambda: 3)
     check_spec("uint4:stochastic:b32:sqrt", Layout(small_trace(1), 256, "cpu"), steps=(1, 2))
+    for spec in ("bf16:stochastic", "fp16:nearest"):  # unscaled: in runs of the layout's (smaller) unit
+        check_spec(spec, Layout(small_trace(1), 64, "cpu"), steps=(1, 2))
 
 
 @needs_numba
@@ -186,7 +192,7 @@ def comparable(doc: dict) -> dict:
 
 
 CONFIGS = ["sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit", "m=int8:nearest:b64,v=de8u:bred:b32:sbf16", "fp8-sr",
-           "m=e2m1:bred:b64,v=e2m2:nearest:b32:sqrt:sbf16", "bf16"]
+           "m=e2m1:bred:b64,v=e2m2:nearest:b32:sqrt:sbf16", "bf16-sr", "m=bf16:bred,v=bf16:nearest:sqrt"]
 
 
 @needs_numba
@@ -204,7 +210,9 @@ def test_replay_records_are_the_same_through_either_codec(reset):
     codec = auto["meta"]["codec"]
     assert codec[str(cfgs[0])]["m"] == [cpu.PATH, None] and codec[str(cfgs[2])]["v"] == [cpu.PATH, None]
     assert codec["fp8-sr"] == {"m": [cpu.PATH, None], "v": [cpu.PATH, None]}  # 8-bit minifloats: fused
-    assert codec[str(cfgs[-1])]["m"][0] == "reference"  # bf16: 16-bit codes, no fused codec
+    assert codec["bf16-sr"] == {"m": [cpu.PATH, None], "v": [cpu.PATH, None]}  # unscaled 16-bit: fused
+    assert codec[str(cfgs[-1])]["m"][0] == "reference" and "BReD" in codec[str(cfgs[-1])]["m"][1]
+    assert codec[str(cfgs[-1])]["v"] == [cpu.PATH, None]
     assert all(v == ["reference", "--backend reference"] for c in ref["meta"]["codec"].values() for v in c.values())
 
 
@@ -224,11 +232,12 @@ def test_numba_missing_is_the_reason_only_for_states_it_would_cover(monkeypatch)
     state no fused codec covers (bf16) says why it is not covered, and numba is not needed."""
     missing = "numba is not importable (ModuleNotFoundError: simulated); pip install 'qstate-cli[cpu]'"
     monkeypatch.setattr(cpu, "_import_error", [missing])
-    cfgs = [parse_config("sr-4bit"), parse_config("bf16")]
+    cfgs = [parse_config("sr-4bit"), parse_config("bf16"), parse_config("te-fp8")]
     doc, _ = diagnose(small_trace(3), cfgs, backend="auto")
     codec = doc["meta"]["codec"]
     assert codec["sr-4bit"] == {"m": ["reference", missing], "v": ["reference", missing]}
-    assert all(why[0] == "reference" and "bf16" in why[1] and "numba" not in why[1] for why in codec["bf16"].values())
+    assert codec["bf16"] == {"m": ["reference", missing], "v": ["reference", missing]}
+    assert all(why[0] == "reference" and "e4m3" in why[1] and "numba" not in why[1] for why in codec["te-fp8"].values())
 
 
 def test_backend_reference_also_runs_the_reset_check_replays(monkeypatch):

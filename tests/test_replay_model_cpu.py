@@ -35,6 +35,7 @@ for _i, _f in enumerate(["e4m3", "e5m2", "e2m1", "e2m2"]):  # minifloats: binade
     for _j, _r in enumerate(("nearest", "stochastic", "bred")):
         _sqrt = ":sqrt" if (_i + _j) % 2 and _f == "e2m2" else ""
         CASES.append(f"{_f}:{_r}:b{(32, 128, 256)[(_i + _j) % 3]}{_sqrt}")
+CASES += ["bf16:nearest", "bf16:stochastic:sqrt", "fp16:stochastic", "fp16:nearest:sqrt"]  # unscaled: delta = 1
 
 
 def grid_points(spec) -> torch.Tensor:
@@ -47,6 +48,10 @@ def grid_points(spec) -> torch.Tensor:
         pts = torch.cat([pts, pts + 0.5])
     else:
         table = codebook_tensor(fmt.name) if fmt.kind == "table" else fmt.code_value(torch.arange(fmt.max_ordinal + 1))
+        if table.numel() > 512:  # bf16, fp16: the ends and a sample of neighbouring ordinal pairs between
+            pick = torch.randperm(table.numel() - 8, generator=torch.Generator().manual_seed(3))[:248] + 4
+            ends = torch.cat([torch.arange(4), torch.arange(table.numel() - 4, table.numel())])
+            table = table[torch.cat([ends, pick, pick + 1]).unique()]  # sorted: each pair's midpoint is a tie
         pts = torch.cat([table, (table[1:] + table[:-1]) / 2, -table])
     pts = torch.cat([pts, torch.nextafter(pts, torch.tensor(1e9)), torch.nextafter(pts, torch.tensor(-1e9)),
                      torch.tensor([0.0, -0.0, 1e-41])])
@@ -59,7 +64,7 @@ def state_values(spec, gen: torch.Generator) -> torch.Tensor:
     subnormals, a NaN and infinities (s only: the grid takes them as torch does)."""
     x = torch.randn(N, generator=gen) * torch.exp(2 * torch.randn(N, generator=gen))
     pts = grid_points(spec)
-    B = int(spec.block)
+    B = int(spec.block or 256)  # unscaled (bf16, fp16): n is the value anyway
     exact = pts.repeat(-(-1024 // pts.numel()))[:1024].clone()
     exact[::B] = spec.fmt.top  # each block's absmax: delta = 1
     if spec.sqrt:
@@ -216,7 +221,7 @@ def test_fused_model_over_threads(monkeypatch):
 
 def test_model_refuses_what_it_does_not_cover():
     from qstate_cli.kernels.cpu.replay_model import StalenessModel
-    for spec in ("e4m3:nearest:tensor", "bf16:nearest"):
+    for spec in ("e4m3:nearest:tensor", "bf16:bred"):
         with pytest.raises(ValueError, match="no fused staleness model"):
             StalenessModel(parse_spec(spec), N)
     with pytest.raises(ValueError, match="does not divide"):
@@ -225,7 +230,7 @@ def test_model_refuses_what_it_does_not_cover():
 
 CONFIGS = ["nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit",
            "m=lin4nz:stochastic:b64:sbf16,v=uint4:nearest:b32:sqrt",
-           "m=int8:stochastic:b128,v=de8u:stochastic:b64:sqrt:sbf16", "fp8", "fp4-sr"]
+           "m=int8:stochastic:b128,v=de8u:stochastic:b64:sqrt:sbf16", "fp8", "fp4-sr", "bf16", "bf16-sr"]
 
 
 def comparable(doc: dict) -> dict:

@@ -10,7 +10,10 @@ L1-resident row (codec.py's helpers, so the spec is the optimizers' fused kernel
     x_hat  = decode_block(q): the value the reference's decode reads back
 
 so one encode(x, step) leaves the codes, the scales AND the value read back; decode()
-hands that value over (reset / never written: zeros, as the reference).
+hands that value over (reset / never written: zeros, as the reference). States: the
+block-scaled 4- and 8-bit formats (linear, code books, minifloats), and an unscaled 16-bit
+minifloat (bf16, fp16: n = v, the 16-bit pattern stored as is, replay_codec16) rounded to
+nearest or stochastically, walked in runs of gcd(unit, UNSCALED_BLOCK) positions.
 
 Random bits, as LayoutStream draws them (layout.py): block b holds elements of one tensor t
 (plan[b, 0]) at consecutive flat indices o = plan[b, 1], o + 1, ... (its nvalid = plan[b, 2] recorded
@@ -30,14 +33,16 @@ imported on first use only.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
 from ...quant.state import ReadBackState
 from ...quant import hash as qhash
-from ..launch import kernel_layout, why_no_codec
+from ..launch import ROUNDING_CODES, StateLayout, kernel_layout, why_no_codec
 from . import unavailable_reason
-from .host import layout_arrays, run_blocks  # no numba there
+from .host import MINIFLOAT_KIND, layout_arrays, run_blocks  # no numba there
 
 PATH = "cpu-numba"
 
@@ -49,10 +54,10 @@ def fused_state(spec, layout, stream, reduce_absmax=None):
     codec does not cover; for a block-scaled state each block's scale is its own, so a part
     of the layout encodes as the whole layout does. The spec's reason comes first: a state
     the codec never covers says why, not that numba is missing."""
-    why = why_no_codec(spec, minifloats=True) or unavailable_reason(layout.device)
+    why = why_not_fused(spec) or unavailable_reason(layout.device)
     if why is not None:
         return None, why
-    plan = _plan(layout, int(spec.block))
+    plan = _plan(layout, block_of(spec, layout.unit))
     if isinstance(plan, str):
         return None, plan
     if spec.rounding != "nearest" and not hasattr(stream, "base"):
@@ -60,6 +65,31 @@ def fused_state(spec, layout, stream, reduce_absmax=None):
     if spec.rounding == "stochastic" and (plan[:, 1] & 1).any():  # recorded blocks are 2048-aligned: never so
         return None, "a block starts at an odd element index (stochastic rounding hashes pairs of elements)"
     return FusedReplayState(spec, layout, stream, plan), None
+
+
+UNSCALED_BLOCK = 256  # the most the kernels walk at once over an unscaled state (no scales: any divisor of the unit)
+
+
+def unscaled16(spec) -> bool:
+    """An unscaled 16-bit minifloat (bf16, fp16: replay_kernel.replay_codec16)."""
+    return spec.fmt.kind == "float" and spec.fmt.bits == 16 and not spec.has_scales
+
+
+def why_not_fused(spec) -> str | None:
+    """Why the CPU replay's kernels (this codec, replay_model's staleness model) do not take
+    this state, or None: launch.why_no_codec with the block-scaled minifloats, and besides
+    an unscaled 16-bit minifloat rounded to nearest or stochastically."""
+    if unscaled16(spec) and not spec.per_element_division:
+        if spec.rounding == "bred":
+            return f"{spec.fmt.name} unscaled under BReD (a dither per {spec.dither_block} elements) has no fused codec"
+        return None
+    return why_no_codec(spec, minifloats=True)
+
+
+def block_of(spec, n: int) -> int:
+    """The kernels' run length over a layout of n-element units (or n elements): the spec's
+    block, or for an unscaled state gcd(n, UNSCALED_BLOCK), which divides every unit."""
+    return int(spec.block) if spec.scaled else math.gcd(int(n), UNSCALED_BLOCK)
 
 
 def _plan(layout, B: int):
@@ -90,13 +120,13 @@ class FusedReplayState(ReadBackState):
 
     def __init__(self, spec, layout, stream, plan):
         super().__init__(spec, (layout.n,), stream, device="cpu")
-        kl = kernel_layout(spec, minifloats=True)
+        self.block = block_of(spec, layout.unit)
+        kl = kernel_layout(spec, minifloats=True) if spec.scaled else _unscaled_layout(spec, self.block)
         self.lay, self.lim, self.table = layout_arrays(kl, kl.table("cpu"))  # a code book: with its buckets
-        self.block = int(spec.block)
         self.plan = plan
         base = stream.base.numpy() if hasattr(stream, "base") else np.zeros(max(1, layout.n_tensors), np.int64)
         self.base = np.asarray(base & qhash.MASK32, np.uint32)  # nearest: no random bits, any keys
-        self._scale_dtype = self.scales.dtype  # fp32 or bf16 (_empty_storage)
+        self._scale_dtype = self.scales.dtype if self.scales is not None else None  # fp32 or bf16 (_empty_storage)
 
     def encode(self, x: torch.Tensor, step: int) -> None:
         if x.numel() != self.numel:
@@ -104,11 +134,18 @@ class FusedReplayState(ReadBackState):
         x = x.detach().reshape(-1)
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.to(torch.float32).contiguous()
+        out = torch.empty(self.numel, dtype=torch.float32)
+        if self._scale_dtype is None:  # bf16, fp16: 16-bit patterns, no scales
+            codes = torch.empty(self.numel, dtype=torch.int16)
+            run_blocks(_kernel(16), self.numel, self.block,
+                       (x.numpy(), codes.numpy().view(np.uint16), out.numpy(), self.lay, self.block, self.numel,
+                        self.plan, self.base, int(step)))
+            self.codes, self.written, self._read_back = codes, int(step), out
+            return
         # fresh tensors per step, as the reference (the replay keeps the previous ones); every
         # byte is written (the layout holds whole blocks of an even size)
         codes = torch.empty(self.numel * self.spec.fmt.bits // 8, dtype=torch.uint8)
         scales = torch.empty(self.numel // self.block, dtype=self._scale_dtype)
-        out = torch.empty(self.numel, dtype=torch.float32)
         run_blocks(_kernel(), self.numel, self.block,
                    (x.numpy(), codes.numpy(), scales.view(torch.int16).numpy().view(np.uint16), out.numpy(),
                     self.lay, self.lim, self.table, self.block, self.numel, self.plan,
@@ -116,12 +153,22 @@ class FusedReplayState(ReadBackState):
         self.codes, self.scales, self.written, self._read_back = codes, scales, int(step), out
 
 
-_KERNEL: list = []
+def _unscaled_layout(spec, block: int) -> StateLayout:
+    """The kernel layout of an unscaled 16-bit minifloat (launch.kernel_layout covers the
+    block-scaled formats only; top and sbf16 are not read without scales)."""
+    fmt = spec.fmt
+    return StateLayout(kind=MINIFLOAT_KIND, bits=fmt.bits, signed=fmt.signed, top=float(fmt.top), table_len=0,
+                       rounding=ROUNDING_CODES[spec.rounding], sqrt=spec.sqrt, sbf16=False, block=block,
+                       man_bits=fmt.man_bits, emin=fmt.emin, max_ordinal=fmt.max_ordinal)
 
 
-def _kernel():
-    """The fused encode + read-back kernel (imports numba; compiled on first use, cached on disk)."""
-    if not _KERNEL:
-        from .replay_kernel import replay_codec
-        _KERNEL.append(replay_codec)
-    return _KERNEL[0]
+_KERNELS: dict = {}
+
+
+def _kernel(bits: int = 8):
+    """The fused encode + read-back kernel: replay_codec, or replay_codec16 for an unscaled
+    16-bit state (imports numba; compiled on first use, cached on disk)."""
+    if bits not in _KERNELS:
+        from .replay_kernel import replay_codec, replay_codec16
+        _KERNELS.update({8: replay_codec, 16: replay_codec16})
+    return _KERNELS[bits]

@@ -134,6 +134,19 @@ def round_float(n, u, cnt, lay, rounding, ub, q):
             q[j] = c.float_code(n[j], k + np.int32(ub >= c.ONE - frac), bits, signed, top)
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def block_uniforms(o, nv, start, cnt, k1, k2, u):
+    """u[:cnt] = stochastic rounding's uniforms of a block at layout position start whose nv
+    recorded elements are flat indices o, o + 1, ... of their tensor (o even: replay.fused_state)."""
+    p0 = o >> 1
+    for i in range(nv >> 1):  # element o + 2i and the next share hash o / 2 + i: its halves
+        u[2 * i], u[2 * i + 1] = pc.pair_uniforms(np.uint32(p0 + i), k1, k2)
+    if nv & 1:
+        u[nv - 1] = c.uniform16(o + nv - 1, k1, k2)
+    for j in range(nv, cnt):  # padding: LayoutStream folds it to hash counter 0
+        u[j] = c.uniform16((start + j) & 1, k1, k2)
+
+
 GOLDEN = np.uint32(0x9E3779B9)
 
 
@@ -166,14 +179,8 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, ba
         for j in range(cnt):
             row[j] = row[j] * inv  # n
         ub = c.ZERO
-        if rounding == c.STOCHASTIC:  # recorded elements: their own counters; o is even (replay.fused_state)
-            p0 = o >> 1
-            for i in range(nv >> 1):  # element o + 2i and the next share hash o / 2 + i: its halves
-                u[2 * i], u[2 * i + 1] = pc.pair_uniforms(np.uint32(p0 + i), k1, k2)
-            if nv & 1:
-                u[nv - 1] = c.uniform16(o + nv - 1, k1, k2)
-            for j in range(nv, cnt):  # padding: LayoutStream folds it to hash counter 0
-                u[j] = c.uniform16((start + j) & 1, k1, k2)
+        if rounding == c.STOCHASTIC:
+            block_uniforms(o, nv, start, cnt, k1, k2, u)
         elif rounding == c.BRED:
             ub = c.uniform(bctr, k1, k2)
         if lay[c.KIND] == c.LINEAR:
@@ -189,4 +196,32 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, ba
         c.decode_block(codes, absmax, lay, lim, table, bctr, start, cnt, k1, k2, q, row)
         for j in range(cnt):
             out[i0 + np.uint64(j)] = row[j]
+    return 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def replay_codec16(b0, b1, x, codes, out, lay, B, numel, plan, base, step):
+    """An unscaled 16-bit minifloat (bf16, fp16; nearest or stochastic rounding): as
+    replay_codec without scales, n = the stored value itself (quantizer.encode, unscaled), in
+    runs of B layout positions (plan, base: as there). codes: uint16 [numel], the bit
+    patterns (ordinal | sign << 15) the reference stores as int16."""
+    row = np.empty(B, np.float32)
+    u = np.zeros(B, np.float32)
+    q = np.empty(B, np.int32)
+    rounding = lay[c.ROUND]
+    s32 = np.uint32(step & 0xFFFFFFFF)
+    dp = (c.ONE, c.ZERO, c.ZERO, np.int32(0))  # decode_params of an unscaled, undithered block
+    for b in range(b0, b1):
+        start = b * B
+        cnt = min(B, numel - start)
+        k1 = c.hash32(np.uint32(base[plan[b, 0]] ^ s32))
+        k2 = c.hash32(np.uint32(k1 ^ GOLDEN))
+        i0 = np.uint64(start)
+        load_stored(x, i0, cnt, lay, row)
+        if rounding == c.STOCHASTIC:
+            block_uniforms(plan[b, 1], plan[b, 2], start, cnt, k1, k2, u)
+        round_float(row, u, cnt, lay, rounding, c.ZERO, q)
+        for j in range(cnt):
+            codes[i0 + np.uint64(j)] = np.uint16(q[j])
+            out[i0 + np.uint64(j)] = c.decode_value(q[j], lay, row, dp)
     return 0

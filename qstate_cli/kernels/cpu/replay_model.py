@@ -18,9 +18,9 @@ y = sqrt(clamp(x, 0)) of a `:sqrt` state is torch's (two torch ops per tensor: t
 sqrt is not the correctly rounded one, 1 ulp off on ~17% of values), the rest is the kernel's,
 fp32 op for op as staleness.py computes them (so inf * 0 = NaN where a block's scale is 0,
 as there), so every record stays bit-identical; the float64 sums stay in torch
-(stats.ModelStats). Formats: the fused CPU codec's (launch.why_no_codec(minifloats=True):
-linear int/uint, code books and minifloats, 4 or 8 bits, block-scaled, no tensor scale, so
-no absmax reduced across ranks; the scale dtype does not enter the model).
+(stats.ModelStats). Formats: the fused CPU codec's (replay.why_not_fused: linear int/uint,
+code books and minifloats, 4 or 8 bits, block-scaled, no tensor scale, so no absmax reduced
+across ranks; the scale dtype does not enter the model; and unscaled bf16 / fp16, delta = 1).
 Output buffers: one set per layout size and thread, shared by every state of the replay
 (they are summed before the next state's pass), so a replay holds 13 bytes per element for
 them once, not once per configuration and state; per thread, since replays may run side
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ...quant.codebooks import codebook
-from ..launch import why_no_codec
+from .replay import block_of, why_not_fused
 from .host import parts_of, run_parts, search_table
 
 ROUNDINGS = {"nearest": 0, "stochastic": 1, "bred": 2}  # codec.NEAREST, STOCHASTIC, BRED
@@ -70,10 +70,10 @@ class StalenessModel:
     None, the recorded elements); module docstring."""
 
     def __init__(self, spec, n: int, valid: torch.Tensor | None = None):
-        why = why_no_codec(spec, minifloats=True)
+        why = why_not_fused(spec)
         if why is not None:
             raise ValueError(f"no fused staleness model for {spec}: {why}")
-        fmt, self.block = spec.fmt, int(spec.block)
+        fmt, self.block = spec.fmt, block_of(spec, n)
         if n % self.block:
             raise ValueError(f"block size {self.block} does not divide the layout's {n} elements")
         self.n, self.rounding, self.sqrt = n, spec.rounding, bool(spec.sqrt)
@@ -92,7 +92,7 @@ class StalenessModel:
         self.lim = np.array([lo, hi, fmt.top, binade], np.float32)
         self.valid = None if valid is None else valid.cpu().contiguous().numpy()
         self.prm = (KINDS[fmt.kind], int(spec.sqrt), ROUNDINGS[spec.rounding], int(valid is not None), 0, nt,
-                    int(fmt.signed), 0) + tuple(int(v) for v in search)
+                    int(fmt.signed), int(spec.scaled)) + tuple(int(v) for v in search)
 
     def predict(self, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor | None):
         """(emp fp32 [n], nominal bool [n], #nominal, (down, up) fp32 [n] each of windows(s),

@@ -13,7 +13,7 @@ from .search import floor_code
 
 # prm columns (replay_model.StalenessModel; 8 .. 11: search.py's SHIFT, NM, STEPS, OFF, or a
 # minifloat's MAN, EMIN, MAXORD as in codec.py's lay)
-P_KIND, P_SQRT, P_ROUND, P_VALID, P_GAUSS, P_NT, P_SIGNED = range(7)
+P_KIND, P_SQRT, P_ROUND, P_VALID, P_GAUSS, P_NT, P_SIGNED, P_SCALED = range(8)
 LINEAR, BOOK, FLOAT = 0, 1, 2
 
 
@@ -24,10 +24,12 @@ def block_windows(src, start, cnt, prm, lim, table, frac, binade, y, dn, up, o0)
     into dn[o0 + j], up[o0 + j]; y: a scratch row (n, the normalised value); binade: a
     minifloat's gaps are its binade average lim[3] |n| (windows(binade_average=True))."""
     i0 = np.uint64(start)
-    amax = c.ZERO
-    for j in range(cnt):  # amax(|y|), NaN propagating as torch's amax
-        a = abs(src[i0 + np.uint64(j)])
-        amax = a if (a > amax) | (a != a) else amax
+    amax = lim[2]  # an unscaled state: delta = 1, n = y
+    if prm[P_SCALED]:
+        amax = c.ZERO
+        for j in range(cnt):  # amax(|y|), NaN propagating as torch's amax
+            a = abs(src[i0 + np.uint64(j)])
+            amax = a if (a > amax) | (a != a) else amax
     delta = amax / lim[2]
     inv_ok = delta > c.ZERO
     lo, hi = lim[0], lim[1]
@@ -78,14 +80,16 @@ def float_gaps(y, cnt, prm, avg_per_mag, binade, dn, up, o):
     """staleness._grid_gaps of a minifloat (then the binade average if asked) for n = y[j]:
     the gaps below and above the ordinal nearest to |n| (a signed format's 0 has +-value(1)
     as neighbours; an unsigned one's nothing below), swapped for negative n. A NaN n takes
-    ordinal 0, as torch's NaN -> int32 (INT_MIN) clamped does."""
+    ordinal 0, as torch's NaN -> int32 (INT_MIN) clamped does, unless emin <= -126 (bf16:
+    the ordinal from the bits, NaN's too, as formats._float_floor_frac)."""
     top, signed = prm[c.MAXORD], prm[P_SIGNED] != 0
+    bits_only = prm[c.EMIN] <= -126
     v1 = c.float_value(np.int32(1), prm)
     for j in range(cnt):
         n = y[j]
         mag = abs(n)
         k = np.int32(0)
-        if mag == mag:
+        if (mag == mag) | bits_only:
             k0, f = c.float_floor_frac(mag, prm[c.MAN], prm[c.EMIN])
             k = min(max(np.int32(k0 + np.int32(f >= c.HALF)), np.int32(0)), np.int32(top))
         val = c.float_value(k, prm)

@@ -138,17 +138,18 @@ def pow2(e):
 
 @njit(cache=True, inline="always", error_model="numpy")
 def float_floor_frac(mag, man, emin):
-    """formats._float_floor_frac of one fp32 magnitude mag >= 0 (not NaN) for a minifloat with
-    `man` mantissa bits and least normal exponent emin > -126: (floor ordinal k int32, its exact
-    fraction fp32). Normal range: k = bits(mag) >> (23 - man), re-biased, and the dropped bits
-    times 2**(man - 23); below 2**emin: the uniform grid of spacing 2**(emin - man)."""
+    """formats._float_floor_frac of one fp32 magnitude mag >= 0 for a minifloat with `man`
+    mantissa bits and least normal exponent emin: (floor ordinal k int32, its exact fraction
+    fp32). Normal range: k = bits(mag) >> (23 - man), re-biased, and the dropped bits times
+    2**(man - 23); below 2**emin: the uniform grid of spacing 2**(emin - man). emin <= -126
+    (bf16): the bits alone, fp32 subnormals and NaN included. Else mag must not be NaN."""
     drop = np.int32(23 - man)
     b = bits_of_f32(mag)
     kn = np.int32(np.int32(b >> np.uint32(drop)) - np.int32((126 + emin) << man))
     fn = np.float32(np.int32(b & np.uint32((1 << drop) - 1))) * pow2(-drop)
-    y = mag * pow2(man - emin)  # exact: a power-of-two scaling
+    y = mag * pow2(min(man - emin, 127))  # exact: a power-of-two scaling (not used if emin <= -126)
     ks = np.floor(y)
-    normal = mag >= pow2(emin)
+    normal = (mag >= pow2(max(emin, -126))) | (emin <= -126)
     return (kn if normal else np.int32(ks)), (fn if normal else y - ks)
 
 
