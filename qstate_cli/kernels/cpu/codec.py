@@ -57,7 +57,7 @@ numba.config.CACHE_DIR = str(numba_cache_dir())
 
 from .layout import (BITS, BRED, EMIN, FLOAT, HALF, KIND, LINEAR, MAN, MAXORD, NEAREST, NT,  # noqa: E402,F401
                      ONE, ROUND, SBF16, SIGNED, SQRT, STOCHASTIC, TABLE, UNIT, ZERO)
-from .rounding import code_of, float_code, float_floor_frac  # noqa: E402,F401 (after the cache line: its functions are cached there)
+from .rounding import code_of, float_code, float_floor_frac, pow2  # noqa: E402,F401 (after the cache line: its functions are cached there)
 
 STORED = 2  # stored_value's `prepared` (False: raw, True: sqrt and sign applied, STORED: final)
 
@@ -284,7 +284,7 @@ def float_value(k, lay):
     formats._float_value, the normal value's bits built from k, else k on the subnormal grid."""
     man = lay[MAN]
     normal = f32_from_bits(np.uint32(np.int32(k + np.int32((126 + lay[EMIN]) << man)) << np.int32(23 - man)))
-    sub = np.float32(k) * np.float32(2.0 ** (lay[EMIN] - man))
+    sub = np.float32(k) * pow2(lay[EMIN] - man)  # exact scale, even below 2**-126 (bf16: 2**-133)
     return normal if (k >> np.int32(man)) > np.int32(0) else sub
 
 

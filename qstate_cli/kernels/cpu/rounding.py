@@ -132,8 +132,11 @@ def _minifloat(bits: int, signed: int, rounding: int, man: int, emin: int, maxor
 
 @njit(cache=True, inline="always", error_model="numpy")
 def pow2(e):
-    """2**e in fp32 for an integer e in [-126, 127], exactly (built from its bits)."""
-    return f32_from_bits(np.uint32(np.int32(e + 127) << np.int32(23)))
+    """2**e in fp32 for an integer e in [-149, 127], exactly, built from its bits (below
+    2**-126 a subnormal: the one bit e + 149). No pow call, so a loop over a runtime e packs."""
+    normal = f32_from_bits(np.uint32(np.int32(max(e, -126) + 127) << np.int32(23)))
+    sub = f32_from_bits(np.uint32(1) << np.uint32(min(max(e + 149, 0), 31)))
+    return normal if e >= -126 else sub
 
 
 @njit(cache=True, inline="always", error_model="numpy")
