@@ -42,6 +42,8 @@ contiguous (slices would do the same but cost two atomic reference counts each p
 """
 from __future__ import annotations
 
+import warnings
+
 import numba
 import numpy as np
 from numba import njit, types
@@ -54,6 +56,12 @@ from .native import bits_of_f32, f32_from_bits
 # cache at a folder per source version (package docstring: an inlined helper's change
 # does not invalidate its callers' cached code).
 numba.config.CACHE_DIR = str(numba_cache_dir())
+# numba's internal pedantic SSA check flags a conditional expression inside an inlined helper
+# ("variable ... is not in scope", NumbaIRAssumptionWarning: up to 5 per minifloat kernel,
+# each asking to report a numba bug) when a kernel first compiles. The compiled code is right
+# (the parity tests compare every bit), so the message would only alarm a user: ignored.
+if hasattr(numba.core.errors, "NumbaIRAssumptionWarning"):
+    warnings.filterwarnings("ignore", category=numba.core.errors.NumbaIRAssumptionWarning)
 
 from .layout import (BITS, BRED, EMIN, FLOAT, HALF, KIND, LINEAR, MAN, MAXORD, NEAREST, NT,  # noqa: E402,F401
                      ONE, ROUND, SBF16, SIGNED, SQRT, STOCHASTIC, TABLE, UNIT, ZERO)
