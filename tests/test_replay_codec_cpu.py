@@ -229,7 +229,8 @@ def test_uncovered_states_fall_back_with_the_reason_in_meta():
 
 def test_numba_missing_is_the_reason_only_for_states_it_would_cover(monkeypatch):
     """Without numba (simulated): a covered state falls back saying numba is missing, a
-    state no fused codec covers (bf16) says why it is not covered, and numba is not needed."""
+    state no fused codec covers (te-fp8: a tensor scale) says why it is not covered, and numba
+    is not needed."""
     missing = "numba is not importable (ModuleNotFoundError: simulated); pip install 'qstate-cli[cpu]'"
     monkeypatch.setattr(cpu, "_import_error", [missing])
     cfgs = [parse_config("sr-4bit"), parse_config("bf16"), parse_config("te-fp8")]
