@@ -2,8 +2,9 @@
 the same inputs (a fused codec's packed codes and values read back, on a layout with padding,
 over several steps with a reset) through both give identical collected arrays (per-step and
 per-unit sums, per-code counts, staleness histogram) and identical last_change / prev_code,
-for 4- and 8-bit linear formats and code books under nearest, stochastic and BReD rounding,
-on one thread and split over threads. The whole replay's records through `--backend auto`
+for 4- and 8-bit linear formats, code books and minifloats under nearest, stochastic and BReD
+rounding, and per binade for unscaled bf16 / fp16 (16-bit codes), on one thread and split
+over threads. The whole replay's records through `--backend auto`
 and `reference` are compared in test_replay_codec_cpu.py. Skipped without numba."""
 import numpy as np
 import pytest
@@ -22,7 +23,8 @@ pytestmark = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reaso
 STEPS, RESET_AT, SNAP = 7, 4, 3  # a reset before step index 4; snapshots every 3 steps and at the end
 SPECS = ["int4:nearest:b128", "uint4:stochastic:b32:sqrt", "de4:bred:b256", "lin4nz:stochastic:b64:sbf16",
          "int8:bred:b64", "de8u:nearest:b128:sqrt", "de8:stochastic:b256:sbf16", "uint8:nearest:b32",
-         "e4m3:stochastic:b128", "e2m2:nearest:b64:sqrt"]
+         "e4m3:stochastic:b128", "e2m2:nearest:b64:sqrt",
+         "bf16:nearest", "bf16:stochastic", "fp16:nearest", "fp16:stochastic:sqrt"]
 
 
 def run_both(spec_text: str, layout: Layout):
@@ -51,10 +53,12 @@ def run_both(spec_text: str, layout: Layout):
         if spec.sqrt:
             x = x.abs()
         x[invalid & (r < 0.5)] = 0.0
+        x[torch.randint(layout.n, (6,), generator=gen)] = torch.tensor([float("nan"), float("inf"), -float("inf"),
+                                                                          -0.0, 0.0, 1e-40])
         q.encode(x, 11 + i)
         new = q.decode().clone()
         new.masked_fill_(invalid, 0.0)  # padding stays 0, as the replay does
-        shadow = x + 0.01 * torch.randn(layout.n, generator=gen)
+        shadow = torch.nan_to_num(x, 0.0, 0.0, 0.0) + 0.01 * torch.randn(layout.n, generator=gen)
         sx2 = unit_sums(shadow * shadow, layout.unit)
         for st in (fused, plain):
             st.observe(i, x, prev, new, shadow, sx2, q.codes)
@@ -72,9 +76,13 @@ def assert_same_stats(fused: StateStats, plain: StateStats, what: str) -> None:
             assert a[k].dtype == v.dtype and np.array_equal(a[k], v), f"{what}: {k}"
         else:
             assert a[k] == v, f"{what}: {k}"
-    # the inputs exercised every count: stalls, nominal updates, code stalls and resets
-    assert b["stalls"].sum() > 0 and b["code_stalls"].sum() > b["stalls"].sum() > 0, what
+    # the inputs exercised every count: stalls, nominal updates, code stalls that are not value
+    # stalls (or the reverse) and resets; 16-bit codes: a spread of binades
+    assert b["stalls"].sum() > 0 and b["code_stalls"].sum() > 0, what
+    assert (b["code_stalls"] != b["stalls"]).any(), what
     assert 0 < b["nominal"].sum() < STEPS * b["n"], what
+    if b["code_mode"] == "binade":
+        assert (b["codes"][:, 1:].sum(1) > 0).sum() > 10, what
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -87,15 +95,16 @@ def test_fused_state_stats_over_threads(monkeypatch):
     from qstate_cli.kernels.cpu import host
     monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
     monkeypatch.setattr(host, "threads", lambda: 3)
-    for spec in ("uint4:stochastic:b128", "de8:bred:b64"):
+    for spec in ("uint4:stochastic:b128", "de8:bred:b64", "bf16:stochastic"):
         fused, plain = run_both(spec, Layout(small_trace(1), 512, "cpu"))
         assert fused._fused.hist.shape[0] == 3
         assert_same_stats(fused, plain, f"{spec} on 3 threads")
 
 
 def test_torch_path_without_the_fused_codec():
-    """fused=False (the reference codec, no numba, CUDA) and states without codes (bf16,
-    fp32) keep the torch path."""
+    """fused=False (the reference codec, no numba, CUDA) and an fp32 state (no code
+    statistics) keep the torch path."""
     layout = Layout(small_trace(1), 256, "cpu")
     assert StateStats(layout, parse_spec("int4:nearest:b128"), 2, 1)._fused is None
-    assert StateStats(layout, parse_spec("bf16:nearest"), 2, 1, fused=True)._fused is None
+    assert StateStats(layout, parse_spec("bf16:nearest"), 2, 1)._fused is None
+    assert StateStats(layout, parse_spec("fp32"), 2, 1, fused=True)._fused is None

@@ -78,9 +78,10 @@ class StateStats:
         self.snap_x2, self.snap_small, self.snap_units = [], [], []  # per snapshot (_snapshot)
         self._ones = torch.ones(layout.n, dtype=torch.int64, device=dev)
         self._fused = None
-        if fused and self.code_mode == "code" and dev.type == "cpu":
+        if fused and self.code_mode is not None and dev.type == "cpu":
             from ..kernels.cpu.replay_stats import CodeCounts  # no numba until the first observe
-            self._fused = CodeCounts(spec.fmt.bits, layout.n, layout.unit, self.n_codes)
+            shift = spec.fmt.man_bits if self.code_mode == "binade" else 0
+            self._fused = CodeCounts(spec.fmt.bits, layout.n, layout.unit, self.n_codes, shift)
 
     def observe(self, i: int, x: torch.Tensor, prev: torch.Tensor, new: torch.Tensor,
                 shadow: torch.Tensor, shadow_x2_units: torch.Tensor, storage: torch.Tensor | None) -> None:

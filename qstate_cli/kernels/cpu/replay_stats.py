@@ -10,11 +10,14 @@ values read back before / after, code the stored code unpacked from the packed s
     per unit u:  #stall, #nominal, #code stall (fp32: exact integers, a unit holds <= 2048
                  elements, so equal to torch's fp32 sums of the booleans)
     last_change_i = t where code_i != prev_code_i;  prev_code_i = code_i
-    per code:    counts[code * 5 + nominal * (1 + stall + 2 x code stall)] += 1
+    per code:    counts[bin * 5 + nominal * (1 + stall + 2 x code stall)] += 1, bin = the
+                 code (4 or 8 bits) or a 16-bit float's binade, (code >> mantissa bits) &
+                 (2**exponent bits - 1) (StateStats' "binade" mode)
 
 exactly as StateStats' torch path computes them (padding included: it counts what the
 torch path counts), so every record stays bit-identical; the float sums (err, err^2) and
-the snapshots stay in torch. Codes of 4 or 8 bits (the formats the fused codec covers).
+the snapshots stay in torch. Codes of 4 or 8 bits, packed in uint8, or the 16-bit patterns
+of an unscaled bf16 / fp16 state (int16, one per element: replay.py's replay_codec16).
 Threads: parallel over unit ranges (host.run_parts), one histogram row per thread, summed.
 No numba at import: the kernel (replay_stats_kernel.py) is imported on first use.
 """
@@ -39,11 +42,14 @@ class CodeCounts:
     """The fused counterpart of StateStats' comparisons, per-unit counts, per-code counts and
     last_change / prev_code updates for one state (module docstring)."""
 
-    def __init__(self, bits: int, n: int, unit: int, n_codes: int):
-        if bits not in (4, 8) or n % unit or unit % 2:
-            raise ValueError(f"fused code statistics need 4- or 8-bit codes on whole even units "
-                             f"(got {bits} bits, {n} elements, unit {unit})")
-        self.bits, self.n, self.unit = bits, n, unit
+    def __init__(self, bits: int, n: int, unit: int, n_codes: int, shift: int = 0):
+        """n_codes bins (a power of two), each code's bin (code >> shift) & (n_codes - 1): the
+        code (shift 0, n_codes 2**bits) or a 16-bit float's binade (shift its mantissa bits)."""
+        if bits not in (4, 8, 16) or n % unit or unit % 2 or n_codes & (n_codes - 1) or not 0 <= shift < bits:
+            raise ValueError(f"fused code statistics need 4-, 8- or 16-bit codes on whole even units and "
+                             f"a power-of-two number of bins (got {bits} bits, {n} elements, unit {unit}, "
+                             f"{n_codes} bins, shift {shift})")
+        self.bits, self.n, self.unit, self.shift, self.mask = bits, n, unit, shift, n_codes - 1
         self.hist = np.zeros((parts_of(n), n_codes * 5), np.int64)  # per thread; summed in `codes`
 
     def observe(self, step: int, x: torch.Tensor, prev: torch.Tensor, new: torch.Tensor, storage: torch.Tensor,
@@ -56,16 +62,20 @@ class CodeCounts:
         if prev_code.dtype != torch.int32 or last_change.dtype != torch.int32:
             raise ValueError("prev_code and last_change must be int32")
         sizes = (x.numel(), prev.numel(), new.numel(), prev_code.numel(), last_change.numel(), shadow.numel())
-        if set(sizes) != {self.n} or storage.dtype != torch.uint8 or storage.numel() != self.n * self.bits // 8:
+        dtype, per = (torch.int16, 1) if self.bits == 16 else (torch.uint8, self.bits / 8)
+        if set(sizes) != {self.n} or storage.dtype != dtype or storage.numel() != self.n * per:
             raise ValueError(f"fused code statistics of {self.n} elements got sizes {sizes} and "
-                             f"{storage.numel()} {storage.dtype} code bytes")  # the kernel does not bound-check
+                             f"{storage.numel()} {storage.dtype} codes")  # the kernel does not bound-check
+        codes = storage.reshape(-1).numpy()
+        if self.bits == 16:
+            codes = codes.view(np.uint16)  # the unsigned pattern, as stats.stored_code reads it
         parts = parts_of(self.n)
         if parts > self.hist.shape[0]:  # more threads than at the start: more rows
             self.hist = np.concatenate([self.hist, np.zeros((parts - self.hist.shape[0], self.hist.shape[1]),
                                                             np.int64)])
         run_parts(_kernel(), self.n, self.unit,
-                  (_f32(x), _f32(prev), _f32(new), storage.reshape(-1).numpy(), self.bits, prev_code.numpy(),
-                   last_change.numpy(), int(step), self.unit, counts.numpy(), self.hist, _f32(shadow), err.numpy()),
+                  (_f32(x), _f32(prev), _f32(new), codes, self.bits, prev_code.numpy(), last_change.numpy(),
+                   int(step), self.unit, counts.numpy(), self.hist, _f32(shadow), err.numpy(), self.shift, self.mask),
                   parts=parts)
         return counts, err
 

@@ -1,5 +1,6 @@
 """numba kernel of the replay's fused code statistics (replay_stats.py says what it counts;
-imports numba). One compilation for every layout: bits, unit and step are runtime arguments."""
+imports numba). One compilation per code storage (packed uint8, or uint16 patterns): bits,
+unit, step and the bin's shift and mask are runtime arguments."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,13 +17,15 @@ LANES = 4  # interleaved histogram copies: neighbours that hit the same bin do n
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change, step, unit, counts, hist,
-                 shadow, err):
+                 shadow, err, shift, mask):
     """Units u0 .. u1 - 1 (of `unit` elements each) of one state at one replay step: per
-    element, nominal = x != prev, stall = nominal and new == prev, code = the unpacked stored
-    code, code stall = nominal and code == prev_code; counts[0 / 1 / 2, u] = the unit's
+    element, nominal = x != prev, stall = nominal and new == prev, code = the stored code
+    (unpacked from uint8 `codes` at 4 or 8 bits; a 16-bit float: `codes` is its uint16
+    patterns), code stall = nominal and code == prev_code; counts[0 / 1 / 2, u] = the unit's
     stalls / nominal updates / code stalls (fp32, exact below 2**24); last_change = step where
-    the code changed; prev_code = code; hist[part, code * 5 + nominal * (1 + stall + 2 x code
-    stall)] += 1 (one histogram row per thread: `part`); err[0] = new - shadow and
+    the code changed; prev_code = code; hist[part, bin * 5 + nominal * (1 + stall + 2 x code
+    stall)] += 1 with bin = (code >> shift) & mask (the code itself: shift 0; a 16-bit float's
+    binade: its exponent field), one histogram row per thread (`part`); err[0] = new - shadow and
     err[1] = err[0] * err[0] (fp32, as torch's). Per unit: the errors in one loop, the
     comparisons in a second, both branch-free (they vectorize), leaving each element's
     histogram bin in a row; then LANES interleaved local histograms count the bins. One loop
@@ -33,7 +36,7 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     q = np.empty(unit, np.int32)
     nbins = hist.shape[1]
     local = np.zeros(LANES * nbins, np.int64)
-    s = np.int32(step)
+    s, sh, mk = np.int32(step), np.int32(shift), np.int32(mask)
     e0, e1 = err[0], err[1]
     for u in range(u0, u1):
         start = u * unit
@@ -58,7 +61,7 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
             n_stall += stall
             n_nominal += nominal
             n_cstall += cstall
-            q[j] = code * N_CLASSES + nominal * (1 + stall + 2 * cstall) + (j & (LANES - 1)) * nbins
+            q[j] = ((code >> sh) & mk) * N_CLASSES + nominal * (1 + stall + 2 * cstall) + (j & (LANES - 1)) * nbins
         for j in range(unit):
             local[np.uint64(q[j])] += 1
         counts[0, u] = np.float32(n_stall)
