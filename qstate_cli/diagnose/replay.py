@@ -222,7 +222,9 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     configs, shadows = _setup(trace, opts, mine, rec, layout, n_steps, reduce_absmax, rule != rec.step)
     model_every = max(1, n_steps // model_points(layout.total_n))  # the model costs ~ one encode + decode
     timer = Timer(device, sync=opts.profile)
-    invalid = ~layout.valid if layout.valid is not None else None
+    # the padding's flat positions: an index_fill_ of these costs ~7 us a state-step on the demo
+    # against ~37 us for masked_fill_ with the whole layout's mask (1 thread)
+    padding = (~layout.valid).nonzero().squeeze(1) if layout.valid is not None else None
     nonfinite = torch.zeros(layout.n_units, dtype=torch.float64, device=device)
     grad_stats = GradientStats(layout, n_steps)
     t_start, cpu_start = time.perf_counter(), time.process_time()
@@ -240,7 +242,7 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
                 _step_shadow(sh, rec, g, layout, rule)
         for c in configs:
             with timer(str(c.cfg)):
-                _step_config(c, shadows[c.shadow], rec, g, i, trace.step_start + i, invalid, layout,
+                _step_config(c, shadows[c.shadow], rec, g, i, trace.step_start + i, padding, layout,
                              i % model_every == 0, rule)
         if progress is not None:
             progress(i + 1, n_steps)
@@ -336,7 +338,7 @@ def _step_shadow(sh: _Shadow, rec: Recursion, g: torch.Tensor, layout: Layout, r
 
 
 def _step_config(c: _ConfigReplay, sh: _Shadow, rec: Recursion, g: torch.Tensor, i: int, step: int,
-                 invalid, layout: Layout, model: bool, rule: Callable) -> None:
+                 padding, layout: Layout, model: bool, rule: Callable) -> None:
     """One optimizer step of a quantized configuration, as QuantizedOptimizer._step_param
     does it, then its statistics against the shadow."""
     if c.period is not None and c.since >= c.period:
@@ -355,8 +357,8 @@ def _step_config(c: _ConfigReplay, sh: _Shadow, rec: Recursion, g: torch.Tensor,
         x_hat = q.decode()
         if c.clamp[s]:
             x_hat = x_hat.clamp(min=0.0)  # a v read back below 0 (base.py)
-        if invalid is not None:
-            x_hat.masked_fill_(invalid, 0.0)  # padding stays 0
+        if padding is not None:
+            x_hat.index_fill_(0, padding, 0.0)  # padding stays 0
         c.stats[s].observe(i, new[s], c.x_hat[s], x_hat, sh.x[s], sh.x2_units[s], q.codes)
         c.x_hat[s] = x_hat
 
