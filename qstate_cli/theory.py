@@ -66,13 +66,18 @@ def _half_normal_weights() -> np.ndarray:
 
 def p_stall_stochastic(r: float, c=1.0):
     """One-step stall probability under stochastic rounding at level c (array or float):
-    E_s[max(0, 1 - |s^2 / c - 1| / (2 rho))] with s ~ half-normal (z = s^2 ~ chi^2_1)."""
+    E_s[max(0, 1 - |s^2 / c - 1| / (2 rho))] with s ~ half-normal (z = s^2 ~ chi^2_1).
+    The tent is 0 outside c (1 - 2 rho) < z < c (1 + 2 rho), so each level sums the
+    quadrature over that band of _S only (a curve of 2000 levels: ~10 ms, against ~1.3 s
+    for the dense [levels, 24001] tent)."""
     c_arr = np.atleast_1d(np.asarray(c, dtype=float))
     out = np.zeros_like(c_arr)
-    ok = c_arr > 0
-    z = _S[None, :] ** 2
-    tent = np.maximum(0.0, 1.0 - np.abs(z / c_arr[ok, None] - 1.0) / (2.0 * r))
-    out[ok] = tent @ _half_normal_weights()
+    w = _half_normal_weights()
+    lo = np.searchsorted(_S, np.sqrt(np.maximum(0.0, c_arr * (1.0 - 2.0 * r))), side="left")
+    hi = np.searchsorted(_S, np.sqrt(np.maximum(0.0, c_arr * (1.0 + 2.0 * r))), side="right")
+    for k in np.flatnonzero(c_arr > 0):
+        z = _S[lo[k]:hi[k]] ** 2
+        out[k] = np.maximum(0.0, 1.0 - np.abs(z / c_arr[k] - 1.0) / (2.0 * r)) @ w[lo[k]:hi[k]]
     return float(out[0]) if np.ndim(c) == 0 else out.reshape(np.shape(c))
 
 
