@@ -40,6 +40,22 @@ def test_stochastic_stall_probability_matches_a_monte_carlo_estimate():
         assert abs(theory.p_stall_stochastic(r, c) - mc) < 5 * se + 1e-4
 
 
+def test_stochastic_stall_probability_sums_only_the_band_but_equals_the_whole_quadrature():
+    """The band c (1 - 2 rho) < z < c (1 + 2 rho) holds every non-zero term of the tent: the
+    sum over it equals the dense sum over all of _S (to rounding), for narrow and wide bands,
+    levels at 0, tiny, at the grid's end and beyond it; shapes and scalars kept."""
+    w = theory._half_normal_weights()
+    c = np.array([0.0, 1e-12, 1e-4, 0.05, 0.3, 0.999, 1.0, 7.5, 144.0, 400.0])
+    for r in (1e-3, 0.05, 0.34, 2.7, 43.3, 173.0):
+        dense = np.maximum(0.0, 1.0 - np.abs(theory._S[None, :] ** 2 / np.where(c > 0, c, 1)[:, None] - 1.0)
+                           / (2.0 * r)) @ w
+        dense[c == 0] = 0.0
+        got = theory.p_stall_stochastic(r, c.reshape(2, 5))
+        assert got.shape == (2, 5)
+        np.testing.assert_allclose(got.reshape(-1), dense, rtol=1e-12, atol=1e-15)
+        assert theory.p_stall_stochastic(r, 0.3) == pytest.approx(dense[4], rel=1e-12)
+
+
 def test_bred_never_stalls_and_int_formats_have_no_model():
     assert theory.stall_probability(parse_spec("bf16:bred"), 0.999) == 0.0
     assert theory.stall_probability(parse_spec("int4:nearest"), 0.999) is None
