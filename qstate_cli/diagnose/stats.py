@@ -58,9 +58,10 @@ def unit_sums(x: torch.Tensor, unit: int) -> torch.Tensor:
 
 class StateStats:
     """fused: the state is stored through the fused CPU codec (kernels/cpu/replay.py), so the
-    comparisons, counts and code updates run in one numba pass per unit block
-    (kernels/cpu/replay_stats.py, the same integers); else (no numba, the reference codec,
-    CUDA) as torch ops. The float sums and the snapshots are torch ops either way."""
+    comparisons, counts and code updates run in one numba pass per unit block, and a
+    snapshot's staleness histogram in another (kernels/cpu/replay_stats.py, the same
+    integers); else (no numba, the reference codec, CUDA) as torch ops. The float sums and the
+    rest of the snapshots are torch ops either way."""
 
     def __init__(self, layout: Layout, spec: StateSpec, n_steps: int, snapshot_every: int, fused: bool = False):
         dev, self.layout, self.spec = layout.device, layout, spec
@@ -134,10 +135,13 @@ class StateStats:
 
     def _snapshot(self, step: int, err: torch.Tensor, shadow_x2_units: torch.Tensor) -> None:
         lay = self.layout
-        stale = (step - self.last_change).to(torch.int64) + 1
-        if lay.valid is not None:
-            stale = torch.where(lay.valid, stale, 0)
-        self.staleness.scatter_add_(0, stale.clamp_(max=self.staleness.numel() - 1), self._ones)
+        if self._fused is not None:  # the same integer counts in one pass
+            self.staleness += self._fused.staleness(step, self.last_change, lay.valid, self.staleness.numel())
+        else:
+            stale = (step - self.last_change).to(torch.int64) + 1
+            if lay.valid is not None:
+                stale = torch.where(lay.valid, stale, 0)
+            self.staleness.scatter_add_(0, stale.clamp_(max=self.staleness.numel() - 1), self._ones)
         # the dimension statistic, in parts that add up across ranks (dimension_ms finishes it):
         # per tensor, sum of s^2 and of the squared chunk sums of d < unit raw errors (chunks
         # inside one unit); per unit, the raw error sum (chunks of d >= unit cross units)

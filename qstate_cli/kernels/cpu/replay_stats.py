@@ -16,7 +16,9 @@ values read back before / after, code the stored code unpacked from the packed s
 
 exactly as StateStats' torch path computes them (padding included: it counts what the
 torch path counts), so every record stays bit-identical; the float sums (err, err^2) and
-the snapshots stay in torch. Codes of 4 or 8 bits, packed in uint8, or the 16-bit patterns
+the rest of the snapshots stay in torch; a snapshot's staleness histogram, bin
+min(t - last_change_i + 1, top) per element (0 for padding), is a second kernel
+(staleness_counts). Codes of 4 or 8 bits, packed in uint8, or the 16-bit patterns
 of an unscaled bf16 / fp16 state (int16, one per element: replay.py's replay_codec16).
 Threads: parallel over unit ranges (host.run_parts), one histogram row per thread, summed.
 No numba at import: the kernel (replay_stats_kernel.py) is imported on first use.
@@ -28,14 +30,15 @@ import torch
 
 from .host import parts_of, run_parts
 
-_KERNEL: list = []
+_KERNELS: list = []
 
 
-def _kernel():
-    if not _KERNEL:
-        from .replay_stats_kernel import state_counts
-        _KERNEL.append(state_counts)
-    return _KERNEL[0]
+def _kernel(which: int = 0):
+    """0: state_counts, 1: staleness_counts (imports numba; compiled on first use, cached on disk)."""
+    if not _KERNELS:
+        from .replay_stats_kernel import staleness_counts, state_counts
+        _KERNELS.extend([state_counts, staleness_counts])
+    return _KERNELS[which]
 
 
 class CodeCounts:
@@ -73,11 +76,24 @@ class CodeCounts:
         if parts > self.hist.shape[0]:  # more threads than at the start: more rows
             self.hist = np.concatenate([self.hist, np.zeros((parts - self.hist.shape[0], self.hist.shape[1]),
                                                             np.int64)])
-        run_parts(_kernel(), self.n, self.unit,
+        run_parts(_kernel(0), self.n, self.unit,
                   (_f32(x), _f32(prev), _f32(new), codes, self.bits, prev_code.numpy(), last_change.numpy(),
                    int(step), self.unit, counts.numpy(), self.hist, _f32(shadow), err.numpy(), self.shift, self.mask),
                   parts=parts)
         return counts, err
+
+    def staleness(self, step: int, last_change: torch.Tensor, valid: torch.Tensor | None, nbins: int) -> torch.Tensor:
+        """int64 [nbins]: the staleness histogram of a snapshot at `step`, per element bin
+        min(step - last_change + 1, nbins - 1), padding (valid False) in bin 0: StateStats'
+        three passes and a scatter_add_ in one pass (integers, so the same counts)."""
+        if last_change.dtype != torch.int32 or last_change.numel() != self.n or (
+                valid is not None and (valid.dtype != torch.bool or valid.numel() != self.n)):
+            raise ValueError(f"a staleness histogram of {self.n} elements needs int32 last_change and bool valid")
+        parts = parts_of(self.n)
+        hist = np.zeros((parts, int(nbins)), np.int64)
+        mask = valid.numpy() if valid is not None else np.ones(1, np.bool_)
+        run_parts(_kernel(1), self.n, self.unit, (last_change.numpy(), mask, int(step), self.unit, hist), parts=parts)
+        return torch.from_numpy(hist.sum(0))
 
     def codes(self) -> torch.Tensor:
         """int64 [n_codes * 5]: the per-code counts over every step observed."""
