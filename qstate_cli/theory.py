@@ -68,7 +68,7 @@ def p_stall_stochastic(r: float, c=1.0):
     """One-step stall probability under stochastic rounding at level c (array or float):
     E_s[max(0, 1 - |s^2 / c - 1| / (2 rho))] with s ~ half-normal (z = s^2 ~ chi^2_1).
     The tent is 0 outside c (1 - 2 rho) < z < c (1 + 2 rho), so each level sums the
-    quadrature over that band of _S only (a curve of 2000 levels: ~10 ms, against ~1.3 s
+    quadrature over that band of _S only (a curve of 2000 levels: 15-150 ms, against ~1.3 s
     for the dense [levels, 24001] tent)."""
     c_arr = np.asarray(c, dtype=float).reshape(-1)
     out = np.zeros_like(c_arr)
