@@ -185,9 +185,10 @@ def test_a_block_at_an_odd_element_falls_back_under_stochastic_rounding(monkeypa
 
 
 def comparable(doc: dict) -> dict:
-    """The document less what may differ: timings, the codec paths, the creation time."""
+    """The document less what may differ: timings, the codec paths, the creation time and the
+    checkout's commit (a commit made while the suite runs changes it between the two replays)."""
     meta = {k: v for k, v in doc["meta"].items() if k not in ("profile", "codec")}
-    env = {k: v for k, v in doc["env"].items() if k != "created"}
+    env = {k: v for k, v in doc["env"].items() if k not in ("created", "git_sha")}
     return {**doc, "meta": meta, "env": env}
 
 

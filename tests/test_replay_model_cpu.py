@@ -235,7 +235,7 @@ CONFIGS = ["nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit",
 
 def comparable(doc: dict) -> dict:
     meta = {k: v for k, v in doc["meta"].items() if k not in ("profile", "codec")}
-    env = {k: v for k, v in doc["env"].items() if k != "created"}
+    env = {k: v for k, v in doc["env"].items() if k not in ("created", "git_sha")}  # a commit mid-suite
     return {**doc, "meta": meta, "env": env}
 
 
