@@ -85,8 +85,10 @@ class StalenessModel:
         elif fmt.kind == "float":  # codec.py's MAN, EMIN, MAXORD in the search's columns
             search = (fmt.man_bits, fmt.emin, fmt.max_ordinal, 0)
         else:  # the code book with its search buckets (search.floor_code, as the codec's)
-            nt = len(fmt.table)
-            self.table, search = search_table(np.asarray(codebook(fmt.name), np.float32).tobytes())
+            book = np.asarray(codebook(fmt.name), np.float32)
+            nt = len(book)
+            table, search = search_table(book.tobytes())
+            self.table = np.concatenate([table, code_gaps(book)])  # the kernel's BOOK_GAPS
         # lim[3]: a minifloat's binade-average gap per unit of |n|, the fp32 scalar torch multiplies by
         binade = (2.0 ** -fmt.man_bits) * math.log(2.0) if fmt.kind == "float" else 0.0
         self.lim = np.array([lo, hi, fmt.top, binade], np.float32)
@@ -114,6 +116,18 @@ class StalenessModel:
                    self.prm[:4] + (int(gauss),) + self.prm[5:], self.lim, self.table, self.block, n),
                   parts=counts.size)
         return emp, nominal, int(counts.sum()), ((down, up) if gauss else None)
+
+
+def code_gaps(book: np.ndarray) -> np.ndarray:
+    """fp32 [2 nt]: per code k of a sorted code book, [2k] the gap below it, table[k] -
+    table[k - 1] (inf at k = 0), and [2k + 1] the gap above, table[k + 1] - table[k] (inf at
+    the last code): staleness._grid_gaps' fp32 subtractions, done once per code book instead
+    of per element (replay_model_kernel.block_windows reads them past the search buckets)."""
+    book = np.asarray(book, np.float32)
+    gaps = np.full(2 * book.size, np.inf, np.float32)
+    gaps[2:-1:2] = book[1:] - book[:-1]  # below k = 1 .. nt - 1
+    gaps[1:-2:2] = book[1:] - book[:-1]  # above k = 0 .. nt - 2
+    return gaps
 
 
 def _f32(t: torch.Tensor, n: int) -> np.ndarray:

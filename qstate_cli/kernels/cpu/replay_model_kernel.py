@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
-from .search import floor_code
+from .search import NM, OFF, floor_code
 
 # prm columns (replay_model.StalenessModel; 8 .. 11: search.py's SHIFT, NM, STEPS, OFF, or a
 # minifloat's MAN, EMIN, MAXORD as in codec.py's lay)
@@ -53,17 +53,16 @@ def block_windows(src, start, cnt, prm, lim, table, frac, binade, y, dn, up, o0)
             up[i] = up[i] * delta * frac
     else:
         nt = prm[P_NT]
-        last = nt - 1
+        gaps = np.uint64(prm[OFF] + 2 * prm[NM])  # replay_model.code_gaps, past the search buckets
         for j in range(cnt):
             n = y[j]  # searchsorted(right=True) - 1, clamped; a NaN n (inf / inf) sorts last
-            k0 = floor_code(table, prm, nt, n) if n == n else np.int64(nt - 2)
+            k0 = floor_code(table, prm, nt, n)  # in range for any n, NaN too
+            k0 = k0 if n == n else np.int64(nt - 2)
             tlo, thi = table[k0], table[k0 + 1]
             f = (n - tlo) / (thi - tlo)  # clamp(0, 1) does not change f >= 0.5 (NaN: False)
-            k = k0 + (1 if f >= c.HALF else 0)
-            gu = table[min(k + 1, last)] - table[k] if k < last else c.INF
-            gd = table[k] - table[max(k - 1, 0)] if k > 0 else c.INF
-            dn[o + np.uint64(j)] = gd * delta * frac
-            up[o + np.uint64(j)] = gu * delta * frac
+            k = np.uint64(k0 + np.int64(f >= c.HALF))  # no branch: f >= 0.5 is a coin flip
+            dn[o + np.uint64(j)] = table[gaps + np.uint64(2) * k] * delta * frac
+            up[o + np.uint64(j)] = table[gaps + np.uint64(2) * k + np.uint64(1)] * delta * frac
     if prm[P_SQRT]:  # gaps on y = sqrt(x) -> gaps on x around the same point
         for j in range(cnt):
             y0 = abs(src[i0 + np.uint64(j)])
