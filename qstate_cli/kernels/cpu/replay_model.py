@@ -88,7 +88,7 @@ class StalenessModel:
             book = np.asarray(codebook(fmt.name), np.float32)
             nt = len(book)
             table, search = search_table(book.tobytes())
-            self.table = np.concatenate([table, code_gaps(book)])  # the kernel's BOOK_GAPS
+            self.table = np.concatenate([table, code_gaps(book)])  # block_windows reads the gaps there
         # lim[3]: a minifloat's binade-average gap per unit of |n|, the fp32 scalar torch multiplies by
         binade = (2.0 ** -fmt.man_bits) * math.log(2.0) if fmt.kind == "float" else 0.0
         self.lim = np.array([lo, hi, fmt.top, binade], np.float32)
