@@ -43,3 +43,50 @@ def test_codec_points_numba_there_before_compiling(tmp_path):
     assert out.returncode == 0, out.stderr
     ok, where = out.stdout.split()
     assert ok == "True" and where.startswith(str(tmp_path / "numba"))
+
+
+def _target_features(env_extra: dict) -> list[str]:
+    """The features numba's codegen compiles for after importing the CPU codec, in a fresh process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU_")} | env_extra
+    code = ("from qstate_cli.kernels.cpu import codec; from numba.core.registry import cpu_target; "
+            "print(cpu_target.target_context.codegen()._tm_features)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().split(",")
+
+
+def _host_features() -> str:
+    from numba.core.codegen import get_host_cpu_features
+    return get_host_cpu_features()
+
+
+def test_an_avx512_host_compiles_for_512_bit_vectors():
+    """LLVM's tuning for AVX-512 cores prefers 256-bit vectors; the codec turns that off
+    (native.wide_features) and nothing else: the features are the host's plus -prefer-256-bit
+    where it has avx512f, the host's alone where it has not."""
+    pytest.importorskip("numba")
+    host = _host_features().split(",")
+    expected = host + ["-prefer-256-bit"] if "+avx512f" in host else host
+    assert _target_features({}) == expected
+
+
+def test_a_target_the_user_chose_is_kept():
+    pytest.importorskip("numba")
+    host = _host_features()
+    assert _target_features({"NUMBA_CPU_FEATURES": host}) == host.split(",")
+
+
+def test_256_bit_vectors_give_the_reference_bits_too():
+    """The kernels at the width a host without AVX-512 compiles them for (256 bits, the host's
+    own features without -prefer-256-bit): sr-4bit, the hash and both encoders, against the
+    reference with resets, on two threads (the presets test, in a process whose target is
+    that). The 512-bit build runs every other parity test on an AVX-512 host."""
+    pytest.importorskip("numba")
+    host = _host_features()
+    if "+avx512f" not in host.split(","):
+        pytest.skip("no AVX-512 here: every other test already runs the 256-bit kernels")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU_")} | {"NUMBA_CPU_FEATURES": host}
+    root = Path(__file__).parent.parent
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernels_cpu.py",
+                          "-k", "presets and sr-4bit"], capture_output=True, text=True, env=env, cwd=root, timeout=1200)
+    assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]

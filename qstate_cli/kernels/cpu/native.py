@@ -1,4 +1,5 @@
-"""numba intrinsics of the CPU path: fp32 bit casts, and arrays without reference counts.
+"""numba intrinsics of the CPU path: fp32 bit casts, arrays without reference counts, and the
+vector width it compiles for (wide_features).
 
 numba keeps a reference count on every array and increfs / decrefs it (an atomic op, through
 a call) each time a variable binds it, which includes every argument of an inlined helper;
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 from numba import types
+from numba.core.codegen import get_host_cpu_features
 from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
@@ -78,3 +80,20 @@ def _scratch(dtype):
 
 scratch_f32 = _scratch(types.float32)
 scratch_i32 = _scratch(types.int32)
+
+
+# ---- the compile target ----------------------------------------------------------------------
+def wide_features() -> str | None:
+    """The CPU features to compile the kernels for (numba.config.CPU_FEATURES): the host's plus
+    "-prefer-256-bit" where the host has AVX-512, else None (numba's default, the host's).
+
+    LLVM's tuning for the AVX-512 cores (icelake, rocketlake, sapphirerapids, ...) prefers
+    256-bit vectors (down-clocking on older Xeons); the kernels are bound by instruction
+    throughput (the hash's 32-bit multiplies, the divider, the rounding), so 512-bit vectors
+    halve the instructions per element: sr-4bit's raw kernel 13.4 -> 5.6 ms per 4M elements
+    (docs/cpu.md, "512-bit vectors"). Every op stays the same correctly rounded fp32 or uint32
+    op per element (fastmath off), so the codes and parameters are the same bits at either
+    width (tests/test_kernels_cpu_cache.py runs one at 256). numba keys its disk cache by the
+    features, so the two widths never load each other's code."""
+    features = get_host_cpu_features()
+    return features + ",-prefer-256-bit" if "+avx512f" in features.split(",") else None
