@@ -1,6 +1,8 @@
 """Diagnostic (not a test): instruction counts of the CPU path's compiled AdamW kernels, one
 line per specialization (kernels/cpu/adamw.kernel_for), to see whether the per-block loops
-were packed: AVX2 packed ops (vmulps, vdivps, ...) against scalar ones (vmulss, vdivss, ...).
+were packed: packed ops (vmulps, vdivps, ...) against scalar ones (vmulss, vdivss, ...), and
+how wide: instructions on 512-bit (zmm) and 256-bit (ymm) registers (an AVX-512 host compiles
+for zmm, native.wide_features; NUMBA_CPU_FEATURES=<the host's features> for the ymm build).
 
     NUMBA_CACHE_DIR=$(mktemp -d) python scripts/cpu_asm.py nearest-4bit sr-4bit bred-4bit
 
@@ -44,7 +46,9 @@ def main(presets: list[str]) -> None:
         for key, kernel in built.items():
             for asm in kernel.inspect_asm().values():
                 counts = Counter(re.findall(r"^\s+(v\w+)\s", asm, re.M))
-                print(f"  {key}:", " ".join(f"{op} {counts[op]}" for op in OPS))
+                regs = {r: len(re.findall("%" + r + r"\d", asm)) for r in ("zmm", "ymm")}
+                widths = " ".join(f"{r} {n}" for r, n in regs.items())
+                print(f"  {key}:", " ".join(f"{op} {counts[op]}" for op in OPS), "|", widths)
         built.clear()
 
 
