@@ -1,6 +1,7 @@
 """Benchmark (not a test): one AdamW step on one fp32 tensor on the CPU, qstate's fused CPU
 path against torch fused AdamW, torchao AdamW4bit and bitsandbytes AdamW8bit in the same
-run; minimum and median wall time of `--reps` steps after two warm-up steps (the first
+run (or Lion / SGD with --optimizer: against torch's fused SGD with momentum, the one-state
+fp32 step torch has; the peers have no 4/8-bit Lion or SGD); minimum and median wall time of `--reps` steps after two warm-up steps (the first
 compiles). The subjects step in turn (one step each per round), so load from other
 processes falls on all of them alike; ratios use the minimums (the least disturbed step).
 The CPU columns give the process's CPU time per step (all threads): on a shared machine it
@@ -8,8 +9,9 @@ moves far less with the load than wall time does (a step that waits for a core c
 time, not CPU time), so its ratio is the steadier measure of the work each subject does.
 
     python scripts/bench_cpu.py [--numel 4194304] [--reps 10] [--presets a,b] [--no-peers]
+                                [--optimizer adamw|lion|sgd]
 
-Prints ms/step and the ratio to torch fused AdamW; peers that do not import are skipped
+Prints ms/step and the ratio to the torch baseline (the first row); peers that do not import are skipped
 with the reason. The machine may be shared: the load average is printed with the numbers.
 """
 from __future__ import annotations
@@ -21,7 +23,9 @@ import time
 
 import torch
 
-from qstate_cli.optim import AdamW
+from qstate_cli.optim import SGD, AdamW, Lion
+
+QSTATE = {"adamw": AdamW, "lion": Lion, "sgd": SGD}
 
 
 def timed_step(opt) -> tuple[float, float]:
@@ -31,11 +35,17 @@ def timed_step(opt) -> tuple[float, float]:
     return (time.perf_counter() - t) * 1e3, (time.process_time() - c) * 1e3
 
 
-def subjects(presets, peers: bool):
-    yield "torch AdamW fused (fp32 states)", lambda ps: torch.optim.AdamW(ps, fused=True), "torch-fused"
+def subjects(presets, peers: bool, optimizer: str = "adamw"):
+    if optimizer == "adamw":
+        yield "torch AdamW fused (fp32 states)", lambda ps: torch.optim.AdamW(ps, fused=True), "torch-fused"
+    else:
+        yield "torch SGD fused (fp32 momentum)", lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9,
+                                                                            fused=True), "torch-fused"
+    cls = QSTATE[optimizer]
+    label = "qstate" if optimizer == "adamw" else f"qstate {cls.__name__}"
     for preset in presets:
-        yield f"qstate {preset}", (lambda pr: lambda ps: AdamW(ps, states=pr, backend="cpu"))(preset), None
-    if not peers:
+        yield f"{label} {preset}", (lambda pr: lambda ps: cls(ps, states=pr, backend="cpu"))(preset), None
+    if not peers or optimizer != "adamw":
         return
     yield "torchao AdamW4bit (compiled)", lambda ps: __import__("torchao.optim").optim.AdamW4bit(ps), "torchao"
     yield "bitsandbytes AdamW8bit", lambda ps: __import__("bitsandbytes").optim.AdamW8bit(ps), "bnb"
@@ -47,13 +57,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--presets", default="nearest-4bit,sr-4bit,bred-4bit,torchao-4bit,bnb-8bit")
     ap.add_argument("--no-peers", action="store_true", help="skip torchao and bitsandbytes")
+    ap.add_argument("--optimizer", choices=sorted(QSTATE), default="adamw",
+                    help="qstate's optimizer (lion, sgd: against torch's fused SGD with momentum, no peers)")
     ap.add_argument("--settle-ms", type=float, default=50.0,
                     help="idle pause before each timed step (ms), so the previous subject's OpenMP threads "
                          "have stopped spinning")
     args = ap.parse_args()
     print(f"numel {args.numel}, fp32, torch threads {torch.get_num_threads()}, load average before {os.getloadavg()}")
     runs = []  # (name, path, optimizer, (wall, cpu) per step); warm-up (the first step compiles) before any timing
-    for name, build, path in subjects(args.presets.split(","), not args.no_peers):
+    for name, build, path in subjects(args.presets.split(","), not args.no_peers, args.optimizer):
         p = torch.nn.Parameter(torch.randn(args.numel))
         p.grad = torch.randn(args.numel)
         try:

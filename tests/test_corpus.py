@@ -162,9 +162,23 @@ def test_across_traces_rows_medians_and_optional_columns():
     assert across.tables(one) == ([], [])
 
 
+# synthetic-heavy rebuilt by torch 2.13.0+cpu on another machine than the one the report's
+# traces were recorded on: torch's vectorized randn and exp round differently per instruction
+# set (on one machine, ATEN_CPU_CAPABILITY=default and =avx2 already give different randn
+# bits). On the AVX-512 Xeon this project moved to on 2026-12-02 (LLVM names it
+# 'rocketlake') the code of ed56c91 rebuilt it to this hash under every ATEN_CPU_CAPABILITY,
+# never to the recorded one: the machine changed, not the recipe.
+SYNTHETIC_REBUILT_ELSEWHERE = {
+    "f0599cc9e5c0121119203b1d859646740af262550e1a2bda8460398c84a6179a": "AVX-512 Xeon ('rocketlake'), 2026-12-02",
+}
+
+
 @pytest.mark.skipif(torch.__version__ != "2.13.0+cpu", reason="the recorded sha256 is torch 2.13.0+cpu's")
 def test_the_synthetic_trace_rebuilds_bit_for_bit(tmp_path):
-    """The full recipe (3000 steps) reproduces the gradients the committed report used."""
+    """The full recipe (3000 steps) reproduces the gradients the committed report used, or on
+    this project's other machine kind the bits it rebuilt there: a changed recipe, seed or
+    recorder gives neither."""
     e = corpus.ENTRIES["synthetic-heavy"]
     e.record(tmp_path / "t.pt", e.steps, e.seed)
-    assert corpus.fingerprint(load_trace(tmp_path / "t.pt")) == corpus.RECORDED_SHA256["synthetic-heavy"]
+    known = {corpus.RECORDED_SHA256["synthetic-heavy"], *SYNTHETIC_REBUILT_ELSEWHERE}
+    assert corpus.fingerprint(load_trace(tmp_path / "t.pt")) in known
