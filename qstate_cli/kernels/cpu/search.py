@@ -52,7 +52,7 @@ def scan_code(table, nt, v):
     so k = #(table[1 .. nt - 2] <= v), and selecting table[i], table[i + 1] wherever
     table[i] <= v (i = 1 .. nt - 2, from table[0], table[1]) leaves exactly table[k],
     table[k + 1]. nt - 2 compares, adds and pairs of selects against broadcast entries:
-    8 elements per AVX2 op, no gather (LLVM emulates a gather by scalar loads on these
+    8 elements per AVX2 op (16 per AVX-512 op), no gather (LLVM emulates a gather by scalar loads on these
     cores). The selects are bit masks: written as `t if c else lo`, 28 of them kept the
     block's rounding loop scalar (torchao-4bit raw kernel 84 ms against 15 ms, scripts/cpu_profile.py)."""
     lo, hi = bits_of_f32(table[0]), bits_of_f32(table[1])
