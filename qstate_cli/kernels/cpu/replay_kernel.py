@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c
+from . import native
 from . import pairs as pc
 from .search import floor_code
 
@@ -135,6 +136,60 @@ def round_float(n, u, cnt, lay, rounding, ub, q):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
+def _decode_loop(q, cnt, lay, table, dp, out):
+    for j in range(cnt):
+        out[j] = c.decode_value(q[j], lay, table, dp)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def decode_row(q, cnt, lay, table, dp, out):
+    """out[:cnt] = codec.decode_value of each code in q (codec.decode_block's loop), the loop
+    written once per case (format kind x BReD x sqrt): inside each, LLVM folds decode_value's
+    tests of lay against the case, so the loop is branch-free and packs (one loop with the
+    tests inside stayed scalar: perf, 63% of replay_codec's time on int4)."""
+    kind, bred, sq, unit = lay[c.KIND], lay[c.ROUND] == c.BRED, lay[c.SQRT] != 0, lay[c.UNIT] != 0
+    if kind == c.LINEAR:
+        if bred:
+            if sq:
+                _decode_loop(q, cnt, lay, table, dp, out)
+            else:
+                _decode_loop(q, cnt, lay, table, dp, out)
+        elif sq:
+            _decode_loop(q, cnt, lay, table, dp, out)
+        else:
+            _decode_loop(q, cnt, lay, table, dp, out)
+    elif kind == c.FLOAT:
+        if bred:
+            if sq:
+                _decode_loop(q, cnt, lay, table, dp, out)
+            else:
+                _decode_loop(q, cnt, lay, table, dp, out)
+        elif sq:
+            _decode_loop(q, cnt, lay, table, dp, out)
+        else:
+            _decode_loop(q, cnt, lay, table, dp, out)
+    elif unit:
+        if bred:
+            if sq:
+                _decode_loop(q, cnt, lay, table, dp, out)
+            else:
+                _decode_loop(q, cnt, lay, table, dp, out)
+        elif sq:
+            _decode_loop(q, cnt, lay, table, dp, out)
+        else:
+            _decode_loop(q, cnt, lay, table, dp, out)
+    elif bred:
+        if sq:
+            _decode_loop(q, cnt, lay, table, dp, out)
+        else:
+            _decode_loop(q, cnt, lay, table, dp, out)
+    elif sq:
+        _decode_loop(q, cnt, lay, table, dp, out)
+    else:
+        _decode_loop(q, cnt, lay, table, dp, out)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
 def block_uniforms(o, nv, start, cnt, k1, k2, u):
     """u[:cnt] = stochastic rounding's uniforms of a block at layout position start whose nv
     recorded elements are flat indices o, o + 1, ... of their tensor (o even: replay.fused_state)."""
@@ -150,16 +205,25 @@ def block_uniforms(o, nv, start, cnt, k1, k2, u):
 GOLDEN = np.uint32(0x9E3779B9)
 
 
+@njit(cache=True, inline="always")
+def _alive(rows):
+    """0, read from the scratch rows' owners: a use at the kernel's end, so numba frees them
+    only after every use of their borrowed views (it drops a variable after its last use)."""
+    return rows[0].size + rows[1].size + rows[2].size - 3 * rows[0].size
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, base, step):
     """Blocks b0 .. b1 - 1 of the layout: codes, scales (uint16 words, codec.scale_at) and
     values read back (out) of x (replay.py's docstring). plan: int64 [blocks, 3] = (owner
     tensor, first flat index: even under stochastic rounding, recorded elements); base: uint32
     [tensors], the streams' step-free keys, so k1 = hash32(base ^ step), k2 = hash32(k1 ^
-    0x9e3779b9) (quant/hash.stream_keys); table: the code book and its search buckets (host.search_table)."""
-    row = np.empty(B, np.float32)
-    u = np.zeros(B, np.float32)
-    q = np.empty(B, np.int32)
+    0x9e3779b9) (quant/hash.stream_keys); table: the code book and its search buckets (host.search_table).
+    Steps on borrowed views (no reference counts: native.py), the rows' owners kept alive by
+    the return."""
+    x, codes, s16, out, lim, table, plan, base = native.borrowed((x, codes, s16, out, lim, table, plan, base))
+    rows = np.empty(B, np.float32), np.zeros(B, np.float32), np.empty(B, np.int32)
+    row, u, q = native.borrowed(rows)
     rounding, sbf16 = lay[c.ROUND], lay[c.SBF16] != 0
     top, top_min = lim[0], lim[1]
     s32 = np.uint32(step & 0xFFFFFFFF)
@@ -193,10 +257,11 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, ba
             round_table(row, u, cnt, lay, table, rounding, ub, q)
         c.store_scale(s16, b, absmax, sbf16)
         c.pack_codes(q, lay[c.BITS], start, cnt, codes)
-        c.decode_block(codes, absmax, lay, lim, table, bctr, start, cnt, k1, k2, q, row)
+        c.unpack_codes(codes, lay[c.BITS], start, cnt, q)  # codec.decode_block, its loop unswitched
+        decode_row(q, cnt, lay, table, c.decode_params(absmax, lay, lim, bctr, k1, k2), row)
         for j in range(cnt):
             out[i0 + np.uint64(j)] = row[j]
-    return 0
+    return _alive(rows)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -204,10 +269,10 @@ def replay_codec16(b0, b1, x, codes, out, lay, B, numel, plan, base, step):
     """An unscaled 16-bit minifloat (bf16, fp16; nearest or stochastic rounding): as
     replay_codec without scales, n = the stored value itself (quantizer.encode, unscaled), in
     runs of B layout positions (plan, base: as there). codes: uint16 [numel], the bit
-    patterns (ordinal | sign << 15) the reference stores as int16."""
-    row = np.empty(B, np.float32)
-    u = np.zeros(B, np.float32)
-    q = np.empty(B, np.int32)
+    patterns (ordinal | sign << 15) the reference stores as int16. Borrowed views, as replay_codec."""
+    x, codes, out, plan, base = native.borrowed((x, codes, out, plan, base))
+    rows = np.empty(B, np.float32), np.zeros(B, np.float32), np.empty(B, np.int32)
+    row, u, q = native.borrowed(rows)
     rounding = lay[c.ROUND]
     s32 = np.uint32(step & 0xFFFFFFFF)
     dp = (c.ONE, c.ZERO, c.ZERO, np.int32(0))  # decode_params of an unscaled, undithered block
@@ -224,4 +289,4 @@ def replay_codec16(b0, b1, x, codes, out, lay, B, numel, plan, base, step):
         for j in range(cnt):
             codes[i0 + np.uint64(j)] = np.uint16(q[j])
             out[i0 + np.uint64(j)] = c.decode_value(q[j], lay, row, dp)
-    return 0
+    return _alive(rows)
