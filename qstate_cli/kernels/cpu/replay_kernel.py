@@ -146,7 +146,9 @@ def decode_row(q, cnt, lay, table, dp, out):
     """out[:cnt] = codec.decode_value of each code in q (codec.decode_block's loop), the loop
     written once per case (format kind x BReD x sqrt): inside each, LLVM folds decode_value's
     tests of lay against the case, so the loop is branch-free and packs (one loop with the
-    tests inside stayed scalar: perf, 63% of replay_codec's time on int4)."""
+    tests inside stayed scalar: perf, 63% of replay_codec's time on int4). Every copy is the same
+    loop, so the case cannot change a value. Written out flat on purpose: the same 16 copies
+    through two nested inlined helpers ran as fast but compiled ~20 s slower (docs/diagnose.md)."""
     kind, bred, sq, unit = lay[c.KIND], lay[c.ROUND] == c.BRED, lay[c.SQRT] != 0, lay[c.UNIT] != 0
     if kind == c.LINEAR:
         if bred:
