@@ -58,15 +58,21 @@ def test_other_optimizers_keep_the_reference():
     assert rule is None and "lion" in why
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_fused_update_stats_are_the_torch_path(threads):
-    """UpdateStats with the products in numba and one [3, units, unit] sum collects exactly
-    what its torch path collects (per-step and per-unit sums), over steps of awkward values."""
+@pytest.mark.parametrize("threads,unit,torch_sums", [(1, 128, False), (3, 128, False), (1, 2048, False),
+                                                     (3, 1024, True)])
+def test_fused_update_stats_are_the_torch_path(threads, unit, torch_sums, monkeypatch):
+    """UpdateStats with the products and their sums in numba (torch's order,
+    kernels/cpu/torch_sum.py; torch_sums: no order found, torch sums the products) collects
+    exactly what its torch path collects (per-step and per-unit sums), over steps of awkward
+    values, in units up to 2048 (the order's second level)."""
     from qstate_cli.diagnose.layout import Layout
     from qstate_cli.diagnose.stats import UpdateStats, unit_sums
+    from qstate_cli.kernels.cpu import torch_sum
     from test_replay_codec_cpu import small_trace
 
-    layout = Layout(small_trace(2), 128, torch.device("cpu"))
+    if torch_sums:
+        monkeypatch.setattr(torch_sum, "lanes", lambda: None)
+    layout = Layout(small_trace(2), unit, torch.device("cpu"))
     gen = torch.Generator().manual_seed(threads)
     n = layout.n
     with torch_threads(threads):

@@ -88,12 +88,15 @@ class StateStats:
                 shadow: torch.Tensor, shadow_x2_units: torch.Tensor, storage: torch.Tensor | None) -> None:
         """Record replay step t = i + 1: nominal x, stored before (prev) and after (new), shadow."""
         unit, step = self.layout.unit, i + 1
-        if self._fused is not None and storage is not None:  # err, err^2 from the kernel; one sum = two unit_sums
-            counts, ee = self._fused.observe(step, x, prev, new, storage, self.prev_code, self.last_change, shadow)
-            self._add(i, torch.cat([ee.view(2, -1, unit).sum(2, dtype=torch.float32), counts[:2],
-                                    shadow_x2_units[None], counts[2:]]))
-            if (i + 1) % self.snapshot_every == 0 or i + 1 == self.n_steps:
-                self._snapshot(step, ee[0], shadow_x2_units)
+        snapshot = (i + 1) % self.snapshot_every == 0 or i + 1 == self.n_steps
+        if self._fused is not None and storage is not None:  # this step's rows u from the kernel, the same bits
+            from ..kernels.cpu.torch_sum import add_step
+
+            u, err = self._fused.observe(step, x, prev, new, storage, self.prev_code, self.last_change, shadow,
+                                         shadow_x2_units, keep_err=snapshot)
+            add_step(u, self.units, self.series, i)  # = self._add(i, u)
+            if snapshot:
+                self._snapshot(step, err, shadow_x2_units)
             return
         err = new - shadow
         changed = new != prev
@@ -109,7 +112,7 @@ class StateStats:
         self.last_change.masked_fill_(code_changed, step)
         if self.n_codes:
             self._count_codes(code, nominal, stall, code_stall)
-        if (i + 1) % self.snapshot_every == 0 or i + 1 == self.n_steps:
+        if snapshot:
             self._snapshot(step, err, shadow_x2_units)
 
     def _add(self, i: int, u: torch.Tensor) -> None:
@@ -226,18 +229,18 @@ class UpdateStats:
         self.layout = layout
         self.series = torch.zeros(4, n_steps, dtype=torch.float64, device=dev)  # dot, |u|^2, |u-r|^2, |r|^2
         self.units = torch.zeros(4, layout.n_units, dtype=torch.float64, device=dev)
-        self.fused = fused and dev.type == "cpu"  # the products in one numba pass (kernels/cpu/replay_rule.py)
+        self.fused = fused and dev.type == "cpu"  # products and sums in one numba pass (kernels/cpu/replay_rule.py)
 
     def observe(self, i: int, u: torch.Tensor, ref: torch.Tensor, ref2_units: torch.Tensor) -> None:
         unit = self.layout.unit
-        if self.fused:  # the same fp32 products; one sum over [3, units, unit] = three unit_sums, row by row
-            from ..kernels.cpu.replay_rule import update_products
+        if self.fused:  # the same fp32 products and sums, in one numba pass (torch's order: torch_sum.py)
+            from ..kernels.cpu.replay_rule import update_sums
+            from ..kernels.cpu.torch_sum import add_step
 
-            prod = update_products(u, ref)
-            s = torch.cat([prod.view(3, -1, unit).sum(2, dtype=torch.float32), ref2_units[None]])
-        else:
-            d = u - ref
-            s = torch.stack([unit_sums(u * ref, unit), unit_sums(u * u, unit), unit_sums(d * d, unit), ref2_units])
+            add_step(update_sums(u, ref, ref2_units, unit), self.units, self.series, i)
+            return
+        d = u - ref
+        s = torch.stack([unit_sums(u * ref, unit), unit_sums(u * u, unit), unit_sums(d * d, unit), ref2_units])
         self.units += s
         self.series[:, i] = s.sum(1, dtype=torch.float64)
 

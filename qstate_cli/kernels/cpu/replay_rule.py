@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from . import torch_sum
 from .host import run_blocks
 
 CHUNK = 4096  # elements per run_blocks block (ranges of >= MIN_THREAD_ELEMENTS per thread)
@@ -26,8 +27,8 @@ _KERNEL: list = []
 
 def _kernel(which: int = 0):
     if not _KERNEL:
-        from .replay_rule_kernel import adamw_rule, update_products
-        _KERNEL.extend([adamw_rule, update_products])
+        from .replay_rule_kernel import adamw_rule, update_products, update_sums
+        _KERNEL.extend([adamw_rule, update_products, update_sums])
     return _KERNEL[which]
 
 
@@ -41,6 +42,27 @@ def update_products(u: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     out = torch.empty(3, n, dtype=torch.float32)
     run_blocks(_kernel(1), n, CHUNK, (u.numpy(), ref.numpy(), out.numpy(), CHUNK, n))
     return out
+
+
+def update_sums(u: torch.Tensor, ref: torch.Tensor, ref2_units: torch.Tensor, unit: int) -> torch.Tensor:
+    """fp32 [4, n / unit]: UpdateStats' rows of one step, per unit: the sums of u * ref, u * u,
+    (u - ref)^2 (update_products' products, summed in torch's order: torch_sum.py) and
+    ref2_units, in one pass; where torch_sum.lanes() found no order, the products and
+    torch's sums."""
+    n = u.numel()
+    lanes = torch_sum.lanes()
+    if lanes is None:
+        prod = update_products(u, ref)
+        return torch.cat([prod.view(3, -1, unit).sum(2, dtype=torch.float32), ref2_units.view(1, -1)])
+    for t in (u, ref):
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != n or t.device.type != "cpu":
+            raise ValueError(f"update sums need contiguous fp32 CPU tensors of {n} elements")
+    if n % unit or ref2_units.numel() != n // unit:
+        raise ValueError(f"update sums of {n} elements in units of {unit} got {ref2_units.numel()} unit sums")
+    sums = torch.empty(4, n // unit, dtype=torch.float32)
+    sums[3] = ref2_units
+    run_blocks(_kernel(2), n, unit, (u.numpy(), ref.numpy(), sums.numpy(), int(unit), lanes[0]))
+    return sums
 
 
 def adamw_rule(g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: np.ndarray):

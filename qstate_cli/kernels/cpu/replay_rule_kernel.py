@@ -6,6 +6,11 @@ import numpy as np
 from numba import njit
 
 from . import codec as c  # noqa: F401 - sets numba's cache folder before anything here compiles
+from . import native as nv
+from . import torch_sum_kernel as ts
+
+ACC = ts.ACC_SIZE  # torch-order sums' scratch (constants: on the stack)
+STREAM = ts.STREAM8
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -44,4 +49,53 @@ def update_products(b0, b1, u, ref, out, B, numel):
         out[0, i] = a * r
         out[1, i] = a * a
         out[2, i] = d * d
+    return 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def update_sums(u0, u1, u, ref, sums, unit, lanes):
+    """Units u0 .. u1 - 1 (of `unit` elements) of UpdateStats' per-unit sums, in one pass:
+    sums[0 / 1 / 2, k] = the sum over unit k of u * ref, u * u, (u - ref) * (u - ref) (each
+    product one fp32 op as torch's; summed in torch's order, lanes = torch's fp32 lanes:
+    torch_sum.py). sums[3] (the reference's) is the caller's."""
+    u, ref, sums = nv.borrowed((u, ref, sums))
+    pa = np.empty(unit, np.float32)
+    pb = np.empty(unit, np.float32)
+    pc = np.empty(unit, np.float32)
+    acc = nv.scratch_f32(ACC)
+    sa = nv.scratch_f32(STREAM)
+    sb = nv.scratch_f32(STREAM)
+    sc = nv.scratch_f32(STREAM)
+    streamed = ts.streams8(lanes, unit)
+    for k in range(u0, u1):
+        i0 = np.uint64(k * unit)
+        if streamed:  # the sums as the products are computed (torch_sum_kernel.stream8_*)
+            ts.stream8_start(sa)
+            ts.stream8_start(sb)
+            ts.stream8_start(sc)
+            for g in range(unit // ts.GROUP8):
+                b = i0 + np.uint64(g * ts.GROUP8)
+                for e in range(np.uint64(ts.GROUP8)):
+                    a, r = u[b + e], ref[b + e]
+                    d = a - r
+                    sa[e] += a * r
+                    sb[e] += a * a
+                    sc[e] += d * d
+                ts.stream8_group_done(sa, g)
+                ts.stream8_group_done(sb, g)
+                ts.stream8_group_done(sc, g)
+            sums[0, k] = ts.stream8_sum(sa)
+            sums[1, k] = ts.stream8_sum(sb)
+            sums[2, k] = ts.stream8_sum(sc)
+            continue
+        for j in range(unit):
+            i = i0 + np.uint64(j)
+            a, r = u[i], ref[i]
+            d = a - r
+            pa[j] = a * r
+            pb[j] = a * a
+            pc[j] = d * d
+        sums[0, k] = ts.row_sum(pa, 0, unit, lanes, acc)
+        sums[1, k] = ts.row_sum(pb, 0, unit, lanes, acc)
+        sums[2, k] = ts.row_sum(pc, 0, unit, lanes, acc)
     return 0

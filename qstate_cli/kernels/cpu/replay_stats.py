@@ -28,7 +28,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from . import torch_sum
 from .host import parts_of, run_parts
+
+_NO_ROWS = np.zeros((2, 0), np.float32)  # the kernel's err rows when it writes none
 
 _KERNELS: list = []
 
@@ -56,19 +59,22 @@ class CodeCounts:
         self.hist = np.zeros((parts_of(n), n_codes * 5), np.int64)  # per thread; summed in `codes`
 
     def observe(self, step: int, x: torch.Tensor, prev: torch.Tensor, new: torch.Tensor, storage: torch.Tensor,
-                prev_code: torch.Tensor, last_change: torch.Tensor, shadow: torch.Tensor):
-        """(fp32 [3, n_units]: per unit #stall, #nominal, #code stall; fp32 [2, n]: the error
-        new - shadow and its square, each one fp32 op as torch's); updates prev_code and
-        last_change (int32 [n]) in place and adds this step's per-code counts."""
-        counts = torch.empty(3, self.n // self.unit, dtype=torch.float32)
-        err = torch.empty(2, self.n, dtype=torch.float32)
+                prev_code: torch.Tensor, last_change: torch.Tensor, shadow: torch.Tensor,
+                shadow_x2_units: torch.Tensor, keep_err: bool = False):
+        """(fp32 [6, n_units]: this step's per-unit rows of StateStats (S_*): the sums of the
+        error e = new - shadow and of e * e (each one fp32 op as torch's, summed in torch's
+        order: torch_sum.py), #stall, #nominal, shadow_x2_units, #code stall; fp32 [n]: e,
+        or None unless keep_err); updates prev_code and last_change (int32 [n]) in place and
+        adds this step's per-code counts."""
+        n_units = self.n // self.unit
         if prev_code.dtype != torch.int32 or last_change.dtype != torch.int32:
             raise ValueError("prev_code and last_change must be int32")
         sizes = (x.numel(), prev.numel(), new.numel(), prev_code.numel(), last_change.numel(), shadow.numel())
         dtype, per = (torch.int16, 1) if self.bits == 16 else (torch.uint8, self.bits / 8)
-        if set(sizes) != {self.n} or storage.dtype != dtype or storage.numel() != self.n * per:
-            raise ValueError(f"fused code statistics of {self.n} elements got sizes {sizes} and "
-                             f"{storage.numel()} {storage.dtype} codes")  # the kernel does not bound-check
+        if (set(sizes) != {self.n} or storage.dtype != dtype or storage.numel() != self.n * per
+                or shadow_x2_units.numel() != n_units):  # the kernel does not bound-check
+            raise ValueError(f"fused code statistics of {self.n} elements got sizes {sizes}, "
+                             f"{storage.numel()} {storage.dtype} codes and {shadow_x2_units.numel()} units")
         codes = storage.reshape(-1).numpy()
         if self.bits == 16:
             codes = codes.view(np.uint16)  # the unsigned pattern, as stats.stored_code reads it
@@ -76,11 +82,19 @@ class CodeCounts:
         if parts > self.hist.shape[0]:  # more threads than at the start: more rows
             self.hist = np.concatenate([self.hist, np.zeros((parts - self.hist.shape[0], self.hist.shape[1]),
                                                             np.int64)])
+        sums = torch.empty(6, n_units, dtype=torch.float32)
+        rows = sums.numpy()
+        rows[4] = _f32(shadow_x2_units)
+        lanes = (torch_sum.lanes() or (0,))[0]
+        err = torch.empty(2, self.n, dtype=torch.float32) if lanes == 0 or keep_err else None  # row 1: lanes 0
         run_parts(_kernel(0), self.n, self.unit,
                   (_f32(x), _f32(prev), _f32(new), codes, self.bits, prev_code.numpy(), last_change.numpy(),
-                   int(step), self.unit, counts.numpy(), self.hist, _f32(shadow), err.numpy(), self.shift, self.mask),
+                   int(step), self.unit, rows, self.hist, _f32(shadow),
+                   _NO_ROWS if err is None else err.numpy(), self.shift, self.mask, lanes, bool(keep_err)),
                   parts=parts)
-        return counts, err
+        if lanes == 0:  # torch sums what the kernel wrote
+            sums[:2] = err.view(2, -1, self.unit).sum(2, dtype=torch.float32)
+        return sums, (err[0] if keep_err else None)
 
     def staleness(self, step: int, last_change: torch.Tensor, valid: torch.Tensor | None, nbins: int) -> torch.Tensor:
         """int64 [nbins]: the staleness histogram of a snapshot at `step`, per element bin

@@ -8,6 +8,10 @@ from numba import njit
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
 from . import native as nv
+from . import torch_sum_kernel as ts
+
+ACC = ts.ACC_SIZE  # torch-order sums' scratch (constants: on the stack)
+STREAM = ts.STREAM8
 
 N_CLASSES = 5  # diagnose/stats.N_CODE_CLASSES
 
@@ -16,24 +20,33 @@ LANES = 4  # interleaved histogram copies: neighbours that hit the same bin do n
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change, step, unit, counts, hist,
-                 shadow, err, shift, mask):
+def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change, step, unit, sums, hist,
+                 shadow, err, shift, mask, lanes, keep):
     """Units u0 .. u1 - 1 (of `unit` elements each) of one state at one replay step: per
     element, nominal = x != prev, stall = nominal and new == prev, code = the stored code
     (unpacked from uint8 `codes` at 4 or 8 bits; a 16-bit float: `codes` is its uint16
-    patterns), code stall = nominal and code == prev_code; counts[0 / 1 / 2, u] = the unit's
+    patterns), code stall = nominal and code == prev_code; sums[2 / 3 / 5, u] = the unit's
     stalls / nominal updates / code stalls (fp32, exact below 2**24); last_change = step where
     the code changed; prev_code = code; hist[part, bin * 5 + nominal * (1 + stall + 2 x code
     stall)] += 1 with bin = (code >> shift) & mask (the code itself: shift 0; a 16-bit float's
-    binade: its exponent field), one histogram row per thread (`part`); err[0] = new - shadow and
-    err[1] = err[0] * err[0] (fp32, as torch's). Per unit: the errors in one loop, the
+    binade: its exponent field), one histogram row per thread (`part`); the error e = new -
+    shadow and e * e (fp32, as torch's). sums[:, u] is the unit's column of StateStats' step
+    rows: sums[0 / 1, u] = the sum of e / e * e over the unit in torch's order (lanes: torch's
+    fp32 lanes, torch_sum.py; 0: not summed here, err[0] = e and err[1] = e * e are written
+    for torch to sum); with keep, err[0] = e is written (a snapshot's errors). sums[4] (the shadow's) is the caller's. Per unit: the errors in one loop, the
     comparisons in a second, both branch-free (they vectorize), leaving each element's
     histogram bin in a row; then LANES interleaved local histograms count the bins. One loop
     for both did not vectorize (8.2-8.5 ns per element, 32 k elements, one thread, against
     3.6-3.8 ns split and on borrowed views: docs/diagnose.md, "Replay throughput")."""
-    x, prev, new, codes, prev_code, last_change, counts, hist, shadow, err = nv.borrowed(
-        (x, prev, new, codes, prev_code, last_change, counts, hist, shadow, err))  # no reference counts
+    x, prev, new, codes, prev_code, last_change, sums, hist, shadow, err = nv.borrowed(
+        (x, prev, new, codes, prev_code, last_change, sums, hist, shadow, err))  # no reference counts
     q = np.empty(unit, np.int32)
+    ea = np.empty(unit, np.float32)
+    eb = np.empty(unit, np.float32)
+    acc = nv.scratch_f32(ACC)
+    s1 = nv.scratch_f32(STREAM)
+    s2 = nv.scratch_f32(STREAM)
+    streamed = ts.streams8(lanes, unit)
     nbins = hist.shape[1]
     local = np.zeros(LANES * nbins, np.int64)
     s, sh, mk = np.int32(step), np.int32(shift), np.int32(mask)
@@ -42,11 +55,38 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
         start = u * unit
         c.unpack_codes(codes, bits, start, unit, q)
         i0 = np.uint64(start)
-        for j in range(unit):
-            i = i0 + np.uint64(j)
-            e = new[i] - shadow[i]
-            e0[i] = e
-            e1[i] = e * e
+        if streamed:  # the sums as the errors are computed (torch_sum_kernel.stream8_*)
+            ts.stream8_start(s1)
+            ts.stream8_start(s2)
+            for g in range(unit // ts.GROUP8):
+                b = i0 + np.uint64(g * ts.GROUP8)
+                for k in range(np.uint64(ts.GROUP8)):
+                    e = new[b + k] - shadow[b + k]
+                    s1[k] += e
+                    s2[k] += e * e
+                ts.stream8_group_done(s1, g)
+                ts.stream8_group_done(s2, g)
+            sums[0, u] = ts.stream8_sum(s1)
+            sums[1, u] = ts.stream8_sum(s2)
+            if keep:
+                for j in range(unit):
+                    i = i0 + np.uint64(j)
+                    e0[i] = new[i] - shadow[i]
+        else:
+            for j in range(unit):
+                i = i0 + np.uint64(j)
+                e = new[i] - shadow[i]
+                ea[j] = e
+                eb[j] = e * e
+            if lanes > 0:
+                sums[0, u] = ts.row_sum(ea, 0, unit, lanes, acc)
+                sums[1, u] = ts.row_sum(eb, 0, unit, lanes, acc)
+            if keep or lanes == 0:
+                for j in range(unit):
+                    e0[i0 + np.uint64(j)] = ea[j]
+            if lanes == 0:
+                for j in range(unit):
+                    e1[i0 + np.uint64(j)] = eb[j]
         n_stall, n_nominal, n_cstall = np.int32(0), np.int32(0), np.int32(0)
         for j in range(unit):
             i = i0 + np.uint64(j)
@@ -64,9 +104,9 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
             q[j] = ((code >> sh) & mk) * N_CLASSES + nominal * (1 + stall + 2 * cstall) + (j & (LANES - 1)) * nbins
         for j in range(unit):
             local[np.uint64(q[j])] += 1
-        counts[0, u] = np.float32(n_stall)
-        counts[1, u] = np.float32(n_nominal)
-        counts[2, u] = np.float32(n_cstall)
+        sums[2, u] = np.float32(n_stall)
+        sums[3, u] = np.float32(n_nominal)
+        sums[5, u] = np.float32(n_cstall)
     for k in range(nbins):
         t = np.int64(0)
         for lane in range(LANES):

@@ -1,0 +1,103 @@
+"""torch's CPU sums reproduced in numba (kernels/cpu/torch_sum.py), bit for bit: row sums in
+fp32 and in fp64 at every row length the probe knows and beyond, the streamed 8-lane sum the
+statistics kernels use (units of 32 .. 2048 values and the largest it takes), the step
+bookkeeping add_step, on awkward values (signed zeros, subnormals, huge, inf and NaN); the
+probe finds torch's lanes; and with no lanes found the fused statistics fall back to torch's
+sums and still collect what the torch path collects. Skipped without numba."""
+import numpy as np
+import pytest
+import torch
+
+from qstate_cli.kernels import cpu
+
+pytestmark = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
+
+
+def awkward_rows(rows: int, n: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n, generator=gen) * torch.exp(4 * torch.randn(rows, n, generator=gen))
+    pick = torch.rand(rows, n, generator=gen)
+    x = torch.where(pick < 0.05, torch.zeros(()), x)
+    x = torch.where((pick > 0.05) & (pick < 0.08), torch.tensor(-0.0), x)
+    x = torch.where((pick > 0.08) & (pick < 0.1), torch.tensor(1e-42), x)  # subnormal
+    return x
+
+
+def test_the_probe_finds_torchs_lanes():
+    from qstate_cli.kernels.cpu.torch_sum import lanes
+
+    found = lanes()
+    assert found is not None, "no lane count reproduces this torch's sums"
+    w32, w64 = found
+    assert w32 in (4, 8, 16) and w64 in (2, 4, 8)
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        assert found == (8, 4)  # x86: ATen's sum runs at 256 bits, AVX-512 too
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 7, 8, 9, 31, 33, 100, 256, 777, 2048, 4096, 9000, 40000])
+def test_row_sums_are_torchs_bits(n):
+    from qstate_cli.kernels.cpu.torch_sum import lanes
+    from qstate_cli.kernels.cpu.torch_sum_kernel import rows32, rows64
+
+    w32, w64 = lanes()
+    x = awkward_rows(4, n, n)
+    if n > 50:
+        x[1, 5], x[2, 9], x[2, 17] = float("inf"), float("nan"), 3e38  # inf; NaN; an overflow in fp32
+    a = x.numpy()
+    got32, got64 = np.empty(4, np.float32), np.empty(4, np.float64)
+    rows32(a, w32, got32)
+    rows64(a, w64, got64)
+    assert got32.tobytes() == x.sum(1).numpy().tobytes()
+    assert got64.tobytes() == x.sum(1, dtype=torch.float64).numpy().tobytes()
+    other = np.empty(4, np.float32)
+    rows32(a, 4 if w32 != 4 else 16, other)  # another lane count: another order, other bits somewhere
+    if n >= 256:
+        assert other.tobytes() != got32.tobytes()
+
+
+@pytest.mark.parametrize("unit", [32, 64, 128, 256, 512, 1024, 2048, 32 * 255])
+def test_the_streamed_sum_is_torchs_bits(unit):
+    from qstate_cli.kernels.cpu.torch_sum_kernel import MAX_GROUPS8, GROUP8, streamed8, streams8
+
+    assert streams8(8, unit) and not streams8(8, GROUP8 * MAX_GROUPS8) and not streams8(4, unit)
+    x = awkward_rows(6, unit, unit)
+    got = np.empty(6, np.float32)
+    streamed8(x.numpy(), got)
+    assert got.tobytes() == x.sum(1).numpy().tobytes()
+
+
+def test_add_step_is_torchs_two_ops():
+    from qstate_cli.kernels.cpu.torch_sum import add_step
+
+    u = awkward_rows(6, 106, 1)
+    units = awkward_rows(6, 106, 2).double()
+    series = torch.zeros(6, 9, dtype=torch.float64)
+    want_units, want_series = units.clone(), series.clone()
+    add_step(u, units, series, 4)
+    want_units += u
+    want_series[:, 4] = u.sum(1, dtype=torch.float64)
+    assert units.numpy().tobytes() == want_units.numpy().tobytes()
+    assert series.numpy().tobytes() == want_series.numpy().tobytes()
+
+
+def test_without_lanes_the_statistics_sum_in_torch(monkeypatch):
+    """lanes() None (a torch whose order no candidate reproduces): the kernels write the
+    errors and products, torch sums them, and the records are the torch path's still."""
+    from qstate_cli.kernels.cpu import torch_sum
+    from test_replay_stats_cpu import assert_same_stats, run_both
+    from qstate_cli.diagnose.layout import Layout
+    from test_replay_codec_cpu import small_trace
+
+    monkeypatch.setattr(torch_sum, "lanes", lambda: None)
+    for spec in ("de4:bred:b256", "bf16:stochastic"):
+        assert_same_stats(*run_both(spec, Layout(small_trace(1), 256, "cpu")), f"{spec}, torch's sums")
+
+
+def test_unit_sums_of_large_units_are_the_torch_paths():
+    """Units of 1024 and 2048 values (the cascade's second level) through the fused statistics."""
+    from test_replay_stats_cpu import assert_same_stats, run_both
+    from qstate_cli.diagnose.layout import Layout
+    from test_replay_codec_cpu import small_trace
+
+    for unit, spec in ((1024, "int4:bred:b1024"), (2048, "de8:stochastic:b2048")):
+        assert_same_stats(*run_both(spec, Layout(small_trace(1), unit, "cpu")), f"{spec}, unit {unit}")
