@@ -60,8 +60,9 @@ class StateStats:
     """fused: the state is stored through the fused CPU codec (kernels/cpu/replay.py), so the
     comparisons, counts and code updates run in one numba pass per unit block, and a
     snapshot's staleness histogram in another (kernels/cpu/replay_stats.py, the same
-    integers); else (no numba, the reference codec, CUDA) as torch ops. The float sums and the
-    rest of the snapshots are torch ops either way."""
+    integers, and the float sums per unit and per step in torch's own order of additions:
+    kernels/cpu/torch_sum.py, the same bits); else (no numba, the reference codec, CUDA) as
+    torch ops. The rest of the snapshots are torch ops either way."""
 
     def __init__(self, layout: Layout, spec: StateSpec, n_steps: int, snapshot_every: int, fused: bool = False):
         dev, self.layout, self.spec = layout.device, layout, spec

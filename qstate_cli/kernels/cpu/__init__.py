@@ -15,8 +15,10 @@
                  the fused codec's codes, its kernel in replay_stats_kernel.py (no numba until used)
     replay_model.py  the replay's staleness model (diagnose/staleness.predict's per-element part:
                  empirical P(stall), nominal mask, the shadow's cells), kernel in replay_model_kernel.py
-    replay_rule.py   the replay's AdamW/Adam rule and UpdateStats' products in one pass each,
+    replay_rule.py   the replay's AdamW/Adam rule and UpdateStats' per-unit sums in one pass each,
                  bit for bit the torch ops (diagnose/codec.replay_rule), kernels in replay_rule_kernel.py
+    torch_sum.py torch's CPU sum in torch's own order of additions (the statistics' per-unit and
+                 per-step sums), probed against torch once per process; kernel in torch_sum_kernel.py
 
 The same spec as the Triton kernels (quant/, optim/rules.py), bit for bit, for the same
 formats (launch.why_not_covered) and the block-scaled 4- and 8-bit minifloats, which no

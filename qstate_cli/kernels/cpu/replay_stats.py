@@ -15,9 +15,12 @@ values read back before / after, code the stored code unpacked from the packed s
                  (2**exponent bits - 1) (StateStats' "binade" mode)
 
 exactly as StateStats' torch path computes them (padding included: it counts what the
-torch path counts), so every record stays bit-identical; the float sums (err, err^2) and
-the rest of the snapshots stay in torch; a snapshot's staleness histogram, bin
-min(t - last_change_i + 1, top) per element (0 for padding), is a second kernel
+torch path counts), so every record stays bit-identical; the float sums of the error
+e = new - shadow and of e * e per unit are added in the same pass, in torch's own order
+(torch_sum.py: torch sums them where no order is found), and StateStats' per-step series
+follows in one more numba call (torch_sum.add_step); the rest of the snapshots stays in
+torch; a snapshot's staleness histogram, bin min(t - last_change_i + 1, top) per element
+(0 for padding), is a second kernel
 (staleness_counts). Codes of 4 or 8 bits, packed in uint8, or the 16-bit patterns
 of an unscaled bf16 / fp16 state (int16, one per element: replay.py's replay_codec16).
 Threads: parallel over unit ranges (host.run_parts), one histogram row per thread, summed.
