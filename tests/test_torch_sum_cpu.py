@@ -37,7 +37,7 @@ def test_the_probe_finds_torchs_lanes():
 @pytest.mark.parametrize("n", [1, 3, 4, 7, 8, 9, 31, 33, 100, 256, 777, 2048, 4096, 9000, 40000])
 def test_row_sums_are_torchs_bits(n):
     from qstate_cli.kernels.cpu.torch_sum import lanes
-    from qstate_cli.kernels.cpu.torch_sum_kernel import rows32, rows64
+    from qstate_cli.kernels.cpu.torch_sum_kernel import row_sums
 
     w32, w64 = lanes()
     x = awkward_rows(4, n, n)
@@ -45,12 +45,12 @@ def test_row_sums_are_torchs_bits(n):
         x[1, 5], x[2, 9], x[2, 17] = float("inf"), float("nan"), 3e38  # inf; NaN; an overflow in fp32
     a = x.numpy()
     got32, got64 = np.empty(4, np.float32), np.empty(4, np.float64)
-    rows32(a, w32, got32)
-    rows64(a, w64, got64)
+    row_sums(a, w32, got32)
+    row_sums(a, w64, got64)
     assert got32.tobytes() == x.sum(1).numpy().tobytes()
     assert got64.tobytes() == x.sum(1, dtype=torch.float64).numpy().tobytes()
     other = np.empty(4, np.float32)
-    rows32(a, 4 if w32 != 4 else 16, other)  # another lane count: another order, other bits somewhere
+    row_sums(a, 4 if w32 != 4 else 16, other)  # another lane count: another order, other bits somewhere
     if n >= 256:
         assert other.tobytes() != got32.tobytes()
 

@@ -30,7 +30,7 @@ def lanes() -> tuple[int, int] | None:
     """(fp32 lanes, fp64 lanes) with which torch_sum_kernel's sums equal torch's x.sum(1) and
     x.sum(1, dtype=torch.float64) of fp32 rows, bit for bit, on rows of PROBE_LENGTHS values
     (signed, spread over many binades, with zeros); None if no candidate does (imports numba)."""
-    from .torch_sum_kernel import rows32, rows64
+    from .torch_sum_kernel import row_sums
 
     gen = torch.Generator().manual_seed(20261202)
     found32, found64 = set(CANDIDATES_32), set(CANDIDATES_64)
@@ -41,12 +41,12 @@ def lanes() -> tuple[int, int] | None:
         want32, want64 = x.sum(1).numpy(), x.sum(1, dtype=torch.float64).numpy()
         for w in list(found32):
             got = np.empty(3, np.float32)
-            rows32(a, w, got)
+            row_sums(a, w, got)
             if got.tobytes() != want32.tobytes():
                 found32.discard(w)
         for w in list(found64):
             got = np.empty(3, np.float64)
-            rows64(a, w, got)
+            row_sums(a, w, got)
             if got.tobytes() != want64.tobytes():
                 found64.discard(w)
     if not found32 or not found64:

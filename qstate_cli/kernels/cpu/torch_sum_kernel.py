@@ -179,20 +179,10 @@ def streamed8(a, out):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def rows32(a, lanes, out):
-    """out[r] = torch's a[r].sum(dtype=float32) of each row of fp32 a [rows, n] (the probe, tests)."""
-    acc = np.empty(ACC_SIZE, np.float32)
-    n = a.shape[1]
-    flat = a.reshape(-1)
-    for r in range(a.shape[0]):
-        out[r] = row_sum(flat, r * n, n, lanes, acc)
-    return 0
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def rows64(a, lanes, out):
-    """out[r] = torch's a[r].sum(dtype=float64) of each row of fp32 a [rows, n]."""
-    acc = np.empty(ACC_SIZE, np.float64)
+def row_sums(a, lanes, out):
+    """out[r] = torch's a[r].sum(dtype=out.dtype) of each row of fp32 a [rows, n]: float32, or
+    float64 (each value cast, then summed), with lanes = torch's lanes of that dtype (the probe, tests)."""
+    acc = np.empty(ACC_SIZE, out.dtype)
     n = a.shape[1]
     flat = a.reshape(-1)
     for r in range(a.shape[0]):
