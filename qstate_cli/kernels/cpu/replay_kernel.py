@@ -141,14 +141,17 @@ def _decode_loop(q, cnt, lay, table, dp, out):
         out[j] = c.decode_value(q[j], lay, table, dp)
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def decode_row(q, cnt, lay, table, dp, out):
     """out[:cnt] = codec.decode_value of each code in q (codec.decode_block's loop), the loop
     written once per case (format kind x BReD x sqrt): inside each, LLVM folds decode_value's
     tests of lay against the case, so the loop is branch-free and packs (one loop with the
     tests inside stayed scalar: perf, 63% of replay_codec's time on int4). Every copy is the same
     loop, so the case cannot change a value. Written out flat on purpose: the same 16 copies
-    through two nested inlined helpers ran as fast but compiled ~20 s slower (docs/diagnose.md)."""
+    through two nested inlined helpers ran as fast but compiled ~20 s slower (docs/diagnose.md).
+    Compiled as its own function (LLVM inlines it; numba does not): numba's own inlining of its
+    16 copies into replay_codec was ~125 of the kernel's 131 s first-use compile (37 s now, the
+    same speed; with _decode_loop not inlined either 8 s, but the codec ~10% slower)."""
     kind, bred, sq, unit = lay[c.KIND], lay[c.ROUND] == c.BRED, lay[c.SQRT] != 0, lay[c.UNIT] != 0
     if kind == c.LINEAR:
         if bred:
