@@ -37,8 +37,9 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     shadow's) is the caller's. Per unit: the errors and their sums in one loop (8 lanes:
     streamed, torch_sum_kernel.stream8_*), the comparisons in a second, both branch-free
     (they vectorize), leaving each element's histogram bin in a row; then LANES interleaved
-    local histograms count the bins. One loop for both did not vectorize (8.2-8.5 ns per element, 32 k elements, one thread, against
-    3.6-3.8 ns split and on borrowed views: docs/diagnose.md, "Replay throughput")."""
+    local histograms count the bins. One loop for both did not vectorize (8.2-8.5 ns per
+    element, 32 k elements, one thread, against 3.6-3.8 ns split and on borrowed views:
+    docs/diagnose.md, "Replay throughput")."""
     x, prev, new, codes, prev_code, last_change, sums, hist, shadow, err = nv.borrowed(
         (x, prev, new, codes, prev_code, last_change, sums, hist, shadow, err))  # no reference counts
     q = np.empty(unit, np.int32)
