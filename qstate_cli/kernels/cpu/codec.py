@@ -36,7 +36,8 @@ A state layout is a tuple and two arrays (`layout_arrays` in host.py):
 The kernels (adamw.py, ...) are built per layout (`specialized`): lay is a closure constant
 of the compiled kernel, as the Triton kernels' tl.constexpr, so every `lay[...]` branch below
 is resolved at compile time and each per-element loop is straight-line code that LLVM packs
-into vectors (512-bit on an AVX-512 host: native.wide_features; 256-bit on AVX2). Loops index with unsigned integers (`a[np.uint64(start) + np.uint64(j)]`): numba
+into vectors (512-bit on an AVX-512 host: native.wide_features; 256-bit on AVX2). Loops index
+with unsigned integers (`a[np.uint64(start) + np.uint64(j)]`): numba
 adds no negative-index wraparound select to an unsigned index, so loads and stores stay
 contiguous (slices would do the same but cost two atomic reference counts each per block).
 """
