@@ -66,6 +66,42 @@ def assert_same(fused: QuantizedState, ref: QuantizedState, what: str) -> None:
     assert torch.equal(bits(again), bits(want)), f"{what}: second read"
 
 
+def assert_finished_as_the_replay(fused, ref, x: torch.Tensor, step: int, layout: Layout, what: str) -> None:
+    """encode(..., clamp_zero, zero_padding): the value read back as the replay keeps it,
+    equal to the reference's decode, then torch's clamp(min=0) (-0.0 and NaN kept) and the
+    padding's index_fill_ (replay._store's torch path); the codes and scales as without."""
+    padding = (~layout.valid).nonzero().squeeze(1)
+    assert padding.numel() > 0  # the layout has padding to zero
+    for clamp, pad in ((True, False), (False, True), (True, True)):
+        fused.encode(x, step, clamp_zero=clamp, zero_padding=pad)
+        want = ref.decode()
+        want = want.clamp(min=0.0) if clamp else want.clone()
+        if pad:
+            want.index_fill_(0, padding, 0.0)
+        got = fused.decode()
+        bad = torch.nonzero(bits(got) != bits(want)).flatten()
+        assert bad.numel() == 0, f"{what} clamp {clamp} padding {pad}: differ first at {bad[:5].tolist()}"
+    assert_same(fused, ref, f"{what}, codes after the finished encodes")
+
+
+@needs_numba
+def test_finish_read_back_is_torchs_clamp_then_the_padding_fill():
+    """The kernels' last loop on crafted values: -0.0 and NaN kept by the clamp, a negative
+    (subnormal, -inf) value made +0, positions from the recorded count on made +0."""
+    import numpy as np
+
+    from qstate_cli.kernels.cpu.replay_kernel import finish_read_back
+    row = torch.tensor([-0.0, 0.0, float("nan"), -1.0, 1.0, -float("inf"), -1e-45, 1e-45, -2.0, float("nan")])
+    for clamp in (False, True):
+        for nv in (10, 6, 0):
+            out = np.full(row.numel() + 3, 7.0, np.float32)
+            finish_read_back(row.numpy(), row.numel(), nv, clamp, True, out, np.uint64(2))
+            want = row.clamp(min=0.0) if clamp else row.clone()
+            want[nv:] = 0.0
+            assert torch.equal(bits(torch.from_numpy(out[2:12])), bits(want)), (clamp, nv)
+            assert out[0] == out[1] == out[12] == 7.0  # nothing outside [i0, i0 + cnt)
+
+
 def check_spec(spec_text: str, layout: Layout, steps=(1, 2, 9)) -> None:
     spec = parse_spec(spec_text)
     stream = _stream(layout, spec, 77, 1)
@@ -78,6 +114,7 @@ def check_spec(spec_text: str, layout: Layout, steps=(1, 2, 9)) -> None:
         fused.encode(x, step)
         ref.encode(x, step)
         assert_same(fused, ref, f"{spec_text} step {step}")
+        assert_finished_as_the_replay(fused, ref, x, step, layout, f"{spec_text} step {step}")
     fused.reset()
     ref.reset()
     assert torch.equal(fused.decode(), ref.decode())

@@ -353,16 +353,27 @@ def _step_config(c: _ConfigReplay, sh: _Shadow, rec: Recursion, g: torch.Tensor,
     for s, q in c.states.items():
         if model and s in c.models:  # before x_hat moves on: the step's own nominal update
             c.models[s].observe(i, c.x_hat[s], new[s], sh.prev[s], _gaussian(rec, c.cfg.spec(s), s, sh))
-        q.encode(new[s], step)
-        x_hat = q.decode()
-        if c.clamp[s]:
-            x_hat = x_hat.clamp(min=0.0)  # a v read back below 0 (base.py)
-        if padding is not None:
-            x_hat.index_fill_(0, padding, 0.0)  # padding stays 0
+        x_hat = _store(q, new[s], step, c.clamp[s], padding, c.codec[s][0] == CPU_PATH)
         c.stats[s].observe(i, new[s], c.x_hat[s], x_hat, sh.x[s], sh.x2_units[s], q.codes)
         c.x_hat[s] = x_hat
 
     c.update.observe(i, u, sh.update, sh.ref2_units)
+
+
+def _store(q, x: torch.Tensor, step: int, clamp: bool, padding, fused: bool) -> torch.Tensor:
+    """Encode x into q and return the value read back as the optimizer keeps it: a v read
+    back below 0 clamped to 0 (base.py), the layout's padding 0. The fused CPU codec does
+    both in its pass (kernels/cpu/replay.py: the same bits as the two torch ops)."""
+    if fused:
+        q.encode(x, step, clamp_zero=clamp, zero_padding=padding is not None)
+        return q.decode()
+    q.encode(x, step)
+    x_hat = q.decode()
+    if clamp:
+        x_hat = x_hat.clamp(min=0.0)
+    if padding is not None:
+        x_hat.index_fill_(0, padding, 0.0)
+    return x_hat
 
 
 def _gaussian(rec: Recursion, spec, state: str, sh: _Shadow):

@@ -128,7 +128,11 @@ class FusedReplayState(ReadBackState):
         self.base = np.asarray(base & qhash.MASK32, np.uint32)  # nearest: no random bits, any keys
         self._scale_dtype = self.scales.dtype if self.scales is not None else None  # fp32 or bf16 (_empty_storage)
 
-    def encode(self, x: torch.Tensor, step: int) -> None:
+    def encode(self, x: torch.Tensor, step: int, clamp_zero: bool = False, zero_padding: bool = False) -> None:
+        """Store x; the value read back (decode) is the reference's decode, or as the replay
+        keeps it (diagnose/replay._store): clamp_zero, a value below 0 read back as 0 (torch's
+        clamp(min=0)); zero_padding, the layout's padding 0 (the blocks' positions past their
+        recorded elements: plan)."""
         if x.numel() != self.numel:
             raise ValueError(f"state of shape {tuple(self.shape)} cannot store {tuple(x.shape)}")
         x = x.detach().reshape(-1)
@@ -139,7 +143,7 @@ class FusedReplayState(ReadBackState):
             codes = torch.empty(self.numel, dtype=torch.int16)
             run_blocks(_kernel(16), self.numel, self.block,
                        (x.numpy(), codes.numpy().view(np.uint16), out.numpy(), self.lay, self.block, self.numel,
-                        self.plan, self.base, int(step)))
+                        self.plan, self.base, int(step), bool(clamp_zero), bool(zero_padding)))
             self.codes, self.written, self._read_back = codes, int(step), out
             return
         # fresh tensors per step, as the reference (the replay keeps the previous ones); every
@@ -149,7 +153,7 @@ class FusedReplayState(ReadBackState):
         run_blocks(_kernel(), self.numel, self.block,
                    (x.numpy(), codes.numpy(), scales.view(torch.int16).numpy().view(np.uint16), out.numpy(),
                     self.lay, self.lim, self.table, self.block, self.numel, self.plan,
-                    self.base, int(step)))
+                    self.base, int(step), bool(clamp_zero), bool(zero_padding)))
         self.codes, self.scales, self.written, self._read_back = codes, scales, int(step), out
 
 

@@ -211,6 +211,20 @@ GOLDEN = np.uint32(0x9E3779B9)
 
 
 @njit(cache=True, inline="always")
+def finish_read_back(row, cnt, nv, clamp0, pad0, out, i0):
+    """out[i0 + j] = row[j], j < cnt, as the replay keeps the value read back: with clamp0
+    max(value, 0) as torch's clamp(min=0) (a negative value is +0; -0.0 and NaN stay), with
+    pad0 the positions j >= nv (padding) 0, as the replay's index_fill_ did."""
+    for j in range(cnt):
+        v = row[j]
+        if clamp0 and v < c.ZERO:
+            v = c.ZERO
+        if pad0 and j >= nv:
+            v = c.ZERO
+        out[i0 + np.uint64(j)] = v
+
+
+@njit(cache=True, inline="always")
 def _alive(rows):
     """0, read from the scratch rows' owners: a use at the kernel's end, so numba frees them
     only after every use of their borrowed views (it drops a variable after its last use)."""
@@ -218,9 +232,11 @@ def _alive(rows):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, base, step):
+def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, base, step, clamp0, pad0):
     """Blocks b0 .. b1 - 1 of the layout: codes, scales (uint16 words, codec.scale_at) and
-    values read back (out) of x (replay.py's docstring). plan: int64 [blocks, 3] = (owner
+    values read back (out) of x (replay.py's docstring); out as the replay keeps it
+    (finish_read_back): clamp0, a value below 0 read back as 0 (torch's clamp(min=0): -0.0
+    and NaN kept); pad0, padding (a block's positions from its recorded count on) 0. plan: int64 [blocks, 3] = (owner
     tensor, first flat index: even under stochastic rounding, recorded elements); base: uint32
     [tensors], the streams' step-free keys, so k1 = hash32(base ^ step), k2 = hash32(k1 ^
     0x9e3779b9) (quant/hash.stream_keys); table: the code book and its search buckets (host.search_table).
@@ -264,15 +280,14 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, ba
         c.pack_codes(q, lay[c.BITS], start, cnt, codes)
         c.unpack_codes(codes, lay[c.BITS], start, cnt, q)  # codec.decode_block, its loop unswitched
         decode_row(q, cnt, lay, table, c.decode_params(absmax, lay, lim, bctr, k1, k2), row)
-        for j in range(cnt):
-            out[i0 + np.uint64(j)] = row[j]
+        finish_read_back(row, cnt, nv, clamp0, pad0, out, i0)
     return _alive(rows)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def replay_codec16(b0, b1, x, codes, out, lay, B, numel, plan, base, step):
+def replay_codec16(b0, b1, x, codes, out, lay, B, numel, plan, base, step, clamp0, pad0):
     """An unscaled 16-bit minifloat (bf16, fp16; nearest or stochastic rounding): as
-    replay_codec without scales, n = the stored value itself (quantizer.encode, unscaled), in
+    replay_codec (clamp0, pad0 too) without scales, n = the stored value itself (quantizer.encode, unscaled), in
     runs of B layout positions (plan, base: as there). codes: uint16 [numel], the bit
     patterns (ordinal | sign << 15) the reference stores as int16. Borrowed views, as replay_codec."""
     x, codes, out, plan, base = native.borrowed((x, codes, out, plan, base))
@@ -293,5 +308,6 @@ def replay_codec16(b0, b1, x, codes, out, lay, B, numel, plan, base, step):
         round_float(row, u, cnt, lay, rounding, c.ZERO, q)
         for j in range(cnt):
             codes[i0 + np.uint64(j)] = np.uint16(q[j])
-            out[i0 + np.uint64(j)] = c.decode_value(q[j], lay, row, dp)
+            u[j] = c.decode_value(q[j], lay, row, dp)
+        finish_read_back(u, cnt, plan[b, 2], clamp0, pad0, out, i0)
     return _alive(rows)
