@@ -188,6 +188,43 @@ def test_minifloat_at_every_ordinal_midpoint_and_neighbour(fmt, rounding):
         assert_same(fused, ref, f"{spec} at the ordinals, step {step}")
 
 
+def every_16bit_ordinal(dtype) -> torch.Tensor:
+    """fp32 values at every finite magnitude of a 16-bit float (bf16 / fp16), the midpoints
+    between neighbours (ties), one fp32 ulp either side of each, both signs, values past the
+    largest (clamped), fp32 subnormals and -0.0."""
+    top = 0x7F7F if dtype == torch.bfloat16 else 0x7BFF
+    v = torch.arange(0, top + 1, dtype=torch.int32).to(torch.int16).view(dtype).float()
+    mid = ((v[1:].double() + v[:-1].double()) / 2).float()  # exact in fp32
+    big, tiny = torch.tensor(3.0e38), torch.tensor(1e-44)
+    fmax = torch.tensor(torch.finfo(torch.float32).max)  # bf16: rounds past the largest ordinal, clamped
+    extra = torch.stack([big, fmax, torch.nextafter(v[-1], big), tiny, torch.tensor(-0.0), torch.tensor(1e-41)])
+    pos = torch.cat([v, mid, torch.nextafter(mid, big), torch.nextafter(mid, torch.tensor(0.0)), extra])
+    return torch.cat([pos, -pos])
+
+
+@needs_numba
+@pytest.mark.parametrize("fmt", ["bf16", "fp16"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_16bit_float_at_every_ordinal_midpoint_and_neighbour(fmt, rounding):
+    """An unscaled bf16 / fp16 state (replay_codec16; bf16 by its bits: round_bf16) over
+    every_16bit_ordinal, a layout's worth per step: codes and values read back equal the
+    reference's."""
+    layout = Layout(small_trace(1), 256, "cpu")
+    spec = parse_spec(f"{fmt}:{rounding}")
+    cands = every_16bit_ordinal(torch.bfloat16 if fmt == "bf16" else torch.float16)
+    cands = cands[torch.randperm(cands.numel(), generator=torch.Generator().manual_seed(3))]
+    stream = _stream(layout, spec, 77, 0)
+    fused, _, why = replay_state(spec, layout, stream, None, "auto")
+    assert why is None
+    ref = QuantizedState(spec, (layout.n,), stream, device="cpu")
+    for step, at in enumerate(range(0, cands.numel(), layout.n), start=1):
+        x = cands[at: at + layout.n]
+        x = torch.cat([x, torch.ones(layout.n - x.numel())]) if x.numel() < layout.n else x
+        fused.encode(x, step)
+        ref.encode(x, step)
+        assert_same(fused, ref, f"{spec} at the ordinals, step {step}")
+
+
 @needs_numba
 def test_fused_codec_on_a_part_of_the_layout_and_over_threads(monkeypatch):
     """torchrun's element split (a part of the layout: its own positions, the whole

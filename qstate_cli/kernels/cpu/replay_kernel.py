@@ -294,6 +294,7 @@ def replay_codec16(b0, b1, x, codes, out, lay, B, numel, plan, base, step, clamp
     rows = np.empty(B, np.float32), np.zeros(B, np.float32), np.empty(B, np.int32)
     row, u, q = native.borrowed(rows)
     rounding = lay[c.ROUND]
+    bf16 = lay[c.EMIN] <= -126 and lay[c.MAN] == 7 and lay[c.SIGNED] != 0  # round_bf16
     s32 = np.uint32(step & 0xFFFFFFFF)
     dp = (c.ONE, c.ZERO, c.ZERO, np.int32(0))  # decode_params of an unscaled, undithered block
     for b in range(b0, b1):
@@ -305,9 +306,36 @@ def replay_codec16(b0, b1, x, codes, out, lay, B, numel, plan, base, step, clamp
         load_stored(x, i0, cnt, lay, row)
         if rounding == c.STOCHASTIC:
             block_uniforms(plan[b, 1], plan[b, 2], start, cnt, k1, k2, u)
-        round_float(row, u, cnt, lay, rounding, c.ZERO, q)
-        for j in range(cnt):
-            codes[i0 + np.uint64(j)] = np.uint16(q[j])
-            u[j] = c.decode_value(q[j], lay, row, dp)
+        if bf16:
+            round_bf16(row, u, cnt, rounding, lay[c.MAXORD], q)
+            sq = lay[c.SQRT] != 0
+            for j in range(cnt):  # the value of ordinal | sign << 15 is its bits << 16 (codec.float_value)
+                codes[i0 + np.uint64(j)] = np.uint16(q[j])
+                v = c.f32_from_bits(np.uint32(q[j]) << np.uint32(16))
+                u[j] = v * v if sq else v  # codec.decode_value: a :sqrt state squared
+        else:
+            round_float(row, u, cnt, lay, rounding, c.ZERO, q)
+            for j in range(cnt):
+                codes[i0 + np.uint64(j)] = np.uint16(q[j])
+                u[j] = c.decode_value(q[j], lay, row, dp)
         finish_read_back(u, cnt, plan[b, 2], clamp0, pad0, out, i0)
     return _alive(rows)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def round_bf16(n, u, cnt, rounding, maxord, q):
+    """round_float for bf16 (8 exponent bits, 7 mantissa bits, signed; n finite, as
+    load_stored leaves it): |n|'s floor ordinal is its fp32 bits >> 16 and the fraction the
+    low 16 bits / 2**16 (rounding.float_floor_frac's bits-only case, emin = -126), so the
+    rounding is integer work on the bits: nearest, up if the low bits exceed 0x8000 or equal
+    it at an odd ordinal; stochastic, up if u < fraction (the same fp32 compare). Clamped to
+    maxord, n's sign bit as bit 15 (rounding.float_code)."""
+    for j in range(cnt):
+        b = c.bits_of_f32(n[j])
+        k = np.int32((b & np.uint32(0x7FFFFFFF)) >> np.uint32(16))
+        low = np.int32(b & np.uint32(0xFFFF))
+        if rounding == c.NEAREST:
+            up = np.int32((low > np.int32(0x8000)) | ((low == np.int32(0x8000)) & ((k & np.int32(1)) == np.int32(1))))
+        else:
+            up = np.int32(u[j] < np.float32(low) * np.float32(1.0 / 65536.0))
+        q[j] = min(k + up, np.int32(maxord)) | np.int32((b >> np.uint32(31)) << np.uint32(15))
