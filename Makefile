@@ -19,13 +19,13 @@ NUMBA_DIR := .numba
 # The fused CPU path's parity tests (kernels/cpu, diagnose's CPU codec) skip where numba is
 # missing, as in `make test`'s environment. `make test-cpu-path` puts numba (the `cpu`
 # extra) in NUMBA_DIR, beside .venv and not in it (so `make test` keeps the reference path
-# and its speed), and runs a subset that compiles a few kernel layouts (~4 min on 2 cores,
-# 9 min on a machine half as fast
-# the first time; numba caches them under the qstate cache). The whole grid:
-# `PYTHONPATH=.numba .venv/bin/python -m pytest tests/test_kernels_cpu*.py` (~15 min fresh);
-# the whole suite with numba present (every fused path on): `PYTHONPATH=.numba .venv/bin/python
-# -m pytest -n 2 --dist loadfile -m "not serial"` (12-17 min on 2 cores, more on a slower machine): run it after changing
-# kernels/cpu (it found a test importing a moved helper and a buffer shared across threads).
+# and its speed), and runs a subset that compiles a few kernel layouts (~4 min on 2 cores the
+# first time, 9 min on a machine half as fast; numba caches them under the qstate cache). The
+# whole grid: `PYTHONPATH=.numba .venv/bin/python -m pytest tests/test_kernels_cpu*.py` (~15 min
+# fresh); the whole suite with numba present (every fused path on): `PYTHONPATH=.numba
+# .venv/bin/python -m pytest -n 2 --dist loadfile -m "not serial"` (12-17 min on 2 cores, more
+# on a slower machine): run it after changing kernels/cpu (it found a test importing a moved
+# helper and a buffer shared across threads).
 CPU_PATH_TESTS := tests/test_kernels_cpu.py tests/test_kernels_cpu_momentum.py tests/test_kernels_cpu_cache.py \
     tests/test_replay_codec_cpu.py tests/test_replay_stats_cpu.py tests/test_replay_model_cpu.py \
     tests/test_replay_rule_cpu.py tests/test_codebook_search_cpu.py tests/test_kernels_cpu_minifloat.py \
