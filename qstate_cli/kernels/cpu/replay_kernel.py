@@ -234,12 +234,12 @@ def _alive(rows):
 @njit(nogil=True, cache=True, error_model="numpy")
 def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, base, step, clamp0, pad0):
     """Blocks b0 .. b1 - 1 of the layout: codes, scales (uint16 words, codec.scale_at) and
-    values read back (out) of x (replay.py's docstring); out as the replay keeps it
-    (finish_read_back): clamp0, a value below 0 read back as 0 (torch's clamp(min=0): -0.0
-    and NaN kept); pad0, padding (a block's positions from its recorded count on) 0. plan: int64 [blocks, 3] = (owner
-    tensor, first flat index: even under stochastic rounding, recorded elements); base: uint32
-    [tensors], the streams' step-free keys, so k1 = hash32(base ^ step), k2 = hash32(k1 ^
-    0x9e3779b9) (quant/hash.stream_keys); table: the code book and its search buckets (host.search_table).
+    values read back (out) of x (replay.py's docstring), out as the replay keeps it with
+    clamp0 (a v below 0 read back as 0) and pad0 (padding 0): finish_read_back. plan: int64
+    [blocks, 3] = (owner tensor, first flat index: even under stochastic rounding, recorded
+    elements); base: uint32 [tensors], the streams' step-free keys, so k1 = hash32(base ^
+    step), k2 = hash32(k1 ^ 0x9e3779b9) (quant/hash.stream_keys); table: the code book and
+    its search buckets (host.search_table).
     Steps on borrowed views (no reference counts: native.py), the rows' owners kept alive by
     the return."""
     x, codes, s16, out, lim, table, plan, base = native.borrowed((x, codes, s16, out, lim, table, plan, base))
@@ -287,9 +287,10 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, ba
 @njit(nogil=True, cache=True, error_model="numpy")
 def replay_codec16(b0, b1, x, codes, out, lay, B, numel, plan, base, step, clamp0, pad0):
     """An unscaled 16-bit minifloat (bf16, fp16; nearest or stochastic rounding): as
-    replay_codec (clamp0, pad0 too) without scales, n = the stored value itself (quantizer.encode, unscaled), in
-    runs of B layout positions (plan, base: as there). codes: uint16 [numel], the bit
-    patterns (ordinal | sign << 15) the reference stores as int16. Borrowed views, as replay_codec."""
+    replay_codec (clamp0 and pad0 too) without scales, n = the stored value itself
+    (quantizer.encode, unscaled), in runs of B layout positions (plan, base: as there).
+    codes: uint16 [numel], the bit patterns (ordinal | sign << 15) the reference stores as
+    int16; bf16 by its bits (round_bf16), fp16 by round_float. Borrowed views, as replay_codec."""
     x, codes, out, plan, base = native.borrowed((x, codes, out, plan, base))
     rows = np.empty(B, np.float32), np.zeros(B, np.float32), np.empty(B, np.int32)
     row, u, q = native.borrowed(rows)
