@@ -20,16 +20,18 @@ NUMBA_DIR := .numba
 # missing, as in `make test`'s environment. `make test-cpu-path` puts numba (the `cpu`
 # extra) in NUMBA_DIR, beside .venv and not in it (so `make test` keeps the reference path
 # and its speed), and runs a subset that compiles a few kernel layouts (~4 min on 2 cores the
-# first time, 9 min on a machine half as fast; numba caches them under the qstate cache). The
+# first time, 9 min on a machine half as fast; numba caches them under the qstate cache), on
+# JOBS workers: the replay's files, which share its kernels, together on one (tests/conftest.py,
+# pytest_xdist_make_scheduler), the optimizer kernels' tests one at a time on the others. The
 # whole grid: `PYTHONPATH=.numba .venv/bin/python -m pytest tests/test_kernels_cpu*.py` (~15 min
 # fresh); the whole suite with numba present (every fused path on): `PYTHONPATH=.numba
 # .venv/bin/python -m pytest -n 2 --dist loadfile -m "not serial"` (12-17 min on 2 cores, more
 # on a slower machine): run it after changing kernels/cpu (it found a test importing a moved
 # helper and a buffer shared across threads).
-CPU_PATH_TESTS := tests/test_kernels_cpu.py tests/test_kernels_cpu_momentum.py tests/test_kernels_cpu_cache.py \
-    tests/test_replay_codec_cpu.py tests/test_replay_stats_cpu.py tests/test_replay_model_cpu.py \
-    tests/test_replay_rule_cpu.py tests/test_codebook_search_cpu.py tests/test_kernels_cpu_minifloat.py \
-    tests/test_torch_sum_cpu.py
+CPU_PATH_TESTS := tests/test_replay_codec_cpu.py tests/test_replay_stats_cpu.py tests/test_replay_model_cpu.py \
+    tests/test_replay_rule_cpu.py tests/test_torch_sum_cpu.py \
+    tests/test_kernels_cpu.py tests/test_kernels_cpu_momentum.py tests/test_kernels_cpu_cache.py \
+    tests/test_codebook_search_cpu.py tests/test_kernels_cpu_minifloat.py
 CPU_PATH_SELECT := replay_codec_cpu or replay_stats or torch_sum or replay_model or replay_rule or codebook_search or adamw_presets or one-state-sr or lion-bred or sgd-sr \
     or muon-nearest or nonfinite or auto_picks or without_numba or fp16 or cpu_cache \
     or (minifloat_codec and (nearest-e4m3 or bred-e2m2)) or minifloats_stay
@@ -48,7 +50,7 @@ test: $(READY)
 test-cpu-path: $(READY)
 	test -d $(NUMBA_DIR)/numba || $(PY) -m pip install -q --disable-pip-version-check --no-deps \
 	    --target $(NUMBA_DIR) "numba>=0.59" llvmlite
-	PYTHONPATH=$(NUMBA_DIR) $(PY) -m pytest -q $(CPU_PATH_TESTS) -k "$(CPU_PATH_SELECT)"
+	PYTHONPATH=$(NUMBA_DIR) $(PY) -m pytest -q -n $(JOBS) --dist loadgroup $(CPU_PATH_TESTS) -k "$(CPU_PATH_SELECT)"
 
 venv: $(READY)
 

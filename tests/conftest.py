@@ -40,6 +40,37 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+# Test files of the replay's fused CPU path: they share its numba kernels (the replay codec's
+# first compile alone is ~100 s on a 2-core machine), so `make test-cpu-path` (`--dist
+# loadgroup`) runs them on one worker, while the optimizer kernels' tests, each compiling its
+# own kernel, spread over the other workers one test at a time (pytest_xdist_make_scheduler).
+REPLAY_CPU_FILES = {"test_replay_codec_cpu.py", "test_replay_stats_cpu.py", "test_replay_model_cpu.py",
+                    "test_replay_rule_cpu.py", "test_torch_sum_cpu.py"}
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: ignored where xdist is not installed
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup`: the replay CPU files as one unit of work, every other test its own.
+    xdist's loadgroup reads `xdist_group` marks from a suffix it adds to each node id, which
+    pytest 9 does not keep (seen with pytest 9.2 and xdist 3.8: the marked tests were spread
+    over both workers), so the units are drawn here, from the node ids themselves. Other
+    --dist modes keep xdist's own schedulers."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ReplayFilesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ReplayFilesTogether(config, log)
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work of a test under `--dist loadgroup` (pytest_xdist_make_scheduler)."""
+    return "replay-cpu" if nodeid.split("::")[0].rsplit("/", 1)[-1] in REPLAY_CPU_FILES else nodeid
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
