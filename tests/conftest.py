@@ -51,10 +51,10 @@ REPLAY_CPU_FILES = {"test_replay_codec_cpu.py", "test_replay_stats_cpu.py", "tes
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: ignored where xdist is not installed
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup`: the replay CPU files as one unit of work, every other test its own.
-    xdist's loadgroup reads `xdist_group` marks from a suffix it adds to each node id, which
-    pytest 9 does not keep (seen with pytest 9.2 and xdist 3.8: the marked tests were spread
-    over both workers), so the units are drawn here, from the node ids themselves. Other
-    --dist modes keep xdist's own schedulers."""
+    xdist's own loadgroup reads `xdist_group` marks from a suffix it writes into each item's
+    `_nodeid`, which pytest 9.2's `nodeid` no longer reads (it is built from `_id`), so with
+    xdist 3.8 the marked tests were spread over both workers; the units are drawn here, from
+    the node ids themselves. Other --dist modes keep xdist's own schedulers."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
