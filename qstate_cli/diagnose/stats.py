@@ -268,7 +268,8 @@ class ModelStats:
     fused: the state is stored through the fused CPU codec (kernels/cpu/replay.py), so the
     empirical P(stall), the nominal mask and s's cell run in one numba pass
     (kernels/cpu/replay_model.py, the same fp32 values as staleness.predict); the Gaussian
-    formulas and the float64 sums stay torch ops either way."""
+    formulas and the float64 sums stay torch ops either way. Under BReD both predictions are
+    +0.0 per element, so the fused path writes their sums, +0.0, without summing."""
 
     def __init__(self, layout: Layout, spec: StateSpec, n_steps: int, reduce_absmax=None, fused: bool = False):
         self.spec, self.reduce_absmax = spec, reduce_absmax
@@ -284,11 +285,15 @@ class ModelStats:
 
         if self._fused is not None:  # padding already masked; #nominal: an exact integer
             emp, nominal, count, cell = self._fused.predict(x_hat, x_new, s if gaussian is not None else None)
-            self.series[0, i] = emp.sum(dtype=torch.float64)
             self.series[2, i] = float(count)
-            if gaussian is not None:  # BReD: predict's zeros (cell None)
-                sr = self.spec.rounding == "stochastic"
-                gauss = torch.zeros_like(s) if cell is None else gaussian_p(sr, gaussian, s, *cell)
+            if self.spec.rounding == "bred":  # both predictions are +0.0 per element (predict): sums of +0.0
+                self.series[0, i] = 0.0
+                if gaussian is not None:
+                    self.series[1, i] = 0.0
+                return
+            self.series[0, i] = emp.sum(dtype=torch.float64)
+            if gaussian is not None:  # cell: s's (down, up), as windows(s) gives them
+                gauss = gaussian_p(self.spec.rounding == "stochastic", gaussian, s, *cell)
                 self.series[1, i] = torch.where(nominal, gauss, 0.0).sum(dtype=torch.float64)
             return
         emp, nominal, gauss = predict(self.spec, x_hat, x_new, s, gaussian, self.reduce_absmax)
