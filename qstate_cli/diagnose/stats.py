@@ -267,9 +267,10 @@ class ModelStats:
 
     fused: the state is stored through the fused CPU codec (kernels/cpu/replay.py), so the
     empirical P(stall), the nominal mask and s's cell run in one numba pass
-    (kernels/cpu/replay_model.py, the same fp32 values as staleness.predict); the Gaussian
-    formulas and the float64 sums stay torch ops either way. Under BReD both predictions are
-    +0.0 per element, so the fused path writes their sums, +0.0, without summing."""
+    (kernels/cpu/replay_model.py) and the Gaussian formulas in a few more around torch's own
+    sqrt, erf and exp (kernels/cpu/replay_gauss.py), the same fp32 values as staleness.predict;
+    the float64 sums stay torch ops either way. Under BReD both predictions are +0.0 per
+    element, so the fused path writes their sums, +0.0, without summing."""
 
     def __init__(self, layout: Layout, spec: StateSpec, n_steps: int, reduce_absmax=None, fused: bool = False):
         self.spec, self.reduce_absmax = spec, reduce_absmax
@@ -281,7 +282,7 @@ class ModelStats:
             self._fused = StalenessModel(spec, layout.n, layout.valid)
 
     def observe(self, i: int, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor, gaussian) -> None:
-        from .staleness import gaussian_p, predict
+        from .staleness import predict
 
         if self._fused is not None:  # padding already masked; #nominal: an exact integer
             emp, nominal, count, cell = self._fused.predict(x_hat, x_new, s if gaussian is not None else None)
@@ -293,8 +294,9 @@ class ModelStats:
                 return
             self.series[0, i] = emp.sum(dtype=torch.float64)
             if gaussian is not None:  # cell: s's (down, up), as windows(s) gives them
-                gauss = gaussian_p(self.spec.rounding == "stochastic", gaussian, s, *cell)
-                self.series[1, i] = torch.where(nominal, gauss, 0.0).sum(dtype=torch.float64)
+                from ..kernels.cpu.replay_gauss import masked_gaussian
+                gauss = masked_gaussian(self.spec.rounding == "stochastic", gaussian, s, *cell, nominal)
+                self.series[1, i] = gauss.sum(dtype=torch.float64)  # = where(nominal, gaussian_p, 0)'s
             return
         emp, nominal, gauss = predict(self.spec, x_hat, x_new, s, gaussian, self.reduce_absmax)
         if self.valid is not None:

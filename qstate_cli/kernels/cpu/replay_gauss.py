@@ -1,0 +1,154 @@
+"""The replay's Gaussian staleness model on CPU: diagnose/staleness.gaussian_v / gaussian_m of
+a state's cell, masked to the nominal updates as stats.ModelStats sums them,
+
+    G_i = nominal_i ? P_gauss(s_i, down_i, up_i) : 0        (fp32 [n], the same bits)
+
+in a few numba passes over memory with torch's own sqrt, erf and exp in between, instead of
+~20-60 torch ops (each its own pass, the boolean ones ~30-40 us on 24k elements).
+
+Why torch keeps the transcendentals: its CPU sqrt, erf and exp are its own vector code, not
+the correctly rounded functions (sqrt: 1 ulp off on ~0.5% of values here), so numba cannot
+reproduce their bits. They are elementwise, though: the value of an element does not depend
+on its position, the tensor's length or alignment (checked for every offset by
+tests/test_replay_gauss_cpu.py), so one in-place torch call over a scratch row of
+arguments gives each element the bits the reference's own call gives it. The numba passes
+(replay_gauss_kernel.py) write those arguments and combine the results, fp32 op for op in
+staleness.py's order. The per-tensor constants chi2_1(c), chi2_3(c) of the stochastic v
+are torch's, on a one-element tensor.
+
+Slow arguments: torch's sqrt takes ~20x its usual time on +0 and its exp ~100x where the
+result underflows (x < -104: 27-80 ns per element against 0.3), and the stochastic formulas
+meet both all the time (a = clamp(c - w_lo, 0) = 0 wherever the cell is wider than c; b / 2 up
+to 5e29). The argument passes write a fast value there instead (1 for sqrt, 0 for exp) and
+the finishing passes put torch's own result for those arguments, probed once (`probe`:
+sqrt(+0), erf(sqrt(+0)), and exp below EXP_FLOOR, which is +0 for every one of the
+1,018,167,296 fp32 values below it on this build, checked once at AVX-512, AVX2 and default
+capability). Arguments in exp's subnormal band (-104, -87.3) and subnormal sqrt arguments
+stay with torch: their results are not one value.
+
+Per state and model step (n elements):
+    v nearest     v_args -> sqrt_, erf_ on 2n -> v_finish
+    v stochastic  v_args -> sqrt_ on 4n, erf_ on 2n, exp_ on 2n -> v_finish
+    m nearest     m_sigma -> sqrt_ on n -> m_args -> erf_ on 2n -> m_finish
+    m stochastic  m_sigma -> sqrt_ on n -> m_args -> erf_ on 3n, exp_ on 3n -> m_finish
+Scratch: 9 fp32 per element, one set per layout size and thread (replay_model.py's rule).
+No numba at import: the kernels are imported on first use.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from .host import run_parts
+
+CHUNK = 4096  # elements per range of run_parts (threads from host.MIN_THREAD_ELEMENTS)
+_KERNELS: dict = {}
+_LOCAL = threading.local()  # .scratch: n -> Scratch, the thread's latest layout size only
+
+
+class Scratch:
+    """One thread's rows for a layout of n elements: T [4n] (sqrt / erf arguments), X [3n]
+    (exp), SIG [n] (sigma), G [n] (the result), as torch tensors and their numpy views."""
+
+    def __init__(self, n: int):
+        f32 = torch.float32  # whatever torch's default dtype is
+        self.T, self.X = torch.empty(4 * n, dtype=f32), torch.empty(3 * n, dtype=f32)
+        self.SIG, self.G = torch.empty(n, dtype=f32), torch.empty(n, dtype=f32)
+        self.np = tuple(t.numpy() for t in (self.T, self.X, self.SIG, self.G))
+
+
+def _scratch(n: int) -> Scratch:
+    held = _LOCAL.__dict__.setdefault("scratch", {})
+    if n not in held:
+        held.clear()
+        held[n] = Scratch(n)
+    return held[n]
+
+
+def _kernels():
+    if not _KERNELS:
+        from . import replay_gauss_kernel as k
+        _KERNELS.update(v_args=k.v_args, v_finish=k.v_finish, m_sigma=k.m_sigma, m_args=k.m_args,
+                        m_finish=k.m_finish)
+    return _KERNELS
+
+
+EXP_FLOOR = -104.0  # below it torch's fp32 exp is +0 (it underflows; tests/test_replay_gauss_cpu.py)
+
+
+@lru_cache(maxsize=None)
+def probe() -> tuple[float, float, float, float]:
+    """(erf(sqrt(+0)), sqrt(+0), exp(x < floor), floor): torch's values where its sqrt and exp
+    take ~20-100x their usual time, so the kernels put these constants there instead of asking
+    torch. torch's functions are elementwise: its value at +0 is the same in any tensor. exp is
+    one value below EXP_FLOOR on every sample probed here, ends and -inf included; where it is
+    not (another build), floor is -inf and every exp goes to torch."""
+    f32 = torch.float32
+    zero = torch.zeros(1, dtype=f32)
+    below = torch.cat([torch.tensor([-float("inf"), -3.4e38, -1e30, -1e4, -105.0, -104.5], dtype=f32),
+                       torch.nextafter(torch.tensor([EXP_FLOOR], dtype=f32), torch.tensor([-1e9], dtype=f32)),
+                       -torch.logspace(math.log10(-EXP_FLOOR) + 1e-6, 38, 4093, dtype=f32)])
+    low = torch.exp(below).view(torch.int32)
+    same = bool((low == low[0]).all())
+    floor = EXP_FLOOR if same else -math.inf
+    return zero.sqrt().erf().item(), zero.sqrt().item(), torch.exp(below[:1]).item(), floor
+
+
+def constants(beta: float, c: float = 0.0, chi2_c: bool = False) -> np.ndarray:
+    """fp32 [12] (replay_gauss_kernel.columns): 1 - beta, c, 1e30, pi, chi2_1(c) and
+    chi2_3(c) (torch's; chi2_c: the stochastic v needs them), sqrt 2, sqrt(2 pi): each Python
+    scalar as torch takes it (fp32); then probe()'s."""
+    from ...diagnose.staleness import _chi2_1, _chi2_3
+    f1c = f3c = 0.0
+    if chi2_c:
+        cc = torch.full((1,), c, dtype=torch.float32)  # torch.full_like(s, c): elementwise, so one element has the bits
+        f1 = _chi2_1(cc)
+        f1c, f3c = f1.item(), _chi2_3(cc, f1).item()
+    return np.array([1 - beta, c, 1e30, math.pi, f1c, f3c, math.sqrt(2.0), math.sqrt(2 * math.pi), *probe()],
+                    np.float32)
+
+
+def masked_gaussian(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up: torch.Tensor,
+                    nominal: torch.Tensor) -> torch.Tensor:
+    """torch.where(nominal, staleness.gaussian_p(sr, gaussian, s, down, up), 0.0), bit for bit
+    (module docstring). s, down, up: fp32, nominal: bool, CPU, contiguous, n elements each;
+    gaussian: ("v", beta2, c) or ("m", beta1, sigma2 fp32 [n]). The result is this thread's
+    scratch row: valid until its next call on a layout of n elements."""
+    n = s.numel()
+    for t in (s, down, up, nominal) + ((gaussian[2],) if gaussian[0] == "m" else ()):
+        if t.device.type != "cpu" or t.numel() != n or not t.is_contiguous() \
+                or t.dtype != (torch.bool if t is nominal else torch.float32):
+            raise ValueError(f"the fused Gaussian model needs contiguous fp32 CPU tensors of {n} elements "
+                             f"and a bool mask (got {t.dtype} {t.device.type} {t.numel()})")  # no bound checks
+    k, sc = _kernels(), _scratch(n)
+    T, X, SIG, G = sc.np
+    kind, beta, arg = gaussian
+    a = [x.numpy() for x in (s, down, up, nominal)]
+    if kind == "v":
+        if arg <= 0:  # gaussian_v: zeros
+            sc.G.zero_()
+            return sc.G
+        cst = constants(beta, arg, chi2_c=sr)
+        run_parts(k["v_args"], n, CHUNK, (sr, a[0], a[1], a[2], cst, T, X, CHUNK, n))
+        if sr:
+            sc.T.sqrt_()
+            sc.X[:2 * n].exp_()
+        else:
+            sc.T[:2 * n].sqrt_()
+        sc.T[:2 * n].erf_()
+        run_parts(k["v_finish"], n, CHUNK, (sr, a[0], a[1], a[2], a[3], cst, T, X, G, CHUNK, n))
+        return sc.G
+    sigma2 = arg.numpy()
+    cst = constants(beta)
+    run_parts(k["m_sigma"], n, CHUNK, (sigma2, SIG, CHUNK, n))
+    sc.SIG.sqrt_()
+    run_parts(k["m_args"], n, CHUNK, (sr, a[0], a[1], a[2], SIG, cst, T, X, CHUNK, n))
+    sc.T[:(3 if sr else 2) * n].erf_()
+    if sr:
+        sc.X.exp_()
+    run_parts(k["m_finish"], n, CHUNK, (sr, a[0], sigma2, a[1], a[2], a[3], SIG, cst, T, X, G, CHUNK, n))
+    return sc.G

@@ -1,0 +1,204 @@
+"""numba kernels of the replay's fused Gaussian staleness model (replay_gauss.py says what they
+compute and why torch keeps the sqrt, erf and exp; imports numba). Every other fp32 op is the
+one diagnose/staleness.py's torch code makes, in its order (fastmath off: no FMA), with
+torch's rules for a Python scalar c: t * c, t + c, c - t and t / c take fp32(c); c / t is
+torch's reciprocal(t) * fp32(c). Clamps keep NaN and -0.0 as torch's do.
+
+Scratch rows (replay_gauss.Scratch): T [4n] takes the arguments of torch's sqrt_ and erf_,
+X [3n] those of its exp_, SIG [n] sigma's; row j of a buffer is its elements [j n, (j + 1) n),
+T[j] below. Each kernel steps elements [b0 B, min(b1 B, n)) (host.run_parts)."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import codec as c  # sets numba's cache folder before anything here compiles
+from .native import bits_of_f32
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def columns(cst):
+    """cst's 12 fp32 columns (replay_gauss.constants): 1 - beta, c, 1e30, pi, chi2_1(c),
+    chi2_3(c), sqrt 2, sqrt(2 pi), erf(sqrt(+0)), sqrt(+0), exp's value below the floor, the
+    floor. The kernels read them once: an array handed to an inlined helper inside a loop
+    costs a reference count increment and decrement (atomic) per element (~50 ns)."""
+    return (cst[0], cst[1], cst[2], cst[3], cst[4], cst[5], cst[6], cst[7], cst[8], cst[9], cst[10], cst[11])
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def clamp0(x):
+    """torch's clamp(min=0): NaN and -0.0 stay."""
+    return c.ZERO if x < c.ZERO else x
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def clamp_big(x, big):
+    """torch's clamp(max=big): NaN stays."""
+    return big if x > big else x
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def v_cell(s, down, up, kb, cf, big, sr):
+    """gaussian_v's (ok, w_lo, w_hi): scale = (1 - beta) s, where(ok, scale, 1), the window
+    half-widths c down / scale and c up / scale (clamped to 1e30 under stochastic rounding)."""
+    scale = kb * s
+    ok = scale > c.ZERO
+    scale = scale if ok else c.ONE
+    w_lo = (cf * down) / scale
+    w_hi = (cf * up) / scale
+    if sr:
+        w_lo, w_hi = clamp_big(w_lo, big), clamp_big(w_hi, big)
+    return ok, w_lo, w_hi
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def v_terms(s, down, up, kb, cf, big, sr):
+    """(ok, w_lo, w_hi, a, b): v_cell's, a = clamp(c - w_lo, 0), b = clamp(c + w_hi, 0) (chi2_1
+    and chi2_3 clamp their argument: x' = clamp(x, 0))."""
+    ok, w_lo, w_hi = v_cell(s, down, up, kb, cf, big, sr)
+    return ok, w_lo, w_hi, clamp0(cf - w_lo), clamp0(cf + w_hi)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def root_in(x):
+    """What v_args writes for torch's sqrt of x: 1 in place of +0.0 (torch's sqrt takes ~20x
+    longer on 0; its value there, and its erf's, are the constants sqrt0, erf0)."""
+    return c.ONE if bits_of_f32(x) == np.uint32(0) else x
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def root_out(t, x, zero_value):
+    """torch's result for the argument x, t where root_in passed x on."""
+    return zero_value if bits_of_f32(x) == np.uint32(0) else t
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def exp_in(x, floor):
+    """What the args passes write for torch's exp of x: 0 in place of x < floor (exp
+    underflows there: ~100x longer, and gives one value, low; replay_gauss.probe)."""
+    return c.ZERO if x < floor else x
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def exp_out(t, x, floor, low):
+    """torch's exp of the argument x, t where exp_in passed x on."""
+    return low if x < floor else t
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def v_args(b0, b1, part, sr, s, down, up, cst, T, X, B, n):
+    """T[0], T[1] = a / 2, b / 2 (chi2_1's sqrt then erf arguments, c - w_lo and c + w_hi's);
+    stochastic also T[2], T[3] = 2 a / pi, 2 b / pi (sqrt) and X[0], X[1] = -a / 2, -b / 2
+    (exp): chi2_3's terms (root_in, exp_in: the slow arguments replaced)."""
+    kb, cf, big, pi, f1c, f3c, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
+    nn = np.uint64(n)
+    for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
+        _, _, _, a, b = v_terms(s[i], down[i], up[i], kb, cf, big, sr)
+        T[i] = root_in(a / c.TWO)
+        T[nn + i] = root_in(b / c.TWO)
+        if sr:
+            T[np.uint64(2) * nn + i] = root_in((c.TWO * a) / pi)
+            T[np.uint64(3) * nn + i] = root_in((c.TWO * b) / pi)
+            X[i] = exp_in((-a) / c.TWO, floor)
+            X[nn + i] = exp_in((-b) / c.TWO, floor)
+    return 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def v_finish(b0, b1, part, sr, s, down, up, nominal, cst, T, X, G, B, n):
+    """G = where(nominal, gaussian_v, 0), T and X holding torch's sqrt / erf / exp of v_args'."""
+    kb, cf, big, pi, f1c, f3c, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
+    nn = np.uint64(n)
+    for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
+        ok, w_lo, w_hi, a, b = v_terms(s[i], down[i], up[i], kb, cf, big, sr)
+        f1a = root_out(T[i], a / c.TWO, erf0)
+        f1b = root_out(T[nn + i], b / c.TWO, erf0)
+        if sr:
+            f3a = f1a - root_out(T[np.uint64(2) * nn + i], (c.TWO * a) / pi, sqrt0) \
+                * exp_out(X[i], (-a) / c.TWO, floor, low)
+            f3b = f1b - root_out(T[np.uint64(3) * nn + i], (c.TWO * b) / pi, sqrt0) \
+                * exp_out(X[nn + i], (-b) / c.TWO, floor, low)
+            p = ((c.ONE - (c.ONE / w_lo) * cf) * (f1c - f1a) + (f3c - f3a) / w_lo
+                 + (c.ONE + (c.ONE / w_hi) * cf) * (f1b - f1c) - (f3b - f3c) / w_hi)
+            p = clamp0(p)
+            p = c.ONE if p > c.ONE else p  # clamp(0, 1): NaN stays
+            p = p if ok & (w_lo > c.ZERO) & (w_hi > c.ZERO) else c.ZERO
+        else:  # chi2_1(c + w_hi) - chi2_1(c - w_lo)
+            p = f1b - f1a
+            p = p if ok else c.ZERO
+        G[i] = p if nominal[i] else c.ZERO
+    return 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def m_sigma(b0, b1, part, sigma2, SIG, B, n):
+    """SIG = where(sigma2 > 0, sigma2, 1) (torch then takes its sqrt: sigma)."""
+    for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
+        v = sigma2[i]
+        SIG[i] = v if v > c.ZERO else c.ONE
+    return 0
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def m_cell(down, up, kb, big, sr):
+    """gaussian_m's window in g around m: lo = down / (1 - beta), hi = up / (1 - beta)."""
+    lo = down / kb
+    hi = up / kb
+    if sr:
+        lo, hi = clamp_big(lo, big), clamp_big(hi, big)
+    return lo, hi
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def m_args(b0, b1, part, sr, m, down, up, SIG, cst, T, X, B, n):
+    """Nearest: T[0], T[1] = ((m + hi) / sigma) / sqrt2, ((m - lo) / sigma) / sqrt2 (Phi's erf
+    arguments). Stochastic, z = m / sigma, a = (m - lo) / sigma, b = (m + hi) / sigma:
+    T[0..2] = z / sqrt2, a / sqrt2, b / sqrt2 (erf), X[0..2] = -z z / 2, -a a / 2, -b b / 2 (exp)."""
+    kb, cf, big, pi, f1c, f3c, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
+    nn = np.uint64(n)
+    for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
+        lo, hi = m_cell(down[i], up[i], kb, big, sr)
+        sigma, mi = SIG[i], m[i]
+        b = (mi + hi) / sigma
+        a = (mi - lo) / sigma
+        if sr:
+            z = mi / sigma
+            T[i] = z / sq2
+            T[nn + i] = a / sq2
+            T[np.uint64(2) * nn + i] = b / sq2
+            X[i] = exp_in(((-z) * z) / c.TWO, floor)
+            X[nn + i] = exp_in(((-a) * a) / c.TWO, floor)
+            X[np.uint64(2) * nn + i] = exp_in(((-b) * b) / c.TWO, floor)
+        else:
+            T[i] = b / sq2
+            T[nn + i] = a / sq2
+    return 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def m_finish(b0, b1, part, sr, m, sigma2, down, up, nominal, SIG, cst, T, X, G, B, n):
+    """G = where(nominal, gaussian_m, 0), T and X holding torch's erf / exp of m_args'."""
+    kb, cf, big, pi, f1c, f3c, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
+    nn = np.uint64(n)
+    for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
+        ok = sigma2[i] > c.ZERO
+        if sr:
+            lo, hi = m_cell(down[i], up[i], kb, big, sr)
+            sigma, mi = SIG[i], m[i]
+            z, a, b = mi / sigma, (mi - lo) / sigma, (mi + hi) / sigma
+            cz = c.HALF * (c.ONE + T[i])
+            ca = c.HALF * (c.ONE + T[nn + i])
+            cb = c.HALF * (c.ONE + T[np.uint64(2) * nn + i])
+            dz = exp_out(X[i], ((-z) * z) / c.TWO, floor, low) / sq2pi
+            da = exp_out(X[nn + i], ((-a) * a) / c.TWO, floor, low) / sq2pi
+            db = exp_out(X[np.uint64(2) * nn + i], ((-b) * b) / c.TWO, floor, low) / sq2pi
+            left = (c.ONE - mi / lo) * (cz - ca) + (sigma * (da - dz)) / lo
+            right = (c.ONE + mi / hi) * (cb - cz) - (sigma * (dz - db)) / hi
+            p = clamp0(left + right)
+            p = c.ONE if p > c.ONE else p  # clamp(0, 1): NaN stays
+            p = p if ok & (lo > c.ZERO) & (hi > c.ZERO) else c.ZERO
+        else:
+            p = c.HALF * (c.ONE + T[i]) - c.HALF * (c.ONE + T[nn + i])
+            p = p if ok else c.ZERO
+        G[i] = p if nominal[i] else c.ZERO
+    return 0

@@ -1,0 +1,203 @@
+"""The replay's fused Gaussian staleness model (kernels/cpu/replay_gauss.py) against the
+reference, torch.where(nominal, staleness.gaussian_p(...), 0.0), bit for bit per element
+(NaN included), for Adam's v and m under nearest and stochastic rounding; and the premises it
+rests on: torch's CPU sqrt, erf and exp are elementwise (an element's value does not depend
+on where it sits), and exp is +0 below replay_gauss.EXP_FLOOR, where the kernels put torch's
+value in place of the ~100x slower call.
+
+Inputs: shadows spread over many binades, cells from the format's edges (inf), zero blocks
+(0 and NaN cells), windows wider than c (so a = clamp(c - w_lo, 0) = +0: the sqrt(+0)
+substitution), huge windows (exp arguments far below the floor, 1e30 clamps), arguments in
+exp's subnormal band (torch computes those), subnormal and non-finite shadows and sigma^2,
+and a length that is no multiple of any vector width. The kernel tests skip where numba is
+not installed."""
+import math
+
+import pytest
+import torch
+
+from qstate_cli.diagnose.staleness import gaussian_p
+from qstate_cli.kernels import cpu
+
+needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
+
+N = 6151  # no multiple of 8 or 16
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32)
+
+
+def cells(seed: int):
+    """(s, m, sigma2, down, up, nominal): module docstring."""
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.rand(N, generator=gen) * torch.exp(4 * torch.randn(N, generator=gen)) * 1e-4
+    m = torch.randn(N, generator=gen) * torch.exp(2 * torch.randn(N, generator=gen)) * 1e-3
+    sigma2 = s * torch.exp(torch.randn(N, generator=gen))
+    width = torch.exp(6 * torch.randn(N, generator=gen))  # cells from far inside to far beyond sigma
+    down = s * 1e-3 * width * torch.rand(N, generator=gen)
+    up = s * 1e-3 * width * torch.rand(N, generator=gen)
+    down[:40], up[40:80] = float("inf"), float("inf")  # the grid's ends
+    down[80:100], up[80:100] = 0.0, 0.0  # a zero block: any update moves it
+    down[100:110], up[110:120] = float("nan"), float("nan")  # inf * 0 in a zero block
+    s[120:130], s[130], s[131], s[132], s[133] = 0.0, float("nan"), float("inf"), -1.0, 1e-41
+    sigma2[120:130], sigma2[134], sigma2[135], sigma2[136] = 0.0, float("nan"), float("inf"), 1e-41
+    m[137], m[138] = float("nan"), float("inf")
+    # exp's subnormal band: -b / 2 in (-104, -87) for the stochastic v at c = 1 (b = 1 + w_hi)
+    w = torch.linspace(175.0, 207.0, 64)
+    up[200:264] = w * (1 - 0.999) * s[200:264] / 1.0
+    nominal = torch.rand(N, generator=gen) < 0.9
+    return s, m, sigma2, down, up, nominal
+
+
+GAUSSIANS = [("v", 0.999, 1.0), ("v", 0.999, 0.3), ("v", 0.95, 1e-4), ("v", 0.999, 0.0), ("m", 0.9, None),
+             ("m", 0.5, None)]
+
+
+def reference(sr, g, s, m, sigma2, down, up, nominal):
+    arg = sigma2 if g[0] == "m" else g[2]
+    x = m if g[0] == "m" else s
+    return torch.where(nominal, gaussian_p(sr, (g[0], g[1], arg), x, down, up), 0.0)
+
+
+def fused(sr, g, s, m, sigma2, down, up, nominal):
+    from qstate_cli.kernels.cpu.replay_gauss import masked_gaussian
+    arg = sigma2 if g[0] == "m" else g[2]
+    x = m if g[0] == "m" else s
+    return masked_gaussian(sr, (g[0], g[1], arg), x, down, up, nominal).clone()
+
+
+def assert_same(got, want, what):
+    bad = torch.nonzero(bits(got) != bits(want)).flatten()
+    assert bad.numel() == 0, f"{what}: differs at {bad[:5].tolist()}: {got[bad[:5]]} vs {want[bad[:5]]}"
+
+
+@needs_numba
+@pytest.mark.parametrize("sr", [False, True], ids=["nearest", "stochastic"])
+@pytest.mark.parametrize("g", GAUSSIANS, ids=[f"{g[0]}-{g[1]}-{g[2]}" for g in GAUSSIANS])
+def test_fused_gaussian_equals_the_reference_bit_for_bit(sr, g):
+    for seed in (1, 2):
+        args = cells(seed)
+        want = reference(sr, g, *args)
+        assert_same(fused(sr, g, *args), want, f"{g} sr={sr} seed={seed}")
+        if g[0] == "v" and g[2] == 0.0:
+            assert not want.any()  # c <= 0: gaussian_v is 0
+        else:
+            assert (want > 0).sum() > N // 4 and (want == 0).sum() > 100
+            assert want.isnan().any() or sr  # the stochastic formula's mask (w > 0) drops NaN cells
+
+
+@needs_numba
+def test_the_inputs_reach_the_substituted_and_the_slow_arguments():
+    """The cells do produce what the substitutions are for: a = +0 (torch's sqrt of +0),
+    exp arguments below the floor, and some in exp's subnormal band, which stay with torch."""
+    from qstate_cli.kernels.cpu.replay_gauss import EXP_FLOOR
+    s, _, _, down, up, _ = cells(1)
+    c, scale = 1.0, (1 - 0.999) * s
+    w_lo, w_hi = c * down / scale, (c * up / scale).clamp(max=1e30)
+    a, b = (c - w_lo).clamp(min=0.0), (c + w_hi).clamp(min=0.0)
+    assert (bits(a) == 0).sum() > 100
+    assert (-b / 2 < EXP_FLOOR).sum() > 100
+    band = (-b / 2 >= EXP_FLOOR) & (-b / 2 < -87.0)
+    assert band.sum() > 10 and (torch.exp(-b / 2)[band].abs() < 1.2e-38).all()
+
+
+@needs_numba
+def test_without_the_exp_floor_every_exp_goes_to_torch(monkeypatch):
+    """probe() turns the floor off (-inf) where torch's exp is not one value below it: the
+    results are the same bits, every exp computed by torch."""
+    from qstate_cli.kernels.cpu import replay_gauss
+    erf0, sqrt0, low, _ = replay_gauss.probe()
+    monkeypatch.setattr(replay_gauss, "probe", lambda: (erf0, sqrt0, low, -math.inf))
+    args = cells(3)
+    for g in (("v", 0.999, 1.0), ("m", 0.9, None)):
+        assert_same(fused(True, g, *args), reference(True, g, *args), f"{g} no floor")
+
+
+def test_torch_exp_is_zero_below_the_floor():
+    """The floor's premise on this build: torch.exp(x) is +0.0 for fp32 x < EXP_FLOOR, on the
+    floor's neighbours, every binade's ends down to -inf and 2**20 values spread over them
+    (all 1,018,167,296 such values were checked once: docs/cpu.md); and probe() keeps it."""
+    from qstate_cli.kernels.cpu.replay_gauss import EXP_FLOOR, probe
+    gen = torch.Generator().manual_seed(0)
+    floor = torch.tensor([EXP_FLOOR])
+    below = [torch.nextafter(floor, torch.tensor([-1e9])), -torch.logspace(2.02, 38.5, 1 << 20),
+             -(1e-3 - EXP_FLOOR + torch.rand(1 << 16, generator=gen) * 50)]
+    exps = torch.arange(7, 128, dtype=torch.float32)
+    below += [-(2 ** exps), -torch.nextafter(2 ** exps, torch.tensor(1e39)), torch.tensor([-3.4028235e38, -math.inf])]
+    x = torch.cat(below)
+    assert (x < EXP_FLOOR).all()
+    assert (bits(torch.exp(x)) == 0).all()
+    assert torch.exp(torch.tensor([-100.0])).item() > 0  # above the floor: subnormal, not 0
+    assert probe()[2:] == (0.0, EXP_FLOOR)
+
+
+@pytest.mark.parametrize("op", ["sqrt", "erf", "exp"])
+def test_torch_transcendentals_are_elementwise(op):
+    """An element's value does not depend on its position: the same bits at every offset
+    0..17 (vector tails, alignment), alone, and in place; so one call over a scratch row of
+    arguments gives what the reference's own calls give."""
+    f = {"sqrt": lambda t: t.abs().sqrt(), "erf": torch.special.erf, "exp": lambda t: torch.exp(t.clamp(max=80))}[op]
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(20011, generator=gen) * torch.exp(3 * torch.randn(20011, generator=gen))
+    x[::13] = 0.0
+    x[5], x[6], x[7] = float("nan"), float("inf"), 1e-41
+    full = f(x)
+    for k in range(1, 18):
+        assert torch.equal(bits(f(x[k:])), bits(full[k:])), f"offset {k}"
+    alone = torch.stack([f(x[i:i + 1])[0] for i in range(0, 2000)])
+    assert torch.equal(bits(alone), bits(full[:2000]))
+    inplace = {"sqrt": lambda t: t.abs_().sqrt_(), "erf": torch.Tensor.erf_,
+               "exp": lambda t: t.clamp_(max=80).exp_()}[op]
+    y = x.clone()
+    inplace(y[3:])
+    assert torch.equal(bits(y[3:]), bits(full[3:]))
+
+
+@needs_numba
+def test_fused_gaussian_over_threads(monkeypatch):
+    from qstate_cli.kernels.cpu import host
+    monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
+    monkeypatch.setattr(host, "threads", lambda: 3)
+    args = cells(4)
+    for sr in (False, True):
+        for g in (("v", 0.999, 0.5), ("m", 0.9, None)):
+            assert_same(fused(sr, g, *args), reference(sr, g, *args), f"{g} sr={sr} threads")
+
+
+@needs_numba
+def test_threads_of_one_process_get_their_own_scratch():
+    """Replays side by side in one process (tests/test_diagnose_split.py runs ranks as threads)
+    each write their own rows: every result equals the lone one."""
+    import threading
+    jobs = [cells(seed) for seed in (5, 6)]
+    g = ("v", 0.999, 1.0)
+    want = [reference(True, g, *job) for job in jobs]
+    bad, start = [], threading.Barrier(2)
+
+    def run(k):
+        start.wait()
+        for _ in range(20):
+            if not torch.equal(bits(fused(True, g, *jobs[k])), bits(want[k])):
+                bad.append(k)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+
+
+@needs_numba
+def test_fused_gaussian_refuses_what_it_cannot_read():
+    from qstate_cli.kernels.cpu.replay_gauss import masked_gaussian
+    s, m, sigma2, down, up, nominal = cells(1)
+    with pytest.raises(ValueError, match="contiguous fp32 CPU tensors"):
+        masked_gaussian(False, ("v", 0.999, 1.0), s.double(), down, up, nominal)
+    with pytest.raises(ValueError, match="contiguous fp32 CPU tensors"):
+        masked_gaussian(False, ("m", 0.9, sigma2[:-1]), m, down, up, nominal)
+    with pytest.raises(ValueError, match="contiguous fp32 CPU tensors"):
+        masked_gaussian(False, ("v", 0.999, 1.0), s, torch.zeros(2 * N)[::2], up, nominal)  # strided
+    with pytest.raises(ValueError, match="a bool mask"):
+        masked_gaussian(False, ("v", 0.999, 1.0), s, down, up, nominal.float())
