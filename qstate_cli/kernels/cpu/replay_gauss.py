@@ -14,7 +14,7 @@ tests/test_replay_gauss_cpu.py), so one in-place torch call over a scratch row o
 arguments gives each element the bits the reference's own call gives it. The numba passes
 (replay_gauss_kernel.py) write those arguments and combine the results, fp32 op for op in
 staleness.py's order. The per-tensor constants chi2_1(c), chi2_3(c) of the stochastic v
-are torch's, on a one-element tensor.
+are torch's too: their arguments take a slot at the end of the rows.
 
 Slow arguments: torch's sqrt takes ~20x its usual time on +0 and its exp ~100x where the
 result underflows (x < -104: 27-80 ns per element against 0.3), and the stochastic formulas
@@ -27,11 +27,11 @@ capability). Arguments in exp's subnormal band (-104, -87.3) and subnormal sqrt 
 stay with torch: their results are not one value.
 
 Per state and model step (n elements):
-    v nearest     v_args -> sqrt_, erf_ on 2n -> v_finish
-    v stochastic  v_args -> sqrt_ on 4n, erf_ on 2n, exp_ on 2n -> v_finish
-    m nearest     m_sigma -> sqrt_ on n -> m_args -> erf_ on 2n -> m_finish
-    m stochastic  m_sigma -> sqrt_ on n -> m_args -> erf_ on 3n, exp_ on 3n -> m_finish
-Scratch: 9 fp32 per element, one set per layout size and thread (replay_model.py's rule).
+    v nearest     v_args -> sqrt_, erf_ on 2 rows -> v_finish
+    v stochastic  v_args -> sqrt_ on 4 rows, erf_ on 2, exp_ on 2 -> v_finish
+    m nearest     m_sigma -> sqrt_ on n -> m_args -> erf_ on 2 rows -> m_finish
+    m stochastic  m_sigma -> sqrt_ on n -> m_args -> erf_ on 3 rows, exp_ on 3 -> m_finish
+Scratch: 9 fp32 per element (and 7 slots), one set per layout size and thread (replay_model.py's rule).
 No numba at import: the kernels are imported on first use.
 """
 from __future__ import annotations
@@ -51,12 +51,13 @@ _LOCAL = threading.local()  # .scratch: n -> Scratch, the thread's latest layout
 
 
 class Scratch:
-    """One thread's rows for a layout of n elements: T [4n] (sqrt / erf arguments), X [3n]
-    (exp), SIG [n] (sigma), G [n] (the result), as torch tensors and their numpy views."""
+    """One thread's rows for a layout of n elements: T [4 (n + 1)] (sqrt / erf arguments),
+    X [3 (n + 1)] (exp), each row n elements and a slot (replay_gauss_kernel), SIG [n]
+    (sigma), G [n] (the result), as torch tensors and their numpy views."""
 
     def __init__(self, n: int):
         f32 = torch.float32  # whatever torch's default dtype is
-        self.T, self.X = torch.empty(4 * n, dtype=f32), torch.empty(3 * n, dtype=f32)
+        self.T, self.X = torch.zeros(4 * (n + 1), dtype=f32), torch.zeros(3 * (n + 1), dtype=f32)
         self.SIG, self.G = torch.empty(n, dtype=f32), torch.empty(n, dtype=f32)
         self.np = tuple(t.numpy() for t in (self.T, self.X, self.SIG, self.G))
 
@@ -98,18 +99,10 @@ def probe() -> tuple[float, float, float, float]:
     return zero.sqrt().erf().item(), zero.sqrt().item(), torch.exp(below[:1]).item(), floor
 
 
-def constants(beta: float, c: float = 0.0, chi2_c: bool = False) -> np.ndarray:
-    """fp32 [12] (replay_gauss_kernel.columns): 1 - beta, c, 1e30, pi, chi2_1(c) and
-    chi2_3(c) (torch's; chi2_c: the stochastic v needs them), sqrt 2, sqrt(2 pi): each Python
-    scalar as torch takes it (fp32); then probe()'s."""
-    from ...diagnose.staleness import _chi2_1, _chi2_3
-    f1c = f3c = 0.0
-    if chi2_c:
-        cc = torch.full((1,), c, dtype=torch.float32)  # torch.full_like(s, c): elementwise, so one element has the bits
-        f1 = _chi2_1(cc)
-        f1c, f3c = f1.item(), _chi2_3(cc, f1).item()
-    return np.array([1 - beta, c, 1e30, math.pi, f1c, f3c, math.sqrt(2.0), math.sqrt(2 * math.pi), *probe()],
-                    np.float32)
+def constants(beta: float, c: float = 0.0) -> np.ndarray:
+    """fp32 [10] (replay_gauss_kernel.columns): 1 - beta, c, 1e30, pi, sqrt 2, sqrt(2 pi), each
+    Python scalar as torch takes it (fp32); then probe()'s."""
+    return np.array([1 - beta, c, 1e30, math.pi, math.sqrt(2.0), math.sqrt(2 * math.pi), *probe()], np.float32)
 
 
 def masked_gaussian(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up: torch.Tensor,
@@ -124,7 +117,7 @@ def masked_gaussian(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up:
                 or t.dtype != (torch.bool if t is nominal else torch.float32):
             raise ValueError(f"the fused Gaussian model needs contiguous fp32 CPU tensors of {n} elements "
                              f"and a bool mask (got {t.dtype} {t.device.type} {t.numel()})")  # no bound checks
-    k, sc = _kernels(), _scratch(n)
+    k, sc, n1 = _kernels(), _scratch(n), n + 1  # n1: the rows' stride (replay_gauss_kernel)
     T, X, SIG, G = sc.np
     kind, beta, arg = gaussian
     a = [x.numpy() for x in (s, down, up, nominal)]
@@ -132,14 +125,14 @@ def masked_gaussian(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up:
         if arg <= 0:  # gaussian_v: zeros
             sc.G.zero_()
             return sc.G
-        cst = constants(beta, arg, chi2_c=sr)
+        cst = constants(beta, arg)
         run_parts(k["v_args"], n, CHUNK, (sr, a[0], a[1], a[2], cst, T, X, CHUNK, n))
         if sr:
             sc.T.sqrt_()
-            sc.X[:2 * n].exp_()
+            sc.X[:2 * n1].exp_()
         else:
-            sc.T[:2 * n].sqrt_()
-        sc.T[:2 * n].erf_()
+            sc.T[:2 * n1].sqrt_()
+        sc.T[:2 * n1].erf_()
         run_parts(k["v_finish"], n, CHUNK, (sr, a[0], a[1], a[2], a[3], cst, T, X, G, CHUNK, n))
         return sc.G
     sigma2 = arg.numpy()
@@ -147,7 +140,7 @@ def masked_gaussian(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up:
     run_parts(k["m_sigma"], n, CHUNK, (sigma2, SIG, CHUNK, n))
     sc.SIG.sqrt_()
     run_parts(k["m_args"], n, CHUNK, (sr, a[0], a[1], a[2], SIG, cst, T, X, CHUNK, n))
-    sc.T[:(3 if sr else 2) * n].erf_()
+    sc.T[:(3 if sr else 2) * n1].erf_()
     if sr:
         sc.X.exp_()
     run_parts(k["m_finish"], n, CHUNK, (sr, a[0], sigma2, a[1], a[2], a[3], SIG, cst, T, X, G, CHUNK, n))

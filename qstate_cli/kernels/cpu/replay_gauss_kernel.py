@@ -4,9 +4,11 @@ one diagnose/staleness.py's torch code makes, in its order (fastmath off: no FMA
 torch's rules for a Python scalar c: t * c, t + c, c - t and t / c take fp32(c); c / t is
 torch's reciprocal(t) * fp32(c). Clamps keep NaN and -0.0 as torch's do.
 
-Scratch rows (replay_gauss.Scratch): T [4n] takes the arguments of torch's sqrt_ and erf_,
-X [3n] those of its exp_, SIG [n] sigma's; row j of a buffer is its elements [j n, (j + 1) n),
-T[j] below. Each kernel steps elements [b0 B, min(b1 B, n)) (host.run_parts)."""
+Scratch rows (replay_gauss.Scratch): T takes the arguments of torch's sqrt_ and erf_, X those
+of its exp_, SIG sigma's; row j of T or X (T[j] below) is its elements [j (n + 1), j (n + 1) + n)
+and a slot after them, where the stochastic v puts its per-tensor arguments (c / 2, 2 c / pi,
+-c / 2: chi2_1(c) and chi2_3(c) by torch's own functions, as staleness.py's full_like(s, c)
+gets them). Each kernel steps elements [b0 B, min(b1 B, n)) (host.run_parts)."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,11 +20,11 @@ from .native import bits_of_f32
 
 @njit(cache=True, inline="always", error_model="numpy")
 def columns(cst):
-    """cst's 12 fp32 columns (replay_gauss.constants): 1 - beta, c, 1e30, pi, chi2_1(c),
-    chi2_3(c), sqrt 2, sqrt(2 pi), erf(sqrt(+0)), sqrt(+0), exp's value below the floor, the
-    floor. The kernels read them once: an array handed to an inlined helper inside a loop
-    costs a reference count increment and decrement (atomic) per element (~50 ns)."""
-    return (cst[0], cst[1], cst[2], cst[3], cst[4], cst[5], cst[6], cst[7], cst[8], cst[9], cst[10], cst[11])
+    """cst's 10 fp32 columns (replay_gauss.constants): 1 - beta, c, 1e30, pi, sqrt 2,
+    sqrt(2 pi), erf(sqrt(+0)), sqrt(+0), exp's value below the floor, the floor. The kernels
+    read them once: an array handed to an inlined helper inside a loop costs a reference count
+    increment and decrement (atomic) per element (~50 ns)."""
+    return (cst[0], cst[1], cst[2], cst[3], cst[4], cst[5], cst[6], cst[7], cst[8], cst[9])
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -89,9 +91,10 @@ def exp_out(t, x, floor, low):
 def v_args(b0, b1, part, sr, s, down, up, cst, T, X, B, n):
     """T[0], T[1] = a / 2, b / 2 (chi2_1's sqrt then erf arguments, c - w_lo and c + w_hi's);
     stochastic also T[2], T[3] = 2 a / pi, 2 b / pi (sqrt) and X[0], X[1] = -a / 2, -b / 2
-    (exp): chi2_3's terms (root_in, exp_in: the slow arguments replaced)."""
-    kb, cf, big, pi, f1c, f3c, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
-    nn = np.uint64(n)
+    (exp): chi2_3's terms (root_in, exp_in: the slow arguments replaced); and the slots of
+    T[0], T[2], X[0] for c (part 0 writes them)."""
+    kb, cf, big, pi, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
+    nn = np.uint64(n + 1)  # the rows' stride: n elements and a slot
     for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
         _, _, _, a, b = v_terms(s[i], down[i], up[i], kb, cf, big, sr)
         T[i] = root_in(a / c.TWO)
@@ -101,14 +104,21 @@ def v_args(b0, b1, part, sr, s, down, up, cst, T, X, B, n):
             T[np.uint64(3) * nn + i] = root_in((c.TWO * b) / pi)
             X[i] = exp_in((-a) / c.TWO, floor)
             X[nn + i] = exp_in((-b) / c.TWO, floor)
+    if sr and part == 0:  # the slots: chi2_1(c) and chi2_3(c)'s terms, c' = clamp(c, 0)
+        cc = clamp0(cf)
+        T[n] = cc / c.TWO
+        T[np.uint64(2) * nn + np.uint64(n)] = (c.TWO * cc) / pi
+        X[n] = (-cc) / c.TWO
     return 0
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def v_finish(b0, b1, part, sr, s, down, up, nominal, cst, T, X, G, B, n):
     """G = where(nominal, gaussian_v, 0), T and X holding torch's sqrt / erf / exp of v_args'."""
-    kb, cf, big, pi, f1c, f3c, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
-    nn = np.uint64(n)
+    kb, cf, big, pi, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
+    nn = np.uint64(n + 1)  # the rows' stride: n elements and a slot
+    f1c = T[n]  # chi2_1(c), and chi2_3(c) = chi2_1(c) - sqrt(2 c' / pi) exp(-c' / 2) (stochastic only)
+    f3c = f1c - T[np.uint64(2) * nn + np.uint64(n)] * X[n]
     for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
         ok, w_lo, w_hi, a, b = v_terms(s[i], down[i], up[i], kb, cf, big, sr)
         f1a = root_out(T[i], a / c.TWO, erf0)
@@ -154,8 +164,8 @@ def m_args(b0, b1, part, sr, m, down, up, SIG, cst, T, X, B, n):
     """Nearest: T[0], T[1] = ((m + hi) / sigma) / sqrt2, ((m - lo) / sigma) / sqrt2 (Phi's erf
     arguments). Stochastic, z = m / sigma, a = (m - lo) / sigma, b = (m + hi) / sigma:
     T[0..2] = z / sqrt2, a / sqrt2, b / sqrt2 (erf), X[0..2] = -z z / 2, -a a / 2, -b b / 2 (exp)."""
-    kb, cf, big, pi, f1c, f3c, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
-    nn = np.uint64(n)
+    kb, cf, big, pi, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
+    nn = np.uint64(n + 1)  # the rows' stride: n elements and a slot
     for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
         lo, hi = m_cell(down[i], up[i], kb, big, sr)
         sigma, mi = SIG[i], m[i]
@@ -178,8 +188,8 @@ def m_args(b0, b1, part, sr, m, down, up, SIG, cst, T, X, B, n):
 @njit(nogil=True, cache=True, error_model="numpy")
 def m_finish(b0, b1, part, sr, m, sigma2, down, up, nominal, SIG, cst, T, X, G, B, n):
     """G = where(nominal, gaussian_m, 0), T and X holding torch's erf / exp of m_args'."""
-    kb, cf, big, pi, f1c, f3c, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
-    nn = np.uint64(n)
+    kb, cf, big, pi, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
+    nn = np.uint64(n + 1)  # the rows' stride: n elements and a slot
     for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
         ok = sigma2[i] > c.ZERO
         if sr:
