@@ -93,10 +93,10 @@ def probe() -> tuple[float, float, float, float]:
     below = torch.cat([torch.tensor([-float("inf"), -3.4e38, -1e30, -1e4, -105.0, -104.5], dtype=f32),
                        torch.nextafter(torch.tensor([EXP_FLOOR], dtype=f32), torch.tensor([-1e9], dtype=f32)),
                        -torch.logspace(math.log10(-EXP_FLOOR) + 1e-6, 38, 4093, dtype=f32)])
-    low = torch.exp(below).view(torch.int32)
-    same = bool((low == low[0]).all())
-    floor = EXP_FLOOR if same else -math.inf
-    return zero.sqrt().erf().item(), zero.sqrt().item(), torch.exp(below[:1]).item(), floor
+    low = torch.exp(below)
+    bits = low.view(torch.int32)
+    floor = EXP_FLOOR if bool((bits == bits[0]).all()) else -math.inf
+    return zero.sqrt().erf().item(), zero.sqrt().item(), low[0].item(), floor
 
 
 def constants(beta: float, c: float = 0.0) -> np.ndarray:
