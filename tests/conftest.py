@@ -45,7 +45,8 @@ def one_thread():
 # loadgroup`) runs them on one worker, while the optimizer kernels' tests, each compiling its
 # own kernel, spread over the other workers one test at a time (pytest_xdist_make_scheduler).
 REPLAY_CPU_FILES = {"test_replay_codec_cpu.py", "test_replay_stats_cpu.py", "test_replay_model_cpu.py",
-                    "test_replay_gauss_cpu.py", "test_replay_rule_cpu.py", "test_torch_sum_cpu.py"}
+                    "test_replay_gauss_cpu.py", "test_replay_rule_cpu.py", "test_replay_step_cpu.py",
+                    "test_torch_sum_cpu.py"}
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: ignored where xdist is not installed

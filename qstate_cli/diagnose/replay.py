@@ -44,6 +44,7 @@ from ..theory import reset_period as theory_reset_period
 from ..trace.schema import Trace
 from . import merge
 from .codec import replay_rule, replay_state
+from . import fused_step
 from .layout import Layout
 from .recursions import Recursion, recursion_for
 from .stats import GradientStats, ModelStats, StateStats, UpdateStats, dimension_ms, fidelity, unit_sums
@@ -63,6 +64,7 @@ class ReplayOptions:
     reference_reset: bool = True  # the fp32 shadow follows each configuration's resets (False: never resets)
     models: bool = True  # evaluate the staleness model (staleness.py)
     backend: str = "auto"  # the states' codec: auto (a fused one where it covers the state) or reference (codec.py)
+    fused_step: bool = True  # a whole configuration step in one kernel call where it covers it (fused_step.py)
 
 
 @dataclass
@@ -148,6 +150,7 @@ class _ConfigReplay:
     shadow: int | None  # key of the fp32 shadow it is measured against
     codec: dict  # name -> [path, why the reference ran or None] (codec.py)
     since: int = 0  # steps since the start or the last reset
+    fused: object | None = None  # the whole step in one kernel call (fused_step.py), or None
 
 
 def reset_schedule(reset, cfg: StateConfig, rec: Recursion) -> tuple[int | None, str]:
@@ -220,6 +223,8 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
         rec.notes.append("maximize: gradients negated, as the optimizer does")
     rule = replay_rule(rec, opts.backend, device)
     configs, shadows = _setup(trace, opts, mine, rec, layout, n_steps, reduce_absmax, rule != rec.step)
+    for c in configs if opts.fused_step else ():
+        c.fused = fused_step.fused_step_for(c, rule, layout)
     model_every = max(1, n_steps // model_points(layout.total_n))  # the model costs ~ one encode + decode
     timer = Timer(device, sync=opts.profile)
     # the padding's flat positions: an index_fill_ of these costs ~7 us a state-step on the demo
@@ -347,17 +352,27 @@ def _step_config(c: _ConfigReplay, sh: _Shadow, rec: Recursion, g: torch.Tensor,
             c.stats[s].on_reset(i)
             q.reset()
             c.x_hat[s] = torch.zeros_like(c.x_hat[s])
-    first = {s: q.written == 0 for s, q in c.states.items()}
     c.since += 1
+    if c.fused is not None:  # the whole step in one kernel call, the model's reads before it (fused_step.py)
+        if model:
+            _observe_models(c, sh, rec, i, fused_step.rule(c, g))
+        return fused_step.step(c, sh, g, i, step, ruled=model)
+    first = {s: q.written == 0 for s, q in c.states.items()}
     u, new = rule(g, c.x_hat, c.since, first)
+    if model:  # before x_hat moves on: the step's own nominal update
+        _observe_models(c, sh, rec, i, new)
     for s, q in c.states.items():
-        if model and s in c.models:  # before x_hat moves on: the step's own nominal update
-            c.models[s].observe(i, c.x_hat[s], new[s], sh.prev[s], _gaussian(rec, c.cfg.spec(s), s, sh))
         x_hat = _store(q, new[s], step, c.clamp[s], padding, c.codec[s][0] == CPU_PATH)
         c.stats[s].observe(i, new[s], c.x_hat[s], x_hat, sh.x[s], sh.x2_units[s], q.codes)
         c.x_hat[s] = x_hat
 
     c.update.observe(i, u, sh.update, sh.ref2_units)
+
+
+def _observe_models(c: _ConfigReplay, sh: _Shadow, rec: Recursion, i: int, new: dict) -> None:
+    """The staleness model of each quantized state on this step's nominal update (x_hat -> new)."""
+    for s, m in c.models.items():
+        m.observe(i, c.x_hat[s], new[s], sh.prev[s], _gaussian(rec, c.cfg.spec(s), s, sh))
 
 
 def _store(q, x: torch.Tensor, step: int, clamp: bool, padding, fused: bool) -> torch.Tensor:

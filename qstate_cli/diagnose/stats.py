@@ -89,7 +89,7 @@ class StateStats:
                 shadow: torch.Tensor, shadow_x2_units: torch.Tensor, storage: torch.Tensor | None) -> None:
         """Record replay step t = i + 1: nominal x, stored before (prev) and after (new), shadow."""
         unit, step = self.layout.unit, i + 1
-        snapshot = (i + 1) % self.snapshot_every == 0 or i + 1 == self.n_steps
+        snapshot = self.snapshot_due(i)
         if self._fused is not None and storage is not None:  # this step's rows u from the kernel, the same bits
             from ..kernels.cpu.torch_sum import add_step
 
@@ -115,6 +115,10 @@ class StateStats:
             self._count_codes(code, nominal, stall, code_stall)
         if snapshot:
             self._snapshot(step, err, shadow_x2_units)
+
+    def snapshot_due(self, i: int) -> bool:
+        """Whether replay step t = i + 1 takes a snapshot (staleness and dimension statistics)."""
+        return (i + 1) % self.snapshot_every == 0 or i + 1 == self.n_steps
 
     def _add(self, i: int, u: torch.Tensor) -> None:
         """u: fp32 [N_ROWS, units], this step's per-unit sums (rows S_*)."""

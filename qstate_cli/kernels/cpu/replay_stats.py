@@ -82,9 +82,7 @@ class CodeCounts:
         if self.bits == 16:
             codes = codes.view(np.uint16)  # the unsigned pattern, as stats.stored_code reads it
         parts = parts_of(self.n)
-        if parts > self.hist.shape[0]:  # more threads than at the start: more rows
-            self.hist = np.concatenate([self.hist, np.zeros((parts - self.hist.shape[0], self.hist.shape[1]),
-                                                            np.int64)])
+        self.ensure_parts(parts)
         sums = torch.empty(6, n_units, dtype=torch.float32)
         rows = sums.numpy()
         rows[4] = _f32(shadow_x2_units)
@@ -98,6 +96,12 @@ class CodeCounts:
         if lanes == 0:  # torch sums what the kernel wrote
             sums[:2] = err.view(2, -1, self.unit).sum(2, dtype=torch.float32)
         return sums, (err[0] if keep_err else None)
+
+    def ensure_parts(self, parts: int) -> None:
+        """One histogram row per thread: more rows if there are more threads than at the start."""
+        if parts > self.hist.shape[0]:
+            self.hist = np.concatenate([self.hist, np.zeros((parts - self.hist.shape[0], self.hist.shape[1]),
+                                                            np.int64)])
 
     def staleness(self, step: int, last_change: torch.Tensor, valid: torch.Tensor | None, nbins: int) -> torch.Tensor:
         """int64 [nbins]: the staleness histogram of a snapshot at `step`, per element bin

@@ -1,0 +1,59 @@
+"""The replay's whole configuration step in one numba call (kernels/cpu/replay_step.py), for
+an AdamW/Adam trace replayed on CPU through the fused rule, codec and statistics.
+
+replay._step_config calls the rule, then per state the staleness model, the codec and
+StateStats, then UpdateStats: ~8 kernels and ~100 Python and torch operations a step. Where
+every one of those runs on the fused CPU path (the fused rule, both states block-scaled 4-
+or 8-bit on the fused codec with its code statistics, UpdateStats fused, torch's sum order
+found), `step` does the same step with one kernel call (and one more for the per-step
+series), bit for bit: the same kernels compute every value. A step that evaluates the
+staleness model, which reads the new states before they are stored, runs the rule alone
+first (`rule`), then the model, then the rest of the step.
+"""
+from __future__ import annotations
+
+from ..kernels.cpu import PATH as CPU_PATH
+
+
+def fused_step_for(c, rule, layout):
+    """A kernels/cpu/replay_step.FusedAdamStep for configuration c (replay._ConfigReplay), or None
+    where its step does not run wholly on the fused CPU path (module docstring)."""
+    from .recursions import FusedAdamRule
+
+    owner = getattr(rule, "__self__", None)
+    if not isinstance(owner, FusedAdamRule) or layout.device.type != "cpu" or set(c.states) != {"m", "v"}:
+        return None
+    if not c.update.fused or any(c.codec[s][0] != CPU_PATH or c.stats[s]._fused is None for s in c.states):
+        return None
+    from ..kernels.cpu.replay_step import FusedAdamStep, why_not
+
+    counts = {s: c.stats[s]._fused for s in c.states}
+    if why_not([c.states[s] for s in ("m", "v")], [counts[s] for s in ("m", "v")], layout.n, layout.unit):
+        return None
+    step = FusedAdamStep(layout.n, layout.unit, c.states, counts, c.clamp, layout.valid is not None)
+    step.rule_of = owner  # its per-step scalars
+    return step
+
+
+def rule(c, g) -> dict:
+    """The new states of this step (the rule alone), for the staleness model to read before
+    `step(..., ruled=True)` stores them."""
+    _, m, v = c.fused.rule(g, c.x_hat["m"], c.x_hat["v"], c.fused.rule_of.scalars(c.since))
+    return {"m": m, "v": v}
+
+
+def step(c, sh, g, i: int, codec_step: int, ruled: bool = False) -> None:
+    """Replay step t = i + 1 of configuration c against shadow sh, as replay._step_config
+    does it (c.since already counts this step; ruled: `rule` ran for it)."""
+    fs, st = c.fused, c.stats
+    keep = st["m"].snapshot_due(i)
+    u, _, x_hat, sums, upd, err = fs.step(
+        codec_step, i + 1, g, c.x_hat["m"], c.x_hat["v"], fs.rule_of.scalars(c.since), sh.update, sh.ref2_units,
+        sh.x, sh.x2_units, {s: st[s].prev_code for s in ("m", "v")}, {s: st[s].last_change for s in ("m", "v")},
+        keep, ruled)
+    fs.add_steps(i, [(sums["m"], st["m"].units, st["m"].series), (sums["v"], st["v"].units, st["v"].series),
+                     (upd, c.update.units, c.update.series)])
+    for s in ("m", "v"):
+        if keep:
+            st[s]._snapshot(i + 1, err[s], sh.x2_units[s])
+        c.x_hat[s] = x_hat[s]

@@ -1,0 +1,131 @@
+"""One AdamW configuration's whole replay step on CPU in one numba call per thread.
+
+Per replay step, a configuration whose rule, codec and statistics all run on the fused CPU
+path (replay_rule.py, replay.py, replay_stats.py) calls, in this order,
+
+    adamw_rule      u, m, v   = the rule on g and the states read back (m_hat, v_hat)
+    replay_codec    m's codes, scales and value read back;  then v's
+    state_counts    m's code statistics against the shadow;  then v's
+    update_sums     UpdateStats' per-unit sums of u against the shadow's update
+    add_step x 3    the per-unit sums into StateStats' / UpdateStats' series
+
+Each is one numba kernel; between them the host spends ~100 Python and torch operations per
+step (allocations, numpy views, checks, a dispatch each), which on the demo trace cost more
+than the kernels themselves (docs/diagnose.md, "Replay throughput"). FusedAdamStep runs
+the same kernels from one compiled function (replay_step_kernel.adamw_config_step), a
+chunk of units at a time over each thread's range of units, so every value is computed by
+the same code as before and every record is the same, bit for bit. Its output rows (u, m,
+v, and each state's codes, scales and value read back, two of each so the previous step's
+stay intact) are allocated once and reused. States: the block-scaled 4- and 8-bit formats
+(codes packed in uint8); anything else keeps the separate calls (diagnose/fused_step.py
+decides). No numba at import: the kernel is imported on first use.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import torch_sum
+from .host import parts_of, run_blocks, run_parts
+
+CHUNK_ELEMENTS = 8192  # units per chunk: this many elements (or one unit); ~0.5 MB of rows in cache
+_NO_ERR = np.zeros((2, 0), np.float32)
+_KERNELS: list = []
+
+
+def _kernels():
+    if not _KERNELS:
+        from .replay_step_kernel import add_steps, adamw_config_step
+        _KERNELS.extend([adamw_config_step, add_steps])
+    return _KERNELS
+
+
+def why_not(states: list, counts: list, n: int, unit: int) -> str | None:
+    """Why FusedAdamStep cannot step these (FusedReplayState, CodeCounts) pairs, or None."""
+    if torch_sum.lanes() is None:
+        return "torch's sum order was not found (torch_sum.lanes)"
+    for q, cc in zip(states, counts):
+        if getattr(q, "_scale_dtype", None) is None or q.spec.fmt.bits not in (4, 8):
+            return f"{q.spec} is not a block-scaled 4- or 8-bit state"
+        if cc is None or cc.bits != q.spec.fmt.bits or cc.n != n or cc.unit != unit or unit % q.block:
+            return "the code statistics do not match the state"
+    return None
+
+
+class _Rows:
+    """One state's output rows, two of each (the previous step's value read back is the
+    next step's input), and its per-unit sums."""
+
+    def __init__(self, q, n: int, n_units: int):
+        self.q = q
+        self.out = [torch.empty(n, dtype=torch.float32) for _ in range(2)]
+        self.codes = [torch.empty(n * q.spec.fmt.bits // 8, dtype=torch.uint8) for _ in range(2)]
+        self.scales = [torch.empty(n // q.block, dtype=q._scale_dtype) for _ in range(2)]
+        self.np = [(c.numpy(), s.view(torch.int16).numpy().view(np.uint16), o.numpy())
+                   for c, s, o in zip(self.codes, self.scales, self.out)]
+        self.sums = torch.empty(6, n_units, dtype=torch.float32)
+        self.fixed = (q.lay, q.lim, q.table, int(q.block), q.plan, q.base)
+
+
+class FusedAdamStep:
+    """The replay step of one AdamW configuration with states m and v (module docstring)."""
+
+    def __init__(self, n: int, unit: int, states: dict, counts: dict, clamp: dict, pad0: bool):
+        """states / counts / clamp: per state ("m", "v") its FusedReplayState, its CodeCounts and
+        whether a value read back below 0 is clamped to 0; pad0: the layout's padding read back as 0."""
+        why = why_not([states[s] for s in ("m", "v")], [counts[s] for s in ("m", "v")], n, unit)
+        if why is not None:
+            raise ValueError(f"no fused replay step: {why}")
+        self.n, self.unit, self.n_units = n, unit, n // unit
+        self.chunk = max(1, CHUNK_ELEMENTS // unit)
+        self.counts, self.clamp, self.pad0 = counts, {s: bool(clamp[s]) for s in ("m", "v")}, bool(pad0)
+        self.rows = {s: _Rows(states[s], n, self.n_units) for s in ("m", "v")}
+        self.u, self.m, self.v = (torch.empty(n, dtype=torch.float32) for _ in range(3))
+        self.upd = torch.empty(4, self.n_units, dtype=torch.float32)
+        self.lanes = torch_sum.lanes()
+
+    def step(self, codec_step: int, stats_step: int, g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor,
+             sc: np.ndarray, ref: torch.Tensor, ref2_units: torch.Tensor, shadow: dict, shadow_x2: dict,
+             prev_code: dict, last_change: dict, keep_err: bool, ruled: bool = False):
+        """One step (module docstring): returns (u, {state: nominal new value}, {state: value
+        read back}, {state: fp32 [6, units] StateStats rows}, fp32 [4, units] UpdateStats rows,
+        {state: fp32 [n] error new - shadow} or None unless keep_err). Each state's codes,
+        scales and `written` are set (stored at codec_step); prev_code and last_change are
+        updated in place; ruled: `rule` ran for this step already. The inputs are the replay's
+        own: contiguous fp32 / int32 CPU tensors of the layout's size (not checked again here)."""
+        prev = {"m": m_hat, "v": v_hat}
+        parts = parts_of(self.n)
+        st, x_hat, err = {}, {}, {}
+        for s, r in self.rows.items():
+            j = 1 if r.out[0].data_ptr() == prev[s].data_ptr() else 0  # never the previous step's rows
+            cc = self.counts[s]
+            cc.ensure_parts(parts)
+            e = torch.empty(2, self.n, dtype=torch.float32) if keep_err else None
+            codes, s16, out = r.np[j]
+            st[s] = (codes, s16, out, *r.fixed, self.clamp[s], self.pad0,
+                     cc.bits, prev_code[s].numpy(), last_change[s].numpy(), r.sums.numpy(), cc.hist,
+                     shadow[s].numpy(), shadow_x2[s].numpy(), _NO_ERR if e is None else e.numpy(),
+                     cc.shift, cc.mask)
+            r.q.codes, r.q.scales, r.q.written, r.q._read_back = r.codes[j], r.scales[j], int(codec_step), None
+            x_hat[s], err[s] = r.out[j], (e[0] if keep_err else None)
+        run_parts(_kernels()[0], self.n, self.unit,
+                  (self.unit, self.chunk, self.n, g.numpy(), m_hat.numpy(), v_hat.numpy(), self.u.numpy(),
+                   self.m.numpy(), self.v.numpy(), sc, ref.numpy(), ref2_units.numpy(), self.upd.numpy(),
+                   int(codec_step), int(stats_step), self.lanes[0], bool(keep_err), bool(ruled), st["m"], st["v"]),
+                  parts=parts)
+        return (self.u, {"m": self.m, "v": self.v}, x_hat, {s: r.sums for s, r in self.rows.items()}, self.upd,
+                err if keep_err else None)
+
+    def rule(self, g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: np.ndarray) -> tuple:
+        """(u, m, v): the AdamW rule alone into this step's rows (replay_rule.adamw_rule's
+        kernel), for a step that reads the new states before they are stored; `step(...,
+        ruled=True)` then stores them."""
+        from .replay_rule import CHUNK, _kernel
+        run_blocks(_kernel(), self.n, CHUNK, (g.numpy(), m_hat.numpy(), v_hat.numpy(), self.u.numpy(),
+                                              self.m.numpy(), self.v.numpy(), sc, CHUNK, self.n))
+        return self.u, self.m, self.v
+
+    def add_steps(self, i: int, targets: list) -> None:
+        """torch_sum.add_step of three (sums, units, series) triples (m's, v's, the update's) in one call."""
+        args = [a.numpy() for t in targets for a in t]
+        _kernels()[1](int(i), self.lanes[1], *args)

@@ -1,0 +1,60 @@
+"""numba kernel of one AdamW configuration's whole replay step (replay_step.py says what it
+computes; imports numba): the replay's own kernels (replay_rule_kernel, replay_kernel,
+replay_stats_kernel), called chunk by chunk from one compiled function, so a step is one
+dispatch per thread instead of ~8 kernel calls and ~100 Python and torch operations."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import codec as c  # noqa: F401 - sets numba's cache folder before anything here compiles
+from .replay_kernel import replay_codec
+from .replay_rule_kernel import adamw_rule, update_sums
+from .replay_stats_kernel import state_counts
+from .torch_sum_kernel import add_step
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _state(k0, k1, part, unit, numel, x, prev, codec_step, stats_step, lanes, keep, st):
+    """Units k0 .. k1 - 1 of one state: store x (replay_codec: codes, scales, the value read
+    back into out), then the code statistics of x, prev and out against the shadow
+    (state_counts; sums[4] = the shadow's per-unit squares, copied: StateStats' row)."""
+    (codes, s16, out, lay, lim, table, B, plan, base, clamp0, pad0,
+     bits, prev_code, last_change, sums, hist, shadow, shadow_x2, err, shift, mask) = st
+    per = unit // B
+    replay_codec(k0 * per, k1 * per, x, codes, s16, out, lay, lim, table, B, numel, plan, base, codec_step,
+                 clamp0, pad0)
+    for k in range(k0, k1):
+        sums[4, k] = shadow_x2[k]
+    state_counts(k0, k1, part, x, prev, out, codes, bits, prev_code, last_change, stats_step, unit, sums, hist,
+                 shadow, err, shift, mask, lanes, keep)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def adamw_config_step(k0, k1, part, unit, chunk, numel, g, m_hat, v_hat, u, m, v, sc, ref, ref2, upd,
+                      codec_step, stats_step, lanes, keep, ruled, st_m, st_v):
+    """Units k0 .. k1 - 1 of one replay step, `chunk` units at a time (so a chunk's rows stay
+    in cache between the passes): the AdamW rule (u, m, v from g, m_hat, v_hat: adamw_rule),
+    then each state stored and counted (_state, st_m / st_v: its arrays), then UpdateStats'
+    per-unit sums of u against the shadow's update ref (upd[3] = ref2, copied). ruled: u, m
+    and v hold this step's rule already (a step that evaluates the staleness model in between)."""
+    for c0 in range(k0, k1, chunk):
+        c1 = min(c0 + chunk, k1)
+        if not ruled:
+            adamw_rule(c0, c1, g, m_hat, v_hat, u, m, v, sc, unit, numel)
+        _state(c0, c1, part, unit, numel, m, m_hat, codec_step, stats_step, lanes, keep, st_m)
+        _state(c0, c1, part, unit, numel, v, v_hat, codec_step, stats_step, lanes, keep, st_v)
+        for k in range(c0, c1):
+            upd[3, k] = ref2[k]
+        update_sums(c0, c1, u, ref, upd, unit, lanes)
+    return 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def add_steps(i, lanes64, a, a_units, a_series, b, b_units, b_series, d, d_units, d_series):
+    """torch_sum_kernel.add_step for the step's three sets of per-unit sums (state m, state v,
+    the update), in one call."""
+    add_step(a, a_units, a_series, i, lanes64)
+    add_step(b, b_units, b_series, i, lanes64)
+    add_step(d, d_units, d_series, i, lanes64)
+    return 0

@@ -1,0 +1,112 @@
+"""The replay's whole-step kernel (kernels/cpu/replay_step.py, diagnose/fused_step.py): whole
+replays give the same JSON document and the same final states, bit for bit, with and without
+it and through the reference backend, on steps with and without the staleness model, with
+resets, over several threads; it runs exactly for the AdamW configurations whose every part
+is on the fused CPU path, and any other keeps the separate calls. Skipped without numba."""
+import pytest
+import torch
+
+from qstate_cli.diagnose import diagnose, fused_step, replay as replay_mod
+from qstate_cli.kernels import cpu
+from qstate_cli.kernels.cpu import host
+from qstate_cli.quant import parse_config
+from test_replay_codec_cpu import bits, comparable, small_trace
+
+needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
+
+FUSED = ["nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit", "m=int8:nearest:b64,v=de8u:bred:b32:sbf16",
+         "m=e2m1:bred:b64,v=e4m3:nearest:b32:sqrt:sbf16"]
+SEPARATE = ["bf16-sr", "m=fp32,v=de4u:nearest:b128:sqrt", "m=bf16:bred,v=bf16:nearest:sqrt"]  # 16-bit, fp32, reference
+
+
+def _spy(monkeypatch):
+    """Counts the whole-step kernel's steps per configuration: [unruled, ruled (a model step)]."""
+    seen = {}
+    real = fused_step.step
+
+    def spy(c, sh, g, i, codec_step, ruled=False):
+        seen.setdefault(str(c.cfg), [0, 0])[int(ruled)] += 1
+        return real(c, sh, g, i, codec_step, ruled)
+
+    monkeypatch.setattr(fused_step, "step", spy)
+    return seen
+
+
+def _replays(monkeypatch, trace, cfgs, reset):
+    auto, raw = diagnose(trace, cfgs, reset=reset, backend="auto", keep_states=True)
+    with monkeypatch.context() as m:
+        m.setattr(fused_step, "fused_step_for", lambda *a: None)
+        separate, raw_sep = diagnose(trace, cfgs, reset=reset, backend="auto", keep_states=True)
+    return (auto, raw), (separate, raw_sep)
+
+
+def _same_states(raw_a, raw_b):
+    for name, states in raw_b.final_states.items():
+        for s, pieces in states.items():
+            for a, b in zip(raw_a.final_states[name][s], pieces):
+                assert torch.equal(bits(a), bits(b)), f"{name} {s}"
+
+
+@needs_numba
+@pytest.mark.parametrize("reset", ["none", "3"])
+def test_replay_records_are_the_same_with_the_whole_step_kernel(reset, monkeypatch):
+    """12 steps, the staleness model at every 4th (so both kinds of step run): the documents
+    and final states equal those of the separate calls and of the reference backend."""
+    monkeypatch.setattr(replay_mod, "model_points", lambda n: 3)
+    seen = _spy(monkeypatch)
+    trace = small_trace(12)
+    cfgs = [parse_config(c) for c in FUSED + SEPARATE]
+    (auto, raw), (separate, raw_sep) = _replays(monkeypatch, trace, cfgs, reset)
+    assert comparable(auto) == comparable(separate)
+    _same_states(raw, raw_sep)
+    assert seen == {str(parse_config(c)): [9, 3] for c in FUSED}  # SEPARATE: never
+    ref, raw_ref = diagnose(trace, cfgs, reset=reset, backend="reference", keep_states=True)
+    assert comparable(auto) == comparable(ref)
+    _same_states(raw, raw_ref)
+    rows = [r for r in auto["records"] if r.get("stall_rate_predicted_empirical") is not None]
+    assert rows, "no record carries the model's prediction"
+
+
+@needs_numba
+def test_whole_step_kernel_over_several_threads(monkeypatch):
+    """Three threads, each its own range of units (the layout's ~7 k elements: 64 per thread
+    at least here), give the same documents as the separate calls on one thread."""
+    monkeypatch.setattr(replay_mod, "SMALL_LAYOUT", 0)  # else one thread for a small layout
+    monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 64)
+    monkeypatch.setattr(replay_mod, "model_points", lambda n: 2)
+    seen = _spy(monkeypatch)
+    trace = small_trace(8)
+    cfgs = [parse_config(c) for c in ("sr-4bit", "bnb-8bit")]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        assert host.parts_of(4096) == 3
+        auto, raw = diagnose(trace, cfgs, backend="auto", keep_states=True)
+        torch.set_num_threads(1)
+        monkeypatch.setattr(fused_step, "fused_step_for", lambda *a: None)
+        separate, raw_sep = diagnose(trace, cfgs, backend="auto", keep_states=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == {"sr-4bit": [6, 2], "bnb-8bit": [6, 2]}  # the model at steps 1 and 5
+    assert {**comparable(auto), "env": None} == {**comparable(separate), "env": None}  # env: the thread count
+    _same_states(raw, raw_sep)
+
+
+@needs_numba
+def test_configurations_off_the_fused_path_keep_the_separate_calls(monkeypatch):
+    """No whole-step kernel for a 16-bit or fp32 state, a state on the reference codec, an
+    optimizer other than AdamW, --backend reference, or where torch's sum order is unknown;
+    the kernel's own check refuses such states too."""
+    from qstate_cli.kernels.cpu import replay_step, torch_sum
+    made = []
+    real = fused_step.fused_step_for
+    monkeypatch.setattr(fused_step, "fused_step_for", lambda *a: made.append(real(*a)) or made[-1])
+    diagnose(small_trace(3), [parse_config(c) for c in SEPARATE], backend="auto")
+    diagnose(small_trace(3), [parse_config("sr-4bit")], backend="reference")
+    diagnose(small_trace(3, optimizer="lion"), [parse_config("sr-4bit")], backend="auto")
+    assert made and all(m is None for m in made)
+    monkeypatch.setattr(torch_sum, "lanes", lambda: None)
+    assert replay_step.why_not([], [], 8, 8) == "torch's sum order was not found (torch_sum.lanes)"
+    made.clear()
+    diagnose(small_trace(3), [parse_config("sr-4bit")], backend="auto")
+    assert made == [None]
