@@ -77,7 +77,7 @@ class StalenessModel:
         if n % self.block:
             raise ValueError(f"block size {self.block} does not divide the layout's {n} elements")
         self.n, self.rounding, self.sqrt = n, spec.rounding, bool(spec.sqrt)
-        nt, search = 0, (0, 0, 0, 0)
+        nt, search, unit = 0, (0, 0, 0, 0), 0
         self.table = np.zeros(2, np.float32)
         lo = hi = 0.0
         if fmt.kind == "linear":
@@ -88,13 +88,15 @@ class StalenessModel:
             book = np.asarray(codebook(fmt.name), np.float32)
             nt = len(book)
             table, search = search_table(book.tobytes())
+            if nt & (nt - 1) == 0 and np.array_equal(book, np.arange(1, nt + 1, dtype=np.float64) / nt):
+                unit = nt  # {1, ..., nt} / nt: the floor code in closed form (replay_model_kernel.P_UNIT)
             self.table = np.concatenate([table, code_gaps(book)])  # block_windows reads the gaps there
         # lim[3]: a minifloat's binade-average gap per unit of |n|, the fp32 scalar torch multiplies by
         binade = (2.0 ** -fmt.man_bits) * math.log(2.0) if fmt.kind == "float" else 0.0
         self.lim = np.array([lo, hi, fmt.top, binade], np.float32)
         self.valid = None if valid is None else valid.cpu().contiguous().numpy()
         self.prm = (KINDS[fmt.kind], int(spec.sqrt), ROUNDINGS[spec.rounding], int(valid is not None), 0, nt,
-                    int(fmt.signed), int(spec.scaled)) + tuple(int(v) for v in search)
+                    int(fmt.signed), int(spec.scaled)) + tuple(int(v) for v in search) + (unit,)
 
     def predict(self, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor | None):
         """(emp fp32 [n], nominal bool [n], #nominal, (down, up) fp32 [n] each of windows(s),

@@ -14,6 +14,7 @@ from .search import NM, OFF, floor_code
 # prm columns (replay_model.StalenessModel; 8 .. 11: search.py's SHIFT, NM, STEPS, OFF, or a
 # minifloat's MAN, EMIN, MAXORD as in codec.py's lay)
 P_KIND, P_SQRT, P_ROUND, P_VALID, P_GAUSS, P_NT, P_SIGNED, P_SCALED = range(8)
+P_UNIT = 12  # a code book that is exactly {1, ..., UNIT} / UNIT: UNIT (its floor code in closed form), else 0
 LINEAR, BOOK, FLOAT = 0, 1, 2
 
 
@@ -54,9 +55,14 @@ def block_windows(src, start, cnt, prm, lim, table, frac, binade, y, dn, up, o0)
     else:
         nt = prm[P_NT]
         gaps = np.uint64(prm[OFF] + 2 * prm[NM])  # replay_model.code_gaps, past the search buckets
+        unit = prm[P_UNIT]
+        uf, ntf, top_k = np.float32(unit), np.float32(nt), np.float32(nt - 2)
         for j in range(cnt):
             n = y[j]  # searchsorted(right=True) - 1, clamped; a NaN n (inf / inf) sorts last
-            k0 = floor_code(table, prm, nt, n)  # in range for any n, NaN too
+            if unit:  # #(table <= n) = clamp(floor(n * UNIT), 0, nt): n * UNIT is exact (the codec's round_unit)
+                k0 = np.int64(min(max(min(max(np.floor(n * uf), c.ZERO), ntf) - c.ONE, c.ZERO), top_k))
+            else:
+                k0 = floor_code(table, prm, nt, n)  # in range for any n, NaN too
             k0 = k0 if n == n else np.int64(nt - 2)
             tlo, thi = table[k0], table[k0 + 1]
             f = (n - tlo) / (thi - tlo)  # clamp(0, 1) does not change f >= 0.5 (NaN: False)
