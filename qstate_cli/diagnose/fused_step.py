@@ -30,7 +30,8 @@ def fused_step_for(c, rule, layout):
     counts = {s: c.stats[s]._fused for s in c.states}
     if why_not([c.states[s] for s in ("m", "v")], [counts[s] for s in ("m", "v")], layout.n, layout.unit):
         return None
-    step = FusedAdamStep(layout.n, layout.unit, c.states, counts, c.clamp, layout.valid is not None)
+    series = [(c.stats[s].units, c.stats[s].series) for s in ("m", "v")] + [(c.update.units, c.update.series)]
+    step = FusedAdamStep(layout.n, layout.unit, c.states, counts, c.clamp, layout.valid is not None, series)
     step.rule_of = owner  # its per-step scalars
     return step
 
@@ -47,12 +48,10 @@ def step(c, sh, g, i: int, codec_step: int, ruled: bool = False) -> None:
     does it (c.since already counts this step; ruled: `rule` ran for it)."""
     fs, st = c.fused, c.stats
     keep = st["m"].snapshot_due(i)
-    u, _, x_hat, sums, upd, err = fs.step(
+    _, _, x_hat, err = fs.step(
         codec_step, i + 1, g, c.x_hat["m"], c.x_hat["v"], fs.rule_of.scalars(c.since), sh.update, sh.ref2_units,
         sh.x, sh.x2_units, {s: st[s].prev_code for s in ("m", "v")}, {s: st[s].last_change for s in ("m", "v")},
         keep, ruled)
-    fs.add_steps(i, [(sums["m"], st["m"].units, st["m"].series), (sums["v"], st["v"].units, st["v"].series),
-                     (upd, c.update.units, c.update.series)])
     for s in ("m", "v"):
         if keep:
             st[s]._snapshot(i + 1, err[s], sh.x2_units[s])

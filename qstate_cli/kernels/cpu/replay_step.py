@@ -13,7 +13,8 @@ Each is one numba kernel; between them the host spends ~100 Python and torch ope
 step (allocations, numpy views, checks, a dispatch each), which on the demo trace cost more
 than the kernels themselves (docs/diagnose.md, "Replay throughput"). FusedAdamStep runs
 the same kernels from one compiled function (replay_step_kernel.adamw_config_step), a
-chunk of units at a time over each thread's range of units, so every value is computed by
+chunk of units at a time over each thread's range of units, and the add_steps at its end
+where one thread holds every unit (else in one more call), so every value is computed by
 the same code as before and every record is the same, bit for bit. Its output rows (u, m,
 v, and each state's codes, scales and value read back, two of each so the previous step's
 stay intact) are allocated once and reused. States: the block-scaled 4- and 8-bit formats
@@ -64,15 +65,18 @@ class _Rows:
         self.np = [(c.numpy(), s.view(torch.int16).numpy().view(np.uint16), o.numpy())
                    for c, s, o in zip(self.codes, self.scales, self.out)]
         self.sums = torch.empty(6, n_units, dtype=torch.float32)
+        self.sums_np = self.sums.numpy()
         self.fixed = (q.lay, q.lim, q.table, int(q.block), q.plan, q.base)
 
 
 class FusedAdamStep:
     """The replay step of one AdamW configuration with states m and v (module docstring)."""
 
-    def __init__(self, n: int, unit: int, states: dict, counts: dict, clamp: dict, pad0: bool):
+    def __init__(self, n: int, unit: int, states: dict, counts: dict, clamp: dict, pad0: bool, series: list):
         """states / counts / clamp: per state ("m", "v") its FusedReplayState, its CodeCounts and
-        whether a value read back below 0 is clamped to 0; pad0: the layout's padding read back as 0."""
+        whether a value read back below 0 is clamped to 0; pad0: the layout's padding read back as 0;
+        series: the (units, series) fp64 tensors the step's per-unit sums go into (torch_sum.add_step),
+        StateStats' of m and of v, then UpdateStats'."""
         why = why_not([states[s] for s in ("m", "v")], [counts[s] for s in ("m", "v")], n, unit)
         if why is not None:
             raise ValueError(f"no fused replay step: {why}")
@@ -83,16 +87,19 @@ class FusedAdamStep:
         self.u, self.m, self.v = (torch.empty(n, dtype=torch.float32) for _ in range(3))
         self.upd = torch.empty(4, self.n_units, dtype=torch.float32)
         self.lanes = torch_sum.lanes()
+        self.series = tuple(t.numpy() for pair in series for t in pair)
+        self.rows_np = tuple(t.numpy() for t in (self.u, self.m, self.v, self.upd))
 
     def step(self, codec_step: int, stats_step: int, g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor,
              sc: np.ndarray, ref: torch.Tensor, ref2_units: torch.Tensor, shadow: dict, shadow_x2: dict,
              prev_code: dict, last_change: dict, keep_err: bool, ruled: bool = False):
-        """One step (module docstring): returns (u, {state: nominal new value}, {state: value
-        read back}, {state: fp32 [6, units] StateStats rows}, fp32 [4, units] UpdateStats rows,
-        {state: fp32 [n] error new - shadow} or None unless keep_err). Each state's codes,
-        scales and `written` are set (stored at codec_step); prev_code and last_change are
-        updated in place; ruled: `rule` ran for this step already. The inputs are the replay's
-        own: contiguous fp32 / int32 CPU tensors of the layout's size (not checked again here)."""
+        """One step (module docstring), replay step stats_step = i + 1: returns (u, {state:
+        nominal new value}, {state: value read back}, {state: fp32 [n] error new - shadow} or
+        None unless keep_err). Each state's codes, scales and `written` are set (stored at
+        codec_step); prev_code and last_change are updated in place; the step's per-unit sums
+        are added into column i of the series; ruled: `rule` ran for this step already. The
+        inputs are the replay's own: contiguous fp32 / int32 CPU tensors of the layout's size
+        (not checked again here)."""
         prev = {"m": m_hat, "v": v_hat}
         parts = parts_of(self.n)
         st, x_hat, err = {}, {}, {}
@@ -103,18 +110,22 @@ class FusedAdamStep:
             e = torch.empty(2, self.n, dtype=torch.float32) if keep_err else None
             codes, s16, out = r.np[j]
             st[s] = (codes, s16, out, *r.fixed, self.clamp[s], self.pad0,
-                     cc.bits, prev_code[s].numpy(), last_change[s].numpy(), r.sums.numpy(), cc.hist,
+                     cc.bits, prev_code[s].numpy(), last_change[s].numpy(), r.sums_np, cc.hist,
                      shadow[s].numpy(), shadow_x2[s].numpy(), _NO_ERR if e is None else e.numpy(),
                      cc.shift, cc.mask)
             r.q.codes, r.q.scales, r.q.written, r.q._read_back = r.codes[j], r.scales[j], int(codec_step), None
             x_hat[s], err[s] = r.out[j], (e[0] if keep_err else None)
+        u, m, v, upd = self.rows_np
         run_parts(_kernels()[0], self.n, self.unit,
-                  (self.unit, self.chunk, self.n, g.numpy(), m_hat.numpy(), v_hat.numpy(), self.u.numpy(),
-                   self.m.numpy(), self.v.numpy(), sc, ref.numpy(), ref2_units.numpy(), self.upd.numpy(),
-                   int(codec_step), int(stats_step), self.lanes[0], bool(keep_err), bool(ruled), st["m"], st["v"]),
-                  parts=parts)
-        return (self.u, {"m": self.m, "v": self.v}, x_hat, {s: r.sums for s, r in self.rows.items()}, self.upd,
-                err if keep_err else None)
+                  (self.unit, self.chunk, self.n, g.numpy(), m_hat.numpy(), v_hat.numpy(), u, m, v, sc, ref.numpy(),
+                   ref2_units.numpy(), upd,
+                   int(codec_step), int(stats_step), self.lanes[0], bool(keep_err), bool(ruled), st["m"], st["v"],
+                   parts == 1, self.lanes[1], self.series), parts=parts)
+        if parts > 1:  # the series need every thread's units: one more call
+            add = self.series
+            _kernels()[1](int(stats_step) - 1, self.lanes[1], self.rows["m"].sums_np, add[0], add[1],
+                          self.rows["v"].sums_np, add[2], add[3], upd, add[4], add[5])
+        return self.u, {"m": self.m, "v": self.v}, x_hat, (err if keep_err else None)
 
     def rule(self, g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: np.ndarray) -> tuple:
         """(u, m, v): the AdamW rule alone into this step's rows (replay_rule.adamw_rule's
@@ -124,8 +135,3 @@ class FusedAdamStep:
         run_blocks(_kernel(), self.n, CHUNK, (g.numpy(), m_hat.numpy(), v_hat.numpy(), self.u.numpy(),
                                               self.m.numpy(), self.v.numpy(), sc, CHUNK, self.n))
         return self.u, self.m, self.v
-
-    def add_steps(self, i: int, targets: list) -> None:
-        """torch_sum.add_step of three (sums, units, series) triples (m's, v's, the update's) in one call."""
-        args = [a.numpy() for t in targets for a in t]
-        _kernels()[1](int(i), self.lanes[1], *args)

@@ -32,12 +32,14 @@ def _state(k0, k1, part, unit, numel, x, prev, codec_step, stats_step, lanes, ke
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def adamw_config_step(k0, k1, part, unit, chunk, numel, g, m_hat, v_hat, u, m, v, sc, ref, ref2, upd,
-                      codec_step, stats_step, lanes, keep, ruled, st_m, st_v):
+                      codec_step, stats_step, lanes, keep, ruled, st_m, st_v, finish, lanes64, series):
     """Units k0 .. k1 - 1 of one replay step, `chunk` units at a time (so a chunk's rows stay
     in cache between the passes): the AdamW rule (u, m, v from g, m_hat, v_hat: adamw_rule),
     then each state stored and counted (_state, st_m / st_v: its arrays), then UpdateStats'
     per-unit sums of u against the shadow's update ref (upd[3] = ref2, copied). ruled: u, m
-    and v hold this step's rule already (a step that evaluates the staleness model in between)."""
+    and v hold this step's rule already (a step that evaluates the staleness model in between).
+    finish (one thread holds every unit): the step's sums added into the series as well
+    (add_steps; series = the three (units, series) pairs, column stats_step - 1)."""
     for c0 in range(k0, k1, chunk):
         c1 = min(c0 + chunk, k1)
         if not ruled:
@@ -47,6 +49,9 @@ def adamw_config_step(k0, k1, part, unit, chunk, numel, g, m_hat, v_hat, u, m, v
         for k in range(c0, c1):
             upd[3, k] = ref2[k]
         update_sums(c0, c1, u, ref, upd, unit, lanes)
+    if finish:
+        add_steps(stats_step - 1, lanes64, st_m[14], series[0], series[1], st_v[14], series[2], series[3], upd,
+                  series[4], series[5])
     return 0
 
 
