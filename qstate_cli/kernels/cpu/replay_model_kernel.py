@@ -52,17 +52,14 @@ def block_windows(src, start, cnt, prm, lim, table, frac, binade, y, dn, up, o0)
             i = o + np.uint64(j)
             dn[i] = dn[i] * delta * frac
             up[i] = up[i] * delta * frac
+    elif prm[P_UNIT]:  # {1, ..., UNIT} / UNIT: the code book branch below in closed form, the same values
+        unit_windows(y, cnt, prm[P_UNIT], prm[P_NT], delta, frac, dn, up, o)
     else:
         nt = prm[P_NT]
         gaps = np.uint64(prm[OFF] + 2 * prm[NM])  # replay_model.code_gaps, past the search buckets
-        unit = prm[P_UNIT]
-        uf, ntf, top_k = np.float32(unit), np.float32(nt), np.float32(nt - 2)
         for j in range(cnt):
             n = y[j]  # searchsorted(right=True) - 1, clamped; a NaN n (inf / inf) sorts last
-            if unit:  # #(table <= n) = clamp(floor(n * UNIT), 0, nt): n * UNIT is exact (the codec's round_unit)
-                k0 = np.int64(min(max(min(max(np.floor(n * uf), c.ZERO), ntf) - c.ONE, c.ZERO), top_k))
-            else:
-                k0 = floor_code(table, prm, nt, n)  # in range for any n, NaN too
+            k0 = floor_code(table, prm, nt, n)  # in range for any n, NaN too
             k0 = k0 if n == n else np.int64(nt - 2)
             tlo, thi = table[k0], table[k0 + 1]
             f = (n - tlo) / (thi - tlo)  # clamp(0, 1) does not change f >= 0.5 (NaN: False)
@@ -78,6 +75,28 @@ def block_windows(src, start, cnt, prm, lim, table, frac, binade, y, dn, up, o0)
             r = y0 - dn[i]
             r = c.ZERO if r < c.ZERO else r
             dn[i] = y0 * y0 - r * r
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def unit_windows(y, cnt, unit, nt, delta, frac, dn, up, o):
+    """block_windows' code book case for the book {1, ..., unit} / unit (nt = unit entries),
+    without loads: table[k] = (k + 1) / unit, each gap 1 / unit (inf below code 0 and above
+    code nt - 1), all exact in fp32 (power-of-two scalings of small integers), and the floor
+    code #(table <= n) - 1 = clamp(floor(n * unit), 0, nt) - 1 clamped to [0, nt - 2], n * unit
+    exact (the codec's round_unit); a NaN n takes code nt - 2, as searchsorted sorts it last.
+    Each gap g is written as g * delta * frac, the same two products in the same order."""
+    uf, top_k, last = np.float32(unit), np.float32(nt - 2), np.float32(nt - 1)
+    step = c.ONE / uf
+    for j in range(cnt):
+        n = y[j]
+        kf = min(max(min(max(np.floor(n * uf), c.ZERO), np.float32(nt)) - c.ONE, c.ZERO), top_k)
+        kf = kf if n == n else top_k
+        tlo = (kf + c.ONE) * step
+        thi = (kf + np.float32(2.0)) * step
+        f = (n - tlo) / (thi - tlo)  # clamp(0, 1) does not change f >= 0.5 (NaN: False)
+        k = kf + (c.ONE if f >= c.HALF else c.ZERO)
+        dn[o + np.uint64(j)] = (c.INF if k == c.ZERO else step) * delta * frac
+        up[o + np.uint64(j)] = (c.INF if k == last else step) * delta * frac
 
 
 @njit(cache=True, inline="always", error_model="numpy")
