@@ -19,7 +19,9 @@ from the fp32 shadow) costs about one more encode + decode per state (~60 torch 
 the fused CPU codec's states one numba pass and the Gaussian CDFs, stats.ModelStats), so
 it is evaluated at model_points(n) steps spread evenly over the replay: MODEL_POINTS, fewer
 on a large layout (at most MODEL_ELEMENT_STEPS element evaluations per state, at least
-MODEL_MIN_POINTS steps), every step of a replay up to twice that.
+MODEL_MIN_POINTS steps), every step of a replay up to twice that. On CPU, an AdamW
+configuration whose rule, codec and statistics are all fused steps in one kernel call
+(fused_step.py), the same records.
 
 Under torchrun (`ReplayOptions.split`, distributed.py) each rank runs this loop on its
 part of the layout (layout.py) or on its configurations, and the parts are merged

@@ -17,6 +17,9 @@
                  empirical P(stall), nominal mask, the shadow's cells), kernel in replay_model_kernel.py
     replay_rule.py   the replay's AdamW/Adam rule and UpdateStats' per-unit sums in one pass each,
                  bit for bit the torch ops (diagnose/codec.replay_rule), kernels in replay_rule_kernel.py
+    replay_step.py   one AdamW configuration's whole replay step (the rule, both states'
+                 codec and statistics, the update's sums) in one numba call per thread, from the
+                 kernels above (diagnose/fused_step.py), kernel in replay_step_kernel.py
     torch_sum.py torch's CPU sum in torch's own order of additions (the statistics' per-unit and
                  per-step sums), probed against torch once per process; kernel in torch_sum_kernel.py
 
