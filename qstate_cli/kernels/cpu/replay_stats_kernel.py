@@ -123,18 +123,22 @@ def staleness_counts(u0, u1, part, last_change, valid, step, unit, hist):
     bin = min(step - last_change + 1, nbins - 1) (0 below 0, which last_change <= step never
     gives) for a recorded element and 0 for padding (valid[i] False; valid of size 1: no
     padding), as StateStats._snapshot's torch ops count it. Integer counts: any order gives
-    the same histogram."""
+    the same histogram, so LANES interleaved copies count neighbours (most elements share a
+    few bins: one copy would wait on its own last increment; 3.8 -> 2.4 ns per element at 2**20)."""
     last_change, valid, hist = nv.borrowed((last_change, valid, hist))
     nbins = hist.shape[1]
     top = np.int64(nbins - 1)
-    local = np.zeros(nbins, np.int64)
+    local = np.zeros(LANES * nbins, np.int64)
     padded = valid.size > 1
     s1 = np.int64(step) + 1
     for i in range(u0 * unit, u1 * unit):
         k = min(max(s1 - np.int64(last_change[i]), np.int64(0)), top)
         if padded and not valid[i]:
             k = 0
-        local[k] += 1
+        local[k + (np.int64(i) & np.int64(LANES - 1)) * nbins] += 1
     for k in range(nbins):
-        hist[part, k] += local[k]
+        t = np.int64(0)
+        for lane in range(LANES):
+            t += local[lane * nbins + k]
+        hist[part, k] += t
     return 0
