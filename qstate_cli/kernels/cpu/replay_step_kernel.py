@@ -49,7 +49,7 @@ def adamw_config_step(k0, k1, part, unit, chunk, numel, g, m_hat, v_hat, u, m, v
         for k in range(c0, c1):
             upd[3, k] = ref2[k]
         update_sums(c0, c1, u, ref, upd, unit, lanes)
-    if finish:
+    if finish:  # st_*[14]: the state's per-unit sums (replay_step.FusedAdamStep.step's tuple)
         add_steps(stats_step - 1, lanes64, st_m[14], series[0], series[1], st_v[14], series[2], series[3], upd,
                   series[4], series[5])
     return 0
