@@ -65,15 +65,16 @@ def update_sums(u: torch.Tensor, ref: torch.Tensor, ref2_units: torch.Tensor, un
     return sums
 
 
-def adamw_rule(g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: np.ndarray):
+def adamw_rule(g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: np.ndarray, out: tuple | None = None):
     """(u, m, v), fp32 [n] each: one pass of the AdamW rule over contiguous fp32 CPU tensors,
     sc = fp32 [b1, 1 - b1, b2, 1 - b2, inv_bc2_sqrt, eps, step_size, decay] (the caller's,
-    diagnose/recursions.FusedAdamRule: the values rules.step_scalars gives)."""
+    diagnose/recursions.FusedAdamRule: the values rules.step_scalars gives); written into
+    `out` = (u, m, v) where given (contiguous fp32 of n elements, none of them an input)."""
     n = g.numel()
     for t in (g, m_hat, v_hat):
         if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != n or t.device.type != "cpu":
             raise ValueError(f"the fused replay rule needs contiguous fp32 CPU tensors of {n} elements")
-    u, m, v = (torch.empty(n, dtype=torch.float32) for _ in range(3))
+    u, m, v = out if out is not None else (torch.empty(n, dtype=torch.float32) for _ in range(3))
     run_blocks(_kernel(), n, CHUNK, (g.numpy(), m_hat.numpy(), v_hat.numpy(), u.numpy(), m.numpy(), v.numpy(),
                                      sc, CHUNK, n))
     return u, m, v

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from . import torch_sum
-from .host import parts_of, run_blocks, run_parts
+from .host import parts_of, run_parts
+from .replay_rule import adamw_rule
 
 CHUNK_ELEMENTS = 8192  # units per chunk: this many elements (or one unit); ~0.5 MB of rows in cache
 _NO_ERR = np.zeros((2, 0), np.float32)
@@ -128,10 +129,7 @@ class FusedAdamStep:
         return self.u, {"m": self.m, "v": self.v}, x_hat, (err if keep_err else None)
 
     def rule(self, g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: np.ndarray) -> tuple:
-        """(u, m, v): the AdamW rule alone into this step's rows (replay_rule.adamw_rule's
-        kernel), for a step that reads the new states before they are stored; `step(...,
-        ruled=True)` then stores them."""
-        from .replay_rule import CHUNK, _kernel
-        run_blocks(_kernel(), self.n, CHUNK, (g.numpy(), m_hat.numpy(), v_hat.numpy(), self.u.numpy(),
-                                              self.m.numpy(), self.v.numpy(), sc, CHUNK, self.n))
-        return self.u, self.m, self.v
+        """(u, m, v): the AdamW rule alone into this step's rows (replay_rule.adamw_rule), for
+        a step that reads the new states before they are stored; `step(..., ruled=True)` then
+        stores them."""
+        return adamw_rule(g, m_hat, v_hat, sc, out=(self.u, self.m, self.v))
