@@ -108,3 +108,35 @@ def test_torch_path_without_the_fused_codec():
     assert StateStats(layout, parse_spec("int4:nearest:b128"), 2, 1)._fused is None
     assert StateStats(layout, parse_spec("bf16:nearest"), 2, 1)._fused is None
     assert StateStats(layout, parse_spec("fp32"), 2, 1, fused=True)._fused is None
+
+
+@pytest.mark.parametrize("unit, threads", [(32, 1), (256, 3), (2048, 1)])
+def test_fused_dimension_snapshot_equals_the_torch_path(unit, threads, monkeypatch):
+    """A snapshot's dimension statistic per unit (CodeCounts.dimension: fp64 pair sums, squares
+    and row sums in torch's order) gives StateStats' torch ops' bits, at 0, 1, a middle and
+    every level of chunk sums below the unit (log2(unit) of them: the last sum is then over
+    rows of one value), on errors spread over 2**±13 and more, with zeros, -0.0 and +-inf."""
+    from qstate_cli.kernels.cpu import host
+    monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
+    monkeypatch.setattr(host, "threads", lambda: threads)
+    layout = Layout(small_trace(1), unit, "cpu")
+    spec = parse_spec("int4:nearest:b32")
+    gen = torch.Generator().manual_seed(unit)
+    err = torch.randn(layout.n, generator=gen) * torch.exp(3 * torch.randn(layout.n, generator=gen))
+    err[::11] = 0.0
+    err[3::13] = -0.0
+    err[5], err[unit + 7] = float("inf"), -float("inf")
+    sx2 = unit_sums(err * err, layout.unit)
+    top = unit.bit_length() - 1
+    for levels in sorted({0, 1, top // 2, top}):
+        fused = StateStats(layout, spec, 2, 1, fused=True)
+        plain = StateStats(layout, spec, 2, 1)
+        for st in (fused, plain):
+            st.dims = [2 ** k for k in range(levels)] + [unit, 2 * unit]  # d >= unit: dimension_ms's, not here
+        assert fused._fused.dimension(err, levels) is not None, "the kernel did not run"
+        for st in (fused, plain):
+            st._snapshot(1, err, sx2)
+        for name in ("snap_small", "snap_units"):
+            a, b = getattr(fused, name)[0], getattr(plain, name)[0]
+            assert a.shape == b.shape and a.dtype == b.dtype == torch.float64, (levels, name)
+            assert torch.equal(a.view(torch.int64), b.view(torch.int64)), f"unit {unit}, {levels} levels: {name}"

@@ -1,9 +1,10 @@
 """torch's CPU sums reproduced in numba (kernels/cpu/torch_sum.py), bit for bit: row sums in
-fp32 and in fp64 at every row length the probe knows and beyond, the streamed 8-lane sum the
-statistics kernels use (units of 32 .. 2048 values and the largest it takes), the step
-bookkeeping add_step, on awkward values (signed zeros, subnormals, huge, inf and NaN); the
-probe finds torch's lanes; and with no lanes found the fused statistics fall back to torch's
-sums and still collect what the torch path collects. Skipped without numba."""
+fp32 and in fp64 (of fp32 rows and of fp64 rows) at every row length the probe knows and
+beyond, the streamed 8-lane sum the statistics kernels use (units of 32 .. 2048 values and
+the largest it takes), the step bookkeeping add_step, on awkward values (signed zeros,
+subnormals, huge, inf and NaN); the probes find torch's lanes (fp64 rows: their own); and
+with no lanes found the fused statistics fall back to torch's sums and still collect what
+the torch path collects. Skipped without numba."""
 import numpy as np
 import pytest
 import torch
@@ -24,7 +25,7 @@ def awkward_rows(rows: int, n: int, seed: int) -> torch.Tensor:
 
 
 def test_the_probe_finds_torchs_lanes():
-    from qstate_cli.kernels.cpu.torch_sum import lanes
+    from qstate_cli.kernels.cpu.torch_sum import f64_row_lanes, lanes
 
     found = lanes()
     assert found is not None, "no lane count reproduces this torch's sums"
@@ -32,11 +33,14 @@ def test_the_probe_finds_torchs_lanes():
     assert w32 in (4, 8, 16) and w64 in (2, 4, 8)
     if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
         assert found == (8, 4)  # x86: ATen's sum runs at 256 bits, AVX-512 too
+        assert f64_row_lanes() == 4  # fp64 rows: 4 lanes of 256 bits too
+    else:
+        assert f64_row_lanes() in (2, 4, 8)
 
 
 @pytest.mark.parametrize("n", [1, 3, 4, 7, 8, 9, 31, 33, 100, 256, 777, 2048, 4096, 9000, 40000])
 def test_row_sums_are_torchs_bits(n):
-    from qstate_cli.kernels.cpu.torch_sum import lanes
+    from qstate_cli.kernels.cpu.torch_sum import f64_row_lanes, lanes
     from qstate_cli.kernels.cpu.torch_sum_kernel import row_sums
 
     w32, w64 = lanes()
@@ -49,6 +53,10 @@ def test_row_sums_are_torchs_bits(n):
     row_sums(a, w64, got64)
     assert got32.tobytes() == x.sum(1).numpy().tobytes()
     assert got64.tobytes() == x.sum(1, dtype=torch.float64).numpy().tobytes()
+    x64 = x.double() * x.double()  # fp64 rows (the dimension statistic's squares), their own probe
+    got = np.empty(4, np.float64)
+    row_sums(x64.numpy(), f64_row_lanes(), got)
+    assert got.tobytes() == x64.sum(1).numpy().tobytes()
     other = np.empty(4, np.float32)
     row_sums(a, 4 if w32 != 4 else 16, other)  # another lane count: another order, other bits somewhere
     if n >= 256:
@@ -89,8 +97,11 @@ def test_without_lanes_the_statistics_sum_in_torch(monkeypatch):
     from test_replay_codec_cpu import small_trace
 
     monkeypatch.setattr(torch_sum, "lanes", lambda: None)
+    monkeypatch.setattr(torch_sum, "f64_row_lanes", lambda: None)
     for spec in ("de4:bred:b256", "bf16:stochastic"):
-        assert_same_stats(*run_both(spec, Layout(small_trace(1), 256, "cpu")), f"{spec}, torch's sums")
+        fused, plain = run_both(spec, Layout(small_trace(1), 256, "cpu"))
+        assert fused._fused.dimension(torch.zeros(fused.layout.n), 3) is None  # the snapshots: torch's ops
+        assert_same_stats(fused, plain, f"{spec}, torch's sums")
 
 
 def test_unit_sums_of_large_units_are_the_torch_paths():

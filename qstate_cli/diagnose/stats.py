@@ -62,7 +62,8 @@ class StateStats:
     snapshot's staleness histogram in another (kernels/cpu/replay_stats.py, the same
     integers, and the float sums per unit and per step in torch's own order of additions:
     kernels/cpu/torch_sum.py, the same bits); else (no numba, the reference codec, CUDA) as
-    torch ops. The rest of the snapshots are torch ops either way."""
+    torch ops. A snapshot's dimension statistic per unit: fused too where torch's order of
+    an fp64 row sum was found (the same bits); its per-tensor sums are torch ops either way."""
 
     def __init__(self, layout: Layout, spec: StateSpec, n_steps: int, snapshot_every: int, fused: bool = False):
         dev, self.layout, self.spec = layout.device, layout, spec
@@ -154,6 +155,12 @@ class StateStats:
         # per tensor, sum of s^2 and of the squared chunk sums of d < unit raw errors (chunks
         # inside one unit); per unit, the raw error sum (chunks of d >= unit cross units)
         self.snap_x2.append(lay.per_tensor(shadow_x2_units.double()))
+        levels = sum(d < lay.unit for d in self.dims)
+        parts = self._fused.dimension(err, levels) if self._fused is not None else None
+        if parts is not None:  # the per-unit sums below, in one numba pass (the same bits)
+            self.snap_small.append(lay.per_tensor(parts[0]))
+            self.snap_units.append(parts[1])
+            return
         e = err.double().view(-1, lay.unit)
         small = []
         for d in self.dims:

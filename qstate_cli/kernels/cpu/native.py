@@ -79,6 +79,7 @@ def _scratch(dtype):
 
 
 scratch_f32 = _scratch(types.float32)
+scratch_f64 = _scratch(types.float64)
 scratch_i32 = _scratch(types.int32)
 
 

@@ -18,11 +18,12 @@ exactly as StateStats' torch path computes them (padding included: it counts wha
 torch path counts), so every record stays bit-identical; the float sums of the error
 e = new - shadow and of e * e per unit are added in the same pass, in torch's own order
 (torch_sum.py: torch sums them where no order is found), and StateStats' per-step series
-follows in one more numba call (torch_sum.add_step); the rest of the snapshots stays in
-torch; a snapshot's staleness histogram, bin min(t - last_change_i + 1, top) per element
-(0 for padding), is a second kernel
-(staleness_counts). Codes of 4 or 8 bits, packed in uint8, or the 16-bit patterns
-of an unscaled bf16 / fp16 state (int16, one per element: replay.py's replay_codec16).
+follows in one more numba call (torch_sum.add_step). A snapshot's staleness histogram, bin
+min(t - last_change_i + 1, top) per element (0 for padding), is a second kernel
+(staleness_counts), and the per-unit parts of its dimension statistic a third
+(dimension_sums: fp64 pair sums, squares and row sums in torch's order, so the same bits);
+their per-tensor sums stay torch's. Codes of 4 or 8 bits, packed in uint8, or the 16-bit
+patterns of an unscaled bf16 / fp16 state (int16, one per element: replay.py's replay_codec16).
 Threads: parallel over unit ranges (host.run_parts), one histogram row per thread, summed.
 No numba at import: the kernel (replay_stats_kernel.py) is imported on first use.
 """
@@ -40,10 +41,11 @@ _KERNELS: list = []
 
 
 def _kernel(which: int = 0):
-    """0: state_counts, 1: staleness_counts (imports numba; compiled on first use, cached on disk)."""
+    """0: state_counts, 1: staleness_counts, 2: dimension_sums (imports numba; compiled on
+    first use, cached on disk)."""
     if not _KERNELS:
-        from .replay_stats_kernel import staleness_counts, state_counts
-        _KERNELS.extend([state_counts, staleness_counts])
+        from .replay_stats_kernel import dimension_sums, staleness_counts, state_counts
+        _KERNELS.extend([state_counts, staleness_counts, dimension_sums])
     return _KERNELS[which]
 
 
@@ -115,6 +117,24 @@ class CodeCounts:
         mask = valid.numpy() if valid is not None else np.ones(1, np.bool_)
         run_parts(_kernel(1), self.n, self.unit, (last_change.numpy(), mask, int(step), self.unit, hist), parts=parts)
         return torch.from_numpy(hist.sum(0))
+
+    def dimension(self, err: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A snapshot's per-unit parts of the dimension statistic from its fp32 errors err [n]
+        (replay_stats_kernel.dimension_sums): fp64 [levels, n_units], the sums of squared
+        chunk sums of 1, 2, ..., 2**(levels - 1) errors, and fp64 [n_units], the unit's error
+        sum; the bits of StateStats._snapshot's torch ops. None where torch's order of an fp64
+        row sum was not found (torch_sum.f64_row_lanes) or the unit does not halve `levels` times."""
+        lanes = torch_sum.f64_row_lanes()
+        if lanes is None or self.unit % (1 << levels):
+            return None
+        if err.dtype != torch.float32 or err.numel() != self.n or not err.is_contiguous():
+            raise ValueError(f"a dimension snapshot of {self.n} elements needs contiguous fp32 errors")
+        n_units = self.n // self.unit
+        small = torch.empty(levels, n_units, dtype=torch.float64)
+        tail = torch.empty(n_units, dtype=torch.float64)
+        run_parts(_kernel(2), self.n, self.unit, (err.numpy(), self.unit, int(levels), lanes, small.numpy(),
+                                                  tail.numpy()))
+        return small, tail
 
     def codes(self) -> torch.Tensor:
         """int64 [n_codes * 5]: the per-code counts over every step observed."""

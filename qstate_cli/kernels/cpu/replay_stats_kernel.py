@@ -142,3 +142,35 @@ def staleness_counts(u0, u1, part, last_change, valid, step, unit, hist):
             t += local[lane * nbins + k]
         hist[part, k] += t
     return 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def dimension_sums(u0, u1, part, err, unit, levels, lanes, small, tail):
+    """Units u0 .. u1 - 1 of a snapshot's errors (fp32 err [n]): the per-unit parts of the
+    dimension statistic (diagnose/stats.py), as StateStats._snapshot's torch ops compute
+    them on e = err.double().view(-1, unit). Per unit u, with e_0 = the unit's errors in
+    fp64 and e_{k+1}[j] = e_k[2j] + e_k[2j + 1] (the chunk sums of 2**(k+1) errors):
+    small[k, u] = sum_j e_k[j] * e_k[j] for k < levels, and tail[u] = sum_j e_levels[j],
+    each sum in torch's order of an fp64 row (torch_sum_kernel.row_sum, lanes = torch's
+    fp64 lanes), each product and pair sum one correctly rounded fp64 op as torch's, so the
+    same bits. unit is a multiple of 2**levels."""
+    err, small, tail = nv.borrowed((err, small, tail))
+    a = np.empty(unit, np.float64)  # e_k, then e_{k+1} in b: two rows, so the pair sums vectorize
+    b = np.empty(unit, np.float64)
+    sq = np.empty(unit, np.float64)
+    acc = nv.scratch_f64(ACC)
+    for u in range(u0, u1):
+        i0 = np.uint64(u * unit)
+        for j in range(np.uint64(unit)):
+            a[j] = np.float64(err[i0 + j])
+        m = np.uint64(unit)
+        for k in range(levels):
+            for j in range(m):
+                sq[j] = a[j] * a[j]
+            small[k, u] = ts.row_sum(sq, 0, m, lanes, acc)
+            m //= np.uint64(2)
+            for j in range(m):
+                b[j] = a[2 * j] + a[2 * j + np.uint64(1)]
+            a, b = b, a
+        tail[u] = ts.row_sum(a, 0, m, lanes, acc)
+    return 0

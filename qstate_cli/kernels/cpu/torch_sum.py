@@ -11,6 +11,7 @@ torch's build and the machine (8 fp32 lanes on x86, AVX2 and AVX-512 alike: ATen
 sum kernel at 256 bits), so `lanes()` finds it by trying each candidate against torch on
 rows of every length the replay sums, once per process; where none gives torch's bits on
 every row, it returns None and the statistics keep torch's sums (the same records, slower).
+A sum of fp64 rows (the snapshots' dimension statistic) has its own probe, f64_row_lanes.
 """
 from __future__ import annotations
 
@@ -52,6 +53,29 @@ def lanes() -> tuple[int, int] | None:
     if not found32 or not found64:
         return None
     return next(w for w in CANDIDATES_32 if w in found32), next(w for w in CANDIDATES_64 if w in found64)
+
+
+@lru_cache(maxsize=None)
+def f64_row_lanes() -> int | None:
+    """The fp64 lanes with which torch_sum_kernel's sums of fp64 rows equal torch's x.sum(1)
+    of fp64 x, bit for bit, on rows of PROBE_LENGTHS values (products of values spread over
+    many binades, with zeros: the dimension statistic's squares); None if none does."""
+    from .torch_sum_kernel import row_sums
+
+    gen = torch.Generator().manual_seed(20261203)
+    found = list(CANDIDATES_64)
+    for n in PROBE_LENGTHS:
+        x = torch.randn(3, n, generator=gen, dtype=torch.float64) * torch.exp(
+            3 * torch.randn(3, n, generator=gen, dtype=torch.float64))
+        x[:, ::7] = 0.0
+        x = x * x
+        want = x.sum(1).numpy()
+        for w in list(found):
+            got = np.empty(3, np.float64)
+            row_sums(x.numpy(), w, got)
+            if got.tobytes() != want.tobytes():
+                found.remove(w)
+    return found[0] if found else None
 
 
 _ADD: list = []

@@ -50,10 +50,14 @@ def _cascade(a, start, groups, width, acc):
     a[start], in acc's dtype (a float64 acc: each fp32 value cast, then added). Indices are
     uint64 (numba then skips its negative-index wraparound, so the loops vectorize)."""
     r = np.uint64(ILP * width)
-    for e in range(np.uint64(LEVELS) * r):
-        acc[e] = 0.0
     p = max(4, _ceil_log2(groups) // LEVELS)
     step = 1 << p
+    # levels above 0 stay zero unless a run of 2**p groups fills level 0; adding their +0.0
+    # changes no sum (an accumulator starts at +0.0 and never holds -0.0), so a short row
+    # skips them: it zeros and folds level 0 only (a row_sum of 128 values: ~3x faster)
+    levels = np.uint64(LEVELS) if groups >= step else np.uint64(1)
+    for e in range(levels * r):
+        acc[e] = 0.0
     mask = step - 1
     i = 0
     while i + step <= groups:
@@ -74,8 +78,8 @@ def _cascade(a, start, groups, width, acc):
         for e in range(r):
             acc[e] += a[base + e]
         i += 1
-    for lev in range(1, LEVELS):
-        hi = np.uint64(lev) * r
+    for lev in range(np.uint64(1), levels):
+        hi = lev * r
         for e in range(r):
             acc[e] += acc[hi + e]
 
@@ -181,7 +185,8 @@ def streamed8(a, out):
 @njit(nogil=True, cache=True, error_model="numpy")
 def row_sums(a, lanes, out):
     """out[r] = torch's a[r].sum(dtype=out.dtype) of each row of fp32 a [rows, n]: float32, or
-    float64 (each value cast, then summed), with lanes = torch's lanes of that dtype (the probe, tests)."""
+    float64 (each value cast, then summed), with lanes = torch's lanes of that dtype; or of
+    fp64 a into float64 out (the probes, tests)."""
     acc = np.empty(ACC_SIZE, out.dtype)
     n = a.shape[1]
     flat = a.reshape(-1)
