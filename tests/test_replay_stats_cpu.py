@@ -140,3 +140,44 @@ def test_fused_dimension_snapshot_equals_the_torch_path(unit, threads, monkeypat
             a, b = getattr(fused, name)[0], getattr(plain, name)[0]
             assert a.shape == b.shape and a.dtype == b.dtype == torch.float64, (levels, name)
             assert torch.equal(a.view(torch.int64), b.view(torch.int64)), f"unit {unit}, {levels} levels: {name}"
+
+
+@pytest.mark.parametrize("tensors, threads", [(1, 1), (8, 2)])
+def test_fused_gradient_stats_equal_the_torch_path(tensors, threads):
+    """GradientStats' one-pass step (replay_stats.gradient_step) against its torch ops, bit for
+    bit over 4 steps: the per-element g**2 and g**4 sums, the per-step sum of g**2 (above
+    torch's grain on 2 threads: split as torch splits it) and the count of exact zeros among
+    the recorded elements (padding excluded; +0.0 and -0.0 both count)."""
+    from qstate_cli.diagnose.stats import GradientStats
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        layout = Layout(small_trace(1) if tensors == 1 else big_trace(tensors), 256, "cpu")
+        assert layout.valid is not None and (tensors == 1 or layout.n > 32768)
+        fused, plain = GradientStats(layout, 4, fused=True), GradientStats(layout, 4)
+        assert fused._sq is not None and plain._sq is None
+        gen = torch.Generator().manual_seed(tensors)
+        for i in range(4):
+            g = torch.randn(layout.n, generator=gen) * torch.exp(3 * torch.randn(layout.n, generator=gen))
+            g[::9] = 0.0
+            g[4::9] = -0.0
+            g.masked_fill_(~layout.valid, 0.0)
+            for st in (fused, plain):
+                st.observe(i, g)
+        for name in ("g2", "g4", "series"):
+            a, b = getattr(fused, name), getattr(plain, name)
+            assert torch.equal(a.view(torch.int64), b.view(torch.int64)), name
+        assert 0 < plain.series[1].min() < layout.n_valid
+        a, b = fused.collect(), plain.collect()
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    finally:
+        torch.set_num_threads(old)
+
+
+def big_trace(tensors: int):
+    """small_trace's tensors, repeated: a layout above torch's sum grain (32768 elements)."""
+    from dataclasses import replace
+
+    t = small_trace(1)
+    return replace(t, tensors=[replace(x, index=x.index + 10 * k) for k in range(tensors) for x in t.tensors])

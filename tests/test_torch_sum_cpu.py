@@ -112,3 +112,43 @@ def test_unit_sums_of_large_units_are_the_torch_paths():
 
     for unit, spec in ((1024, "int4:bred:b1024"), (2048, "de8:stochastic:b2048")):
         assert_same_stats(*run_both(spec, Layout(small_trace(1), unit, "cpu")), f"{spec}, unit {unit}")
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_sum64_is_torchs_bits_at_every_split(threads):
+    """A sum to one value (ModelStats' per-step sums) splits over torch's threads above the
+    grain: sum64 reproduces the chunks at 1, 2 and 3 threads, at and around the grain and
+    beyond, on awkward values (and NaN / inf)."""
+    from qstate_cli.kernels.cpu import torch_sum
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+            assert torch_sum._split_found(threads), "the probe did not find torch's split"
+        g = torch_sum.GRAIN
+        for n in (1, 100, g - 1, g, g + 1, 2 * g + 3, 3 * g - 1, 123457, 1 << 20):
+            x = awkward_rows(1, n, n).reshape(-1)
+            want = x.sum(dtype=torch.float64).item()
+            assert np.float64(torch_sum.sum64(x)).tobytes() == np.float64(want).tobytes(), (threads, n)
+        x[5], x[777] = float("inf"), -float("inf")
+        assert np.isnan(torch_sum.sum64(x)) and np.isnan(x.sum(dtype=torch.float64).item())
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_the_split_probe_rejects_another_split(monkeypatch):
+    """Chunks other than torch's give other bits on the probe: sum64 then keeps torch's sum."""
+    from qstate_cli.kernels.cpu import torch_sum
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setattr(torch_sum, "split_parts", lambda n: 1)
+        torch_sum._split_found.cache_clear()
+        assert not torch_sum._split_found(2)
+        x = awkward_rows(1, 1 << 18, 9).reshape(-1)
+        assert torch_sum.sum64(x) == x.sum(dtype=torch.float64).item()
+    finally:
+        torch_sum._split_found.cache_clear()
+        torch.set_num_threads(old)

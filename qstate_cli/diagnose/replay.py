@@ -38,6 +38,7 @@ import torch
 
 from ..errors import QstateError
 from ..kernels.cpu import PATH as CPU_PATH  # the fused CPU codec's path (no numba imported)
+from ..kernels.cpu import unavailable_reason as cpu_unavailable
 from ..optim.reset import ResetPolicy
 from ..quant import Stream
 from ..quant.config import STATE_IDS, StateConfig  # streams keyed as the optimizers key them
@@ -45,7 +46,7 @@ from ..runtime import Timer, resolve_device, torch_threads
 from ..theory import reset_period as theory_reset_period
 from ..trace.schema import Trace
 from . import merge
-from .codec import replay_rule, replay_state
+from .codec import check_backend, replay_rule, replay_state
 from . import fused_step
 from .layout import Layout
 from .recursions import Recursion, recursion_for
@@ -233,7 +234,8 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     # against ~37 us for masked_fill_ with the whole layout's mask (1 thread)
     padding = (~layout.valid).nonzero().squeeze(1) if layout.valid is not None else None
     nonfinite = torch.zeros(layout.n_units, dtype=torch.float64, device=device)
-    grad_stats = GradientStats(layout, n_steps)
+    fused_cpu = check_backend(opts.backend) != "reference" and cpu_unavailable(device) is None
+    grad_stats = GradientStats(layout, n_steps, fused=fused_cpu)
     t_start, cpu_start = time.perf_counter(), time.process_time()
     for i in range(n_steps):
         with timer("gather"):

@@ -279,8 +279,8 @@ class ModelStats:
     fused: the state is stored through the fused CPU codec (kernels/cpu/replay.py), so the
     empirical P(stall), the nominal mask and s's cell run in one numba pass
     (kernels/cpu/replay_model.py) and the Gaussian formulas in a few more around torch's own
-    sqrt, erf and exp (kernels/cpu/replay_gauss.py), the same fp32 values as staleness.predict;
-    the float64 sums stay torch ops either way. Under BReD both predictions are +0.0 per
+    sqrt, erf and exp (kernels/cpu/replay_gauss.py), the same fp32 values as staleness.predict,
+    and their float64 sums in numba in torch's order (kernels/cpu/torch_sum.sum64). Under BReD both predictions are +0.0 per
     element, so the fused path writes their sums, +0.0, without summing."""
 
     def __init__(self, layout: Layout, spec: StateSpec, n_steps: int, reduce_absmax=None, fused: bool = False):
@@ -303,11 +303,12 @@ class ModelStats:
                 if gaussian is not None:
                     self.series[1, i] = 0.0
                 return
-            self.series[0, i] = emp.sum(dtype=torch.float64)
+            from ..kernels.cpu.torch_sum import sum64  # = .sum(dtype=torch.float64), the same bits
+            self.series[0, i] = sum64(emp)
             if gaussian is not None:  # cell: s's (down, up), as windows(s) gives them
                 from ..kernels.cpu.replay_gauss import masked_gaussian
                 gauss = masked_gaussian(self.spec.rounding == "stochastic", gaussian, s, *cell, nominal)
-                self.series[1, i] = gauss.sum(dtype=torch.float64)  # = where(nominal, gaussian_p, 0)'s
+                self.series[1, i] = sum64(gauss)  # = where(nominal, gaussian_p, 0)'s sum
             return
         emp, nominal, gauss = predict(self.spec, x_hat, x_new, s, gaussian, self.reduce_absmax)
         if self.valid is not None:
@@ -329,15 +330,23 @@ class GradientStats:
     and g^4 over the steps (kurtosis n sum g^4 / (sum g^2)^2: 3 for a Gaussian of constant
     variance)."""
 
-    def __init__(self, layout: Layout, n_steps: int):
+    def __init__(self, layout: Layout, n_steps: int, fused: bool = False):
+        """fused: on CPU, the whole step in one numba pass (kernels/cpu/replay_stats.gradient_step,
+        the same bits); else torch ops."""
         dev = layout.device
         self.layout = layout
         self.series = torch.zeros(2, n_steps, dtype=torch.float64, device=dev)  # sum g^2, zeros
         self.g2 = torch.zeros(layout.n, dtype=torch.float64, device=dev)
         self.g4 = torch.zeros(layout.n, dtype=torch.float64, device=dev)
         self.n_steps = 0
+        self._sq = torch.empty(layout.n, dtype=torch.float64) if fused and dev.type == "cpu" else None
 
     def observe(self, i: int, g: torch.Tensor) -> None:
+        if self._sq is not None:
+            from ..kernels.cpu.replay_stats import gradient_step
+            self.series[0, i], self.series[1, i] = gradient_step(g, self.layout.valid, self.g2, self.g4, self._sq)
+            self.n_steps += 1
+            return
         g2 = g.double() * g.double()
         self.g2 += g2
         self.g4 += g2 * g2

@@ -41,11 +41,11 @@ _KERNELS: list = []
 
 
 def _kernel(which: int = 0):
-    """0: state_counts, 1: staleness_counts, 2: dimension_sums (imports numba; compiled on
-    first use, cached on disk)."""
+    """0: state_counts, 1: staleness_counts, 2: dimension_sums, 3: gradient_sums (imports
+    numba; compiled on first use, cached on disk)."""
     if not _KERNELS:
-        from .replay_stats_kernel import dimension_sums, staleness_counts, state_counts
-        _KERNELS.extend([state_counts, staleness_counts, dimension_sums])
+        from .replay_stats_kernel import dimension_sums, gradient_sums, staleness_counts, state_counts
+        _KERNELS.extend([state_counts, staleness_counts, dimension_sums, gradient_sums])
     return _KERNELS[which]
 
 
@@ -139,6 +139,22 @@ class CodeCounts:
     def codes(self) -> torch.Tensor:
         """int64 [n_codes * 5]: the per-code counts over every step observed."""
         return torch.from_numpy(self.hist.sum(0))
+
+
+def gradient_step(g: torch.Tensor, valid: torch.Tensor | None, g2: torch.Tensor, g4: torch.Tensor,
+                  sq: torch.Tensor) -> tuple[float, float]:
+    """GradientStats.observe of one step's fp32 gradients g [n] in one numba pass
+    (replay_stats_kernel.gradient_sums): g2 += g**2 and g4 += g**4 (fp64 [n], in place), and
+    (the sum of g**2, #zeros among the recorded elements) with torch's bits (torch_sum.sum64);
+    sq: fp64 [n] scratch."""
+    n = g.numel()
+    if (g.dtype != torch.float32 or not g.is_contiguous() or any(
+            t.dtype != torch.float64 or t.numel() != n or not t.is_contiguous() for t in (g2, g4, sq))
+            or (valid is not None and (valid.dtype != torch.bool or valid.numel() != n))):
+        raise ValueError(f"gradient statistics of {n} elements need fp32 g, fp64 sums and a bool mask")
+    mask = valid.numpy() if valid is not None else np.ones(1, np.bool_)
+    zeros = _kernel(3)(g.numpy(), mask, g2.numpy(), g4.numpy(), sq.numpy())
+    return torch_sum.sum64(sq), float(zeros)
 
 
 def _f32(t: torch.Tensor) -> np.ndarray:

@@ -174,3 +174,25 @@ def dimension_sums(u0, u1, part, err, unit, levels, lanes, small, tail):
             a, b = b, a
         tail[u] = ts.row_sum(a, 0, m, lanes, acc)
     return 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def gradient_sums(g, valid, g2, g4, sq):
+    """GradientStats.observe's per-element part of one step's fp32 gradients g [n]: sq = g**2
+    in fp64 (the cast exact, the product one fp64 op, as torch's g.double() * g.double()),
+    g2 += sq, g4 += sq * sq; returns #(g == 0) over the recorded elements (valid; of size 1:
+    no padding), an exact count. The sum of sq is the caller's (torch_sum.sum64)."""
+    g, valid, g2, g4, sq = nv.borrowed((g, valid, g2, g4, sq))
+    padded = valid.size > 1
+    zeros = np.int64(0)
+    for i in range(np.uint64(g.size)):
+        x = np.float64(g[i])
+        s = x * x
+        sq[i] = s
+        g2[i] += s
+        g4[i] += s * s
+        z = np.int64(g[i] == c.ZERO)
+        if padded:
+            z &= np.int64(valid[i])
+        zeros += z
+    return zeros

@@ -207,3 +207,19 @@ def add_step(u, units, series, i, lanes):
             units[r, k] += np.float64(u[r, k])
         series[r, i] = row_sum(u[r], 0, n, lanes, acc)
     return 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def split_sum(a, parts, lanes):
+    """torch's a.sum(dtype=float64) of a 1-D fp32 (or fp64) a, as ATen splits a sum to one
+    value over `parts` threads (torch_sum.sum64 works out `parts`): chunks of ceil(n / parts)
+    values, each summed as a row (row_sum, lanes = torch's fp64 lanes), then 0 + the chunk
+    sums in thread order. Summed here on one thread: the bits depend on the chunks only."""
+    acc = np.empty(ACC_SIZE, np.float64)
+    n = a.size
+    chunk = (n + parts - 1) // parts
+    total = 0.0
+    for t in range(parts):
+        b0 = min(n, t * chunk)
+        total += row_sum(a, b0, min(n, b0 + chunk) - b0, lanes, acc)
+    return total
