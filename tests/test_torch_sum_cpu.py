@@ -125,7 +125,9 @@ def test_sum64_is_torchs_bits_at_every_split(threads):
     torch.set_num_threads(threads)
     try:
         if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
-            assert torch_sum._split_found(threads), "the probe did not find torch's split"
+            w = torch_sum.lanes()[1]
+            assert torch_sum._split_found(threads, torch.float32, w), "the probe did not find torch's split"
+            assert torch_sum._split_found(threads, torch.float64, torch_sum.f64_row_lanes())
         g = torch_sum.GRAIN
         for n in (1, 100, g - 1, g, g + 1, 2 * g + 3, 3 * g - 1, 123457, 1 << 20):
             x = awkward_rows(1, n, n).reshape(-1)
@@ -146,7 +148,7 @@ def test_the_split_probe_rejects_another_split(monkeypatch):
     try:
         monkeypatch.setattr(torch_sum, "split_parts", lambda n: 1)
         torch_sum._split_found.cache_clear()
-        assert not torch_sum._split_found(2)
+        assert not torch_sum._split_found(2, torch.float32, torch_sum.lanes()[1])
         x = awkward_rows(1, 1 << 18, 9).reshape(-1)
         assert torch_sum.sum64(x) == x.sum(dtype=torch.float64).item()
     finally:

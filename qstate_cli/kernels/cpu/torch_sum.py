@@ -98,14 +98,11 @@ def _lanes_of(dtype: torch.dtype) -> int | None:
 
 
 @lru_cache(maxsize=None)
-def _split_found(threads: int, dtype: torch.dtype = torch.float32) -> bool:
-    """Whether torch_sum_kernel.split_sum gives torch's x.sum(dtype=torch.float64) of 1-D x
-    (fp32 or fp64) at this thread count, on SPLIT_PROBE lengths (around the grain, and large)."""
+def _split_found(threads: int, dtype: torch.dtype, w: int) -> bool:
+    """Whether torch_sum_kernel.split_sum with w lanes gives torch's x.sum(dtype=torch.float64)
+    of 1-D x (fp32 or fp64) at this thread count, on SPLIT_PROBE lengths (around the grain, and large)."""
     from .torch_sum_kernel import split_sum
 
-    w = _lanes_of(dtype)
-    if w is None:
-        return False
     gen = torch.Generator().manual_seed(20261203 + threads)
     for n in SPLIT_PROBE:
         x = (torch.randn(n, generator=gen) * torch.exp(3 * torch.randn(n, generator=gen))).to(dtype)
@@ -119,11 +116,11 @@ def sum64(x: torch.Tensor) -> float:
     """x.sum(dtype=torch.float64) of a contiguous 1-D fp32 or fp64 CPU tensor, the same bits,
     in one numba pass where torch's order at this thread count was found (_split_found):
     ~7x faster at 2**20 fp32 values, as torch casts the whole tensor to fp64 first; else torch's."""
-    cpu_row = x.device.type == "cpu" and x.dim() == 1 and x.is_contiguous()
-    if cpu_row and _split_found(torch.get_num_threads(), x.dtype):
+    w = _lanes_of(x.dtype) if x.device.type == "cpu" and x.dim() == 1 and x.is_contiguous() else None
+    if w is not None and _split_found(torch.get_num_threads(), x.dtype, w):
         from .torch_sum_kernel import split_sum
 
-        return float(split_sum(x.numpy(), split_parts(x.numel()), _lanes_of(x.dtype)))
+        return float(split_sum(x.numpy(), split_parts(x.numel()), w))
     return float(x.sum(dtype=torch.float64))
 
 
