@@ -280,8 +280,9 @@ class ModelStats:
     empirical P(stall), the nominal mask and s's cell run in one numba pass
     (kernels/cpu/replay_model.py) and the Gaussian formulas in a few more around torch's own
     sqrt, erf and exp (kernels/cpu/replay_gauss.py), the same fp32 values as staleness.predict,
-    and their float64 sums in numba in torch's order (kernels/cpu/torch_sum.sum64). Under BReD both predictions are +0.0 per
-    element, so the fused path writes their sums, +0.0, without summing."""
+    and their float64 sums in numba in torch's order (kernels/cpu/torch_sum.sum64). Under
+    BReD both predictions are +0.0 per element, so the fused path writes their sums, +0.0,
+    without summing."""
 
     def __init__(self, layout: Layout, spec: StateSpec, n_steps: int, reduce_absmax=None, fused: bool = False):
         self.spec, self.reduce_absmax = spec, reduce_absmax

@@ -12,7 +12,8 @@
     replay.py    `qstate diagnose`'s fused state codec (diagnose/codec.FUSED["cpu"]; no numba
                  until used), its kernel in replay_kernel.py: one compilation for every layout
     replay_stats.py  the replay's integer statistics (stalls, code changes, per-code counts) on
-                 the fused codec's codes, its kernel in replay_stats_kernel.py (no numba until used)
+                 the fused codec's codes, a snapshot's staleness histogram and dimension sums,
+                 the gradients' statistics; kernels in replay_stats_kernel.py (no numba until used)
     replay_model.py  the replay's staleness model (diagnose/staleness.predict's per-element part:
                  empirical P(stall), nominal mask, the shadow's cells), kernel in replay_model_kernel.py
     replay_rule.py   the replay's AdamW/Adam rule and UpdateStats' per-unit sums in one pass each,
@@ -21,7 +22,8 @@
                  codec and statistics, the update's sums) in one numba call per thread, from the
                  kernels above (diagnose/fused_step.py), kernel in replay_step_kernel.py
     torch_sum.py torch's CPU sum in torch's own order of additions (the statistics' per-unit and
-                 per-step sums), probed against torch once per process; kernel in torch_sum_kernel.py
+                 per-step sums, a sum to one value split over torch's threads), probed against
+                 torch once per process; kernel in torch_sum_kernel.py
 
 The same spec as the Triton kernels (quant/, optim/rules.py), bit for bit, for the same
 formats (launch.why_not_covered) and the block-scaled 4- and 8-bit minifloats, which no

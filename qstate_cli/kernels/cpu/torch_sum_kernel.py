@@ -54,7 +54,8 @@ def _cascade(a, start, groups, width, acc):
     step = 1 << p
     # levels above 0 stay zero unless a run of 2**p groups fills level 0; adding their +0.0
     # changes no sum (an accumulator starts at +0.0 and never holds -0.0), so a short row
-    # skips them: it zeros and folds level 0 only (a row_sum of 128 values: ~3x faster)
+    # skips them: it zeros and folds level 0 only (replay_stats_kernel.dimension_sums, rows of
+    # 2 .. 128 values: 4.6 -> 3.1 ms per 2**20 errors)
     levels = np.uint64(LEVELS) if groups >= step else np.uint64(1)
     for e in range(levels * r):
         acc[e] = 0.0
