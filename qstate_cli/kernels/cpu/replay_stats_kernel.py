@@ -19,6 +19,16 @@ N_CLASSES = 5  # diagnose/stats.N_CODE_CLASSES
 LANES = 4  # interleaved histogram copies: neighbours that hit the same bin do not wait on each other
 
 
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _add_copies(local, hist, part, nbins):
+    """hist[part, k] += the sum of the LANES interleaved local copies of bin k."""
+    for k in range(nbins):
+        t = np.int64(0)
+        for lane in range(LANES):
+            t += local[lane * nbins + k]
+        hist[part, k] += t
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change, step, unit, sums, hist,
                  shadow, err, shift, mask, lanes, keep):
@@ -109,11 +119,7 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
         sums[2, u] = np.float32(n_stall)
         sums[3, u] = np.float32(n_nominal)
         sums[5, u] = np.float32(n_cstall)
-    for k in range(nbins):
-        t = np.int64(0)
-        for lane in range(LANES):
-            t += local[lane * nbins + k]
-        hist[part, k] += t
+    _add_copies(local, hist, part, nbins)
     return 0
 
 
@@ -136,11 +142,7 @@ def staleness_counts(u0, u1, part, last_change, valid, step, unit, hist):
         if padded and not valid[i]:
             k = 0
         local[k + (np.int64(i) & np.int64(LANES - 1)) * nbins] += 1
-    for k in range(nbins):
-        t = np.int64(0)
-        for lane in range(LANES):
-            t += local[lane * nbins + k]
-        hist[part, k] += t
+    _add_copies(local, hist, part, nbins)
     return 0
 
 
