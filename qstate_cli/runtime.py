@@ -15,6 +15,9 @@ One definition of each, used by every engine (bench, diagnose, train, trace):
     Timer(device, sync)
         wall seconds per named phase, summed over calls; sync=True on CUDA synchronizes
         around each phase so a phase is charged for the GPU work it queued
+    Workers(n)
+        fn(item) for every item of a list on n threads (this one among them), returning
+        when all are done: independent pieces of work in one step of a loop
     cache_dir()
         qstate's cache folder: $QSTATE_CACHE, else $XDG_CACHE_HOME/qstate, else ~/.cache/qstate
 
@@ -25,9 +28,12 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -119,6 +125,56 @@ class Timer:
             if self.sync:
                 torch.cuda.synchronize(self.device)
             self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0
+
+
+class Workers:
+    """Run independent calls on n threads, this thread one of them:
+
+        with Workers(2) as workers:
+            for step in ...:
+                workers.each(fn, items)   # fn(item) once per item, in any order; returns when all are done
+
+    Each of the n threads takes the next item not yet taken until none is left, so a slow
+    item does not hold the others back. An exception in any call is raised by `each`,
+    after every thread has stopped. The calls must not share anything they write; they
+    run in parallel only where they release the GIL (numba's nogil kernels, torch ops).
+    n = 1 (or a single item) calls fn on this thread, in order, with no pool."""
+
+    def __init__(self, n: int):
+        self.n = max(1, int(n))
+        self._pool = ThreadPoolExecutor(self.n - 1, thread_name_prefix="qstate-worker") if self.n > 1 else None
+
+    def each(self, fn: Callable, items: list) -> None:
+        if self._pool is None or len(items) < 2:
+            for item in items:
+                fn(item)
+            return
+        taken, lock = [0], threading.Lock()
+
+        def drain():
+            while True:
+                with lock:
+                    k = taken[0]
+                    taken[0] += 1
+                if k >= len(items):
+                    return
+                fn(items[k])
+
+        helpers = [self._pool.submit(drain) for _ in range(min(self.n, len(items)) - 1)]
+        try:
+            drain()
+        finally:
+            errors = [f.exception() for f in helpers]  # waits for each helper to stop
+        for exc in errors:
+            if exc is not None:
+                raise exc
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
 
 def cache_dir() -> Path:

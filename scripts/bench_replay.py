@@ -2,7 +2,7 @@
 (`--backend auto`) against the reference (`--backend reference`), on the demo trace and on a
 large synthetic trace (docs/diagnose.md, "Replay throughput").
 
-    PYTHONPATH=$PWD nice python scripts/bench_replay.py [--configs bred-4bit nearest-4bit]
+    PYTHONPATH=$PWD nice python scripts/bench_replay.py [--configs bred-4bit nearest-4bit] [--config-threads 2]
         [--numel 262144] [--steps 100] [--demo-steps 2000] [--repeats 3] [--backends auto reference]
 
 Traces: `demo` (the cached demo trace, `qstate trace demo`) and a synthetic-heavy trace
@@ -60,6 +60,7 @@ class CpuTimer(runtime.Timer):
     machine shared with other jobs a phase that waits for a core costs wall time, not CPU."""
 
     last: "CpuTimer | None" = None
+    per_thread = False  # --config-threads > 1: a phase's CPU seconds are its own thread's (time.thread_time)
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
@@ -68,24 +69,26 @@ class CpuTimer(runtime.Timer):
 
     @contextmanager
     def __call__(self, name: str):
-        c0 = time.process_time()
+        clock = time.thread_time if self.per_thread else time.process_time
+        c0 = clock()
         with super().__call__(name):
             yield
-        self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - c0
+        self.cpu[name] = self.cpu.get(name, 0.0) + clock() - c0
 
 
-def time_replay(trace, configs, backend: str, steps: int | None) -> dict:
+def time_replay(trace, configs, backend: str, steps: int | None, config_threads: int = 1) -> dict:
     """One replay: {phase: wall seconds}, {phase: CPU seconds}, element-steps, wall and CPU
     seconds of the step loop."""
-    _, raw = diagnose(trace, configs, steps_limit=steps, device="cpu", profile_phases=True, backend=backend)
+    _, raw = diagnose(trace, configs, steps_limit=steps, device="cpu", profile_phases=True, backend=backend,
+                      config_threads=config_threads)
     return {"phases": dict(raw.timings_s), "cpu": dict(CpuTimer.last.cpu),
             "element_steps": raw.layout.n_valid * raw.n_steps, "wall": raw.wall_s, "loop_cpu": raw.cpu_s,
             "codec": {str(c.cfg): c.codec for c in raw.configs}}
 
 
-def bench(trace, name: str, configs, backends, steps, repeats: int) -> list[dict]:
+def bench(trace, name: str, configs, backends, steps, repeats: int, config_threads: int = 1) -> list[dict]:
     """Rows: per phase and backend, the median seconds and M element-steps/s."""
-    runs = {b: [time_replay(trace, configs, b, steps) for _ in range(repeats)] for b in backends}
+    runs = {b: [time_replay(trace, configs, b, steps, config_threads) for _ in range(repeats)] for b in backends}
     rows = []
     el = runs[backends[0]][0]["element_steps"]
     for phase in ["gather", "shadow"] + [str(c) for c in configs] + ["loop"]:
@@ -135,7 +138,10 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", nargs="+", default=["auto", "reference"], choices=["auto", "reference"])
     ap.add_argument("--traces", nargs="+", default=["demo", "synthetic"], choices=["demo", "synthetic"])
     ap.add_argument("--cache", type=Path, default=None, help="folder of the synthetic trace (default: qstate's cache)")
+    ap.add_argument("--config-threads", type=int, default=1,
+                    help="configurations replayed at once (qstate diagnose --config-threads)")
     args = ap.parse_args(argv)
+    CpuTimer.per_thread = args.config_threads > 1
     replay_module.Timer = CpuTimer  # CPU seconds per phase too (the replay's own Timer otherwise)
     configs = select_configs(args.configs)
     traces = []
@@ -148,11 +154,11 @@ def main(argv=None) -> int:
     for _, trace, _ in traces[:1]:  # numba compiles (or loads its disk cache) here, untimed
         for b in args.backends:
             time_replay(trace, configs, b, 2)
-    print(f"# torch threads {torch.get_num_threads()}, warm-up {time.perf_counter() - t0:.1f} s, "
+    print(f"# torch threads {torch.get_num_threads()}, configuration threads {args.config_threads}, warm-up {time.perf_counter() - t0:.1f} s, "
           f"median of {args.repeats}; M/s = M element-steps/s of the phase")
     rows = []
     for name, trace, steps in traces:
-        rows += bench(trace, name, configs, args.backends, steps, args.repeats)
+        rows += bench(trace, name, configs, args.backends, steps, args.repeats, args.config_threads)
     show(rows, args.backends)
     return 0
 

@@ -21,7 +21,7 @@ import torch
 from bench_replay import synthetic_trace
 from qstate_cli.diagnose.layout import Layout
 from qstate_cli.errors import QstateError
-from qstate_cli.diagnose.replay import _stream
+from qstate_cli.diagnose.step import stream_for
 from qstate_cli.kernels.cpu import replay as cpu_replay
 from qstate_cli.quant import parse_spec
 from qstate_cli.trace import load_trace
@@ -43,7 +43,7 @@ def main() -> None:
         except QstateError as exc:
             print(f"{text:28s} {exc}")
             continue
-        state, why = cpu_replay.fused_state(spec, layout, _stream(layout, spec, 0, 1))
+        state, why = cpu_replay.fused_state(spec, layout, stream_for(layout, spec, 0, 1))
         if state is None:
             print(f"{text:28s} reference path: {why}")
             continue

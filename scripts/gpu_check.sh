@@ -8,6 +8,7 @@
 # Files: summary.log (one line per stage), <stage>.log, junit XML of the test stages,
 # headline.json, bench-kernels-4bit.json/.csv, bench-kernels-gpt2.json, bench-memory.json,
 # diagnose-demo-reference.json / diagnose-demo-auto.json (the replay's codec, stage replay_codec),
+# diagnose-cpu-threads1.json / diagnose-cpu-threads8.json (configurations in parallel on CPU, stage replay_cpu_threads),
 # prediction.log / prediction.jsonl (each measured fused-kernel row beside the static
 # SASS prediction of scripts/sass_budget.py, compiled with this machine's Triton).
 # Every stage runs even if an earlier one failed (exit status 1 if any failed); a stage
@@ -127,11 +128,35 @@ for c in r:
 REPLAY_STEPS="${REPLAY_STEPS:-400}"
 export -f replay_codec; export REPLAY_STEPS
 stage replay_codec 75 bash -c replay_codec
+# 5c. Configurations in parallel on this machine's CPU cores (`qstate diagnose --config-threads`,
+#     docs/diagnose.md): the trace of 5b on --device cpu, the default configurations,
+#     CPU_REPLAY_STEPS steps, on 1 thread and on 8 (numba is not installed there: the
+#     reference codec); the loop's wall and CPU seconds, and whether the records are the same.
+replay_cpu_threads() {
+    local trace=demo n
+    [ -f "$OUT_DIR/demo-${REPLAY_STEPS}steps.pt" ] && trace="$OUT_DIR/demo-${REPLAY_STEPS}steps.pt"
+    for n in 1 8; do
+        "$PY" -m qstate_cli diagnose "$trace" --profile --device cpu --skip-reset-check \
+            --steps-limit "$CPU_REPLAY_STEPS" --config-threads "$n" --json "$OUT_DIR/diagnose-cpu-threads$n.json" \
+            > /dev/null || return 1
+    done
+    "$PY" -c "
+import json
+d = {n: json.load(open('$OUT_DIR/diagnose-cpu-threads%d.json' % n)) for n in (1, 8)}
+for n, doc in d.items():
+    p = doc['meta']['profile']
+    print(f'config threads {n} (ran {p[\"config_threads\"]}): loop {p[\"replay_s\"]:.2f} s wall, {p[\"replay_cpu_s\"]:.2f} s CPU, '
+          f'{p[\"element_steps_per_s_per_config\"] / 1e6:.2f} M element-steps/s per configuration')
+print('records the same:', json.dumps(d[1]['records']) == json.dumps(d[8]['records']))"
+}
+CPU_REPLAY_STEPS="${CPU_REPLAY_STEPS:-200}"
+export -f replay_cpu_threads; export CPU_REPLAY_STEPS
+stage replay_cpu_threads 45 bash -c replay_cpu_threads
 # 6. Every other CUDA test (timers, replay on the GPU, ...).
 stage cuda_tests 90 "$PY" -m pytest -q -ra -m cuda tests --ignore-glob='tests/test_kernels_*' \
     --junitxml="$OUT_DIR/cuda_tests.xml"
 
-for f in headline bench_kernels prediction bench_gpt2 bench_memory replay_codec; do
+for f in headline bench_kernels prediction bench_gpt2 bench_memory replay_codec replay_cpu_threads; do
     echo "== $f (tail)"; tail -n 30 "$OUT_DIR/$f.log" 2>/dev/null || true
 done
 echo "== done in $(( $(date +%s) - T0 ))s: $([ "$failed" -eq 0 ] && echo 'all stages ok' || echo 'some stages FAILED') (see $SUMMARY)" | tee -a "$SUMMARY"

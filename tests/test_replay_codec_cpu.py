@@ -12,7 +12,7 @@ import torch
 from qstate_cli.diagnose import diagnose
 from qstate_cli.diagnose.codec import replay_state
 from qstate_cli.diagnose.layout import Layout
-from qstate_cli.diagnose.replay import _stream
+from qstate_cli.diagnose.step import stream_for
 from qstate_cli.kernels import cpu
 from qstate_cli.quant import QuantizedState, parse_config, parse_spec
 from qstate_cli.trace.schema import Trace, TraceTensor
@@ -69,7 +69,7 @@ def assert_same(fused: QuantizedState, ref: QuantizedState, what: str) -> None:
 def assert_finished_as_the_replay(fused, ref, x: torch.Tensor, step: int, layout: Layout, what: str) -> None:
     """encode(..., clamp_zero, zero_padding): the value read back as the replay keeps it,
     equal to the reference's decode, then torch's clamp(min=0) (-0.0 and NaN kept) and the
-    padding's index_fill_ (replay._store's torch path); the codes and scales as without."""
+    padding's index_fill_ (step.store's torch path); the codes and scales as without."""
     padding = (~layout.valid).nonzero().squeeze(1)
     assert padding.numel() > 0  # the layout has padding to zero
     for clamp, pad in ((True, False), (False, True), (True, True)):
@@ -104,7 +104,7 @@ def test_finish_read_back_is_torchs_clamp_then_the_padding_fill():
 
 def check_spec(spec_text: str, layout: Layout, steps=(1, 2, 9)) -> None:
     spec = parse_spec(spec_text)
-    stream = _stream(layout, spec, 77, 1)
+    stream = stream_for(layout, spec, 77, 1)
     fused, path, why = replay_state(spec, layout, stream, None, "auto")
     assert why is None and path == cpu.PATH, why
     ref = QuantizedState(spec, (layout.n,), stream, device="cpu")
@@ -157,7 +157,7 @@ def test_code_book_search_at_every_entry_and_its_neighbours(fmt, rounding):
     spec = parse_spec(f"{fmt}:{rounding}:b32")
     x = cands.repeat(-(-layout.n // cands.numel()))[:layout.n].clone()
     x[::32] = 1.0
-    stream = _stream(layout, spec, 77, 0)
+    stream = stream_for(layout, spec, 77, 0)
     fused, _, why = replay_state(spec, layout, stream, None, "auto")
     assert why is None
     ref = QuantizedState(spec, (layout.n,), stream, device="cpu")
@@ -178,7 +178,7 @@ def test_minifloat_at_every_ordinal_midpoint_and_neighbour(fmt, rounding):
     spec = parse_spec(f"{fmt}:{rounding}:b64")
     x = crafted(spec.fmt)
     x = x.repeat(-(-layout.n // x.numel()))[:layout.n].clone()
-    stream = _stream(layout, spec, 77, 0)
+    stream = stream_for(layout, spec, 77, 0)
     fused, _, why = replay_state(spec, layout, stream, None, "auto")
     assert why is None
     ref = QuantizedState(spec, (layout.n,), stream, device="cpu")
@@ -213,7 +213,7 @@ def test_16bit_float_at_every_ordinal_midpoint_and_neighbour(fmt, rounding):
     spec = parse_spec(f"{fmt}:{rounding}")
     cands = every_16bit_ordinal(torch.bfloat16 if fmt == "bf16" else torch.float16)
     cands = cands[torch.randperm(cands.numel(), generator=torch.Generator().manual_seed(3))]
-    stream = _stream(layout, spec, 77, 0)
+    stream = stream_for(layout, spec, 77, 0)
     fused, _, why = replay_state(spec, layout, stream, None, "auto")
     assert why is None
     ref = QuantizedState(spec, (layout.n,), stream, device="cpu")
@@ -253,7 +253,7 @@ def test_a_block_at_an_odd_element_falls_back_under_stochastic_rounding(monkeypa
     monkeypatch.setattr(cpu_replay, "_plan", lambda layout, B: odd)
     for rounding, fused in (("stochastic", False), ("nearest", True), ("bred", True)):
         spec = parse_spec(f"int4:{rounding}:b32")
-        state, why = cpu_replay.fused_state(spec, layout, _stream(layout, spec, 77, 1))
+        state, why = cpu_replay.fused_state(spec, layout, stream_for(layout, spec, 77, 1))
         assert (state is not None) == fused, why
         assert fused or "odd element index" in why
 

@@ -19,7 +19,7 @@ from kernel_parity import assert_bits_equal
 from qstate_cli.diagnose import codec
 from qstate_cli.diagnose.codec_triton import TritonReplayState, triton_state, why_not
 from qstate_cli.diagnose.layout import Layout
-from qstate_cli.diagnose.replay import _stream
+from qstate_cli.diagnose.step import stream_for
 from qstate_cli.diagnose.run import diagnose
 from qstate_cli.quant import QuantizedState, parse_config, parse_spec
 from qstate_cli.trace.schema import Trace, TraceTensor
@@ -59,7 +59,7 @@ def _scale_bits(s: torch.Tensor) -> torch.Tensor:
 
 def assert_codec_parity(layout: Layout, text: str, steps=(1, 2, 7)) -> None:
     spec = parse_spec(text)
-    stream = _stream(layout, spec, SEED, 1)
+    stream = stream_for(layout, spec, SEED, 1)
     fused, why = triton_state(spec, layout, stream, None)
     assert why is None and isinstance(fused, TritonReplayState), why
     ref = QuantizedState(spec, (layout.n,), stream, device=layout.device)
@@ -105,10 +105,10 @@ def test_states_without_a_kernel_keep_the_reference_with_the_reason(trace):
              "int8:nearest:b128:sfp16": "FlashOptim"}
     for text, reason in cases.items():
         spec = parse_spec(text)
-        state, why = triton_state(spec, layout, _stream(layout, spec, SEED, 0), None)
+        state, why = triton_state(spec, layout, stream_for(layout, spec, SEED, 0), None)
         assert state is None and reason in why, (text, why)
     spec = parse_spec("int4:bred:b128")  # a stream that is not the layout's: its keys would be wrong
-    assert "not this layout's" in why_not(spec, layout, _stream(Layout(trace, 128, DEVICE), spec, SEED, 0))
+    assert "not this layout's" in why_not(spec, layout, stream_for(Layout(trace, 128, DEVICE), spec, SEED, 0))
     assert codec.FUSED["cuda"] is not None  # the replay picks the codec on CUDA (conftest: no GPU here)
 
 
@@ -121,7 +121,7 @@ def test_code_books_without_zero_keep_the_reference_for_stochastic_padding(trace
     assert layout.valid is not None
     for text in ("de4nz:stochastic:b32", "de8nz:stochastic:b128"):
         spec = parse_spec(text)
-        state, why = triton_state(spec, layout, _stream(layout, spec, SEED, 0), None)
+        state, why = triton_state(spec, layout, stream_for(layout, spec, SEED, 0), None)
         assert state is None and "no code for 0" in why, (text, why)
     assert_codec_parity(layout, "de4nz:nearest:b32", steps=(2,))
     assert_codec_parity(layout, "de8nz:bred:b128", steps=(2,))

@@ -12,7 +12,7 @@ import torch
 
 from qstate_cli.diagnose.codec import replay_state
 from qstate_cli.diagnose.layout import Layout
-from qstate_cli.diagnose.replay import _stream
+from qstate_cli.diagnose.step import stream_for
 from qstate_cli.diagnose.stats import StateStats, unit_sums
 from qstate_cli.kernels import cpu
 from qstate_cli.quant import parse_spec
@@ -30,7 +30,7 @@ SPECS = ["int4:nearest:b128", "uint4:stochastic:b32:sqrt", "de4:bred:b256", "lin
 def run_both(spec_text: str, layout: Layout):
     """(fused StateStats, torch StateStats) after the same STEPS observations."""
     spec = parse_spec(spec_text)
-    q, path, why = replay_state(spec, layout, _stream(layout, spec, 77, 1), None, "auto")
+    q, path, why = replay_state(spec, layout, stream_for(layout, spec, 77, 1), None, "auto")
     assert path == cpu.PATH, why
     fused = StateStats(layout, spec, STEPS, SNAP, fused=True)
     plain = StateStats(layout, spec, STEPS, SNAP)

@@ -56,3 +56,49 @@ def test_timer_sums_phases_on_a_fake_clock(monkeypatch):
         raise ValueError  # a phase that raises is still charged
     assert timer.totals == {"a": 0.75, "b": 1.0} and timer.seconds == 1.75
     assert timer.exact and not timer.sync
+
+
+def test_workers_call_each_item_once_and_wait_for_all():
+    """Three threads over 30 items: every item once, `each` returns only when all are done
+    (the slow items finish after the fast ones were taken), and more than one thread works."""
+    import threading
+    import time
+
+    done, threads = [], set()
+
+    def work(k):
+        time.sleep(0.002 if k % 3 == 0 else 0.0)
+        threads.add(threading.get_ident())
+        done.append(k)
+
+    with runtime.Workers(3) as workers:
+        for _ in range(2):
+            done.clear()
+            workers.each(work, list(range(30)))
+            assert sorted(done) == list(range(30))
+    assert len(threads) > 1
+
+
+def test_workers_raise_a_call_error_after_every_thread_stopped():
+    import time
+
+    finished = []
+
+    def work(k):
+        if k == 1:
+            raise KeyError("item 1")
+        time.sleep(0.01)
+        finished.append(k)
+
+    with runtime.Workers(2) as workers, pytest.raises(KeyError, match="item 1"):
+        workers.each(work, [0, 1, 2, 3])
+    assert sorted(finished) == [0, 2, 3]  # the other items ran to their end before `each` raised
+
+
+def test_one_worker_runs_in_order_on_this_thread():
+    import threading
+
+    seen = []
+    with runtime.Workers(1) as workers:
+        workers.each(lambda k: seen.append((k, threading.get_ident())), [3, 1, 2])
+    assert seen == [(3, threading.get_ident()), (1, threading.get_ident()), (2, threading.get_ident())]

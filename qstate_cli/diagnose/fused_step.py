@@ -1,7 +1,7 @@
 """The replay's whole configuration step in one numba call (kernels/cpu/replay_step.py), for
 an AdamW/Adam trace replayed on CPU through the fused rule, codec and statistics.
 
-replay._step_config calls the rule, then per state the staleness model, the codec and
+step.step_config calls the rule, then per state the staleness model, the codec and
 StateStats, then UpdateStats: ~8 kernels and ~100 Python and torch operations a step. Where
 every one of those runs on the fused CPU path (the fused rule, both states block-scaled 4-
 or 8-bit on the fused codec with its code statistics, UpdateStats fused, torch's sum order
@@ -16,7 +16,7 @@ from ..kernels.cpu import PATH as CPU_PATH
 
 
 def fused_step_for(c, rule, layout):
-    """A kernels/cpu/replay_step.FusedAdamStep for configuration c (replay._ConfigReplay), or None
+    """A kernels/cpu/replay_step.FusedAdamStep for configuration c (step.ConfigState), or None
     where its step does not run wholly on the fused CPU path (module docstring)."""
     from .recursions import FusedAdamRule
 
@@ -44,7 +44,7 @@ def rule(c, g) -> dict:
 
 
 def step(c, sh, g, i: int, codec_step: int, ruled: bool = False) -> None:
-    """Replay step t = i + 1 of configuration c against shadow sh, as replay._step_config
+    """Replay step t = i + 1 of configuration c against shadow sh, as step.step_config
     does it (c.since already counts this step; ruled: `rule` ran for it)."""
     fs, st = c.fused, c.stats
     keep = st["m"].snapshot_due(i)

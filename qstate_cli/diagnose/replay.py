@@ -8,6 +8,7 @@ Per step (one pass over the trace, all configurations together):
     config : u, x = rule(g, x_hat_prev)         (optim.rules via recursions.py)
              x_hat = decode(encode(x))           (quant.QuantizedState, step-keyed streams)
              statistics of x_hat vs s and of u vs u_ref (stats.py)
+    (step.py: one step of a shadow and of a configuration)
 
 exactly as the reference optimizer does it (quantized states read back as zeros until
 written; a reset puts them back to that; a v read back below 0 is clamped to 0, as the optimizer does),
@@ -23,6 +24,10 @@ MODEL_MIN_POINTS steps), every step of a replay up to twice that. On CPU, an Ada
 configuration whose rule, codec and statistics are all fused steps in one kernel call
 (fused_step.py), the same records.
 
+The configurations of a step run one after another, or up to ReplayOptions.config_threads
+at once (`--config-threads`, runtime.Workers): each writes only its own states and reads
+the step's gradients and shadow, so the records are the same.
+
 Under torchrun (`ReplayOptions.split`, distributed.py) each rank runs this loop on its
 part of the layout (layout.py) or on its configurations, and the parts are merged
 (merge.py) into the Replay one process would return.
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -40,15 +46,15 @@ from ..errors import QstateError
 from ..kernels.cpu import PATH as CPU_PATH  # the fused CPU codec's path (no numba imported)
 from ..kernels.cpu import unavailable_reason as cpu_unavailable
 from ..optim.reset import ResetPolicy
-from ..quant import Stream
 from ..quant.config import STATE_IDS, StateConfig  # streams keyed as the optimizers key them
-from ..runtime import Timer, resolve_device, torch_threads
+from ..runtime import Timer, Workers, resolve_device, torch_threads
 from ..theory import reset_period as theory_reset_period
 from ..trace.schema import Trace
 from . import merge
 from .codec import check_backend, replay_rule, replay_state
 from . import fused_step
 from .layout import Layout
+from .step import ConfigState, Shadow, step_config, step_shadow, stream_for
 from .recursions import Recursion, recursion_for
 from .stats import GradientStats, ModelStats, StateStats, UpdateStats, dimension_ms, fidelity, unit_sums
 
@@ -68,6 +74,7 @@ class ReplayOptions:
     models: bool = True  # evaluate the staleness model (staleness.py)
     backend: str = "auto"  # the states' codec: auto (a fused one where it covers the state) or reference (codec.py)
     fused_step: bool = True  # a whole configuration step in one kernel call where it covers it (fused_step.py)
+    config_threads: int = 1  # configurations stepped at once on CPU (config_threads_for)
 
 
 @dataclass
@@ -98,6 +105,7 @@ class ReplayPart:
     timings_s: dict[str, float]
     timings_synchronized: bool
     final_states: dict | None = None  # keep_states: {config: {state: [per-tensor piece]}}
+    config_threads: int = 1
 
 
 @dataclass
@@ -119,41 +127,11 @@ class Replay:
     configs: list[ConfigReplay]
     gradients: dict = field(default_factory=dict)  # GradientStats.collect(): the Gaussian model's assumptions
     final_states: dict | None = None  # keep_states: {config: {state: [per-tensor stored values]}}
+    config_threads: int = 1  # configurations stepped in parallel (config_threads_for; the most of any rank)
 
     @property
     def nonfinite_grads(self) -> int:
         return int(self.nonfinite_units.sum())
-
-
-@dataclass
-class _Shadow:
-    """fp32 states under one reset schedule (period None: never reset)."""
-
-    period: int | None
-    x: dict
-    since: int = 0
-    prev: dict = field(default_factory=dict)  # the states before this step (after a reset: zeros)
-    reset_now: bool = False
-    x2_units: dict = field(default_factory=dict)
-    update: torch.Tensor | None = None
-    ref2_units: torch.Tensor | None = None
-
-
-@dataclass
-class _ConfigReplay:
-    cfg: StateConfig
-    period: int | None
-    period_reason: str
-    states: dict  # name -> QuantizedState
-    x_hat: dict
-    stats: dict  # name -> StateStats
-    update: UpdateStats
-    clamp: dict  # name -> bool (v on a grid that can read back below 0: clamped, as base.py does)
-    models: dict  # name -> ModelStats (quantized states only)
-    shadow: int | None  # key of the fp32 shadow it is measured against
-    codec: dict  # name -> [path, why the reference ran or None] (codec.py)
-    since: int = 0  # steps since the start or the last reset
-    fused: object | None = None  # the whole step in one kernel call (fused_step.py), or None
 
 
 def reset_schedule(reset, cfg: StateConfig, rec: Recursion) -> tuple[int | None, str]:
@@ -199,12 +177,25 @@ def replay(trace: Trace, opts: ReplayOptions, progress: Callable[[int, int], Non
         mine = mine[split.rank::split.size]
     layout = Layout(trace, unit, device, part)
     small = device.type == "cpu" and trace.recorded_elements < SMALL_LAYOUT
+    workers = config_threads_for(opts, device, len(mine))
     with torch_threads(1 if small else None):  # small ops: one thread is fastest (runtime.py)
-        here = _replay(trace, opts, mine, rec, layout, n_steps, reduce_absmax, progress) if mine else ReplayPart(
+        here = _replay(trace, opts, mine, rec, layout, n_steps, reduce_absmax, progress, workers) if mine else ReplayPart(
             layout.units, [], None, None, 0.0, 0.0, torch.get_num_threads(), {}, True)
     parts = [here] if split is None else split.all_gather(here)
     whole = layout if layout.whole else Layout(trace, unit, device, upload=False)
     return _assemble(trace, opts, rec, whole, n_steps, str(device), parts)
+
+
+def config_threads_for(opts: ReplayOptions, device: torch.device, n_configs: int) -> int:
+    """How many configurations step at once (runtime.Workers): opts.config_threads, at most
+    one per configuration, on CPU (CUDA queues every configuration's work from one thread).
+    The configurations of a step share only what they read (the gradients, the shadow), so
+    the records are the same, bit for bit, with any count. 1 by default: on the 2-vCPU
+    machine this was measured on (one core's vector units shared) 2 threads gave 1.04-1.19x
+    the wall speed for 1.3x the CPU seconds (docs/diagnose.md, "Configurations in parallel")."""
+    if opts.config_threads < 1:
+        raise QstateError(f"config_threads {opts.config_threads}: use 1 or more")
+    return min(int(opts.config_threads), max(1, n_configs)) if device.type == "cpu" else 1
 
 
 def layout_unit(configs) -> int:
@@ -218,9 +209,8 @@ def layout_unit(configs) -> int:
 
 
 def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout: Layout, n_steps: int,
-            reduce_absmax, progress) -> ReplayPart:
+            reduce_absmax, progress, workers: int) -> ReplayPart:
     device = layout.device
-    unit = layout.unit
     sign = -1.0 if rec.hparams.get("maximize") else 1.0
     if sign < 0:
         rec.notes.append("maximize: gradients negated, as the optimizer does")
@@ -237,24 +227,9 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     fused_cpu = check_backend(opts.backend) != "reference" and cpu_unavailable(device) is None
     grad_stats = GradientStats(layout, n_steps, fused=fused_cpu)
     t_start, cpu_start = time.perf_counter(), time.process_time()
-    for i in range(n_steps):
-        with timer("gather"):
-            g = layout.gradients(i)
-            bad = ~torch.isfinite(g)
-            nonfinite += unit_sums(bad, unit)
-            g.masked_fill_(bad, 0.0)  # the optimizers' policy: count, then treat as 0
-            if sign < 0:
-                g.neg_()
-            grad_stats.observe(i, g)
-        with timer("shadow"):
-            for sh in shadows.values():
-                _step_shadow(sh, rec, g, layout, rule)
-        for c in configs:
-            with timer(str(c.cfg)):
-                _step_config(c, shadows[c.shadow], rec, g, i, trace.step_start + i, padding, layout,
-                             i % model_every == 0, rule)
-        if progress is not None:
-            progress(i + 1, n_steps)
+    with Workers(workers) as pool:
+        _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats, nonfinite, padding, sign,
+              model_every, rule, progress)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
@@ -266,7 +241,35 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
                  for c in configs],
         gradients=grad_stats.collect(),
         final_states={str(c.cfg): {s: _split(layout, c.x_hat[s]) for s in rec.states} for c in configs}
-        if opts.keep_states else None)
+        if opts.keep_states else None, config_threads=workers)
+
+
+def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats, nonfinite, padding, sign,
+          model_every, rule, progress) -> None:
+    """The step loop (module docstring): per step the gradients, the shadows, then the
+    configurations, in parallel on pool's threads (they share only what they read)."""
+    unit = layout.unit
+
+    def one(c, g, i):
+        with timer(str(c.cfg)):
+            step_config(c, shadows[c.shadow], rec, g, i, trace.step_start + i, padding, layout,
+                         i % model_every == 0, rule)
+
+    for i in range(n_steps):
+        with timer("gather"):
+            g = layout.gradients(i)
+            bad = ~torch.isfinite(g)
+            nonfinite += unit_sums(bad, unit)
+            g.masked_fill_(bad, 0.0)  # the optimizers' policy: count, then treat as 0
+            if sign < 0:
+                g.neg_()
+            grad_stats.observe(i, g)
+        with timer("shadow"):
+            for sh in shadows.values():
+                step_shadow(sh, rec, g, layout, rule)
+        pool.each(partial(one, g=g, i=i), configs)
+        if progress is not None:
+            progress(i + 1, n_steps)
 
 
 def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout, n_steps: int, device: str,
@@ -287,7 +290,7 @@ def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout,
                                     fidelity(merge.update([c.update for c in held])),
                                     {s: merge.models([c.models[s] for c in held]) for s in held[0].models},
                                     held[0].codec))
-    timings = {}
+    timings = {k: 0.0 for k in ["gather", "shadow"] + [str(c) for c in opts.configs]}  # this order
     for p in parts:
         for k, v in p.timings_s.items():
             timings[k] = max(v, timings.get(k, 0.0))
@@ -300,12 +303,13 @@ def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout,
         wall_s=max(p.wall_s for p in parts), cpu_s=sum(p.cpu_s for p in parts), threads=parts[0].threads,
         timings_s=timings, timings_synchronized=all(p.timings_synchronized for p in parts),
         nonfinite_units=np.concatenate([p.nonfinite_units for p in ran]), configs=configs,
-        gradients=merge.gradients([p.gradients for p in ran]), final_states=final)
+        gradients=merge.gradients([p.gradients for p in ran]), final_states=final,
+        config_threads=max(p.config_threads for p in parts))
 
 
 def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout: Layout, n_steps: int,
            reduce_absmax, fused_rule: bool = False):
-    """One _ConfigReplay per configuration, one _Shadow per distinct reset period."""
+    """One ConfigState per configuration, one Shadow per distinct reset period."""
     def zeros():
         return torch.zeros(layout.n, dtype=torch.float32, device=layout.device)
 
@@ -314,11 +318,11 @@ def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout
     for cfg in mine:
         period, why = reset_schedule(opts.reset, cfg, rec)
         key = period if opts.reference_reset else None
-        shadows.setdefault(key, _Shadow(key, {s: zeros() for s in rec.states}))
+        shadows.setdefault(key, Shadow(key, {s: zeros() for s in rec.states}))
         qs, stats, clamp, paths = {}, {}, {}, {}
         for s in rec.states:
             spec = cfg.spec(s)
-            stream = _stream(layout, spec, int(trace.seed), STATE_IDS[s])
+            stream = stream_for(layout, spec, int(trace.seed), STATE_IDS[s])
             qs[s], path, why_ref = replay_state(spec, layout, stream, reduce_absmax, opts.backend)
             paths[s] = [path, why_ref]
             stats[s] = StateStats(layout, spec, n_steps, snap_every, fused=path == CPU_PATH)
@@ -327,93 +331,9 @@ def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout
             clamp[s] = s == "v" and not spec.sqrt and (spec.rounding == "bred" or spec.fmt.signed)
         models = {s: ModelStats(layout, cfg.spec(s), n_steps, reduce_absmax, fused=paths[s][0] == CPU_PATH)
                   for s in rec.states if cfg.spec(s).fmt.kind != "identity"} if opts.models else {}
-        configs.append(_ConfigReplay(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
+        configs.append(ConfigState(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
                                      UpdateStats(layout, n_steps, fused_rule), clamp, models, key, paths))
     return configs, shadows
-
-
-def _step_shadow(sh: _Shadow, rec: Recursion, g: torch.Tensor, layout: Layout, rule: Callable) -> None:
-    """fp32 states: reset when the schedule says so, then one step of the rule."""
-    sh.reset_now = sh.period is not None and sh.since >= sh.period
-    if sh.reset_now:
-        sh.x = {s: torch.zeros_like(x) for s, x in sh.x.items()}
-        sh.since = 0
-    first = {s: sh.since == 0 for s in rec.states}
-    sh.prev = sh.x
-    sh.since += 1
-    sh.update, sh.x = rule(g, sh.x, sh.since, first)
-    sh.x2_units = {s: unit_sums(sh.x[s] * sh.x[s], layout.unit) for s in rec.states}
-    sh.ref2_units = unit_sums(sh.update * sh.update, layout.unit)
-
-
-def _step_config(c: _ConfigReplay, sh: _Shadow, rec: Recursion, g: torch.Tensor, i: int, step: int,
-                 padding, layout: Layout, model: bool, rule: Callable) -> None:
-    """One optimizer step of a quantized configuration, as QuantizedOptimizer._step_param
-    does it, then its statistics against the shadow."""
-    if c.period is not None and c.since >= c.period:
-        c.since = 0
-        for s, q in c.states.items():
-            c.stats[s].on_reset(i)
-            q.reset()
-            c.x_hat[s] = torch.zeros_like(c.x_hat[s])
-    c.since += 1
-    if c.fused is not None:  # the whole step in one kernel call, the model's reads before it (fused_step.py)
-        if model:
-            _observe_models(c, sh, rec, i, fused_step.rule(c, g))
-        return fused_step.step(c, sh, g, i, step, ruled=model)
-    first = {s: q.written == 0 for s, q in c.states.items()}
-    u, new = rule(g, c.x_hat, c.since, first)
-    if model:  # before x_hat moves on: the step's own nominal update
-        _observe_models(c, sh, rec, i, new)
-    for s, q in c.states.items():
-        x_hat = _store(q, new[s], step, c.clamp[s], padding, c.codec[s][0] == CPU_PATH)
-        c.stats[s].observe(i, new[s], c.x_hat[s], x_hat, sh.x[s], sh.x2_units[s], q.codes)
-        c.x_hat[s] = x_hat
-
-    c.update.observe(i, u, sh.update, sh.ref2_units)
-
-
-def _observe_models(c: _ConfigReplay, sh: _Shadow, rec: Recursion, i: int, new: dict) -> None:
-    """The staleness model of each quantized state on this step's nominal update (x_hat -> new)."""
-    for s, m in c.models.items():
-        m.observe(i, c.x_hat[s], new[s], sh.prev[s], _gaussian(rec, c.cfg.spec(s), s, sh))
-
-
-def _store(q, x: torch.Tensor, step: int, clamp: bool, padding, fused: bool) -> torch.Tensor:
-    """Encode x into q and return the value read back as the optimizer keeps it: a v read
-    back below 0 clamped to 0 (base.py), the layout's padding 0. The fused CPU codec does
-    both in its pass (kernels/cpu/replay.py: the same bits as the two torch ops)."""
-    if fused:
-        q.encode(x, step, clamp_zero=clamp, zero_padding=padding is not None)
-        return q.decode()
-    q.encode(x, step)
-    x_hat = q.decode()
-    if clamp:
-        x_hat = x_hat.clamp(min=0.0)
-    if padding is not None:
-        x_hat.index_fill_(0, padding, 0.0)
-    return x_hat
-
-
-def _gaussian(rec: Recursion, spec, state: str, sh: _Shadow):
-    """The Gaussian model's argument for staleness.predict (Adam only; a float v keeps
-    theory.py's curve): ("v", beta2, c_t) or ("m", beta1, sigma^2 = bias-corrected v)."""
-    if rec.optimizer not in ("adamw", "adam"):
-        return None
-    b2 = rec.betas["v"]
-    c = 1.0 - b2 ** (sh.since - 1)
-    if state == "v":
-        return None if spec.fmt.kind == "float" else ("v", b2, c)
-    sigma2 = sh.prev["v"] / c if c > 0 else torch.zeros_like(sh.prev["v"])
-    return ("m", rec.betas["m"], sigma2)
-
-
-def _stream(layout: Layout, spec, seed: int, state_id: int):
-    if spec.rounding == "stochastic":
-        return layout.stream(seed, state_id, "element", 1)
-    if spec.rounding == "bred":
-        return layout.stream(seed, state_id, "block", spec.dither_block)
-    return Stream(seed, 0, state_id)  # nearest draws no random bits
 
 
 def _split(layout: Layout, x: torch.Tensor) -> list[torch.Tensor]:

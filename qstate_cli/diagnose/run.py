@@ -68,6 +68,9 @@ class DiagnoseOptions(Options):
     backend: str = option("auto", "The states' codec: auto (a fused codec where one covers the state and device, "
                                   "bit-identical records) or reference (the eager quantizer).",
                           parse=lambda v: check_backend(v))
+    config_threads: int = option(1, "CPU: replay this many configurations at once, one per thread (the same "
+                                    "records with any count; faster only with that many free cores; "
+                                    "docs/diagnose.md).", parse=lambda v: _config_threads(v))
     profile: bool = option(False, "Print replay throughput (element-steps per second) per phase (always in meta).")
     skip_reset_check: bool = option(False, "Give the reset advice without replaying it (validate.py: by default "
                                            "each recommended period is replayed and kept only if it lowers the "
@@ -75,6 +78,16 @@ class DiagnoseOptions(Options):
     theory: bool = option(False, "Only the staleness model: predicted stall probabilities and reset periods.")
     format: list[str] = many("With --theory: float formats (default bf16, e4m3, e2m2).", "--format", "-f")
     beta2: float = option(0.999, "With --theory: the second-moment beta.")
+
+
+def _config_threads(value) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1 or str(value).strip() != str(n):
+        raise QstateError(f"--config-threads {value}: use a whole number of threads, 1 or more")
+    return n
 
 
 def _split_mode(value) -> str:
@@ -143,27 +156,28 @@ def execute(opts: DiagnoseOptions, progress: Progress | None = None) -> Result:
     result, _ = replay_result(trace, configs, reset=opts.reset, steps_limit=opts.steps_limit, device=opts.device,
                               progress=advance, profile_phases=opts.profile,
                               check_resets=not opts.skip_reset_check, log=progress.log, split=opts.split,
-                              backend=opts.backend)
+                              backend=opts.backend, config_threads=opts.config_threads)
     return result
 
 
 def diagnose(trace: Trace | str | Path, configs: list[StateConfig], reset="none", steps_limit: int | None = None,
              device: str = "auto", progress=None, keep_states: bool = False,
-             profile_phases: bool = False, check_resets: bool = False, backend: str = "auto") -> tuple[dict, Replay]:
+             profile_phases: bool = False, check_resets: bool = False, backend: str = "auto",
+             config_threads: int = 1) -> tuple[dict, Replay]:
     """Replay `trace` through `configs`; returns (result document, the Replay). `trace`
     may be a Trace, a path, or "demo" (the cached demo trace). `progress(done, total)`
     after each step; `profile_phases` synchronizes CUDA around each phase so the
     per-phase times are exact; `check_resets` replays each recommended reset period
     (validate.py; off here by default: tests ask for it)."""
     result, raw = replay_result(trace, configs, reset, steps_limit, device, progress, keep_states, profile_phases,
-                                check_resets, backend=backend)
+                                check_resets, backend=backend, config_threads=config_threads)
     return result.document(), raw
 
 
 def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="none",
                   steps_limit: int | None = None, device: str = "auto", progress=None, keep_states: bool = False,
                   profile_phases: bool = False, check_resets: bool = True, log=None,
-                  split: str = "auto", backend: str = "auto") -> tuple[Result, Replay]:
+                  split: str = "auto", backend: str = "auto", config_threads: int = 1) -> tuple[Result, Replay]:
     """The replay (Replay) and its rows as a Result (kind "diagnose"). Under torchrun every
     rank replays its share (`split`: auto, elements or configs, distributed.py) and returns the
     same Result; rank 0 writes it."""
@@ -180,7 +194,8 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         share = distributed.split(split)
         ranks = share.size
     opts = ReplayOptions(list(configs), reset=reset, steps_limit=steps_limit, device=device, keep_states=keep_states,
-                         profile=profile_phases, split=share, backend=backend)
+                         profile=profile_phases, split=share, backend=backend,
+                         config_threads=_config_threads(config_threads))
     t0 = time.perf_counter()
     raw = replay(trace, opts, progress)
     rows = build(raw)
@@ -253,7 +268,7 @@ def profile(raw: Replay, total_s: float) -> dict:
     per_cfg = {k: v for k, v in raw.timings_s.items() if k not in ("gather", "shadow")}
     cpu = raw.cpu_s
     return {
-        "device": raw.device, "threads": raw.threads, "element_steps": element_steps, "configs": n_cfg,
+        "device": raw.device, "threads": raw.threads, "config_threads": raw.config_threads, "element_steps": element_steps, "configs": n_cfg,
         "replay_s": round(wall, 3), "replay_cpu_s": round(cpu, 3), "total_s": round(total_s, 3),
         "element_steps_per_s_per_config": round(element_steps * n_cfg / wall) if wall > 0 else None,
         "element_steps_per_cpu_s_per_config": round(element_steps * n_cfg / cpu) if cpu > 0 else None,

@@ -130,7 +130,7 @@ class FusedReplayState(ReadBackState):
 
     def encode(self, x: torch.Tensor, step: int, clamp_zero: bool = False, zero_padding: bool = False) -> None:
         """Store x; the value read back (decode) is the reference's decode, or as the replay
-        keeps it (diagnose/replay._store): clamp_zero, a value below 0 read back as 0 (torch's
+        keeps it (diagnose/step.store): clamp_zero, a value below 0 read back as 0 (torch's
         clamp(min=0)); zero_padding, the layout's padding 0 (the blocks' positions past their
         recorded elements: plan)."""
         if x.numel() != self.numel:

@@ -1,0 +1,145 @@
+"""One replay step (replay.py runs them): the fp32 shadow's and one configuration's.
+
+    step_shadow  : fp32 states reset when their schedule says so, then the rule:
+                   u_ref, s = rule(g, s_prev); per-unit sums of s^2 and u_ref^2 for the statistics
+    step_config  : a reset when the configuration's schedule says so, then the rule on the
+                   states read back, the staleness model (on its steps), each state stored
+                   (store: encode + decode, v clamped at 0, padding 0) and its statistics
+                   against the shadow, then the update's; on CPU, where every part is fused,
+                   the whole step in one kernel call (fused_step.py)
+
+A step of one configuration writes only its own ConfigState and reads the shadow and the
+gradients, so the configurations of a step can run on several threads
+(ReplayOptions.config_threads) with the same records.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..kernels.cpu import PATH as CPU_PATH  # the fused CPU codec's path (no numba imported)
+from ..quant import Stream
+from ..quant.config import StateConfig
+from . import fused_step
+from .layout import Layout
+from .recursions import Recursion
+from .stats import UpdateStats, unit_sums
+
+
+@dataclass
+class Shadow:
+    """fp32 states under one reset schedule (period None: never reset)."""
+
+    period: int | None
+    x: dict
+    since: int = 0
+    prev: dict = field(default_factory=dict)  # the states before this step (after a reset: zeros)
+    reset_now: bool = False
+    x2_units: dict = field(default_factory=dict)
+    update: torch.Tensor | None = None
+    ref2_units: torch.Tensor | None = None
+
+
+@dataclass
+class ConfigState:
+    """One configuration's quantized states, statistics and schedule during a replay."""
+
+    cfg: StateConfig
+    period: int | None
+    period_reason: str
+    states: dict  # name -> QuantizedState
+    x_hat: dict
+    stats: dict  # name -> StateStats
+    update: UpdateStats
+    clamp: dict  # name -> bool (v on a grid that can read back below 0: clamped, as base.py does)
+    models: dict  # name -> ModelStats (quantized states only)
+    shadow: int | None  # key of the fp32 shadow it is measured against
+    codec: dict  # name -> [path, why the reference ran or None] (codec.py)
+    since: int = 0  # steps since the start or the last reset
+    fused: object | None = None  # the whole step in one kernel call (fused_step.py), or None
+
+
+def step_shadow(sh: Shadow, rec: Recursion, g: torch.Tensor, layout: Layout, rule: Callable) -> None:
+    """fp32 states: reset when the schedule says so, then one step of the rule."""
+    sh.reset_now = sh.period is not None and sh.since >= sh.period
+    if sh.reset_now:
+        sh.x = {s: torch.zeros_like(x) for s, x in sh.x.items()}
+        sh.since = 0
+    first = {s: sh.since == 0 for s in rec.states}
+    sh.prev = sh.x
+    sh.since += 1
+    sh.update, sh.x = rule(g, sh.x, sh.since, first)
+    sh.x2_units = {s: unit_sums(sh.x[s] * sh.x[s], layout.unit) for s in rec.states}
+    sh.ref2_units = unit_sums(sh.update * sh.update, layout.unit)
+
+
+def step_config(c: ConfigState, sh: Shadow, rec: Recursion, g: torch.Tensor, i: int, step: int,
+                 padding, layout: Layout, model: bool, rule: Callable) -> None:
+    """One optimizer step of a quantized configuration, as QuantizedOptimizer._step_param
+    does it, then its statistics against the shadow."""
+    if c.period is not None and c.since >= c.period:
+        c.since = 0
+        for s, q in c.states.items():
+            c.stats[s].on_reset(i)
+            q.reset()
+            c.x_hat[s] = torch.zeros_like(c.x_hat[s])
+    c.since += 1
+    if c.fused is not None:  # the whole step in one kernel call, the model's reads before it (fused_step.py)
+        if model:
+            observe_models(c, sh, rec, i, fused_step.rule(c, g))
+        return fused_step.step(c, sh, g, i, step, ruled=model)
+    first = {s: q.written == 0 for s, q in c.states.items()}
+    u, new = rule(g, c.x_hat, c.since, first)
+    if model:  # before x_hat moves on: the step's own nominal update
+        observe_models(c, sh, rec, i, new)
+    for s, q in c.states.items():
+        x_hat = store(q, new[s], step, c.clamp[s], padding, c.codec[s][0] == CPU_PATH)
+        c.stats[s].observe(i, new[s], c.x_hat[s], x_hat, sh.x[s], sh.x2_units[s], q.codes)
+        c.x_hat[s] = x_hat
+
+    c.update.observe(i, u, sh.update, sh.ref2_units)
+
+
+def observe_models(c: ConfigState, sh: Shadow, rec: Recursion, i: int, new: dict) -> None:
+    """The staleness model of each quantized state on this step's nominal update (x_hat -> new)."""
+    for s, m in c.models.items():
+        m.observe(i, c.x_hat[s], new[s], sh.prev[s], gaussian_arg(rec, c.cfg.spec(s), s, sh))
+
+
+def store(q, x: torch.Tensor, step: int, clamp: bool, padding, fused: bool) -> torch.Tensor:
+    """Encode x into q and return the value read back as the optimizer keeps it: a v read
+    back below 0 clamped to 0 (base.py), the layout's padding 0. The fused CPU codec does
+    both in its pass (kernels/cpu/replay.py: the same bits as the two torch ops)."""
+    if fused:
+        q.encode(x, step, clamp_zero=clamp, zero_padding=padding is not None)
+        return q.decode()
+    q.encode(x, step)
+    x_hat = q.decode()
+    if clamp:
+        x_hat = x_hat.clamp(min=0.0)
+    if padding is not None:
+        x_hat.index_fill_(0, padding, 0.0)
+    return x_hat
+
+
+def gaussian_arg(rec: Recursion, spec, state: str, sh: Shadow):
+    """The Gaussian model's argument for staleness.predict (Adam only; a float v keeps
+    theory.py's curve): ("v", beta2, c_t) or ("m", beta1, sigma^2 = bias-corrected v)."""
+    if rec.optimizer not in ("adamw", "adam"):
+        return None
+    b2 = rec.betas["v"]
+    c = 1.0 - b2 ** (sh.since - 1)
+    if state == "v":
+        return None if spec.fmt.kind == "float" else ("v", b2, c)
+    sigma2 = sh.prev["v"] / c if c > 0 else torch.zeros_like(sh.prev["v"])
+    return ("m", rec.betas["m"], sigma2)
+
+
+def stream_for(layout: Layout, spec, seed: int, state_id: int):
+    if spec.rounding == "stochastic":
+        return layout.stream(seed, state_id, "element", 1)
+    if spec.rounding == "bred":
+        return layout.stream(seed, state_id, "block", spec.dither_block)
+    return Stream(seed, 0, state_id)  # nearest draws no random bits
