@@ -70,7 +70,7 @@ class DiagnoseOptions(Options):
                           parse=lambda v: check_backend(v))
     config_threads: int = option(1, "CPU: replay this many configurations at once, one per thread (the same "
                                     "records with any count; faster only with that many free cores; "
-                                    "docs/diagnose.md).", parse=lambda v: _config_threads(v))
+                                    "docs/diagnose.md).", parse=lambda v: _config_threads(v), metavar="N")
     profile: bool = option(False, "Print replay throughput (element-steps per second) per phase (always in meta).")
     skip_reset_check: bool = option(False, "Give the reset advice without replaying it (validate.py: by default "
                                            "each recommended period is replayed and kept only if it lowers the "
