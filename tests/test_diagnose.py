@@ -361,3 +361,31 @@ def test_suite_demo_trace_is_made_once_and_reused(tmp_path, monkeypatch):
     assert files[0].stat().st_mtime_ns == before  # reused, not re-made
     theory_only = diagnose_point({"theory": True, "format": "e4m3", "beta2": 0.99})
     assert theory_only["records"] == [] and {r["format"] for r in theory_only["theory"]} == {"e4m3"}
+
+
+@pytest.mark.parametrize("dtypes", [("fp32",) * 4, ("bf16",) * 4, ("bf16", "fp32", "bf16", "fp32")])
+def test_staged_gather_gives_each_rows_gradients(dtypes, monkeypatch):
+    """Layout.gradients on CPU stages rows a chunk at a time (3 here, over 8 steps: a short
+    last chunk): every row, read in order, backwards and at random, is each recorded piece of
+    that row, padding 0, bit for bit; bf16, fp32 and mixed tensors (staged in fp32); a part
+    of the layout gathers its own share."""
+    from qstate_cli.diagnose import layout as layout_mod
+    from test_replay_codec_cpu import small_trace
+
+    monkeypatch.setattr(layout_mod, "STAGE_ROWS", 3)
+    trace = small_trace(8)
+    for t, d in zip(trace.tensors, dtypes):
+        t.grads = t.grads.to(torch.bfloat16 if d == "bf16" else torch.float32)
+    for part in (None, (1, 2)):
+        lay = layout_mod.Layout(trace, 128, "cpu", part)
+        assert lay.stage_k == 3 and lay.valid is not None
+        for row in [0, 1, 2, 3, 7, 6, 5, 4, 3, 2, 1, 0] + torch.randperm(8, generator=torch.Generator().manual_seed(1)).tolist():
+            want = torch.zeros(lay.n)
+            for i, first, count, at in lay.pieces:
+                want[at: at + count] = trace.tensors[i].grads[row, first: first + count].float()
+            got = lay.gradients(row)
+            assert got.dtype == torch.float32 and torch.equal(got.view(torch.int32), want.view(torch.int32)), row
+            got.fill_(1.0)  # a fresh tensor: the next read of the row is unchanged
+            assert torch.equal(lay.gradients(row).view(torch.int32), want.view(torch.int32))
+    monkeypatch.setattr(layout_mod, "STAGE_BYTES", 1)  # a row too large to stage two: one row per step
+    assert layout_mod.Layout(trace, 128, "cpu").stage_k == 1
