@@ -389,3 +389,6 @@ def test_staged_gather_gives_each_rows_gradients(dtypes, monkeypatch):
             assert torch.equal(lay.gradients(row).view(torch.int32), want.view(torch.int32))
     monkeypatch.setattr(layout_mod, "STAGE_BYTES", 1)  # a row too large to stage two: one row per step
     assert layout_mod.Layout(trace, 128, "cpu").stage_k == 1
+    monkeypatch.setattr(layout_mod, "STAGE_BYTES", 4 << 20)
+    monkeypatch.setattr(layout_mod, "STAGE_PIECE", 1000)  # pieces of ~1.4 k elements on average: not staged
+    assert layout_mod.Layout(trace, 128, "cpu").stage_k == 1

@@ -41,6 +41,7 @@ from ..trace.schema import BLOCK, Trace
 
 STAGE_BYTES = 4 << 20  # the CPU gather's staged rows (Layout.gradients): at most this many bytes
 STAGE_ROWS = 64  # and at most this many trace rows
+STAGE_PIECE = 1 << 15  # staged only where the pieces average fewer elements (a copy's ~7 us then dominates)
 
 
 class Layout:
@@ -93,7 +94,8 @@ class Layout:
         dtypes = {g.dtype for g in self.grads.values()}
         self._stage_dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
         row_bytes = max(1, self.n * self._stage_dtype.itemsize)
-        self.stage_k = max(1, min(STAGE_ROWS, STAGE_BYTES // row_bytes)) if self.device.type == "cpu" else 1
+        small = self.n_valid <= STAGE_PIECE * len(self.pieces)
+        self.stage_k = max(1, min(STAGE_ROWS, STAGE_BYTES // row_bytes)) if self.device.type == "cpu" and small else 1
         self._stage, self._stage_rows = None, range(0)
 
     @property
@@ -106,7 +108,7 @@ class Layout:
         (each tensor's piece copied once per chunk: a copy costs ~7 us, and the demo trace
         has 29 pieces), and a row is one copy out of it: the same values, since every copy
         is exact (bf16 or fp32 into fp32)."""
-        if self.stage_k < 2 or not self.pieces:  # CUDA, or a row too large to stage several
+        if self.stage_k < 2 or not self.pieces:  # CUDA, large pieces, or a row too large to stage several
             buf = torch.zeros_like(self._buf) if self.valid is not None else torch.empty_like(self._buf)
             for i, _, count, at in self.pieces:
                 buf[at: at + count].copy_(self.grads[i][row], non_blocking=True)
