@@ -206,6 +206,11 @@ def test_statistics_identities_and_nonfinite_gradients():
                   [TraceTensor("w", 0, (n,), torch.arange(2), grads)])
     doc, _ = diagnose(trace, select_configs(["nearest-4bit", "fp32"]))
     assert doc["meta"]["nonfinite_grads"] == 4
+    big = grads.clone()  # step 20's elements all finite but summing past fp32's range, and one more inf
+    big[20, :64], big[21, 0] = 3e38, float("-inf")
+    trace_big = Trace("adamw", {"betas": [0.9, 0.999]}, 0, 1, steps, "fp32",
+                      [TraceTensor("w", 0, (n,), torch.arange(2), big)])
+    assert diagnose(trace_big, select_configs(["bf16"]))[0]["meta"]["nonfinite_grads"] == 5
     for r in doc["records"]:
         assert r["nonfinite_grads"] == 4
     for r in doc["series"]:

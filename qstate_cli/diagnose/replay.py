@@ -34,6 +34,7 @@ part of the layout (layout.py) or on its configurations, and the parts are merge
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -248,7 +249,7 @@ def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats
           model_every, rule, progress) -> None:
     """The step loop (module docstring): per step the gradients, the shadows, then the
     configurations, in parallel on pool's threads (they share only what they read)."""
-    unit = layout.unit
+    unit, cpu = layout.unit, layout.device.type == "cpu"
 
     def one(c, g, i):
         with timer(str(c.cfg)):
@@ -258,9 +259,12 @@ def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats
     for i in range(n_steps):
         with timer("gather"):
             g = layout.gradients(i)
-            bad = ~torch.isfinite(g)
-            nonfinite += unit_sums(bad, unit)
-            g.masked_fill_(bad, 0.0)  # the optimizers' policy: count, then treat as 0
+            # a finite sum: every element finite (an inf or NaN makes the sum one), so nothing to
+            # count or zero (~10 us against ~160 for the three ops on the demo; CUDA: no host sync)
+            if not (cpu and math.isfinite(g.sum().item())):
+                bad = ~torch.isfinite(g)
+                nonfinite += unit_sums(bad, unit)
+                g.masked_fill_(bad, 0.0)  # the optimizers' policy: count, then treat as 0
             if sign < 0:
                 g.neg_()
             grad_stats.observe(i, g)
