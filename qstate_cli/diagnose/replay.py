@@ -106,7 +106,7 @@ class ReplayPart:
     timings_s: dict[str, float]
     timings_synchronized: bool
     final_states: dict | None = None  # keep_states: {config: {state: [per-tensor piece]}}
-    config_threads: int = 1
+    config_threads: int = 1  # configurations stepped at once (config_threads_for)
 
 
 @dataclass
@@ -180,8 +180,10 @@ def replay(trace: Trace, opts: ReplayOptions, progress: Callable[[int, int], Non
     small = device.type == "cpu" and trace.recorded_elements < SMALL_LAYOUT
     workers = config_threads_for(opts, device, len(mine))
     with torch_threads(1 if small else None):  # small ops: one thread is fastest (runtime.py)
-        here = _replay(trace, opts, mine, rec, layout, n_steps, reduce_absmax, progress, workers) if mine else ReplayPart(
-            layout.units, [], None, None, 0.0, 0.0, torch.get_num_threads(), {}, True)
+        if mine:
+            here = _replay(trace, opts, mine, rec, layout, n_steps, reduce_absmax, progress, workers)
+        else:
+            here = ReplayPart(layout.units, [], None, None, 0.0, 0.0, torch.get_num_threads(), {}, True)
     parts = [here] if split is None else split.all_gather(here)
     whole = layout if layout.whole else Layout(trace, unit, device, upload=False)
     return _assemble(trace, opts, rec, whole, n_steps, str(device), parts)

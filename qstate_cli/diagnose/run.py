@@ -268,7 +268,8 @@ def profile(raw: Replay, total_s: float) -> dict:
     per_cfg = {k: v for k, v in raw.timings_s.items() if k not in ("gather", "shadow")}
     cpu = raw.cpu_s
     return {
-        "device": raw.device, "threads": raw.threads, "config_threads": raw.config_threads, "element_steps": element_steps, "configs": n_cfg,
+        "device": raw.device, "threads": raw.threads, "config_threads": raw.config_threads,
+        "element_steps": element_steps, "configs": n_cfg,
         "replay_s": round(wall, 3), "replay_cpu_s": round(cpu, 3), "total_s": round(total_s, 3),
         "element_steps_per_s_per_config": round(element_steps * n_cfg / wall) if wall > 0 else None,
         "element_steps_per_cpu_s_per_config": round(element_steps * n_cfg / cpu) if cpu > 0 else None,
