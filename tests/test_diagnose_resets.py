@@ -6,7 +6,9 @@ import pytest
 from qstate_cli import theory
 from qstate_cli.diagnose import diagnose, evidence, validate as validate_mod
 from qstate_cli.diagnose.recommend import recommend
-from qstate_cli.diagnose.validate import candidates, update_error, validate
+from qstate_cli.diagnose.replay import ReplayOptions, replay
+from qstate_cli.diagnose.validate import candidates, update_error, update_errors, validate
+from qstate_cli.errors import QstateError
 from qstate_cli.quant import parse_config, parse_spec
 from qstate_cli.trace import synthetic
 
@@ -87,3 +89,48 @@ def test_minifloat_advice_follows_the_corpus_evidence(monkeypatch):
     rows = [evidence.Row("a", "bf16", 3000, 827, 1000, 0.30, 0.299, 0.2995)]
     monkeypatch.setattr(evidence, "EVIDENCE", {("bf16", "nearest"): rows})
     assert recommend(parse_spec("bf16"), "v", "adamw", 0.999, stall, None)[0] is None
+
+
+def test_candidate_runs_replay_together_with_the_errors_they_get_alone(monkeypatch):
+    """validate.update_errors replays several (configuration, period) runs in one replay (one
+    gradient gather, one fp32 shadow): each run's error is the one it gets replayed alone,
+    bit for bit, on the same layout unit; `batch` bounds how many step at once."""
+    trace = synthetic.gaussian(1024, 120, beta2=0.99, seed=3)
+    near, bnb = parse_config("nearest-4bit"), parse_config("bnb-8bit")  # blocks 128 and 256
+    runs = [(near, 40), (near, None), (bnb, 30), (near, 70)]
+    alone = [update_errors(trace, [r], None, "cpu", unit=256)[0] for r in runs]
+    assert len(set(alone)) == 4  # four different replays, not one repeated
+    calls = []
+    real = validate_mod.replay
+    monkeypatch.setattr(validate_mod, "replay", lambda *a, **k: calls.append(len(a[1].configs)) or real(*a, **k))
+    assert update_errors(trace, runs, None, "cpu", unit=256) == alone and calls == [4]
+    calls.clear()
+    assert update_errors(trace, runs, None, "cpu", batch=3, config_threads=2, unit=256) == alone and calls == [2, 2]
+    with pytest.raises(QstateError, match="2 resets for 1 configurations"):
+        replay(trace, ReplayOptions([near], resets=["none", "40"], device="cpu"))
+
+
+def test_the_reset_check_replays_every_candidate_in_one_batch(monkeypatch):
+    """`diagnose --check-resets`: the candidate runs of all configurations replay in batches
+    of at most max(3, configurations) runs, on the diagnose's own layout unit, and each
+    advice carries the error its run gets alone."""
+    trace = synthetic.gaussian(1024, 1200, beta2=0.999, seed=4)
+    cfgs = [parse_config("bf16"), parse_config("nearest-4bit")]  # candidates: 827 and 1000; 1000
+    calls = []
+    real = validate_mod.replay
+    monkeypatch.setattr(validate_mod, "replay",
+                        lambda *a, **k: calls.append([(str(c), r) for c, r in zip(a[1].configs, a[1].resets)])
+                        or real(*a, **k))
+    doc, raw = diagnose(trace, cfgs, check_resets=True)
+    assert calls == [[("bf16", "827"), ("bf16", "1000"), ("nearest-4bit", "1000")]]
+    rows = {r["config"]: r for r in doc["records"] if r["state"] == "v"}
+    for cfg in cfgs:
+        row = rows[str(cfg)]
+        tried = [int(p) for c, p in calls[0] if c == str(cfg)]
+        alone = {p: update_errors(trace, [(cfg, p)], None, "cpu", unit=raw.layout.unit)[0] for p in tried}
+        assert row["reset_update_error"] == min(alone.values())
+        assert f"every {tried[-1]}: {alone[tried[-1]]:.4g}" in row["reset_reason"]
+    calls.clear()  # replayed with resets, the diagnose has no error without them: those runs join the batch
+    diagnose(trace, cfgs, reset="auto", check_resets=True)
+    assert [len(c) for c in calls] == [2, 2]  # 4 runs, at most max(3, 2) at once: evenly, 2 + 2
+    assert sorted(sum(calls, [])) == [("bf16", "1000"), ("bf16", "827"), ("bf16", "none"), ("nearest-4bit", "1000")]

@@ -76,6 +76,8 @@ class ReplayOptions:
     backend: str = "auto"  # the states' codec: auto (a fused one where it covers the state) or reference (codec.py)
     fused_step: bool = True  # a whole configuration step in one kernel call where it covers it (fused_step.py)
     config_threads: int = 1  # configurations stepped at once on CPU (config_threads_for)
+    resets: list | None = None  # per configuration its own reset (none | N) in place of `reset` (runs_of)
+    unit: int | None = None  # the layout's unit (None: layout_unit(configs); validate.py passes the replay's)
 
 
 @dataclass
@@ -170,8 +172,8 @@ def replay(trace: Trace, opts: ReplayOptions, progress: Callable[[int, int], Non
     device = resolve_device(opts.device)
     rec = recursion_for(trace.optimizer, trace.hparams)
     n_steps = min(trace.n_steps, opts.steps_limit or trace.n_steps)
-    unit = layout_unit(opts.configs)
-    split, part, mine, reduce_absmax = opts.split, None, list(opts.configs), None
+    unit = layout_unit(opts.configs, opts.unit)
+    split, part, mine, reduce_absmax = opts.split, None, runs_of(opts), None
     if split is not None and split.mode == "elements":
         part, reduce_absmax = (split.rank, split.size), split.max_
     elif split is not None:
@@ -189,6 +191,17 @@ def replay(trace: Trace, opts: ReplayOptions, progress: Callable[[int, int], Non
     return _assemble(trace, opts, rec, whole, n_steps, str(device), parts)
 
 
+def runs_of(opts: ReplayOptions) -> list[tuple]:
+    """(configuration, its reset) per configuration replayed: `opts.reset` for each, or
+    `opts.resets`, one per configuration, where a replay holds the same configuration under
+    several periods (validate.py replays a reset advice's candidates together: one gradient
+    gather and one fp32 shadow for all of them)."""
+    resets = [opts.reset] * len(opts.configs) if opts.resets is None else list(opts.resets)
+    if len(resets) != len(opts.configs):
+        raise QstateError(f"{len(resets)} resets for {len(opts.configs)} configurations")
+    return list(zip(opts.configs, resets))
+
+
 def config_threads_for(opts: ReplayOptions, device: torch.device, n_configs: int) -> int:
     """How many configurations step at once (runtime.Workers): opts.config_threads, at most
     one per configuration, on CPU (CUDA queues every configuration's work from one thread).
@@ -201,10 +214,12 @@ def config_threads_for(opts: ReplayOptions, device: torch.device, n_configs: int
     return min(int(opts.config_threads), max(1, n_configs)) if device.type == "cpu" else 1
 
 
-def layout_unit(configs) -> int:
-    """The layout's unit: the largest block (quantization or dither) of any state."""
+def layout_unit(configs, unit: int | None = None) -> int:
+    """The layout's unit: the largest block (quantization or dither) of any state, or `unit`
+    where given (a multiple of each). The per-unit sums of the statistics add up in these
+    blocks, so a configuration's records carry its layout's unit in their last bits."""
     blocks = [spec.dither_block for cfg in configs for spec in (cfg.m, cfg.v) if spec.fmt.kind != "identity"]
-    unit = max(blocks, default=128)
+    unit = max(blocks, default=128) if unit is None else int(unit)
     if any(unit % b for b in blocks):
         raise QstateError(f"block sizes {sorted(set(blocks))} do not all divide {unit}: the replay needs "
                           f"power-of-two block sizes (32..2048)")
@@ -287,8 +302,9 @@ def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout,
             seen.add(p.units)
             ran.append(p)
     configs = []
-    for cfg in opts.configs:
-        held = [c for p in parts for c in p.configs if c.cfg == cfg]
+    for cfg, reset in runs_of(opts):
+        period = reset_schedule(reset, cfg, rec)[0]
+        held = [c for p in parts for c in p.configs if c.cfg == cfg and c.period == period]
         st = {s: merge.states([c.states[s] for c in held]) for s in rec.states}
         for s in st.values():
             s["dim_ms"] = dimension_ms(s, layout)
@@ -321,8 +337,8 @@ def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout
 
     snap_every = max(1, n_steps // max(1, opts.snapshots))
     configs, shadows = [], {}
-    for cfg in mine:
-        period, why = reset_schedule(opts.reset, cfg, rec)
+    for cfg, reset in mine:
+        period, why = reset_schedule(reset, cfg, rec)
         key = period if opts.reference_reset else None
         shadows.setdefault(key, Shadow(key, {s: zeros() for s in rec.states}))
         qs, stats, clamp, paths = {}, {}, {}, {}

@@ -35,7 +35,7 @@ from . import distributed
 from .codec import check_backend
 from .replay import Replay, ReplayOptions, replay
 from .summary import build
-from .validate import validate
+from .validate import replays_for, update_errors, validate
 
 DEFAULT_CONFIGS = ("nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit", "bf16", "bf16-sr")
 LINEAR_PRESET = {"nearest": "nearest", "stochastic": "sr", "bred": "bred"}
@@ -202,7 +202,7 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
     if check_resets:
         t_check = time.perf_counter()
         check_reset_advice(trace, raw, rows["records"], steps_limit, device, log,
-                           None if share is None else share.elements(), backend)
+                           None if share is None else share.elements(), backend, opts.config_threads)
         meta_check_s = round(time.perf_counter() - t_check, 3)
     else:
         meta_check_s = None
@@ -232,20 +232,33 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
 
 
 def check_reset_advice(trace: Trace, raw: Replay, records: list[dict], steps_limit, device, log=None,
-                       split=None, backend: str = "auto") -> None:
+                       split=None, backend: str = "auto", config_threads: int = 1) -> None:
     """Replay every configuration's recommended reset period (validate.py) and rewrite its
     records' advice: kept where it lowers the update error against fp32, else no reset
-    (through the same codec `backend` as the replay itself)."""
+    (through the same codec `backend` as the replay itself). Every configuration's candidate
+    runs replay together (validate.update_errors), at most as many at once as the replay held
+    configurations (3 at least: a configuration's candidates and its baseline), so the
+    check holds no more states than the replay did, give or take two; on the replay's layout
+    unit, so each error and the replay's own no-reset error sum in the same blocks."""
     rec = raw.recursion
     slow = rec.slowest_state
+    asks = []
     for c in raw.configs:
         rows = [r for r in records if r["config"] == str(c.cfg)]
         advice = (rows[0]["reset_period"], rows[0]["reset_reason"])
         baseline = rows[0]["update_rel_error"] if c.period is None else None  # measured against fp32 without resets
-        if log is not None:
-            log(f"checking the reset advice for {c.cfg} by replay")
+        asks.append((c, rows, advice, baseline))
+    runs = [(c.cfg, p) for c, _, advice, baseline in asks
+            for p in replays_for(c.cfg.spec(slow), rec.betas[slow], advice, raw.n_steps, baseline)]
+    if runs and log is not None:
+        log("checking the reset advice by replay: " + ", ".join(
+            f"{cfg} {f'every {p}' if p else 'without resets'}" for cfg, p in runs))
+    errors = update_errors(trace, runs, steps_limit, device, split, backend, batch=max(3, len(raw.configs)),
+                           config_threads=config_threads, unit=raw.layout.unit)  # the baseline's unit
+    for c, rows, advice, baseline in asks:
+        replayed = {p: e for (cfg, p), e in zip(runs, errors) if cfg == c.cfg}
         verdict = validate(trace, c.cfg, c.cfg.spec(slow), rec.betas[slow], advice, raw.n_steps, baseline,
-                           steps_limit, device, split, backend)
+                           steps_limit, device, split, backend, replayed)
         for r in rows:
             r.update(reset_period=verdict.period, reset_reason=verdict.reason,
                      reset_update_error=verdict.error_with, no_reset_update_error=verdict.error_without)

@@ -55,17 +55,47 @@ def update_error(trace, cfg, period: int | None, steps_limit, device, split=None
     """Mean relative update error of `cfg` resetting every `period` steps against fp32 without resets
     (`split`: torchrun's ranks replay it together, each its share of the elements; `backend`:
     the states' codec, as `qstate diagnose --backend`, diagnose/codec.py)."""
-    raw = replay(trace, ReplayOptions([cfg], reset=str(period) if period else "none", steps_limit=steps_limit,
-                                      device=device, reference_reset=False, models=False, snapshots=1,
-                                      split=split, backend=backend))
-    rel = raw.configs[0].update["rel_error"]
-    rel = rel[rel == rel]
-    return float(rel.mean()) if rel.size else None
+    return update_errors(trace, [(cfg, period)], steps_limit, device, split, backend)[0]
+
+
+def update_errors(trace, runs: list[tuple], steps_limit, device, split=None, backend: str = "auto",
+                  batch: int | None = None, config_threads: int = 1, unit: int | None = None) -> list[float | None]:
+    """update_error of each (configuration, period) of `runs`, replayed together: one replay per
+    `batch` runs (all in one by default), so they share each step's gradient gather and the fp32
+    shadow that never resets, and step on `config_threads` threads (replay.config_threads_for).
+    `unit`: the layout's (replay.layout_unit; by default the largest block of the batch). Each
+    run writes only its own states, so with the same unit its error is the one it gets replayed
+    alone, bit for bit."""
+    size = len(runs) if batch is None else max(1, int(batch))
+    groups = -(-len(runs) // size) if runs else 0
+    out = []
+    for k in range(groups):  # evenly sized groups: 8 runs at most 7 at once are 4 + 4, not 7 + 1
+        group = runs[len(runs) * k // groups: len(runs) * (k + 1) // groups]
+        raw = replay(trace, ReplayOptions([c for c, _ in group], resets=[str(p) if p else "none" for _, p in group],
+                                          steps_limit=steps_limit, device=device, reference_reset=False,
+                                          models=False, snapshots=1, split=split, backend=backend,
+                                          config_threads=config_threads, unit=unit))
+        for c in raw.configs:
+            rel = c.update["rel_error"]
+            rel = rel[rel == rel]
+            out.append(float(rel.mean()) if rel.size else None)
+    return out
+
+
+def replays_for(spec, beta: float, advice: tuple, n_steps: int, baseline: float | None) -> list[int | None]:
+    """The periods `validate` replays for this advice (None: without resets, for the baseline)."""
+    if spec.rounding == "bred" or spec.fmt.kind == "identity":
+        return []
+    tried = [p for p in candidates(spec, beta, advice[0]) if p < n_steps]
+    return tried + ([None] if tried and baseline is None else [])
 
 
 def validate(trace, cfg, spec, beta: float, advice: tuple, n_steps: int, baseline: float | None,
-             steps_limit=None, device="auto", split=None, backend: str = "auto") -> Verdict:
-    """The advice for `cfg`, validated by replay; `baseline`: its error without resets (None: replay it)."""
+             steps_limit=None, device="auto", split=None, backend: str = "auto",
+             replayed: dict | None = None) -> Verdict:
+    """The advice for `cfg`, validated by replay; `baseline`: its error without resets (None: replay it);
+    `replayed`: {period (None: no reset): update error} of runs already replayed (update_errors),
+    the others are replayed here."""
     period, reason = advice
     if spec.rounding == "bred" or spec.fmt.kind == "identity":
         return Verdict(period, reason)
@@ -75,9 +105,12 @@ def validate(trace, cfg, spec, beta: float, advice: tuple, n_steps: int, baselin
         if period is not None:
             reason += f"; not validated: the trace ({n_steps} steps) is too short for a reset every {period} steps"
         return Verdict(period, reason)
+    replayed = dict(replayed or {})
     if baseline is None:
-        baseline = update_error(trace, cfg, None, steps_limit, device, split, backend)
-    errors = {p: update_error(trace, cfg, p, steps_limit, device, split, backend) for p in tried}
+        baseline = replayed[None] if None in replayed else update_error(trace, cfg, None, steps_limit, device,
+                                                                           split, backend)
+    errors = {p: replayed[p] if p in replayed else update_error(trace, cfg, p, steps_limit, device, split, backend)
+              for p in tried}
     best = min(errors, key=lambda p: errors[p] if errors[p] is not None else float("inf"))
     shown = ", ".join(f"every {p}: {errors[p]:.4g}" for p in tried if errors[p] is not None)
     measured = f"update error vs fp32 without resets, replayed: none: {baseline:.4g}; {shown}"
