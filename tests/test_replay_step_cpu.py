@@ -110,3 +110,35 @@ def test_configurations_off_the_fused_path_keep_the_separate_calls(monkeypatch):
     made.clear()
     diagnose(small_trace(3), [parse_config("sr-4bit")], backend="auto")
     assert made == [None]
+
+
+@needs_numba
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_replay_without_state_statistics_keeps_the_update_records(threads, monkeypatch):
+    """ReplayOptions(state_stats=False), as validate.py replays a reset's candidates: the
+    whole-step kernel (and the separate calls of a configuration off it) store the states
+    without counting them; the update's records and the final states are the same bits as
+    with every statistic on, and the states' series stay 0 where they are not."""
+    from qstate_cli.diagnose.replay import ReplayOptions, replay
+    monkeypatch.setattr(replay_mod, "SMALL_LAYOUT", 0)
+    monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 64)
+    seen = _spy(monkeypatch)
+    trace = small_trace(8)
+    cfgs = [parse_config(c) for c in ("sr-4bit", "bnb-8bit", "bf16-sr")]
+    held = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        raws = [replay(trace, ReplayOptions(cfgs, reset="3", device="cpu", models=False, state_stats=on,
+                                            keep_states=True)) for on in (True, False)]
+    finally:
+        torch.set_num_threads(held)
+    assert seen == {"sr-4bit": [16, 0], "bnb-8bit": [16, 0]}  # the kernel ran for both replays
+    full, light = raws
+    _same_states(full, light)
+    for a, b in zip(full.configs, light.configs):
+        assert a.update.keys() == b.update.keys()
+        for k in a.update:
+            assert torch.equal(torch.as_tensor(a.update[k]), torch.as_tensor(b.update[k])), (str(a.cfg), k)
+        for s in ("m", "v"):
+            assert (a.states[s]["err2_sum"] > 0).all() and (a.states[s]["nominal"] > 0).any()
+            assert not b.states[s]["err2_sum"].any() and not b.states[s]["nominal"].any(), (str(b.cfg), s)

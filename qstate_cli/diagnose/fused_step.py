@@ -47,11 +47,11 @@ def step(c, sh, g, i: int, codec_step: int, ruled: bool = False) -> None:
     """Replay step t = i + 1 of configuration c against shadow sh, as step.step_config
     does it (c.since already counts this step; ruled: `rule` ran for it)."""
     fs, st = c.fused, c.stats
-    keep = st["m"].snapshot_due(i)
+    keep = c.counted and st["m"].snapshot_due(i)
     _, _, x_hat, err = fs.step(
         codec_step, i + 1, g, c.x_hat["m"], c.x_hat["v"], fs.rule_of.scalars(c.since), sh.update, sh.ref2_units,
         sh.x, sh.x2_units, {s: st[s].prev_code for s in ("m", "v")}, {s: st[s].last_change for s in ("m", "v")},
-        keep, ruled)
+        keep, ruled, c.counted)
     for s in ("m", "v"):
         if keep:
             st[s]._snapshot(i + 1, err[s], sh.x2_units[s])

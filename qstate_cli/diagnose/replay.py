@@ -73,6 +73,7 @@ class ReplayOptions:
     split: object | None = None  # torchrun: this rank's share and the collectives (distributed.Split)
     reference_reset: bool = True  # the fp32 shadow follows each configuration's resets (False: never resets)
     models: bool = True  # evaluate the staleness model (staleness.py)
+    state_stats: bool = True  # the states' statistics (False: stored, not measured; the update's are: validate.py)
     backend: str = "auto"  # the states' codec: auto (a fused one where it covers the state) or reference (codec.py)
     fused_step: bool = True  # a whole configuration step in one kernel call where it covers it (fused_step.py)
     config_threads: int = 1  # configurations stepped at once on CPU (config_threads_for)
@@ -271,7 +272,7 @@ def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats
     def one(c, g, i):
         with timer(str(c.cfg)):
             step_config(c, shadows[c.shadow], rec, g, i, trace.step_start + i, padding, layout,
-                         i % model_every == 0, rule)
+                         bool(c.models) and i % model_every == 0, rule)  # no models: no step to split
 
     for i in range(n_steps):
         with timer("gather"):
@@ -354,7 +355,8 @@ def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout
         models = {s: ModelStats(layout, cfg.spec(s), n_steps, reduce_absmax, fused=paths[s][0] == CPU_PATH)
                   for s in rec.states if cfg.spec(s).fmt.kind != "identity"} if opts.models else {}
         configs.append(ConfigState(cfg, period, why, qs, {s: zeros() for s in rec.states}, stats,
-                                     UpdateStats(layout, n_steps, fused_rule), clamp, models, key, paths))
+                                     UpdateStats(layout, n_steps, fused_rule), clamp, models, key, paths,
+                                     counted=opts.state_stats))
     return configs, shadows
 
 

@@ -59,6 +59,7 @@ class ConfigState:
     codec: dict  # name -> [path, why the reference ran or None] (codec.py)
     since: int = 0  # steps since the start or the last reset
     fused: object | None = None  # the whole step in one kernel call (fused_step.py), or None
+    counted: bool = True  # the states' statistics taken (ReplayOptions.state_stats; else they stay at 0)
 
 
 def step_shadow(sh: Shadow, rec: Recursion, g: torch.Tensor, layout: Layout, rule: Callable) -> None:
@@ -96,7 +97,8 @@ def step_config(c: ConfigState, sh: Shadow, rec: Recursion, g: torch.Tensor, i: 
         observe_models(c, sh, rec, i, new)
     for s, q in c.states.items():
         x_hat = store(q, new[s], step, c.clamp[s], padding, c.codec[s][0] == CPU_PATH)
-        c.stats[s].observe(i, new[s], c.x_hat[s], x_hat, sh.x[s], sh.x2_units[s], q.codes)
+        if c.counted:
+            c.stats[s].observe(i, new[s], c.x_hat[s], x_hat, sh.x[s], sh.x2_units[s], q.codes)
         c.x_hat[s] = x_hat
 
     c.update.observe(i, u, sh.update, sh.ref2_units)

@@ -73,7 +73,8 @@ def update_errors(trace, runs: list[tuple], steps_limit, device, split=None, bac
         group = runs[len(runs) * k // groups: len(runs) * (k + 1) // groups]
         raw = replay(trace, ReplayOptions([c for c, _ in group], resets=[str(p) if p else "none" for _, p in group],
                                           steps_limit=steps_limit, device=device, reference_reset=False,
-                                          models=False, snapshots=1, split=split, backend=backend,
+                                          models=False, state_stats=False, snapshots=1, split=split,
+                                          backend=backend,
                                           config_threads=config_threads, unit=unit))
         for c in raw.configs:
             rel = c.update["rel_error"]

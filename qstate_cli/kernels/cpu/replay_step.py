@@ -93,14 +93,15 @@ class FusedAdamStep:
 
     def step(self, codec_step: int, stats_step: int, g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor,
              sc: np.ndarray, ref: torch.Tensor, ref2_units: torch.Tensor, shadow: dict, shadow_x2: dict,
-             prev_code: dict, last_change: dict, keep_err: bool, ruled: bool = False):
+             prev_code: dict, last_change: dict, keep_err: bool, ruled: bool = False, counted: bool = True):
         """One step (module docstring), replay step stats_step = i + 1: returns (u, {state:
         nominal new value}, {state: value read back}, {state: fp32 [n] error new - shadow} or
         None unless keep_err). Each state's codes, scales and `written` are set (stored at
         codec_step); prev_code and last_change are updated in place; the step's per-unit sums
         are added into column i of the series; ruled: `rule` ran for this step already. The
         inputs are the replay's own: contiguous fp32 / int32 CPU tensors of the layout's size
-        (not checked again here)."""
+        (not checked again here). counted False: the states are stored, their statistics not
+        taken (prev_code, last_change and their series stay as they are; the update's are)."""
         prev = {"m": m_hat, "v": v_hat}
         parts = parts_of(self.n)
         st, x_hat, err = {}, {}, {}
@@ -120,11 +121,12 @@ class FusedAdamStep:
         run_parts(_kernels()[0], self.n, self.unit,
                   (self.unit, self.chunk, self.n, g.numpy(), m_hat.numpy(), v_hat.numpy(), u, m, v, sc, ref.numpy(),
                    ref2_units.numpy(), upd,
-                   int(codec_step), int(stats_step), self.lanes[0], bool(keep_err), bool(ruled), st["m"], st["v"],
+                   int(codec_step), int(stats_step), self.lanes[0], bool(keep_err), bool(ruled), bool(counted),
+                   st["m"], st["v"],
                    parts == 1, self.lanes[1], self.series), parts=parts)
         if parts > 1:  # the series need every thread's units: one more call
             add = self.series
-            _kernels()[1](int(stats_step) - 1, self.lanes[1], self.rows["m"].sums_np, add[0], add[1],
+            _kernels()[1](int(stats_step) - 1, self.lanes[1], bool(counted), self.rows["m"].sums_np, add[0], add[1],
                           self.rows["v"].sums_np, add[2], add[3], upd, add[4], add[5])
         return self.u, {"m": self.m, "v": self.v}, x_hat, (err if keep_err else None)
 

@@ -15,15 +15,17 @@ from .torch_sum_kernel import add_step
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _state(k0, k1, part, unit, numel, x, prev, codec_step, stats_step, lanes, keep, st):
+def _state(k0, k1, part, unit, numel, x, prev, codec_step, stats_step, lanes, keep, st, counted):
     """Units k0 .. k1 - 1 of one state: store x (replay_codec: codes, scales, the value read
-    back into out), then the code statistics of x, prev and out against the shadow
-    (state_counts; sums[4] = the shadow's per-unit squares, copied: StateStats' row)."""
+    back into out), then, where counted, the code statistics of x, prev and out against the
+    shadow (state_counts; sums[4] = the shadow's per-unit squares, copied: StateStats' row)."""
     (codes, s16, out, lay, lim, table, B, plan, base, clamp0, pad0,
      bits, prev_code, last_change, sums, hist, shadow, shadow_x2, err, shift, mask) = st
     per = unit // B
     replay_codec(k0 * per, k1 * per, x, codes, s16, out, lay, lim, table, B, numel, plan, base, codec_step,
                  clamp0, pad0)
+    if not counted:
+        return
     for k in range(k0, k1):
         sums[4, k] = shadow_x2[k]
     state_counts(k0, k1, part, x, prev, out, codes, bits, prev_code, last_change, stats_step, unit, sums, hist,
@@ -32,34 +34,37 @@ def _state(k0, k1, part, unit, numel, x, prev, codec_step, stats_step, lanes, ke
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def adamw_config_step(k0, k1, part, unit, chunk, numel, g, m_hat, v_hat, u, m, v, sc, ref, ref2, upd,
-                      codec_step, stats_step, lanes, keep, ruled, st_m, st_v, finish, lanes64, series):
+                      codec_step, stats_step, lanes, keep, ruled, counted, st_m, st_v, finish, lanes64, series):
     """Units k0 .. k1 - 1 of one replay step, `chunk` units at a time (so a chunk's rows stay
     in cache between the passes): the AdamW rule (u, m, v from g, m_hat, v_hat: adamw_rule),
     then each state stored and counted (_state, st_m / st_v: its arrays), then UpdateStats'
     per-unit sums of u against the shadow's update ref (upd[3] = ref2, copied). ruled: u, m
     and v hold this step's rule already (a step that evaluates the staleness model in between).
-    finish (one thread holds every unit): the step's sums added into the series as well
-    (add_steps; series = the three (units, series) pairs, column stats_step - 1)."""
+    counted: the states' statistics too (else the states are stored and only the update's
+    sums are taken: validate.py's replays read no more). finish (one thread holds every
+    unit): the step's sums added into the series as well (add_steps; series = the three
+    (units, series) pairs, column stats_step - 1; the states' only where counted)."""
     for c0 in range(k0, k1, chunk):
         c1 = min(c0 + chunk, k1)
         if not ruled:
             adamw_rule(c0, c1, g, m_hat, v_hat, u, m, v, sc, unit, numel)
-        _state(c0, c1, part, unit, numel, m, m_hat, codec_step, stats_step, lanes, keep, st_m)
-        _state(c0, c1, part, unit, numel, v, v_hat, codec_step, stats_step, lanes, keep, st_v)
+        _state(c0, c1, part, unit, numel, m, m_hat, codec_step, stats_step, lanes, keep, st_m, counted)
+        _state(c0, c1, part, unit, numel, v, v_hat, codec_step, stats_step, lanes, keep, st_v, counted)
         for k in range(c0, c1):
             upd[3, k] = ref2[k]
         update_sums(c0, c1, u, ref, upd, unit, lanes)
     if finish:  # st_*[14]: the state's per-unit sums (replay_step.FusedAdamStep.step's tuple)
-        add_steps(stats_step - 1, lanes64, st_m[14], series[0], series[1], st_v[14], series[2], series[3], upd,
-                  series[4], series[5])
+        add_steps(stats_step - 1, lanes64, counted, st_m[14], series[0], series[1], st_v[14], series[2], series[3],
+                  upd, series[4], series[5])
     return 0
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def add_steps(i, lanes64, a, a_units, a_series, b, b_units, b_series, d, d_units, d_series):
+def add_steps(i, lanes64, counted, a, a_units, a_series, b, b_units, b_series, d, d_units, d_series):
     """torch_sum_kernel.add_step for the step's three sets of per-unit sums (state m, state v,
-    the update), in one call."""
-    add_step(a, a_units, a_series, i, lanes64)
-    add_step(b, b_units, b_series, i, lanes64)
+    the update; the states' only where counted), in one call."""
+    if counted:
+        add_step(a, a_units, a_series, i, lanes64)
+        add_step(b, b_units, b_series, i, lanes64)
     add_step(d, d_units, d_series, i, lanes64)
     return 0
