@@ -15,8 +15,9 @@ from test_replay_codec_cpu import bits, comparable, small_trace
 needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
 
 FUSED = ["nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit", "m=int8:nearest:b64,v=de8u:bred:b32:sbf16",
-         "m=e2m1:bred:b64,v=e4m3:nearest:b32:sqrt:sbf16"]
-SEPARATE = ["bf16-sr", "m=fp32,v=de4u:nearest:b128:sqrt", "m=bf16:bred,v=bf16:nearest:sqrt"]  # 16-bit, fp32, reference
+         "m=e2m1:bred:b64,v=e4m3:nearest:b32:sqrt:sbf16", "bf16-sr", "m=fp16,v=fp16:stochastic:sqrt"]  # 16-bit too
+# fp32, a state on the reference codec (bf16 under BReD), a 16-bit state beside a 4-bit one
+SEPARATE = ["m=fp32,v=de4u:nearest:b128:sqrt", "m=bf16:bred,v=bf16:nearest:sqrt", "m=bf16,v=de4u:nearest:b128"]
 
 
 def _spy(monkeypatch):
@@ -94,9 +95,9 @@ def test_whole_step_kernel_over_several_threads(monkeypatch):
 
 @needs_numba
 def test_configurations_off_the_fused_path_keep_the_separate_calls(monkeypatch):
-    """No whole-step kernel for a 16-bit or fp32 state, a state on the reference codec, an
-    optimizer other than AdamW, --backend reference, or where torch's sum order is unknown;
-    the kernel's own check refuses such states too."""
+    """No whole-step kernel for an fp32 state, a state on the reference codec, a 16-bit state
+    beside a block-scaled one, an optimizer other than AdamW, --backend reference, or where
+    torch's sum order is unknown; the kernel's own check refuses such states too."""
     from qstate_cli.kernels.cpu import replay_step, torch_sum
     made = []
     real = fused_step.fused_step_for
@@ -124,7 +125,7 @@ def test_a_replay_without_state_statistics_keeps_the_update_records(threads, mon
     monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 64)
     seen = _spy(monkeypatch)
     trace = small_trace(8)
-    cfgs = [parse_config(c) for c in ("sr-4bit", "bnb-8bit", "bf16-sr")]
+    cfgs = [parse_config(c) for c in ("sr-4bit", "bnb-8bit", "bf16-sr", "m=bf16,v=de4u:nearest:b128")]
     held = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
@@ -132,7 +133,7 @@ def test_a_replay_without_state_statistics_keeps_the_update_records(threads, mon
                                             keep_states=True)) for on in (True, False)]
     finally:
         torch.set_num_threads(held)
-    assert seen == {"sr-4bit": [16, 0], "bnb-8bit": [16, 0]}  # the kernel ran for both replays
+    assert seen == {"sr-4bit": [16, 0], "bnb-8bit": [16, 0], "bf16-sr": [16, 0]}  # both replays; the last: separate
     full, light = raws
     _same_states(full, light)
     for a, b in zip(full.configs, light.configs):

@@ -18,8 +18,9 @@ where one thread holds every unit (else in one more call), so every value is com
 the same code as before and every record is the same, bit for bit. Its output rows (u, m,
 v, and each state's codes, scales and value read back, two of each so the previous step's
 stay intact) are allocated once and reused. States: the block-scaled 4- and 8-bit formats
-(codes packed in uint8); anything else keeps the separate calls (diagnose/fused_step.py
-decides). No numba at import: the kernel is imported on first use.
+(codes packed in uint8), or both unscaled 16-bit minifloats (bf16, fp16: their uint16
+patterns, replay_codec16; adamw_config_step16); anything else keeps the separate calls
+(diagnose/fused_step.py decides). No numba at import: the kernel is imported on first use.
 """
 from __future__ import annotations
 
@@ -37,17 +38,25 @@ _KERNELS: list = []
 
 def _kernels():
     if not _KERNELS:
-        from .replay_step_kernel import add_steps, adamw_config_step
-        _KERNELS.extend([adamw_config_step, add_steps])
+        from .replay_step_kernel import add_steps, adamw_config_step, adamw_config_step16
+        _KERNELS.extend([adamw_config_step, add_steps, adamw_config_step16])
     return _KERNELS
+
+
+def _wide(q) -> bool:
+    """An unscaled 16-bit state on the fused codec (its codes: int16 patterns, no scales)."""
+    return hasattr(q, "plan") and getattr(q, "_scale_dtype", 0) is None and q.spec.fmt.bits == 16
 
 
 def why_not(states: list, counts: list, n: int, unit: int) -> str | None:
     """Why FusedAdamStep cannot step these (FusedReplayState, CodeCounts) pairs, or None."""
     if torch_sum.lanes() is None:
         return "torch's sum order was not found (torch_sum.lanes)"
+    wide = [_wide(q) for q in states]
+    if any(wide) and not all(wide):
+        return "one state is 16-bit unscaled and the other is not"
     for q, cc in zip(states, counts):
-        if getattr(q, "_scale_dtype", None) is None or q.spec.fmt.bits not in (4, 8):
+        if not wide[0] and (getattr(q, "_scale_dtype", None) is None or q.spec.fmt.bits not in (4, 8)):
             return f"{q.spec} is not a block-scaled 4- or 8-bit state"
         if cc is None or cc.bits != q.spec.fmt.bits or cc.n != n or cc.unit != unit or unit % q.block:
             return "the code statistics do not match the state"
@@ -59,14 +68,20 @@ class _Rows:
     next step's input), and its per-unit sums."""
 
     def __init__(self, q, n: int, n_units: int):
-        self.q = q
+        self.q, self.wide = q, _wide(q)
         self.out = [torch.empty(n, dtype=torch.float32) for _ in range(2)]
+        self.sums = torch.empty(6, n_units, dtype=torch.float32)
+        self.sums_np = self.sums.numpy()
+        if self.wide:  # 16-bit patterns as the reference stores them (int16), no scales
+            self.codes = [torch.empty(n, dtype=torch.int16) for _ in range(2)]
+            self.scales = [None, None]
+            self.np = [(c.numpy().view(np.uint16), o.numpy()) for c, o in zip(self.codes, self.out)]
+            self.fixed = (q.lay, int(q.block), q.plan, q.base)
+            return
         self.codes = [torch.empty(n * q.spec.fmt.bits // 8, dtype=torch.uint8) for _ in range(2)]
         self.scales = [torch.empty(n // q.block, dtype=q._scale_dtype) for _ in range(2)]
         self.np = [(c.numpy(), s.view(torch.int16).numpy().view(np.uint16), o.numpy())
                    for c, s, o in zip(self.codes, self.scales, self.out)]
-        self.sums = torch.empty(6, n_units, dtype=torch.float32)
-        self.sums_np = self.sums.numpy()
         self.fixed = (q.lay, q.lim, q.table, int(q.block), q.plan, q.base)
 
 
@@ -85,6 +100,7 @@ class FusedAdamStep:
         self.chunk = max(1, CHUNK_ELEMENTS // unit)
         self.counts, self.clamp, self.pad0 = counts, {s: bool(clamp[s]) for s in ("m", "v")}, bool(pad0)
         self.rows = {s: _Rows(states[s], n, self.n_units) for s in ("m", "v")}
+        self.wide = self.rows["m"].wide  # both 16-bit unscaled (why_not): adamw_config_step16
         self.u, self.m, self.v = (torch.empty(n, dtype=torch.float32) for _ in range(3))
         self.upd = torch.empty(4, self.n_units, dtype=torch.float32)
         self.lanes = torch_sum.lanes()
@@ -110,15 +126,14 @@ class FusedAdamStep:
             cc = self.counts[s]
             cc.ensure_parts(parts)
             e = torch.empty(2, self.n, dtype=torch.float32) if keep_err else None
-            codes, s16, out = r.np[j]
-            st[s] = (codes, s16, out, *r.fixed, self.clamp[s], self.pad0,
+            st[s] = (*r.np[j], *r.fixed, self.clamp[s], self.pad0,
                      cc.bits, prev_code[s].numpy(), last_change[s].numpy(), r.sums_np, cc.hist,
                      shadow[s].numpy(), shadow_x2[s].numpy(), _NO_ERR if e is None else e.numpy(),
                      cc.shift, cc.mask)
             r.q.codes, r.q.scales, r.q.written, r.q._read_back = r.codes[j], r.scales[j], int(codec_step), None
             x_hat[s], err[s] = r.out[j], (e[0] if keep_err else None)
         u, m, v, upd = self.rows_np
-        run_parts(_kernels()[0], self.n, self.unit,
+        run_parts(_kernels()[2 if self.wide else 0], self.n, self.unit,
                   (self.unit, self.chunk, self.n, g.numpy(), m_hat.numpy(), v_hat.numpy(), u, m, v, sc, ref.numpy(),
                    ref2_units.numpy(), upd,
                    int(codec_step), int(stats_step), self.lanes[0], bool(keep_err), bool(ruled), bool(counted),

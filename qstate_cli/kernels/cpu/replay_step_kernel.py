@@ -8,7 +8,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c  # noqa: F401 - sets numba's cache folder before anything here compiles
-from .replay_kernel import replay_codec
+from .replay_kernel import replay_codec, replay_codec16
 from .replay_rule_kernel import adamw_rule, update_sums
 from .replay_stats_kernel import state_counts
 from .torch_sum_kernel import add_step
@@ -24,6 +24,22 @@ def _state(k0, k1, part, unit, numel, x, prev, codec_step, stats_step, lanes, ke
     per = unit // B
     replay_codec(k0 * per, k1 * per, x, codes, s16, out, lay, lim, table, B, numel, plan, base, codec_step,
                  clamp0, pad0)
+    if not counted:
+        return
+    for k in range(k0, k1):
+        sums[4, k] = shadow_x2[k]
+    state_counts(k0, k1, part, x, prev, out, codes, bits, prev_code, last_change, stats_step, unit, sums, hist,
+                 shadow, err, shift, mask, lanes, keep)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _state16(k0, k1, part, unit, numel, x, prev, codec_step, stats_step, lanes, keep, st, counted):
+    """_state for an unscaled 16-bit minifloat (bf16, fp16): replay_codec16 stores x (its
+    uint16 patterns, no scales), then the same statistics (the codes: the patterns)."""
+    (codes, out, lay, B, plan, base, clamp0, pad0,
+     bits, prev_code, last_change, sums, hist, shadow, shadow_x2, err, shift, mask) = st
+    per = unit // B
+    replay_codec16(k0 * per, k1 * per, x, codes, out, lay, B, numel, plan, base, codec_step, clamp0, pad0)
     if not counted:
         return
     for k in range(k0, k1):
@@ -55,6 +71,26 @@ def adamw_config_step(k0, k1, part, unit, chunk, numel, g, m_hat, v_hat, u, m, v
         update_sums(c0, c1, u, ref, upd, unit, lanes)
     if finish:  # st_*[14]: the state's per-unit sums (replay_step.FusedAdamStep.step's tuple)
         add_steps(stats_step - 1, lanes64, counted, st_m[14], series[0], series[1], st_v[14], series[2], series[3],
+                  upd, series[4], series[5])
+    return 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def adamw_config_step16(k0, k1, part, unit, chunk, numel, g, m_hat, v_hat, u, m, v, sc, ref, ref2, upd,
+                        codec_step, stats_step, lanes, keep, ruled, counted, st_m, st_v, finish, lanes64, series):
+    """adamw_config_step for states m and v both unscaled 16-bit minifloats (_state16; st_*[11]:
+    a state's per-unit sums)."""
+    for c0 in range(k0, k1, chunk):
+        c1 = min(c0 + chunk, k1)
+        if not ruled:
+            adamw_rule(c0, c1, g, m_hat, v_hat, u, m, v, sc, unit, numel)
+        _state16(c0, c1, part, unit, numel, m, m_hat, codec_step, stats_step, lanes, keep, st_m, counted)
+        _state16(c0, c1, part, unit, numel, v, v_hat, codec_step, stats_step, lanes, keep, st_v, counted)
+        for k in range(c0, c1):
+            upd[3, k] = ref2[k]
+        update_sums(c0, c1, u, ref, upd, unit, lanes)
+    if finish:
+        add_steps(stats_step - 1, lanes64, counted, st_m[11], series[0], series[1], st_v[11], series[2], series[3],
                   upd, series[4], series[5])
     return 0
 
