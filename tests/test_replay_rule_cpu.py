@@ -51,6 +51,35 @@ def test_fused_adamw_rule_is_the_reference(hp, threads, n):
                 assert torch.equal(bits(new[s]), bits(new_ref[s])), (since, s)
 
 
+@pytest.mark.parametrize("threads, unit, n_units", [(1, 128, 200), (3, 256, 1040), (1, 2048, 9), (1, 96, 40)])
+def test_fused_shadow_step_is_the_rule_and_torchs_sums(threads, unit, n_units, monkeypatch):
+    """FusedAdamRule.shadow_step (kernels/cpu/replay_rule.adamw_shadow): the rule's u, m, v and,
+    per unit, the sums of m^2, v^2, u^2 that step.step_shadow took with torch
+    ((x * x).view(-1, unit).sum(1)), bit for bit, streamed (128, 256), on rows (96, 2048:
+    past the stream's groups), over threads; and None where torch's order is unknown."""
+    from qstate_cli.diagnose.recursions import fused_rule
+    from qstate_cli.diagnose.stats import unit_sums
+    from qstate_cli.kernels.cpu import torch_sum
+
+    rule, _ = fused_rule(recursion_for("adamw", {"betas": (0.8, 0.95)}), torch.device("cpu"))
+    gen = torch.Generator().manual_seed(unit)
+    n = unit * n_units
+    with torch_threads(threads):
+        for since in (1, 7):
+            g = awkward(n, gen)
+            x = {"m": awkward(n, gen), "v": awkward(n, gen).abs()}
+            u, new, x2, u2 = rule.shadow_step(g, x, since, unit)
+            u_ref, new_ref = rule.step(g, x, since, {})
+            assert torch.equal(bits(u), bits(u_ref))
+            assert torch.equal(bits(u2), bits(unit_sums(u_ref * u_ref, unit)))
+            for s in ("m", "v"):
+                assert torch.equal(bits(new[s]), bits(new_ref[s])), s
+                assert torch.equal(bits(x2[s]), bits(unit_sums(new_ref[s] * new_ref[s], unit))), s
+            assert torch.isinf(x2["v"]).any()  # the squares overflow: inf sums, as torch's
+    monkeypatch.setattr(torch_sum, "lanes", lambda: None)
+    assert rule.shadow_step(g, x, 1, unit) is None
+
+
 def test_other_optimizers_keep_the_reference():
     from qstate_cli.diagnose.recursions import fused_rule
 

@@ -96,10 +96,23 @@ class FusedAdamRule:
         """fp32 [b1, 1 - b1, b2, 1 - b2, inv_bc2_sqrt, eps, step_size, decay] of step `since`."""
         sc = self._scalars.get(since)
         if sc is None:  # rules.step_scalars with lr = 1, wd = 0, computed on the host (packed_scalars)
-            _, decay, step_size, inv_bc2_sqrt = rules.packed_scalars(1.0, 0.0, *self.b12, since, "cpu").numpy()
+            _, decay, step_size, inv_bc2_sqrt = rules.host_scalars(1.0, 0.0, *self.b12, since)
             sc = np.concatenate([self.betas, np.array([inv_bc2_sqrt, self.eps, step_size, decay], np.float32)])
             self._scalars[since] = sc
         return sc
+
+    def shadow_step(self, g: torch.Tensor, x: dict, since: int, unit: int):
+        """The fp32 shadow's step (step.step_shadow) in one pass: (direction, {"m", "v"},
+        {"m", "v": per-unit sums of its square}, per-unit sums of the direction's square), the
+        same bits as the step and its torch sums (kernels/cpu/replay_rule.adamw_shadow); None
+        where torch's sum order is not known."""
+        from ..kernels.cpu.replay_rule import adamw_shadow  # numba on first use
+
+        out = adamw_shadow(g, x["m"], x["v"], self.scalars(since), unit)
+        if out is None:
+            return None
+        u, m, v, sums = out
+        return u, {"m": m, "v": v}, {"m": sums[0], "v": sums[1]}, sums[2]
 
     def step(self, g: torch.Tensor, x_hat: dict, since: int, first: dict):
         from ..kernels.cpu.replay_rule import adamw_rule  # numba on first use

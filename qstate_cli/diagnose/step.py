@@ -2,6 +2,7 @@
 
     step_shadow  : fp32 states reset when their schedule says so, then the rule:
                    u_ref, s = rule(g, s_prev); per-unit sums of s^2 and u_ref^2 for the statistics
+                   (the fused AdamW rule: all of it in one pass, FusedAdamRule.shadow_step)
     step_config  : a reset when the configuration's schedule says so, then the rule on the
                    states read back, the staleness model (on its steps), each state stored
                    (store: encode + decode, v clamped at 0, padding 0) and its statistics
@@ -71,6 +72,11 @@ def step_shadow(sh: Shadow, rec: Recursion, g: torch.Tensor, layout: Layout, rul
     first = {s: sh.since == 0 for s in rec.states}
     sh.prev = sh.x
     sh.since += 1
+    owner = getattr(rule, "__self__", None)  # the fused rule: the step and its sums in one pass
+    fused = owner.shadow_step(g, sh.x, sh.since, layout.unit) if hasattr(owner, "shadow_step") else None
+    if fused is not None:
+        sh.update, sh.x, sh.x2_units, sh.ref2_units = fused
+        return
     sh.update, sh.x = rule(g, sh.x, sh.since, first)
     sh.x2_units = {s: unit_sums(sh.x[s] * sh.x[s], layout.unit) for s in rec.states}
     sh.ref2_units = unit_sums(sh.update * sh.update, layout.unit)

@@ -91,11 +91,16 @@ def packed_scalars(lr, weight_decay: float, beta1: float, beta2: float, t: int, 
     (docs/cpu.md, "Step overhead"); a tensor lr or another device keeps the torch ops."""
     if isinstance(lr, torch.Tensor) or torch.device(device).type != "cpu":
         return pack_scalars(step_scalars(lr, weight_decay, beta1, beta2, t, device))
+    return torch.from_numpy(host_scalars(lr, weight_decay, beta1, beta2, t))
+
+
+def host_scalars(lr: float, weight_decay: float, beta1: float, beta2: float, t: int) -> np.ndarray:
+    """packed_scalars of a number lr as fp32 numpy [lr, decay, step_size, inv_bc2_sqrt]."""
     bc1, inv_bc2_sqrt = bias_corrections(beta1, beta2, t)
     with np.errstate(all="ignore"):  # torch's inf and nan, without numpy's warnings
         vals = _scalar_ops(np.float32(lr), np.float32(weight_decay), np.float32(bc1), np.float32(inv_bc2_sqrt),
                            np.float32(1.0))
-    return torch.from_numpy(np.array(vals, dtype=np.float32))
+    return np.array(vals, dtype=np.float32)
 
 
 def ema(x_hat: torch.Tensor, target: torch.Tensor, beta: float) -> torch.Tensor:

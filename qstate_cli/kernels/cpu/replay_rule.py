@@ -27,8 +27,8 @@ _KERNEL: list = []
 
 def _kernel(which: int = 0):
     if not _KERNEL:
-        from .replay_rule_kernel import adamw_rule, update_products, update_sums
-        _KERNEL.extend([adamw_rule, update_products, update_sums])
+        from .replay_rule_kernel import adamw_rule, adamw_shadow, update_products, update_sums
+        _KERNEL.extend([adamw_rule, update_products, update_sums, adamw_shadow])
     return _KERNEL[which]
 
 
@@ -63,6 +63,25 @@ def update_sums(u: torch.Tensor, ref: torch.Tensor, ref2_units: torch.Tensor, un
     sums[3] = ref2_units
     run_blocks(_kernel(2), n, unit, (u.numpy(), ref.numpy(), sums.numpy(), int(unit), lanes[0]))
     return sums
+
+
+def adamw_shadow(g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: np.ndarray, unit: int):
+    """The fp32 shadow's step (diagnose/step.step_shadow) in one pass: (u, m, v) as adamw_rule
+    gives them and fp32 [3, n / unit], per unit the sums of m * m, v * v and u * u, the bits of
+    torch's (x * x).view(-1, unit).sum(1); None where torch_sum.lanes() found no order (the
+    caller keeps the torch ops)."""
+    lanes = torch_sum.lanes()
+    n = g.numel()
+    if lanes is None or n % unit:
+        return None
+    for t in (g, m_hat, v_hat):
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != n or t.device.type != "cpu":
+            raise ValueError(f"the fused shadow step needs contiguous fp32 CPU tensors of {n} elements")
+    u, m, v = (torch.empty(n, dtype=torch.float32) for _ in range(3))
+    sums = torch.empty(3, n // unit, dtype=torch.float32)
+    run_blocks(_kernel(3), n, unit, (g.numpy(), m_hat.numpy(), v_hat.numpy(), u.numpy(), m.numpy(), v.numpy(), sc,
+                                     int(unit), lanes[0], sums.numpy()))
+    return u, m, v, sums
 
 
 def adamw_rule(g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: np.ndarray, out: tuple | None = None):

@@ -99,3 +99,53 @@ def update_sums(u0, u1, u, ref, sums, unit, lanes):
         sums[1, k] = ts.row_sum(pb, 0, unit, lanes, acc)
         sums[2, k] = ts.row_sum(pc, 0, unit, lanes, acc)
     return 0
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _square_sums3(a, b, c, i0, unit, lanes, ra, rb, rc, acc, sa, sb, sc):
+    """(sum of a * a, of b * b, of c * c) over a unit of elements i0 .., each square one fp32 op
+    and each sum in torch's fp32 order (update_sums' two ways: streamed, else rows ra, rb, rc)."""
+    if ts.streams8(lanes, unit):
+        ts.stream8_start(sa)
+        ts.stream8_start(sb)
+        ts.stream8_start(sc)
+        for g in range(unit // ts.GROUP8):
+            base = i0 + np.uint64(g * ts.GROUP8)
+            for e in range(np.uint64(ts.GROUP8)):
+                x, y, z = a[base + e], b[base + e], c[base + e]
+                sa[e] += x * x
+                sb[e] += y * y
+                sc[e] += z * z
+            ts.stream8_group_done(sa, g)
+            ts.stream8_group_done(sb, g)
+            ts.stream8_group_done(sc, g)
+        return ts.stream8_sum(sa), ts.stream8_sum(sb), ts.stream8_sum(sc)
+    for j in range(np.uint64(unit)):
+        x, y, z = a[i0 + j], b[i0 + j], c[i0 + j]
+        ra[j] = x * x
+        rb[j] = y * y
+        rc[j] = z * z
+    return (ts.row_sum(ra, 0, unit, lanes, acc), ts.row_sum(rb, 0, unit, lanes, acc),
+            ts.row_sum(rc, 0, unit, lanes, acc))
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def adamw_shadow(u0, u1, g, m_hat, v_hat, u, m, v, sc, unit, lanes, sums):
+    """Units u0 .. u1 - 1 of the fp32 shadow's step: adamw_rule (u, m, v), then per unit k
+    sums[0 / 1 / 2, k] = the sum of m * m, v * v, u * u over the unit (one fp32 product each,
+    summed in torch's fp32 order, lanes = torch's: the bits of torch's x.view(-1, unit).sum(1)),
+    unit by unit, so each unit's rows are summed while in cache."""
+    g, m_hat, v_hat, u, m, v, sums = nv.borrowed((g, m_hat, v_hat, u, m, v, sums))
+    ra = np.empty(unit, np.float32)
+    rb = np.empty(unit, np.float32)
+    rc = np.empty(unit, np.float32)
+    acc = nv.scratch_f32(ACC)
+    sa = nv.scratch_f32(STREAM)
+    sb = nv.scratch_f32(STREAM)
+    s2 = nv.scratch_f32(STREAM)
+    n = g.size
+    for k in range(u0, u1):
+        adamw_rule(k, k + 1, g, m_hat, v_hat, u, m, v, sc, unit, n)
+        sums[0, k], sums[1, k], sums[2, k] = _square_sums3(m, v, u, np.uint64(k * unit), unit, lanes, ra, rb, rc,
+                                                           acc, sa, sb, s2)
+    return 0
