@@ -99,6 +99,7 @@ def probe() -> tuple[float, float, float, float]:
     return zero.sqrt().erf().item(), zero.sqrt().item(), low[0].item(), floor
 
 
+@lru_cache(maxsize=256)  # read-only (the kernels never write it); one (beta, c) per state and replay
 def constants(beta: float, c: float = 0.0) -> np.ndarray:
     """fp32 [10] (replay_gauss_kernel.columns): 1 - beta, c, 1e30, pi, sqrt 2, sqrt(2 pi), each
     Python scalar as torch takes it (fp32); then probe()'s."""

@@ -48,13 +48,15 @@ _LOCAL = threading.local()  # .buffers: n -> (emp, nominal, down, up), the threa
 
 
 def _buffers(n: int) -> tuple:
-    """This thread's output buffers of n elements (reused: fresh pages would cost a page fault
-    per 4 kB every call); a new size replaces the thread's old set."""
+    """This thread's output buffers of n elements (emp, nominal, down, up) and their numpy
+    views (reused: fresh pages would cost a page fault per 4 kB every call); a new size
+    replaces the thread's old set."""
     bufs = _LOCAL.__dict__.setdefault("buffers", {})
     if n not in bufs:
         bufs.clear()
-        bufs[n] = (torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.bool),
-                   torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.float32))
+        rows = (torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.bool),
+                torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.float32))
+        bufs[n] = rows, tuple(t.numpy() for t in rows)
     return bufs[n]
 
 
@@ -94,9 +96,10 @@ class StalenessModel:
         # lim[3]: a minifloat's binade-average gap per unit of |n|, the fp32 scalar torch multiplies by
         binade = (2.0 ** -fmt.man_bits) * math.log(2.0) if fmt.kind == "float" else 0.0
         self.lim = np.array([lo, hi, fmt.top, binade], np.float32)
-        self.valid = None if valid is None else valid.cpu().contiguous().numpy()
+        self.valid = np.ones(1, np.bool_) if valid is None else valid.cpu().contiguous().numpy()
         self.prm = (KINDS[fmt.kind], int(spec.sqrt), ROUNDINGS[spec.rounding], int(valid is not None), 0, nt,
                     int(fmt.signed), int(spec.scaled)) + tuple(int(v) for v in search) + (unit,)
+        self.prm_of = {g: self.prm[:4] + (int(g),) + self.prm[5:] for g in (False, True)}  # prm[4]: the Gaussian cells
 
     def predict(self, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor | None):
         """(emp fp32 [n], nominal bool [n], #nominal, (down, up) fp32 [n] each of windows(s),
@@ -110,12 +113,10 @@ class StalenessModel:
         else:
             yx = x_hat
         arrays = [_f32(t, n) for t in (x_hat, x_new, yx, ys)]
-        emp, nominal, down, up = _buffers(n)
+        (emp, nominal, down, up), views = _buffers(n)
         counts = np.zeros(parts_of(n), np.int64)
-        valid = self.valid if self.valid is not None else np.ones(1, np.bool_)
         run_parts(_kernel(), n, self.block,
-                  (*arrays, valid, emp.numpy(), nominal.numpy(), down.numpy(), up.numpy(), counts,
-                   self.prm[:4] + (int(gauss),) + self.prm[5:], self.lim, self.table, self.block, n),
+                  (*arrays, self.valid, *views, counts, self.prm_of[gauss], self.lim, self.table, self.block, n),
                   parts=counts.size)
         return emp, nominal, int(counts.sum()), ((down, up) if gauss else None)
 
@@ -133,6 +134,9 @@ def code_gaps(book: np.ndarray) -> np.ndarray:
 
 
 def _f32(t: torch.Tensor, n: int) -> np.ndarray:
+    if t.dtype == torch.float32 and t.dim() == 1 and t.is_contiguous() and t.numel() == n \
+            and t.device.type == "cpu" and not t.requires_grad:
+        return t.numpy()  # the replay's rows: no reshape, no copy
     if t.dtype != torch.float32 or t.device.type != "cpu" or t.numel() != n:
         raise ValueError(f"the fused staleness model needs fp32 CPU tensors of {n} elements "
                          f"(got {t.dtype} {t.device.type} {t.numel()})")  # the kernel does not bound-check
