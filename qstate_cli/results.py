@@ -3,7 +3,7 @@
     {
       "schema_version": 1,
       "kind": "kernels" | "memory" | "diagnose" | "train" | "compare" | ...,
-      "env": {device, device_name, torch, triton, python, qstate, git_sha, argv, created},
+      "env": {device, device_name, cpu_isa, torch, triton, python, qstate, git_sha, argv, created, ...},
       "meta": {...free-form settings of the run...},
       "records": [{flat row}, ...]          # pandas.DataFrame(records) just works
     }
@@ -36,8 +36,10 @@ def device_info(device: str | None = None) -> dict:
     import torch
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    info = {"device": dev, "device_name": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: None)
+    info = {"device": dev, "device_name": cpu_name(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "cpu_isa": capability()}  # torch's CPU kernels' vector ISA: AVX512, AVX2, DEFAULT, ...
     if dev.startswith("cuda") and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.device(dev))
         info.update(device_name=props.name, cuda=torch.version.cuda,
@@ -45,6 +47,20 @@ def device_info(device: str | None = None) -> dict:
                     gpu_memory_gib=round(props.total_memory / 2**30, 1),
                     l2_mib=round(getattr(props, "L2_cache_size", 0) / 2**20, 1))
     return info
+
+
+def cpu_name() -> str:
+    """The host CPU's model name (Linux: /proc/cpuinfo's "model name"), else what platform
+    says (processor, or the machine type): CPU timings differ by 2x between hosts, so a result
+    names the one it ran on."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name") and ":" in line:
+                    return line.split(":", 1)[1].strip() or platform.machine()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def git_sha() -> str | None:

@@ -67,3 +67,34 @@ def test_ctrl_c_keeps_and_shows_the_rows_measured(tmp_path):
         output.run_engine(fake_engine(ROWS, stop_after=1), {}, Destinations(json=tmp_path / "r.json"), shown.append)
     assert json.loads((tmp_path / "r.json").read_text())["records"] == ROWS[:1]
     assert [d["records"] for d in shown] == [ROWS[:1]]
+
+
+def test_the_env_block_names_the_cpu_and_its_vector_isa(monkeypatch):
+    """CPU timings depend on the host (docs/cpu.md: 1.1-1.4x torch on AVX-512, 2.5-3.5x on AVX2),
+    so a result says which CPU ran it: its model name from /proc/cpuinfo and torch's vector ISA."""
+    import builtins
+    import platform
+
+    import torch
+
+    from qstate_cli import results
+
+    env = results.environment("cpu")
+    assert env["cpu_isa"] == torch.backends.cpu.get_cpu_capability()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    assert env["device_name"] == (names[0] if names and names[0] else platform.processor() or platform.machine())
+
+    real_open = builtins.open
+
+    def no_cpuinfo(path, *a, **kw):
+        if str(path) == "/proc/cpuinfo":
+            raise FileNotFoundError(path)
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(builtins, "open", no_cpuinfo)
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    assert results.cpu_name() == platform.machine()

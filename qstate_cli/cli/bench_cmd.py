@@ -47,8 +47,9 @@ def header(command: str):
     """The first line on stderr: what runs where."""
     def line(total: int, doc: dict) -> str:
         env = doc["env"]
-        return (f"bench {command} on {env['device']} ({env['device_name']}, torch threads {env['torch_threads']}, "
-                f"torch {env['torch']}): {total} rows")
+        isa = f", {env['cpu_isa']}" if env["device"] == "cpu" and env.get("cpu_isa") else ""
+        return (f"bench {command} on {env['device']} ({env['device_name']}{isa}, torch threads "
+                f"{env['torch_threads']}, torch {env['torch']}): {total} rows")
     return line
 
 

@@ -26,7 +26,8 @@ from .model import Report, Section, Table
 
 __all__ = ["build_report", "load_documents", "render_html", "render_markdown", "write_report"]
 
-ENV_COLUMNS = [("device", "device"), ("device_name", "device name"), ("torch", "torch"), ("triton", "triton"),
+ENV_COLUMNS = [("device", "device"), ("device_name", "device name"), ("cpu_isa", "CPU ISA"), ("torch", "torch"),
+               ("triton", "triton"),
                ("python", "python"), ("qstate", "qstate"), ("git_sha", "git"), ("created", "created")]
 
 
