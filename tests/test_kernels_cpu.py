@@ -54,13 +54,14 @@ def test_cpu_adamw_pair_encoder_of_one_state_and_of_sqrt_with_bf16_scales(states
     """The pair encoder's cases the grid above does not hold: one state by pairs under
     stochastic rounding (its own pair counter: pairs.encode_pack4), and linear 4-bit states
     with a :sqrt v and bf16 block scales; that the pair encoder is the one that runs is
-    asserted too (adamw._by_pairs)."""
-    from qstate_cli.kernels.cpu import adamw, host
+    asserted too (pairs.by_pairs)."""
+    from qstate_cli.kernels.cpu import host
+    from qstate_cli.kernels.cpu import pairs as pair_codec
     from qstate_cli.kernels.launch import kernel_layout
     from qstate_cli.quant import parse_config
     cfg = parse_config(states)
     lays = [host.layout_arrays(kernel_layout(spec), None)[0] for spec in (cfg.m, cfg.v)]
-    assert tuple(adamw._by_pairs(lay) for lay in lays) == pairs
+    assert tuple(pair_codec.by_pairs(lay) for lay in lays) == pairs
     run_parity(AdamW, states, WEIRD, torch.bfloat16, steps=3, backend="cpu", device="cpu", lr=1e-2, weight_decay=0.1)
 
 

@@ -36,7 +36,7 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
     "Encode by pairs: kept": compile time). A state encodes by pairs (pairs.py) when it is
     4-bit and not a searched code book: torchao-4bit's scanned books ran 10% slower that way
     (raw kernel 16.0 against 14.3 ms), so they keep codec's loop, then pack_codes."""
-    m4, v4 = _by_pairs(mlay), _by_pairs(vlay)
+    m4, v4 = pc.by_pairs(mlay), pc.by_pairs(vlay)
 
     @njit(nogil=True, cache=True, error_model="numpy")
     def _adamw_kernel(b0, b1_, p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, numel,
@@ -92,11 +92,6 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
         return nbad
 
     return _adamw_kernel
-
-
-def _by_pairs(lay: tuple) -> bool:
-    """Whether a state of layout lay is encoded by pairs: 4-bit, linear or {1..UNIT}/UNIT."""
-    return bool(lay[c.BITS] == 4 and (lay[c.KIND] == c.LINEAR or lay[c.UNIT]))
 
 
 @njit(cache=True, inline="always", error_model="numpy")

@@ -4,8 +4,9 @@ A 4-bit code byte holds elements 2k (low nibble) and 2k + 1 (high nibble), and s
 rounding's uniforms of that pair are the two halves of one hash (quant/hash.uniform16). So
 one loop over the block's pairs rounds both elements, draws their uniforms and stores
 their byte, with no int32 codes row in between (codec.encode_with_absmax + pack_codes: two
-loops, uniform_bits a third); AdamW encodes m and v in the same loop. Same ops per element
-as codec.py (codec.code_of), so the same bits (tests/test_kernels_cpu.py). Decoding stays
+loops, uniform_bits a third); AdamW encodes m and v in the same loop; Lion, SGD and Muon their one
+state (encode_row4). Same ops per element as codec.py (codec.code_of), so the same bits
+(tests/test_kernels_cpu.py, tests/test_kernels_cpu_momentum.py). Decoding stays
 codec.decode_block's (unpack, then decode): a loop that writes both values of a byte
 (interleaved stores) did not pack (scalar vmulss, perf).
 """
@@ -93,3 +94,20 @@ def encode_pack4(x, cnt, amax_bits, lay, lim, table, b, start, k1, k2, prepared,
             u0, u1 = pair_uniforms(pair, k1, k2)
         codes[i0 + np.uint64(cnt >> 1)] = _tail(x, cnt, lay, table, inv, dither, u0, prepared)
     return absmax
+
+
+def by_pairs(lay: tuple) -> bool:
+    """Whether a state of layout lay is encoded by pairs: 4-bit, linear or {1..UNIT}/UNIT
+    (a kernel's closure bool: numba prunes the branch it guards before inlining)."""
+    return bool(lay[c.BITS] == 4 and (lay[c.KIND] == c.LINEAR or lay[c.UNIT]))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def encode_row4(x, cnt, lay, lim, table, b, start, k1, k2, codes):
+    """codec.encode_block then pack_codes of a 4-bit layout taken by pairs (by_pairs), x[:cnt]
+    not yet in the stored domain (prepared False), in two loops (the absmax, then the pairs)
+    instead of three or four: the codes go packed straight into `codes`. Returns the scale."""
+    amax_bits = np.uint32(0)
+    for j in range(cnt):
+        amax_bits = max(amax_bits, c.abs_bits(c.stored_value(x[j], lay, False)))
+    return encode_pack4(x, cnt, amax_bits, lay, lim, table, b, start, k1, k2, False, codes)

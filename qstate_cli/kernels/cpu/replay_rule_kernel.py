@@ -102,8 +102,8 @@ def update_sums(u0, u1, u, ref, sums, unit, lanes):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _square_sums3(a, b, c, i0, unit, lanes, ra, rb, rc, acc, sa, sb, sc):
-    """(sum of a * a, of b * b, of c * c) over a unit of elements i0 .., each square one fp32 op
+def _square_sums3(a, b, d, i0, unit, lanes, ra, rb, rc, acc, sa, sb, sc):
+    """(sum of a * a, of b * b, of d * d) over a unit of elements i0 .., each square one fp32 op
     and each sum in torch's fp32 order (update_sums' two ways: streamed, else rows ra, rb, rc)."""
     if ts.streams8(lanes, unit):
         ts.stream8_start(sa)
@@ -112,7 +112,7 @@ def _square_sums3(a, b, c, i0, unit, lanes, ra, rb, rc, acc, sa, sb, sc):
         for g in range(unit // ts.GROUP8):
             base = i0 + np.uint64(g * ts.GROUP8)
             for e in range(np.uint64(ts.GROUP8)):
-                x, y, z = a[base + e], b[base + e], c[base + e]
+                x, y, z = a[base + e], b[base + e], d[base + e]
                 sa[e] += x * x
                 sb[e] += y * y
                 sc[e] += z * z
@@ -121,7 +121,7 @@ def _square_sums3(a, b, c, i0, unit, lanes, ra, rb, rc, acc, sa, sb, sc):
             ts.stream8_group_done(sc, g)
         return ts.stream8_sum(sa), ts.stream8_sum(sb), ts.stream8_sum(sc)
     for j in range(np.uint64(unit)):
-        x, y, z = a[i0 + j], b[i0 + j], c[i0 + j]
+        x, y, z = a[i0 + j], b[i0 + j], d[i0 + j]
         ra[j] = x * x
         rb[j] = y * y
         rc[j] = z * z

@@ -16,13 +16,16 @@ from numba import njit
 
 from . import codec as c
 from . import native as nv
+from . import pairs as pc
 from .host import CpuBatch, keys, layout_arrays, numpy_views, run_blocks
 
 
 @lru_cache(maxsize=None)
 def kernel_for(mlay: tuple, B: int):
     """The kernel compiled for this layout (codec.py: lay tuple) and block size B, both
-    compile-time constants of it (one compilation per key, cached on disk)."""
+    compile-time constants of it (one compilation per key, cached on disk). A 4-bit state
+    that pairs.by_pairs takes is encoded by pairs (pairs.encode_row4; m4: a closure bool)."""
+    m4 = pc.by_pairs(mlay)
 
     @njit(nogil=True, cache=True, error_model="numpy")
     def _sgd_kernel(b0, b1_, p, g, mc, ms, mlim, mtab, numel, ks, scal, momentum, omd, wd, use_wd, nesterov,
@@ -62,8 +65,12 @@ def kernel_for(mlay: tuple, B: int):
                 for j in range(cnt):
                     prow[j] = prow[j] - mrow[j] * lr
             c.store_row(prow, start, cnt, p)
-            c.store_scale(ms, b, c.encode_block(mrow, cnt, mlay, mlim, mtab, b, start, ks[0], ks[1], False, q), msb)
-            c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
+            if m4:
+                c.store_scale(ms, b, pc.encode_row4(mrow, cnt, mlay, mlim, mtab, b, start, ks[0], ks[1], mc), msb)
+            else:
+                c.store_scale(ms, b, c.encode_block(mrow, cnt, mlay, mlim, mtab, b, start, ks[0], ks[1], False, q),
+                              msb)
+                c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
         return nbad
 
     return _sgd_kernel
