@@ -26,11 +26,11 @@ def block_windows(src, start, cnt, prm, lim, table, frac, binade, y, dn, up, o0)
     minifloat's gaps are its binade average lim[3] |n| (windows(binade_average=True))."""
     i0 = np.uint64(start)
     amax = lim[2]  # an unscaled state: delta = 1, n = y
-    if prm[P_SCALED]:
-        amax = c.ZERO
-        for j in range(cnt):  # amax(|y|), NaN propagating as torch's amax
-            a = abs(src[i0 + np.uint64(j)])
-            amax = a if (a > amax) | (a != a) else amax
+    if prm[P_SCALED]:  # amax(|y|) as the running max of |y|'s bit patterns (codec.abs_bits: a
+        ab = np.uint32(0)  # NaN's are above inf's, so a NaN propagates as in torch's amax; it vectorizes)
+        for j in range(cnt):
+            ab = max(ab, c.abs_bits(src[i0 + np.uint64(j)]))
+        amax = c.f32_from_bits(ab)
     delta = amax / lim[2]
     inv_ok = delta > c.ZERO
     lo, hi = lim[0], lim[1]
@@ -149,10 +149,14 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
         i0 = np.uint64(start)
         if rounding != c.BRED:
             block_windows(yx, start, cnt, prm, lim, table, frac, True, y, rdn, rup, 0)
-        for j in range(cnt):  # nominal (recorded elements only)
-            i = i0 + np.uint64(j)
-            nom = (x_new[i] - x_hat[i]) != c.ZERO
-            nominal[i] = (nom & valid[i]) if has_valid else nom
+        if has_valid:  # nominal (recorded elements only); two loops: a test inside kept it scalar
+            for j in range(cnt):
+                i = i0 + np.uint64(j)
+                nominal[i] = ((x_new[i] - x_hat[i]) != c.ZERO) & valid[i]
+        else:
+            for j in range(cnt):
+                i = i0 + np.uint64(j)
+                nominal[i] = (x_new[i] - x_hat[i]) != c.ZERO
         if rounding == c.BRED:
             for j in range(cnt):
                 emp[i0 + np.uint64(j)] = c.ZERO

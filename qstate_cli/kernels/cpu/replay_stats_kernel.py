@@ -53,6 +53,7 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     x, prev, new, codes, prev_code, last_change, sums, hist, shadow, err = nv.borrowed(
         (x, prev, new, codes, prev_code, last_change, sums, hist, shadow, err))  # no reference counts
     q = np.empty(unit, np.int32)
+    changed = np.empty(unit, np.int32)
     ea = np.empty(unit, np.float32)
     eb = np.empty(unit, np.float32)
     acc = nv.scratch_f32(ACC)
@@ -61,7 +62,7 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     streamed = ts.streams8(lanes, unit)
     nbins = hist.shape[1]
     local = np.zeros(LANES * nbins, np.int64)
-    s, sh, mk = np.int32(step), np.int32(shift), np.int32(mask)
+    s, sh, mk, nb = np.int32(step), np.int32(shift), np.int32(mask), np.int32(nbins)
     e0, e1 = err[0], err[1]
     for u in range(u0, u1):
         start = u * unit
@@ -100,20 +101,25 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
                 for j in range(unit):
                     e1[i0 + np.uint64(j)] = eb[j]
         n_stall, n_nominal, n_cstall = np.int32(0), np.int32(0), np.int32(0)
-        for j in range(unit):
+        for j in range(unit):  # int32 throughout (numba widens int32 sums to int64: half the lanes)
             i = i0 + np.uint64(j)
             p = prev[i]
             nominal = np.int32(x[i] != p)
             stall = nominal & np.int32(new[i] == p)
             code = q[j]
-            old = prev_code[i]
-            cstall = nominal & np.int32(code == old)
-            last_change[i] = last_change[i] if code == old else s
+            same = code == prev_code[i]
+            cstall = nominal & np.int32(same)
+            lc = last_change[i]  # loaded whatever the test (a load under it made the loop scalar),
+            changed[j] = lc if same else s  # and stored apart: in place it became a masked store (slow on AMD)
             prev_code[i] = code
-            n_stall += stall
-            n_nominal += nominal
-            n_cstall += cstall
-            q[j] = ((code >> sh) & mk) * N_CLASSES + nominal * (1 + stall + 2 * cstall) + (j & (LANES - 1)) * nbins
+            n_stall = np.int32(n_stall + stall)
+            n_nominal = np.int32(n_nominal + nominal)
+            n_cstall = np.int32(n_cstall + cstall)
+            q[j] = np.int32(np.int32(np.int32(code >> sh) & mk) * np.int32(N_CLASSES)
+                            + np.int32(nominal * np.int32(1 + stall + 2 * cstall))
+                            + np.int32(np.int32(j & (LANES - 1)) * nb))
+        for j in range(unit):
+            last_change[i0 + np.uint64(j)] = changed[j]
         for j in range(unit):
             local[np.uint64(q[j])] += 1
         sums[2, u] = np.float32(n_stall)
