@@ -6,7 +6,9 @@ runtime condition, so every per-element loop below is written once per case (sqr
 not, signed or not, each rounding, each format kind) and stays branch-free (a minifloat's
 sign is a mask, codec.float_code). A code book's
 floor code is found from a bucket of the value's fp32 bits and at most M (1 or 2) steps
-(search.floor_code, the optimizer kernels' own search), not a binary search.
+(search.floor_code, the optimizer kernels' own search), not a binary search; a 4-bit book
+(16 entries) is scanned instead (search.scan_code: compares and selects against every entry,
+so the loop vectorizes where the search's dependent loads kept it scalar).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from numba import njit
 from . import codec as c
 from . import native
 from . import pairs as pc
-from .search import floor_code
+from .search import floor_code, scan_code
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -111,6 +113,28 @@ def round_table(n, u, cnt, lay, table, rounding, ub, q):
             v = n[j]
             k = floor_code(table, lay, lay[c.NT], v)
             lo, hi = table[k], table[k + 1]
+            q[j] = np.int32(k) + np.int32(ub >= c.ONE - min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def round_book16(n, u, cnt, table, rounding, ub, q):
+    """round_table for a book of 16 entries (4-bit): k, table[k], table[k + 1] by scan_code
+    against the 16 entries, a constant here, so it unrolls and the loop vectorizes (the same
+    k as floor_code for every finite n, and n is finite: load_stored zeroes the rest)."""
+    if rounding == c.NEAREST:
+        for j in range(cnt):
+            v = n[j]
+            k, lo, hi = scan_code(table, 16, v)
+            q[j] = np.int32(k) + np.int32((v - lo) >= (hi - lo) * c.HALF)
+    elif rounding == c.STOCHASTIC:
+        for j in range(cnt):
+            v = n[j]
+            k, lo, hi = scan_code(table, 16, v)
+            q[j] = np.int32(k) + np.int32(u[j] < min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
+    else:
+        for j in range(cnt):
+            v = n[j]
+            k, lo, hi = scan_code(table, 16, v)
             q[j] = np.int32(k) + np.int32(ub >= c.ONE - min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
 
 
@@ -274,6 +298,8 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, ba
             round_float(row, u, cnt, lay, rounding, ub, q)
         elif lay[c.UNIT]:
             round_unit(row, u, cnt, lay, rounding, ub, q)
+        elif lay[c.NT] == 16:
+            round_book16(row, u, cnt, table, rounding, ub, q)
         else:
             round_table(row, u, cnt, lay, table, rounding, ub, q)
         c.store_scale(s16, b, absmax, sbf16)
