@@ -191,16 +191,23 @@ def gradient_sums(g, valid, g2, g4, sq):
     g2 += sq, g4 += sq * sq; returns #(g == 0) over the recorded elements (valid; of size 1:
     no padding), an exact count. The sum of sq is the caller's (torch_sum.sum64)."""
     g, valid, g2, g4, sq = nv.borrowed((g, valid, g2, g4, sq))
-    padded = valid.size > 1
     zeros = np.int64(0)
-    for i in range(np.uint64(g.size)):
-        x = np.float64(g[i])
-        s = x * x
-        sq[i] = s
-        g2[i] += s
-        g4[i] += s * s
-        z = np.int64(g[i] == c.ZERO)
-        if padded:
-            z &= np.int64(valid[i])
-        zeros += z
+    if valid.size > 1:  # two loops: the test inside one, with valid[i] loaded under it, kept it scalar
+        for i in range(np.uint64(g.size)):
+            _square_into(g, g2, g4, sq, i)
+            zeros += np.int64((g[i] == c.ZERO) & valid[i])
+    else:
+        for i in range(np.uint64(g.size)):
+            _square_into(g, g2, g4, sq, i)
+            zeros += np.int64(g[i] == c.ZERO)
     return zeros
+
+
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _square_into(g, g2, g4, sq, i):
+    """sq[i] = g[i]**2 in fp64 (the cast exact, one fp64 product); g2[i] += it; g4[i] += its square."""
+    x = np.float64(g[i])
+    s = x * x
+    sq[i] = s
+    g2[i] += s
+    g4[i] += s * s
