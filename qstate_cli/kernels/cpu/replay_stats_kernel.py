@@ -101,7 +101,7 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
                 for j in range(unit):
                     e1[i0 + np.uint64(j)] = eb[j]
         n_stall, n_nominal, n_cstall = np.int32(0), np.int32(0), np.int32(0)
-        for j in range(unit):  # int32 throughout (numba widens int32 sums to int64: half the lanes)
+        for j in range(unit):  # int32 counts (numba widens an int32 sum to int64: half the lanes)
             i = i0 + np.uint64(j)
             p = prev[i]
             nominal = np.int32(x[i] != p)
