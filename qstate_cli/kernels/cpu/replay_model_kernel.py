@@ -16,6 +16,7 @@ from .search import NM, OFF, floor_code
 P_KIND, P_SQRT, P_ROUND, P_VALID, P_GAUSS, P_NT, P_SIGNED, P_SCALED = range(8)
 P_UNIT = 12  # a code book that is exactly {1, ..., UNIT} / UNIT: UNIT (its floor code in closed form), else 0
 LINEAR, BOOK, FLOAT = 0, 1, 2
+INF_BITS = np.uint32(0x7F800000)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -54,6 +55,8 @@ def block_windows(src, start, cnt, prm, lim, table, frac, binade, y, dn, up, o0)
             up[i] = up[i] * delta * frac
     elif prm[P_UNIT]:  # {1, ..., UNIT} / UNIT: the code book branch below in closed form, the same values
         unit_windows(y, cnt, prm[P_UNIT], prm[P_NT], delta, frac, dn, up, o)
+    elif prm[P_NT] == 16:  # a 4-bit book: the branch below by a scan, the same values
+        book16_windows(y, cnt, table, delta, frac, dn, up, o)
     else:
         nt = prm[P_NT]
         gaps = np.uint64(prm[OFF] + 2 * prm[NM])  # replay_model.code_gaps, past the search buckets
@@ -97,6 +100,44 @@ def unit_windows(y, cnt, unit, nt, delta, frac, dn, up, o):
         k = kf + (c.ONE if f >= c.HALF else c.ZERO)
         dn[o + np.uint64(j)] = (c.INF if k == c.ZERO else step) * delta * frac
         up[o + np.uint64(j)] = (c.INF if k == last else step) * delta * frac
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def book16_windows(y, cnt, table, delta, frac, dn, up, o):
+    """block_windows' code book case for a book of 16 entries (de4, de4u, de4unz) without the
+    search's dependent loads, so the loop vectorizes: the floor code k0 = #(table[1 .. 14] <= n)
+    (search.scan_code's scan) also selects table[k0 - 1] and table[k0 + 2], and each gap is the
+    fp32 difference code_gaps holds (inf below code 0 and above code 15); a NaN n takes k0 =
+    14, as the search's caller sets it. table[16] is the search table's +inf padding."""
+    lo0, hi0, nx0 = c.bits_of_f32(table[0]), c.bits_of_f32(table[1]), c.bits_of_f32(table[2])
+    lo14, hi14, pv14 = c.bits_of_f32(table[14]), c.bits_of_f32(table[15]), c.bits_of_f32(table[13])
+    for j in range(cnt):
+        n = y[j]
+        pv, lo, hi, nx = lo0, lo0, hi0, nx0
+        k0 = np.int32(0)
+        for i in range(1, 15):  # unrolled: selects as bit masks (scan_code's reason)
+            m = np.uint32(0) - np.uint32(table[i] <= n)
+            pv = np.uint32(pv ^ ((pv ^ c.bits_of_f32(table[i - 1])) & m))
+            lo = np.uint32(lo ^ ((lo ^ c.bits_of_f32(table[i])) & m))
+            hi = np.uint32(hi ^ ((hi ^ c.bits_of_f32(table[i + 1])) & m))
+            nx = np.uint32(nx ^ ((nx ^ c.bits_of_f32(table[i + 2])) & m))
+            k0 += np.int32(table[i] <= n)
+        bad = np.uint32(0) - np.uint32(n != n)  # NaN: code 14 and its neighbours
+        pv = np.uint32(pv ^ ((pv ^ pv14) & bad))
+        lo = np.uint32(lo ^ ((lo ^ lo14) & bad))
+        hi = np.uint32(hi ^ ((hi ^ hi14) & bad))
+        k0 = np.int32(k0 | (np.int32(14) & np.int32(bad)))  # k0 is 0 where n is NaN
+        tp, tlo, thi, tnx = c.f32_from_bits(pv), c.f32_from_bits(lo), c.f32_from_bits(hi), c.f32_from_bits(nx)
+        f = (n - tlo) / (thi - tlo)  # clamp(0, 1) does not change f >= 0.5 (NaN: False)
+        mu = np.uint32(0) - np.uint32(f >= c.HALF)
+        k = k0 + np.int32(mu & np.uint32(1))
+        width = c.bits_of_f32(thi - tlo)
+        below = np.uint32(c.bits_of_f32(tlo - tp) ^ ((c.bits_of_f32(tlo - tp) ^ width) & mu))
+        above = np.uint32(width ^ ((width ^ c.bits_of_f32(tnx - thi)) & mu))
+        below = np.uint32(below ^ ((below ^ INF_BITS) & (np.uint32(0) - np.uint32(k == 0))))  # inf below code 0
+        above = np.uint32(above ^ ((above ^ INF_BITS) & (np.uint32(0) - np.uint32(k == 15))))  # and above code 15
+        dn[o + np.uint64(j)] = c.f32_from_bits(below) * delta * frac
+        up[o + np.uint64(j)] = c.f32_from_bits(above) * delta * frac
 
 
 @njit(cache=True, inline="always", error_model="numpy")
