@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from qstate_cli.kernels.cpu import adamw
@@ -33,11 +34,12 @@ from qstate_cli.optim import AdamW
 
 
 def kernel_call(preset: str, numel: int):
-    """(kernel, nblocks, args) of one AdamW step on a fresh fp32 tensor (after two steps)."""
+    """(kernel, nblocks, args) of one AdamW step on a fresh fp32 tensor (after two steps):
+    kernel(0, nblocks, *args) steps every block on this thread (host.run_members' part 0)."""
     calls = []
-    run_blocks = adamw.run_blocks
-    adamw.run_blocks = lambda kernel, n, block, args: calls.append((kernel, n, block, args)) or run_blocks(
-        kernel, n, block, args)
+    run_members = adamw.run_members
+    adamw.run_members = lambda kernel, table, block, args: calls.append((kernel, table, args)) or run_members(
+        kernel, table, block, args)
     try:
         p = torch.nn.Parameter(torch.randn(numel))
         p.grad = torch.randn(numel)
@@ -45,9 +47,10 @@ def kernel_call(preset: str, numel: int):
         opt.step()
         opt.step()
     finally:
-        adamw.run_blocks = run_blocks
-    kernel, n, block, args = calls[-1]
-    return kernel, -(-n // block), args, (p, opt)
+        adamw.run_members = run_members
+    kernel, table, args = calls[-1]
+    bad = np.zeros((1, len(table.first) - 1), np.int64)
+    return kernel, int(table.first[-1]), (0, table.arrays, table.first, table.skeys, bad) + args, (p, opt)
 
 
 def loops(samples: collections.Counter, workdir: Path) -> list[tuple[float, str]]:

@@ -4,7 +4,7 @@
     python scripts/cpu_step_overhead.py [--preset sr-4bit] [--reps 100] [--threads 1]
 
 Per step: wall time of `opt.step()` minus the time inside the kernel calls
-(kernels/cpu/adamw.run_blocks), median of --reps steps, for
+(kernels/cpu/adamw.run_members), median of --reps steps, for
 - one tensor of 65,536 and of 4,194,304 elements, warm (steps back to back) and cold (a 64 MB
   sweep before each step, as a forward/backward leaves the caches);
 - a model-like set: 4 x 1024^2, 2 x 4096 x 1024, 20 x 256^2 (the CPU path) and 8 x 1024
@@ -41,17 +41,17 @@ def _params(shapes) -> list:
 def measure(opt, reps: int, cold: bool) -> tuple[float, float]:
     """(median step ms, median ms outside the kernels) over `reps` steps."""
     inside = [0.0]
-    run_blocks = adamw.run_blocks
+    run_members = adamw.run_members
 
     def timed(*args):
         t = time.perf_counter()
-        out = run_blocks(*args)
+        out = run_members(*args)
         inside[0] += time.perf_counter() - t
         return out
 
     sweep = torch.zeros(1 << 24)  # 64 MB
     steps, outside = [], []
-    adamw.run_blocks = timed
+    adamw.run_members = timed
     try:
         for _ in range(reps):
             if cold:
@@ -62,7 +62,7 @@ def measure(opt, reps: int, cold: bool) -> tuple[float, float]:
             steps.append(time.perf_counter() - t)
             outside.append(steps[-1] - inside[0])
     finally:
-        adamw.run_blocks = run_blocks
+        adamw.run_members = run_members
     return statistics.median(steps) * 1e3, statistics.median(outside) * 1e3
 
 

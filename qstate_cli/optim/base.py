@@ -58,6 +58,9 @@ BACKENDS = ("auto", "reference", "triton", "cpu")  # what steps a parameter (mod
 _eager_only = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
 
 
+MAX_ROUTES = 256  # distinct (parameter kind, group) routes an optimizer remembers
+
+
 class QuantizedOptimizer(torch.optim.Optimizer):
     state_names: tuple[str, ...] = ("m",)
     kernel: str | None = None  # the fused kernel module (kernels/<kernel>.py; fused.launcher)
@@ -89,7 +92,23 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         return self._route(group, p)[0]
 
     def _route(self, group, p: torch.Tensor) -> tuple[str, str | None]:
-        """(path, why the reference steps p or None); raises where an explicit backend cannot run."""
+        """(path, why the reference steps p or None); raises where an explicit backend cannot run.
+        Memoized on everything the answer reads (the backend, p's type, device, dtype, layout
+        and size, its gradient's dtype and sparsity, the group's states and min_quant_numel):
+        routing every parameter afresh cost ~15 us each per step (docs/cpu.md, "One launch per step")."""
+        g = p.grad
+        states = group["states"]
+        key = (self.backend, type(p), p.device, p.dtype, p.is_contiguous(), p.numel(),
+               None if g is None else (g.dtype, g.is_sparse), group["min_quant_numel"], id(states))
+        routes = self.__dict__.setdefault("_routes", {})
+        hit = routes.get(key)
+        if hit is None:
+            if len(routes) >= MAX_ROUTES:
+                routes.clear()
+            hit = routes[key] = (self._route_afresh(group, p), states)  # holding states keeps its id unique
+        return hit[0]
+
+    def _route_afresh(self, group, p: torch.Tensor) -> tuple[str, str | None]:
         if self.backend == "reference":
             return "reference", "backend='reference' was asked for"
         if sharding.is_dtensor(p):

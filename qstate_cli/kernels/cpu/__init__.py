@@ -8,7 +8,8 @@
                  shared with the replay kernel; host.search_table prepares its buckets
     adamw.py     fused AdamW/Adam step (two states)
     lion.py, sgd.py, muon.py   one-state steps (Muon: the momentum update; Newton-Schulz in torch)
-    host.py      numpy views of the tensors, layout arrays, stream keys (no numba)
+    host.py      a launch's table (each tensor's addresses, first block, stream keys; cached
+                 per set of addresses), layout arrays, the thread split (no numba)
     replay.py    `qstate diagnose`'s fused state codec (diagnose/codec.FUSED["cpu"]; no numba
                  until used), its kernel in replay_kernel.py: one compilation for every layout
     replay_stats.py  the replay's integer statistics (stalls, code changes, per-code counts) on
@@ -30,7 +31,8 @@ formats (launch.why_not_covered) and the block-scaled 4- and 8-bit minifloats, w
 Triton kernel takes (e4m3, e5m2, e2m1, e2m2: `minifloats=True`; tests/test_kernels_cpu_minifloat.py),
 on fp32 and bf16 parameters and gradients. One pass per
 quantization block (decode -> update -> absmax -> encode in an L1-resident row), parallel
-over contiguous block ranges on torch.get_num_threads() threads (host.run_blocks).
+over contiguous block ranges on torch.get_num_threads() threads (host.run_members: one
+kernel call per launch steps all its tensors, and the ranges cross tensors).
 
 Each kernel is compiled per state layout (`kernel_for(lay..., block)`: format kind, bits,
 signedness, rounding, sqrt, scale dtype, code-book shape and block size are constants of

@@ -24,7 +24,7 @@ from numba import njit
 from . import codec as c
 from . import native as nv
 from . import pairs as pc
-from .host import CpuBatch, keys, layout_arrays, numpy_views, run_blocks
+from .host import CpuBatch, add_nonfinite, layout_arrays, like, member_table, run_members, step_words
 
 
 @lru_cache(maxsize=None)
@@ -39,57 +39,72 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
     m4, v4 = pc.by_pairs(mlay), pc.by_pairs(vlay)
 
     @njit(nogil=True, cache=True, error_model="numpy")
-    def _adamw_kernel(b0, b1_, p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, numel,
-                      ks, scal, beta1, omb1, beta2, omb2, eps, l2_wd, fresh_m, fresh_v):
-        """ks: uint32 [8] = keys of this step (m: 0, 1; v: 2, 3) and of the steps m and v were
-        written at (m: 4, 5; v: 6, 7). scal: fp32 [lr, decay, step_size, inv_bc2_sqrt].
-        Steps blocks b0 .. b1_ - 1; returns how many gradient elements were non-finite (zeroed)."""
+    def _adamw_kernel(b0, b1_, part, arrays, first, skeys, bad, like_p, like_g, mlim, mtab, vlim, vtab,
+                      steps, scal, beta1, omb1, beta2, omb2, eps, l2_wd, fresh_m, fresh_v):
+        """Steps blocks b0 .. b1_ - 1 of a launch (host.run_members; host.MemberTable's columns:
+        p, g, m codes, m scales, v codes, v scales) and adds each member's count of non-finite
+        gradient elements (zeroed) to bad[part, member]. steps: uint32 [3] = this step and the
+        steps m and v were written at (the random streams' keys: codec.step_keys).
+        scal: fp32 [lr, decay, step_size, inv_bc2_sqrt]."""
         b1, ob1, b2, ob2 = np.float32(beta1), np.float32(omb1), np.float32(beta2), np.float32(omb2)
         eps32, l2 = np.float32(eps), np.float32(l2_wd)
         decay, step_size, ibc2 = scal[1], scal[2], scal[3]
         msb, vsb = mlay[c.SBF16] != 0, vlay[c.SBF16] != 0
-        p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, ks = nv.borrowed(  # no reference counts (native.py)
-            (p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, ks))
+        arrays, first, skeys, bad, mlim, mtab, vlim, vtab, steps = nv.borrowed(  # no reference counts (native.py)
+            (arrays, first, skeys, bad, mlim, mtab, vlim, vtab, steps))
         mrow = nv.scratch_f32(B)
         vrow = nv.scratch_f32(B)
         qm = nv.scratch_i32(B)  # m's codes: read, then written
         qv = nv.scratch_i32(B)
         has_l2 = l2 != c.ZERO  # Adam: coupled weight decay
-        nbad = 0
-        for b in range(b0, b1_):
-            start = b * B
-            cnt = min(B, numel - start)
-            c.read_state(fresh_m, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, ks[4], ks[5], qm, mrow)
-            c.read_state(fresh_v, vc, vs, vsb, vlay, vlim, vtab, b, start, cnt, ks[6], ks[7], qv, vrow)
-            if has_l2:  # unswitched by hand: each copy of the update loop is straight-line code
-                bad, mbits, vbits = _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay,
-                                            step_size, ibc2, mlay, vlay, True)
-            else:
-                bad, mbits, vbits = _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay,
-                                            step_size, ibc2, mlay, vlay, False)
-            nbad += bad
-            if m4 and v4:
-                mscale, vscale = pc.encode_pack4_two(mrow, vrow, cnt, mbits, vbits, mlay, vlay, mlim,
-                                                     vlim, mtab, vtab, b, start, ks[0], ks[1], ks[2], ks[3],
-                                                     c.STORED, mc, vc)
-                c.store_scale(ms, b, mscale, msb)
-                c.store_scale(vs, b, vscale, vsb)
-                continue
-            if m4:
-                c.store_scale(ms, b, pc.encode_pack4(mrow, cnt, mbits, mlay, mlim, mtab, b, start, ks[0],
-                                                     ks[1], c.STORED, mc), msb)
-            else:
-                c.store_scale(ms, b, c.encode_with_absmax(mrow, cnt, mbits, mlay, mlim, mtab, b, start, ks[0],
-                                                          ks[1], c.STORED, qm), msb)
-                c.pack_codes(qm, mlay[c.BITS], start, cnt, mc)
-            if v4:
-                c.store_scale(vs, b, pc.encode_pack4(vrow, cnt, vbits, vlay, vlim, vtab, b, start, ks[2],
-                                                     ks[3], c.STORED, vc), vsb)
-            else:
-                c.store_scale(vs, b, c.encode_with_absmax(vrow, cnt, vbits, vlay, vlim, vtab, b, start, ks[2],
-                                                          ks[3], c.STORED, qv), vsb)
-                c.pack_codes(qv, vlay[c.BITS], start, cnt, vc)
-        return nbad
+        i = c.first_member(first, b0)
+        while i < first.size - 1 and first[i] < b1_:  # the members with blocks in b0 .. b1_ - 1
+            a = arrays[i]
+            numel = a[1]
+            p, g = nv.view_like(like_p, a[0], a[1]), nv.view_like(like_g, a[2], a[3])
+            mc, ms = nv.view_u8(0, a[4], a[5]), nv.view_u16(0, a[6], a[7])
+            vc, vs = nv.view_u8(0, a[8], a[9]), nv.view_u16(0, a[10], a[11])
+            km1, km2 = c.step_keys(skeys[i, 0], steps[0])
+            kv1, kv2 = c.step_keys(skeys[i, 1], steps[0])
+            rm1, rm2 = c.step_keys(skeys[i, 0], steps[1])  # m's codes were written with these
+            rv1, rv2 = c.step_keys(skeys[i, 1], steps[2])
+            nbad = 0
+            for b in range(max(b0, first[i]) - first[i], min(b1_, first[i + 1]) - first[i]):
+                start = b * B
+                cnt = min(B, numel - start)
+                c.read_state(fresh_m, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, rm1, rm2, qm, mrow)
+                c.read_state(fresh_v, vc, vs, vsb, vlay, vlim, vtab, b, start, cnt, rv1, rv2, qv, vrow)
+                if has_l2:  # unswitched by hand: each copy of the update loop is straight-line code
+                    nb, mbits, vbits = _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay,
+                                               step_size, ibc2, mlay, vlay, True)
+                else:
+                    nb, mbits, vbits = _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay,
+                                               step_size, ibc2, mlay, vlay, False)
+                nbad += nb
+                if m4 and v4:
+                    mscale, vscale = pc.encode_pack4_two(mrow, vrow, cnt, mbits, vbits, mlay, vlay, mlim,
+                                                         vlim, mtab, vtab, b, start, km1, km2, kv1, kv2,
+                                                         c.STORED, mc, vc)
+                    c.store_scale(ms, b, mscale, msb)
+                    c.store_scale(vs, b, vscale, vsb)
+                    continue
+                if m4:
+                    c.store_scale(ms, b, pc.encode_pack4(mrow, cnt, mbits, mlay, mlim, mtab, b, start, km1,
+                                                         km2, c.STORED, mc), msb)
+                else:
+                    c.store_scale(ms, b, c.encode_with_absmax(mrow, cnt, mbits, mlay, mlim, mtab, b, start, km1,
+                                                              km2, c.STORED, qm), msb)
+                    c.pack_codes(qm, mlay[c.BITS], start, cnt, mc)
+                if v4:
+                    c.store_scale(vs, b, pc.encode_pack4(vrow, cnt, vbits, vlay, vlim, vtab, b, start, kv1,
+                                                         kv2, c.STORED, vc), vsb)
+                else:
+                    c.store_scale(vs, b, c.encode_with_absmax(vrow, cnt, vbits, vlay, vlim, vtab, b, start, kv1,
+                                                              kv2, c.STORED, qv), vsb)
+                    c.pack_codes(qv, vlay[c.BITS], start, cnt, vc)
+            bad[part, i] += nbad
+            i += 1
+        return 0
 
     return _adamw_kernel
 
@@ -130,24 +145,27 @@ def _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay, st
     return bad, mbits, vbits
 
 
+def _columns(member):
+    """A member's arrays for the kernel (host.member_table): p, g, then codes and scale words of m and v."""
+    (mc, ms), (vc, vs) = member.states["m"], member.states["v"]
+    return ((member.param, member.param.element_size()), (member.grad, member.grad.element_size()),
+            (mc, 1), (ms, 2), (vc, 1), (vs, 2))
+
+
 def adamw_step(batch: CpuBatch, scalars, m, v, *, p_kind: int, g_kind: int, step: int,
                written: tuple[int, int], fresh: tuple[bool, bool], beta1: float, beta2: float, eps: float,
                l2_wd: float = 0.0, tables=(None, None)) -> None:
-    """One fused AdamW step over every tensor of `batch`, with kernels/adamw.adamw_step's
-    signature (m, v: launch.StateLayout; scalars: rules.pack_scalars)."""
+    """One fused AdamW step over every tensor of `batch` in one kernel call (host.run_members),
+    with kernels/adamw.adamw_step's signature (m, v: launch.StateLayout; scalars: rules.pack_scalars)."""
     if m.block != v.block:
         raise ValueError("m and v must share a block size to be stepped by one kernel")
     mlay, mlim, mtab = layout_arrays(m, tables[0])
     vlay, vlim, vtab = layout_arrays(v, tables[1])
     kernel = kernel_for(mlay, vlay, int(m.block))
-    scal = scalars.detach().cpu().numpy()
-    for member in batch.members:
-        p, g, (mc, ms), (vc, vs) = numpy_views(member, ("m", "v"))
-        km, kv = batch.stream_key(member, 0), batch.stream_key(member, 1)
-        ks = np.array(keys(km, step) + keys(kv, step) + keys(km, written[0]) + keys(kv, written[1]), np.uint32)
-        bad = run_blocks(kernel, p.size, m.block,
-                         (p, g, mc, ms, vc, vs, mlim, mtab, vlim, vtab, p.size, ks, scal,
-                          float(beta1), 1.0 - float(beta1), float(beta2), 1.0 - float(beta2), float(eps),
-                          float(l2_wd), bool(fresh[0]), bool(fresh[1])))
-        if bad:
-            member.nonfinite += int(bad)
+    table = member_table(batch, _columns, int(m.block), 2)
+    first = batch.members[0]
+    bad = run_members(kernel, table, int(m.block),
+                      (like(first.param), like(first.grad), mlim, mtab, vlim, vtab, step_words(step, *written),
+                       scalars.detach().cpu().numpy(), float(beta1), 1.0 - float(beta1), float(beta2),
+                       1.0 - float(beta2), float(eps), float(l2_wd), bool(fresh[0]), bool(fresh[1])))
+    add_nonfinite(batch, bad)

@@ -76,6 +76,7 @@ STORED = 2  # stored_value's `prepared` (False: raw, True: sqrt and sign applied
 
 MUL1 = np.uint32(0x7FEB352D)
 MUL2 = np.uint32(0x846CA68B)
+GOLDEN = np.uint32(0x9E3779B9)  # quant/hash.GOLDEN
 U8, U15, U16 = np.uint32(8), np.uint32(15), np.uint32(16)
 TWO_M24 = np.float32(2.0 ** -24)
 TWO_M16 = np.float32(2.0 ** -16)
@@ -164,6 +165,24 @@ def hash32(x):
     x = np.uint32(x ^ (x >> U15))
     x = np.uint32(x * MUL2)
     return np.uint32(x ^ (x >> U16))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def step_keys(key, step):
+    """(k1, k2) of a stream key at a step (quant/hash.stream_keys, host.keys): k1 =
+    hash32(key ^ step), k2 = hash32(k1 ^ 0x9e3779b9); key and step uint32."""
+    k1 = hash32(np.uint32(np.uint32(key) ^ np.uint32(step)))
+    return k1, hash32(np.uint32(k1 ^ GOLDEN))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def first_member(first, b0):
+    """The first member of a launch (host.MemberTable.first) whose blocks end after block b0."""
+    n = first.size - 1
+    i = 0
+    while i < n and first[i + 1] <= b0:
+        i += 1
+    return i
 
 
 @njit(cache=True, inline="always", error_model="numpy")

@@ -1,20 +1,26 @@
-"""Host side of the CPU path: what a launch steps, as numpy views of the torch tensors.
+"""Host side of the CPU path: what a launch steps, as tables of the torch tensors' addresses.
 
 No numba here. A CpuBatch is the CPU counterpart of launch.Batch: the members of one launch
-and the seed of their random streams; the kernels take each member's tensors as numpy
-arrays that share memory with them (fp32 as float32, bf16 as its uint16 bit patterns), so
-parameters, codes and scales are updated in place, exactly where the reference keeps them.
+and the seed of their random streams. The optimizers' kernels step every member in one call
+(member_table, run_members): a MemberTable holds each member's arrays as (address, length)
+pairs, its first block in the launch and its stream keys; the kernel views the memory in
+place (native.view_like: fp32 as float32, bf16 as its uint16 bit patterns), so parameters,
+codes and scales are updated exactly where the reference keeps them. The table is cached
+per set of addresses, so a step pays no per-tensor numpy views, hashes or kernel dispatch
+(docs/cpu.md, "One launch per step"); the replay's kernels take numpy views (Tensor.numpy).
 
 Threads: a kernel steps a range of blocks with the GIL released (numba nogil); run_blocks
-splits a tensor's blocks into contiguous ranges of at least MIN_THREAD_ELEMENTS elements,
-one per thread of a pool of torch.get_num_threads() threads (NUMBA_NUM_THREADS is not
-used: no numba threading layer is needed).
+splits a tensor's blocks (run_members: a launch's blocks, across its tensors) into
+contiguous ranges of at least MIN_THREAD_ELEMENTS elements, one per thread of a pool of
+torch.get_num_threads() threads (NUMBA_NUM_THREADS is not used: no numba threading
+layer is needed).
 """
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Callable
 
 import numpy as np
 import torch
@@ -40,10 +46,92 @@ class CpuBatch:
         return stream_key(self.seed, member.tensor_id, state_id)
 
 
+@dataclass
+class MemberTable:
+    """What a multi-tensor kernel reads of a launch's members (the CPU counterpart of
+    launch.Batch; raw addresses: the caller keeps the tensors alive while it launches).
+
+    arrays  int64 [n, 2k]: address and length (in the kernel's element type) of each of a
+            member's k arrays, in the order the launcher's `columns` gives them
+    first   int64 [n + 1]: member i's blocks are first[i] .. first[i + 1] - 1 of the launch
+    skeys   uint32 [n, states]: the stream key of each state (launch.stream_key)
+    numel   elements in all"""
+
+    arrays: np.ndarray
+    first: np.ndarray
+    skeys: np.ndarray
+    numel: int
+
+
+MAX_CACHED_TABLES = 32
+_tables: dict[tuple, MemberTable] = {}
+
+
+def member_table(batch: CpuBatch, columns: Callable, block: int, states: int,
+                 grad_column: int = 1) -> MemberTable:
+    """The table of `batch`'s members; columns(member) -> ((tensor, bytes per element of the
+    kernel's view), ...), the gradient at grad_column. Cached per (columns, block, seed,
+    states, each member's other addresses, size, tensor id and dtypes): a step with the same
+    parameters and states builds nothing, and only writes the gradients' addresses (a
+    backward after zero_grad(set_to_none=True) allocates them anew)."""
+    cols = [columns(m) for m in batch.members]
+    key = (columns, int(block), batch.seed, states) + tuple(
+        (tuple(t.data_ptr() for j, (t, _) in enumerate(col) if j != grad_column), m.param.numel(), m.tensor_id,
+         m.param.dtype, m.grad.dtype) for m, col in zip(batch.members, cols))
+    table = _tables.get(key)
+    if table is None:
+        if len({(m.param.dtype, m.grad.dtype) for m in batch.members}) > 1:
+            raise ValueError("a CPU launch's parameters (and gradients) share one dtype")
+        if any(m.grad.numel() != m.param.numel() for m in batch.members):
+            raise ValueError("a CPU launch needs each gradient the size of its parameter")
+        if len(_tables) >= MAX_CACHED_TABLES:
+            _tables.clear()
+        arrays = [[x for t, size in col for x in (t.data_ptr(), t.numel() * t.element_size() // size)] for col in cols]
+        counts = [-(-m.param.numel() // block) for m in batch.members]
+        table = _tables[key] = MemberTable(
+            arrays=np.array(arrays, np.int64).reshape(len(cols), -1),
+            first=np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64),
+            skeys=np.array([[batch.stream_key(m, s) for s in range(states)] for m in batch.members],
+                           np.uint32).reshape(len(cols), states),
+            numel=sum(m.param.numel() for m in batch.members))
+    else:
+        table.arrays[:, 2 * grad_column] = [col[grad_column][0].data_ptr() for col in cols]
+    return table
+
+
+def run_members(kernel, table: MemberTable, block: int, args: tuple) -> np.ndarray:
+    """kernel(b0, b1, part, arrays, first, skeys, bad, *args) over the launch's blocks in
+    contiguous ranges, one per thread (parts_of the launch's elements: the ranges cross
+    tensors); returns each member's non-finite count (the kernels add theirs to bad[part, i])."""
+    parts = parts_of(table.numel)
+    bad = np.zeros((parts, len(table.first) - 1), np.int64)
+    run_parts(kernel, int(table.first[-1]) * block, block, (table.arrays, table.first, table.skeys, bad) + args, parts)
+    return bad.sum(axis=0)
+
+
+def add_nonfinite(batch: CpuBatch, bad: np.ndarray) -> None:
+    """member.nonfinite += its count, for the members whose gradient had any."""
+    for i in np.flatnonzero(bad):
+        batch.members[int(i)].nonfinite += int(bad[i])
+
+
+F32, U16 = np.empty(0, np.float32), np.empty(0, np.uint16)  # the kernels' value arrays (view_like)
+
+
+def like(t: torch.Tensor) -> np.ndarray:
+    """An empty array of the type the kernels view `t` as (array(t)'s): fp32 or bf16 bits."""
+    return U16 if t.dtype == torch.bfloat16 else F32
+
+
 def keys(key: int, step: int) -> list[int]:
     """[k1, k2] of a stream key at a step (quant/hash.stream_keys: k1 = hash32(key ^ step))."""
     k1 = hash32(key ^ (int(step) & 0xFFFFFFFF))
     return [k1, hash32(k1 ^ GOLDEN)]
+
+
+def step_words(*steps: int) -> np.ndarray:
+    """Step counters as the uint32 words the kernels key their random streams with (codec.step_keys)."""
+    return np.array([int(s) & 0xFFFFFFFF for s in steps], np.uint32)
 
 
 def threads() -> int:
@@ -168,25 +256,3 @@ def search_table(table_bytes: bytes) -> tuple[np.ndarray, tuple[int, int, int, i
     out[:tab.size] = tab
     out[off:] = c0.astype(np.int32).view(np.float32)
     return out, (s, nm, steps, off)
-
-
-def array(t: torch.Tensor) -> np.ndarray:
-    """A flat numpy view of a contiguous CPU tensor: fp32 as float32, bf16 as uint16 bit
-    patterns, uint8 codes as uint8 (shares memory: writes go to the tensor). Flattened by
-    numpy, not torch: each torch call costs ~2-5 us of dispatch (docs/cpu.md, "Step overhead")."""
-    if t.requires_grad:
-        t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().reshape(-1).view(np.uint16)
-    return t.numpy().reshape(-1)
-
-
-def scale_words(t: torch.Tensor) -> np.ndarray:
-    """Block scales (fp32 or bf16) of a contiguous tensor as a flat view of uint16 words (codec.scale_at)."""
-    return t.view(torch.int16).numpy().reshape(-1).view(np.uint16)
-
-
-def numpy_views(member: Member, names) -> tuple:
-    """(param, grad, (codes, scale words) per state) of a member as numpy views."""
-    states = tuple((array(member.states[n][0]), scale_words(member.states[n][1])) for n in names)
-    return (array(member.param), array(member.grad)) + states

@@ -18,7 +18,8 @@ from numba import njit
 from . import codec as c
 from . import native as nv
 from . import pairs as pc
-from .host import CpuBatch, keys, layout_arrays, numpy_views, run_blocks
+from .host import (CpuBatch, add_nonfinite, layout_arrays, like, member_table, run_members,
+                   step_words)
 
 
 @lru_cache(maxsize=None)
@@ -29,56 +30,72 @@ def kernel_for(mlay: tuple, B: int):
     m4 = pc.by_pairs(mlay)
 
     @njit(nogil=True, cache=True, error_model="numpy")
-    def _lion_kernel(b0, b1_, p, g, mc, ms, mlim, mtab, numel, ks, scal, beta1, omb1, beta2, omb2, fresh):
-        """ks: uint32 [4] = keys of this step (0, 1) and of the step m was written at (2, 3);
-        scal: fp32 [lr, decay, ...]. Steps blocks b0 .. b1_ - 1; returns the non-finite count."""
+    def _lion_kernel(b0, b1_, part, arrays, first, skeys, bad, like_p, like_g, mlim, mtab, steps, scal, beta1,
+                     omb1, beta2, omb2, fresh):
+        """Steps blocks b0 .. b1_ - 1 of a launch (host.run_members; host.MemberTable's columns:
+        p, g, m codes, m scales) and adds each member's count of non-finite gradient elements (zeroed)
+        to bad[part, member]. steps: uint32 [2] = this step and the step m was written at (the
+        random streams' keys: codec.step_keys); scal: fp32 [lr, decay, ...]."""
         b1, ob1, b2, ob2 = np.float32(beta1), np.float32(omb1), np.float32(beta2), np.float32(omb2)
         lr, decay = scal[0], scal[1]
         msb = mlay[c.SBF16] != 0
-        p, g, mc, ms, mlim, mtab, ks = nv.borrowed(  # no reference counts (native.py)
-            (p, g, mc, ms, mlim, mtab, ks))
+        arrays, first, skeys, bad, mlim, mtab, steps = nv.borrowed(  # no reference counts (native.py)
+            (arrays, first, skeys, bad, mlim, mtab, steps))
         mrow = nv.scratch_f32(B)
         prow = nv.scratch_f32(B)
         grow = nv.scratch_f32(B)
         q = nv.scratch_i32(B)
-        nbad = 0
-        for b in range(b0, b1_):
-            start = b * B
-            cnt = min(B, numel - start)
-            c.read_state(fresh, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, ks[2], ks[3], q, mrow)
-            nbad += c.load_grad(g, start, cnt, grow)
-            c.load_row(p, start, cnt, prow)
-            for j in range(cnt):
-                gj = grow[j]
-                mh = mrow[j]
-                cm = mh * b1 + gj * ob1
-                sgn = c.ONE if cm > c.ZERO else (-c.ONE if cm < c.ZERO else c.ZERO)
-                prow[j] = prow[j] * decay - sgn * lr
-                mrow[j] = mh * b2 + gj * ob2
-            c.store_row(prow, start, cnt, p)
-            if m4:
-                c.store_scale(ms, b, pc.encode_row4(mrow, cnt, mlay, mlim, mtab, b, start, ks[0], ks[1], mc), msb)
-            else:
-                c.store_scale(ms, b, c.encode_block(mrow, cnt, mlay, mlim, mtab, b, start, ks[0], ks[1], False, q),
-                              msb)
-                c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
-        return nbad
+        i = c.first_member(first, b0)
+        while i < first.size - 1 and first[i] < b1_:  # the members with blocks in b0 .. b1_ - 1
+            a = arrays[i]
+            numel = a[1]
+            p, g = nv.view_like(like_p, a[0], a[1]), nv.view_like(like_g, a[2], a[3])
+            mc, ms = nv.view_u8(0, a[4], a[5]), nv.view_u16(0, a[6], a[7])
+            k1, k2 = c.step_keys(skeys[i, 0], steps[0])
+            r1, r2 = c.step_keys(skeys[i, 0], steps[1])  # the codes were written with these
+            nbad = 0
+            for b in range(max(b0, first[i]) - first[i], min(b1_, first[i + 1]) - first[i]):
+                start = b * B
+                cnt = min(B, numel - start)
+                c.read_state(fresh, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, r1, r2, q, mrow)
+                nbad += c.load_grad(g, start, cnt, grow)
+                c.load_row(p, start, cnt, prow)
+                for j in range(cnt):
+                    gj = grow[j]
+                    mh = mrow[j]
+                    cm = mh * b1 + gj * ob1
+                    sgn = c.ONE if cm > c.ZERO else (-c.ONE if cm < c.ZERO else c.ZERO)
+                    prow[j] = prow[j] * decay - sgn * lr
+                    mrow[j] = mh * b2 + gj * ob2
+                c.store_row(prow, start, cnt, p)
+                if m4:
+                    c.store_scale(ms, b, pc.encode_row4(mrow, cnt, mlay, mlim, mtab, b, start, k1, k2, mc), msb)
+                else:
+                    c.store_scale(ms, b, c.encode_block(mrow, cnt, mlay, mlim, mtab, b, start, k1, k2, False, q),
+                                  msb)
+                    c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
+            bad[part, i] += nbad
+            i += 1
+        return 0
 
     return _lion_kernel
 
 
+def _columns(member):
+    """A member's arrays for the kernel (host.member_table): p, g, m's codes and scale words."""
+    mc, ms = member.states["m"]
+    return ((member.param, member.param.element_size()), (member.grad, member.grad.element_size()), (mc, 1), (ms, 2))
+
+
 def lion_step(batch: CpuBatch, scalars, m, *, p_kind: int, g_kind: int, step: int, written: int, fresh: bool,
               beta1: float, beta2: float, table=None) -> None:
-    """One fused Lion step over every tensor of `batch`, with kernels/lion.lion_step's signature."""
+    """One fused Lion step over every tensor of `batch` in one kernel call (host.run_members),
+    with kernels/lion.lion_step's signature."""
     mlay, mlim, mtab = layout_arrays(m, table)
     kernel = kernel_for(mlay, int(m.block))
-    scal = scalars.detach().cpu().numpy()
-    for member in batch.members:
-        p, g, (mc, ms) = numpy_views(member, ("m",))
-        km = batch.stream_key(member, 0)
-        ks = np.array(keys(km, step) + keys(km, written), np.uint32)
-        bad = run_blocks(kernel, p.size, m.block,
-                         (p, g, mc, ms, mlim, mtab, p.size, ks, scal, float(beta1),
-                          1.0 - float(beta1), float(beta2), 1.0 - float(beta2), bool(fresh)))
-        if bad:
-            member.nonfinite += int(bad)
+    first = batch.members[0]
+    bad = run_members(kernel, member_table(batch, _columns, int(m.block), 1), int(m.block),
+                      (like(first.param), like(first.grad), mlim, mtab, step_words(step, written),
+                       scalars.detach().cpu().numpy(), float(beta1), 1.0 - float(beta1), float(beta2),
+                       1.0 - float(beta2), bool(fresh)))
+    add_nonfinite(batch, bad)

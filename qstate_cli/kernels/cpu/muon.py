@@ -17,7 +17,8 @@ from numba import njit
 from . import codec as c
 from . import native as nv
 from . import pairs as pc
-from .host import CpuBatch, array, keys, layout_arrays, numpy_views, run_blocks
+from .host import (CpuBatch, add_nonfinite, layout_arrays, like, member_table, run_members,
+                   step_words)
 
 
 @lru_cache(maxsize=None)
@@ -28,55 +29,68 @@ def kernel_for(mlay: tuple, B: int):
     m4 = pc.by_pairs(mlay)
 
     @njit(nogil=True, cache=True, error_model="numpy")
-    def _muon_kernel(b0, b1_, g, out, mc, ms, mlim, mtab, numel, ks, beta, omb, nesterov, fresh):
-        """ks: uint32 [4] = keys of this step (0, 1) and of the step the buffer was written at
-        (2, 3); out: fp32 update. Returns the non-finite count."""
+    def _muon_kernel(b0, b1_, part, arrays, first, skeys, bad, like_g, mlim, mtab, steps, beta, omb, nesterov, fresh):
+        """Steps blocks b0 .. b1_ - 1 of a launch (host.run_members; host.MemberTable's columns:
+        g, out (fp32: the update), m codes, m scales) and adds each member's count of
+        non-finite gradient elements (zeroed) to bad[part, member]. steps: uint32 [2] = this
+        step and the step m was written at (the random streams' keys: codec.step_keys)."""
         b, ob = np.float32(beta), np.float32(omb)
         msb = mlay[c.SBF16] != 0
-        g, out, mc, ms, mlim, mtab, ks = nv.borrowed(  # no reference counts (native.py)
-            (g, out, mc, ms, mlim, mtab, ks))
+        arrays, first, skeys, bad, mlim, mtab, steps = nv.borrowed(  # no reference counts (native.py)
+            (arrays, first, skeys, bad, mlim, mtab, steps))
         mrow = nv.scratch_f32(B)
         grow = nv.scratch_f32(B)
         urow = nv.scratch_f32(B)
         q = nv.scratch_i32(B)
-        nbad = 0
-        for blk in range(b0, b1_):
-            start = blk * B
-            cnt = min(B, numel - start)
-            c.read_state(fresh, mc, ms, msb, mlay, mlim, mtab, blk, start, cnt, ks[2], ks[3], q, mrow)
-            nbad += c.load_grad(g, start, cnt, grow)
-            for j in range(cnt):
-                mrow[j] = mrow[j] * b + grow[j] * ob
-            if nesterov:
+        i = c.first_member(first, b0)
+        while i < first.size - 1 and first[i] < b1_:  # the members with blocks in b0 .. b1_ - 1
+            a = arrays[i]
+            numel = a[1]
+            g, out = nv.view_like(like_g, a[0], a[1]), nv.view_f32(0, a[2], a[3])
+            mc, ms = nv.view_u8(0, a[4], a[5]), nv.view_u16(0, a[6], a[7])
+            k1, k2 = c.step_keys(skeys[i, 0], steps[0])
+            r1, r2 = c.step_keys(skeys[i, 0], steps[1])  # the codes were written with these
+            nbad = 0
+            for blk in range(max(b0, first[i]) - first[i], min(b1_, first[i + 1]) - first[i]):
+                start = blk * B
+                cnt = min(B, numel - start)
+                c.read_state(fresh, mc, ms, msb, mlay, mlim, mtab, blk, start, cnt, r1, r2, q, mrow)
+                nbad += c.load_grad(g, start, cnt, grow)
                 for j in range(cnt):
-                    urow[j] = grow[j] * ob + mrow[j] * b
-                c.store_row(urow, start, cnt, out)
-            else:
-                c.store_row(mrow, start, cnt, out)
-            if m4:
-                c.store_scale(ms, blk, pc.encode_row4(mrow, cnt, mlay, mlim, mtab, blk, start, ks[0], ks[1], mc), msb)
-            else:
-                c.store_scale(ms, blk, c.encode_block(mrow, cnt, mlay, mlim, mtab, blk, start, ks[0], ks[1], False, q),
-                              msb)
-                c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
-        return nbad
+                    mrow[j] = mrow[j] * b + grow[j] * ob
+                if nesterov:
+                    for j in range(cnt):
+                        urow[j] = grow[j] * ob + mrow[j] * b
+                    c.store_row(urow, start, cnt, out)
+                else:
+                    c.store_row(mrow, start, cnt, out)
+                if m4:
+                    c.store_scale(ms, blk, pc.encode_row4(mrow, cnt, mlay, mlim, mtab, blk, start, k1, k2, mc), msb)
+                else:
+                    c.store_scale(ms, blk, c.encode_block(mrow, cnt, mlay, mlim, mtab, blk, start, k1, k2, False, q),
+                                  msb)
+                    c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
+            bad[part, i] += nbad
+            i += 1
+        return 0
 
     return _muon_kernel
 
 
+def _columns(member):
+    """A member's arrays for the kernel (host.member_table): g, out (fp32), m's codes and scale words."""
+    mc, ms = member.states["m"]
+    return ((member.grad, member.grad.element_size()), (member.out, 4), (mc, 1), (ms, 2))
+
+
 def muon_momentum_step(batch: CpuBatch, m, *, g_kind: int, step: int, written: int, fresh: bool,
                        momentum: float, nesterov: bool, table=None) -> None:
-    """The fused momentum update over every tensor of `batch` (kernels/muon.muon_momentum_step's
-    signature); each member's `out` (fp32, the parameter's shape) receives its update."""
+    """The fused momentum update over every tensor of `batch` in one kernel call
+    (host.run_members; kernels/muon.muon_momentum_step's signature); each member's `out`
+    (fp32, the parameter's shape) receives its update."""
     mlay, mlim, mtab = layout_arrays(m, table)
     kernel = kernel_for(mlay, int(m.block))
-    for member in batch.members:
-        _, g, (mc, ms) = numpy_views(member, ("m",))
-        out = array(member.out)
-        km = batch.stream_key(member, 0)
-        ks = np.array(keys(km, step) + keys(km, written), np.uint32)
-        bad = run_blocks(kernel, g.size, m.block,
-                         (g, out, mc, ms, mlim, mtab, g.size, ks, float(momentum),
-                          1.0 - float(momentum), bool(nesterov), bool(fresh)))
-        if bad:
-            member.nonfinite += int(bad)
+    bad = run_members(kernel, member_table(batch, _columns, int(m.block), 1, grad_column=0), int(m.block),
+                      (like(batch.members[0].grad), mlim, mtab, step_words(step, written), float(momentum),
+                       1.0 - float(momentum), bool(nesterov), bool(fresh)))
+    add_nonfinite(batch, bad)

@@ -78,6 +78,42 @@ def _scratch(dtype):
     return scratch
 
 
+# ---- arrays at an address (the multi-tensor launch: host.MemberTable) -------------------------------
+def _view(fixed):
+    @intrinsic
+    def view(typingctx, like, addr, n):
+        """The 1-D array of n elements at integer address addr, of like's array type (or of
+        the fixed dtype, like then being any value): no reference count, as `borrowed`.
+        Only for memory that outlives every use (a launch's tensors, kept alive by its caller)."""
+        if not isinstance(addr, types.Integer) or not isinstance(n, types.Integer):
+            return None
+        if fixed is None:
+            if not isinstance(like, types.Array):
+                return None
+            aty = types.Array(like.dtype, 1, "C")
+        else:
+            aty = types.Array(fixed, 1, "C")
+
+        def codegen(context, builder, signature, args):
+            lty = context.get_data_type(aty.dtype)
+            ptr = builder.inttoptr(args[1], lty.as_pointer())
+            count = context.cast(builder, args[2], signature.args[2], types.intp)
+            itemsize = context.get_abi_sizeof(lty)
+            out = context.make_array(aty)(context, builder)
+            populate_array(out, data=ptr, shape=cgutils.pack_array(builder, [count]),
+                           strides=cgutils.pack_array(builder, [context.get_constant(types.intp, itemsize)]),
+                           itemsize=context.get_constant(types.intp, itemsize), meminfo=None)
+            return out._getvalue()
+        return aty(like, addr, n), codegen
+    return view
+
+
+view_like = _view(None)  # view_like(an array of the dtype, address, n)
+view_u8 = _view(types.uint8)  # view_u8(0, address, n): codes
+view_u16 = _view(types.uint16)  # scale words
+view_f32 = _view(types.float32)
+
+
 scratch_f32 = _scratch(types.float32)
 scratch_f64 = _scratch(types.float64)
 scratch_i32 = _scratch(types.int32)

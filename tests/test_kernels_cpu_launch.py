@@ -1,0 +1,118 @@
+"""The CPU path's one launch per step (kernels/cpu/host.member_table, run_members): every
+tensor of a launch stepped by one kernel call, the launch's blocks split over threads across
+tensors, the table of addresses cached while the tensors stay, the random streams' keys
+computed in the kernel (codec.step_keys), and the optimizers' routing memoized
+(optim/base._route). Skipped where numba is not installed."""
+import numpy as np
+import pytest
+import torch
+
+from kernel_parity import assert_same_state, make_pair, step_both
+from qstate_cli.kernels import cpu
+from qstate_cli.kernels.launch import Member
+from qstate_cli.optim import SGD, AdamW, Lion, Muon
+from qstate_cli.runtime import torch_threads
+
+needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
+# each tensor under host.MIN_THREAD_ELEMENTS (one thread apiece before), 134,231 elements in all
+SMALL = [(200, 200), (33, 7), (150, 200), (256, 250)]
+# the presets `make test-cpu-path` compiles already (tests/test_kernels_cpu*.py): no new compilation in CI
+OPTIMIZERS = [(AdamW, dict(states="sr-4bit", lr=1e-2, weight_decay=0.1)),
+              (Lion, dict(states="bred-4bit", lr=1e-3, weight_decay=0.1)),
+              (SGD, dict(states="sr-4bit", lr=1e-2, momentum=0.9, nesterov=True, weight_decay=0.01)),
+              (Muon, dict(states="nearest-4bit", lr=0.02, momentum=0.95))]
+
+
+@needs_numba
+@pytest.mark.parametrize("cls,kw", OPTIMIZERS, ids=["adamw-sr", "lion-bred", "sgd-sr", "muon-nearest"])
+def test_two_threads_split_a_launch_of_small_tensors_across_them(cls, kw):
+    """Two ranges of the launch's blocks, the edge inside the third tensor: codes, scales,
+    parameters and per-tensor non-finite counts (a NaN, +Inf and -Inf in every gradient at
+    step 2) equal the reference's at every step."""
+    from qstate_cli.kernels.cpu import host
+    with torch_threads(2):
+        ref, ker = make_pair(cls, SMALL, backend="cpu", device="cpu", **kw)
+        block = ker.spec_for(ker.param_groups[0], ker.param_groups[0]["params"][0], "m").block
+        blocks = np.cumsum([0] + [-(-torch.Size(s).numel() // block) for s in SMALL])
+        assert host.parts_of(int(sum(torch.Size(s).numel() for s in SMALL))) == 2
+        assert blocks[2] < blocks[-1] // 2 < blocks[3]  # the edge: inside (150, 200)
+        gen = torch.Generator().manual_seed(1)
+        for t in range(1, 4):
+            step_both(ref, ker, gen, poison=(t == 2))
+            assert_same_state(ref, ker, t)
+        assert ker.nonfinite_count() == 3 * len(SMALL)
+
+
+@needs_numba
+def test_the_table_is_kept_while_the_tensors_stay_and_follows_a_new_gradient():
+    """Same parameters, states and gradients: the cached table, nothing rebuilt. Gradients
+    allocated anew (a backward after zero_grad(set_to_none=True)): the same table with the
+    new addresses, and the step still equals the reference."""
+    from qstate_cli.kernels.cpu import adamw
+    ref, ker = make_pair(AdamW, [(300,), (17, 9)], backend="cpu", device="cpu", states="bred-4bit")
+    seen = []
+    run_members = adamw.run_members
+    adamw.run_members = lambda kernel, table, block, args: seen.append(table) or run_members(kernel, table, block, args)
+    try:
+        gen = torch.Generator().manual_seed(3)
+        step_both(ref, ker, gen)  # builds the table
+        for p in ker.param_groups[0]["params"]:
+            p.grad.mul_(0.5)  # the same gradient tensors, new values
+        for p in ref.param_groups[0]["params"]:
+            p.grad.mul_(0.5)
+        ref.step()
+        ker.step()
+        assert_same_state(ref, ker, 2)
+        step_both(ref, ker, gen)  # new gradient tensors
+        assert_same_state(ref, ker, 3)
+    finally:
+        adamw.run_members = run_members
+    assert seen[0] is seen[1] is seen[2]
+    grads = [p.grad.data_ptr() for p in ker.param_groups[0]["params"]]
+    assert list(seen[2].arrays[:, 2]) == grads
+    assert list(seen[2].first) == [0, -(-300 // 128), -(-300 // 128) + -(-153 // 128)]
+
+
+@needs_numba
+def test_a_launch_refuses_members_of_different_dtypes():
+    from qstate_cli.kernels.cpu import adamw, host
+    members = []
+    for dtype in (torch.float32, torch.bfloat16):
+        p = torch.zeros(256, dtype=dtype)
+        members.append(Member(param=p, grad=torch.zeros_like(p), nonfinite=torch.zeros((), dtype=torch.int64),
+                              states={n: (torch.zeros(128, dtype=torch.uint8), torch.zeros(2)) for n in "mv"},
+                              tensor_id=len(members)))
+    with pytest.raises(ValueError, match="share one dtype"):
+        host.member_table(host.CpuBatch(members), adamw._columns, 128, 2)
+
+
+@needs_numba
+@pytest.mark.parametrize("key,step", [(0, 0), (0xFFFFFFFF, 1), (0x9E3779B9, 0xFFFFFFFF), (12345, 1 << 31),
+                                      (0xDEADBEEF, 7)])
+def test_the_kernels_keys_are_the_hosts(key, step):
+    """codec.step_keys (in the kernels) against host.keys (quant/hash.stream_keys' last two)."""
+    from qstate_cli.kernels.cpu import codec, host
+    got = codec.step_keys(np.uint32(key), host.step_words(step)[0])
+    assert [int(k) for k in got] == host.keys(key, step)
+
+
+@needs_numba
+def test_routing_follows_what_it_reads_after_it_is_memoized():
+    """The memoized route changes with the backend, the group's min_quant_numel, the
+    parameter's dtype and layout (optim/base._route's key), and the reason names the cause."""
+    p = torch.nn.Parameter(torch.randn(64, 32))
+    p.grad = torch.randn(64, 32)
+    opt = AdamW([p], states="nearest-4bit", min_quant_numel=4096, backend="reference")
+    assert opt.why_reference(p) == "backend='reference' was asked for"
+    opt.backend = "auto"
+    assert "small tensor (2048 < min_quant_numel=4096)" in opt.why_reference(p)
+    opt.param_groups[0]["min_quant_numel"] = 0
+    assert opt.path_for(p) == cpu.PATH and opt.why_reference(p) is None
+    p.data = p.data.double()
+    p.grad = torch.randn(64, 32, dtype=torch.float64)
+    assert "float64" in opt.why_reference(p)
+    p.data = torch.randn(32, 64).t()
+    p.grad = torch.randn(64, 32)
+    assert opt.why_reference(p) == "parameter is not contiguous"
+    p.data = torch.randn(64, 32)
+    assert opt.path_for(p) == cpu.PATH
