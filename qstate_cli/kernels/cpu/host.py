@@ -119,12 +119,13 @@ F32, U16 = np.empty(0, np.float32), np.empty(0, np.uint16)  # the kernels' value
 
 
 def like(t: torch.Tensor) -> np.ndarray:
-    """An empty array of the type the kernels view `t` as (array(t)'s): fp32 or bf16 bits."""
+    """An empty array of the type the kernels view `t` as: float32, or bf16's uint16 bit patterns."""
     return U16 if t.dtype == torch.bfloat16 else F32
 
 
 def keys(key: int, step: int) -> list[int]:
-    """[k1, k2] of a stream key at a step (quant/hash.stream_keys: k1 = hash32(key ^ step))."""
+    """[k1, k2] of a stream key at a step (quant/hash.stream_keys: k1 = hash32(key ^ step)); the
+    optimizers' kernels compute the same in codec.step_keys (tests/test_kernels_cpu_launch.py)."""
     k1 = hash32(key ^ (int(step) & 0xFFFFFFFF))
     return [k1, hash32(k1 ^ GOLDEN)]
 
