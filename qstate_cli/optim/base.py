@@ -95,7 +95,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         """(path, why the reference steps p or None); raises where an explicit backend cannot run.
         Memoized on everything the answer reads (the backend, p's type, device, dtype, layout
         and size, its gradient's dtype and sparsity, the group's states and min_quant_numel):
-        routing every parameter afresh cost ~15 us each per step (docs/cpu.md, "One launch per step")."""
+        routing every parameter afresh cost ~6 us each per step (docs/cpu.md, "One launch per step")."""
         g = p.grad
         states = group["states"]
         key = (self.backend, type(p), p.device, p.dtype, p.is_contiguous(), p.numel(),
