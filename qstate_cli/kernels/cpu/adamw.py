@@ -57,19 +57,20 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
         qm = nv.scratch_i32(B)  # m's codes: read, then written
         qv = nv.scratch_i32(B)
         has_l2 = l2 != c.ZERO  # Adam: coupled weight decay
-        i = c.first_member(first, b0)
-        while i < first.size - 1 and first[i] < b1_:  # the members with blocks in b0 .. b1_ - 1
+        i0, i1 = c.member_span(first, b0, b1_)
+        for i in range(i0, i1):
             a = arrays[i]
             numel = a[1]
             p, g = nv.view_like(like_p, a[0], a[1]), nv.view_like(like_g, a[2], a[3])
-            mc, ms = nv.view_u8(0, a[4], a[5]), nv.view_u16(0, a[6], a[7])
-            vc, vs = nv.view_u8(0, a[8], a[9]), nv.view_u16(0, a[10], a[11])
+            mc, ms = c.state_at(a, 4)
+            vc, vs = c.state_at(a, 8)
             km1, km2 = c.step_keys(skeys[i, 0], steps[0])
             kv1, kv2 = c.step_keys(skeys[i, 1], steps[0])
             rm1, rm2 = c.step_keys(skeys[i, 0], steps[1])  # m's codes were written with these
             rv1, rv2 = c.step_keys(skeys[i, 1], steps[2])
             nbad = 0
-            for b in range(max(b0, first[i]) - first[i], min(b1_, first[i + 1]) - first[i]):
+            lo, hi = c.member_blocks(first, i, b0, b1_)
+            for b in range(lo, hi):
                 start = b * B
                 cnt = min(B, numel - start)
                 c.read_state(fresh_m, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, rm1, rm2, qm, mrow)
@@ -103,7 +104,6 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
                                                               kv2, c.STORED, qv), vsb)
                     c.pack_codes(qv, vlay[c.BITS], start, cnt, vc)
             bad[part, i] += nbad
-            i += 1
         return 0
 
     return _adamw_kernel

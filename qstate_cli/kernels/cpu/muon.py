@@ -42,16 +42,17 @@ def kernel_for(mlay: tuple, B: int):
         grow = nv.scratch_f32(B)
         urow = nv.scratch_f32(B)
         q = nv.scratch_i32(B)
-        i = c.first_member(first, b0)
-        while i < first.size - 1 and first[i] < b1_:  # the members with blocks in b0 .. b1_ - 1
+        i0, i1 = c.member_span(first, b0, b1_)
+        for i in range(i0, i1):
             a = arrays[i]
             numel = a[1]
             g, out = nv.view_like(like_g, a[0], a[1]), nv.view_f32(0, a[2], a[3])
-            mc, ms = nv.view_u8(0, a[4], a[5]), nv.view_u16(0, a[6], a[7])
+            mc, ms = c.state_at(a, 4)
             k1, k2 = c.step_keys(skeys[i, 0], steps[0])
             r1, r2 = c.step_keys(skeys[i, 0], steps[1])  # the codes were written with these
             nbad = 0
-            for blk in range(max(b0, first[i]) - first[i], min(b1_, first[i + 1]) - first[i]):
+            lo, hi = c.member_blocks(first, i, b0, b1_)
+            for blk in range(lo, hi):
                 start = blk * B
                 cnt = min(B, numel - start)
                 c.read_state(fresh, mc, ms, msb, mlay, mlim, mtab, blk, start, cnt, r1, r2, q, mrow)
@@ -71,7 +72,6 @@ def kernel_for(mlay: tuple, B: int):
                                   msb)
                     c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
             bad[part, i] += nbad
-            i += 1
         return 0
 
     return _muon_kernel
