@@ -6,6 +6,8 @@
     pairs.py     the 4-bit encoder by code bytes (two elements per byte, AdamW: m and v at once)
     search.py    the floor code of a code book (bucketed search, or a scan of <= 16 entries),
                  shared with the replay kernel; host.search_table prepares its buckets
+    members.py   a multi-tensor launch's members: the ones a range of blocks meets, their own
+                 blocks in it, a state's arrays at the table's addresses (host.MemberTable)
     adamw.py     fused AdamW/Adam step (two states)
     lion.py, sgd.py, muon.py   one-state steps (Muon: the momentum update; Newton-Schulz in torch)
     host.py      a launch's table (each tensor's addresses, first block, stream keys; cached

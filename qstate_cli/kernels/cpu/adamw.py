@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c
+from . import members as mb
 from . import native as nv
 from . import pairs as pc
 from .host import CpuBatch, add_nonfinite, layout_arrays, like, member_table, run_members, step_words
@@ -57,19 +58,19 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
         qm = nv.scratch_i32(B)  # m's codes: read, then written
         qv = nv.scratch_i32(B)
         has_l2 = l2 != c.ZERO  # Adam: coupled weight decay
-        i0, i1 = c.member_span(first, b0, b1_)
+        i0, i1 = mb.member_span(first, b0, b1_)
         for i in range(i0, i1):
             a = arrays[i]
             numel = a[1]
             p, g = nv.view_like(like_p, a[0], a[1]), nv.view_like(like_g, a[2], a[3])
-            mc, ms = c.state_at(a, 4)
-            vc, vs = c.state_at(a, 8)
+            mc, ms = mb.state_at(a, 4)
+            vc, vs = mb.state_at(a, 8)
             km1, km2 = c.step_keys(skeys[i, 0], steps[0])
             kv1, kv2 = c.step_keys(skeys[i, 1], steps[0])
             rm1, rm2 = c.step_keys(skeys[i, 0], steps[1])  # m's codes were written with these
             rv1, rv2 = c.step_keys(skeys[i, 1], steps[2])
             nbad = 0
-            lo, hi = c.member_blocks(first, i, b0, b1_)
+            lo, hi = mb.member_blocks(first, i, b0, b1_)
             for b in range(lo, hi):
                 start = b * B
                 cnt = min(B, numel - start)

@@ -51,7 +51,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from . import numba_cache_dir
-from .native import bits_of_f32, f32_from_bits, view_u16, view_u8, wide_features
+from .native import bits_of_f32, f32_from_bits, wide_features
 
 # Every kernel module imports this one before it compiles anything: point numba's disk
 # cache at a folder per source version (package docstring: an inlined helper's change
@@ -173,34 +173,6 @@ def step_keys(key, step):
     hash32(key ^ step), k2 = hash32(k1 ^ 0x9e3779b9); key and step uint32."""
     k1 = hash32(np.uint32(np.uint32(key) ^ np.uint32(step)))
     return k1, hash32(np.uint32(k1 ^ GOLDEN))
-
-
-# ---- a launch's members (host.MemberTable) ---------------------------------------------------------
-@njit(cache=True, inline="always", error_model="numpy")
-def member_span(first, b0, b1):
-    """(i0, i1): members i0 .. i1 - 1 of a launch (host.MemberTable.first) have blocks in the
-    launch's blocks b0 .. b1 - 1 (a member without blocks is skipped at the start)."""
-    n = first.size - 1
-    i0 = 0
-    while i0 < n and first[i0 + 1] <= b0:
-        i0 += 1
-    i1 = i0
-    while i1 < n and first[i1] < b1:
-        i1 += 1
-    return i0, i1
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def member_blocks(first, i, b0, b1):
-    """(lo, hi): member i's own blocks lo .. hi - 1 that lie in the launch's blocks b0 .. b1 - 1."""
-    return max(b0, first[i]) - first[i], min(b1, first[i + 1]) - first[i]
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def state_at(a, col):
-    """(codes as uint8, scales as uint16 words) of the state whose address and length pairs
-    start at column col of a member's row of host.MemberTable.arrays."""
-    return view_u8(0, a[col], a[col + 1]), view_u16(0, a[col + 2], a[col + 3])
 
 
 @njit(cache=True, inline="always", error_model="numpy")

@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c
+from . import members as mb
 from . import native as nv
 from . import pairs as pc
 from .host import (CpuBatch, add_nonfinite, layout_arrays, like, member_table, run_members,
@@ -42,16 +43,16 @@ def kernel_for(mlay: tuple, B: int):
         grow = nv.scratch_f32(B)
         urow = nv.scratch_f32(B)
         q = nv.scratch_i32(B)
-        i0, i1 = c.member_span(first, b0, b1_)
+        i0, i1 = mb.member_span(first, b0, b1_)
         for i in range(i0, i1):
             a = arrays[i]
             numel = a[1]
             g, out = nv.view_like(like_g, a[0], a[1]), nv.view_f32(0, a[2], a[3])
-            mc, ms = c.state_at(a, 4)
+            mc, ms = mb.state_at(a, 4)
             k1, k2 = c.step_keys(skeys[i, 0], steps[0])
             r1, r2 = c.step_keys(skeys[i, 0], steps[1])  # the codes were written with these
             nbad = 0
-            lo, hi = c.member_blocks(first, i, b0, b1_)
+            lo, hi = mb.member_blocks(first, i, b0, b1_)
             for blk in range(lo, hi):
                 start = blk * B
                 cnt = min(B, numel - start)
