@@ -6,7 +6,8 @@ runtime condition, so every per-element loop below is written once per case (sqr
 not, signed or not, each rounding, each format kind) and stays branch-free (a minifloat's
 sign is a mask, codec.float_code). A code book's
 floor code is found from a bucket of the value's fp32 bits and at most M (1 or 2) steps
-(search.floor_code, the optimizer kernels' own search), not a binary search; a 4-bit book
+(search.floor_code, the optimizer kernels' own search), not a binary search, in stages over
+the block (search.floor_codes: the loads in loops of their own, the rest vectorizes); a 4-bit book
 (16 entries) is scanned instead (search.scan_code: compares and selects against every entry,
 so the loop vectorizes where the search's dependent loads kept it scalar).
 """
@@ -18,7 +19,7 @@ from numba import njit
 from . import codec as c
 from . import native
 from . import pairs as pc
-from .search import floor_code, scan_code
+from .search import floor_codes, scan_code
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -94,26 +95,23 @@ def round_unit(n, u, cnt, lay, rounding, ub, q):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def round_table(n, u, cnt, lay, table, rounding, ub, q):
-    """Any sorted code book: floor code k, then up from table[k] towards table[k + 1] (rounding.py's up test)."""
+def round_table(n, u, cnt, lay, table, rounding, ub, q, lo, hi, w):
+    """Any sorted code book: floor code k (search.floor_codes: in stages over the row, with
+    table[k] and table[k + 1] in lo and hi), then up from table[k] towards table[k + 1]
+    (rounding.py's up test)."""
+    floor_codes(table, lay, lay[c.NT], n, cnt, q, lo, hi, w)
     if rounding == c.NEAREST:
         for j in range(cnt):
-            v = n[j]
-            k = floor_code(table, lay, lay[c.NT], v)
-            lo, hi = table[k], table[k + 1]
-            q[j] = np.int32(k) + np.int32((v - lo) >= (hi - lo) * c.HALF)
+            v, tlo, thi = n[j], lo[j], hi[j]
+            q[j] = np.int32(q[j] + np.int32((v - tlo) >= (thi - tlo) * c.HALF))
     elif rounding == c.STOCHASTIC:
         for j in range(cnt):
-            v = n[j]
-            k = floor_code(table, lay, lay[c.NT], v)
-            lo, hi = table[k], table[k + 1]
-            q[j] = np.int32(k) + np.int32(u[j] < min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
+            v, tlo, thi = n[j], lo[j], hi[j]
+            q[j] = np.int32(q[j] + np.int32(u[j] < min(max((v - tlo) / (thi - tlo), c.ZERO), c.ONE)))
     else:
         for j in range(cnt):
-            v = n[j]
-            k = floor_code(table, lay, lay[c.NT], v)
-            lo, hi = table[k], table[k + 1]
-            q[j] = np.int32(k) + np.int32(ub >= c.ONE - min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
+            v, tlo, thi = n[j], lo[j], hi[j]
+            q[j] = np.int32(q[j] + np.int32(ub >= c.ONE - min(max((v - tlo) / (thi - tlo), c.ZERO), c.ONE)))
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -251,8 +249,9 @@ def finish_read_back(row, cnt, nv, clamp0, pad0, out, i0):
 @njit(cache=True, inline="always")
 def _alive(rows):
     """0, read from the scratch rows' owners: a use at the kernel's end, so numba frees them
-    only after every use of their borrowed views (it drops a variable after its last use)."""
-    return rows[0].size + rows[1].size + rows[2].size - 3 * rows[0].size
+    only after every use of their borrowed views (it drops a variable after its last use, and
+    the tuple holds every row until then)."""
+    return rows[0].size + rows[-1].size - rows[0].size - rows[-1].size
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -267,8 +266,9 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, ba
     Steps on borrowed views (no reference counts: native.py), the rows' owners kept alive by
     the return."""
     x, codes, s16, out, lim, table, plan, base = native.borrowed((x, codes, s16, out, lim, table, plan, base))
-    rows = np.empty(B, np.float32), np.zeros(B, np.float32), np.empty(B, np.int32)
-    row, u, q = native.borrowed(rows)
+    rows = (np.empty(B, np.float32), np.zeros(B, np.float32), np.empty(B, np.int32), np.empty(B, np.float32),
+            np.empty(B, np.float32), np.empty(B, np.int32))
+    row, u, q, lo, hi, w = native.borrowed(rows)  # lo, hi, w: round_table's
     rounding, sbf16 = lay[c.ROUND], lay[c.SBF16] != 0
     top, top_min = lim[0], lim[1]
     s32 = np.uint32(step & 0xFFFFFFFF)
@@ -301,7 +301,7 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, ba
         elif lay[c.NT] == 16:
             round_book16(row, u, cnt, table, rounding, ub, q)
         else:
-            round_table(row, u, cnt, lay, table, rounding, ub, q)
+            round_table(row, u, cnt, lay, table, rounding, ub, q, lo, hi, w)
         c.store_scale(s16, b, absmax, sbf16)
         c.pack_codes(q, lay[c.BITS], start, cnt, codes)
         c.unpack_codes(codes, lay[c.BITS], start, cnt, q)  # codec.decode_block, its loop unswitched

@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
-from .search import NM, OFF, floor_code
+from .search import NM, OFF, floor_codes
 
 # prm columns (replay_model.StalenessModel; 8 .. 11: search.py's SHIFT, NM, STEPS, OFF, or a
 # minifloat's MAN, EMIN, MAXORD as in codec.py's lay)
@@ -20,11 +20,12 @@ INF_BITS = np.uint32(0x7F800000)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def block_windows(src, start, cnt, prm, lim, table, frac, binade, y, dn, up, o0):
+def block_windows(src, start, cnt, prm, lim, table, frac, binade, y, dn, up, o0, rows):
     """staleness.windows of one quantization block, given its y = src[start : start + cnt]
     (x, or torch's sqrt(clamp(x, 0)): torch's CPU sqrt is not the correctly rounded one),
     into dn[o0 + j], up[o0 + j]; y: a scratch row (n, the normalised value); binade: a
-    minifloat's gaps are its binade average lim[3] |n| (windows(binade_average=True))."""
+    minifloat's gaps are its binade average lim[3] |n| (windows(binade_average=True)); rows:
+    search.floor_codes' scratch rows (code, two entries, bucket) of a searched code book."""
     i0 = np.uint64(start)
     amax = lim[2]  # an unscaled state: delta = 1, n = y
     if prm[P_SCALED]:  # amax(|y|) as the running max of |y|'s bit patterns (codec.abs_bits: a
@@ -60,15 +61,18 @@ def block_windows(src, start, cnt, prm, lim, table, frac, binade, y, dn, up, o0)
     else:
         nt = prm[P_NT]
         gaps = np.uint64(prm[OFF] + 2 * prm[NM])  # replay_model.code_gaps, past the search buckets
+        kq, tlo, thi, w = rows
+        floor_codes(table, prm, nt, y, cnt, kq, tlo, thi, w)  # searchsorted(right=True) - 1, clamped
+        top = np.int32(nt - 2)
         for j in range(cnt):
-            n = y[j]  # searchsorted(right=True) - 1, clamped; a NaN n (inf / inf) sorts last
-            k0 = floor_code(table, prm, nt, n)  # in range for any n, NaN too
-            k0 = k0 if n == n else np.int64(nt - 2)
-            tlo, thi = table[k0], table[k0 + 1]
-            f = (n - tlo) / (thi - tlo)  # clamp(0, 1) does not change f >= 0.5 (NaN: False)
-            k = np.uint64(k0 + np.int64(f >= c.HALF))  # no branch: f >= 0.5 is a coin flip
-            dn[o + np.uint64(j)] = table[gaps + np.uint64(2) * k] * delta * frac
-            up[o + np.uint64(j)] = table[gaps + np.uint64(2) * k + np.uint64(1)] * delta * frac
+            n = y[j]  # a NaN n (inf / inf) sorts last: code nt - 2 (its f is NaN whatever its entries)
+            f = (n - tlo[j]) / (thi[j] - tlo[j])  # clamp(0, 1) does not change f >= 0.5 (NaN: False)
+            k0 = kq[j] if n == n else top
+            kq[j] = np.int32(k0 + np.int32(f >= c.HALF))
+        for j in range(cnt):  # the gaps' loads, a loop of their own (scalar loads: no gather here)
+            k = gaps + np.uint64(2) * np.uint64(kq[j])
+            dn[o + np.uint64(j)] = table[k] * delta * frac
+            up[o + np.uint64(j)] = table[k + np.uint64(1)] * delta * frac
     if prm[P_SQRT]:  # gaps on y = sqrt(x) -> gaps on x around the same point
         for j in range(cnt):
             y0 = abs(src[i0 + np.uint64(j)])
@@ -179,6 +183,7 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
     rdn = np.empty(B, np.float32)
     rup = np.empty(B, np.float32)
     y = np.empty(B, np.float32)
+    rows = np.empty(B, np.int32), np.empty(B, np.float32), np.empty(B, np.float32), np.empty(B, np.int32)
     rounding = prm[P_ROUND]
     sr = rounding == c.STOCHASTIC
     frac = c.ONE if sr else c.HALF
@@ -189,7 +194,7 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
         cnt = min(B, numel - start)
         i0 = np.uint64(start)
         if rounding != c.BRED:
-            block_windows(yx, start, cnt, prm, lim, table, frac, True, y, rdn, rup, 0)
+            block_windows(yx, start, cnt, prm, lim, table, frac, True, y, rdn, rup, 0, rows)
         if has_valid:  # nominal (recorded elements only); two loops: a test inside kept it scalar
             for j in range(cnt):
                 i = i0 + np.uint64(j)
@@ -217,6 +222,6 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
         for j in range(cnt):
             total += np.int64(nominal[i0 + np.uint64(j)])
         if prm[P_GAUSS]:
-            block_windows(ys, start, cnt, prm, lim, table, frac, False, y, down, up, start)
+            block_windows(ys, start, cnt, prm, lim, table, frac, False, y, down, up, start, rows)
     counts[part] += total
     return 0
