@@ -116,3 +116,49 @@ def test_routing_follows_what_it_reads_after_it_is_memoized():
     assert opt.why_reference(p) == "parameter is not contiguous"
     p.data = torch.randn(64, 32)
     assert opt.path_for(p) == cpu.PATH
+
+
+@needs_numba
+def test_a_steady_step_reuses_the_launch_until_something_but_the_gradients_changes(monkeypatch):
+    """optim/fused.SteadyPlan: from the second step the group's last launch is stepped again
+    (its counters advanced once for the launch, a reset included), and a moved parameter or
+    a loaded state dict plans afresh; every step equals the reference bit for bit."""
+    from qstate_cli.optim import fused
+    steady = []
+    step_steady = fused._step_steady
+    monkeypatch.setattr(fused, "_step_steady", lambda *a: steady.append(len(steady)) or step_steady(*a))
+    ref, ker = make_pair(AdamW, SMALL, backend="cpu", device="cpu", states="sr-4bit", reset=3, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(5)
+    took = []
+    for t in range(1, 8):
+        if t == 5:  # a parameter moved to new memory (p.data = ...): a new launch table
+            for opt in (ref, ker):
+                p = opt.param_groups[0]["params"][1]
+                p.data = p.data.clone()
+        if t == 6:  # a checkpoint loaded: new state dicts and groups
+            ker.load_state_dict(ker.state_dict())
+        before = len(steady)
+        step_both(ref, ker, gen, poison=(t == 3))
+        assert_same_state(ref, ker, t)
+        took.append(len(steady) > before)
+    assert took == [False, True, True, True, False, False, True]
+    assert [int(ker.state[p]["since_reset"]) for p in ker.param_groups[0]["params"]] == [1] * len(SMALL)  # reset at 7
+    assert ker.nonfinite_count() == 3 * len(SMALL)
+
+
+@needs_numba
+def test_a_kept_plan_holds_no_gradient_between_steps():
+    """The plan keeps its launch's members, not their gradients: a gradient dropped by
+    zero_grad(set_to_none=True) is freed before the next backward allocates its successor."""
+    import gc
+    import weakref
+    p = torch.nn.Parameter(torch.randn(300, 7))
+    opt = AdamW([p], states="nearest-4bit", backend="cpu", min_quant_numel=0)
+    for _ in range(2):
+        p.grad = torch.randn(300, 7)
+        opt.step()
+    assert opt._plans  # the plan kept
+    grad = weakref.ref(p.grad)
+    opt.zero_grad(set_to_none=True)
+    gc.collect()
+    assert grad() is None

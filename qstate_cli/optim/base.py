@@ -367,6 +367,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
             device = sharding.local_tensor(p).device
             self.state[p] = {k: _to_device(k, v, device) for k, v in value.items()}
         self.__dict__.pop("_kernel_batches", None)  # launch tables hold the old addresses
+        self.__dict__.pop("_plans", None)  # fused.SteadyPlan: the old groups and states
 
 
 HOST_KEYS = ("step", "since_reset", "written")  # step counters live on the host: reading them never syncs

@@ -4,7 +4,9 @@ Per step, the parameters of a group that the kernels cover are grouped by what a
 shares: device, parameter and gradient dtype, step counter, steps since reset (the
 bias corrections), the step each state was written at, and whether it reads as zero
 (never written, or reset now). Normally that is one launch per group. Each optimizer's
-`launch_kernel(group, batch, run)` picks its kernel and hyper-parameters.
+`launch_kernel(group, batch, run)` picks its kernel and hyper-parameters. While only the
+gradients change, a group's one launch is stepped again (SteadyPlan) instead of planned
+per parameter.
 
 State layout: exactly the reference's (`optimizer.state[p]`: step, since_reset,
 nonfinite, and per state {codes, scales, written}); the kernels update codes and scales
@@ -108,6 +110,10 @@ class Run:
 
 def step_group(opt, group, params: list, ids: dict, on_cpu: bool = False) -> None:
     """Step `params` (all covered by the kernels, or on_cpu: by the CPU path) of one param group."""
+    plan = _steady_plan(opt, group, params, ids, on_cpu)
+    if plan is not None:
+        _step_steady(opt, group, plan, on_cpu)
+        return
     names = opt.state_names
     runs: dict[tuple, Run] = {}
     for p in params:
@@ -133,14 +139,102 @@ def step_group(opt, group, params: list, ids: dict, on_cpu: bool = False) -> Non
             _attach_workspace(opt, run)
         batch = CpuBatch(run.members, group["seed"]) if on_cpu else _cached_batch(opt, run.members, block, group["seed"])
         opt.launch_kernel(group, batch, run)
-        # host counters: one (never mutated) tensor per value, shared by the launch's parameters
-        step_t = torch.tensor(run.step, dtype=torch.int64)
-        since_t = torch.tensor(run.since, dtype=torch.int64)
-        for p in run.params:
-            st = opt.state[p]
-            st["step"], st["since_reset"] = step_t, since_t
-            for n in names:
-                st[n]["written"] = step_t
+        _set_counters(opt, run, [opt.state[p] for p in run.params])
+    plans = opt.__dict__.setdefault("_plans", {})
+    plans.pop(id(group), None)
+    if len(runs) == 1 and not opt.kernel_needs_out:
+        run = next(iter(runs.values()))
+        plans[id(group)] = SteadyPlan(group, group["states"], on_cpu, run, [opt.state[p] for p in run.params],
+                                      [p.data_ptr() for p in run.params], run.members[0].grad.dtype,
+                                      batch if on_cpu else None)
+        _drop_grads(run)
+
+
+def _drop_grads(run: Run) -> None:
+    """A kept plan holds no gradient between steps (the next backward may allocate new ones)."""
+    for m in run.members:
+        m.grad = None
+
+
+def _set_counters(opt, run: Run, states: list) -> None:
+    """The host counters after a launch: one (never mutated) tensor per value, shared by the
+    launch's parameters (what SteadyPlan checks)."""
+    step_t = torch.tensor(run.step, dtype=torch.int64)
+    since_t = torch.tensor(run.since, dtype=torch.int64)
+    for st in states:
+        st["step"], st["since_reset"] = step_t, since_t
+        for n in opt.state_names:
+            st[n]["written"] = step_t
+
+
+@dataclass
+class SteadyPlan:
+    """A group's last launch when it was one: reused while only the gradients change
+    (_steady_plan), so a step costs ~3 us per parameter of bookkeeping instead of ~12 (the
+    counters read back from 0-dim tensors, the launch keys, a Member built per tensor, per
+    parameter: docs/cpu.md, "The steady step")."""
+
+    group: dict
+    states_config: object  # group["states"] when the plan was made (a new one: new layouts)
+    on_cpu: bool
+    run: Run
+    states: list  # opt.state[p] of each member's parameter (load_state_dict replaces them)
+    addresses: list  # each parameter's data_ptr (p.data = ... moves it)
+    grad_dtype: torch.dtype
+    batch: CpuBatch | None  # the CPU launch's batch, launched again (host.member_table reuses its table)
+
+
+def _steady_plan(opt, group, params: list, ids: dict, on_cpu: bool) -> SteadyPlan | None:
+    """The group's SteadyPlan if this step launches exactly as its last one did: the same
+    parameters in the same order (at the same addresses, same dtypes, same tensor ids), their
+    state dicts, counters and code / scale tensors the very objects the last step left, and
+    each gradient of the same dtype; None otherwise (step_group then plans afresh)."""
+    plan = opt.__dict__.get("_plans", {}).get(id(group))
+    if plan is None or plan.group is not group or plan.on_cpu != on_cpu or plan.states_config is not group["states"] \
+            or len(params) != len(plan.run.members):
+        return None
+    run, state = plan.run, opt.state
+    step_t = plan.states[0]["step"]
+    since_t = plan.states[0]["since_reset"]
+    first = run.members[0]
+    p_dtype, g_dtype, device = first.param.dtype, plan.grad_dtype, first.param.get_device()
+    for p, m, st, ptr in zip(params, run.members, plan.states, plan.addresses):
+        if p is not m.param or state.get(p) is not st or st["step"] is not step_t or st["since_reset"] is not since_t \
+                or p.dtype is not p_dtype or p.grad.dtype is not g_dtype or p.get_device() != device \
+                or ids[id(p)] != m.tensor_id or p.data_ptr() != ptr:
+            return None
+        for n, (codes, scales) in m.states.items():
+            sn = st[n]
+            if sn["written"] is not step_t or sn["codes"] is not codes or sn["scales"] is not scales:
+                return None
+    return plan
+
+
+def _step_steady(opt, group, plan: SteadyPlan, on_cpu: bool) -> None:
+    """step_group's launch from the plan: the counters advance as step_counters advances
+    them (one reset decision for the launch: every member has the same step and since), and
+    each member takes its parameter's new gradient."""
+    last = plan.run
+    step = last.step + 1
+    reset = opt.reset_policy.should_reset(step, last.since)
+    written = {n: 0 if reset else last.step for n in opt.state_names}
+    run = Run(last.device, last.p_kind, last.g_kind, step, 1 if reset else last.since + 1, written=written,
+              fresh={n: w == 0 for n, w in written.items()}, layouts=last.layouts, tables=last.tables,
+              params=last.params, members=last.members, launch=last.launch)
+    for m in run.members:
+        g = m.param.grad
+        m.grad = g if g.is_contiguous() else g.contiguous()
+    block = next(iter(run.layouts.values())).block
+    if on_cpu:
+        if plan.batch.seed != group["seed"]:
+            plan.batch = CpuBatch(run.members, group["seed"])
+        batch = plan.batch
+    else:
+        batch = _cached_batch(opt, run.members, block, group["seed"])
+    opt.launch_kernel(group, batch, run)
+    _set_counters(opt, run, plan.states)
+    _drop_grads(run)
+    plan.run = run
 
 
 def _cached_batch(opt, members, block, seed):

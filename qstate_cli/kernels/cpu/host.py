@@ -18,7 +18,7 @@ layer is needed).
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
 
@@ -41,6 +41,7 @@ class CpuBatch:
 
     members: list[Member]
     seed: int = 0
+    tables: dict = field(default_factory=dict)  # member_table's, for a batch stepped again (optim/fused.SteadyPlan)
 
     def stream_key(self, member: Member, state_id: int) -> int:
         return stream_key(self.seed, member.tensor_id, state_id)
@@ -73,7 +74,13 @@ def member_table(batch: CpuBatch, columns: Callable, block: int, states: int,
     kernel's view), ...), the gradient at grad_column. Cached per (columns, block, seed,
     states, each member's other addresses, size, tensor id and dtypes): a step with the same
     parameters and states builds nothing, and only writes the gradients' addresses (a
-    backward after zero_grad(set_to_none=True) allocates them anew)."""
+    backward after zero_grad(set_to_none=True) allocates them anew). A batch launched again
+    (optim/fused.SteadyPlan: the same members, their tensors other than the gradients the same
+    objects at the same addresses) reuses its own last table without building the key."""
+    mine = batch.tables.get((columns, block, states, grad_column))
+    if mine is not None:
+        mine.arrays[:, 2 * grad_column] = [m.grad.data_ptr() for m in batch.members]  # the gradient column
+        return mine
     cols = [columns(m) for m in batch.members]
     key = (columns, int(block), batch.seed, states) + tuple(
         (tuple(t.data_ptr() for j, (t, _) in enumerate(col) if j != grad_column), m.param.numel(), m.tensor_id,
@@ -96,6 +103,7 @@ def member_table(batch: CpuBatch, columns: Callable, block: int, states: int,
             numel=sum(m.param.numel() for m in batch.members))
     else:
         table.arrays[:, 2 * grad_column] = [col[grad_column][0].data_ptr() for col in cols]
+    batch.tables[(columns, block, states, grad_column)] = table
     return table
 
 
