@@ -106,6 +106,20 @@ class FusedAdamStep:
         self.lanes = torch_sum.lanes()
         self.series = tuple(t.numpy() for pair in series for t in pair)
         self.rows_np = tuple(t.numpy() for t in (self.u, self.m, self.v, self.upd))
+        self._held: dict = {}  # (state, j) -> (the tensors it was made of, its leading arguments)
+
+    def _head(self, s: str, j: int, prev_code: torch.Tensor, last_change: torch.Tensor) -> tuple:
+        """State s's kernel arguments up to its histogram, with output rows j: made once and
+        reused while prev_code, last_change and the histogram are the same objects (a reset
+        replaces prev_code), since each .numpy() costs ~1 us and a step takes 16 of them."""
+        r, cc = self.rows[s], self.counts[s]
+        key = (prev_code, last_change, cc.hist)
+        held = self._held.get((s, j))
+        if held is None or any(a is not b for a, b in zip(held[0], key)):
+            head = (*r.np[j], *r.fixed, self.clamp[s], self.pad0, cc.bits, prev_code.numpy(), last_change.numpy(),
+                    r.sums_np, cc.hist)
+            held = self._held[(s, j)] = (key, head)
+        return held[1]
 
     def step(self, codec_step: int, stats_step: int, g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor,
              sc: np.ndarray, ref: torch.Tensor, ref2_units: torch.Tensor, shadow: dict, shadow_x2: dict,
@@ -120,21 +134,21 @@ class FusedAdamStep:
         taken (prev_code, last_change and their series stay as they are; the update's are)."""
         prev = {"m": m_hat, "v": v_hat}
         parts = parts_of(self.n)
-        st, x_hat, err = {}, {}, {}
+        st, x_hat, err, prev_np = {}, {}, {}, {}
         for s, r in self.rows.items():
             j = 1 if r.out[0].data_ptr() == prev[s].data_ptr() else 0  # never the previous step's rows
             cc = self.counts[s]
             cc.ensure_parts(parts)
             e = torch.empty(2, self.n, dtype=torch.float32) if keep_err else None
-            st[s] = (*r.np[j], *r.fixed, self.clamp[s], self.pad0,
-                     cc.bits, prev_code[s].numpy(), last_change[s].numpy(), r.sums_np, cc.hist,
-                     shadow[s].numpy(), shadow_x2[s].numpy(), _NO_ERR if e is None else e.numpy(),
-                     cc.shift, cc.mask)
+            st[s] = self._head(s, j, prev_code[s], last_change[s]) + (
+                shadow[s].numpy(), shadow_x2[s].numpy(), _NO_ERR if e is None else e.numpy(), cc.shift, cc.mask)
             r.q.codes, r.q.scales, r.q.written, r.q._read_back = r.codes[j], r.scales[j], int(codec_step), None
             x_hat[s], err[s] = r.out[j], (e[0] if keep_err else None)
+            # the value read back last step is normally this state's other output row: its view is held
+            prev_np[s] = r.np[1 - j][-1] if prev[s] is r.out[1 - j] else prev[s].numpy()
         u, m, v, upd = self.rows_np
         run_parts(_kernels()[2 if self.wide else 0], self.n, self.unit,
-                  (self.unit, self.chunk, self.n, g.numpy(), m_hat.numpy(), v_hat.numpy(), u, m, v, sc, ref.numpy(),
+                  (self.unit, self.chunk, self.n, g.numpy(), prev_np["m"], prev_np["v"], u, m, v, sc, ref.numpy(),
                    ref2_units.numpy(), upd,
                    int(codec_step), int(stats_step), self.lanes[0], bool(keep_err), bool(ruled), bool(counted),
                    st["m"], st["v"],
