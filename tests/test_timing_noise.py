@@ -139,38 +139,6 @@ def busy_loops(n, seconds, cpus=None):
             p.wait(timeout=30)
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
-def test_the_probe_sees_a_competing_process():
-    before = os.sched_getaffinity(0)
-    cpu = {min(before)}
-    try:
-        os.sched_setaffinity(0, cpu)
-        with busy_loops(1, 30, cpu):
-            timing.cpu_share(50)  # let the competitor start
-            cpu_s, wall_s = timing.cpu_share(200)
-    finally:
-        os.sched_setaffinity(0, before)
-    assert wall_s >= 0.2 and cpu_s / wall_s < NOISY_CPU_SHARE  # one core shared by two spinners: ~0.5
-
-
-# -- real runs ------------------------------------------------------------------------------
-
-def run_doc(**kw):
-    result = kernels.execute(KernelsOptions(**{**SMALL, **kw}))
-    return result.document()
-
-
-def relabel(doc, keep, as_name):
-    """The rows of config `keep`, named and configured as `as_name` (a planted change)."""
-    cfg = next(r["config"] for r in doc["records"] if r["name"] == as_name)
-    rows = [{**r, "name": as_name, "config": cfg} for r in doc["records"] if r["name"] == keep]
-    return document("kernels", rows, doc["meta"], doc["env"])
-
-
-def only(doc, name):
-    return document("kernels", [r for r in doc["records"] if r["name"] == name], doc["meta"], doc["env"])
-
-
 @contextlib.contextmanager
 def sharing_one_cpu(n, seconds):
     """This process and n busy loops on one CPU (affinity), so the load is certain: with the
@@ -191,6 +159,31 @@ def sharing_one_cpu(n, seconds):
             yield
     finally:
         os.sched_setaffinity(0, before)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
+def test_the_probe_sees_a_competing_process():
+    with sharing_one_cpu(1, 30):
+        cpu_s, wall_s = timing.cpu_share(200)
+    assert wall_s >= 0.2 and cpu_s / wall_s < NOISY_CPU_SHARE  # one core shared by two spinners: ~0.5
+
+
+# -- real runs ------------------------------------------------------------------------------
+
+def run_doc(**kw):
+    result = kernels.execute(KernelsOptions(**{**SMALL, **kw}))
+    return result.document()
+
+
+def relabel(doc, keep, as_name):
+    """The rows of config `keep`, named and configured as `as_name` (a planted change)."""
+    cfg = next(r["config"] for r in doc["records"] if r["name"] == as_name)
+    rows = [{**r, "name": as_name, "config": cfg} for r in doc["records"] if r["name"] == keep]
+    return document("kernels", rows, doc["meta"], doc["env"])
+
+
+def only(doc, name):
+    return document("kernels", [r for r in doc["records"] if r["name"] == name], doc["meta"], doc["env"])
 
 
 @pytest.fixture(scope="module")
