@@ -3,6 +3,7 @@ replays give the same JSON document and the same final states, bit for bit, with
 it and through the reference backend, on steps with and without the staleness model, with
 resets, over several threads; it runs exactly for the AdamW configurations whose every part
 is on the fused CPU path, and any other keeps the separate calls. Skipped without numba."""
+import numpy as np
 import pytest
 import torch
 
@@ -10,6 +11,7 @@ from qstate_cli.diagnose import diagnose, fused_step, replay as replay_mod
 from qstate_cli.kernels import cpu
 from qstate_cli.kernels.cpu import host
 from qstate_cli.quant import parse_config
+from qstate_cli.trace.schema import Trace, TraceTensor
 from test_replay_codec_cpu import bits, comparable, small_trace
 
 needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
@@ -91,6 +93,61 @@ def test_whole_step_kernel_over_several_threads(monkeypatch):
     assert seen == {"sr-4bit": [6, 2], "bnb-8bit": [6, 2]}  # the model at steps 1 and 5
     assert {**comparable(auto), "env": None} == {**comparable(separate), "env": None}  # env: the thread count
     _same_states(raw, raw_sep)
+
+
+def _wide_trace(steps: int, seed: int = 9) -> Trace:
+    """Two tensors, ~74 k recorded elements (one partly recorded): a sum to one value over
+    the layout splits over 2 threads (torch_sum.GRAIN = 32768)."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = []
+    for i, (shape, blocks) in enumerate([((50000,), list(range(25))), ((30000,), list(range(0, 15, 2)))]):
+        t = TraceTensor(f"w{i}", i, shape, torch.tensor(blocks), torch.zeros(0))
+        n = t.element_index().numel()
+        t.grads = torch.randn(steps, n, generator=gen) * torch.exp(2 * torch.randn(n, generator=gen))
+        tensors.append(t)
+    return Trace("adamw", {"betas": [0.9, 0.999], "eps": 1e-8, "lr": 1e-3, "weight_decay": 0.0}, 77, 1, steps,
+                 "fp32", tensors)
+
+
+@needs_numba
+def test_torch_runs_aside_while_the_kernels_keep_the_threads(monkeypatch):
+    """A layout on which torch keeps 2 threads, every configuration on the fused path: inside
+    the loop torch's own ops run on one thread (fused_step.torch_aside), the kernels on two,
+    and torch's elementwise ops in two pieces (host.torch_parts); sums to one value of more
+    than GRAIN values keep torch's order at 2 threads, so the document and the final states
+    equal the reference backend's at 2 threads. Afterwards torch has its 2 threads back."""
+    from qstate_cli.kernels.cpu import replay_gauss
+    monkeypatch.setattr(replay_mod, "SMALL_LAYOUT", 0)  # else one thread for a small layout
+    monkeypatch.setattr(replay_mod, "model_points", lambda n: 2)
+    seen = []
+    real = replay_gauss.torch_parts
+
+    def spy(op, row):
+        seen.append((torch.get_num_threads(), host.threads(), host.parts_of(row.numel())))
+        return real(op, row)
+
+    monkeypatch.setattr(replay_gauss, "torch_parts", spy)
+    trace = _wide_trace(6)
+    cfgs = [parse_config(c) for c in ("nearest-4bit", "sr-4bit")]
+    held = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        auto, raw = diagnose(trace, cfgs, backend="auto", keep_states=True)
+        assert torch.get_num_threads() == 2
+        ref, raw_ref = diagnose(trace, cfgs, backend="reference", keep_states=True)
+    finally:
+        torch.set_num_threads(held)
+    assert {(torch_n, kernels_n) for torch_n, kernels_n, _ in seen} == {(1, 2)}
+    assert (1, 2, 2) in seen  # the Gaussian model's rows of 2 n elements: two pieces
+    assert raw.threads == raw_ref.threads == 2
+    assert comparable(auto) == comparable(ref)
+    _same_states(raw, raw_ref)
+    for a, b in zip(raw.configs, raw_ref.configs):  # the sums themselves (the document rounds them)
+        for s in ("m", "v"):
+            for k in ("empirical", "gaussian", "nominal"):
+                assert a.models[s][k].tobytes() == b.models[s][k].tobytes(), f"{a.cfg} {s} {k}"
+    for k, v in raw_ref.gradients.items():
+        assert np.asarray(raw.gradients[k]).tobytes() == np.asarray(v).tobytes(), k
 
 
 @needs_numba

@@ -12,6 +12,10 @@ first (`rule`), then the model, then the rest of the step.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
+import torch
+
 from ..kernels.cpu import PATH as CPU_PATH
 
 
@@ -34,6 +38,20 @@ def fused_step_for(c, rule, layout):
     step = FusedAdamStep(layout.n, layout.unit, c.states, counts, c.clamp, layout.valid is not None, series)
     step.rule_of = owner  # its per-step scalars
     return step
+
+
+def torch_aside(configs, device):
+    """kernels/cpu/host.torch_aside(torch's thread count) where torch runs more than one
+    intra-op thread on CPU and every configuration steps wholly on the fused path (c.fused),
+    so torch's own few ops there (the gradients' cast, the Gaussian model's sqrt, erf and exp)
+    run on one thread and do not spin on the cores the kernels use next; else a no-op. Not
+    where torch's sum order at that count was not found (the records follow it)."""
+    n = torch.get_num_threads()
+    if device.type != "cpu" or n < 2 or not configs or any(c.fused is None for c in configs):
+        return nullcontext()
+    from ..kernels.cpu import host, torch_sum
+
+    return host.torch_aside(n) if torch_sum.split_found() else nullcontext()
 
 
 def rule(c, g) -> dict:

@@ -124,7 +124,7 @@ class Replay:
     device: str
     wall_s: float  # wall time of the step loop (the slowest rank's under torchrun)
     cpu_s: float  # CPU time over the step loop (summed over torchrun's ranks)
-    threads: int  # torch intra-op threads during the loop
+    threads: int  # CPU threads during the loop: torch's intra-op count, or the kernels' (fused_step.torch_aside)
     timings_s: dict[str, float]  # wall seconds per phase: gather, shadow, one per configuration (slowest rank)
     timings_synchronized: bool  # whether each phase's time is exact (runtime.Timer.exact)
     nonfinite_units: np.ndarray  # NaN/Inf gradient elements per unit block, summed over steps
@@ -246,14 +246,15 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     fused_cpu = check_backend(opts.backend) != "reference" and cpu_unavailable(device) is None
     grad_stats = GradientStats(layout, n_steps, fused=fused_cpu)
     t_start, cpu_start = time.perf_counter(), time.process_time()
-    with Workers(workers) as pool:
+    with Workers(workers) as pool, fused_step.torch_aside(configs, device):
+        threads = _kernel_threads()
         _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats, nonfinite, padding, sign,
               model_every, rule, progress)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
     return ReplayPart(
-        units=layout.units, wall_s=wall, cpu_s=cpu, threads=torch.get_num_threads(), timings_s=timer.totals,
+        units=layout.units, wall_s=wall, cpu_s=cpu, threads=threads, timings_s=timer.totals,
         timings_synchronized=timer.exact, nonfinite_units=nonfinite.cpu().numpy(),
         configs=[ConfigReplay(c.cfg, c.period, c.period_reason, {s: c.stats[s].collect() for s in rec.states},
                               c.update.collect(), {s: m.collect() for s, m in c.models.items()}, c.codec)
@@ -261,6 +262,14 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
         gradients=grad_stats.collect(),
         final_states={str(c.cfg): {s: _split(layout, c.x_hat[s]) for s in rec.states} for c in configs}
         if opts.keep_states else None, config_threads=workers)
+
+
+def _kernel_threads() -> int:
+    """The CPU threads the replay's steps split over (kernels/cpu/host.threads: torch's own
+    count, or the kernels' while fused_step.torch_aside holds torch at one)."""
+    from ..kernels.cpu.host import threads  # no numba
+
+    return threads()
 
 
 def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats, nonfinite, padding, sign,

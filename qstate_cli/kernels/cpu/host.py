@@ -12,12 +12,13 @@ per set of addresses, so a step pays no per-tensor numpy views, hashes or kernel
 Threads: a kernel steps a range of blocks with the GIL released (numba nogil); run_blocks
 splits a tensor's blocks (run_members: a launch's blocks, across its tensors) into
 contiguous ranges of at least MIN_THREAD_ELEMENTS elements, one per thread of a pool of
-torch.get_num_threads() threads (NUMBA_NUM_THREADS is not used: no numba threading
-layer is needed).
+torch.get_num_threads() threads, or torch_aside's count while torch's own ops run on one
+(NUMBA_NUM_THREADS is not used: no numba threading layer is needed).
 """
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
@@ -144,7 +145,47 @@ def step_words(*steps: int) -> np.ndarray:
 
 
 def threads() -> int:
-    return max(1, torch.get_num_threads())
+    """Threads the kernels split a tensor over: torch's intra-op count, or torch_aside's."""
+    return _ASIDE[-1] if _ASIDE else max(1, torch.get_num_threads())
+
+
+_ASIDE: list[int] = []  # torch_aside's counts, innermost last (process-wide, as torch's own count is)
+
+
+@contextmanager
+def torch_aside(n: int):
+    """Inside the block torch's own ops run on one intra-op thread while the kernels keep n
+    (threads()). torch's OpenMP workers spin after each parallel op (libgomp's default
+    wait policy), on the very cores the kernels' threads need next: on the 2-core Xeon a
+    replay of 2**20 elements, which alternates torch's ops and the kernels, ran 1.3-1.45x
+    slower than with torch on one thread (docs/diagnose.md, "torch's threads spin").
+    Elementwise torch ops can still use every core through torch_parts; a sum to one value
+    (torch_sum.sum64) keeps the order of torch's at n threads."""
+    before = torch.get_num_threads()
+    _ASIDE.append(int(n))
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        _ASIDE.pop()
+        torch.set_num_threads(before)
+
+
+def torch_parts(op: Callable, row: torch.Tensor) -> None:
+    """op(piece) on contiguous pieces of the 1-D tensor row, one per thread of threads(), where
+    torch itself runs on one thread (torch_aside; its ops release the GIL), else op(row). For
+    torch's elementwise in-place ops (sqrt_, erf_, exp_), whose value at an element does not
+    depend on where the element sits in the tensor (tests/test_replay_gauss_cpu.py)."""
+    n = row.numel()
+    parts = parts_of(n) if torch.get_num_threads() == 1 else 1
+    if parts == 1:
+        op(row)
+        return
+    edges = [(n * i // parts) & ~63 for i in range(parts)] + [n]  # pieces start on 256-byte bounds
+    futures = [_pool(parts).submit(op, row[edges[i]:edges[i + 1]]) for i in range(1, parts)]
+    op(row[edges[0]:edges[1]])
+    for f in futures:
+        f.result()
 
 
 def parts_of(numel: int) -> int:
@@ -167,13 +208,18 @@ def run_parts(kernel, numel: int, block: int, args: tuple, parts: int | None = N
     parts = parts_of(numel) if parts is None else max(1, int(parts))
     if parts == 1:
         return int(kernel(0, nblocks, 0, *args))
-    pool = _pools.get(parts)
-    if pool is None:
-        pool = _pools[parts] = ThreadPoolExecutor(parts, thread_name_prefix="qstate-cpu")
+    pool = _pool(parts)
     edges = [nblocks * i // parts for i in range(parts + 1)]
     futures = [pool.submit(kernel, edges[i], edges[i + 1], i, *args) for i in range(1, parts)]
     total = int(kernel(edges[0], edges[1], 0, *args))  # the first range on this thread
     return total + sum(int(f.result()) for f in futures)
+
+
+def _pool(parts: int) -> ThreadPoolExecutor:
+    pool = _pools.get(parts)
+    if pool is None:
+        pool = _pools[parts] = ThreadPoolExecutor(parts, thread_name_prefix="qstate-cpu")
+    return pool
 
 
 NOZERO_KIND = 2  # launch.StateLayout.kind of the no-zero linear map (lin4nz, lin8nz): a table here

@@ -26,6 +26,9 @@ sqrt(+0), erf(sqrt(+0)), and exp below EXP_FLOOR, which is +0 for every one of t
 capability). Arguments in exp's subnormal band (-104, -87.3) and subnormal sqrt arguments
 stay with torch: their results are not one value.
 
+torch's ops run on one intra-op thread inside host.torch_aside (the replay of a large layout
+on the fused path); host.torch_parts then runs them in pieces on the kernels' threads.
+
 Per state and model step (n elements):
     v nearest     v_args -> sqrt_, erf_ on 2 rows -> v_finish
     v stochastic  v_args -> sqrt_ on 4 rows, erf_ on 2, exp_ on 2 -> v_finish
@@ -43,7 +46,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .host import run_parts
+from .host import run_parts, torch_parts
 
 CHUNK = 4096  # elements per range of run_parts (threads from host.MIN_THREAD_ELEMENTS)
 _KERNELS: dict = {}
@@ -78,6 +81,7 @@ def _kernels():
     return _KERNELS
 
 
+SQRT, ERF, EXP = torch.Tensor.sqrt_, torch.Tensor.erf_, torch.Tensor.exp_  # torch's own, in place (host.torch_parts)
 EXP_FLOOR = -104.0  # below it torch's fp32 exp is +0 (it underflows; tests/test_replay_gauss_cpu.py)
 
 
@@ -129,20 +133,20 @@ def masked_gaussian(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up:
         cst = constants(beta, arg)
         run_parts(k["v_args"], n, CHUNK, (sr, a[0], a[1], a[2], cst, T, X, CHUNK, n))
         if sr:
-            sc.T.sqrt_()
-            sc.X[:2 * n1].exp_()
+            torch_parts(SQRT, sc.T)
+            torch_parts(EXP, sc.X[:2 * n1])
         else:
-            sc.T[:2 * n1].sqrt_()
-        sc.T[:2 * n1].erf_()
+            torch_parts(SQRT, sc.T[:2 * n1])
+        torch_parts(ERF, sc.T[:2 * n1])
         run_parts(k["v_finish"], n, CHUNK, (sr, a[0], a[1], a[2], a[3], cst, T, X, G, CHUNK, n))
         return sc.G
     sigma2 = arg.numpy()
     cst = constants(beta)
     run_parts(k["m_sigma"], n, CHUNK, (sigma2, SIG, CHUNK, n))
-    sc.SIG.sqrt_()
+    torch_parts(SQRT, sc.SIG)
     run_parts(k["m_args"], n, CHUNK, (sr, a[0], a[1], a[2], SIG, cst, T, X, CHUNK, n))
-    sc.T[:(3 if sr else 2) * n1].erf_()
+    torch_parts(ERF, sc.T[:(3 if sr else 2) * n1])
     if sr:
-        sc.X.exp_()
+        torch_parts(EXP, sc.X)
     run_parts(k["m_finish"], n, CHUNK, (sr, a[0], sigma2, a[1], a[2], a[3], SIG, cst, T, X, G, CHUNK, n))
     return sc.G

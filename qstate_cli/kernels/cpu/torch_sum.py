@@ -22,6 +22,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from .host import threads
+
 CANDIDATES_32 = (8, 16, 4)  # fp32 lanes tried, most likely first
 CANDIDATES_64 = (4, 8, 2)  # fp64 lanes
 PROBE_LENGTHS = tuple(range(1, 70)) + (96, 100, 127, 128, 200, 256, 384, 512, 1000, 1024, 2048, 3000, 4096, 8192,
@@ -86,8 +88,9 @@ SPLIT_PROBE = (GRAIN - 1, GRAIN, GRAIN + 1, 40000, 65541, 100000, 300007, 1 << 2
 
 def split_parts(n: int) -> int:
     """Over how many chunks torch's CPU sum of n values to one value splits (the threads of
-    at::parallel_for at GRAIN values each, at least one)."""
-    return max(1, min(torch.get_num_threads(), -(-int(n) // GRAIN))) if n > GRAIN else 1
+    at::parallel_for at GRAIN values each, at least one), at host.threads(): torch's own
+    count, or the one it had before host.torch_aside put it at one."""
+    return max(1, min(threads(), -(-int(n) // GRAIN))) if n > GRAIN else 1
 
 
 def _lanes_of(dtype: torch.dtype) -> int | None:
@@ -98,12 +101,16 @@ def _lanes_of(dtype: torch.dtype) -> int | None:
 
 
 @lru_cache(maxsize=None)
-def _split_found(threads: int, dtype: torch.dtype, w: int) -> bool:
+def _split_found(count: int, dtype: torch.dtype, w: int) -> bool:
     """Whether torch_sum_kernel.split_sum with w lanes gives torch's x.sum(dtype=torch.float64)
-    of 1-D x (fp32 or fp64) at this thread count, on SPLIT_PROBE lengths (around the grain, and large)."""
+    of 1-D x (fp32 or fp64) at `count` threads, on SPLIT_PROBE lengths (around the grain, and
+    large). Probed only while torch runs that many threads (not inside host.torch_aside:
+    split_found probes its count before)."""
+    if torch.get_num_threads() != count:
+        raise RuntimeError(f"torch's sum order at {count} threads probed at {torch.get_num_threads()}")
     from .torch_sum_kernel import split_sum
 
-    gen = torch.Generator().manual_seed(20261203 + threads)
+    gen = torch.Generator().manual_seed(20261203 + count)
     for n in SPLIT_PROBE:
         x = (torch.randn(n, generator=gen) * torch.exp(3 * torch.randn(n, generator=gen))).to(dtype)
         x[::7] = 0.0
@@ -117,7 +124,7 @@ def sum64(x: torch.Tensor) -> float:
     in one numba pass where torch's order at this thread count was found (_split_found):
     ~7x faster at 2**20 fp32 values, as torch casts the whole tensor to fp64 first; else torch's."""
     w = _lanes_of(x.dtype) if x.device.type == "cpu" and x.dim() == 1 and x.is_contiguous() else None
-    if w is not None and _split_found(torch.get_num_threads(), x.dtype, w):
+    if w is not None and _split_found(threads(), x.dtype, w):
         if not _SPLIT_SUM:  # imported once: a `from` import per call costs ~5 us
             from .torch_sum_kernel import split_sum
             _SPLIT_SUM.append(split_sum)
@@ -126,6 +133,13 @@ def sum64(x: torch.Tensor) -> float:
 
 
 _SPLIT_SUM: list = []
+
+
+def split_found() -> bool:
+    """Whether sum64 reproduces torch's sums of fp32 and fp64 values at torch's present thread
+    count (probed once per count): what host.torch_aside needs to keep their order."""
+    found = [_lanes_of(d) for d in (torch.float32, torch.float64)]
+    return all(w is not None and _split_found(threads(), d, w) for d, w in zip((torch.float32, torch.float64), found))
 
 
 _ADD: list = []
