@@ -107,6 +107,15 @@ class FusedAdamStep:
         self.series = tuple(t.numpy() for pair in series for t in pair)
         self.rows_np = tuple(t.numpy() for t in (self.u, self.m, self.v, self.upd))
         self._held: dict = {}  # (state, j) -> (the tensors it was made of, its leading arguments)
+        self._err: dict = {}  # state -> its snapshot rows (_err_rows)
+
+    def _err_rows(self, s: str) -> torch.Tensor:
+        """State s's rows for a snapshot's errors, fp32 [2, n] (the kernel writes row 0; row 1 is
+        its unsummed e * e, unused here), made once: a fresh tensor each snapshot paid its page
+        faults (~8 MB at 2**20 elements). step's caller reads them before the next snapshot."""
+        if s not in self._err:
+            self._err[s] = torch.empty(2, self.n, dtype=torch.float32)
+        return self._err[s]
 
     def _head(self, s: str, j: int, prev_code: torch.Tensor, last_change: torch.Tensor) -> tuple:
         """State s's kernel arguments up to its histogram, with output rows j: made once and
@@ -131,7 +140,8 @@ class FusedAdamStep:
         codec_step); prev_code and last_change are updated in place; the step's per-unit sums
         are added into column i of the series; ruled: `rule` ran for this step already. The
         inputs are the replay's own: contiguous fp32 / int32 CPU tensors of the layout's size
-        (not checked again here). counted False: the states are stored, their statistics not
+        (not checked again here); the errors are rows held for the next snapshot too (_err_rows).
+        counted False: the states are stored, their statistics not
         taken (prev_code, last_change and their series stay as they are; the update's are)."""
         prev = {"m": m_hat, "v": v_hat}
         parts = parts_of(self.n)
@@ -140,7 +150,7 @@ class FusedAdamStep:
             j = 1 if r.out[0].data_ptr() == prev[s].data_ptr() else 0  # never the previous step's rows
             cc = self.counts[s]
             cc.ensure_parts(parts)
-            e = torch.empty(2, self.n, dtype=torch.float32) if keep_err else None
+            e = self._err_rows(s) if keep_err else None
             st[s] = self._head(s, j, prev_code[s], last_change[s]) + (
                 shadow[s].numpy(), shadow_x2[s].numpy(), _NO_ERR if e is None else e.numpy(), cc.shift, cc.mask)
             r.q.codes, r.q.scales, r.q.written, r.q._read_back = r.codes[j], r.scales[j], int(codec_step), None
