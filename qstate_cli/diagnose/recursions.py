@@ -101,14 +101,14 @@ class FusedAdamRule:
             self._scalars[since] = sc
         return sc
 
-    def shadow_step(self, g: torch.Tensor, x: dict, since: int, unit: int):
+    def shadow_step(self, g: torch.Tensor, x: dict, since: int, unit: int, rows: tuple | None = None):
         """The fp32 shadow's step (step.step_shadow) in one pass: (direction, {"m", "v"},
         {"m", "v": per-unit sums of its square}, per-unit sums of the direction's square), the
-        same bits as the step and its torch sums (kernels/cpu/replay_rule.adamw_shadow); None
-        where torch's sum order is not known."""
+        same bits as the step and its torch sums (kernels/cpu/replay_rule.adamw_shadow), written
+        into rows (u, m, v, sums) where given; None where torch's sum order is not known."""
         from ..kernels.cpu.replay_rule import adamw_shadow  # numba on first use
 
-        out = adamw_shadow(g, x["m"], x["v"], self.scalars(since), unit)
+        out = adamw_shadow(g, x["m"], x["v"], self.scalars(since), unit, rows)
         if out is None:
             return None
         u, m, v, sums = out

@@ -41,6 +41,7 @@ class Shadow:
     x2_units: dict = field(default_factory=dict)
     update: torch.Tensor | None = None
     ref2_units: torch.Tensor | None = None
+    rows: list = field(default_factory=list)  # the fused step's two sets of output rows (shadow_rows)
 
 
 @dataclass
@@ -73,13 +74,26 @@ def step_shadow(sh: Shadow, rec: Recursion, g: torch.Tensor, layout: Layout, rul
     sh.prev = sh.x
     sh.since += 1
     owner = getattr(rule, "__self__", None)  # the fused rule: the step and its sums in one pass
-    fused = owner.shadow_step(g, sh.x, sh.since, layout.unit) if hasattr(owner, "shadow_step") else None
+    fused = owner.shadow_step(g, sh.x, sh.since, layout.unit, shadow_rows(sh, layout)) \
+        if hasattr(owner, "shadow_step") else None
     if fused is not None:
         sh.update, sh.x, sh.x2_units, sh.ref2_units = fused
         return
     sh.update, sh.x = rule(g, sh.x, sh.since, first)
     sh.x2_units = {s: unit_sums(sh.x[s] * sh.x[s], layout.unit) for s in rec.states}
     sh.ref2_units = unit_sums(sh.update * sh.update, layout.unit)
+
+
+def shadow_rows(sh: Shadow, layout: Layout) -> tuple:
+    """What the fused shadow step writes (u, m, v fp32 [n], per-unit sums fp32 [3, n / unit]):
+    of two sets made once, the one the states before this step (sh.x, read through sh.prev
+    during the step) are not in. A new set each step paid its page faults: 0.48 -> 0.16 s per
+    100 steps of 2**20 elements replayed with seven configurations (docs/diagnose.md)."""
+    if not sh.rows:
+        n, f32 = layout.n, torch.float32
+        sh.rows = [tuple(torch.empty(n, dtype=f32) for _ in range(3)) + (torch.empty(3, n // layout.unit, dtype=f32),)
+                   for _ in range(2)]
+    return sh.rows[1] if sh.x["m"] is sh.rows[0][1] else sh.rows[0]
 
 
 def step_config(c: ConfigState, sh: Shadow, rec: Recursion, g: torch.Tensor, i: int, step: int,

@@ -65,11 +65,13 @@ def update_sums(u: torch.Tensor, ref: torch.Tensor, ref2_units: torch.Tensor, un
     return sums
 
 
-def adamw_shadow(g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: np.ndarray, unit: int):
+def adamw_shadow(g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: np.ndarray, unit: int,
+                 out: tuple | None = None):
     """The fp32 shadow's step (diagnose/step.step_shadow) in one pass: (u, m, v) as adamw_rule
     gives them and fp32 [3, n / unit], per unit the sums of m * m, v * v and u * u, the bits of
     torch's (x * x).view(-1, unit).sum(1); None where torch_sum.lanes() found no order (the
-    caller keeps the torch ops)."""
+    caller keeps the torch ops). out: the four tensors to write them into (contiguous, none of
+    them an input), else new ones."""
     lanes = torch_sum.lanes()
     n = g.numel()
     if lanes is None or n % unit:
@@ -77,8 +79,10 @@ def adamw_shadow(g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: 
     for t in (g, m_hat, v_hat):
         if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != n or t.device.type != "cpu":
             raise ValueError(f"the fused shadow step needs contiguous fp32 CPU tensors of {n} elements")
-    u, m, v = (torch.empty(n, dtype=torch.float32) for _ in range(3))
-    sums = torch.empty(3, n // unit, dtype=torch.float32)
+    if out is None:
+        out = tuple(torch.empty(n, dtype=torch.float32) for _ in range(3)) + (
+            torch.empty(3, n // unit, dtype=torch.float32),)
+    u, m, v, sums = out
     run_blocks(_kernel(3), n, unit, (g.numpy(), m_hat.numpy(), v_hat.numpy(), u.numpy(), m.numpy(), v.numpy(), sc,
                                      int(unit), lanes[0], sums.numpy()))
     return u, m, v, sums
