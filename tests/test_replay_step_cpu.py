@@ -115,7 +115,8 @@ def test_torch_runs_aside_while_the_kernels_keep_the_threads(monkeypatch):
     the loop torch's own ops run on one thread (fused_step.torch_aside), the kernels on two,
     and torch's elementwise ops in two pieces (host.torch_parts); sums to one value of more
     than GRAIN values keep torch's order at 2 threads, so the document and the final states
-    equal the reference backend's at 2 threads. Afterwards torch has its 2 threads back."""
+    equal the reference backend's at 2 threads, also with two configurations stepped side by
+    side. Afterwards torch has its 2 threads back."""
     from qstate_cli.kernels.cpu import replay_gauss
     monkeypatch.setattr(replay_mod, "SMALL_LAYOUT", 0)  # else one thread for a small layout
     monkeypatch.setattr(replay_mod, "model_points", lambda n: 2)
@@ -134,6 +135,7 @@ def test_torch_runs_aside_while_the_kernels_keep_the_threads(monkeypatch):
         torch.set_num_threads(2)
         auto, raw = diagnose(trace, cfgs, backend="auto", keep_states=True)
         assert torch.get_num_threads() == 2
+        both, raw_both = diagnose(trace, cfgs, backend="auto", keep_states=True, config_threads=2)  # side by side
         ref, raw_ref = diagnose(trace, cfgs, backend="reference", keep_states=True)
     finally:
         torch.set_num_threads(held)
@@ -142,6 +144,8 @@ def test_torch_runs_aside_while_the_kernels_keep_the_threads(monkeypatch):
     assert raw.threads == raw_ref.threads == 2
     assert comparable(auto) == comparable(ref)
     _same_states(raw, raw_ref)
+    assert comparable(both) == comparable(ref)
+    _same_states(raw_both, raw_ref)
     for a, b in zip(raw.configs, raw_ref.configs):  # the sums themselves (the document rounds them)
         for s in ("m", "v"):
             for k in ("empirical", "gaussian", "nominal"):
