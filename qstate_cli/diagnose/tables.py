@@ -58,7 +58,7 @@ def profile_rows(prof: dict) -> tuple[list[dict], str]:
         rows.append({"phase": phase, "seconds": sec,
                      "M_element_steps_per_s": (es / sec / 1e6) if sec > 0 and phase not in ("gather", "shadow") else None})
     rate, cpu_rate = prof["element_steps_per_s_per_config"], prof.get("element_steps_per_cpu_s_per_config")
-    title = (f"Replay profile on {prof['device']} ({prof.get('threads')} torch threads, "
+    title = (f"Replay profile on {prof['device']} ({prof.get('threads')} CPU threads, "
              f"{prof.get('config_threads', 1)} configuration threads): {es / 1e6:.1f} M element-steps "
              f"x {prof['configs']} configurations in {prof['replay_s']:.2f} s = {(rate or 0) / 1e6:.2f} M "
              f"element-steps/s per configuration ({(cpu_rate or 0) / 1e6:.2f} M per CPU-second)")
