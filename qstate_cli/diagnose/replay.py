@@ -46,6 +46,7 @@ import torch
 from ..errors import QstateError
 from ..kernels.cpu import PATH as CPU_PATH  # the fused CPU codec's path (no numba imported)
 from ..kernels.cpu import unavailable_reason as cpu_unavailable
+from ..kernels.cpu.host import threads as kernel_threads  # no numba
 from ..optim.reset import ResetPolicy
 from ..quant.config import STATE_IDS, StateConfig  # streams keyed as the optimizers key them
 from ..runtime import Timer, Workers, resolve_device, torch_threads
@@ -247,7 +248,7 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     grad_stats = GradientStats(layout, n_steps, fused=fused_cpu)
     t_start, cpu_start = time.perf_counter(), time.process_time()
     with Workers(workers) as pool, fused_step.torch_aside(configs, device):
-        threads = _kernel_threads()
+        threads = kernel_threads()  # torch's count, or the kernels' while torch is set aside
         _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats, nonfinite, padding, sign,
               model_every, rule, progress)
     if device.type == "cuda":
@@ -262,14 +263,6 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
         gradients=grad_stats.collect(),
         final_states={str(c.cfg): {s: _split(layout, c.x_hat[s]) for s in rec.states} for c in configs}
         if opts.keep_states else None, config_threads=workers)
-
-
-def _kernel_threads() -> int:
-    """The CPU threads the replay's steps split over (kernels/cpu/host.threads: torch's own
-    count, or the kernels' while fused_step.torch_aside holds torch at one)."""
-    from ..kernels.cpu.host import threads  # no numba
-
-    return threads()
 
 
 def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats, nonfinite, padding, sign,

@@ -28,6 +28,7 @@ import torch
 
 from ...quant.codebooks import codebook
 from ...quant.hash import GOLDEN, hash32
+from ...runtime import torch_threads
 from ..launch import Member, StateLayout, stream_key
 
 MIN_STEP = 2.0 ** -126
@@ -161,14 +162,12 @@ def torch_aside(n: int):
     slower than with torch on one thread (docs/diagnose.md, "torch's threads spin").
     Elementwise torch ops can still use every core through torch_parts; a sum to one value
     (torch_sum.sum64) keeps the order of torch's at n threads."""
-    before = torch.get_num_threads()
     _ASIDE.append(int(n))
-    torch.set_num_threads(1)
     try:
-        yield
+        with torch_threads(1):
+            yield
     finally:
         _ASIDE.pop()
-        torch.set_num_threads(before)
 
 
 def torch_parts(op: Callable, row: torch.Tensor) -> None:

@@ -138,8 +138,7 @@ _SPLIT_SUM: list = []
 def split_found() -> bool:
     """Whether sum64 reproduces torch's sums of fp32 and fp64 values at torch's present thread
     count (probed once per count): what host.torch_aside needs to keep their order."""
-    found = [_lanes_of(d) for d in (torch.float32, torch.float64)]
-    return all(w is not None and _split_found(threads(), d, w) for d, w in zip((torch.float32, torch.float64), found))
+    return all((w := _lanes_of(d)) is not None and _split_found(threads(), d, w) for d in (torch.float32, torch.float64))
 
 
 _ADD: list = []
