@@ -95,6 +95,39 @@ def test_whole_step_kernel_over_several_threads(monkeypatch):
     _same_states(raw, raw_sep)
 
 
+@needs_numba
+def test_a_small_layout_steps_on_numbas_team(monkeypatch):
+    """A small layout (torch on one thread) on a 2-thread machine: the whole-step kernel
+    splits over numba's OpenMP team (host.team; here from 1,024 elements a thread), on steps
+    with and without the model, with resets, and the documents and final states equal the
+    reference backend's; the replay reports the team's 2 threads."""
+    from qstate_cli.kernels.cpu import replay_step
+    if not host.team_ready(2):
+        pytest.skip("numba's threading layer is not OpenMP (or has fewer than 2 threads)")
+    monkeypatch.setattr(host, "TEAM_MIN_ELEMENTS", 1024)
+    monkeypatch.setattr(replay_mod, "model_points", lambda n: 3)
+    teams = []
+    real = replay_step.team_parts
+    monkeypatch.setattr(replay_step, "team_parts", lambda n: teams.append(real(n)) or teams[-1])
+    trace = small_trace(12)
+    cfgs = [parse_config(c) for c in ("sr-4bit", "bnb-8bit", "bf16-sr")]
+    held = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        auto, raw = diagnose(trace, cfgs, reset="5", backend="auto", keep_states=True)
+        ref, raw_ref = diagnose(trace, cfgs, reset="5", backend="reference", keep_states=True)
+    finally:
+        torch.set_num_threads(held)
+    assert teams and set(teams) == {2}
+    assert raw.threads == 2 and raw_ref.threads == 1
+    assert {**comparable(auto), "env": None} == {**comparable(ref), "env": None}  # env: the thread count
+    _same_states(raw, raw_ref)
+    for a, b in zip(raw.configs, raw_ref.configs):
+        for s in ("m", "v"):
+            for k, v in b.states[s].items():
+                assert np.asarray(a.states[s][k]).tobytes() == np.asarray(v).tobytes(), f"{a.cfg} {s} {k}"
+
+
 def _wide_trace(steps: int, seed: int = 9) -> Trace:
     """Two tensors, ~74 k recorded elements (one partly recorded): a sum to one value over
     the layout splits over 2 threads (torch_sum.GRAIN = 32768)."""

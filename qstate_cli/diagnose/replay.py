@@ -46,7 +46,7 @@ import torch
 from ..errors import QstateError
 from ..kernels.cpu import PATH as CPU_PATH  # the fused CPU codec's path (no numba imported)
 from ..kernels.cpu import unavailable_reason as cpu_unavailable
-from ..kernels.cpu.host import threads as kernel_threads  # no numba
+from ..kernels.cpu.host import team as kernel_team, team_parts, threads as kernel_threads  # no numba
 from ..optim.reset import ResetPolicy
 from ..quant.config import STATE_IDS, StateConfig  # streams keyed as the optimizers key them
 from ..runtime import Timer, Workers, resolve_device, torch_threads
@@ -183,7 +183,8 @@ def replay(trace: Trace, opts: ReplayOptions, progress: Callable[[int, int], Non
     layout = Layout(trace, unit, device, part)
     small = device.type == "cpu" and trace.recorded_elements < SMALL_LAYOUT
     workers = config_threads_for(opts, device, len(mine))
-    with torch_threads(1 if small else None):  # small ops: one thread is fastest (runtime.py)
+    cores = torch.get_num_threads() if small and workers == 1 and split is None else 1
+    with torch_threads(1 if small else None), kernel_team(cores):  # small ops: torch on one thread (runtime.py)
         if mine:
             here = _replay(trace, opts, mine, rec, layout, n_steps, reduce_absmax, progress, workers)
         else:
@@ -248,7 +249,8 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     grad_stats = GradientStats(layout, n_steps, fused=fused_cpu)
     t_start, cpu_start = time.perf_counter(), time.process_time()
     with Workers(workers) as pool, fused_step.torch_aside(configs, device):
-        threads = kernel_threads()  # torch's count, or the kernels' while torch is set aside
+        team = team_parts(layout.n) if any(c.fused is not None for c in configs) else 1  # the fused step's
+        threads = max(kernel_threads(), team)  # torch's count, the kernels' while torch is set aside, or a team's
         _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats, nonfinite, padding, sign,
               model_every, rule, progress)
     if device.type == "cuda":

@@ -119,6 +119,44 @@ scratch_f64 = _scratch(types.float64)
 scratch_i32 = _scratch(types.int32)
 
 
+# ---- a compiled kernel called by its address (the team launches: replay_step_kernel) ------------
+@intrinsic
+def call_compiled(typingctx, addr, args):
+    """fn(*args) for fn the numba-compiled function at integer address addr whose argument
+    types are exactly those of the tuple args and which returns an int64 (numba's own calling
+    convention: a return slot, an exception slot, then each argument's members). Its code is
+    not linked into the caller, so the caller compiles in seconds where a direct call links
+    and optimizes the whole callee again. The caller (host) takes addr from the callee's
+    dispatcher for these argument types (compiled_address); anything else is undefined."""
+    if not isinstance(addr, types.Integer) or not isinstance(args, types.BaseTuple):
+        return None
+    argtys = tuple(types.unliteral(t) for t in args)
+
+    def codegen(context, builder, signature, llargs):
+        conv = context.call_conv
+        fnty = conv.get_function_type(types.int64, argtys)
+        fn = builder.inttoptr(llargs[0], fnty.as_pointer())  # a pointer to the function type: callable
+        vals = [context.cast(builder, builder.extract_value(llargs[1], i), args[i], argtys[i])
+                for i in range(len(argtys))]
+        ret = cgutils.alloca_once(builder, conv.get_return_type(types.int64).pointee)
+        builder.store(cgutils.get_null_value(ret.type.pointee), ret)
+        exc = cgutils.alloca_once(builder, fnty.args[1].pointee, name="excinfo")
+        packed = list(conv._get_arg_packer(argtys).as_arguments(builder, vals))
+        builder.call(fn, [ret, exc] + packed)
+        return builder.load(ret)
+    return types.int64(addr, args), codegen
+
+
+def compiled_address(dispatcher, args: tuple) -> int:
+    """The address of dispatcher's code for the numba types of args (compiled, or loaded
+    from numba's cache, first), for call_compiled."""
+    key = tuple(dispatcher.typeof_pyval(a) for a in args)
+    if key not in dispatcher.overloads:
+        dispatcher.compile(key)
+    cres = dispatcher.overloads[key]
+    return int(cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name))
+
+
 # ---- the compile target ----------------------------------------------------------------------
 def wide_features() -> str | None:
     """The CPU features to compile the kernels for (numba.config.CPU_FEATURES): the host's plus

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from . import torch_sum
-from .host import parts_of, run_parts
+from .host import parts_of, run_parts, team_parts
 from .replay_rule import adamw_rule
 
 CHUNK_ELEMENTS = 8192  # units per chunk: this many elements (or one unit); ~0.5 MB of rows in cache
@@ -38,8 +38,9 @@ _KERNELS: list = []
 
 def _kernels():
     if not _KERNELS:
-        from .replay_step_kernel import add_steps, adamw_config_step, adamw_config_step16
-        _KERNELS.extend([adamw_config_step, add_steps, adamw_config_step16])
+        from .replay_step_kernel import (add_steps, adamw_config_step, adamw_config_step16, adamw_config_team,
+                                         adamw_config_team16)
+        _KERNELS.extend([adamw_config_step, add_steps, adamw_config_step16, adamw_config_team, adamw_config_team16])
     return _KERNELS
 
 
@@ -108,6 +109,7 @@ class FusedAdamStep:
         self.rows_np = tuple(t.numpy() for t in (self.u, self.m, self.v, self.upd))
         self._held: dict = {}  # (state, j) -> (the tensors it was made of, its leading arguments)
         self._err: dict = {}  # state -> its snapshot rows (_err_rows)
+        self._step_at = None  # the address of the step's compiled code, for a team launch
 
     def _err_rows(self, s: str) -> torch.Tensor:
         """State s's rows for a snapshot's errors, fp32 [2, n] (the kernel writes row 0; row 1 is
@@ -145,11 +147,12 @@ class FusedAdamStep:
         taken (prev_code, last_change and their series stay as they are; the update's are)."""
         prev = {"m": m_hat, "v": v_hat}
         parts = parts_of(self.n)
+        team = team_parts(self.n) if parts == 1 else 1  # a small layout: numba's team (host.team)
         st, x_hat, err, prev_np = {}, {}, {}, {}
         for s, r in self.rows.items():
             j = 1 if r.out[0].data_ptr() == prev[s].data_ptr() else 0  # never the previous step's rows
             cc = self.counts[s]
-            cc.ensure_parts(parts)
+            cc.ensure_parts(max(parts, team))
             e = self._err_rows(s) if keep_err else None
             st[s] = self._head(s, j, prev_code[s], last_change[s]) + (
                 shadow[s].numpy(), shadow_x2[s].numpy(), _NO_ERR if e is None else e.numpy(), cc.shift, cc.mask)
@@ -158,12 +161,19 @@ class FusedAdamStep:
             # the value read back last step is normally this state's other output row: its view is held
             prev_np[s] = r.np[1 - j][-1] if prev[s] is r.out[1 - j] else prev[s].numpy()
         u, m, v, upd = self.rows_np
-        run_parts(_kernels()[2 if self.wide else 0], self.n, self.unit,
-                  (self.unit, self.chunk, self.n, g.numpy(), prev_np["m"], prev_np["v"], u, m, v, sc, ref.numpy(),
-                   ref2_units.numpy(), upd,
-                   int(codec_step), int(stats_step), self.lanes[0], bool(keep_err), bool(ruled), bool(counted),
-                   st["m"], st["v"],
-                   parts == 1, self.lanes[1], self.series), parts=parts)
+        args = (self.unit, self.chunk, self.n, g.numpy(), prev_np["m"], prev_np["v"], u, m, v, sc, ref.numpy(),
+                ref2_units.numpy(), upd, int(codec_step), int(stats_step), self.lanes[0], bool(keep_err), bool(ruled),
+                bool(counted), st["m"], st["v"])
+        if team > 1:  # the series too, after the team's ranges
+            k = _kernels()
+            if self._step_at is None:  # the step the team calls, by address (native.call_compiled)
+                from .native import compiled_address
+                self._step_at = compiled_address(k[2 if self.wide else 0],
+                                                 (0, 0, 0) + args + (False, self.lanes[1], self.series))
+            k[4 if self.wide else 3](self._step_at, team, self.n_units, *args, self.lanes[1], self.series)
+            return self.u, {"m": self.m, "v": self.v}, x_hat, (err if keep_err else None)
+        run_parts(_kernels()[2 if self.wide else 0], self.n, self.unit, args + (parts == 1, self.lanes[1], self.series),
+                  parts=parts)
         if parts > 1:  # the series need every thread's units: one more call
             add = self.series
             _kernels()[1](int(stats_step) - 1, self.lanes[1], bool(counted), self.rows["m"].sums_np, add[0], add[1],

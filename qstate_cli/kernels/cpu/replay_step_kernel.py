@@ -5,9 +5,10 @@ dispatch per thread instead of ~8 kernel calls and ~100 Python and torch operati
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from . import codec as c  # noqa: F401 - sets numba's cache folder before anything here compiles
+from . import native as nv
 from .replay_kernel import replay_codec, replay_codec16
 from .replay_rule_kernel import adamw_rule, update_sums
 from .replay_stats_kernel import state_counts
@@ -103,4 +104,66 @@ def add_steps(i, lanes64, counted, a, a_units, a_series, b, b_units, b_series, d
         add_step(a, a_units, a_series, i, lanes64)
         add_step(b, b_units, b_series, i, lanes64)
     add_step(d, d_units, d_series, i, lanes64)
+    return 0
+
+
+# ---- team launches: one step split over numba's OpenMP threads (host.team) ------------------------
+# A prange body becomes a gufunc whose arguments may be arrays and scalars only, not tuples, so
+# each state's tuple is unpacked before the loop and built again inside it (the same values).
+# The step is called by its address (native.call_compiled: `step` is adamw_config_step's, or
+# adamw_config_step16's, compiled for these arguments), not linked in: linking it would
+# optimize the whole step's code again, ~80 s a wrapper on first use.
+
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def adamw_config_team(step, nparts, units, unit, chunk, numel, g, m_hat, v_hat, u, m, v, sc, ref, ref2, upd,
+                      codec_step, stats_step, lanes, keep, ruled, counted, st_m, st_v, lanes64, series):
+    """adamw_config_step over units 0 .. units - 1 split into nparts contiguous ranges, one per
+    thread of numba's team (part p: its own histogram row), then add_steps: the same values
+    as one thread's call (every sum is per unit, every count an integer)."""
+    (a0, a1, a2, a_lay, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20) = st_m
+    (b0, b1, b2, b_lay, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20) = st_v
+    (la0, la1, la2, la3, la4, la5, la6, la7, la8, la9, la10, la11) = a_lay
+    (lb0, lb1, lb2, lb3, lb4, lb5, lb6, lb7, lb8, lb9, lb10, lb11) = b_lay
+    s0, s1, s2, s3, s4, s5 = series
+    finish = False
+    for p in prange(nparts):
+        sm = (a0, a1, a2, (la0, la1, la2, la3, la4, la5, la6, la7, la8, la9, la10, la11), a4, a5, a6, a7, a8, a9,
+              a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20)
+        sv = (b0, b1, b2, (lb0, lb1, lb2, lb3, lb4, lb5, lb6, lb7, lb8, lb9, lb10, lb11), b4, b5, b6, b7, b8, b9,
+              b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20)
+        nv.call_compiled(step, (units * p // nparts, units * (p + 1) // nparts, p, unit, chunk, numel, g, m_hat,
+                                v_hat, u, m, v, sc, ref, ref2, upd, codec_step, stats_step, lanes, keep, ruled,
+                                counted, sm, sv, finish, lanes64, (s0, s1, s2, s3, s4, s5)))
+    add_steps(stats_step - 1, lanes64, counted, a14, s0, s1, b14, s2, s3, upd, s4, s5)
+    return 0
+
+
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def adamw_config_team16(step, nparts, units, unit, chunk, numel, g, m_hat, v_hat, u, m, v, sc, ref, ref2, upd,
+                        codec_step, stats_step, lanes, keep, ruled, counted, st_m, st_v, lanes64, series):
+    """adamw_config_team for adamw_config_step16 (a state's tuple: _state16's)."""
+    (a0, a1, a_lay, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17) = st_m
+    (b0, b1, b_lay, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17) = st_v
+    (la0, la1, la2, la3, la4, la5, la6, la7, la8, la9, la10, la11) = a_lay
+    (lb0, lb1, lb2, lb3, lb4, lb5, lb6, lb7, lb8, lb9, lb10, lb11) = b_lay
+    s0, s1, s2, s3, s4, s5 = series
+    finish = False
+    for p in prange(nparts):
+        sm = (a0, a1, (la0, la1, la2, la3, la4, la5, la6, la7, la8, la9, la10, la11), a3, a4, a5, a6, a7, a8, a9,
+              a10, a11, a12, a13, a14, a15, a16, a17)
+        sv = (b0, b1, (lb0, lb1, lb2, lb3, lb4, lb5, lb6, lb7, lb8, lb9, lb10, lb11), b3, b4, b5, b6, b7, b8, b9,
+              b10, b11, b12, b13, b14, b15, b16, b17)
+        nv.call_compiled(step, (units * p // nparts, units * (p + 1) // nparts, p, unit, chunk, numel, g, m_hat,
+                                v_hat, u, m, v, sc, ref, ref2, upd, codec_step, stats_step, lanes, keep, ruled,
+                                counted, sm, sv, finish, lanes64, (s0, s1, s2, s3, s4, s5)))
+    add_steps(stats_step - 1, lanes64, counted, a11, s0, s1, b11, s2, s3, upd, s4, s5)
+    return 0
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def team_probe(out):
+    """out[p] = 1 + p on each of numba's threads: a first parallel launch, after which
+    numba.threading_layer() says which layer runs the team (host.team)."""
+    for p in prange(out.size):
+        out[p] = 1 + p
     return 0
