@@ -8,7 +8,7 @@ value in place of the ~100x slower call.
 Inputs: shadows spread over many binades, cells from the format's edges (inf), zero blocks
 (0 and NaN cells), windows wider than c (so a = clamp(c - w_lo, 0) = +0: the sqrt(+0)
 substitution), huge windows (exp arguments far below the floor, 1e30 clamps), arguments in
-exp's subnormal band (torch computes those), subnormal and non-finite shadows and sigma^2,
+exp's subnormal band, subnormal and non-finite shadows and sigma^2,
 and a length that is no multiple of any vector width. The kernel tests skip where numba is
 not installed."""
 import math
@@ -90,7 +90,8 @@ def test_fused_gaussian_equals_the_reference_bit_for_bit(sr, g):
 @needs_numba
 def test_the_inputs_reach_the_substituted_and_the_slow_arguments():
     """The cells do produce what the substitutions are for: a = +0 (torch's sqrt of +0),
-    exp arguments below the floor, and some in exp's subnormal band, which stay with torch."""
+    exp arguments below the floor, and some in exp's subnormal band (left out under v's
+    stochastic rounding where chi2_1 absorbs them, else computed by torch)."""
     from qstate_cli.kernels.cpu.replay_gauss import EXP_FLOOR
     s, _, _, down, up, _ = cells(1)
     c, scale = 1.0, (1 - 0.999) * s
@@ -100,6 +101,31 @@ def test_the_inputs_reach_the_substituted_and_the_slow_arguments():
     assert (-b / 2 < EXP_FLOOR).sum() > 100
     band = (-b / 2 >= EXP_FLOOR) & (-b / 2 < -87.0)
     assert band.sum() > 10 and (torch.exp(-b / 2)[band].abs() < 1.2e-38).all()
+
+
+@needs_numba
+def test_the_band_is_left_out_only_where_chi2_1_absorbs_it(monkeypatch):
+    """The stochastic v's exp arguments in [floor, EXP_BAND) get +0 in place of torch's
+    subnormal value, in one pass, where chi2_1 >= 1/2 takes the product whole (the cells'
+    band: chi2_1 = 1); with the band moved up to 0, where chi2_1 is small, v_finish counts
+    those arguments and the call computes again without the band: the same bits both ways."""
+    from qstate_cli.kernels.cpu import replay_gauss
+    calls = []
+    real = replay_gauss.run_parts
+    monkeypatch.setattr(replay_gauss, "run_parts",
+                        lambda k, *a, **kw: calls.append(getattr(k, "__name__", "")) or real(k, *a, **kw))
+    args, g = cells(1), ("v", 0.999, 1.0)
+    want = reference(True, g, *args)
+    assert_same(fused(True, g, *args), want, "band")
+    assert calls.count("v_finish") == 1
+    calls.clear()
+    try:
+        replay_gauss.constants.cache_clear()
+        monkeypatch.setattr(replay_gauss, "EXP_BAND", 0.0)
+        assert_same(fused(True, g, *args), want, "band up to 0")
+    finally:
+        replay_gauss.constants.cache_clear()
+    assert calls.count("v_finish") == 2
 
 
 @needs_numba

@@ -24,7 +24,12 @@ the finishing passes put torch's own result for those arguments, probed once (`p
 sqrt(+0), erf(sqrt(+0)), and exp below EXP_FLOOR, which is +0 for every one of the
 1,018,167,296 fp32 values below it on this build, checked once at AVX-512, AVX2 and default
 capability). Arguments in exp's subnormal band (-104, -87.3) and subnormal sqrt arguments
-stay with torch: their results are not one value.
+stay with torch: their results are not one value. Except the stochastic v's exp arguments
+below EXP_BAND (-88): there exp is below 2**-126 and only ever subtracted, times a factor
+below 11.5, from a chi2_1 that is 1, which absorbs it whole, so +0 gives the same bits
+(replay_gauss_kernel.v_finish checks chi2_1 >= 1/2 per argument; where not, the call runs
+again with every exp by torch). sr-4bit's v sent 2-15% of its exp arguments there (~12x
+their usual time, the other lanes of each vector waiting).
 
 torch's ops run on one intra-op thread inside host.torch_aside (the replay of a large layout
 on the fused path); host.torch_parts then runs them in pieces on the kernels' threads.
@@ -103,11 +108,19 @@ def probe() -> tuple[float, float, float, float]:
     return zero.sqrt().erf().item(), zero.sqrt().item(), low[0].item(), floor
 
 
+EXP_BAND = -88.0  # torch's fp32 exp below it is < 2**-126: stochastic v's chi2_3 term is absorbed (v_finish)
+
+
 @lru_cache(maxsize=256)  # read-only (the kernels never write it); one (beta, c) per state and replay
-def constants(beta: float, c: float = 0.0) -> np.ndarray:
-    """fp32 [10] (replay_gauss_kernel.columns): 1 - beta, c, 1e30, pi, sqrt 2, sqrt(2 pi), each
-    Python scalar as torch takes it (fp32); then probe()'s."""
-    return np.array([1 - beta, c, 1e30, math.pi, math.sqrt(2.0), math.sqrt(2 * math.pi), *probe()], np.float32)
+def constants(beta: float, c: float = 0.0, band: bool = True) -> np.ndarray:
+    """fp32 [11] (replay_gauss_kernel.columns): 1 - beta, c, 1e30, pi, sqrt 2, sqrt(2 pi), each
+    Python scalar as torch takes it (fp32); then probe()'s; then where the stochastic v's exp
+    arguments start to be left out (replay_gauss_kernel.v_finish): EXP_BAND with band, where
+    exp is +0 below the floor, else the floor."""
+    erf0, sqrt0, low, floor = probe()
+    edge = EXP_BAND if band and floor > -math.inf and low == 0.0 else floor
+    return np.array([1 - beta, c, 1e30, math.pi, math.sqrt(2.0), math.sqrt(2 * math.pi), erf0, sqrt0, low, floor,
+                     edge], np.float32)
 
 
 def masked_gaussian(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up: torch.Tensor,
@@ -130,15 +143,17 @@ def masked_gaussian(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up:
         if arg <= 0:  # gaussian_v: zeros
             sc.G.zero_()
             return sc.G
-        cst = constants(beta, arg)
-        run_parts(k["v_args"], n, CHUNK, (sr, a[0], a[1], a[2], cst, T, X, CHUNK, n))
-        if sr:
-            torch_parts(SQRT, sc.T)
-            torch_parts(EXP, sc.X[:2 * n1])
-        else:
-            torch_parts(SQRT, sc.T[:2 * n1])
-        torch_parts(ERF, sc.T[:2 * n1])
-        run_parts(k["v_finish"], n, CHUNK, (sr, a[0], a[1], a[2], a[3], cst, T, X, G, CHUNK, n))
+        for band in (True, False):  # without the band where it was not shown to leave the bits alone
+            cst = constants(beta, arg, band)
+            run_parts(k["v_args"], n, CHUNK, (sr, a[0], a[1], a[2], cst, T, X, CHUNK, n))
+            if sr:
+                torch_parts(SQRT, sc.T)
+                torch_parts(EXP, sc.X[:2 * n1])
+            else:
+                torch_parts(SQRT, sc.T[:2 * n1])
+            torch_parts(ERF, sc.T[:2 * n1])
+            if not run_parts(k["v_finish"], n, CHUNK, (sr, a[0], a[1], a[2], a[3], cst, T, X, G, CHUNK, n)):
+                break
         return sc.G
     sigma2 = arg.numpy()
     cst = constants(beta)

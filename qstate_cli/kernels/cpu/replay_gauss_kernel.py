@@ -20,7 +20,7 @@ from .native import bits_of_f32
 
 @njit(cache=True, inline="always", error_model="numpy")
 def columns(cst):
-    """cst's 10 fp32 columns (replay_gauss.constants): 1 - beta, c, 1e30, pi, sqrt 2,
+    """cst's first 10 fp32 columns (replay_gauss.constants): 1 - beta, c, 1e30, pi, sqrt 2,
     sqrt(2 pi), erf(sqrt(+0)), sqrt(+0), exp's value below the floor, the floor. The kernels
     read them once: an array handed to an inlined helper inside a loop costs a reference count
     increment and decrement (atomic) per element (~50 ns)."""
@@ -91,9 +91,10 @@ def exp_out(t, x, floor, low):
 def v_args(b0, b1, part, sr, s, down, up, cst, T, X, B, n):
     """T[0], T[1] = a / 2, b / 2 (chi2_1's sqrt then erf arguments, c - w_lo and c + w_hi's);
     stochastic also T[2], T[3] = 2 a / pi, 2 b / pi (sqrt) and X[0], X[1] = -a / 2, -b / 2
-    (exp): chi2_3's terms (root_in, exp_in: the slow arguments replaced); and the slots of
-    T[0], T[2], X[0] for c (part 0 writes them)."""
+    (exp): chi2_3's terms (root_in, exp_in: the slow arguments replaced, exp's below cst[10],
+    v_finish's band); and the slots of T[0], T[2], X[0] for c (part 0 writes them)."""
     kb, cf, big, pi, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
+    floor = cst[10]
     nn = np.uint64(n + 1)  # the rows' stride: n elements and a slot
     for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
         _, _, _, a, b = v_terms(s[i], down[i], up[i], kb, cf, big, sr)
@@ -114,20 +115,31 @@ def v_args(b0, b1, part, sr, s, down, up, cst, T, X, B, n):
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def v_finish(b0, b1, part, sr, s, down, up, nominal, cst, T, X, G, B, n):
-    """G = where(nominal, gaussian_v, 0), T and X holding torch's sqrt / erf / exp of v_args'."""
+    """G = where(nominal, gaussian_v, 0), T and X holding torch's sqrt / erf / exp of v_args'.
+    Returns how many exp arguments in the band [floor, cst[10]) had chi2_1 below 1/2 (then the
+    caller computes again without the band). The band: -x / 2 there, torch's exp is below
+    2**-126 (subnormal; ~12x its usual time, the other lanes of its vector waiting), and its
+    only use is chi2_3 = chi2_1 - sqrt(2 x / pi) exp(-x / 2), whose product is then below
+    11.5 * 2**-126 < 2**-122 (x <= 208 in the band): subtracted from a chi2_1 >= 1/2 it rounds
+    to chi2_1 itself, which is what exp's +0 below the floor (low) gives too; so low stands
+    in for exp in the band, with the same bits wherever chi2_1 >= 1/2 (there it is 1: the
+    erf of sqrt(x / 2) >= 9.3)."""
     kb, cf, big, pi, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
+    edge = cst[10]
     nn = np.uint64(n + 1)  # the rows' stride: n elements and a slot
     f1c = T[n]  # chi2_1(c), and chi2_3(c) = chi2_1(c) - sqrt(2 c' / pi) exp(-c' / 2) (stochastic only)
     f3c = f1c - T[np.uint64(2) * nn + np.uint64(n)] * X[n]
+    unproven = 0
     for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
         ok, w_lo, w_hi, a, b = v_terms(s[i], down[i], up[i], kb, cf, big, sr)
         f1a = root_out(T[i], a / c.TWO, erf0)
         f1b = root_out(T[nn + i], b / c.TWO, erf0)
         if sr:
-            f3a = f1a - root_out(T[np.uint64(2) * nn + i], (c.TWO * a) / pi, sqrt0) \
-                * exp_out(X[i], (-a) / c.TWO, floor, low)
-            f3b = f1b - root_out(T[np.uint64(3) * nn + i], (c.TWO * b) / pi, sqrt0) \
-                * exp_out(X[nn + i], (-b) / c.TWO, floor, low)
+            xa, xb = (-a) / c.TWO, (-b) / c.TWO
+            unproven += np.int64((xa >= floor) & (xa < edge) & ~(f1a >= c.HALF))
+            unproven += np.int64((xb >= floor) & (xb < edge) & ~(f1b >= c.HALF))
+            f3a = f1a - root_out(T[np.uint64(2) * nn + i], (c.TWO * a) / pi, sqrt0) * exp_out(X[i], xa, edge, low)
+            f3b = f1b - root_out(T[np.uint64(3) * nn + i], (c.TWO * b) / pi, sqrt0) * exp_out(X[nn + i], xb, edge, low)
             p = ((c.ONE - (c.ONE / w_lo) * cf) * (f1c - f1a) + (f3c - f3a) / w_lo
                  + (c.ONE + (c.ONE / w_hi) * cf) * (f1b - f1c) - (f3b - f3c) / w_hi)
             p = clamp0(p)
@@ -137,7 +149,7 @@ def v_finish(b0, b1, part, sr, s, down, up, nominal, cst, T, X, G, B, n):
             p = f1b - f1a
             p = p if ok else c.ZERO
         G[i] = p if nominal[i] else c.ZERO
-    return 0
+    return unproven
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
