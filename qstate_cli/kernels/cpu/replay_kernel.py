@@ -98,16 +98,21 @@ def round_unit(n, u, cnt, lay, rounding, ub, q):
 def round_table(n, u, cnt, lay, table, rounding, ub, q, lo, hi, w):
     """Any sorted code book: floor code k (search.floor_codes: in stages over the row, with
     table[k] and table[k + 1] in lo and hi), then up from table[k] towards table[k + 1]
-    (rounding.py's up test)."""
+    (rounding.py's up test). Nearest and stochastic: lo[j] = table[q[j]], the entry chosen
+    (codes_read_back)."""
     floor_codes(table, lay, lay[c.NT], n, cnt, q, lo, hi, w)
     if rounding == c.NEAREST:
         for j in range(cnt):
             v, tlo, thi = n[j], lo[j], hi[j]
-            q[j] = np.int32(q[j] + np.int32((v - tlo) >= (thi - tlo) * c.HALF))
+            up = (v - tlo) >= (thi - tlo) * c.HALF
+            q[j] = np.int32(q[j] + np.int32(up))
+            lo[j] = pick(up, tlo, thi)
     elif rounding == c.STOCHASTIC:
         for j in range(cnt):
             v, tlo, thi = n[j], lo[j], hi[j]
-            q[j] = np.int32(q[j] + np.int32(u[j] < min(max((v - tlo) / (thi - tlo), c.ZERO), c.ONE)))
+            up = u[j] < min(max((v - tlo) / (thi - tlo), c.ZERO), c.ONE)
+            q[j] = np.int32(q[j] + np.int32(up))
+            lo[j] = pick(up, tlo, thi)
     else:
         for j in range(cnt):
             v, tlo, thi = n[j], lo[j], hi[j]
@@ -115,20 +120,33 @@ def round_table(n, u, cnt, lay, table, rounding, ub, q, lo, hi, w):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def round_book16(n, u, cnt, table, rounding, ub, q):
+def pick(up, lo, hi):
+    """hi if up else lo, as a bit mask (a branchy select kept rounding loops scalar: scan_code)."""
+    m = np.uint32(0) - np.uint32(up)
+    b = c.bits_of_f32(lo)
+    return c.f32_from_bits(np.uint32(b ^ ((b ^ c.bits_of_f32(hi)) & m)))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def round_book16(n, u, cnt, table, rounding, ub, q, val):
     """round_table for a book of 16 entries (4-bit): k, table[k], table[k + 1] by scan_code
     against the 16 entries, a constant here, so it unrolls and the loop vectorizes (the same
-    k as floor_code for every finite n, and n is finite: load_stored zeroes the rest)."""
+    k as floor_code for every finite n, and n is finite: load_stored zeroes the rest).
+    Nearest and stochastic: val[j] = table[q[j]] (codes_read_back)."""
     if rounding == c.NEAREST:
         for j in range(cnt):
             v = n[j]
             k, lo, hi = scan_code(table, 16, v)
-            q[j] = np.int32(k) + np.int32((v - lo) >= (hi - lo) * c.HALF)
+            up = (v - lo) >= (hi - lo) * c.HALF
+            q[j] = np.int32(k) + np.int32(up)
+            val[j] = pick(up, lo, hi)
     elif rounding == c.STOCHASTIC:
         for j in range(cnt):
             v = n[j]
             k, lo, hi = scan_code(table, 16, v)
-            q[j] = np.int32(k) + np.int32(u[j] < min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
+            up = u[j] < min(max((v - lo) / (hi - lo), c.ZERO), c.ONE)
+            q[j] = np.int32(k) + np.int32(up)
+            val[j] = pick(up, lo, hi)
     else:
         for j in range(cnt):
             v = n[j]
@@ -155,6 +173,21 @@ def round_float(n, u, cnt, lay, rounding, ub, q):
         for j in range(cnt):
             k, frac = c.float_floor_frac(abs(n[j]), man, emin)
             q[j] = c.float_code(n[j], k + np.int32(ub >= c.ONE - frac), bits, signed, top)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def codes_read_back(val, cnt, sq, delta, out):
+    """out[:cnt] = what decode_value gives a code book's codes under nearest or stochastic
+    rounding, from the entries the rounding chose (val[j] = table[q[j]]): val * delta, squared
+    for a :sqrt state, the same two fp32 ops, without the codes' unpacking and the table's
+    loads per element (which LLVM does not vectorize: decode_row's table case)."""
+    if sq:
+        for j in range(cnt):
+            x = val[j] * delta
+            out[j] = x * x
+    else:
+        for j in range(cnt):
+            out[j] = val[j] * delta
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -270,6 +303,7 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, ba
             np.empty(B, np.float32), np.empty(B, np.int32))
     row, u, q, lo, hi, w = native.borrowed(rows)  # lo, hi, w: round_table's
     rounding, sbf16 = lay[c.ROUND], lay[c.SBF16] != 0
+    book = lay[c.KIND] == c.TABLE and not lay[c.UNIT]  # a searched or scanned code book (round_table, round_book16)
     top, top_min = lim[0], lim[1]
     s32 = np.uint32(step & 0xFFFFFFFF)
     for b in range(b0, b1):
@@ -299,13 +333,17 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, ba
         elif lay[c.UNIT]:
             round_unit(row, u, cnt, lay, rounding, ub, q)
         elif lay[c.NT] == 16:
-            round_book16(row, u, cnt, table, rounding, ub, q)
+            round_book16(row, u, cnt, table, rounding, ub, q, lo)
         else:
             round_table(row, u, cnt, lay, table, rounding, ub, q, lo, hi, w)
         c.store_scale(s16, b, absmax, sbf16)
         c.pack_codes(q, lay[c.BITS], start, cnt, codes)
-        c.unpack_codes(codes, lay[c.BITS], start, cnt, q)  # codec.decode_block, its loop unswitched
-        decode_row(q, cnt, lay, table, c.decode_params(absmax, lay, lim, bctr, k1, k2), row)
+        dp = c.decode_params(absmax, lay, lim, bctr, k1, k2)
+        if book and rounding != c.BRED:
+            codes_read_back(lo, cnt, lay[c.SQRT] != 0, dp[0], row)
+        else:
+            c.unpack_codes(codes, lay[c.BITS], start, cnt, q)  # codec.decode_block, its loop unswitched
+            decode_row(q, cnt, lay, table, dp, row)
         finish_read_back(row, cnt, nv, clamp0, pad0, out, i0)
     return _alive(rows)
 
