@@ -39,7 +39,7 @@ import torch
 
 from ...quant.codebooks import codebook
 from .replay import block_of, why_not_fused
-from .host import parts_of, run_parts, search_table
+from .host import parts_of, run_parts, search_table, team_parts
 
 ROUNDINGS = {"nearest": 0, "stochastic": 1, "bred": 2}  # codec.NEAREST, STOCHASTIC, BRED
 KINDS = {"linear": 0, "table": 1, "float": 2}  # replay_model_kernel.LINEAR, BOOK, FLOAT
@@ -60,11 +60,12 @@ def _buffers(n: int) -> tuple:
     return bufs[n]
 
 
-def _kernel():
+def _kernel(team: bool = False):
+    """model_pass, or with team its team launch and {"model_pass": its address} (native.call_compiled)."""
     if not _KERNEL:
-        from .replay_model_kernel import model_pass
-        _KERNEL.append(model_pass)
-    return _KERNEL[0]
+        from .replay_model_kernel import model_pass, model_team
+        _KERNEL.extend([model_pass, model_team, {}])
+    return _KERNEL[1:] if team else _KERNEL[0]
 
 
 class StalenessModel:
@@ -93,6 +94,11 @@ class StalenessModel:
             if nt & (nt - 1) == 0 and np.array_equal(book, np.arange(1, nt + 1, dtype=np.float64) / nt):
                 unit = nt  # {1, ..., nt} / nt: the floor code in closed form (replay_model_kernel.P_UNIT)
             self.table = np.concatenate([table, code_gaps(book)])  # block_windows reads the gaps there
+        # a code book searched per element (search.floor_codes: not 16 entries, which are scanned, nor
+        # {1, ..., nt} / nt): its pass gains from numba's team in a small layout (host.team); the
+        # others' passes, ~2.5x shorter, lost their gain to the serial passes after them reading
+        # the rows the other core wrote (docs/diagnose.md)
+        self.searched = fmt.kind == "table" and nt != 16 and not unit
         # lim[3]: a minifloat's binade-average gap per unit of |n|, the fp32 scalar torch multiplies by
         binade = (2.0 ** -fmt.man_bits) * math.log(2.0) if fmt.kind == "float" else 0.0
         self.lim = np.array([lo, hi, fmt.top, binade], np.float32)
@@ -114,10 +120,18 @@ class StalenessModel:
             yx = x_hat
         arrays = [_f32(t, n) for t in (x_hat, x_new, yx, ys)]
         (emp, nominal, down, up), views = _buffers(n)
-        counts = np.zeros(parts_of(n), np.int64)
-        run_parts(_kernel(), n, self.block,
-                  (*arrays, self.valid, *views, counts, self.prm_of[gauss], self.lim, self.table, self.block, n),
-                  parts=counts.size)
+        parts = parts_of(n)
+        team = team_parts(n) if parts == 1 and self.searched else 1  # a small layout: numba's team (host.team)
+        counts = np.zeros(max(parts, team), np.int64)
+        args = (*arrays, self.valid, *views, counts, self.prm_of[gauss], self.lim, self.table, self.block, n)
+        if team > 1:
+            launch, at = _kernel(team=True)
+            if not at:  # model_pass's code for these argument types (every call's: fp32 / bool rows, ints)
+                from .native import compiled_address
+                at["model_pass"] = compiled_address(_kernel(), (0, 0, 0) + args)
+            launch(at["model_pass"], team, n // self.block, *args)
+        else:
+            run_parts(_kernel(), n, self.block, args, parts=parts)
         return emp, nominal, int(counts.sum()), ((down, up) if gauss else None)
 
 

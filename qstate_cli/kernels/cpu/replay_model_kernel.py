@@ -6,9 +6,10 @@ NaN as torch's do; torch.round is half to even (np.rint)."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
+from . import native as nv
 from .search import NM, OFF, floor_codes
 
 # prm columns (replay_model.StalenessModel; 8 .. 11: search.py's SHIFT, NM, STEPS, OFF, or a
@@ -234,4 +235,18 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
         if prm[P_GAUSS]:
             chunk_windows(ys, start, cnt, B, prm, lim, table, frac, False, y, dl, down, up, start, rows)
     counts[part] += total
+    return 0
+
+
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def model_team(kernel, nparts, nblocks, x_hat, x_new, yx, ys, valid, emp, nominal, down, up, counts, prm, lim, table,
+               B, numel):
+    """model_pass over blocks 0 .. nblocks - 1 split into nparts contiguous ranges, one per
+    thread of numba's team (host.team; part p: counts[p]), model_pass called by its address
+    `kernel` (replay_step_kernel's team launches say why): the same values as one call."""
+    (p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12) = prm
+    for p in prange(nparts):
+        nv.call_compiled(kernel, (nblocks * p // nparts, nblocks * (p + 1) // nparts, p, x_hat, x_new, yx, ys, valid,
+                                  emp, nominal, down, up, counts,
+                                  (p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12), lim, table, B, numel))
     return 0
