@@ -129,6 +129,29 @@ def test_the_band_is_left_out_only_where_chi2_1_absorbs_it(monkeypatch):
 
 
 @needs_numba
+def test_sigma_is_kept_for_the_same_sigma2_only(monkeypatch):
+    """m's sigma = sqrt(where(sigma2 > 0, sigma2, 1)) is computed once per sigma^2 tensor (the
+    replay passes one per step and shadow to every configuration), again after that tensor
+    changes in place or for another tensor: each result equals the reference's."""
+    from qstate_cli.kernels.cpu import replay_gauss
+    calls = []
+    real = replay_gauss.run_parts
+    monkeypatch.setattr(replay_gauss, "run_parts",
+                        lambda k, *a, **kw: calls.append(getattr(k, "__name__", "")) or real(k, *a, **kw))
+    args, g = list(cells(4)), ("m", 0.9, None)
+    for what, change, computed in [("first", None, 1), ("again", None, 0), ("in place", "mul_", 1),
+                                   ("another tensor", "clone", 1), ("nearest", None, 0)]:
+        if change == "mul_":
+            args[2].mul_(4.0)
+        elif change == "clone":
+            args[2] = args[2].clone()
+        calls.clear()
+        sr = what != "nearest"
+        assert_same(fused(sr, g, *args), reference(sr, g, *args), what)
+        assert calls.count("m_sigma") == computed, what
+
+
+@needs_numba
 def test_without_the_exp_floor_every_exp_goes_to_torch(monkeypatch):
     """probe() turns the floor off (-inf) where torch's exp is not one value below it: the
     results are the same bits, every exp computed by torch."""

@@ -99,16 +99,18 @@ def test_whole_step_kernel_over_several_threads(monkeypatch):
 def test_a_small_layout_steps_on_numbas_team(monkeypatch):
     """A small layout (torch on one thread) on a 2-thread machine: the whole-step kernel
     splits over numba's OpenMP team (host.team; here from 1,024 elements a thread), on steps
-    with and without the model, with resets, and the documents and final states equal the
-    reference backend's; the replay reports the team's 2 threads."""
-    from qstate_cli.kernels.cpu import replay_step
+    with and without the model, with resets, and so does the model's pass on bnb-8bit's
+    searched code books; the documents and final states equal the reference backend's; the
+    replay reports the team's 2 threads."""
+    from qstate_cli.kernels.cpu import replay_model, replay_step
     if not host.team_ready(2):
         pytest.skip("numba's threading layer is not OpenMP (or has fewer than 2 threads)")
     monkeypatch.setattr(host, "TEAM_MIN_ELEMENTS", 1024)
     monkeypatch.setattr(replay_mod, "model_points", lambda n: 3)
-    teams = []
+    teams, models = [], []
     real = replay_step.team_parts
     monkeypatch.setattr(replay_step, "team_parts", lambda n: teams.append(real(n)) or teams[-1])
+    monkeypatch.setattr(replay_model, "team_parts", lambda n: models.append(real(n)) or models[-1])
     trace = small_trace(12)
     cfgs = [parse_config(c) for c in ("sr-4bit", "bnb-8bit", "bf16-sr")]
     held = torch.get_num_threads()
@@ -119,6 +121,7 @@ def test_a_small_layout_steps_on_numbas_team(monkeypatch):
     finally:
         torch.set_num_threads(held)
     assert teams and set(teams) == {2}
+    assert models and set(models) == {2}  # bnb-8bit's de8 and de8u: the others' passes stay on one thread
     assert raw.threads == 2 and raw_ref.threads == 1
     assert {**comparable(auto), "env": None} == {**comparable(ref), "env": None}  # env: the thread count
     _same_states(raw, raw_ref)
