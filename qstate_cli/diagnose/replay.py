@@ -56,7 +56,7 @@ from . import merge
 from .codec import check_backend, replay_rule, replay_state
 from . import fused_step
 from .layout import Layout
-from .step import ConfigState, Shadow, step_config, step_shadow, stream_for
+from .step import ConfigState, Shadow, model_inputs, step_config, step_shadow, stream_for
 from .recursions import Recursion, recursion_for
 from .stats import GradientStats, ModelStats, StateStats, UpdateStats, dimension_ms, fidelity, unit_sums
 
@@ -272,6 +272,7 @@ def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats
     """The step loop (module docstring): per step the gradients, the shadows, then the
     configurations, in parallel on pool's threads (they share only what they read)."""
     unit, cpu = layout.unit, layout.device.type == "cpu"
+    models = any(c.models for c in configs)
 
     def one(c, g, i):
         with timer(str(c.cfg)):
@@ -293,6 +294,8 @@ def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats
         with timer("shadow"):
             for sh in shadows.values():
                 step_shadow(sh, rec, g, layout, rule)
+                if models and i % model_every == 0:
+                    model_inputs(rec, sh)
         pool.each(partial(one, g=g, i=i), configs)
         if progress is not None:
             progress(i + 1, n_steps)

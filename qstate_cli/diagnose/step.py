@@ -157,9 +157,18 @@ def gaussian_arg(rec: Recursion, spec, state: str, sh: Shadow):
     c = 1.0 - b2 ** (sh.since - 1)
     if state == "v":
         return None if spec.fmt.kind == "float" else ("v", b2, c)
-    if sh.sigma2 is None:  # the same for every configuration against this shadow (~1 ms a step at 2**20)
-        sh.sigma2 = sh.prev["v"] / c if c > 0 else torch.zeros_like(sh.prev["v"])
+    model_inputs(rec, sh)
     return ("m", rec.betas["m"], sh.sigma2)
+
+
+def model_inputs(rec: Recursion, sh: Shadow) -> None:
+    """What the Gaussian model of every configuration measured against shadow sh reads on this
+    step, made once (the replay's shadow phase of a model step): sigma^2 = v / c_t, the
+    bias-corrected v before the step (Adam; a new fp32 [n] each time: ~1-3 ms at 2**20
+    elements, which each configuration paid)."""
+    if sh.sigma2 is None and rec.optimizer in ("adamw", "adam"):
+        c = 1.0 - rec.betas["v"] ** (sh.since - 1)
+        sh.sigma2 = sh.prev["v"] / c if c > 0 else torch.zeros_like(sh.prev["v"])
 
 
 def stream_for(layout: Layout, spec, seed: int, state_id: int):
