@@ -9,7 +9,7 @@ import torch
 
 from qstate_cli.diagnose import diagnose, fused_step, replay as replay_mod
 from qstate_cli.kernels import cpu
-from qstate_cli.kernels.cpu import host
+from qstate_cli.kernels.cpu import host, team
 from qstate_cli.quant import parse_config
 from qstate_cli.trace.schema import Trace, TraceTensor
 from test_replay_codec_cpu import bits, comparable, small_trace
@@ -98,14 +98,14 @@ def test_whole_step_kernel_over_several_threads(monkeypatch):
 @needs_numba
 def test_a_small_layout_steps_on_numbas_team(monkeypatch):
     """A small layout (torch on one thread) on a 2-thread machine: the whole-step kernel
-    splits over numba's OpenMP team (host.team; here from 1,024 elements a thread), on steps
+    splits over numba's OpenMP team (team.py; here from 1,024 elements a thread), on steps
     with and without the model, with resets, and so does the model's pass on bnb-8bit's
     searched code books; the documents and final states equal the reference backend's; the
     replay reports the team's 2 threads."""
     from qstate_cli.kernels.cpu import replay_model, replay_step
-    if not host.team_ready(2):
+    if not team.team_ready(2):
         pytest.skip("numba's threading layer is not OpenMP (or has fewer than 2 threads)")
-    monkeypatch.setattr(host, "TEAM_MIN_ELEMENTS", 1024)
+    monkeypatch.setattr(team, "TEAM_MIN_ELEMENTS", 1024)
     monkeypatch.setattr(replay_mod, "model_points", lambda n: 3)
     teams, models = [], []
     real = replay_step.team_parts

@@ -46,7 +46,8 @@ import torch
 from ..errors import QstateError
 from ..kernels.cpu import PATH as CPU_PATH  # the fused CPU codec's path (no numba imported)
 from ..kernels.cpu import unavailable_reason as cpu_unavailable
-from ..kernels.cpu.host import team as kernel_team, team_parts, threads as kernel_threads  # no numba
+from ..kernels.cpu.host import threads as kernel_threads  # no numba
+from ..kernels.cpu.team import team as kernel_team, team_parts  # no numba until a team is asked for
 from ..optim.reset import ResetPolicy
 from ..quant.config import STATE_IDS, StateConfig  # streams keyed as the optimizers key them
 from ..runtime import Timer, Workers, resolve_device, torch_threads

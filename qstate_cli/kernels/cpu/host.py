@@ -12,12 +12,11 @@ per set of addresses, so a step pays no per-tensor numpy views, hashes or kernel
 Threads: a kernel steps a range of blocks with the GIL released (numba nogil); run_blocks
 splits a tensor's blocks (run_members: a launch's blocks, across its tensors) into
 contiguous ranges of at least MIN_THREAD_ELEMENTS elements, one per thread of a pool of
-torch.get_num_threads() threads, or torch_aside's count while torch's own ops run on one
-(NUMBA_NUM_THREADS is not used: no numba threading layer is needed).
+torch.get_num_threads() threads, or torch_aside's count while torch's own ops run on one.
+A small layout's replay splits its main kernels over numba's OpenMP team instead (team.py).
 """
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -186,59 +185,6 @@ def torch_parts(op: Callable, row: torch.Tensor) -> None:
     op(row[edges[0]:edges[1]])
     for f in futures:
         f.result()
-
-
-_TEAM: list[int] = []  # team's counts, innermost last
-_LOCAL = threading.local()  # .team: the size numba's team of this thread was set to
-TEAM_MIN_ELEMENTS = 1 << 13  # a team thread's least share of a launch
-
-
-@contextmanager
-def team(n: int):
-    """Inside the block a kernel that has a team launch (team_parts) may split a launch of
-    fewer elements than run_parts would over up to n threads of numba's OpenMP team: its
-    threads wait for the next launch spinning (libgomp's default, ~4 ms here), where a pool
-    thread of run_parts sleeps and a launch paid its wake-up, ~90 us on the 2-core Xeon
-    against a ~130 us step of the demo's 24,320 elements. For a small layout's replay, where
-    torch runs on one thread and nothing else uses the other cores (diagnose/replay.py)."""
-    _TEAM.append(int(n))
-    try:
-        yield
-    finally:
-        _TEAM.pop()
-
-
-def team_parts(numel: int) -> int:
-    """Threads of numba's team a launch of numel elements splits over inside `team`: at most
-    its count, each thread >= TEAM_MIN_ELEMENTS, 1 where numba's layer is not OpenMP. Where
-    more than 1, the calling thread's team is that size (numba's count is per thread; its
-    default, every CPU, would wake them all for each launch)."""
-    n = min(_TEAM[-1] if _TEAM else 1, int(numel) // TEAM_MIN_ELEMENTS)
-    if n < 2 or not team_ready(n):
-        return 1
-    if getattr(_LOCAL, "team", None) != n:
-        import numba
-
-        numba.set_num_threads(n)
-        _LOCAL.team = n
-    return n
-
-
-@lru_cache(maxsize=None)
-def team_ready(n: int) -> bool:
-    """numba runs a team of n threads through OpenMP (its threading layer, fixed at the first
-    parallel launch: this probe's). Its workqueue layer puts its threads to sleep between
-    launches, which is what the team avoids; a numba without any layer raises (False)."""
-    try:
-        import numba
-
-        from .replay_step_kernel import team_probe
-
-        out = np.zeros(numba.config.NUMBA_NUM_THREADS, np.int64)
-        team_probe(out)
-        return numba.threading_layer() == "omp" and out.size >= n and bool((out == np.arange(1, out.size + 1)).all())
-    except (ImportError, ValueError, RuntimeError):
-        return False
 
 
 def parts_of(numel: int) -> int:

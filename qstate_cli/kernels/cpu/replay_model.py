@@ -39,7 +39,8 @@ import torch
 
 from ...quant.codebooks import codebook
 from .replay import block_of, why_not_fused
-from .host import parts_of, run_parts, search_table, team_parts
+from .host import parts_of, run_parts, search_table
+from .team import team_parts
 
 ROUNDINGS = {"nearest": 0, "stochastic": 1, "bred": 2}  # codec.NEAREST, STOCHASTIC, BRED
 KINDS = {"linear": 0, "table": 1, "float": 2}  # replay_model_kernel.LINEAR, BOOK, FLOAT
@@ -95,7 +96,7 @@ class StalenessModel:
                 unit = nt  # {1, ..., nt} / nt: the floor code in closed form (replay_model_kernel.P_UNIT)
             self.table = np.concatenate([table, code_gaps(book)])  # block_windows reads the gaps there
         # a code book searched per element (search.floor_codes: not 16 entries, which are scanned, nor
-        # {1, ..., nt} / nt): its pass gains from numba's team in a small layout (host.team); the
+        # {1, ..., nt} / nt): its pass gains from numba's team in a small layout (team.py); the
         # others' passes, ~2.5x shorter, lost their gain to the serial passes after them reading
         # the rows the other core wrote (docs/diagnose.md)
         self.searched = fmt.kind == "table" and nt != 16 and not unit
@@ -121,7 +122,7 @@ class StalenessModel:
         arrays = [_f32(t, n) for t in (x_hat, x_new, yx, ys)]
         (emp, nominal, down, up), views = _buffers(n)
         parts = parts_of(n)
-        team = team_parts(n) if parts == 1 and self.searched else 1  # a small layout: numba's team (host.team)
+        team = team_parts(n) if parts == 1 and self.searched else 1  # a small layout: numba's team (team.py)
         counts = np.zeros(max(parts, team), np.int64)
         args = (*arrays, self.valid, *views, counts, self.prm_of[gauss], self.lim, self.table, self.block, n)
         if team > 1:

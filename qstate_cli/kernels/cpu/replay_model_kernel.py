@@ -242,7 +242,7 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
 def model_team(kernel, nparts, nblocks, x_hat, x_new, yx, ys, valid, emp, nominal, down, up, counts, prm, lim, table,
                B, numel):
     """model_pass over blocks 0 .. nblocks - 1 split into nparts contiguous ranges, one per
-    thread of numba's team (host.team; part p: counts[p]), model_pass called by its address
+    thread of numba's team (team.py; part p: counts[p]), model_pass called by its address
     `kernel` (replay_step_kernel's team launches say why): the same values as one call."""
     (p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12) = prm
     for p in prange(nparts):

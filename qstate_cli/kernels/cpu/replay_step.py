@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from . import torch_sum
-from .host import parts_of, run_parts, team_parts
+from .host import parts_of, run_parts
+from .team import team_parts
 from .replay_rule import adamw_rule
 
 CHUNK_ELEMENTS = 8192  # units per chunk: this many elements (or one unit); ~0.5 MB of rows in cache
@@ -147,7 +148,7 @@ class FusedAdamStep:
         taken (prev_code, last_change and their series stay as they are; the update's are)."""
         prev = {"m": m_hat, "v": v_hat}
         parts = parts_of(self.n)
-        team = team_parts(self.n) if parts == 1 else 1  # a small layout: numba's team (host.team)
+        team = team_parts(self.n) if parts == 1 else 1  # a small layout: numba's team (team.py)
         st, x_hat, err, prev_np = {}, {}, {}, {}
         for s, r in self.rows.items():
             j = 1 if r.out[0].data_ptr() == prev[s].data_ptr() else 0  # never the previous step's rows

@@ -107,7 +107,7 @@ def add_steps(i, lanes64, counted, a, a_units, a_series, b, b_units, b_series, d
     return 0
 
 
-# ---- team launches: one step split over numba's OpenMP threads (host.team) ------------------------
+# ---- team launches: one step split over numba's OpenMP threads (team.py) ------------------------
 # A prange body becomes a gufunc whose arguments may be arrays and scalars only, not tuples, so
 # each state's tuple is unpacked before the loop and built again inside it (the same values).
 # The step is called by its address (native.call_compiled: `step` is adamw_config_step's, or
@@ -163,7 +163,7 @@ def adamw_config_team16(step, nparts, units, unit, chunk, numel, g, m_hat, v_hat
 @njit(parallel=True, nogil=True, cache=True)
 def team_probe(out):
     """out[p] = 1 + p on each of numba's threads: a first parallel launch, after which
-    numba.threading_layer() says which layer runs the team (host.team)."""
+    numba.threading_layer() says which layer runs the team (team.py)."""
     for p in prange(out.size):
         out[p] = 1 + p
     return 0
