@@ -35,7 +35,8 @@ def fused_step_for(c, rule, layout):
     if why_not([c.states[s] for s in ("m", "v")], [counts[s] for s in ("m", "v")], layout.n, layout.unit):
         return None
     series = [(c.stats[s].units, c.stats[s].series) for s in ("m", "v")] + [(c.update.units, c.update.series)]
-    step = FusedAdamStep(layout.n, layout.unit, c.states, counts, c.clamp, layout.valid is not None, series)
+    step = FusedAdamStep(layout.n, layout.unit, c.states, counts, c.clamp, layout.valid is not None, series,
+                         layout.valid, {s: c.stats[s].staleness.numel() for s in ("m", "v")})
     step.rule_of = owner  # its per-step scalars
     return step
 
@@ -66,11 +67,11 @@ def step(c, sh, g, i: int, codec_step: int, ruled: bool = False) -> None:
     does it (c.since already counts this step; ruled: `rule` ran for it)."""
     fs, st = c.fused, c.stats
     keep = c.counted and st["m"].snapshot_due(i)
-    _, _, x_hat, err = fs.step(
+    _, _, x_hat, snap = fs.step(
         codec_step, i + 1, g, c.x_hat["m"], c.x_hat["v"], fs.rule_of.scalars(c.since), sh.update, sh.ref2_units,
         sh.x, sh.x2_units, {s: st[s].prev_code for s in ("m", "v")}, {s: st[s].last_change for s in ("m", "v")},
         keep, ruled, c.counted)
     for s in ("m", "v"):
-        if keep:
-            st[s]._snapshot(i + 1, err[s], sh.x2_units[s])
+        if keep:  # the errors, and the staleness histogram the kernel counted
+            st[s]._snapshot(i + 1, snap[s][0], sh.x2_units[s], staleness=snap[s][1])
         c.x_hat[s] = x_hat[s]

@@ -142,9 +142,14 @@ class StateStats:
         idx = (code * N_CODE_CLASSES + cls).long()
         self.codes.scatter_add_(0, idx, self._ones)  # a bincount that never waits on the host
 
-    def _snapshot(self, step: int, err: torch.Tensor, shadow_x2_units: torch.Tensor) -> None:
+    def _snapshot(self, step: int, err: torch.Tensor, shadow_x2_units: torch.Tensor,
+                  staleness: torch.Tensor | None = None) -> None:
+        """staleness: this snapshot's histogram where the step's kernel counted it already
+        (kernels/cpu/replay_step.py), else counted here."""
         lay = self.layout
-        if self._fused is not None:  # the same integer counts in one pass
+        if staleness is not None:
+            self.staleness += staleness
+        elif self._fused is not None:  # the same integer counts in one pass
             self.staleness += self._fused.staleness(step, self.last_change, lay.valid, self.staleness.numel())
         else:
             stale = (step - self.last_change).to(torch.int64) + 1

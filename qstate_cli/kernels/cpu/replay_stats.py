@@ -38,6 +38,8 @@ from .host import parts_of, run_parts
 _NO_ROWS = np.zeros((2, 0), np.float32)  # the kernel's err rows when it writes none
 
 _KERNELS: list = []
+NO_VALID = np.ones(1, np.bool_)  # state_counts' valid where the layout has no padding
+NO_STALE = np.zeros((1, 0), np.int64)  # state_counts' stale off: no staleness histogram in its pass
 
 
 def _kernel(which: int = 0):
@@ -93,7 +95,8 @@ class CodeCounts:
         run_parts(_kernel(0), self.n, self.unit,
                   (_f32(x), _f32(prev), _f32(new), codes, self.bits, prev_code.numpy(), last_change.numpy(),
                    int(step), self.unit, rows, self.hist, _f32(shadow),
-                   _NO_ROWS if err is None else err.numpy(), self.shift, self.mask, lanes, bool(keep_err)),
+                   _NO_ROWS if err is None else err.numpy(), self.shift, self.mask, lanes, bool(keep_err),
+                   NO_VALID, NO_STALE),
                   parts=parts)
         if lanes == 0:  # torch sums what the kernel wrote
             sums[:2] = err.view(2, -1, self.unit).sum(2, dtype=torch.float32)

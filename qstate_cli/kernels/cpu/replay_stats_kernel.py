@@ -31,7 +31,7 @@ def _add_copies(local, hist, part, nbins):
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change, step, unit, sums, hist,
-                 shadow, err, shift, mask, lanes, keep):
+                 shadow, err, shift, mask, lanes, keep, valid, stale):
     """Units u0 .. u1 - 1 (of `unit` elements each) of one state at one replay step: per
     element, nominal = x != prev, stall = nominal and new == prev, code = the stored code
     (unpacked from uint8 `codes` at 4 or 8 bits; a 16-bit float: `codes` is its uint16
@@ -49,9 +49,11 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     (they vectorize), leaving each element's histogram bin in a row; then LANES interleaved
     local histograms count the bins. One loop for both did not vectorize (8.2-8.5 ns per
     element, 32 k elements, one thread, against 3.6-3.8 ns split and on borrowed views:
-    docs/diagnose.md, "Replay throughput")."""
-    x, prev, new, codes, prev_code, last_change, sums, hist, shadow, err = nv.borrowed(
-        (x, prev, new, codes, prev_code, last_change, sums, hist, shadow, err))  # no reference counts
+    docs/diagnose.md, "Replay throughput"). stale (int64 [parts, nbins], at a snapshot step;
+    nbins 0: none): staleness_counts of the new last_change as well, while its rows are in
+    cache (valid: as there), into row `part`."""
+    x, prev, new, codes, prev_code, last_change, sums, hist, shadow, err, valid, stale = nv.borrowed(
+        (x, prev, new, codes, prev_code, last_change, sums, hist, shadow, err, valid, stale))  # no reference counts
     q = np.empty(unit, np.int32)
     changed = np.empty(unit, np.int32)
     ea = np.empty(unit, np.float32)
@@ -64,6 +66,9 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     local = np.zeros(LANES * nbins, np.int64)
     s, sh, mk, nb = np.int32(step), np.int32(shift), np.int32(mask), np.int32(nbins)
     e0, e1 = err[0], err[1]
+    sbins = stale.shape[1]  # the staleness histogram's bins (staleness_counts' binning)
+    local_stale = np.zeros(LANES * sbins, np.int64)
+    top, padded, t1 = np.int64(sbins - 1), valid.size > 1, np.int64(step) + 1  # t1: staleness_counts' step + 1
     for u in range(u0, u1):
         start = u * unit
         c.unpack_codes(codes, bits, start, unit, q)
@@ -120,12 +125,19 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
                             + np.int32(np.int32(j & (LANES - 1)) * nb))
         for j in range(unit):
             last_change[i0 + np.uint64(j)] = changed[j]
+        if sbins:
+            for j in range(unit):
+                k = min(max(t1 - np.int64(changed[j]), np.int64(0)), top)
+                if padded and not valid[i0 + np.uint64(j)]:
+                    k = 0
+                local_stale[k + np.int64(j & (LANES - 1)) * sbins] += 1
         for j in range(unit):
             local[np.uint64(q[j])] += 1
         sums[2, u] = np.float32(n_stall)
         sums[3, u] = np.float32(n_nominal)
         sums[5, u] = np.float32(n_cstall)
     _add_copies(local, hist, part, nbins)
+    _add_copies(local_stale, stale, part, sbins)
     return 0
 
 

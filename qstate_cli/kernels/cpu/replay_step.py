@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from . import torch_sum
+from .replay_stats import NO_STALE, NO_VALID
 from .host import parts_of, run_parts
 from .team import team_parts
 from .replay_rule import adamw_rule
@@ -90,11 +91,14 @@ class _Rows:
 class FusedAdamStep:
     """The replay step of one AdamW configuration with states m and v (module docstring)."""
 
-    def __init__(self, n: int, unit: int, states: dict, counts: dict, clamp: dict, pad0: bool, series: list):
+    def __init__(self, n: int, unit: int, states: dict, counts: dict, clamp: dict, pad0: bool, series: list,
+                 valid: torch.Tensor | None = None, stale_bins: dict | None = None):
         """states / counts / clamp: per state ("m", "v") its FusedReplayState, its CodeCounts and
         whether a value read back below 0 is clamped to 0; pad0: the layout's padding read back as 0;
         series: the (units, series) fp64 tensors the step's per-unit sums go into (torch_sum.add_step),
-        StateStats' of m and of v, then UpdateStats'."""
+        StateStats' of m and of v, then UpdateStats'; valid (bool [n], the recorded elements, or
+        None) and stale_bins (per state its staleness histogram's bins): a snapshot step counts
+        the histogram in the same pass (replay_stats_kernel.state_counts), else the caller does."""
         why = why_not([states[s] for s in ("m", "v")], [counts[s] for s in ("m", "v")], n, unit)
         if why is not None:
             raise ValueError(f"no fused replay step: {why}")
@@ -111,6 +115,9 @@ class FusedAdamStep:
         self._held: dict = {}  # (state, j) -> (the tensors it was made of, its leading arguments)
         self._err: dict = {}  # state -> its snapshot rows (_err_rows)
         self._step_at = None  # the address of the step's compiled code, for a team launch
+        self.valid = NO_VALID if valid is None else valid.cpu().contiguous().numpy()
+        self.stale_bins = dict(stale_bins or {})
+        self._stale: dict = {}  # state -> int64 [parts, bins]: a snapshot's staleness counts per thread
 
     def _err_rows(self, s: str) -> torch.Tensor:
         """State s's rows for a snapshot's errors, fp32 [2, n] (the kernel writes row 0; row 1 is
@@ -119,6 +126,14 @@ class FusedAdamStep:
         if s not in self._err:
             self._err[s] = torch.empty(2, self.n, dtype=torch.float32)
         return self._err[s]
+
+    def _stale_rows(self, s: str, parts: int) -> np.ndarray:
+        """State s's staleness counts for a snapshot, int64 [parts, bins], zeroed (made once)."""
+        rows = self._stale.get(s)
+        if rows is None or rows.shape[0] < parts:
+            rows = self._stale[s] = np.zeros((parts, self.stale_bins[s]), np.int64)
+        rows.fill(0)
+        return rows
 
     def _head(self, s: str, j: int, prev_code: torch.Tensor, last_change: torch.Tensor) -> tuple:
         """State s's kernel arguments up to its histogram, with output rows j: made once and
@@ -155,10 +170,12 @@ class FusedAdamStep:
             cc = self.counts[s]
             cc.ensure_parts(max(parts, team))
             e = self._err_rows(s) if keep_err else None
+            stale = self._stale_rows(s, max(parts, team)) if keep_err and s in self.stale_bins else NO_STALE
             st[s] = self._head(s, j, prev_code[s], last_change[s]) + (
-                shadow[s].numpy(), shadow_x2[s].numpy(), _NO_ERR if e is None else e.numpy(), cc.shift, cc.mask)
+                shadow[s].numpy(), shadow_x2[s].numpy(), _NO_ERR if e is None else e.numpy(), cc.shift, cc.mask,
+                self.valid, stale)
             r.q.codes, r.q.scales, r.q.written, r.q._read_back = r.codes[j], r.scales[j], int(codec_step), None
-            x_hat[s], err[s] = r.out[j], (e[0] if keep_err else None)
+            x_hat[s], err[s] = r.out[j], ((e[0], stale) if keep_err else None)
             # the value read back last step is normally this state's other output row: its view is held
             prev_np[s] = r.np[1 - j][-1] if prev[s] is r.out[1 - j] else prev[s].numpy()
         u, m, v, upd = self.rows_np
@@ -172,14 +189,17 @@ class FusedAdamStep:
                 self._step_at = compiled_address(k[2 if self.wide else 0],
                                                  (0, 0, 0) + args + (False, self.lanes[1], self.series))
             k[4 if self.wide else 3](self._step_at, team, self.n_units, *args, self.lanes[1], self.series)
-            return self.u, {"m": self.m, "v": self.v}, x_hat, (err if keep_err else None)
-        run_parts(_kernels()[2 if self.wide else 0], self.n, self.unit, args + (parts == 1, self.lanes[1], self.series),
-                  parts=parts)
+        else:
+            run_parts(_kernels()[2 if self.wide else 0], self.n, self.unit,
+                      args + (parts == 1, self.lanes[1], self.series), parts=parts)
         if parts > 1:  # the series need every thread's units: one more call
             add = self.series
             _kernels()[1](int(stats_step) - 1, self.lanes[1], bool(counted), self.rows["m"].sums_np, add[0], add[1],
                           self.rows["v"].sums_np, add[2], add[3], upd, add[4], add[5])
-        return self.u, {"m": self.m, "v": self.v}, x_hat, (err if keep_err else None)
+        if not keep_err:
+            return self.u, {"m": self.m, "v": self.v}, x_hat, None
+        snap = {s: (e, torch.from_numpy(stale.sum(0)) if stale.shape[1] else None) for s, (e, stale) in err.items()}
+        return self.u, {"m": self.m, "v": self.v}, x_hat, snap
 
     def rule(self, g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: np.ndarray) -> tuple:
         """(u, m, v): the AdamW rule alone into this step's rows (replay_rule.adamw_rule), for

@@ -19,9 +19,10 @@ from .torch_sum_kernel import add_step
 def _state(k0, k1, part, unit, numel, x, prev, codec_step, stats_step, lanes, keep, st, counted):
     """Units k0 .. k1 - 1 of one state: store x (replay_codec: codes, scales, the value read
     back into out), then, where counted, the code statistics of x, prev and out against the
-    shadow (state_counts; sums[4] = the shadow's per-unit squares, copied: StateStats' row)."""
+    shadow (state_counts, with a snapshot's staleness histogram where stale has bins; sums[4] =
+    the shadow's per-unit squares, copied: StateStats' row)."""
     (codes, s16, out, lay, lim, table, B, plan, base, clamp0, pad0,
-     bits, prev_code, last_change, sums, hist, shadow, shadow_x2, err, shift, mask) = st
+     bits, prev_code, last_change, sums, hist, shadow, shadow_x2, err, shift, mask, valid, stale) = st
     per = unit // B
     replay_codec(k0 * per, k1 * per, x, codes, s16, out, lay, lim, table, B, numel, plan, base, codec_step,
                  clamp0, pad0)
@@ -30,7 +31,7 @@ def _state(k0, k1, part, unit, numel, x, prev, codec_step, stats_step, lanes, ke
     for k in range(k0, k1):
         sums[4, k] = shadow_x2[k]
     state_counts(k0, k1, part, x, prev, out, codes, bits, prev_code, last_change, stats_step, unit, sums, hist,
-                 shadow, err, shift, mask, lanes, keep)
+                 shadow, err, shift, mask, lanes, keep, valid, stale)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -38,7 +39,7 @@ def _state16(k0, k1, part, unit, numel, x, prev, codec_step, stats_step, lanes, 
     """_state for an unscaled 16-bit minifloat (bf16, fp16): replay_codec16 stores x (its
     uint16 patterns, no scales), then the same statistics (the codes: the patterns)."""
     (codes, out, lay, B, plan, base, clamp0, pad0,
-     bits, prev_code, last_change, sums, hist, shadow, shadow_x2, err, shift, mask) = st
+     bits, prev_code, last_change, sums, hist, shadow, shadow_x2, err, shift, mask, valid, stale) = st
     per = unit // B
     replay_codec16(k0 * per, k1 * per, x, codes, out, lay, B, numel, plan, base, codec_step, clamp0, pad0)
     if not counted:
@@ -46,7 +47,7 @@ def _state16(k0, k1, part, unit, numel, x, prev, codec_step, stats_step, lanes, 
     for k in range(k0, k1):
         sums[4, k] = shadow_x2[k]
     state_counts(k0, k1, part, x, prev, out, codes, bits, prev_code, last_change, stats_step, unit, sums, hist,
-                 shadow, err, shift, mask, lanes, keep)
+                 shadow, err, shift, mask, lanes, keep, valid, stale)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -120,17 +121,19 @@ def adamw_config_team(step, nparts, units, unit, chunk, numel, g, m_hat, v_hat, 
     """adamw_config_step over units 0 .. units - 1 split into nparts contiguous ranges, one per
     thread of numba's team (part p: its own histogram row), then add_steps: the same values
     as one thread's call (every sum is per unit, every count an integer)."""
-    (a0, a1, a2, a_lay, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20) = st_m
-    (b0, b1, b2, b_lay, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20) = st_v
+    (a0, a1, a2, a_lay, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21,
+     a22) = st_m
+    (b0, b1, b2, b_lay, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20, b21,
+     b22) = st_v
     (la0, la1, la2, la3, la4, la5, la6, la7, la8, la9, la10, la11) = a_lay
     (lb0, lb1, lb2, lb3, lb4, lb5, lb6, lb7, lb8, lb9, lb10, lb11) = b_lay
     s0, s1, s2, s3, s4, s5 = series
     finish = False
     for p in prange(nparts):
         sm = (a0, a1, a2, (la0, la1, la2, la3, la4, la5, la6, la7, la8, la9, la10, la11), a4, a5, a6, a7, a8, a9,
-              a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20)
+              a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22)
         sv = (b0, b1, b2, (lb0, lb1, lb2, lb3, lb4, lb5, lb6, lb7, lb8, lb9, lb10, lb11), b4, b5, b6, b7, b8, b9,
-              b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20)
+              b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20, b21, b22)
         nv.call_compiled(step, (units * p // nparts, units * (p + 1) // nparts, p, unit, chunk, numel, g, m_hat,
                                 v_hat, u, m, v, sc, ref, ref2, upd, codec_step, stats_step, lanes, keep, ruled,
                                 counted, sm, sv, finish, lanes64, (s0, s1, s2, s3, s4, s5)))
@@ -142,17 +145,17 @@ def adamw_config_team(step, nparts, units, unit, chunk, numel, g, m_hat, v_hat, 
 def adamw_config_team16(step, nparts, units, unit, chunk, numel, g, m_hat, v_hat, u, m, v, sc, ref, ref2, upd,
                         codec_step, stats_step, lanes, keep, ruled, counted, st_m, st_v, lanes64, series):
     """adamw_config_team for adamw_config_step16 (a state's tuple: _state16's)."""
-    (a0, a1, a_lay, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17) = st_m
-    (b0, b1, b_lay, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17) = st_v
+    (a0, a1, a_lay, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19) = st_m
+    (b0, b1, b_lay, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19) = st_v
     (la0, la1, la2, la3, la4, la5, la6, la7, la8, la9, la10, la11) = a_lay
     (lb0, lb1, lb2, lb3, lb4, lb5, lb6, lb7, lb8, lb9, lb10, lb11) = b_lay
     s0, s1, s2, s3, s4, s5 = series
     finish = False
     for p in prange(nparts):
         sm = (a0, a1, (la0, la1, la2, la3, la4, la5, la6, la7, la8, la9, la10, la11), a3, a4, a5, a6, a7, a8, a9,
-              a10, a11, a12, a13, a14, a15, a16, a17)
+              a10, a11, a12, a13, a14, a15, a16, a17, a18, a19)
         sv = (b0, b1, (lb0, lb1, lb2, lb3, lb4, lb5, lb6, lb7, lb8, lb9, lb10, lb11), b3, b4, b5, b6, b7, b8, b9,
-              b10, b11, b12, b13, b14, b15, b16, b17)
+              b10, b11, b12, b13, b14, b15, b16, b17, b18, b19)
         nv.call_compiled(step, (units * p // nparts, units * (p + 1) // nparts, p, unit, chunk, numel, g, m_hat,
                                 v_hat, u, m, v, sc, ref, ref2, upd, codec_step, stats_step, lanes, keep, ruled,
                                 counted, sm, sv, finish, lanes64, (s0, s1, s2, s3, s4, s5)))
