@@ -153,18 +153,19 @@ class FusedAdamStep:
              sc: np.ndarray, ref: torch.Tensor, ref2_units: torch.Tensor, shadow: dict, shadow_x2: dict,
              prev_code: dict, last_change: dict, keep_err: bool, ruled: bool = False, counted: bool = True):
         """One step (module docstring), replay step stats_step = i + 1: returns (u, {state:
-        nominal new value}, {state: value read back}, {state: fp32 [n] error new - shadow} or
-        None unless keep_err). Each state's codes, scales and `written` are set (stored at
-        codec_step); prev_code and last_change are updated in place; the step's per-unit sums
-        are added into column i of the series; ruled: `rule` ran for this step already. The
-        inputs are the replay's own: contiguous fp32 / int32 CPU tensors of the layout's size
-        (not checked again here); the errors are rows held for the next snapshot too (_err_rows).
-        counted False: the states are stored, their statistics not
-        taken (prev_code, last_change and their series stay as they are; the update's are)."""
+        nominal new value}, {state: value read back}, and with keep_err (a snapshot step) {state:
+        (fp32 [n] error new - shadow, int64 [bins] the staleness histogram of the new last_change,
+        or None where the state has no stale_bins)}, else None). Each state's codes, scales and
+        `written` are set (stored at codec_step); prev_code and last_change are updated in
+        place; the step's per-unit sums are added into column i of the series; ruled: `rule`
+        ran for this step already. The inputs are the replay's own: contiguous fp32 / int32 CPU
+        tensors of the layout's size (not checked again here); the errors are rows held for the
+        next snapshot too (_err_rows). counted False: the states are stored, their statistics
+        not taken (prev_code, last_change and their series stay as they are; the update's are)."""
         prev = {"m": m_hat, "v": v_hat}
         parts = parts_of(self.n)
         team = team_parts(self.n) if parts == 1 else 1  # a small layout: numba's team (team.py)
-        st, x_hat, err, prev_np = {}, {}, {}, {}
+        st, x_hat, snap, prev_np = {}, {}, {}, {}
         for s, r in self.rows.items():
             j = 1 if r.out[0].data_ptr() == prev[s].data_ptr() else 0  # never the previous step's rows
             cc = self.counts[s]
@@ -175,7 +176,7 @@ class FusedAdamStep:
                 shadow[s].numpy(), shadow_x2[s].numpy(), _NO_ERR if e is None else e.numpy(), cc.shift, cc.mask,
                 self.valid, stale)
             r.q.codes, r.q.scales, r.q.written, r.q._read_back = r.codes[j], r.scales[j], int(codec_step), None
-            x_hat[s], err[s] = r.out[j], ((e[0], stale) if keep_err else None)
+            x_hat[s], snap[s] = r.out[j], ((e[0], stale) if keep_err else None)
             # the value read back last step is normally this state's other output row: its view is held
             prev_np[s] = r.np[1 - j][-1] if prev[s] is r.out[1 - j] else prev[s].numpy()
         u, m, v, upd = self.rows_np
@@ -198,8 +199,8 @@ class FusedAdamStep:
                           self.rows["v"].sums_np, add[2], add[3], upd, add[4], add[5])
         if not keep_err:
             return self.u, {"m": self.m, "v": self.v}, x_hat, None
-        snap = {s: (e, torch.from_numpy(stale.sum(0)) if stale.shape[1] else None) for s, (e, stale) in err.items()}
-        return self.u, {"m": self.m, "v": self.v}, x_hat, snap
+        return self.u, {"m": self.m, "v": self.v}, x_hat, {
+            s: (e, torch.from_numpy(stale.sum(0)) if stale.shape[1] else None) for s, (e, stale) in snap.items()}
 
     def rule(self, g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: np.ndarray) -> tuple:
         """(u, m, v): the AdamW rule alone into this step's rows (replay_rule.adamw_rule), for
