@@ -131,6 +131,35 @@ def test_a_small_layout_steps_on_numbas_team(monkeypatch):
                 assert np.asarray(a.states[s][k]).tobytes() == np.asarray(v).tobytes(), f"{a.cfg} {s} {k}"
 
 
+@needs_numba
+def test_a_team_that_cannot_be_built_leaves_the_one_thread_path(monkeypatch):
+    """Where the first team launch fails (a numba whose internals native.call_compiled does
+    not know: here compiled_address raises), the team is off for the process and the replay
+    steps on one thread, with the reference backend's documents."""
+    from qstate_cli.kernels.cpu import native
+    if not team.team_ready(2):
+        pytest.skip("numba's threading layer is not OpenMP (or has fewer than 2 threads)")
+
+    def broken(*a):
+        raise AttributeError("no such internal")
+
+    monkeypatch.setattr(team, "TEAM_MIN_ELEMENTS", 1024)
+    monkeypatch.setattr(native, "compiled_address", broken)
+    trace, cfgs = small_trace(6), [parse_config(c) for c in ("nearest-4bit", "bnb-8bit")]
+    held = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        auto, raw = diagnose(trace, cfgs, backend="auto", keep_states=True)
+        assert team._OFF and "no such internal" in team._OFF[0]
+        assert team.team_parts(1 << 20) == 1 and raw.threads == 1
+    finally:
+        team._OFF.clear()
+        torch.set_num_threads(held)
+    ref, raw_ref = diagnose(trace, cfgs, backend="reference", keep_states=True)
+    assert comparable(auto) == comparable(ref)
+    _same_states(raw, raw_ref)
+
+
 def _wide_trace(steps: int, seed: int = 9) -> Trace:
     """Two tensors, ~74 k recorded elements (one partly recorded): a sum to one value over
     the layout splits over 2 threads (torch_sum.GRAIN = 32768)."""

@@ -250,10 +250,10 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     grad_stats = GradientStats(layout, n_steps, fused=fused_cpu)
     t_start, cpu_start = time.perf_counter(), time.process_time()
     with Workers(workers) as pool, fused_step.torch_aside(configs, device):
-        team = team_parts(layout.n) if any(c.fused is not None for c in configs) else 1  # the fused step's
-        threads = max(kernel_threads(), team)  # torch's count, the kernels' while torch is set aside, or a team's
         _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats, nonfinite, padding, sign,
               model_every, rule, progress)
+        team = team_parts(layout.n) if any(c.fused is not None for c in configs) else 1  # the fused step's (after
+        threads = max(kernel_threads(), team)  # the loop: off if its launch failed); or torch's, or the kernels'
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start

@@ -30,7 +30,7 @@ import torch
 from . import torch_sum
 from .replay_stats import NO_STALE, NO_VALID
 from .host import parts_of, run_parts
-from .team import team_parts
+from .team import first_launch, team_parts
 from .replay_rule import adamw_rule
 
 CHUNK_ELEMENTS = 8192  # units per chunk: this many elements (or one unit); ~0.5 MB of rows in cache
@@ -183,14 +183,9 @@ class FusedAdamStep:
         args = (self.unit, self.chunk, self.n, g.numpy(), prev_np["m"], prev_np["v"], u, m, v, sc, ref.numpy(),
                 ref2_units.numpy(), upd, int(codec_step), int(stats_step), self.lanes[0], bool(keep_err), bool(ruled),
                 bool(counted), st["m"], st["v"])
-        if team > 1:  # the series too, after the team's ranges
-            k = _kernels()
-            if self._step_at is None:  # the step the team calls, by address (native.call_compiled)
-                from .native import compiled_address
-                self._step_at = compiled_address(k[2 if self.wide else 0],
-                                                 (0, 0, 0) + args + (False, self.lanes[1], self.series))
-            k[4 if self.wide else 3](self._step_at, team, self.n_units, *args, self.lanes[1], self.series)
-        else:
+        launched = team > 1 and (self._team_launch(team, args) if self._step_at is not None
+                                 else first_launch(lambda: self._team_launch(team, args)))
+        if not launched:
             run_parts(_kernels()[2 if self.wide else 0], self.n, self.unit,
                       args + (parts == 1, self.lanes[1], self.series), parts=parts)
         if parts > 1:  # the series need every thread's units: one more call
@@ -201,6 +196,17 @@ class FusedAdamStep:
             return self.u, {"m": self.m, "v": self.v}, x_hat, None
         return self.u, {"m": self.m, "v": self.v}, x_hat, {
             s: (e, torch.from_numpy(stale.sum(0)) if stale.shape[1] else None) for s, (e, stale) in snap.items()}
+
+    def _team_launch(self, team: int, args: tuple) -> bool:
+        """The step over `team` threads of numba's team (team.py), the series added after the
+        ranges; the step called by its address (native.call_compiled), taken on first use."""
+        k = _kernels()
+        if self._step_at is None:
+            from .native import compiled_address
+            self._step_at = compiled_address(k[2 if self.wide else 0],
+                                             (0, 0, 0) + args + (False, self.lanes[1], self.series))
+        k[4 if self.wide else 3](self._step_at, team, self.n_units, *args, self.lanes[1], self.series)
+        return True
 
     def rule(self, g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor, sc: np.ndarray) -> tuple:
         """(u, m, v): the AdamW rule alone into this step's rows (replay_rule.adamw_rule), for

@@ -14,6 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 _TEAM: list[int] = []  # team's counts, innermost last
+_OFF: list[str] = []  # why the team was turned off in this process (team_off), if it was
 _LOCAL = threading.local()  # .team: the size numba's team of this thread was set to
 TEAM_MIN_ELEMENTS = 1 << 13  # a team thread's least share of a launch
 
@@ -39,7 +40,7 @@ def team_parts(numel: int) -> int:
     more than 1, the calling thread's team is that size (numba's count is per thread; its
     default, every CPU, would wake them all for each launch)."""
     n = min(_TEAM[-1] if _TEAM else 1, int(numel) // TEAM_MIN_ELEMENTS)
-    if n < 2 or not team_ready(n):
+    if n < 2 or _OFF or not team_ready(n):
         return 1
     if getattr(_LOCAL, "team", None) != n:
         import numba
@@ -64,3 +65,20 @@ def team_ready(n: int) -> bool:
         return numba.threading_layer() == "omp" and out.size >= n and bool((out == np.arange(1, out.size + 1)).all())
     except (ImportError, ValueError, RuntimeError):
         return False
+
+
+def first_launch(launch) -> bool:
+    """launch() (a kernel's first team launch: it takes the step's address and compiles the
+    wrapper, native.call_compiled), True; or, where this numba's internals are not the ones
+    call_compiled is written for and that fails (before anything runs), the team off for the
+    process (team_off) and False: the caller steps on its one-thread path (the same values)."""
+    try:
+        return bool(launch())
+    except Exception as err:  # noqa: BLE001 - any failure to build the launch: the one-thread path stays
+        team_off(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        return False
+
+
+def team_off(why: str) -> None:
+    """No team launches in this process from now on (why: kept in _OFF)."""
+    _OFF.append(why)
