@@ -40,7 +40,7 @@ import torch
 from ...quant.codebooks import codebook
 from .replay import block_of, why_not_fused
 from .host import parts_of, run_parts, search_table
-from .team import first_launch, team_parts
+from .team import launched, team_parts
 
 ROUNDINGS = {"nearest": 0, "stochastic": 1, "bred": 2}  # codec.NEAREST, STOCHASTIC, BRED
 KINDS = {"linear": 0, "table": 1, "float": 2}  # replay_model_kernel.LINEAR, BOOK, FLOAT
@@ -125,10 +125,7 @@ class StalenessModel:
         team = team_parts(n) if parts == 1 and self.searched else 1  # a small layout: numba's team (team.py)
         counts = np.zeros(max(parts, team), np.int64)
         args = (*arrays, self.valid, *views, counts, self.prm_of[gauss], self.lim, self.table, self.block, n)
-        at = _kernel(team=True)[1] if team > 1 else None
-        launched = team > 1 and (_team_launch(team, n // self.block, args) if at
-                                 else first_launch(lambda: _team_launch(team, n // self.block, args)))
-        if not launched:
+        if not (team > 1 and launched(lambda: _team_launch(team, n // self.block, args))):
             run_parts(_kernel(), n, self.block, args, parts=parts)
         return emp, nominal, int(counts.sum()), ((down, up) if gauss else None)
 

@@ -30,7 +30,7 @@ import torch
 from . import torch_sum
 from .replay_stats import NO_STALE, NO_VALID
 from .host import parts_of, run_parts
-from .team import first_launch, team_parts
+from .team import launched, team_parts
 from .replay_rule import adamw_rule
 
 CHUNK_ELEMENTS = 8192  # units per chunk: this many elements (or one unit); ~0.5 MB of rows in cache
@@ -183,9 +183,7 @@ class FusedAdamStep:
         args = (self.unit, self.chunk, self.n, g.numpy(), prev_np["m"], prev_np["v"], u, m, v, sc, ref.numpy(),
                 ref2_units.numpy(), upd, int(codec_step), int(stats_step), self.lanes[0], bool(keep_err), bool(ruled),
                 bool(counted), st["m"], st["v"])
-        launched = team > 1 and (self._team_launch(team, args) if self._step_at is not None
-                                 else first_launch(lambda: self._team_launch(team, args)))
-        if not launched:
+        if not (team > 1 and launched(lambda: self._team_launch(team, args))):
             run_parts(_kernels()[2 if self.wide else 0], self.n, self.unit,
                       args + (parts == 1, self.lanes[1], self.series), parts=parts)
         if parts > 1:  # the series need every thread's units: one more call

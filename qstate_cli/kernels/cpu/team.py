@@ -67,11 +67,12 @@ def team_ready(n: int) -> bool:
         return False
 
 
-def first_launch(launch) -> bool:
-    """launch() (a kernel's first team launch: it takes the step's address and compiles the
-    wrapper, native.call_compiled), True; or, where this numba's internals are not the ones
-    call_compiled is written for and that fails (before anything runs), the team off for the
-    process (team_off) and False: the caller steps on its one-thread path (the same values)."""
+def launched(launch) -> bool:
+    """launch() (a kernel's team launch: on first use it takes the step's address and compiles
+    the wrapper, native.call_compiled), True; or, where this numba's internals are not the ones
+    call_compiled is written for and building the launch fails (before anything runs), the
+    team off for the process (team_off) and False: the caller steps on its one-thread path
+    (the same values)."""
     try:
         return bool(launch())
     except Exception as err:  # noqa: BLE001 - any failure to build the launch: the one-thread path stays
