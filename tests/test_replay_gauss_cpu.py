@@ -46,6 +46,10 @@ def cells(seed: int):
     # exp's subnormal band: -b / 2 in (-104, -87) for the stochastic v at c = 1 (b = 1 + w_hi)
     w = torch.linspace(175.0, 207.0, 64)
     up[200:264] = w * (1 - 0.999) * s[200:264] / 1.0
+    # and for m: z = m / sigma in it, the window wide (a, b far below the floor): p is pinned (m_finish)
+    sig = sigma2[300:364].clamp(min=0.0).sqrt()
+    m[300:364] = sig * torch.linspace(13.3, 14.4, 64) * torch.tensor([1.0, -1.0]).repeat(32)
+    down[300:364], up[300:364] = sig * 5, sig * 5
     nominal = torch.rand(N, generator=gen) < 0.9
     return s, m, sigma2, down, up, nominal
 
@@ -126,6 +130,66 @@ def test_the_band_is_left_out_only_where_chi2_1_absorbs_it(monkeypatch):
     finally:
         replay_gauss.constants.cache_clear()
     assert calls.count("v_finish") == 2
+
+
+def m_band(z: torch.Tensor, sigma2, down, up, beta: float) -> torch.Tensor:
+    """Elements whose stochastic m has an exp argument -x x / 2 in the band [floor, EXP_BAND)."""
+    from qstate_cli.kernels.cpu.replay_gauss import EXP_BAND, EXP_FLOOR
+    sigma = torch.where(sigma2 > 0, sigma2, 1.0).sqrt()
+    lo, hi = down / (1 - beta), up / (1 - beta)
+    xs = [-(x * x) / 2 for x in (z / sigma, (z - lo) / sigma, (z + hi) / sigma)]
+    return sum(((x >= EXP_FLOOR) & (x < EXP_BAND)).int() for x in xs) > 0
+
+
+@needs_numba
+@pytest.mark.parametrize("beta", [0.9, 0.5])
+def test_ms_band_is_left_out_where_p_is_pinned(monkeypatch, beta):
+    """The stochastic m's exp arguments in [floor, EXP_BAND) are left out where p comes out
+    the same with every band phi at either end of its range: cells()' m band cells (wide
+    windows), in one pass. Windows narrow beside sigma put z, a and b all in the far tail,
+    p there hangs on the subnormal phis: m_finish counts them and the call computes again
+    with torch's exp (so do the random cells: some are such). Where torch's exp is not shown
+    below 2**-126 in the band (band_below), no band: one pass. The same bits as the
+    reference every way."""
+    from qstate_cli.kernels.cpu import replay_gauss
+    calls = []
+    real = replay_gauss.run_parts
+    monkeypatch.setattr(replay_gauss, "run_parts",
+                        lambda k, *a, **kw: calls.append(getattr(k, "__name__", "")) or real(k, *a, **kw))
+    g = ("m", beta, None)
+    s, m, sigma2, down, up, nominal = cells(1)
+    wide = [t[300:364].clone() for t in (s, m, sigma2, down, up, nominal)]
+    assert (m_band(wide[1], wide[2], wide[3], wide[4], beta) & wide[5]).sum() > 40
+    assert_same(fused(True, g, *wide), reference(True, g, *wide), "wide windows")
+    assert calls.count("m_finish") == 1
+    narrow = [t.clone() for t in wide]
+    narrow[3], narrow[4] = narrow[3] * 1e-4, narrow[4] * 1e-4
+    for what, args, passes in [("narrow windows", narrow, 2), ("all cells", cells(1), 2)]:
+        calls.clear()
+        assert_same(fused(True, g, *args), reference(True, g, *args), what)
+        assert calls.count("m_finish") == passes, what
+    calls.clear()
+    try:  # a build whose exp is not below 2**-126 in the band: no band, torch's exp throughout
+        replay_gauss.constants.cache_clear()
+        monkeypatch.setattr(replay_gauss, "band_below", lambda: False)
+        assert replay_gauss.constants(beta, 0.0, True)[10] == replay_gauss.EXP_FLOOR
+        assert_same(fused(True, g, *args), reference(True, g, *args), "no band")
+    finally:
+        replay_gauss.constants.cache_clear()
+    assert calls.count("m_finish") == 1
+
+
+def test_torch_exp_is_below_the_least_normal_in_the_band():
+    """The band's premise on this build: torch.exp(x) is in [0, 2**-126) for every one of the
+    2,097,152 fp32 x in [EXP_FLOOR, EXP_BAND); and band_below() says so."""
+    from qstate_cli.kernels.cpu.replay_gauss import EXP_BAND, EXP_FLOOR, band_below
+    lo = torch.tensor([EXP_BAND], dtype=torch.float32).view(torch.int32).item()
+    hi = torch.tensor([EXP_FLOOR], dtype=torch.float32).view(torch.int32).item()  # negative: bits grow with |x|
+    x = torch.arange(lo + 1, hi + 1, dtype=torch.int32).view(torch.float32)
+    assert x.numel() == 2_097_152 and x.max().item() < EXP_BAND and x.min().item() == EXP_FLOOR
+    y = torch.exp(x)
+    assert ((y >= 0) & (y < 2.0 ** -126)).all()
+    assert band_below()
 
 
 @needs_numba

@@ -24,12 +24,16 @@ the finishing passes put torch's own result for those arguments, probed once (`p
 sqrt(+0), erf(sqrt(+0)), and exp below EXP_FLOOR, which is +0 for every one of the
 1,018,167,296 fp32 values below it on this build, checked once at AVX-512, AVX2 and default
 capability). Arguments in exp's subnormal band (-104, -87.3) and subnormal sqrt arguments
-stay with torch: their results are not one value. Except the stochastic v's exp arguments
-below EXP_BAND (-88): there exp is below 2**-126 and only ever subtracted, times a factor
-below 11.5, from a chi2_1 that is 1, which absorbs it whole, so +0 gives the same bits
-(replay_gauss_kernel.v_finish checks chi2_1 >= 1/2 per argument; where not, the call runs
-again with every exp by torch). sr-4bit's v sent 2-15% of its exp arguments there (~12x
-their usual time, the other lanes of each vector waiting).
+stay with torch: their results are not one value. Except the stochastic exp arguments below
+EXP_BAND (-88), where exp is in [0, 2**-126) (band_below) and ~30 ns an element:
+  - v: exp is only ever subtracted, times a factor below 11.5, from a chi2_1 that is 1,
+    which absorbs it whole, so +0 gives the same bits (replay_gauss_kernel.v_finish checks
+    chi2_1 >= 1/2 per argument). sr-4bit's v sent 2-15% of its exp arguments there.
+  - m: p is monotone in each phi, so p computed with each band phi at either end of its
+    range bounds every value torch's exp could give; where both are the same value, p is
+    pinned (replay_gauss_kernel.m_finish). sr-4bit's m sent 0.7-1.9% of its exp arguments
+    there, on the 1 M trace: 1.8-4.8 ms of torch's exp per 1.5 M arguments against 0.3-0.4.
+Where the finishing pass cannot show it, the call runs again with every exp by torch.
 
 torch's ops run on one intra-op thread inside host.torch_aside (the replay of a large layout
 on the fused path); host.torch_parts then runs them in pieces on the kernels' threads.
@@ -110,17 +114,28 @@ def probe() -> tuple[float, float, float, float]:
     return zero.sqrt().erf().item(), zero.sqrt().item(), low[0].item(), floor
 
 
-EXP_BAND = -88.0  # torch's fp32 exp below it is < 2**-126: stochastic v's chi2_3 term is absorbed (v_finish)
+EXP_BAND = -88.0  # torch's fp32 exp below it is < 2**-126 (band_below): left out where it cannot change a bit
+
+
+@lru_cache(maxsize=None)
+def band_below() -> bool:
+    """torch's exp is in [0, 2**-126) on the band [EXP_FLOOR, EXP_BAND) (v_finish and m_finish
+    rest on it): its ends and 4093 values between, probed once (every one of its 2,097,152 fp32
+    values was checked on this build: tests/test_replay_gauss_cpu.py)."""
+    band = torch.cat([torch.linspace(EXP_FLOOR, EXP_BAND, 4095, dtype=torch.float32)[:-1],
+                      torch.nextafter(torch.tensor([EXP_BAND]), torch.tensor([-1e9]))])
+    low = torch.exp(band)
+    return bool(((low >= 0) & (low < 2.0 ** -126)).all())
 
 
 @lru_cache(maxsize=256)  # read-only (the kernels never write it); one (beta, c) per state and replay
 def constants(beta: float, c: float = 0.0, band: bool = True) -> np.ndarray:
     """fp32 [11] (replay_gauss_kernel.columns): 1 - beta, c, 1e30, pi, sqrt 2, sqrt(2 pi), each
-    Python scalar as torch takes it (fp32); then probe()'s; then where the stochastic v's exp
-    arguments start to be left out (replay_gauss_kernel.v_finish): EXP_BAND with band, where
-    exp is +0 below the floor, else the floor."""
+    Python scalar as torch takes it (fp32); then probe()'s; then where the stochastic exp
+    arguments start to be left out (replay_gauss_kernel.v_finish, m_finish): EXP_BAND with
+    band, where exp is +0 below the floor and below 2**-126 in the band, else the floor."""
     erf0, sqrt0, low, floor = probe()
-    edge = EXP_BAND if band and floor > -math.inf and low == 0.0 else floor
+    edge = EXP_BAND if band and floor > -math.inf and low == 0.0 and band_below() else floor
     return np.array([1 - beta, c, 1e30, math.pi, math.sqrt(2.0), math.sqrt(2 * math.pi), erf0, sqrt0, low, floor,
                      edge], np.float32)
 
@@ -158,14 +173,16 @@ def masked_gaussian(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up:
                 break
         return sc.G
     sigma2 = arg.numpy()
-    cst = constants(beta)
     if sc.sigma_of is not arg or sc.sigma_version != arg._version:  # sigma once per sigma^2 (replay step)
         run_parts(k["m_sigma"], n, CHUNK, (sigma2, SIG, CHUNK, n))
         torch_parts(SQRT, sc.SIG)
         sc.sigma_of, sc.sigma_version = arg, arg._version
-    run_parts(k["m_args"], n, CHUNK, (sr, a[0], a[1], a[2], SIG, cst, T, X, CHUNK, n))
-    torch_parts(ERF, sc.T[:(3 if sr else 2) * n1])
-    if sr:
-        torch_parts(EXP, sc.X)
-    run_parts(k["m_finish"], n, CHUNK, (sr, a[0], sigma2, a[1], a[2], a[3], SIG, cst, T, X, G, CHUNK, n))
+    for band in (True, False) if sr else (False,):  # without the band where m_finish could not pin p down
+        cst = constants(beta, 0.0, band)
+        run_parts(k["m_args"], n, CHUNK, (sr, a[0], a[1], a[2], SIG, cst, T, X, CHUNK, n))
+        torch_parts(ERF, sc.T[:(3 if sr else 2) * n1])
+        if sr:
+            torch_parts(EXP, sc.X)
+        if not run_parts(k["m_finish"], n, CHUNK, (sr, a[0], sigma2, a[1], a[2], a[3], SIG, cst, T, X, G, CHUNK, n)):
+            break
     return sc.G

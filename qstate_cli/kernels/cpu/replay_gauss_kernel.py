@@ -175,8 +175,10 @@ def m_cell(down, up, kb, big, sr):
 def m_args(b0, b1, part, sr, m, down, up, SIG, cst, T, X, B, n):
     """Nearest: T[0], T[1] = ((m + hi) / sigma) / sqrt2, ((m - lo) / sigma) / sqrt2 (Phi's erf
     arguments). Stochastic, z = m / sigma, a = (m - lo) / sigma, b = (m + hi) / sigma:
-    T[0..2] = z / sqrt2, a / sqrt2, b / sqrt2 (erf), X[0..2] = -z z / 2, -a a / 2, -b b / 2 (exp)."""
+    T[0..2] = z / sqrt2, a / sqrt2, b / sqrt2 (erf), X[0..2] = -z z / 2, -a a / 2, -b b / 2 (exp;
+    exp_in: the arguments below cst[10] replaced, m_finish's band)."""
     kb, cf, big, pi, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
+    floor = cst[10]
     nn = np.uint64(n + 1)  # the rows' stride: n elements and a slot
     for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
         lo, hi = m_cell(down[i], up[i], kb, big, sr)
@@ -197,11 +199,49 @@ def m_args(b0, b1, part, sr, m, down, up, SIG, cst, T, X, B, n):
     return 0
 
 
+TINY = np.float32(2.0 ** -126)  # above torch's exp of any argument in the band (replay_gauss.band_below)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def m_tent(mi, sigma, lo, hi, cz, ca, cb, dz, da, db):
+    """gaussian_m's stochastic left + right (before its clamp), fp32 op for op: increasing in
+    da and db, decreasing in dz (sigma, lo, hi > 0), each op weakly monotone in each operand."""
+    left = (c.ONE - mi / lo) * (cz - ca) + (sigma * (da - dz)) / lo
+    right = (c.ONE + mi / hi) * (cb - cz) - (sigma * (dz - db)) / hi
+    return left + right
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def clamp01(p):
+    """torch's clamp(0, 1): NaN and -0.0 stay."""
+    p = clamp0(p)
+    return c.ONE if p > c.ONE else p
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def band_d(d, x, floor, edge, dtop):
+    """(least, most) phi an exp argument x may give: (d, d) outside the band [floor, edge),
+    (0, dtop) in it, where torch's exp is in [0, 2**-126) and m_args passed it 0 instead."""
+    if (x >= floor) & (x < edge):
+        return c.ZERO, dtop
+    return d, d
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def m_finish(b0, b1, part, sr, m, sigma2, down, up, nominal, SIG, cst, T, X, G, B, n):
-    """G = where(nominal, gaussian_m, 0), T and X holding torch's erf / exp of m_args'."""
+    """G = where(nominal, gaussian_m, 0), T and X holding torch's erf / exp of m_args'. Returns
+    how many elements had an exp argument in the band [floor, cst[10]) that m_args left out
+    (0 in place of torch's subnormal exp, ~30 ns each) and whose p it does not pin down (then
+    the caller computes again without the band). p = clamp(left + right, 0, 1) is weakly
+    monotone in each phi (m_tent), so with every band phi at 0 or at TINY / sqrt(2 pi) the
+    right way, the sums s_min <= s_max bound every value torch's exp could lead to: where
+    both are finite (then so is every sum between), p is pinned where clamp(s_min) and
+    clamp(s_max) are the same value above 0 (one bit pattern), or where s_max < 0 (+0)."""
     kb, cf, big, pi, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
+    edge = cst[10]
+    dtop = TINY / sq2pi  # a band phi's most
     nn = np.uint64(n + 1)  # the rows' stride: n elements and a slot
+    unpinned = 0
     for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
         ok = sigma2[i] > c.ZERO
         if sr:
@@ -211,16 +251,26 @@ def m_finish(b0, b1, part, sr, m, sigma2, down, up, nominal, SIG, cst, T, X, G, 
             cz = c.HALF * (c.ONE + T[i])
             ca = c.HALF * (c.ONE + T[nn + i])
             cb = c.HALF * (c.ONE + T[np.uint64(2) * nn + i])
-            dz = exp_out(X[i], ((-z) * z) / c.TWO, floor, low) / sq2pi
-            da = exp_out(X[nn + i], ((-a) * a) / c.TWO, floor, low) / sq2pi
-            db = exp_out(X[np.uint64(2) * nn + i], ((-b) * b) / c.TWO, floor, low) / sq2pi
-            left = (c.ONE - mi / lo) * (cz - ca) + (sigma * (da - dz)) / lo
-            right = (c.ONE + mi / hi) * (cb - cz) - (sigma * (dz - db)) / hi
-            p = clamp0(left + right)
-            p = c.ONE if p > c.ONE else p  # clamp(0, 1): NaN stays
+            xz, xa, xb = ((-z) * z) / c.TWO, ((-a) * a) / c.TWO, ((-b) * b) / c.TWO
+            dz = exp_out(X[i], xz, floor, low) / sq2pi
+            da = exp_out(X[nn + i], xa, floor, low) / sq2pi
+            db = exp_out(X[np.uint64(2) * nn + i], xb, floor, low) / sq2pi
+            counted = ok & (lo > c.ZERO) & (hi > c.ZERO) & nominal[i]
+            band = ((xz >= floor) & (xz < edge)) | ((xa >= floor) & (xa < edge)) | ((xb >= floor) & (xb < edge))
+            if counted & band:
+                dz0, dz1 = band_d(dz, xz, floor, edge, dtop)
+                da0, da1 = band_d(da, xa, floor, edge, dtop)
+                db0, db1 = band_d(db, xb, floor, edge, dtop)
+                s_min = m_tent(mi, sigma, lo, hi, cz, ca, cb, dz1, da0, db0)
+                s_max = m_tent(mi, sigma, lo, hi, cz, ca, cb, dz0, da1, db1)
+                p, p_min = clamp01(s_max), clamp01(s_min)
+                finite = (abs(s_min) < c.INF) & (abs(s_max) < c.INF)
+                unpinned += np.int64(~(finite & (((p == p_min) & (p > c.ZERO)) | (s_max < c.ZERO))))
+            else:
+                p = clamp01(m_tent(mi, sigma, lo, hi, cz, ca, cb, dz, da, db))
             p = p if ok & (lo > c.ZERO) & (hi > c.ZERO) else c.ZERO
         else:
             p = c.HALF * (c.ONE + T[i]) - c.HALF * (c.ONE + T[nn + i])
             p = p if ok else c.ZERO
         G[i] = p if nominal[i] else c.ZERO
-    return 0
+    return unpinned
