@@ -63,6 +63,27 @@ def test_row_sums_are_torchs_bits(n):
         assert other.tobytes() != got32.tobytes()
 
 
+@pytest.mark.parametrize("lanes", [1, 2, 4, 8, 16])
+def test_rows_summed_across_are_row_sums_bits(lanes):
+    """row_sums_across (U interleaved rows at once: the dimension statistic's sums) adds each
+    row in row_sum's order, for any lane count torch may have: the same bits as row_sums,
+    on rows of 1 .. 9000 values (one lane, vectors left over, a tail, the cascade's levels)
+    with inf, NaN and -0.0 in them, 8 and 3 rows at once."""
+    from qstate_cli.kernels.cpu.torch_sum_kernel import row_sums, row_sums_interleaved
+
+    for n in (1, 2, 3, 4, 5, 7, 8, 15, 31, 64, 100, 128, 129, 2048, 9000):
+        for rows in (8, 3):
+            x = awkward_rows(rows, n, n).double()
+            x = x * x * torch.where(torch.arange(n) % 3 == 0, -1.0, 1.0)
+            if n > 50:
+                x[1, 5], x[2, 9], x[0, 11] = float("inf"), float("nan"), -0.0
+            a = np.ascontiguousarray(x.numpy())
+            want, got = np.empty(rows, np.float64), np.empty(rows, np.float64)
+            row_sums(a, lanes, want)
+            row_sums_interleaved(a, lanes, got)
+            assert got.tobytes() == want.tobytes(), (lanes, n, rows)
+
+
 @pytest.mark.parametrize("unit", [32, 64, 128, 256, 512, 1024, 2048, 32 * 255])
 def test_the_streamed_sum_is_torchs_bits(unit):
     from qstate_cli.kernels.cpu.torch_sum_kernel import MAX_GROUPS8, GROUP8, streamed8, streams8

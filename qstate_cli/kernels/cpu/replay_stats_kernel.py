@@ -164,6 +164,9 @@ def staleness_counts(u0, u1, part, last_change, valid, step, unit, hist):
     return 0
 
 
+ACROSS = 8  # units summed at once (torch_sum_kernel.row_sums_across): one AVX-512 vector of fp64
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def dimension_sums(u0, u1, part, err, unit, levels, lanes, small, tail):
     """Units u0 .. u1 - 1 of a snapshot's errors (fp32 err [n]): the per-unit parts of the
@@ -173,26 +176,41 @@ def dimension_sums(u0, u1, part, err, unit, levels, lanes, small, tail):
     small[k, u] = sum_j e_k[j] * e_k[j] for k < levels, and tail[u] = sum_j e_levels[j],
     each sum in torch's order of an fp64 row (torch_sum_kernel.row_sum, lanes = torch's
     fp64 lanes), each product and pair sum one correctly rounded fp64 op as torch's, so the
-    same bits. unit is a multiple of 2**levels."""
+    same bits. unit is a multiple of 2**levels. ACROSS units at a time, interleaved
+    (a[j ACROSS + u]: e_k[j] of unit u), so every op is a vector across them (row_sums_across;
+    each unit's rows are 2 .. unit values: 2.4 -> 0.9 ns per error at 2**20, unit 128)."""
     err, small, tail = nv.borrowed((err, small, tail))
-    a = np.empty(unit, np.float64)  # e_k, then e_{k+1} in b: two rows, so the pair sums vectorize
-    b = np.empty(unit, np.float64)
-    sq = np.empty(unit, np.float64)
-    acc = nv.scratch_f64(ACC)
-    for u in range(u0, u1):
-        i0 = np.uint64(u * unit)
-        for j in range(np.uint64(unit)):
-            a[j] = np.float64(err[i0 + j])
+    U = ACROSS
+    uu = np.uint64(U)
+    a = np.empty(unit * U, np.float64)  # e_k, then e_{k+1} in b: two rows, so the pair sums vectorize
+    b = np.empty(unit * U, np.float64)
+    sq = np.empty(unit * U, np.float64)
+    acc = np.empty(ACC * U, np.float64)
+    for u0b in range(u0, u1, U):
+        nu = min(U, u1 - u0b)  # units of this block; the others' lanes sum zeros, not stored
+        for u in range(uu):
+            if u < nu:
+                i0 = np.uint64((u0b + u) * unit)
+                for j in range(np.uint64(unit)):
+                    a[j * uu + u] = np.float64(err[i0 + j])
+            else:
+                for j in range(np.uint64(unit)):
+                    a[j * uu + u] = 0.0
         m = np.uint64(unit)
         for k in range(levels):
-            for j in range(m):
-                sq[j] = a[j] * a[j]
-            small[k, u] = ts.row_sum(sq, 0, m, lanes, acc)
+            for x in range(m * uu):
+                sq[x] = a[x] * a[x]
+            t = ts.row_sums_across(sq, m, lanes, acc, U)
+            for u in range(nu):
+                small[k, u0b + u] = acc[t + np.uint64(u)]
             m //= np.uint64(2)
             for j in range(m):
-                b[j] = a[2 * j] + a[2 * j + np.uint64(1)]
+                for u in range(uu):
+                    b[j * uu + u] = a[2 * j * uu + u] + a[(2 * j + np.uint64(1)) * uu + u]
             a, b = b, a
-        tail[u] = ts.row_sum(a, 0, m, lanes, acc)
+        t = ts.row_sums_across(a, m, lanes, acc, U)
+        for u in range(nu):
+            tail[u0b + u] = acc[t + np.uint64(u)]
     return 0
 
 

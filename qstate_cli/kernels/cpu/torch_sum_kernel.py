@@ -121,6 +121,86 @@ def row_sum(a, start, n, lanes, acc):
     return acc[t]
 
 
+# ---- U rows at once: the same order per row, each op a vector across the rows ---------------------
+# Rows interleaved, a[x U + u] = value x of row u, and accumulators likewise (acc[e U + u]):
+# every loop of _cascade and row_sum over a group's values, e < r, becomes one flat loop over
+# e U + u < r U, the same additions per row in the same order (so each row's bits), and the
+# vector units work across the rows instead of along short rows (the dimension statistic's
+# rows of 2 .. unit values: replay_stats_kernel.dimension_sums).
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _cascade_across(a, groups, width, acc, U):
+    """_cascade(a, 0, groups, width, acc) of each of U interleaved rows."""
+    r = np.uint64(ILP * width) * np.uint64(U)  # a group's values of every row
+    p = max(4, _ceil_log2(groups) // LEVELS)
+    step = 1 << p
+    levels = np.uint64(LEVELS) if groups >= step else np.uint64(1)  # _cascade's reason
+    for e in range(levels * r):
+        acc[e] = 0.0
+    mask = step - 1
+    i = 0
+    while i + step <= groups:
+        for _ in range(step):
+            base = np.uint64(i) * r
+            for e in range(r):
+                acc[e] += a[base + e]
+            i += 1
+        for lev in range(1, LEVELS):
+            hi, lo = np.uint64(lev) * r, np.uint64(lev - 1) * r
+            for e in range(r):
+                acc[hi + e] += acc[lo + e]
+                acc[lo + e] = 0.0
+            if i & (mask << (lev * p)):
+                break
+    while i < groups:
+        base = np.uint64(i) * r
+        for e in range(r):
+            acc[e] += a[base + e]
+        i += 1
+    for lev in range(np.uint64(1), levels):
+        hi = lev * r
+        for e in range(r):
+            acc[e] += acc[hi + e]
+
+
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def row_sums_across(a, n, lanes, acc, U):
+    """row_sum of each of U interleaved rows of n values (a[x U + u]; acc: scratch of ACC_SIZE
+    U values, in the sums' dtype): row u's sum, torch's bits, lands in acc[t + u], t = the
+    returned offset."""
+    uu = np.uint64(U)
+    t = np.uint64(acc.size) - uu
+    if n < lanes:  # one lane: groups of 4 values
+        groups = n // ILP
+        _cascade_across(a, groups, 1, acc, U)
+        for u in range(uu):
+            acc[t + u] = acc[u]
+        for x in range(np.uint64(groups * ILP) * uu, np.uint64(n) * uu):
+            acc[t + x % uu] += a[x]
+        for k in range(1, ILP):
+            for u in range(uu):
+                acc[t + u] += acc[np.uint64(k) * uu + u]
+        return t
+    w = np.uint64(lanes) * uu  # a vector's values of every row
+    vectors = n // lanes
+    groups = vectors // ILP
+    _cascade_across(a, groups, lanes, acc, U)
+    for v in range(np.uint64(groups * ILP), np.uint64(vectors)):  # vectors left over: into acc[0]
+        base = v * w
+        for e in range(w):
+            acc[e] += a[base + e]
+    for k in range(1, ILP):
+        for e in range(w):
+            acc[e] += acc[np.uint64(k) * w + e]
+    for u in range(uu):
+        acc[t + u] = 0.0
+    for x in range(np.uint64(vectors * lanes) * uu, np.uint64(n) * uu):
+        acc[t + x % uu] += a[x]
+    for lane in range(np.uint64(lanes)):
+        for u in range(uu):
+            acc[t + u] += acc[lane * uu + u]
+    return t
+
+
 # ---- 8 lanes, streamed: a row's sum accumulated while its values are computed --------------------
 # At 8 lanes a row of n = 32 G values (G groups of 4 vectors) with G < 256 takes the cascade's
 # first two levels only: level 0 sums 16 groups at a time, element by element of the group,
@@ -193,6 +273,21 @@ def row_sums(a, lanes, out):
     flat = a.reshape(-1)
     for r in range(a.shape[0]):
         out[r] = row_sum(flat, r * n, n, lanes, acc)
+    return 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def row_sums_interleaved(a, lanes, out):
+    """out[u] = row_sums_across's sum of row u of fp64 a [U, n], the rows interleaved first (tests)."""
+    U, n = a.shape
+    x = np.empty(U * n, np.float64)
+    for u in range(U):
+        for j in range(n):
+            x[j * U + u] = a[u, j]
+    acc = np.empty(ACC_SIZE * U, np.float64)
+    t = row_sums_across(x, n, lanes, acc, U)
+    for u in range(U):
+        out[u] = acc[t + np.uint64(u)]
     return 0
 
 
