@@ -67,7 +67,7 @@ def step(c, sh, g, i: int, codec_step: int, ruled: bool = False) -> None:
     does it (c.since already counts this step; ruled: `rule` ran for it)."""
     fs, st = c.fused, c.stats
     keep = c.counted and st["m"].snapshot_due(i)
-    _, _, x_hat, snap = fs.step(
+    x_hat, snap = fs.step(
         codec_step, i + 1, g, c.x_hat["m"], c.x_hat["v"], fs.rule_of.scalars(c.since), sh.update, sh.ref2_units,
         sh.x, sh.x2_units, {s: st[s].prev_code for s in ("m", "v")}, {s: st[s].last_change for s in ("m", "v")},
         keep, ruled, c.counted)

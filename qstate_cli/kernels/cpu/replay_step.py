@@ -17,9 +17,12 @@ chunk of units at a time over each thread's range of units, and the add_steps at
 where one thread holds every unit (else in one more call), so every value is computed by
 the same code as before and every record is the same, bit for bit. Its output rows (u, m,
 v, and each state's codes, scales and value read back, two of each so the previous step's
-stay intact) are allocated once and reused. States: the block-scaled 4- and 8-bit formats
-(codes packed in uint8), or both unscaled 16-bit minifloats (bf16, fp16: their uint16
-patterns, replay_codec16; adamw_config_step16); anything else keeps the separate calls
+stay intact) are allocated once and reused; u, m and v are written on a step with the
+staleness model only (`rule`, which the model reads), else the kernel keeps them in rows of
+one chunk (at 2**20 elements: 12 bytes an element-step less to memory, the 1 M trace's
+replay 3-5% faster). States: the block-scaled 4- and 8-bit formats (codes packed in
+uint8), or both unscaled 16-bit minifloats (bf16, fp16: their uint16 patterns,
+replay_codec16; adamw_config_step16); anything else keeps the separate calls
 (diagnose/fused_step.py decides). No numba at import: the kernel is imported on first use.
 """
 from __future__ import annotations
@@ -152,10 +155,10 @@ class FusedAdamStep:
     def step(self, codec_step: int, stats_step: int, g: torch.Tensor, m_hat: torch.Tensor, v_hat: torch.Tensor,
              sc: np.ndarray, ref: torch.Tensor, ref2_units: torch.Tensor, shadow: dict, shadow_x2: dict,
              prev_code: dict, last_change: dict, keep_err: bool, ruled: bool = False, counted: bool = True):
-        """One step (module docstring), replay step stats_step = i + 1: returns (u, {state:
-        nominal new value}, {state: value read back}, and with keep_err (a snapshot step) {state:
-        (fp32 [n] error new - shadow, int64 [bins] the staleness histogram of the new last_change,
-        or None where the state has no stale_bins)}, else None). Each state's codes, scales and
+        """One step (module docstring), replay step stats_step = i + 1: returns ({state: value
+        read back}, and with keep_err (a snapshot step) {state: (fp32 [n] error new - shadow,
+        int64 [bins] the staleness histogram of the new last_change, or None where the state
+        has no stale_bins)}, else None). Each state's codes, scales and
         `written` are set (stored at codec_step); prev_code and last_change are updated in
         place; the step's per-unit sums are added into column i of the series; ruled: `rule`
         ran for this step already. The inputs are the replay's own: contiguous fp32 / int32 CPU
@@ -191,9 +194,9 @@ class FusedAdamStep:
             _kernels()[1](int(stats_step) - 1, self.lanes[1], bool(counted), self.rows["m"].sums_np, add[0], add[1],
                           self.rows["v"].sums_np, add[2], add[3], upd, add[4], add[5])
         if not keep_err:
-            return self.u, {"m": self.m, "v": self.v}, x_hat, None
-        return self.u, {"m": self.m, "v": self.v}, x_hat, {
-            s: (e, torch.from_numpy(stale.sum(0)) if stale.shape[1] else None) for s, (e, stale) in snap.items()}
+            return x_hat, None
+        return x_hat, {s: (e, torch.from_numpy(stale.sum(0)) if stale.shape[1] else None)
+                       for s, (e, stale) in snap.items()}
 
     def _team_launch(self, team: int, args: tuple) -> bool:
         """The step over `team` threads of numba's team (team.py), the series added after the

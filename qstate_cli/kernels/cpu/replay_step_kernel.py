@@ -50,6 +50,23 @@ def _state16(k0, k1, part, unit, numel, x, prev, codec_step, stats_step, lanes, 
                  shadow, err, shift, mask, lanes, keep, valid, stale)
 
 
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _chunk_rows(w):
+    """Rows u, m, v for one chunk of w elements (a step without the staleness model: nothing
+    reads them after the chunk, so they stay in cache instead of 12 bytes an element to memory)."""
+    return np.empty(w, np.float32), np.empty(w, np.float32), np.empty(w, np.float32)
+
+
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _at(rows, first):
+    """Views of the chunk rows in which element `first` of the layout is each row's first: the
+    kernels index the layout's elements, first .. first + w - 1 then land in the rows."""
+    shift = np.uint64(first) * np.uint64(4)
+    return (nv.view_like(rows[0], np.uint64(rows[0].ctypes.data) - shift, first + rows[0].size),
+            nv.view_like(rows[1], np.uint64(rows[1].ctypes.data) - shift, first + rows[1].size),
+            nv.view_like(rows[2], np.uint64(rows[2].ctypes.data) - shift, first + rows[2].size))
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def adamw_config_step(k0, k1, part, unit, chunk, numel, g, m_hat, v_hat, u, m, v, sc, ref, ref2, upd,
                       codec_step, stats_step, lanes, keep, ruled, counted, st_m, st_v, finish, lanes64, series):
@@ -57,20 +74,23 @@ def adamw_config_step(k0, k1, part, unit, chunk, numel, g, m_hat, v_hat, u, m, v
     in cache between the passes): the AdamW rule (u, m, v from g, m_hat, v_hat: adamw_rule),
     then each state stored and counted (_state, st_m / st_v: its arrays), then UpdateStats'
     per-unit sums of u against the shadow's update ref (upd[3] = ref2, copied). ruled: u, m
-    and v hold this step's rule already (a step that evaluates the staleness model in between).
+    and v hold this step's rule already (a step that evaluates the staleness model in between);
+    else the rule writes into rows of one chunk (_chunk_rows), and u, m, v stay as they were.
     counted: the states' statistics too (else the states are stored and only the update's
     sums are taken: validate.py's replays read no more). finish (one thread holds every
     unit): the step's sums added into the series as well (add_steps; series = the three
     (units, series) pairs, column stats_step - 1; the states' only where counted)."""
+    rows = (u, m, v) if ruled else _chunk_rows(chunk * unit)
     for c0 in range(k0, k1, chunk):
         c1 = min(c0 + chunk, k1)
+        cu, cm, cv = (u, m, v) if ruled else _at(rows, c0 * unit)
         if not ruled:
-            adamw_rule(c0, c1, g, m_hat, v_hat, u, m, v, sc, unit, numel)
-        _state(c0, c1, part, unit, numel, m, m_hat, codec_step, stats_step, lanes, keep, st_m, counted)
-        _state(c0, c1, part, unit, numel, v, v_hat, codec_step, stats_step, lanes, keep, st_v, counted)
+            adamw_rule(c0, c1, g, m_hat, v_hat, cu, cm, cv, sc, unit, numel)
+        _state(c0, c1, part, unit, numel, cm, m_hat, codec_step, stats_step, lanes, keep, st_m, counted)
+        _state(c0, c1, part, unit, numel, cv, v_hat, codec_step, stats_step, lanes, keep, st_v, counted)
         for k in range(c0, c1):
             upd[3, k] = ref2[k]
-        update_sums(c0, c1, u, ref, upd, unit, lanes)
+        update_sums(c0, c1, cu, ref, upd, unit, lanes)
     if finish:  # st_*[14]: the state's per-unit sums (replay_step.FusedAdamStep.step's tuple)
         add_steps(stats_step - 1, lanes64, counted, st_m[14], series[0], series[1], st_v[14], series[2], series[3],
                   upd, series[4], series[5])
@@ -82,15 +102,17 @@ def adamw_config_step16(k0, k1, part, unit, chunk, numel, g, m_hat, v_hat, u, m,
                         codec_step, stats_step, lanes, keep, ruled, counted, st_m, st_v, finish, lanes64, series):
     """adamw_config_step for states m and v both unscaled 16-bit minifloats (_state16; st_*[11]:
     a state's per-unit sums)."""
+    rows = (u, m, v) if ruled else _chunk_rows(chunk * unit)
     for c0 in range(k0, k1, chunk):
         c1 = min(c0 + chunk, k1)
+        cu, cm, cv = (u, m, v) if ruled else _at(rows, c0 * unit)
         if not ruled:
-            adamw_rule(c0, c1, g, m_hat, v_hat, u, m, v, sc, unit, numel)
-        _state16(c0, c1, part, unit, numel, m, m_hat, codec_step, stats_step, lanes, keep, st_m, counted)
-        _state16(c0, c1, part, unit, numel, v, v_hat, codec_step, stats_step, lanes, keep, st_v, counted)
+            adamw_rule(c0, c1, g, m_hat, v_hat, cu, cm, cv, sc, unit, numel)
+        _state16(c0, c1, part, unit, numel, cm, m_hat, codec_step, stats_step, lanes, keep, st_m, counted)
+        _state16(c0, c1, part, unit, numel, cv, v_hat, codec_step, stats_step, lanes, keep, st_v, counted)
         for k in range(c0, c1):
             upd[3, k] = ref2[k]
-        update_sums(c0, c1, u, ref, upd, unit, lanes)
+        update_sums(c0, c1, cu, ref, upd, unit, lanes)
     if finish:
         add_steps(stats_step - 1, lanes64, counted, st_m[11], series[0], series[1], st_v[11], series[2], series[3],
                   upd, series[4], series[5])
