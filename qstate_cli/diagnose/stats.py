@@ -85,6 +85,8 @@ class StateStats:
             from ..kernels.cpu.replay_stats import CodeCounts  # no numba until the first observe
             shift = spec.fmt.man_bits if self.code_mode == "binade" else 0
             self._fused = CodeCounts(spec.fmt.bits, layout.n, layout.unit, self.n_codes, shift)
+            from ..kernels.cpu.replay_stats import prev_code_dtype
+            self.prev_code = torch.zeros(layout.n, dtype=prev_code_dtype(spec.fmt.bits, True))  # uint8: <= 8 bits
 
     def observe(self, i: int, x: torch.Tensor, prev: torch.Tensor, new: torch.Tensor,
                 shadow: torch.Tensor, shadow_x2_units: torch.Tensor, storage: torch.Tensor | None) -> None:
@@ -107,7 +109,7 @@ class StateStats:
         code = stored_code(storage, self.spec, self.layout.n) if storage is not None else new.view(torch.int32)
         code_changed = code != self.prev_code
         code_stall = nominal > code_changed
-        self.prev_code = code
+        self.prev_code = code.to(self.prev_code.dtype)  # the same codes (uint8 only where they fit: __init__)
         u = torch.stack([unit_sums(err, unit), unit_sums(err * err, unit), unit_sums(stall, unit),
                          unit_sums(nominal, unit), shadow_x2_units, unit_sums(code_stall, unit)])
         self._add(i, u)

@@ -51,6 +51,13 @@ def _kernel(which: int = 0):
     return _KERNELS[which]
 
 
+def prev_code_dtype(bits: int, fused: bool) -> torch.dtype:
+    """The dtype StateStats keeps the previous step's codes in: uint8 where the fused path counts
+    codes of at most 8 bits (state_counts reads and writes it every step: 2 bytes an element
+    where int32 moved 8), else int32 (torch's codes, a 16-bit float's patterns)."""
+    return torch.uint8 if fused and bits <= 8 else torch.int32
+
+
 class CodeCounts:
     """The fused counterpart of StateStats' comparisons, per-unit counts, per-code counts and
     last_change / prev_code updates for one state (module docstring)."""
@@ -71,11 +78,12 @@ class CodeCounts:
         """(fp32 [6, n_units]: this step's per-unit rows of StateStats (S_*): the sums of the
         error e = new - shadow and of e * e (each one fp32 op as torch's, summed in torch's
         order: torch_sum.py), #stall, #nominal, shadow_x2_units, #code stall; fp32 [n]: e,
-        or None unless keep_err); updates prev_code and last_change (int32 [n]) in place and
-        adds this step's per-code counts."""
+        or None unless keep_err); updates prev_code (int32 [n], or uint8 [n] for codes of at most
+        8 bits: StateStats' prev_code_dtype) and last_change (int32 [n]) in place and adds this
+        step's per-code counts."""
         n_units = self.n // self.unit
-        if prev_code.dtype != torch.int32 or last_change.dtype != torch.int32:
-            raise ValueError("prev_code and last_change must be int32")
+        if prev_code.dtype != prev_code_dtype(self.bits, True) or last_change.dtype != torch.int32:
+            raise ValueError(f"prev_code must be {prev_code_dtype(self.bits, True)} and last_change int32")
         sizes = (x.numel(), prev.numel(), new.numel(), prev_code.numel(), last_change.numel(), shadow.numel())
         dtype, per = (torch.int16, 1) if self.bits == 16 else (torch.uint8, self.bits / 8)
         if (set(sizes) != {self.n} or storage.dtype != dtype or storage.numel() != self.n * per
