@@ -74,11 +74,12 @@ def test_floor_code_of_every_code_book_at_its_entries_and_their_neighbours(name)
 
 @needs_numba
 def test_a_dense_book_needs_three_steps_and_both_searches_find_its_floor():
-    """40 entries in [0.9, 1]: host.search_table's buckets hold up to 3 entries above their
-    least value (STEPS 3), so the last step of floor_codes starts from neither neighbour of
-    many values; both searches still give numpy's floor and its two entries."""
+    """40 entries in [0.9, 0.97]: host.search_table's buckets (its finest, 2**7 a binade) hold
+    up to 3 entries above their least value (STEPS 3), so the last step of floor_codes starts
+    from neither neighbour of many values; both searches still give numpy's floor and its two
+    entries."""
     from qstate_cli.kernels.cpu.host import search_table
-    table = np.linspace(0.9, 1.0, 40).astype(np.float32)
+    table = np.linspace(0.9, 0.97, 40).astype(np.float32)
     prepared, search = search_table(table.tobytes())
     assert search[2] == 3
     lay = (0, 8, 0, table.size, 0, 0, 0, 0) + search  # codec's 8 columns (KIND, BITS, SIGNED, NT, ...), then the buckets'
