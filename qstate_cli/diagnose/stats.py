@@ -82,10 +82,9 @@ class StateStats:
         self._ones = torch.ones(layout.n, dtype=torch.int64, device=dev)
         self._fused = None
         if fused and self.code_mode is not None and dev.type == "cpu":
-            from ..kernels.cpu.replay_stats import CodeCounts  # no numba until the first observe
+            from ..kernels.cpu.replay_stats import CodeCounts, prev_code_dtype  # no numba until the first observe
             shift = spec.fmt.man_bits if self.code_mode == "binade" else 0
             self._fused = CodeCounts(spec.fmt.bits, layout.n, layout.unit, self.n_codes, shift)
-            from ..kernels.cpu.replay_stats import prev_code_dtype
             self.prev_code = torch.zeros(layout.n, dtype=prev_code_dtype(spec.fmt.bits, True))  # uint8: <= 8 bits
 
     def observe(self, i: int, x: torch.Tensor, prev: torch.Tensor, new: torch.Tensor,
