@@ -45,11 +45,12 @@ def _ceil_log2(x):
 
 
 @njit(nogil=True, cache=True, inline="always", error_model="numpy")
-def _cascade(a, start, groups, width, acc):
+def _cascade(a, start, groups, width, acc, rows):
     """acc[0 : 4 width] = the per-(vector, lane) sums of `groups` groups of 4 width values from
-    a[start], in acc's dtype (a float64 acc: each fp32 value cast, then added). Indices are
-    uint64 (numba then skips its negative-index wraparound, so the loops vectorize)."""
-    r = np.uint64(ILP * width)
+    a[start], in acc's dtype (a float64 acc: each fp32 value cast, then added); of each of
+    `rows` interleaved rows at once (1: one row; row_sums_across). Indices are uint64 (numba
+    then skips its negative-index wraparound, so the loops vectorize)."""
+    r = np.uint64(ILP * width) * np.uint64(rows)  # a group's values (of every row: row_sums_across)
     p = max(4, _ceil_log2(groups) // LEVELS)
     step = 1 << p
     # levels above 0 stay zero unless a run of 2**p groups fills level 0; adding their +0.0
@@ -95,7 +96,7 @@ def row_sum(a, start, n, lanes, acc):
     s0 = np.uint64(start)
     if n < lanes:  # one lane: groups of 4 values
         groups = n // ILP
-        _cascade(a, start, groups, 1, acc)
+        _cascade(a, start, groups, 1, acc, 1)
         acc[t] = acc[0]
         for k in range(np.uint64(groups * ILP), np.uint64(n)):
             acc[t] += a[s0 + k]
@@ -105,7 +106,7 @@ def row_sum(a, start, n, lanes, acc):
     w = np.uint64(lanes)
     vectors = n // lanes
     groups = vectors // ILP
-    _cascade(a, start, groups, lanes, acc)
+    _cascade(a, start, groups, lanes, acc, 1)
     for v in range(np.uint64(groups * ILP), np.uint64(vectors)):  # vectors left over: into acc[0]
         base = s0 + v * w
         for lane in range(w):
@@ -123,45 +124,10 @@ def row_sum(a, start, n, lanes, acc):
 
 # ---- U rows at once: the same order per row, each op a vector across the rows ---------------------
 # Rows interleaved, a[x U + u] = value x of row u, and accumulators likewise (acc[e U + u]):
-# every loop of _cascade and row_sum over a group's values, e < r, becomes one flat loop over
-# e U + u < r U, the same additions per row in the same order (so each row's bits), and the
-# vector units work across the rows instead of along short rows (the dimension statistic's
-# rows of 2 .. unit values: replay_stats_kernel.dimension_sums).
-@njit(nogil=True, cache=True, inline="always", error_model="numpy")
-def _cascade_across(a, groups, width, acc, U):
-    """_cascade(a, 0, groups, width, acc) of each of U interleaved rows."""
-    r = np.uint64(ILP * width) * np.uint64(U)  # a group's values of every row
-    p = max(4, _ceil_log2(groups) // LEVELS)
-    step = 1 << p
-    levels = np.uint64(LEVELS) if groups >= step else np.uint64(1)  # _cascade's reason
-    for e in range(levels * r):
-        acc[e] = 0.0
-    mask = step - 1
-    i = 0
-    while i + step <= groups:
-        for _ in range(step):
-            base = np.uint64(i) * r
-            for e in range(r):
-                acc[e] += a[base + e]
-            i += 1
-        for lev in range(1, LEVELS):
-            hi, lo = np.uint64(lev) * r, np.uint64(lev - 1) * r
-            for e in range(r):
-                acc[hi + e] += acc[lo + e]
-                acc[lo + e] = 0.0
-            if i & (mask << (lev * p)):
-                break
-    while i < groups:
-        base = np.uint64(i) * r
-        for e in range(r):
-            acc[e] += a[base + e]
-        i += 1
-    for lev in range(np.uint64(1), levels):
-        hi = lev * r
-        for e in range(r):
-            acc[e] += acc[hi + e]
-
-
+# every loop of _cascade (its `rows` = U) and row_sum over a group's values, e < r, becomes
+# one flat loop over e U + u < r U, the same additions per row in the same order (so each
+# row's bits), and the vector units work across the rows instead of along short rows (the
+# dimension statistic's rows of 2 .. unit values: replay_stats_kernel.dimension_sums).
 @njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def row_sums_across(a, n, lanes, acc, U):
     """row_sum of each of U interleaved rows of n values (a[x U + u]; acc: scratch of ACC_SIZE
@@ -171,7 +137,7 @@ def row_sums_across(a, n, lanes, acc, U):
     t = np.uint64(acc.size) - uu
     if n < lanes:  # one lane: groups of 4 values
         groups = n // ILP
-        _cascade_across(a, groups, 1, acc, U)
+        _cascade(a, 0, groups, 1, acc, U)
         for u in range(uu):
             acc[t + u] = acc[u]
         for x in range(np.uint64(groups * ILP) * uu, np.uint64(n) * uu):
@@ -183,7 +149,7 @@ def row_sums_across(a, n, lanes, acc, U):
     w = np.uint64(lanes) * uu  # a vector's values of every row
     vectors = n // lanes
     groups = vectors // ILP
-    _cascade_across(a, groups, lanes, acc, U)
+    _cascade(a, 0, groups, lanes, acc, U)
     for v in range(np.uint64(groups * ILP), np.uint64(vectors)):  # vectors left over: into acc[0]
         base = v * w
         for e in range(w):
