@@ -34,6 +34,13 @@ def clamp0(x):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
+def clamp01(p):
+    """torch's clamp(0, 1): NaN and -0.0 stay."""
+    p = clamp0(p)
+    return c.ONE if p > c.ONE else p
+
+
+@njit(cache=True, inline="always", error_model="numpy")
 def clamp_big(x, big):
     """torch's clamp(max=big): NaN stays."""
     return big if x > big else x
@@ -142,8 +149,7 @@ def v_finish(b0, b1, part, sr, s, down, up, nominal, cst, T, X, G, B, n):
             f3b = f1b - root_out(T[np.uint64(3) * nn + i], (c.TWO * b) / pi, sqrt0) * exp_out(X[nn + i], xb, edge, low)
             p = ((c.ONE - (c.ONE / w_lo) * cf) * (f1c - f1a) + (f3c - f3a) / w_lo
                  + (c.ONE + (c.ONE / w_hi) * cf) * (f1b - f1c) - (f3b - f3c) / w_hi)
-            p = clamp0(p)
-            p = c.ONE if p > c.ONE else p  # clamp(0, 1): NaN stays
+            p = clamp01(p)
             p = p if ok & (w_lo > c.ZERO) & (w_hi > c.ZERO) else c.ZERO
         else:  # chi2_1(c + w_hi) - chi2_1(c - w_lo)
             p = f1b - f1a
@@ -209,13 +215,6 @@ def m_tent(mi, sigma, lo, hi, cz, ca, cb, dz, da, db):
     left = (c.ONE - mi / lo) * (cz - ca) + (sigma * (da - dz)) / lo
     right = (c.ONE + mi / hi) * (cb - cz) - (sigma * (dz - db)) / hi
     return left + right
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def clamp01(p):
-    """torch's clamp(0, 1): NaN and -0.0 stay."""
-    p = clamp0(p)
-    return c.ONE if p > c.ONE else p
 
 
 @njit(cache=True, inline="always", error_model="numpy")
