@@ -41,7 +41,7 @@ def _helpers():
 
     @njit(error_model="numpy")
     def staged(table, lay, vs, k, lo, hi):
-        q, w = np.empty(vs.size, np.int32), np.empty(vs.size, np.int32)
+        q, w = np.empty(vs.size, np.int32), np.empty(vs.size, np.uint64)
         floor_codes(table, lay, lay[c.NT], vs, vs.size, q, lo, hi, w)
         for j in range(vs.size):
             k[j] = q[j]

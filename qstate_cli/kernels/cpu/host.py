@@ -287,11 +287,13 @@ def search_table(table_bytes: bytes) -> tuple[np.ndarray, tuple[int, int, int, i
     sign bit. bucket[j] = #(table <= the least value of bucket j) (first buckets: all magnitudes
     below LO; last: all above 1), and STEPS = the most entries any bucket holds above its least
     value, so bucket[j] + STEPS steps of `count += table[count] <= v` reach #(table <= v).
-    m is the smallest of 3..7 with STEPS <= 1, else 7 (de8: 6, de8u: 7, 30 kB of buckets; at 6
-    de8u took 2 steps, 1.9 against 1.45 ns per value in stages). The array returned holds the table padded
-    with +inf to OFF = max(NT, 256) + STEPS + 1 entries (every code and every step reads an
-    entry), then the 2 NM buckets as int32 bit patterns in its fp32 slots (one array per code
-    book, so the kernels take it where they took the table)."""
+    m is the smallest of 3..7 with STEPS <= 1, else 7 (de8: 6, de8u: 7; at 6 de8u took 2
+    steps, 1.9 against 1.45 ns per value in stages). The array returned holds the table padded
+    with +inf to OFF = max(NT, 256) + STEPS + 1 entries, rounded up to even (every code and
+    every step reads an entry), then the 2 NM buckets, each a pair of fp32 slots: its count as
+    an int32 bit pattern, then table[count], the entry its first step compares, so one 8-byte
+    load (native.pair_at) gives both (de8u: 60 kB). One array per code book, so the kernels
+    take it where they took the table."""
     tab = np.frombuffer(table_bytes, np.float32)
     lo, hi = SEARCH_LO, SEARCH_HI
     for m in range(3, 8):
@@ -307,7 +309,9 @@ def search_table(table_bytes: bytes) -> tuple[np.ndarray, tuple[int, int, int, i
         if steps <= 1:
             break
     off = max(tab.size, 256) + steps + 1
-    out = np.full(off + c0.size, np.inf, np.float32)
+    off += off & 1
+    out = np.full(off + 2 * c0.size, np.inf, np.float32)
     out[:tab.size] = tab
-    out[off:] = c0.astype(np.int32).view(np.float32)
+    out[off::2] = c0.astype(np.int32).view(np.float32)
+    out[off + 1::2] = out[c0]
     return out, (s, nm, steps, off)

@@ -1,5 +1,5 @@
-"""numba intrinsics of the CPU path: fp32 bit casts, arrays without reference counts, and the
-vector width it compiles for (wide_features).
+"""numba intrinsics of the CPU path: fp32 bit casts, two fp32 entries in one load, arrays
+without reference counts, and the vector width it compiles for (wide_features).
 
 numba keeps a reference count on every array and increfs / decrefs it (an atomic op, through
 a call) each time a variable binds it, which includes every argument of an inlined helper;
@@ -32,6 +32,24 @@ def bits_of_f32(typingctx, x):
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.IntType(32))
     return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def pair_at(typingctx, arr, i):
+    """The 8 bytes of arr[i] and arr[i + 1] (a 1-D fp32 array) as one uint64: arr[i]'s bits in
+    the low 32, arr[i + 1]'s in the high 32 (x86 and Arm are little-endian). One load where two
+    would each be a scalar load of a computed index (search.floor_codes: ~0.2 ns a load and as
+    much a store). The caller keeps i + 1 in bounds (nothing is checked)."""
+    if not isinstance(arr, types.Array) or arr.dtype != types.float32 or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, value=args[0])
+        at = builder.gep(a.data, [context.cast(builder, args[1], signature.args[1], types.intp)])
+        value = builder.load(builder.bitcast(at, ir.IntType(64).as_pointer()))
+        value.align = 4  # an fp32 array's alignment
+        return value
+    return types.uint64(arr, i), codegen
 
 
 # ---- arrays without reference counts -----------------------------------------------------------

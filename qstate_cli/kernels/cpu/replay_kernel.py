@@ -300,7 +300,7 @@ def replay_codec(b0, b1, x, codes, s16, out, lay, lim, table, B, numel, plan, ba
     the return."""
     x, codes, s16, out, lim, table, plan, base = native.borrowed((x, codes, s16, out, lim, table, plan, base))
     rows = (np.empty(B, np.float32), np.zeros(B, np.float32), np.empty(B, np.int32), np.empty(B, np.float32),
-            np.empty(B, np.float32), np.empty(B, np.int32))
+            np.empty(B, np.float32), np.empty(B, np.uint64))
     row, u, q, lo, hi, w = native.borrowed(rows)  # lo, hi, w: round_table's
     rounding, sbf16 = lay[c.ROUND], lay[c.SBF16] != 0
     book = lay[c.KIND] == c.TABLE and not lay[c.UNIT]  # a searched or scanned code book (round_table, round_book16)

@@ -10,7 +10,7 @@ from numba import njit, prange
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
 from . import native as nv
-from .search import NM, OFF, floor_codes
+from .search import HIGH, LOW, NM, OFF, floor_codes
 
 # prm columns (replay_model.StalenessModel; 8 .. 11: search.py's SHIFT, NM, STEPS, OFF, or a
 # minifloat's MAN, EMIN, MAXORD as in codec.py's lay)
@@ -66,7 +66,7 @@ def chunk_windows(src, start, cnt, B, prm, lim, table, frac, binade, y, dl, dn, 
         book16_windows(y, cnt, table, dl, frac, dn, up, o)
     else:
         nt = prm[P_NT]
-        gaps = np.uint64(prm[OFF] + 2 * prm[NM])  # replay_model.code_gaps, past the search buckets
+        gaps = np.uint64(prm[OFF] + 4 * prm[NM])  # replay_model.code_gaps, past the search buckets' pairs
         kq, tlo, thi, w = rows
         floor_codes(table, prm, nt, y, cnt, kq, tlo, thi, w)  # searchsorted(right=True) - 1, clamped
         top = np.int32(nt - 2)
@@ -75,10 +75,12 @@ def chunk_windows(src, start, cnt, B, prm, lim, table, frac, binade, y, dl, dn, 
             f = (n - tlo[j]) / (thi[j] - tlo[j])  # clamp(0, 1) does not change f >= 0.5 (NaN: False)
             k0 = kq[j] if n == n else top
             kq[j] = np.int32(k0 + np.int32(f >= c.HALF))
-        for j in range(cnt):  # the gaps' loads, a loop of their own (scalar loads: no gather here)
-            k = gaps + np.uint64(2) * np.uint64(kq[j])
-            dn[o + np.uint64(j)] = table[k] * dl[j] * frac
-            up[o + np.uint64(j)] = table[k + np.uint64(1)] * dl[j] * frac
+        for j in range(cnt):  # the gaps below and above, one pair load (scalar: no gather here)
+            w[j] = nv.pair_at(table, gaps + np.uint64(2) * np.uint64(kq[j]))
+        for j in range(cnt):
+            p = w[j]
+            dn[o + np.uint64(j)] = c.f32_from_bits(np.uint32(p & LOW)) * dl[j] * frac
+            up[o + np.uint64(j)] = c.f32_from_bits(np.uint32(p >> HIGH)) * dl[j] * frac
     if prm[P_SQRT]:  # gaps on y = sqrt(x) -> gaps on x around the same point
         for j in range(cnt):
             y0 = abs(src[i0 + np.uint64(j)])
@@ -194,7 +196,7 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
     rup = np.empty(W, np.float32)
     y = np.empty(W, np.float32)
     dl = np.empty(W, np.float32)
-    rows = np.empty(W, np.int32), np.empty(W, np.float32), np.empty(W, np.float32), np.empty(W, np.int32)
+    rows = np.empty(W, np.int32), np.empty(W, np.float32), np.empty(W, np.float32), np.empty(W, np.uint64)
     rounding = prm[P_ROUND]
     sr = rounding == c.STOCHASTIC
     frac = c.ONE if sr else c.HALF

@@ -18,63 +18,76 @@ import numpy as np
 from numba import njit
 
 from .host import SEARCH_HI, SEARCH_LO
-from .native import bits_of_f32, f32_from_bits
+from .native import bits_of_f32, f32_from_bits, pair_at
 
 SHIFT, NM, STEPS, OFF = range(8, 12)  # lay columns after codec's 8 (host.layout_arrays)
 MAG_LO, MAG_HI = np.uint32(SEARCH_LO), np.uint32(SEARCH_HI)
+LOW, HIGH = np.uint64(0xFFFFFFFF), np.uint64(32)  # a pair's first entry, the shift to its second
 
 
 @njit(cache=True, inline="always", error_model="numpy")
 def floor_code(table, lay, nt, v):
     """clamp(#(table <= v) - 1, 0, nt - 2) (searchsorted(right=True) - 1, clamped) for any
-    sorted code book, through a bucket of v's fp32 bits (host.search_table): the bucket,
-    table[OFF + NM + i] (v >= +0) or table[OFF + NM - 1 - i] (sign set), i = (clamp(bits(|v|),
-    LO, HI) - LO) >> SHIFT, holds #(table <= its least value) as an int32 bit pattern; then
-    STEPS (1-2) steps count the entries up to v: 1 + STEPS dependent loads, not `bits`.
+    sorted code book, through a bucket of v's fp32 bits (host.search_table): bucket j, i =
+    (clamp(bits(|v|), LO, HI) - LO) >> SHIFT, j = NM + i (v >= +0) or NM - 1 - i (sign set), is
+    the pair table[OFF + 2j] = #(table <= its least value) (an int32 bit pattern), table[OFF +
+    2j + 1] = the entry at that count; then STEPS (1-2) steps count the entries up to v, the
+    first against the pair's entry: 1 + (STEPS - 1) dependent loads, not `bits`.
     lay's constants are compile-time in the optimizer kernels, runtime in the replay's."""
     b = bits_of_f32(v)
     i = np.uint64((min(max(np.uint32(b & np.uint32(0x7FFFFFFF)), MAG_LO), MAG_HI) - MAG_LO)
                   >> np.uint32(lay[SHIFT]))
     nm = np.uint64(lay[NM])
     j = nm - np.uint64(1) - i if b >> np.uint32(31) else nm + i
-    count = np.int64(bits_of_f32(table[np.uint64(lay[OFF]) + j]))
-    for _ in range(lay[STEPS]):
-        count += np.int64(table[np.uint64(count)] <= v)
+    p = pair_at(table, np.uint64(lay[OFF]) + np.uint64(2) * j)
+    count = np.int64(p & LOW)
+    entry = f32_from_bits(np.uint32(p >> HIGH))
+    for s in range(lay[STEPS]):
+        if s:
+            entry = table[np.uint64(count)]
+        count += np.int64(entry <= v)
     return min(max(count - 1, np.int64(0)), np.int64(nt - 2))
 
 
 @njit(cache=True, inline="always", error_model="numpy")
 def floor_codes(table, lay, nt, v, cnt, k, lo, hi, w):
     """floor_code of v[j] for j < cnt into k[j] (int32), with lo[j] = table[k[j]] and hi[j] =
-    table[k[j] + 1]; w: an int32 scratch row of cnt. The same ops per element as floor_code,
-    in stages over the rows: the buckets' positions (vectorizes), then the dependent loads
-    (scalar: LLVM does not gather on these cores, and an AVX2 gather measured 0.43 ns per
-    value against 0.32 for scalar loads), each step's compare (vectorizes), the clamp and the
-    two entries. One loop per element held the loads, compares and branches together: 4.4-5.5
-    against 2.2-2.7 ns per value for the 8-bit books de8 and de8u (docs/diagnose.md,
-    "Code-book search in stages")."""
-    sh, off = np.uint32(lay[SHIFT]), np.uint32(lay[OFF] + lay[NM])
-    for j in range(cnt):  # bucket OFF + NM + i (v >= +0) or OFF + NM - 1 - i = OFF + NM + ~i (sign set)
+    table[k[j] + 1]; w: a uint64 scratch row of cnt. The same ops per element as floor_code,
+    in stages over the rows: the buckets' positions (vectorizes), then the loads, each its own
+    scalar loop (LLVM does not gather on these cores, and an AVX2 gather measured 0.43 ns per
+    value against 0.32 for scalar loads), each step's compare (vectorizes), the clamp, and lo,
+    hi split from their pair (vectorizes). Each load is a pair (native.pair_at) into w: the
+    bucket's count with its entry, then table[k], table[k + 1]; a scalar load and a scalar
+    store cost about the same (~0.2 ns each), so one u64 store for two fp32 ones took 1.5 ->
+    1.05 ns per value (de8, de8u). One loop per element held the loads, compares and branches
+    together: 4.4-5.5 against 2.2-2.7 ns per value for the 8-bit books de8 and de8u
+    (docs/diagnose.md, "Code-book search in stages")."""
+    sh, off = np.uint32(lay[SHIFT]), np.uint32(lay[NM])
+    base = np.uint64(lay[OFF])
+    for j in range(cnt):  # bucket NM + i (v >= +0) or NM - 1 - i = NM + ~i (sign set), 2 slots each
         b = bits_of_f32(v[j])
         i = np.uint32((min(max(np.uint32(b & np.uint32(0x7FFFFFFF)), MAG_LO), MAG_HI) - MAG_LO) >> sh)
         neg = np.uint32(np.uint32(0) - np.uint32(b >> np.uint32(31)))  # all ones where the sign is set
-        w[j] = np.int32(np.uint32(off + np.uint32(i ^ neg)))
-    for j in range(cnt):  # the bucket's count, then the entry it points at
-        n0 = np.int32(bits_of_f32(table[np.uint64(w[j])]))
-        k[j] = n0
-        lo[j] = table[np.uint64(n0)]
-    for s in range(lay[STEPS]):
-        if s:
-            for j in range(cnt):
-                lo[j] = table[np.uint64(k[j])]
+        w[j] = base + np.uint64(2) * np.uint64(np.uint32(off + np.uint32(i ^ neg)))
+    for j in range(cnt):  # the bucket's count and the entry it points at
+        w[j] = pair_at(table, w[j])
+    for j in range(cnt):  # the first step
+        p = w[j]
+        k[j] = np.int32(np.int64(p & LOW) + np.int64(f32_from_bits(np.uint32(p >> HIGH)) <= v[j]))
+    for s in range(1, lay[STEPS]):
+        for j in range(cnt):
+            lo[j] = table[np.uint64(k[j])]
         for j in range(cnt):
             k[j] = np.int32(k[j] + np.int32(lo[j] <= v[j]))
     top = np.int32(nt - 2)
     for j in range(cnt):
-        kj = min(max(k[j] - np.int32(1), np.int32(0)), top)
-        k[j] = kj
-        lo[j] = table[np.uint64(kj)]
-        hi[j] = table[np.uint64(kj) + np.uint64(1)]
+        k[j] = min(max(k[j] - np.int32(1), np.int32(0)), top)
+    for j in range(cnt):  # table[k], table[k + 1]
+        w[j] = pair_at(table, np.uint64(k[j]))
+    for j in range(cnt):
+        p = w[j]
+        lo[j] = f32_from_bits(np.uint32(p & LOW))
+        hi[j] = f32_from_bits(np.uint32(p >> HIGH))
 
 
 SCAN_MAX = 16  # code books of at most this many entries (4-bit) are scanned, not searched
