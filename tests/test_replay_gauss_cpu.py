@@ -107,6 +107,17 @@ def test_the_inputs_reach_the_substituted_and_the_slow_arguments():
     assert band.sum() > 10 and (torch.exp(-b / 2)[band].abs() < 1.2e-38).all()
 
 
+def kernel_calls(monkeypatch) -> list:
+    """The names of replay_gauss' kernels as they are called from now on (the cells are one
+    chunk: a finishing kernel's calls are the passes)."""
+    from qstate_cli.kernels.cpu import replay_gauss
+    calls = []
+    for name, kernel in list(replay_gauss._kernels().items()):
+        monkeypatch.setitem(replay_gauss._KERNELS, name,
+                            lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a))
+    return calls
+
+
 @needs_numba
 def test_the_band_is_left_out_only_where_chi2_1_absorbs_it(monkeypatch):
     """The stochastic v's exp arguments in [floor, EXP_BAND) get +0 in place of torch's
@@ -114,10 +125,7 @@ def test_the_band_is_left_out_only_where_chi2_1_absorbs_it(monkeypatch):
     band: chi2_1 = 1); with the band moved up to 0, where chi2_1 is small, v_finish counts
     those arguments and the call computes again without the band: the same bits both ways."""
     from qstate_cli.kernels.cpu import replay_gauss
-    calls = []
-    real = replay_gauss.run_parts
-    monkeypatch.setattr(replay_gauss, "run_parts",
-                        lambda k, *a, **kw: calls.append(getattr(k, "__name__", "")) or real(k, *a, **kw))
+    calls = kernel_calls(monkeypatch)
     args, g = cells(1), ("v", 0.999, 1.0)
     want = reference(True, g, *args)
     assert_same(fused(True, g, *args), want, "band")
@@ -152,10 +160,7 @@ def test_ms_band_is_left_out_where_p_is_pinned(monkeypatch, beta):
     below 2**-126 in the band (band_below), no band: one pass. The same bits as the
     reference every way."""
     from qstate_cli.kernels.cpu import replay_gauss
-    calls = []
-    real = replay_gauss.run_parts
-    monkeypatch.setattr(replay_gauss, "run_parts",
-                        lambda k, *a, **kw: calls.append(getattr(k, "__name__", "")) or real(k, *a, **kw))
+    calls = kernel_calls(monkeypatch)
     g = ("m", beta, None)
     s, m, sigma2, down, up, nominal = cells(1)
     wide = [t[300:364].clone() for t in (s, m, sigma2, down, up, nominal)]
@@ -268,14 +273,23 @@ def test_torch_transcendentals_are_elementwise(op):
 
 
 @needs_numba
-def test_fused_gaussian_over_threads(monkeypatch):
-    from qstate_cli.kernels.cpu import host
+@pytest.mark.parametrize("chunk", [65536, 1000, 64])
+def test_fused_gaussian_over_threads(monkeypatch, chunk):
+    """3 ranges, one per thread (torch on one thread, as in host.torch_aside), each its own
+    pipeline over chunks of `chunk` elements (the last one short, the band computed again per
+    chunk): the reference's bits."""
+    from qstate_cli.kernels.cpu import host, replay_gauss
+    from qstate_cli.runtime import torch_threads
     monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
     monkeypatch.setattr(host, "threads", lambda: 3)
+    monkeypatch.setattr(replay_gauss, "CHUNK", chunk)
+    assert replay_gauss.range_parts(N) == 1 or torch.get_num_threads() == 1
     args = cells(4)
-    for sr in (False, True):
-        for g in (("v", 0.999, 0.5), ("m", 0.9, None)):
-            assert_same(fused(sr, g, *args), reference(sr, g, *args), f"{g} sr={sr} threads")
+    with torch_threads(1):
+        assert replay_gauss.range_parts(N) == 3
+        for sr in (False, True):
+            for g in (("v", 0.999, 0.5), ("m", 0.9, None), ("m", 0.5, None)):
+                assert_same(fused(sr, g, *args), reference(sr, g, *args), f"{g} sr={sr} threads")
 
 
 @needs_numba

@@ -35,15 +35,21 @@ EXP_BAND (-88), where exp is in [0, 2**-126) (band_below) and ~30 ns an element:
     there, on the 1 M trace: 1.8-4.8 ms of torch's exp per 1.5 M arguments against 0.3-0.4.
 Where the finishing pass cannot show it, the call runs again with every exp by torch.
 
-torch's ops run on one intra-op thread inside host.torch_aside (the replay of a large layout
-on the fused path); host.torch_parts then runs them in pieces on the kernels' threads.
+Threads: one range per thread (host.run_parts), and each range runs its whole pipeline,
+CHUNK elements at a time (gauss_range): the argument pass, torch's ops on the chunk's rows,
+the finishing pass. torch runs on one intra-op thread there (host.torch_aside, the replay of
+a large layout on the fused path; elsewhere a single range, torch's threads in each op). One
+handoff to the threads per call instead of one per pass (~130 us each on the 2-vCPU Xeon),
+and the argument rows stay in the core's L2 between the passes: on the 1 M trace sr-4bit
+89-90 -> 95-98 M element-steps/s, bnb-8bit +3%, nearest-4bit +5% (docs/diagnose.md).
 
-Per state and model step (n elements):
+Per state and model step (n elements; each chunk of a range):
     v nearest     v_args -> sqrt_, erf_ on 2 rows -> v_finish
     v stochastic  v_args -> sqrt_ on 4 rows, erf_ on 2, exp_ on 2 -> v_finish
-    m nearest     m_sigma -> sqrt_ on n -> m_args -> erf_ on 2 rows -> m_finish
-    m stochastic  m_sigma -> sqrt_ on n -> m_args -> erf_ on 3 rows, exp_ on 3 -> m_finish
-Scratch: 9 fp32 per element (and 7 slots), one set per layout size and thread (replay_model.py's rule).
+    m nearest     (m_sigma -> sqrt_ on n, once per sigma^2) m_args -> erf_ on 2 rows -> m_finish
+    m stochastic  (m_sigma -> sqrt_ on n, once per sigma^2) m_args -> erf_ on 3 rows, exp_ on 3 -> m_finish
+Rows: 7 (CHUNK + 1) fp32 per thread (Rows), and SIG, G: 2 fp32 per element per layout size
+and calling thread (Outputs; replay_model.py's rule).
 No numba at import: the kernels are imported on first use.
 """
 from __future__ import annotations
@@ -55,32 +61,50 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .host import run_parts, torch_parts
+from .host import parts_of, run_parts, torch_parts
 
-CHUNK = 4096  # elements per range of run_parts (threads from host.MIN_THREAD_ELEMENTS)
+RANGE = 4096  # elements per range of run_parts (threads from host.MIN_THREAD_ELEMENTS)
+CHUNK = 65536  # elements per chunk of a thread's pipeline: its argument rows stay in its core's L2
 _KERNELS: dict = {}
-_LOCAL = threading.local()  # .scratch: n -> Scratch, the thread's latest layout size only
+_LOCAL = threading.local()  # .rows: Rows; .outputs: n -> Outputs, the thread's latest layout size only
 
 
-class Scratch:
-    """One thread's rows for a layout of n elements: T [4 (n + 1)] (sqrt / erf arguments),
-    X [3 (n + 1)] (exp), each row n elements and a slot (replay_gauss_kernel), SIG [n]
-    (sigma), G [n] (the result), as torch tensors and their numpy views. SIG stays while the
-    same sigma^2 comes again (the replay's: one per step and shadow, for every configuration)."""
+class Rows:
+    """One thread's argument rows for a chunk of up to CHUNK elements: T [4 (CHUNK + 1)] (sqrt /
+    erf arguments), X [3 (CHUNK + 1)] (exp), as torch tensors and their numpy views. A chunk of
+    cnt elements lays its rows out at a stride of cnt + 1 (cnt elements and a slot:
+    replay_gauss_kernel), so torch's ops take exactly its rows."""
+
+    def __init__(self, chunk: int):
+        f32 = torch.float32  # whatever torch's default dtype is
+        self.chunk = chunk
+        self.T, self.X = torch.zeros(4 * (chunk + 1), dtype=f32), torch.zeros(3 * (chunk + 1), dtype=f32)
+        self.np = self.T.numpy(), self.X.numpy()
+
+
+class Outputs:
+    """The calling thread's rows for a layout of n elements: SIG [n] (sigma), G [n] (the
+    result), as torch tensors and their numpy views. SIG stays while the same sigma^2 comes
+    again (the replay's: one per step and shadow, for every configuration)."""
 
     def __init__(self, n: int):
-        f32 = torch.float32  # whatever torch's default dtype is
-        self.T, self.X = torch.zeros(4 * (n + 1), dtype=f32), torch.zeros(3 * (n + 1), dtype=f32)
-        self.SIG, self.G = torch.empty(n, dtype=f32), torch.empty(n, dtype=f32)
+        self.SIG, self.G = torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.float32)
         self.sigma_of, self.sigma_version = None, -1  # the sigma^2 tensor (and its version) SIG holds sigma of
-        self.np = tuple(t.numpy() for t in (self.T, self.X, self.SIG, self.G))
+        self.np = self.SIG.numpy(), self.G.numpy()
 
 
-def _scratch(n: int) -> Scratch:
-    held = _LOCAL.__dict__.setdefault("scratch", {})
+def _rows() -> Rows:
+    rows = getattr(_LOCAL, "rows", None)
+    if rows is None or rows.chunk != CHUNK:
+        rows = _LOCAL.rows = Rows(CHUNK)
+    return rows
+
+
+def _outputs(n: int) -> Outputs:
+    held = _LOCAL.__dict__.setdefault("outputs", {})
     if n not in held:
         held.clear()
-        held[n] = Scratch(n)
+        held[n] = Outputs(n)
     return held[n]
 
 
@@ -140,49 +164,100 @@ def constants(beta: float, c: float = 0.0, band: bool = True) -> np.ndarray:
                      edge], np.float32)
 
 
+class Job:
+    """One masked_gaussian call, ready for gauss_range on any range of its elements: the
+    Gaussian's kind ("v" or "m"), sr, the numpy rows it reads (x: s or m, down, up, nominal,
+    and m's sigma^2 and SIG) and writes (G), and the constants per band (`constants`)."""
+
+    __slots__ = ("kind", "sr", "x", "down", "up", "nominal", "sigma2", "SIG", "G", "csts", "zero")
+
+
+def gauss_job(sr: bool, gaussian, x: torch.Tensor, down: torch.Tensor, up: torch.Tensor,
+              nominal: torch.Tensor) -> tuple[Job, torch.Tensor]:
+    """(the Job of masked_gaussian's arguments, its result row G: this thread's, valid until
+    its next call on a layout of n elements). m's sigma = sqrt(where(sigma^2 > 0, sigma^2, 1))
+    is computed here, once per sigma^2 (m_sigma, then torch's sqrt), for every range."""
+    n = x.numel()
+    for t in (x, down, up, nominal) + ((gaussian[2],) if gaussian[0] == "m" else ()):
+        if t.device.type != "cpu" or t.numel() != n or not t.is_contiguous() \
+                or t.dtype != (torch.bool if t is nominal else torch.float32):
+            raise ValueError(f"the fused Gaussian model needs contiguous fp32 CPU tensors of {n} elements "
+                             f"and a bool mask (got {t.dtype} {t.device.type} {t.numel()})")  # no bound checks
+    out = _outputs(n)
+    job = Job()
+    job.kind, job.sr = gaussian[0], bool(sr)
+    job.x, job.down, job.up, job.nominal = (t.numpy() for t in (x, down, up, nominal))
+    job.SIG, job.G = out.np
+    job.sigma2, job.zero = None, False
+    beta, arg = gaussian[1], gaussian[2]
+    if job.kind == "v":
+        job.zero = arg <= 0  # gaussian_v: zeros
+        job.csts = {band: constants(beta, arg, band) for band in (True, False)}
+        return job, out.G
+    job.sigma2 = arg.numpy()
+    if out.sigma_of is not arg or out.sigma_version != arg._version:  # sigma once per sigma^2 (replay step)
+        run_parts(_kernels()["m_sigma"], n, RANGE, (job.sigma2, job.SIG, RANGE, n))
+        torch_parts(SQRT, out.SIG)
+        out.sigma_of, out.sigma_version = arg, arg._version
+    job.csts = {band: constants(beta, 0.0, band) for band in ((True, False) if sr else (False,))}
+    return job, out.G
+
+
+def gauss_range(job: Job, i0: int, i1: int) -> None:
+    """G[i0:i1] of the job, CHUNK elements at a time on this thread's rows: the arguments
+    (v_args / m_args), torch's sqrt, erf and exp in place on their rows, then the finishing
+    pass; a chunk runs again without the band where the finishing pass could not show that
+    leaving the band out changes no bit (module docstring). torch's ops are elementwise, so
+    a chunk's rows give each element the reference's bits (tests/test_replay_gauss_cpu.py)."""
+    if job.zero:
+        job.G[i0:i1] = 0.0
+        return
+    k, rows = _kernels(), _rows()
+    T, X = rows.T, rows.X
+    Tn, Xn = rows.np
+    sr, x, down, up, nom, G = job.sr, job.x, job.down, job.up, job.nominal, job.G
+    for c0 in range(i0, i1, rows.chunk):
+        c1 = min(c0 + rows.chunk, i1)
+        cnt = c1 - c0
+        nn = cnt + 1  # the chunk's rows' stride: cnt elements and a slot
+        r = slice(c0, c1)
+        for cst in job.csts.values():  # with the band first; without it only where needed
+            if job.kind == "v":
+                k["v_args"](0, 1, 0, sr, x[r], down[r], up[r], cst, Tn, Xn, cnt, cnt)
+                if sr:
+                    SQRT(T[:4 * nn])
+                    EXP(X[:2 * nn])
+                else:
+                    SQRT(T[:2 * nn])
+                ERF(T[:2 * nn])
+                left = k["v_finish"](0, 1, 0, sr, x[r], down[r], up[r], nom[r], cst, Tn, Xn, G[r], cnt, cnt)
+            else:
+                k["m_args"](0, 1, 0, sr, x[r], down[r], up[r], job.SIG[r], cst, Tn, Xn, cnt, cnt)
+                ERF(T[:(3 if sr else 2) * nn])
+                if sr:
+                    EXP(X[:3 * nn])
+                left = k["m_finish"](0, 1, 0, sr, x[r], job.sigma2[r], down[r], up[r], nom[r], job.SIG[r], cst,
+                                     Tn, Xn, G[r], cnt, cnt)
+            if not left:
+                break
+
+
+def range_parts(n: int) -> int:
+    """Threads gauss_range's callers split n elements over: host.parts_of(n) where torch runs
+    its ops on one thread (torch_aside: each range's ops then run on its own thread), else 1
+    (torch's own threads take each op)."""
+    return parts_of(n) if torch.get_num_threads() == 1 else 1
+
+
 def masked_gaussian(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up: torch.Tensor,
                     nominal: torch.Tensor) -> torch.Tensor:
     """torch.where(nominal, staleness.gaussian_p(sr, gaussian, s, down, up), 0.0), bit for bit
     (module docstring). s, down, up: fp32, nominal: bool, CPU, contiguous, n elements each;
     gaussian: ("v", beta2, c) or ("m", beta1, sigma2 fp32 [n]). The result is this thread's
-    scratch row: valid until its next call on a layout of n elements."""
+    row: valid until its next call on a layout of n elements. One range per thread, each
+    range its whole pipeline (gauss_range): one handoff to the threads instead of one per pass."""
+    job, G = gauss_job(sr, gaussian, s, down, up, nominal)
     n = s.numel()
-    for t in (s, down, up, nominal) + ((gaussian[2],) if gaussian[0] == "m" else ()):
-        if t.device.type != "cpu" or t.numel() != n or not t.is_contiguous() \
-                or t.dtype != (torch.bool if t is nominal else torch.float32):
-            raise ValueError(f"the fused Gaussian model needs contiguous fp32 CPU tensors of {n} elements "
-                             f"and a bool mask (got {t.dtype} {t.device.type} {t.numel()})")  # no bound checks
-    k, sc, n1 = _kernels(), _scratch(n), n + 1  # n1: the rows' stride (replay_gauss_kernel)
-    T, X, SIG, G = sc.np
-    kind, beta, arg = gaussian
-    a = [x.numpy() for x in (s, down, up, nominal)]
-    if kind == "v":
-        if arg <= 0:  # gaussian_v: zeros
-            sc.G.zero_()
-            return sc.G
-        for band in (True, False):  # without the band where it was not shown to leave the bits alone
-            cst = constants(beta, arg, band)
-            run_parts(k["v_args"], n, CHUNK, (sr, a[0], a[1], a[2], cst, T, X, CHUNK, n))
-            if sr:
-                torch_parts(SQRT, sc.T)
-                torch_parts(EXP, sc.X[:2 * n1])
-            else:
-                torch_parts(SQRT, sc.T[:2 * n1])
-            torch_parts(ERF, sc.T[:2 * n1])
-            if not run_parts(k["v_finish"], n, CHUNK, (sr, a[0], a[1], a[2], a[3], cst, T, X, G, CHUNK, n)):
-                break
-        return sc.G
-    sigma2 = arg.numpy()
-    if sc.sigma_of is not arg or sc.sigma_version != arg._version:  # sigma once per sigma^2 (replay step)
-        run_parts(k["m_sigma"], n, CHUNK, (sigma2, SIG, CHUNK, n))
-        torch_parts(SQRT, sc.SIG)
-        sc.sigma_of, sc.sigma_version = arg, arg._version
-    for band in (True, False) if sr else (False,):  # without the band where m_finish could not pin p down
-        cst = constants(beta, 0.0, band)
-        run_parts(k["m_args"], n, CHUNK, (sr, a[0], a[1], a[2], SIG, cst, T, X, CHUNK, n))
-        torch_parts(ERF, sc.T[:(3 if sr else 2) * n1])
-        if sr:
-            torch_parts(EXP, sc.X)
-        if not run_parts(k["m_finish"], n, CHUNK, (sr, a[0], sigma2, a[1], a[2], a[3], SIG, cst, T, X, G, CHUNK, n)):
-            break
-    return sc.G
+    run_parts(lambda b0, b1, part: gauss_range(job, b0 * RANGE, min(b1 * RANGE, n)) or 0, n, RANGE, (),
+              parts=range_parts(n))
+    return G
