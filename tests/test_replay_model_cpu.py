@@ -10,6 +10,8 @@ makes n = the value exactly, holding grid points, exact midpoints and their fp32
 neighbours, zero blocks, -0.0, negative values of unsigned formats, nominal updates that
 land exactly on the cell's edges, non-finite x_new and s, and padding.
 The tests of the kernel skip where numba is not installed."""
+import math
+
 import pytest
 import torch
 
@@ -219,6 +221,53 @@ def test_fused_model_over_threads(monkeypatch):
         check(spec, seed=2)
 
 
+def _long_inputs(spec, n: int, seed: int):
+    """inputs() tiled to n elements (blocks of at most 256 divide N), x_new with fresh noise and finite."""
+    x_hat, x_new, s, valid = inputs(spec, seed)
+    reps = -(-n // N)
+    tile = [t.repeat(reps)[:n].clone() for t in (x_hat, x_new, s, valid)]
+    gen = torch.Generator().manual_seed(seed + 100)
+    tile[1] = (tile[1] * (1 + 1e-3 * torch.randn(n, generator=gen))).nan_to_num(0.0, 0.0, 0.0)  # finite sums
+    return tile
+
+
+@needs_numba
+@pytest.mark.parametrize("spec_text,gaussian", [("de8:nearest:b256", ("m", 0.9)), ("int4:stochastic:b128", ("m", 0.5)),
+                                                ("lin4nz:stochastic:b128", ("v", 0.999)),
+                                                ("uint4:nearest:b64:sqrt", ("v", 0.95)), ("de8u:nearest:b256", None)])
+@pytest.mark.parametrize("n,threads", [(N, 1), (65536, 2), (98304, 2), (65792, 2), (3 * 32768, 3)])
+def test_sums_in_one_pass_equal_predict_then_the_gaussian_then_sum64(monkeypatch, spec_text, gaussian, n, threads):
+    """StalenessModel.sums (one handoff: each thread's range runs the pass, the Gaussian's
+    pipeline, and the fp64 row sums of what it wrote where its range is one of sum64's rows)
+    gives predict's count and sum64's bits of emp and of masked_gaussian's G; ranges that
+    are not sum64's rows (65792: 257 blocks over 2 threads) sum after the pass."""
+    from qstate_cli.kernels.cpu import host
+    from qstate_cli.kernels.cpu.replay_gauss import masked_gaussian
+    from qstate_cli.kernels.cpu.replay_model import StalenessModel
+    from qstate_cli.kernels.cpu.torch_sum import split_found, sum64
+    from qstate_cli.runtime import torch_threads
+    monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
+    spec = parse_spec(spec_text)
+    x_hat, x_new, s, valid = _long_inputs(spec, n, 7)
+    s = s.nan_to_num(0.0, 0.0, 0.0)
+    if gaussian is not None and gaussian[0] == "v":
+        s = s.abs()
+    g = None if gaussian is None else (gaussian + ((s.abs() + 1e-9) * 0.5,) if gaussian[0] == "m" else gaussian + (0.7,))
+    model = StalenessModel(spec, n, valid)
+    with torch_threads(threads):
+        split_found()  # torch's sum order at this count, probed as the replay does before torch_aside
+    with torch_threads(threads), host.torch_aside(threads):
+        emp, nominal, count, cell = model.predict(x_hat, x_new, s if g is not None else None)
+        want = (count, sum64(emp), None if g is None else sum64(masked_gaussian(
+            spec.rounding == "stochastic", g, s, *cell, nominal)))
+        got = model.sums(x_hat, x_new, s, g)
+    assert got[0] == want[0]
+    for a, b in zip(got[1:], want[1:]):
+        assert (a is None and b is None) or torch.tensor(a, dtype=torch.float64).view(torch.int64) == \
+            torch.tensor(b, dtype=torch.float64).view(torch.int64), (got, want)
+    assert all(math.isfinite(v) and v != 0 for v in want[1:] if v is not None)
+
+
 def test_model_refuses_what_it_does_not_cover():
     from qstate_cli.kernels.cpu.replay_model import StalenessModel
     for spec in ("e4m3:nearest:tensor", "bf16:bred"):
@@ -248,13 +297,13 @@ def test_replay_records_are_the_same_through_the_fused_model(reset, monkeypatch)
     from qstate_cli.kernels.cpu import replay_model
     from test_replay_codec_cpu import small_trace
     calls = []
-    real = replay_model.StalenessModel.predict
+    real = replay_model.StalenessModel._pass
 
     def spy(self, *a):
         calls.append(self.rounding)
         return real(self, *a)
 
-    monkeypatch.setattr(replay_model.StalenessModel, "predict", spy)
+    monkeypatch.setattr(replay_model.StalenessModel, "_pass", spy)  # predict's and sums' pass
     trace = small_trace(8)
     cfgs = [parse_config(c) for c in CONFIGS]
     auto, _ = diagnose(trace, cfgs, reset=reset, backend="auto")

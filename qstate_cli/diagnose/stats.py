@@ -296,27 +296,24 @@ class ModelStats:
         self.valid = layout.valid
         self._fused = None
         if fused and layout.device.type == "cpu":  # its formats have block scales: reduce_absmax never applies
-            from ..kernels.cpu.replay_gauss import masked_gaussian
             from ..kernels.cpu.replay_model import StalenessModel  # no numba until the first observe
-            from ..kernels.cpu.torch_sum import sum64  # = .sum(dtype=torch.float64), the same bits
             self._fused = StalenessModel(spec, layout.n, layout.valid)
-            self._sum64, self._gaussian = sum64, masked_gaussian
             self._rows = self.series.numpy()  # a view: a numpy store costs ~0.1 us, torch's ~20
 
     def observe(self, i: int, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor, gaussian) -> None:
         if self._fused is not None:  # padding already masked; #nominal: an exact integer
             rows = self._rows
-            emp, nominal, count, cell = self._fused.predict(x_hat, x_new, s if gaussian is not None else None)
-            rows[2, i] = float(count)
             if self.spec.rounding == "bred":  # both predictions are +0.0 per element (predict): sums of +0.0
-                rows[0, i] = 0.0
+                _, _, count, _ = self._fused.predict(x_hat, x_new, None)
+                rows[0, i], rows[2, i] = 0.0, float(count)
                 if gaussian is not None:
                     rows[1, i] = 0.0
                 return
-            rows[0, i] = self._sum64(emp)
-            if gaussian is not None:  # cell: s's (down, up), as windows(s) gives them
-                gauss = self._gaussian(self.spec.rounding == "stochastic", gaussian, s, *cell, nominal)
-                rows[1, i] = self._sum64(gauss)  # = where(nominal, gaussian_p, 0)'s sum
+            # emp's sum, and the sum of where(nominal, gaussian_p(s's cell), 0), in one pass per thread
+            count, rows[0, i], gauss = self._fused.sums(x_hat, x_new, s, gaussian)
+            rows[2, i] = float(count)
+            if gaussian is not None:
+                rows[1, i] = gauss
             return
         from .staleness import predict
 

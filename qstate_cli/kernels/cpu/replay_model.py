@@ -112,6 +112,59 @@ class StalenessModel:
         """(emp fp32 [n], nominal bool [n], #nominal, (down, up) fp32 [n] each of windows(s),
         or None where s is None or the rounding is BReD). The tensors are buffers shared by
         every StalenessModel of n elements in this thread: valid until its next predict of any of them."""
+        gauss, args, out, counts, parts, team = self._pass(x_hat, x_new, s)
+        if not (team > 1 and launched(lambda: _team_launch(team, self.n // self.block, args))):
+            run_parts(_kernel(), self.n, self.block, args, parts=parts)
+        emp, nominal, down, up = out
+        return emp, nominal, int(counts.sum()), ((down, up) if gauss else None)
+
+    def sums(self, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor, gaussian) -> tuple:
+        """(#nominal, emp's fp64 sum, G's fp64 sum or None): predict, then
+        replay_gauss.masked_gaussian(sr, gaussian, s, down, up, nominal) where gaussian is not
+        None, each summed by torch_sum.sum64, the same values, in one handoff to the threads:
+        each thread's range runs the pass, the Gaussian's pipeline (replay_gauss.gauss_range)
+        and, where its range is one of sum64's rows (torch_sum.sum_plan), the row sums of
+        what it wrote. Not BReD (stats.ModelStats writes its +0.0 sums). A small layout on
+        numba's team, or torch on more than one thread, takes predict's way."""
+        from . import replay_gauss as rg
+        from .torch_sum import add_in_order, sum64, sum_plan
+
+        n, B = self.n, self.block
+        sr = self.rounding == "stochastic"
+        g = gaussian is not None and s is not None
+        gauss, args, (emp, nominal, down, up), counts, parts, team = self._pass(x_hat, x_new, s if g else None)
+        if team > 1 or (parts > 1 and rg.range_parts(n) == 1):
+            emp, nominal, count, cell = self.predict(x_hat, x_new, s if g else None)
+            return count, sum64(emp), (sum64(rg.masked_gaussian(sr, gaussian, s, *cell, nominal)) if g else None)
+        job, G = rg.gauss_job(sr, gaussian, s, down, up, nominal) if gauss else (None, None)
+        plan = sum_plan(n)
+        nblocks = n // B
+        edges = [nblocks * i // parts * B for i in range(parts)] + [n]
+        rows = plan is not None and plan[0] == parts and edges == [min(n, i * -(-n // parts)) for i in range(parts + 1)]
+        row_sums = np.zeros((2, parts), np.float64)
+        kernel, lanes = _kernel(), (plan[1] if rows else 0)
+        range_sum = _range_sum() if rows else None
+        emp_np = args[5]  # model_pass' emp row (after x_hat, x_new, yx, ys, valid)
+
+        def run_range(b0, b1, part):
+            kernel(b0, b1, part, *args)
+            i0, i1 = b0 * B, min(b1 * B, n)
+            if job is not None:
+                rg.gauss_range(job, i0, i1)
+            if rows:
+                row_sums[0, part] = range_sum(emp_np, i0, i1 - i0, lanes)
+                if job is not None:
+                    row_sums[1, part] = range_sum(job.G, i0, i1 - i0, lanes)
+            return 0
+
+        run_parts(run_range, n, B, (), parts=parts)
+        if not rows:
+            return int(counts.sum()), sum64(emp), (sum64(G) if job is not None else None)
+        return int(counts.sum()), add_in_order(row_sums[0]), (add_in_order(row_sums[1]) if job is not None else None)
+
+    def _pass(self, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor | None) -> tuple:
+        """(gauss, model_pass' arguments after the range, its output tensors (emp, nominal,
+        down, up), the nominal counts per thread, threads, numba team size) for one predict."""
         n = self.n
         gauss = s is not None and self.rounding != "bred"
         ys = s if gauss else x_hat
@@ -120,14 +173,17 @@ class StalenessModel:
         else:
             yx = x_hat
         arrays = [_f32(t, n) for t in (x_hat, x_new, yx, ys)]
-        (emp, nominal, down, up), views = _buffers(n)
+        out, views = _buffers(n)
         parts = parts_of(n)
         team = team_parts(n) if parts == 1 and self.searched else 1  # a small layout: numba's team (team.py)
         counts = np.zeros(max(parts, team), np.int64)
         args = (*arrays, self.valid, *views, counts, self.prm_of[gauss], self.lim, self.table, self.block, n)
-        if not (team > 1 and launched(lambda: _team_launch(team, n // self.block, args))):
-            run_parts(_kernel(), n, self.block, args, parts=parts)
-        return emp, nominal, int(counts.sum()), ((down, up) if gauss else None)
+        return gauss, args, out, counts, parts, team
+
+
+def _range_sum():
+    from .torch_sum_kernel import range_sum
+    return range_sum
 
 
 def _team_launch(team: int, nblocks: int, args: tuple) -> bool:

@@ -135,6 +135,25 @@ def sum64(x: torch.Tensor) -> float:
 _SPLIT_SUM: list = []
 
 
+def sum_plan(n: int) -> tuple[int, int] | None:
+    """(chunks, lanes): sum64 of n fp32 values adds them in numba as `chunks` contiguous rows
+    of ceil(n / chunks) values, each summed with `lanes` fp64 lanes (torch_sum_kernel.range_sum),
+    then 0 + the row sums in order (add_in_order); None where sum64 leaves it to torch. For a
+    caller that sums the rows where it writes them (replay_model.StalenessModel.sums)."""
+    w = _lanes_of(torch.float32)
+    if w is None or not _split_found(threads(), torch.float32, w):
+        return None
+    return split_parts(n), w
+
+
+def add_in_order(row_sums) -> float:
+    """0.0 + each row sum in order, in fp64: split_sum's last step (Python floats are fp64)."""
+    total = 0.0
+    for r in row_sums:
+        total += float(r)
+    return total
+
+
 def split_found() -> bool:
     """Whether sum64 reproduces torch's sums of fp32 and fp64 values at torch's present thread
     count (probed once per count): what host.torch_aside needs to keep their order."""

@@ -272,6 +272,14 @@ def add_step(u, units, series, i, lanes):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
+def range_sum(a, start, n, lanes):
+    """row_sum of fp32 a[start : start + n] in fp64 (x.sum(dtype=float64)'s order for one of
+    split_sum's chunks), as a call of its own: a thread sums the rows it wrote (torch_sum.sum_plan)."""
+    acc = np.empty(ACC_SIZE, np.float64)
+    return row_sum(a, start, n, lanes, acc)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
 def split_sum(a, parts, lanes):
     """torch's a.sum(dtype=float64) of a 1-D fp32 (or fp64) a, as ATen splits a sum to one
     value over `parts` threads (torch_sum.sum64 works out `parts`): chunks of ceil(n / parts)
