@@ -202,11 +202,7 @@ def test_sigma_is_kept_for_the_same_sigma2_only(monkeypatch):
     """m's sigma = sqrt(where(sigma2 > 0, sigma2, 1)) is computed once per sigma^2 tensor (the
     replay passes one per step and shadow to every configuration), again after that tensor
     changes in place or for another tensor: each result equals the reference's."""
-    from qstate_cli.kernels.cpu import replay_gauss
-    calls = []
-    real = replay_gauss.run_parts
-    monkeypatch.setattr(replay_gauss, "run_parts",
-                        lambda k, *a, **kw: calls.append(getattr(k, "__name__", "")) or real(k, *a, **kw))
+    calls = kernel_calls(monkeypatch)
     args, g = list(cells(4)), ("m", 0.9, None)
     for what, change, computed in [("first", None, 1), ("again", None, 0), ("in place", "mul_", 1),
                                    ("another tensor", "clone", 1), ("nearest", None, 0)]:

@@ -199,33 +199,3 @@ def test_sum64_inside_torch_aside_keeps_the_order_of_torchs_threads(threads):
         assert torch.get_num_threads() == threads and host.threads() == threads
     finally:
         torch.set_num_threads(old)
-
-
-def test_torch_parts_runs_an_elementwise_op_in_pieces_with_the_same_bits(monkeypatch):
-    """host.torch_parts inside torch_aside: torch's sqrt_, erf_ and exp_ in pieces on the
-    kernels' threads give the bits of one call over the whole row (each piece starts on a
-    64-element bound, the last takes the rest); outside it, one call."""
-    from qstate_cli.kernels.cpu import host
-
-    monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1000)
-    x = awkward_rows(1, 10007, 4).reshape(-1)
-    calls = []
-
-    def op_of(f):
-        def op(piece):
-            calls.append((piece.data_ptr() - row.data_ptr()) // 4)
-            f(piece)
-        return op
-
-    for f, arg in ((torch.Tensor.sqrt_, x.abs()), (torch.Tensor.erf_, x), (torch.Tensor.exp_, x / 100)):
-        want = f(arg.clone())
-        row = arg.clone()
-        calls.clear()
-        with host.torch_aside(3):
-            host.torch_parts(op_of(f), row)
-        assert sorted(calls) == [0, 3328, 6656]  # 10007 * i // 3, down to a multiple of 64
-        assert torch.equal(row.view(torch.int32), want.view(torch.int32)), f
-        calls.clear()
-        row = arg.clone()
-        host.torch_parts(op_of(f), row)  # torch's own threads: one call
-        assert calls == [0] and torch.equal(row.view(torch.int32), want.view(torch.int32))

@@ -160,31 +160,15 @@ def torch_aside(n: int):
     wait policy), on the very cores the kernels' threads need next: on the 2-core Xeon a
     replay of 2**20 elements, which alternates torch's ops and the kernels, ran 1.3-1.45x
     slower than with torch on one thread (docs/diagnose.md, "torch's threads spin").
-    Elementwise torch ops can still use every core through torch_parts; a sum to one value
-    (torch_sum.sum64) keeps the order of torch's at n threads."""
+    Elementwise torch ops can still use every core, each thread's range its own calls
+    (replay_gauss.gauss_range); a sum to one value (torch_sum.sum64) keeps the order of
+    torch's at n threads."""
     _ASIDE.append(int(n))
     try:
         with torch_threads(1):
             yield
     finally:
         _ASIDE.pop()
-
-
-def torch_parts(op: Callable, row: torch.Tensor) -> None:
-    """op(piece) on contiguous pieces of the 1-D tensor row, one per thread of threads(), where
-    torch itself runs on one thread (torch_aside; its ops release the GIL), else op(row). For
-    torch's elementwise in-place ops (sqrt_, erf_, exp_), whose value at an element does not
-    depend on where the element sits in the tensor (tests/test_replay_gauss_cpu.py)."""
-    n = row.numel()
-    parts = parts_of(n) if torch.get_num_threads() == 1 else 1
-    if parts == 1:
-        op(row)
-        return
-    edges = [(n * i // parts) & ~63 for i in range(parts)] + [n]  # pieces start on 256-byte bounds
-    futures = [_pool(parts).submit(op, row[edges[i]:edges[i + 1]]) for i in range(1, parts)]
-    op(row[edges[0]:edges[1]])
-    for f in futures:
-        f.result()
 
 
 def parts_of(numel: int) -> int:

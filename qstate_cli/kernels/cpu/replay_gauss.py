@@ -46,8 +46,8 @@ and the argument rows stay in the core's L2 between the passes: on the 1 M trace
 Per state and model step (n elements; each chunk of a range):
     v nearest     v_args -> sqrt_, erf_ on 2 rows -> v_finish
     v stochastic  v_args -> sqrt_ on 4 rows, erf_ on 2, exp_ on 2 -> v_finish
-    m nearest     (m_sigma -> sqrt_ on n, once per sigma^2) m_args -> erf_ on 2 rows -> m_finish
-    m stochastic  (m_sigma -> sqrt_ on n, once per sigma^2) m_args -> erf_ on 3 rows, exp_ on 3 -> m_finish
+    m nearest     (m_sigma -> sqrt_, once per sigma^2) m_args -> erf_ on 2 rows -> m_finish
+    m stochastic  (m_sigma -> sqrt_, once per sigma^2) m_args -> erf_ on 3 rows, exp_ on 3 -> m_finish
 Rows: 7 (CHUNK + 1) fp32 per thread (Rows), and SIG, G: 2 fp32 per element per layout size
 and calling thread (Outputs; replay_model.py's rule).
 No numba at import: the kernels are imported on first use.
@@ -61,7 +61,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .host import parts_of, run_parts, torch_parts
+from .host import parts_of, run_parts
 
 RANGE = 4096  # elements per range of run_parts (threads from host.MIN_THREAD_ELEMENTS)
 CHUNK = 65536  # elements per chunk of a thread's pipeline: its argument rows stay in its core's L2
@@ -116,7 +116,7 @@ def _kernels():
     return _KERNELS
 
 
-SQRT, ERF, EXP = torch.Tensor.sqrt_, torch.Tensor.erf_, torch.Tensor.exp_  # torch's own, in place (host.torch_parts)
+SQRT, ERF, EXP = torch.Tensor.sqrt_, torch.Tensor.erf_, torch.Tensor.exp_  # torch's own, in place
 EXP_FLOOR = -104.0  # below it torch's fp32 exp is +0 (it underflows; tests/test_replay_gauss_cpu.py)
 
 
@@ -169,14 +169,16 @@ class Job:
     Gaussian's kind ("v" or "m"), sr, the numpy rows it reads (x: s or m, down, up, nominal,
     and m's sigma^2 and SIG) and writes (G), and the constants per band (`constants`)."""
 
-    __slots__ = ("kind", "sr", "x", "down", "up", "nominal", "sigma2", "SIG", "G", "csts", "zero")
+    __slots__ = ("kind", "sr", "x", "down", "up", "nominal", "sigma2", "SIG", "SIG_t", "sigma", "G", "csts", "zero")
 
 
 def gauss_job(sr: bool, gaussian, x: torch.Tensor, down: torch.Tensor, up: torch.Tensor,
               nominal: torch.Tensor) -> tuple[Job, torch.Tensor]:
     """(the Job of masked_gaussian's arguments, its result row G: this thread's, valid until
     its next call on a layout of n elements). m's sigma = sqrt(where(sigma^2 > 0, sigma^2, 1))
-    is computed here, once per sigma^2 (m_sigma, then torch's sqrt), for every range."""
+    is computed once per sigma^2 (the replay's: one per step, for every configuration): by
+    this job's ranges (job.sigma), chunk by chunk before m_args reads it. SIG is marked as
+    holding it here already: a range that fails raises out of the replay."""
     n = x.numel()
     for t in (x, down, up, nominal) + ((gaussian[2],) if gaussian[0] == "m" else ()):
         if t.device.type != "cpu" or t.numel() != n or not t.is_contiguous() \
@@ -188,7 +190,7 @@ def gauss_job(sr: bool, gaussian, x: torch.Tensor, down: torch.Tensor, up: torch
     job.kind, job.sr = gaussian[0], bool(sr)
     job.x, job.down, job.up, job.nominal = (t.numpy() for t in (x, down, up, nominal))
     job.SIG, job.G = out.np
-    job.sigma2, job.zero = None, False
+    job.SIG_t, job.sigma2, job.sigma, job.zero = out.SIG, None, False, False
     beta, arg = gaussian[1], gaussian[2]
     if job.kind == "v":
         job.zero = arg <= 0  # gaussian_v: zeros
@@ -196,8 +198,7 @@ def gauss_job(sr: bool, gaussian, x: torch.Tensor, down: torch.Tensor, up: torch
         return job, out.G
     job.sigma2 = arg.numpy()
     if out.sigma_of is not arg or out.sigma_version != arg._version:  # sigma once per sigma^2 (replay step)
-        run_parts(_kernels()["m_sigma"], n, RANGE, (job.sigma2, job.SIG, RANGE, n))
-        torch_parts(SQRT, out.SIG)
+        job.sigma = True
         out.sigma_of, out.sigma_version = arg, arg._version
     job.csts = {band: constants(beta, 0.0, band) for band in ((True, False) if sr else (False,))}
     return job, out.G
@@ -221,6 +222,9 @@ def gauss_range(job: Job, i0: int, i1: int) -> None:
         cnt = c1 - c0
         nn = cnt + 1  # the chunk's rows' stride: cnt elements and a slot
         r = slice(c0, c1)
+        if job.sigma:  # sigma = torch's sqrt of where(sigma^2 > 0, sigma^2, 1)
+            k["m_sigma"](0, 1, 0, job.sigma2[r], job.SIG[r], cnt, cnt)
+            SQRT(job.SIG_t[r])
         for cst in job.csts.values():  # with the band first; without it only where needed
             if job.kind == "v":
                 k["v_args"](0, 1, 0, sr, x[r], down[r], up[r], cst, Tn, Xn, cnt, cnt)
