@@ -71,17 +71,23 @@ def floor_codes(table, lay, nt, v, cnt, k, lo, hi, w):
         w[j] = base + np.uint64(2) * np.uint64(np.uint32(off + np.uint32(i ^ neg)))
     for j in range(cnt):  # the bucket's count and the entry it points at
         w[j] = pair_at(table, w[j])
-    for j in range(cnt):  # the first step
-        p = w[j]
-        k[j] = np.int32(np.int64(p & LOW) + np.int64(f32_from_bits(np.uint32(p >> HIGH)) <= v[j]))
-    for s in range(1, lay[STEPS]):
-        for j in range(cnt):
-            lo[j] = table[np.uint64(k[j])]
-        for j in range(cnt):
-            k[j] = np.int32(k[j] + np.int32(lo[j] <= v[j]))
     top = np.int32(nt - 2)
-    for j in range(cnt):
-        k[j] = min(max(k[j] - np.int32(1), np.int32(0)), top)
+    if lay[STEPS] <= 1:  # the one step and the clamp in one loop (de8, de8u: 1.14 -> 1.07 ns per value)
+        for j in range(cnt):
+            p = w[j]
+            kj = np.int32(np.int64(p & LOW) + np.int64(f32_from_bits(np.uint32(p >> HIGH)) <= v[j]))
+            k[j] = min(max(kj - np.int32(1), np.int32(0)), top)
+    else:
+        for j in range(cnt):  # the first step
+            p = w[j]
+            k[j] = np.int32(np.int64(p & LOW) + np.int64(f32_from_bits(np.uint32(p >> HIGH)) <= v[j]))
+        for s in range(1, lay[STEPS]):
+            for j in range(cnt):
+                lo[j] = table[np.uint64(k[j])]
+            for j in range(cnt):
+                k[j] = np.int32(k[j] + np.int32(lo[j] <= v[j]))
+        for j in range(cnt):
+            k[j] = min(max(k[j] - np.int32(1), np.int32(0)), top)
     for j in range(cnt):  # table[k], table[k + 1]
         w[j] = pair_at(table, np.uint64(k[j]))
     for j in range(cnt):
