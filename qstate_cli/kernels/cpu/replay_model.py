@@ -39,6 +39,7 @@ import torch
 
 from ...quant.codebooks import codebook
 from .replay import block_of, why_not_fused
+from . import host
 from .host import parts_of, run_parts, search_table
 from .team import launched, team_parts
 
@@ -107,6 +108,7 @@ class StalenessModel:
         self.prm = (KINDS[fmt.kind], int(spec.sqrt), ROUNDINGS[spec.rounding], int(valid is not None), 0, nt,
                     int(fmt.signed), int(spec.scaled)) + tuple(int(v) for v in search) + (unit,)
         self.prm_of = {g: self.prm[:4] + (int(g),) + self.prm[5:] for g in (False, True)}  # prm[4]: the Gaussian cells
+        self._row_lanes: dict = {}  # (parts, threads) -> sums' lanes where its ranges are sum64's rows, else 0
 
     def predict(self, x_hat: torch.Tensor, x_new: torch.Tensor, s: torch.Tensor | None):
         """(emp fp32 [n], nominal bool [n], #nominal, (down, up) fp32 [n] each of windows(s),
@@ -132,17 +134,23 @@ class StalenessModel:
         n, B = self.n, self.block
         sr = self.rounding == "stochastic"
         g = gaussian is not None and s is not None
-        gauss, args, (emp, nominal, down, up), counts, parts, team = self._pass(x_hat, x_new, s if g else None)
-        if team > 1 or (parts > 1 and rg.range_parts(n) == 1):
+        parts = parts_of(n)
+        if (parts == 1 and self.searched and team_parts(n) > 1) or (parts > 1 and rg.range_parts(n) == 1):
             emp, nominal, count, cell = self.predict(x_hat, x_new, s if g else None)
             return count, sum64(emp), (sum64(rg.masked_gaussian(sr, gaussian, s, *cell, nominal)) if g else None)
+        gauss, args, (emp, nominal, down, up), counts, parts, _ = self._pass(x_hat, x_new, s if g else None)
         job, G = rg.gauss_job(sr, gaussian, s, down, up, nominal) if gauss else (None, None)
-        plan = sum_plan(n)
-        nblocks = n // B
-        edges = [nblocks * i // parts * B for i in range(parts)] + [n]
-        rows = plan is not None and plan[0] == parts and edges == [min(n, i * -(-n // parts)) for i in range(parts + 1)]
+        key = (parts, host.threads())
+        lanes = self._row_lanes.get(key)
+        if lanes is None:  # sum64's lanes where each thread's range is one of its rows, else 0 (sum after)
+            plan, nblocks = sum_plan(n), n // B
+            edges = [nblocks * i // parts * B for i in range(parts)] + [n]
+            rows = plan is not None and plan[0] == parts and edges == [min(n, i * -(-n // parts))
+                                                                       for i in range(parts + 1)]
+            lanes = self._row_lanes[key] = plan[1] if rows else 0
+        rows = lanes > 0
         row_sums = np.zeros((2, parts), np.float64)
-        kernel, lanes = _kernel(), (plan[1] if rows else 0)
+        kernel = _kernel()
         range_sum = _range_sum() if rows else None
         emp_np = args[5]  # model_pass' emp row (after x_hat, x_new, yx, ys, valid)
 
