@@ -126,8 +126,9 @@ class StalenessModel:
         None, each summed by torch_sum.sum64, the same values, in one handoff to the threads:
         each thread's range runs the pass, the Gaussian's pipeline (replay_gauss.gauss_range)
         and, where its range is one of sum64's rows (torch_sum.sum_plan), the row sums of
-        what it wrote. Not BReD (stats.ModelStats writes its +0.0 sums). A small layout on
-        numba's team, or torch on more than one thread, takes predict's way."""
+        what it wrote. Not BReD (stats.ModelStats writes its +0.0 sums). A layout stepped by
+        one thread (or by numba's team), or torch on more than one thread, takes predict's way:
+        there is no handoff to save there."""
         from . import replay_gauss as rg
         from .torch_sum import add_in_order, sum64, sum_plan
 
@@ -135,7 +136,7 @@ class StalenessModel:
         sr = self.rounding == "stochastic"
         g = gaussian is not None and s is not None
         parts = parts_of(n)
-        if (parts == 1 and self.searched and team_parts(n) > 1) or (parts > 1 and rg.range_parts(n) == 1):
+        if parts == 1 or rg.range_parts(n) == 1:  # one thread, or torch's own threads
             emp, nominal, count, cell = self.predict(x_hat, x_new, s if g else None)
             return count, sum64(emp), (sum64(rg.masked_gaussian(sr, gaussian, s, *cell, nominal)) if g else None)
         gauss, args, (emp, nominal, down, up), counts, parts, _ = self._pass(x_hat, x_new, s if g else None)
