@@ -286,7 +286,8 @@ class ModelStats:
     empirical P(stall), the nominal mask and s's cell run in one numba pass
     (kernels/cpu/replay_model.py) and the Gaussian formulas in a few more around torch's own
     sqrt, erf and exp (kernels/cpu/replay_gauss.py), the same fp32 values as staleness.predict,
-    and their float64 sums in numba in torch's order (kernels/cpu/torch_sum.sum64). Under
+    and their float64 sums in numba in torch's order (kernels/cpu/torch_sum.sum64), each
+    thread's range of all three in one launch (StalenessModel.sums). Under
     BReD both predictions are +0.0 per element, so the fused path writes their sums, +0.0,
     without summing."""
 

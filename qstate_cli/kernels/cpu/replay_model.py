@@ -26,7 +26,9 @@ Output buffers: one set per layout size and thread, shared by every state of the
 them once, not once per configuration and state; per thread, since replays may run side
 by side in one process (tests/test_diagnose_split.py runs its ranks as threads: with one
 set per process they wrote into each other's predictions).
-Threads: parallel over block ranges (host.run_parts), one nominal count per thread.
+Threads: parallel over block ranges (host.run_parts), one nominal count per thread; `sums`
+runs each thread's range of the pass, the Gaussian model (replay_gauss.gauss_range) and the
+fp64 sums in one launch.
 No numba at import: the kernel (replay_model_kernel.py) is imported on first use.
 """
 from __future__ import annotations
@@ -38,8 +40,8 @@ import numpy as np
 import torch
 
 from ...quant.codebooks import codebook
-from .replay import block_of, why_not_fused
 from . import host
+from .replay import block_of, why_not_fused
 from .host import parts_of, run_parts, search_table
 from .team import launched, team_parts
 
