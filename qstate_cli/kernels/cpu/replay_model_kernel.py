@@ -10,7 +10,7 @@ from numba import njit, prange
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
 from . import native as nv
-from .search import HIGH, LOW, NM, OFF, floor_codes
+from .search import HIGH, LOW, NM, OFF, floor_code_row
 
 # prm columns (replay_model.StalenessModel; 8 .. 11: search.py's SHIFT, NM, STEPS, OFF, or a
 # minifloat's MAN, EMIN, MAXORD as in codec.py's lay)
@@ -30,8 +30,8 @@ def chunk_windows(src, start, cnt, B, prm, lim, table, frac, binade, y, dl, dn, 
     every other loop runs over the whole chunk, so its setup (LLVM's alias checks and
     remainder) is paid once per chunk, not per block (68 -> ~35 us on the demo's 25,344
     elements of int4). binade: a minifloat's gaps are its binade average lim[3] |n|
-    (windows(binade_average=True)); rows: search.floor_codes' scratch rows (code, two
-    entries, bucket) of a searched code book."""
+    (windows(binade_average=True)); rows: the scratch rows (code, bucket pair) of a searched
+    code book's search (search.floor_code_row)."""
     i0 = np.uint64(start)
     lo, hi = lim[0], lim[1]
     o = np.uint64(o0)
@@ -64,17 +64,14 @@ def chunk_windows(src, start, cnt, B, prm, lim, table, frac, binade, y, dl, dn, 
         unit_windows(y, cnt, prm[P_UNIT], prm[P_NT], dl, frac, dn, up, o)
     elif prm[P_NT] == 16:  # a 4-bit book: the branch below by a scan, the same values
         book16_windows(y, cnt, table, dl, frac, dn, up, o)
-    else:
+    else:  # a searched code book: the code from the thresholds' buckets (replay_model.nearest_thresholds)
         nt = prm[P_NT]
         gaps = np.uint64(prm[OFF] + 4 * prm[NM])  # replay_model.code_gaps, past the search buckets' pairs
-        kq, tlo, thi, w = rows
-        floor_codes(table, prm, nt, y, cnt, kq, tlo, thi, w)  # searchsorted(right=True) - 1, clamped
+        kq, w = rows
+        floor_code_row(table, prm, nt + 1, y, cnt, kq, w)  # #(thresholds <= n) - 1: the nearest code
         top = np.int32(nt - 2)
-        for j in range(cnt):
-            n = y[j]  # a NaN n (inf / inf) sorts last: code nt - 2 (its f is NaN whatever its entries)
-            f = (n - tlo[j]) / (thi[j] - tlo[j])  # clamp(0, 1) does not change f >= 0.5 (NaN: False)
-            k0 = kq[j] if n == n else top
-            kq[j] = np.int32(k0 + np.int32(f >= c.HALF))
+        for j in range(cnt):  # a NaN n (inf / inf) sorts last: floor code nt - 2, and f >= 0.5 is False
+            kq[j] = kq[j] if y[j] == y[j] else top
         for j in range(cnt):  # the gaps below and above, one pair load (scalar: no gather here)
             w[j] = nv.pair_at(table, gaps + np.uint64(2) * np.uint64(kq[j]))
         for j in range(cnt):
@@ -196,7 +193,7 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
     rup = np.empty(W, np.float32)
     y = np.empty(W, np.float32)
     dl = np.empty(W, np.float32)
-    rows = np.empty(W, np.int32), np.empty(W, np.float32), np.empty(W, np.float32), np.empty(W, np.uint64)
+    rows = np.empty(W, np.int32), np.empty(W, np.uint64)
     rounding = prm[P_ROUND]
     sr = rounding == c.STOCHASTIC
     frac = c.ONE if sr else c.HALF

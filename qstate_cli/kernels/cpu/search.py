@@ -50,18 +50,9 @@ def floor_code(table, lay, nt, v):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def floor_codes(table, lay, nt, v, cnt, k, lo, hi, w):
-    """floor_code of v[j] for j < cnt into k[j] (int32), with lo[j] = table[k[j]] and hi[j] =
-    table[k[j] + 1]; w: a uint64 scratch row of cnt. The same ops per element as floor_code,
-    in stages over the rows: the buckets' positions (vectorizes), then the loads, each its own
-    scalar loop (LLVM does not gather on these cores, and an AVX2 gather measured 0.43 ns per
-    value against 0.32 for scalar loads), each step's compare (vectorizes), the clamp, and lo,
-    hi split from their pair (vectorizes). Each load is a pair (native.pair_at) into w: the
-    bucket's count with its entry, then table[k], table[k + 1]; a scalar load and a scalar
-    store cost about the same (~0.2 ns each), so one u64 store for two fp32 ones took 1.5 ->
-    1.05 ns per value (de8, de8u). One loop per element held the loads, compares and branches
-    together: 4.4-5.5 against 2.2-2.7 ns per value for the 8-bit books de8 and de8u
-    (docs/diagnose.md, "Code-book search in stages")."""
+def floor_code_row(table, lay, nt, v, cnt, k, w):
+    """floor_code of v[j] for j < cnt into k[j] (int32), in floor_codes' stages (w: a uint64
+    scratch row of cnt); nothing else loaded."""
     sh, off = np.uint32(lay[SHIFT]), np.uint32(lay[NM])
     base = np.uint64(lay[OFF])
     for j in range(cnt):  # bucket NM + i (v >= +0) or NM - 1 - i = NM + ~i (sign set), 2 slots each
@@ -81,13 +72,29 @@ def floor_codes(table, lay, nt, v, cnt, k, lo, hi, w):
         for j in range(cnt):  # the first step
             p = w[j]
             k[j] = np.int32(np.int64(p & LOW) + np.int64(f32_from_bits(np.uint32(p >> HIGH)) <= v[j]))
-        for s in range(1, lay[STEPS]):
+        for s in range(1, lay[STEPS]):  # table[k] (a pair's first entry), then the compare
             for j in range(cnt):
-                lo[j] = table[np.uint64(k[j])]
+                w[j] = pair_at(table, np.uint64(k[j]))
             for j in range(cnt):
-                k[j] = np.int32(k[j] + np.int32(lo[j] <= v[j]))
+                k[j] = np.int32(k[j] + np.int32(f32_from_bits(np.uint32(w[j] & LOW)) <= v[j]))
         for j in range(cnt):
             k[j] = min(max(k[j] - np.int32(1), np.int32(0)), top)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def floor_codes(table, lay, nt, v, cnt, k, lo, hi, w):
+    """floor_code of v[j] for j < cnt into k[j] (int32), with lo[j] = table[k[j]] and hi[j] =
+    table[k[j] + 1]; w: a uint64 scratch row of cnt. The same ops per element as floor_code,
+    in stages over the rows: the buckets' positions (vectorizes), then the loads, each its own
+    scalar loop (LLVM does not gather on these cores, and an AVX2 gather measured 0.43 ns per
+    value against 0.32 for scalar loads), each step's compare (vectorizes), the clamp, and lo,
+    hi split from their pair (vectorizes). Each load is a pair (native.pair_at) into w: the
+    bucket's count with its entry, then table[k], table[k + 1]; a scalar load and a scalar
+    store cost about the same (~0.2 ns each), so one u64 store for two fp32 ones took 1.5 ->
+    1.05 ns per value (de8, de8u). One loop per element held the loads, compares and branches
+    together: 4.4-5.5 against 2.2-2.7 ns per value for the 8-bit books de8 and de8u
+    (docs/diagnose.md, "Code-book search in stages")."""
+    floor_code_row(table, lay, nt, v, cnt, k, w)
     for j in range(cnt):  # table[k], table[k + 1]
         w[j] = pair_at(table, np.uint64(k[j]))
     for j in range(cnt):
