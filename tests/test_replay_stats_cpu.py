@@ -15,6 +15,7 @@ from qstate_cli.diagnose.layout import Layout
 from qstate_cli.diagnose.step import stream_for
 from qstate_cli.diagnose.stats import StateStats, unit_sums
 from qstate_cli.kernels import cpu
+from qstate_cli.kernels.cpu.layout import HIST_COPIES
 from qstate_cli.quant import parse_spec
 from test_replay_codec_cpu import small_trace
 
@@ -98,7 +99,7 @@ def test_fused_state_stats_over_threads(monkeypatch):
     monkeypatch.setattr(host, "threads", lambda: 3)
     for spec in ("uint4:stochastic:b128", "de8:bred:b64", "bf16:stochastic"):
         fused, plain = run_both(spec, Layout(small_trace(1), 512, "cpu"))
-        assert fused._fused.hist.shape[0] == 3
+        assert fused._fused.hist.shape[0] == 3 * HIST_COPIES  # its rows per thread
         assert_same_stats(fused, plain, f"{spec} on 3 threads")
 
 

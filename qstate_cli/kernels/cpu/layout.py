@@ -12,3 +12,5 @@ NEAREST, STOCHASTIC, BRED = 0, 1, 2
 HALF = np.float32(0.5)
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
+
+HIST_COPIES = 4  # histogram rows per thread (replay_stats_kernel.state_counts): neighbours count into different rows

@@ -9,6 +9,7 @@ from numba import njit
 from . import codec as c  # sets numba's cache folder before anything here compiles
 from . import native as nv
 from . import torch_sum_kernel as ts
+from .layout import HIST_COPIES
 
 ACC = ts.ACC_SIZE  # torch-order sums' scratch (constants: on the stack)
 STREAM = ts.STREAM8
@@ -16,7 +17,7 @@ STREAM = ts.STREAM8
 N_CLASSES = 5  # diagnose/stats.N_CODE_CLASSES
 
 
-LANES = 4  # interleaved histogram copies: neighbours that hit the same bin do not wait on each other
+LANES = HIST_COPIES  # interleaved histogram copies: neighbours that hit the same bin do not wait on each other
 
 
 @njit(nogil=True, cache=True, inline="always", error_model="numpy")
@@ -37,23 +38,27 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     (unpacked from uint8 `codes` at 4 or 8 bits; a 16-bit float: `codes` is its uint16
     patterns), code stall = nominal and code == prev_code; sums[2 / 3 / 5, u] = the unit's
     stalls / nominal updates / code stalls (fp32, exact below 2**24); last_change = step where
-    the code changed; prev_code = code; hist[part, bin * 5 + nominal * (1 + stall + 2 x code
-    stall)] += 1 with bin = (code >> shift) & mask (the code itself: shift 0; a 16-bit float's
-    binade: its exponent field), one histogram row per thread (`part`); the error e = new -
+    the code changed; prev_code = code; hist[LANES part + j % LANES, bin * 5 + nominal * (1 +
+    stall + 2 x code stall)] += 1 for the unit's element j, with bin = (code >> shift) & mask
+    (the code itself: shift 0; a 16-bit float's binade: its exponent field), LANES
+    interleaved histogram rows per thread (`part`: the caller sums the rows); the error e = new -
     shadow and e * e (fp32, as torch's). sums[:, u] is the unit's column of StateStats' step
     rows: sums[0 / 1, u] = the sum of e / e * e over the unit in torch's order (lanes: torch's
     fp32 lanes, torch_sum.py; 0: not summed here, err[0] = e and err[1] = e * e are written
     for torch to sum); with keep, err[0] = e is written (a snapshot's errors). sums[4] (the
     shadow's) is the caller's. Per unit: the errors and their sums in one loop (8 lanes:
     streamed, torch_sum_kernel.stream8_*), the comparisons in a second, both branch-free
-    (they vectorize), leaving each element's histogram bin in a row; then LANES interleaved
-    local histograms count the bins. One loop for both did not vectorize (8.2-8.5 ns per
+    (they vectorize), leaving each element's histogram bin in a row; then the thread's LANES
+    rows count the bins (neighbours that hit the same bin do not wait on each other's
+    increment; rows held by the caller, not zeroed and added per call: 40 kB of them per
+    8-bit state and chunk before). One loop for both did not vectorize (8.2-8.5 ns per
     element, 32 k elements, one thread, against 3.6-3.8 ns split and on borrowed views:
-    docs/diagnose.md, "Replay throughput"). stale (int64 [parts, nbins], at a snapshot step;
-    nbins 0: none): staleness_counts of the new last_change as well, while its rows are in
-    cache (valid: as there), into row `part`."""
+    docs/diagnose.md, "Replay throughput"). stale (int64 [LANES parts, nbins], at a snapshot
+    step; nbins 0: none): staleness_counts of the new last_change as well, while its rows are
+    in cache (valid: as there), into rows LANES part + j % LANES."""
     x, prev, new, codes, prev_code, last_change, sums, hist, shadow, err, valid, stale = nv.borrowed(
         (x, prev, new, codes, prev_code, last_change, sums, hist, shadow, err, valid, stale))  # no reference counts
+    flat, flat_stale = hist.reshape(hist.size), stale.reshape(stale.size)  # the thread's rows, then bin
     q = np.empty(unit, np.int32)
     changed = np.empty(unit, np.int32)
     ea = np.empty(unit, np.float32)
@@ -63,11 +68,11 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     s2 = nv.scratch_f32(STREAM)
     streamed = ts.streams8(lanes, unit)
     nbins = hist.shape[1]
-    local = np.zeros(LANES * nbins, np.int64)
+    own = np.uint64(part * LANES * nbins)  # this thread's LANES rows of hist
     s, sh, mk, nb = np.int32(step), np.int32(shift), np.int32(mask), np.int32(nbins)
     e0, e1 = err[0], err[1]
     sbins = stale.shape[1]  # the staleness histogram's bins (staleness_counts' binning)
-    local_stale = np.zeros(LANES * sbins, np.int64)
+    own_stale = np.int64(part * LANES * sbins)
     top, padded, t1 = np.int64(sbins - 1), valid.size > 1, np.int64(step) + 1  # t1: staleness_counts' step + 1
     for u in range(u0, u1):
         start = u * unit
@@ -130,14 +135,12 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
                 k = min(max(t1 - np.int64(changed[j]), np.int64(0)), top)
                 if padded and not valid[i0 + np.uint64(j)]:
                     k = 0
-                local_stale[k + np.int64(j & (LANES - 1)) * sbins] += 1
+                flat_stale[own_stale + k + np.int64(j & (LANES - 1)) * sbins] += 1
         for j in range(unit):
-            local[np.uint64(q[j])] += 1
+            flat[own + np.uint64(q[j])] += 1
         sums[2, u] = np.float32(n_stall)
         sums[3, u] = np.float32(n_nominal)
         sums[5, u] = np.float32(n_cstall)
-    _add_copies(local, hist, part, nbins)
-    _add_copies(local_stale, stale, part, sbins)
     return 0
 
 

@@ -33,6 +33,7 @@ import torch
 from . import torch_sum
 from .replay_stats import NO_STALE, NO_VALID
 from .host import parts_of, run_parts
+from .layout import HIST_COPIES
 from .team import launched, team_parts
 from .replay_rule import adamw_rule
 
@@ -131,10 +132,11 @@ class FusedAdamStep:
         return self._err[s]
 
     def _stale_rows(self, s: str, parts: int) -> np.ndarray:
-        """State s's staleness counts for a snapshot, int64 [parts, bins], zeroed (made once)."""
+        """State s's staleness counts for a snapshot, int64 [HIST_COPIES parts, bins] (rows per
+        thread: replay_stats_kernel.state_counts), zeroed (made once)."""
         rows = self._stale.get(s)
-        if rows is None or rows.shape[0] < parts:
-            rows = self._stale[s] = np.zeros((parts, self.stale_bins[s]), np.int64)
+        if rows is None or rows.shape[0] < parts * HIST_COPIES:
+            rows = self._stale[s] = np.zeros((parts * HIST_COPIES, self.stale_bins[s]), np.int64)
         rows.fill(0)
         return rows
 
