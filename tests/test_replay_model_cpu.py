@@ -363,7 +363,7 @@ def test_nearest_thresholds_give_the_reference_nearest_code(name):
     and threshold with their fp32 neighbours (3 each side), zeros of both signs, tiny,
     infinite and out-of-range values, and 200,000 random ones over [-1.2, 1.2]."""
     import numpy as np
-    from qstate_cli.kernels.cpu.replay_model import nearest_thresholds
+    from qstate_cli.kernels.cpu.thresholds import nearest_thresholds
     from qstate_cli.quant.codebooks import codebook
     fmt = parse_spec(f"{name}:nearest:b32").fmt
     book = np.asarray(codebook(name), np.float32)

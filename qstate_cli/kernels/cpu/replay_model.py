@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import threading
-from functools import lru_cache
 
 import numpy as np
 import torch
@@ -43,6 +42,7 @@ import torch
 from ...quant.codebooks import codebook
 from . import host
 from .replay import block_of, why_not_fused
+from .thresholds import nearest_thresholds
 from .host import parts_of, run_parts, search_table
 from .team import launched, team_parts
 
@@ -209,51 +209,6 @@ def _team_launch(team: int, nblocks: int, args: tuple) -> bool:
         at["model_pass"] = compiled_address(_kernel(), (0, 0, 0) + args)
     launch(at["model_pass"], team, nblocks, *args)
     return True
-
-
-@lru_cache(maxsize=None)
-def nearest_thresholds(book_bytes: bytes) -> np.ndarray:
-    """fp32 [nt + 1] for a sorted code book of nt fp32 entries (given as its bytes): -inf,
-    theta_1, ..., theta_{nt-1}, +inf, theta_k the least fp32 n whose code is >= k under the
-    model's rounding to the nearest entry (staleness.windows, fp32 op for op):
-
-        k0 = clamp(#(book <= n) - 1, 0, nt - 2),  code = k0 + [(n - book[k0]) / (book[k0 + 1] - book[k0]) >= 1/2]
-
-    Every op there is monotone in n, so the code is non-decreasing in n, and for every n
-    that is not NaN code = #(thresholds <= n) - 1, clamped to [0, nt - 1]: search.floor_code
-    of this array (host.search_table's buckets on it), one bucket and one step, where the
-    book's own search then needs its entries and a division. theta_k lies in (book[k - 1],
-    book[k]] (code k - 1 at book[k - 1], >= k at book[k]) and is found by bisection over
-    the fp32 values between, in their order (bit patterns, the negative ones reversed)."""
-    book = np.frombuffer(book_bytes, np.float32)
-    nt = book.size
-
-    def code(n):
-        k0 = np.clip(np.searchsorted(book, n, side="right") - 1, 0, nt - 2)
-        lo, hi = book[k0], book[k0 + 1]
-        with np.errstate(all="ignore"):
-            return k0 + ((n - lo) / (hi - lo) >= np.float32(0.5))
-
-    def order(x):  # fp32 -> uint32 in the values' order (-0.0 just below +0.0)
-        b = x.view(np.uint32).astype(np.int64)
-        return np.where(b >> 31, 0x7FFFFFFF - (b & 0x7FFFFFFF), b | 0x80000000)
-
-    def value(o):
-        b = np.where(o >= 0x80000000, o & 0x7FFFFFFF, (0x7FFFFFFF - o) | 0x80000000)
-        return b.astype(np.uint32).view(np.float32)
-
-    k = np.arange(1, nt)
-    lo, hi = order(book[:-1]), order(book[1:])  # code(lo) = k - 1 < k <= code(hi)
-    while (hi - lo > 1).any():
-        mid = (lo + hi) // 2
-        up = code(value(mid)) >= k
-        open_ = hi - lo > 1
-        hi = np.where(open_ & up, mid, hi)
-        lo = np.where(open_ & ~up, mid, lo)
-    theta = value(hi)
-    if not ((code(theta) >= k).all() and (code(value(hi - 1)) < k).all()):
-        raise AssertionError("nearest_thresholds: the model's code is not monotone in n")  # cannot happen
-    return np.concatenate([[-np.inf], theta, [np.inf]]).astype(np.float32)
 
 
 def code_gaps(book: np.ndarray) -> np.ndarray:
