@@ -115,3 +115,19 @@ def test_fused_update_stats_are_the_torch_path(threads, unit, torch_sums, monkey
         a, b = fused.collect(), plain.collect()
     for k in ("sums", "units"):
         assert a[k].tobytes() == b[k].tobytes(), k
+
+
+def test_rules_of_the_same_betas_and_eps_share_a_steps_scalars():
+    """FusedAdamRule.scalars is computed once per step for every rule of the same betas and eps
+    (the shadow's and each configuration's), and rules that differ get their own."""
+    import numpy as np
+    from qstate_cli.diagnose.recursions import fused_rule
+
+    cpu_dev = torch.device("cpu")
+    a, b = (fused_rule(recursion_for("adamw", {}), cpu_dev)[0] for _ in range(2))
+    c = fused_rule(recursion_for("adamw", {"eps": 1e-6}), cpu_dev)[0]
+    d = fused_rule(recursion_for("adamw", {"betas": (0.8, 0.95)}), cpu_dev)[0]
+    assert a.scalars(7) is b.scalars(7) and a.scalars(8) is not a.scalars(7)
+    assert c.scalars(7)[5] == np.float32(1e-6) and a.scalars(7)[5] == np.float32(1e-8)
+    assert d.scalars(7)[0] == np.float32(0.8) and a.scalars(7)[0] == np.float32(0.9)
+    assert not np.array_equal(d.scalars(7)[4:], a.scalars(7)[4:])  # the bias corrections of other betas

@@ -19,6 +19,7 @@ hyper-parameter that is missing takes the qstate optimizer's default.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -81,25 +82,30 @@ def fused_rule(rec: Recursion, device) -> tuple["FusedAdamRule | None", str | No
     return FusedAdamRule(rec), None
 
 
+@lru_cache(maxsize=1 << 14)
+def _adam_scalars(b1: float, b2: float, eps: float, since: int) -> np.ndarray:
+    """FusedAdamRule.scalars, computed once per step for the shadow and every configuration
+    of a replay (each step's host_scalars took ~3.5 us, more once a step's rows had pushed
+    the interpreter out of the caches: per configuration and step, it was a few % of the
+    demo's ~240 us). rules.step_scalars with lr = 1, wd = 0, on the host (packed_scalars)."""
+    _, decay, step_size, inv_bc2_sqrt = rules.host_scalars(1.0, 0.0, b1, b2, since)
+    betas = np.array([b1, 1.0 - b1, b2, 1.0 - b2], np.float32)  # each rounded once, as torch does
+    return np.concatenate([betas, np.array([inv_bc2_sqrt, np.float32(eps), step_size, decay], np.float32)])
+
+
 class FusedAdamRule:
     """step(g, x_hat, since, first) -> (direction, {"m": m, "v": v}), as Recursion.step, in
     one numba pass (kernels/cpu/replay_rule.adamw_rule) with the step's fp32 scalars."""
 
     def __init__(self, rec: Recursion):
         self.rec = rec
-        b1, b2 = self.b12 = tuple(float(b) for b in rec.hparams["betas"])
-        self.betas = np.array([b1, 1.0 - b1, b2, 1.0 - b2], np.float32)  # each rounded once, as torch does
-        self.eps = np.float32(float(rec.hparams["eps"]))
-        self._scalars: dict[int, np.ndarray] = {}
+        self.b12 = tuple(float(b) for b in rec.hparams["betas"])
+        self.eps = float(rec.hparams["eps"])
 
     def scalars(self, since: int) -> np.ndarray:
-        """fp32 [b1, 1 - b1, b2, 1 - b2, inv_bc2_sqrt, eps, step_size, decay] of step `since`."""
-        sc = self._scalars.get(since)
-        if sc is None:  # rules.step_scalars with lr = 1, wd = 0, computed on the host (packed_scalars)
-            _, decay, step_size, inv_bc2_sqrt = rules.host_scalars(1.0, 0.0, *self.b12, since)
-            sc = np.concatenate([self.betas, np.array([inv_bc2_sqrt, self.eps, step_size, decay], np.float32)])
-            self._scalars[since] = sc
-        return sc
+        """fp32 [b1, 1 - b1, b2, 1 - b2, inv_bc2_sqrt, eps, step_size, decay] of step `since`
+        (read-only: shared by every rule of these betas and eps, _adam_scalars)."""
+        return _adam_scalars(*self.b12, self.eps, since)
 
     def shadow_step(self, g: torch.Tensor, x: dict, since: int, unit: int, rows: tuple | None = None):
         """The fp32 shadow's step (step.step_shadow) in one pass: (direction, {"m", "v"},
