@@ -64,7 +64,7 @@ def chunk_windows(src, start, cnt, B, prm, lim, table, frac, binade, y, dl, dn, 
         unit_windows(y, cnt, prm[P_UNIT], prm[P_NT], dl, frac, dn, up, o)
     elif prm[P_NT] == 16:  # a 4-bit book: the branch below by a scan, the same values
         book16_windows(y, cnt, table, dl, frac, dn, up, o)
-    else:  # a searched code book: the code from the thresholds' buckets (replay_model.nearest_thresholds)
+    else:  # a searched code book: the code from its thresholds' buckets (thresholds.nearest_thresholds)
         nt = prm[P_NT]
         gaps = np.uint64(prm[OFF] + 4 * prm[NM])  # replay_model.code_gaps, past the search buckets' pairs
         kq, w = rows
