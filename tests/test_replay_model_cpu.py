@@ -358,16 +358,16 @@ def test_gaussian_stochastic_formulas_computed_once_are_the_textbook_ones():
 
 @pytest.mark.parametrize("name", ["de8", "de8u", "de8nz", "de8unz"])
 def test_nearest_thresholds_give_the_reference_nearest_code(name):
-    """replay_model.nearest_thresholds: #(thresholds <= n) - 1 is the code staleness._grid_gaps
-    rounds n to (fmt.floor_frac, then f >= 0.5) for every value probed: each entry, midpoint
-    and threshold with their fp32 neighbours (3 each side), zeros of both signs, tiny,
-    infinite and out-of-range values, and 200,000 random ones over [-1.2, 1.2]."""
+    """thresholds.nearest_thresholds: #(thresholds <= n) - 1 is the code the reference rounds
+    n to (Format.nearest_ordinal, staleness._grid_gaps' rounding) for every value probed: each
+    entry, midpoint and threshold with their fp32 neighbours (3 each side), zeros of both
+    signs, tiny, infinite and out-of-range values, and 200,000 random ones over [-1.2, 1.2]."""
     import numpy as np
     from qstate_cli.kernels.cpu.thresholds import nearest_thresholds
     from qstate_cli.quant.codebooks import codebook
     fmt = parse_spec(f"{name}:nearest:b32").fmt
     book = np.asarray(codebook(name), np.float32)
-    theta = nearest_thresholds(book.tobytes())
+    theta = nearest_thresholds(fmt)
     assert theta.dtype == np.float32 and theta.size == book.size + 1 and np.all(np.diff(theta) > 0)
     pts = np.concatenate([book, (book[1:] + book[:-1]) / np.float32(2), theta[1:-1]]).astype(np.float32)
     near = [pts]
@@ -379,9 +379,7 @@ def test_nearest_thresholds_give_the_reference_nearest_code(name):
     rng = np.random.default_rng(0)
     extra = np.array([0.0, -0.0, 1e-45, -1e-45, 1e-38, -1e-38, 2.0, -2.0, 3e38, -3e38, np.inf, -np.inf], np.float32)
     v = np.concatenate(near + [-np.concatenate(near), extra, rng.uniform(-1.2, 1.2, 200_000).astype(np.float32)])
-    n = torch.from_numpy(v)
-    k0, f = fmt.floor_frac(n)
-    want = (k0.long() + (f >= 0.5).long()).clamp(0, book.size - 1).numpy()
+    want = fmt.nearest_ordinal(torch.from_numpy(v)).numpy()
     got = np.clip(np.searchsorted(theta, v, side="right") - 1, 0, book.size - 1)
     bad = np.flatnonzero(got != want)
     assert bad.size == 0, f"{name}: code at n={v[bad[:3]]} is {got[bad[:3]]}, want {want[bad[:3]]}"

@@ -94,15 +94,12 @@ def _grid_gaps(fmt, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if fmt.kind == "table":
         table = codebook_tensor(fmt.name, str(n.device))
         last = table.numel() - 1
-        k0, f = fmt.floor_frac(n)
-        k = (k0.long() + (f >= 0.5).long()).clamp(0, last)
+        k = fmt.nearest_ordinal(n)
         up = torch.where(k < last, table[(k + 1).clamp(max=last)] - table[k], INF)
         down = torch.where(k > 0, table[k] - table[(k - 1).clamp(min=0)], INF)
         return down, up
     if fmt.kind == "float":
-        mag = n.abs()
-        k0, f = fmt.floor_frac(mag)
-        k = (k0 + (f >= 0.5).to(torch.int32)).clamp(0, fmt.max_ordinal)
+        k = fmt.nearest_ordinal(n)  # of |n|
         val = fmt.ordinal_value(k)
         above = torch.where(k < fmt.max_ordinal, fmt.ordinal_value((k + 1).clamp(max=fmt.max_ordinal)) - val, INF)
         below = fmt.ordinal_value((k - 1).clamp(min=0))

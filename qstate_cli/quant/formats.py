@@ -102,6 +102,14 @@ class Format:
         frac = ((n - lo) / (hi - lo)).clamp_(0.0, 1.0)
         return k.to(torch.int32), frac
 
+    def nearest_ordinal(self, n: torch.Tensor) -> torch.Tensor:
+        """The grid point nearest to normalised n (a float format: to |n|) as the staleness
+        windows round: floor_frac's k + [frac >= 1/2], clamped to the last ordinal (int64;
+        table and float formats)."""
+        k0, f = self.floor_frac(n)
+        last = self.max_ordinal if self.kind == "float" else codebook_tensor(self.name, str(n.device)).numel() - 1
+        return (k0.long() + (f >= 0.5).long()).clamp(0, last)
+
     def ordinal_value(self, t: torch.Tensor) -> torch.Tensor:
         """Value at integer ordinal t (floats: t is a magnitude ordinal)."""
         if self.kind == "linear":

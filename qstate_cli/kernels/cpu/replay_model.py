@@ -98,7 +98,7 @@ class StalenessModel:
             if nt & (nt - 1) == 0 and np.array_equal(book, np.arange(1, nt + 1, dtype=np.float64) / nt):
                 unit = nt  # {1, ..., nt} / nt: the floor code in closed form (replay_model_kernel.P_UNIT)
             # a searched book: the code from its thresholds' buckets; else the book's (scanned: unused)
-            keys = nearest_thresholds(book.tobytes()) if nt != 16 and not unit else book
+            keys = nearest_thresholds(fmt) if nt != 16 and not unit else book
             table, search = search_table(keys.tobytes())
             self.table = np.concatenate([table, code_gaps(book)])  # chunk_windows reads the gaps there
         # a code book searched per element (search.floor_codes: not 16 entries, which are scanned, nor

@@ -1,10 +1,11 @@
-"""Rounding to the nearest entry of a code book as a search for thresholds (numpy only).
+"""Rounding to the nearest entry of a code book as a search for thresholds.
 
-The staleness model's nearest rounding (staleness.windows) starts from the floor code and
-steps up by a test on the fp32 position inside the gap:
+The staleness model rounds n to the nearest entry of a code book as Format.nearest_ordinal
+does (staleness.windows): the floor code, then a step up by a test on the fp32 position
+inside the gap,
 
     k0 = clamp(#(book <= n) - 1, 0, nt - 2),  lo, hi = book[k0], book[k0 + 1]
-    code = k0 + [(n - lo) / (hi - lo) >= 1/2]
+    code = k0 + [clamp((n - lo) / (hi - lo), 0, 1) >= 1/2]
 
 The replay's model rounds by its thresholds (replay_model_kernel.chunk_windows). The codec's
 own test, (n - lo) >= (hi - lo) / 2 (rounding.py), has thresholds too, but reading them (with
@@ -19,24 +20,22 @@ code of that array (search.floor_code, host.search_table's buckets on it), one b
 one compare where the book's own rounding loads two entries and tests the gap. theta_k lies
 in (book[k - 1], book[k]] (code k - 1 at book[k - 1], >= k at book[k]) and is found by
 bisection over the fp32 values between, in their order (bit patterns, the negative ones
-reversed), then checked at itself and at the value below it.
+reversed), each step asking the format's own nearest_ordinal, then checked at itself and at
+the value below it.
 """
 from __future__ import annotations
 
 from functools import lru_cache
 
 import numpy as np
+import torch
 
-HALF = np.float32(0.5)
+from ...quant.codebooks import codebook
 
 
-def nearest_code(book: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """The code each fp32 n (not NaN) rounds to (module docstring), in numpy's fp32 ops."""
-    nt = book.size
-    k0 = np.clip(np.searchsorted(book, n, side="right") - 1, 0, nt - 2)
-    lo, hi = book[k0], book[k0 + 1]
-    with np.errstate(all="ignore"):
-        return k0 + ((n - lo) / (hi - lo) >= HALF)
+def _code(fmt, n: np.ndarray) -> np.ndarray:
+    """fmt.nearest_ordinal of fp32 values (the reference's own torch ops)."""
+    return fmt.nearest_ordinal(torch.from_numpy(np.ascontiguousarray(n, np.float32))).numpy()
 
 
 def _order(x: np.ndarray) -> np.ndarray:
@@ -51,20 +50,20 @@ def _value(o: np.ndarray) -> np.ndarray:
 
 
 @lru_cache(maxsize=None)
-def nearest_thresholds(book_bytes: bytes) -> np.ndarray:
-    """fp32 [nt + 1]: -inf, theta_1 .. theta_{nt-1}, +inf of a sorted fp32 code book (given as
-    its bytes; module docstring). Read-only."""
-    book = np.frombuffer(book_bytes, np.float32)
+def nearest_thresholds(fmt) -> np.ndarray:
+    """fp32 [nt + 1]: -inf, theta_1 .. theta_{nt-1}, +inf of a code-book format (module
+    docstring). Read-only."""
+    book = np.asarray(codebook(fmt.name), np.float32)
     k = np.arange(1, book.size)
     lo, hi = _order(book[:-1]), _order(book[1:])  # code(lo) = k - 1 < k <= code(hi)
     while (hi - lo > 1).any():
         mid = (lo + hi) // 2
-        up = nearest_code(book, _value(mid)) >= k
+        up = _code(fmt, _value(mid)) >= k
         wide = hi - lo > 1
         hi = np.where(wide & up, mid, hi)
         lo = np.where(wide & ~up, mid, lo)
     theta = _value(hi)
-    if not ((nearest_code(book, theta) >= k).all() and (nearest_code(book, _value(hi - 1)) < k).all()):
+    if not ((_code(fmt, theta) >= k).all() and (_code(fmt, _value(hi - 1)) < k).all()):
         raise AssertionError("nearest_thresholds: the code is not monotone in n")  # cannot happen
     out = np.concatenate([[-np.inf], theta, [np.inf]]).astype(np.float32)
     out.flags.writeable = False
