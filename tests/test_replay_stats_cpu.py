@@ -15,7 +15,7 @@ from qstate_cli.diagnose.layout import Layout
 from qstate_cli.diagnose.step import stream_for
 from qstate_cli.diagnose.stats import StateStats, unit_sums
 from qstate_cli.kernels import cpu
-from qstate_cli.kernels.cpu.layout import HIST_COPIES
+from qstate_cli.kernels.cpu.layout import hist_copies
 from qstate_cli.quant import parse_spec
 from test_replay_codec_cpu import small_trace
 
@@ -93,13 +93,15 @@ def test_fused_state_stats_equal_the_torch_path(spec):
 
 
 def test_fused_state_stats_over_threads(monkeypatch):
-    """Unit ranges on 3 threads (host.run_parts), each its own per-code histogram row."""
+    """Unit ranges on 3 threads (host.run_parts), each its own per-code histogram copies
+    (8 of a 4-bit state's, 4 of the others')."""
     from qstate_cli.kernels.cpu import host
     monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
     monkeypatch.setattr(host, "threads", lambda: 3)
     for spec in ("uint4:stochastic:b128", "de8:bred:b64", "bf16:stochastic"):
         fused, plain = run_both(spec, Layout(small_trace(1), 512, "cpu"))
-        assert fused._fused.hist.shape[0] == 3 * HIST_COPIES  # its rows per thread
+        bits = parse_spec(spec).fmt.bits
+        assert fused._fused.hist.shape[:2] == (3, hist_copies(bits)) == (3, 8 if bits == 4 else 4)
         assert_same_stats(fused, plain, f"{spec} on 3 threads")
 
 

@@ -34,7 +34,7 @@ import torch
 
 from . import torch_sum
 from .host import parts_of, run_parts
-from .layout import HIST_COPIES
+from .layout import hist_copies
 
 _NO_ROWS = np.zeros((2, 0), np.float32)  # the kernel's err rows when it writes none
 
@@ -71,7 +71,7 @@ class CodeCounts:
                              f"a power-of-two number of bins (got {bits} bits, {n} elements, unit {unit}, "
                              f"{n_codes} bins, shift {shift})")
         self.bits, self.n, self.unit, self.shift, self.mask = bits, n, unit, shift, n_codes - 1
-        self.hist = np.zeros((parts_of(n) * HIST_COPIES, n_codes * 5), np.int64)  # rows per thread; summed in `codes`
+        self.hist = np.zeros((parts_of(n), hist_copies(bits), n_codes * 5), np.int64)  # per thread; summed in `codes`
 
     def observe(self, step: int, x: torch.Tensor, prev: torch.Tensor, new: torch.Tensor, storage: torch.Tensor,
                 prev_code: torch.Tensor, last_change: torch.Tensor, shadow: torch.Tensor,
@@ -112,11 +112,10 @@ class CodeCounts:
         return sums, (err[0] if keep_err else None)
 
     def ensure_parts(self, parts: int) -> None:
-        """HIST_COPIES histogram rows per thread (replay_stats_kernel.state_counts): more rows if
-        there are more threads than at the start."""
-        rows = parts * HIST_COPIES
-        if rows > self.hist.shape[0]:
-            self.hist = np.concatenate([self.hist, np.zeros((rows - self.hist.shape[0], self.hist.shape[1]),
+        """Histogram copies for `parts` threads (replay_stats_kernel.state_counts): more if there
+        are more threads than at the start."""
+        if parts > self.hist.shape[0]:
+            self.hist = np.concatenate([self.hist, np.zeros((parts - self.hist.shape[0],) + self.hist.shape[1:],
                                                             np.int64)])
 
     def staleness(self, step: int, last_change: torch.Tensor, valid: torch.Tensor | None, nbins: int) -> torch.Tensor:
@@ -152,7 +151,7 @@ class CodeCounts:
 
     def codes(self) -> torch.Tensor:
         """int64 [n_codes * 5]: the per-code counts over every step observed."""
-        return torch.from_numpy(self.hist.sum(0))
+        return torch.from_numpy(self.hist.sum((0, 1)))
 
 
 def gradient_step(g: torch.Tensor, valid: torch.Tensor | None, g2: torch.Tensor, g4: torch.Tensor,

@@ -38,18 +38,19 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     (unpacked from uint8 `codes` at 4 or 8 bits; a 16-bit float: `codes` is its uint16
     patterns), code stall = nominal and code == prev_code; sums[2 / 3 / 5, u] = the unit's
     stalls / nominal updates / code stalls (fp32, exact below 2**24); last_change = step where
-    the code changed; prev_code = code; hist[LANES part + j % LANES, bin * 5 + nominal * (1 +
-    stall + 2 x code stall)] += 1 for the unit's element j, with bin = (code >> shift) & mask
-    (the code itself: shift 0; a 16-bit float's binade: its exponent field), LANES
-    interleaved histogram rows per thread (`part`: the caller sums the rows); the error e = new -
+    the code changed; prev_code = code; hist[part, j % copies, bin * 5 + nominal * (1 + stall +
+    2 x code stall)] += 1 for the unit's element j, with bin = (code >> shift) & mask (the code
+    itself: shift 0; a 16-bit float's binade: its exponent field), hist [threads, copies, bins]
+    interleaved copies per thread (layout.hist_copies, a power of two; the caller sums them);
+    the error e = new -
     shadow and e * e (fp32, as torch's). sums[:, u] is the unit's column of StateStats' step
     rows: sums[0 / 1, u] = the sum of e / e * e over the unit in torch's order (lanes: torch's
     fp32 lanes, torch_sum.py; 0: not summed here, err[0] = e and err[1] = e * e are written
     for torch to sum); with keep, err[0] = e is written (a snapshot's errors). sums[4] (the
     shadow's) is the caller's. Per unit: the errors and their sums in one loop (8 lanes:
     streamed, torch_sum_kernel.stream8_*), the comparisons in a second, both branch-free
-    (they vectorize), leaving each element's histogram bin in a row; then the thread's LANES
-    rows count the bins (neighbours that hit the same bin do not wait on each other's
+    (they vectorize), leaving each element's histogram bin in a row; then the thread's copies
+    count the bins (neighbours that hit the same bin do not wait on each other's
     increment; rows held by the caller, not zeroed and added per call: 40 kB of them per
     8-bit state and chunk before). One loop for both did not vectorize (8.2-8.5 ns per
     element, 32 k elements, one thread, against 3.6-3.8 ns split and on borrowed views:
@@ -67,8 +68,8 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     s1 = nv.scratch_f32(STREAM)
     s2 = nv.scratch_f32(STREAM)
     streamed = ts.streams8(lanes, unit)
-    nbins = hist.shape[1]
-    own = np.uint64(part * LANES * nbins)  # this thread's LANES rows of hist
+    copies, nbins = hist.shape[1], hist.shape[2]
+    own = np.uint64(part * copies * nbins)  # this thread's copies of hist
     s, sh, mk, nb = np.int32(step), np.int32(shift), np.int32(mask), np.int32(nbins)
     e0, e1 = err[0], err[1]
     sbins = stale.shape[1]  # the staleness histogram's bins (staleness_counts' binning)
@@ -127,7 +128,7 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
             n_cstall = np.int32(n_cstall + cstall)
             q[j] = np.int32(np.int32(np.int32(code >> sh) & mk) * np.int32(N_CLASSES)
                             + np.int32(nominal * np.int32(1 + stall + 2 * cstall))
-                            + np.int32(np.int32(j & (LANES - 1)) * nb))
+                            + np.int32(np.int32(j & (copies - 1)) * nb))
         for j in range(unit):
             last_change[i0 + np.uint64(j)] = changed[j]
         if sbins:
