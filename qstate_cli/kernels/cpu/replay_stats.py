@@ -40,7 +40,7 @@ _NO_ROWS = np.zeros((2, 0), np.float32)  # the kernel's err rows when it writes 
 
 _KERNELS: list = []
 NO_VALID = np.ones(1, np.bool_)  # state_counts' valid where the layout has no padding
-NO_STALE = np.zeros((1, 0), np.int64)  # state_counts' stale off: no staleness histogram in its pass
+NO_STALE = np.zeros((1, 1, 0), np.int64)  # state_counts' stale off: no staleness histogram in its pass
 
 
 def _kernel(which: int = 0):

@@ -54,9 +54,10 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     increment; rows held by the caller, not zeroed and added per call: 40 kB of them per
     8-bit state and chunk before). One loop for both did not vectorize (8.2-8.5 ns per
     element, 32 k elements, one thread, against 3.6-3.8 ns split and on borrowed views:
-    docs/diagnose.md, "Replay throughput"). stale (int64 [LANES parts, nbins], at a snapshot
+    docs/diagnose.md, "Replay throughput"). stale (int64 [threads, copies, nbins], at a snapshot
     step; nbins 0: none): staleness_counts of the new last_change as well, while its rows are
-    in cache (valid: as there), into rows LANES part + j % LANES."""
+    in cache (valid: as there), into stale[part, j % copies] (layout.STALE_COPIES, a power of
+    two), each element's bin written first (a loop that vectorizes), then counted."""
     x, prev, new, codes, prev_code, last_change, sums, hist, shadow, err, valid, stale = nv.borrowed(
         (x, prev, new, codes, prev_code, last_change, sums, hist, shadow, err, valid, stale))  # no reference counts
     flat, flat_stale = hist.reshape(hist.size), stale.reshape(stale.size)  # the thread's rows, then bin
@@ -72,8 +73,8 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     own = np.uint64(part * copies * nbins)  # this thread's copies of hist
     s, sh, mk, nb = np.int32(step), np.int32(shift), np.int32(mask), np.int32(nbins)
     e0, e1 = err[0], err[1]
-    sbins = stale.shape[1]  # the staleness histogram's bins (staleness_counts' binning)
-    own_stale = np.int64(part * LANES * sbins)
+    scopies, sbins = stale.shape[1], stale.shape[2]  # the staleness histogram's (staleness_counts' binning)
+    own_stale = np.uint64(part * scopies * sbins)
     top, padded, t1 = np.int64(sbins - 1), valid.size > 1, np.int64(step) + 1  # t1: staleness_counts' step + 1
     for u in range(u0, u1):
         start = u * unit
@@ -131,12 +132,18 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
                             + np.int32(np.int32(j & (copies - 1)) * nb))
         for j in range(unit):
             last_change[i0 + np.uint64(j)] = changed[j]
-        if sbins:
-            for j in range(unit):
-                k = min(max(t1 - np.int64(changed[j]), np.int64(0)), top)
-                if padded and not valid[i0 + np.uint64(j)]:
-                    k = 0
-                flat_stale[own_stale + k + np.int64(j & (LANES - 1)) * sbins] += 1
+        if sbins:  # each element's bin and copy into `changed` (its last_change is stored), then counted
+            if padded:
+                for j in range(unit):
+                    k = min(max(t1 - np.int64(changed[j]), np.int64(0)), top)
+                    k = k if valid[i0 + np.uint64(j)] else np.int64(0)
+                    changed[j] = np.int32(k + np.int64(j & (scopies - 1)) * sbins)
+            else:
+                for j in range(unit):
+                    k = min(max(t1 - np.int64(changed[j]), np.int64(0)), top)
+                    changed[j] = np.int32(k + np.int64(j & (scopies - 1)) * sbins)
+            for j in range(unit):  # unsigned indices: no negative-index wraparound test
+                flat_stale[own_stale + np.uint64(changed[j])] += 1
         for j in range(unit):
             flat[own + np.uint64(q[j])] += 1
         sums[2, u] = np.float32(n_stall)

@@ -33,7 +33,7 @@ import torch
 from . import torch_sum
 from .replay_stats import NO_STALE, NO_VALID
 from .host import parts_of, run_parts
-from .layout import HIST_COPIES
+from .layout import STALE_COPIES
 from .team import launched, team_parts
 from .replay_rule import adamw_rule
 
@@ -132,11 +132,11 @@ class FusedAdamStep:
         return self._err[s]
 
     def _stale_rows(self, s: str, parts: int) -> np.ndarray:
-        """State s's staleness counts for a snapshot, int64 [HIST_COPIES parts, bins] (rows per
-        thread: replay_stats_kernel.state_counts), zeroed (made once)."""
+        """State s's staleness counts for a snapshot, int64 [parts, STALE_COPIES, bins] (copies
+        per thread: replay_stats_kernel.state_counts), zeroed (made once)."""
         rows = self._stale.get(s)
-        if rows is None or rows.shape[0] < parts * HIST_COPIES:
-            rows = self._stale[s] = np.zeros((parts * HIST_COPIES, self.stale_bins[s]), np.int64)
+        if rows is None or rows.shape[0] < parts:
+            rows = self._stale[s] = np.zeros((parts, STALE_COPIES, self.stale_bins[s]), np.int64)
         rows.fill(0)
         return rows
 
@@ -197,7 +197,7 @@ class FusedAdamStep:
                           self.rows["v"].sums_np, add[2], add[3], upd, add[4], add[5])
         if not keep_err:
             return x_hat, None
-        return x_hat, {s: (e, torch.from_numpy(stale.sum(0)) if stale.shape[1] else None)
+        return x_hat, {s: (e, torch.from_numpy(stale.sum((0, 1))) if stale.shape[2] else None)
                        for s, (e, stale) in snap.items()}
 
     def _team_launch(self, team: int, args: tuple) -> bool:
