@@ -48,7 +48,7 @@ Per state and model step (n elements; each chunk of a range):
     v stochastic  v_args -> sqrt_ on 4 rows, erf_ on 2, exp_ on 2 -> v_finish
     m nearest     (m_sigma -> sqrt_, once per sigma^2) m_args -> erf_ on 2 rows -> m_finish
     m stochastic  (m_sigma -> sqrt_, once per sigma^2) m_args -> erf_ on 3 rows, exp_ on 3 -> m_finish
-Rows: 7 (CHUNK + 1) fp32 per thread (Rows), and SIG, G: 2 fp32 per element per layout size
+Rows: 12 (CHUNK + 1) fp32 per thread (Rows), and SIG, G: 2 fp32 per element per layout size
 and calling thread (Outputs; replay_model.py's rule).
 No numba at import: the kernels are imported on first use.
 """
@@ -70,16 +70,21 @@ _LOCAL = threading.local()  # .rows: Rows; .outputs: n -> Outputs, the thread's 
 
 
 class Rows:
-    """One thread's argument rows for a chunk of up to CHUNK elements: T [4 (CHUNK + 1)] (sqrt /
-    erf arguments), X [3 (CHUNK + 1)] (exp), as torch tensors and their numpy views. A chunk of
-    cnt elements lays its rows out at a stride of cnt + 1 (cnt elements and a slot:
-    replay_gauss_kernel), so torch's ops take exactly its rows."""
+    """One thread's rows for a chunk of up to CHUNK elements: T [4 (CHUNK + 1)] (sqrt / erf
+    arguments), X [3 (CHUNK + 1)] (exp), as torch tensors, their numpy views and W [5 (CHUNK +
+    1)] (what the args pass hands the finishing pass: the quotients of its divisions, which
+    the two threads of a core wait on together; sr-4bit's 1 M replay, thread seconds per 100
+    steps: m_finish 0.156-0.163 -> 0.123-0.126, v_finish 0.087-0.093 -> 0.068-0.069, m_args
+    0.087-0.091 -> 0.118-0.122 and v_args 0.066-0.075 -> 0.079-0.087 for the stores: a net
+    0.015-0.02 s; chunks of 16 or 32 k elements, to keep the rows in L2, lost more to torch's
+    calls). A chunk of cnt elements lays its rows out at a stride of cnt + 1 (cnt elements
+    and a slot: replay_gauss_kernel), so torch's ops take exactly its rows."""
 
     def __init__(self, chunk: int):
         f32 = torch.float32  # whatever torch's default dtype is
         self.chunk = chunk
         self.T, self.X = torch.zeros(4 * (chunk + 1), dtype=f32), torch.zeros(3 * (chunk + 1), dtype=f32)
-        self.np = self.T.numpy(), self.X.numpy()
+        self.np = self.T.numpy(), self.X.numpy(), np.zeros(5 * (chunk + 1), np.float32)
 
 
 class Outputs:
@@ -215,7 +220,7 @@ def gauss_range(job: Job, i0: int, i1: int) -> None:
         return
     k, rows = _kernels(), _rows()
     T, X = rows.T, rows.X
-    Tn, Xn = rows.np
+    Tn, Xn, Wn = rows.np
     sr, x, down, up, nom, G = job.sr, job.x, job.down, job.up, job.nominal, job.G
     for c0 in range(i0, i1, rows.chunk):
         c1 = min(c0 + rows.chunk, i1)
@@ -227,21 +232,21 @@ def gauss_range(job: Job, i0: int, i1: int) -> None:
             SQRT(job.SIG_t[r])
         for cst in job.csts.values():  # with the band first; without it only where needed
             if job.kind == "v":
-                k["v_args"](0, 1, 0, sr, x[r], down[r], up[r], cst, Tn, Xn, cnt, cnt)
+                k["v_args"](0, 1, 0, sr, x[r], down[r], up[r], cst, Tn, Xn, Wn, cnt, cnt)
                 if sr:
                     SQRT(T[:4 * nn])
                     EXP(X[:2 * nn])
                 else:
                     SQRT(T[:2 * nn])
                 ERF(T[:2 * nn])
-                left = k["v_finish"](0, 1, 0, sr, x[r], down[r], up[r], nom[r], cst, Tn, Xn, G[r], cnt, cnt)
+                left = k["v_finish"](0, 1, 0, sr, x[r], nom[r], cst, Tn, Xn, Wn, G[r], cnt, cnt)
             else:
-                k["m_args"](0, 1, 0, sr, x[r], down[r], up[r], job.SIG[r], cst, Tn, Xn, cnt, cnt)
+                k["m_args"](0, 1, 0, sr, x[r], down[r], up[r], job.SIG[r], cst, Tn, Xn, Wn, cnt, cnt)
                 ERF(T[:(3 if sr else 2) * nn])
                 if sr:
                     EXP(X[:3 * nn])
-                left = k["m_finish"](0, 1, 0, sr, x[r], job.sigma2[r], down[r], up[r], nom[r], job.SIG[r], cst,
-                                     Tn, Xn, G[r], cnt, cnt)
+                left = k["m_finish"](0, 1, 0, sr, x[r], job.sigma2[r], nom[r], job.SIG[r], cst, Tn, Xn, Wn, G[r],
+                                     cnt, cnt)
             if not left:
                 break
 

@@ -4,8 +4,10 @@ one diagnose/staleness.py's torch code makes, in its order (fastmath off: no FMA
 torch's rules for a Python scalar c: t * c, t + c, c - t and t / c take fp32(c); c / t is
 torch's reciprocal(t) * fp32(c). Clamps keep NaN and -0.0 as torch's do.
 
-Scratch rows (replay_gauss.Scratch): T takes the arguments of torch's sqrt_ and erf_, X those
-of its exp_, SIG sigma's; row j of T or X (T[j] below) is its elements [j (n + 1), j (n + 1) + n)
+Scratch rows (replay_gauss.Rows): T takes the arguments of torch's sqrt_ and erf_, X those
+of its exp_, W the values the args pass computes that the finishing pass needs again (its
+divisions, done once: the divider is what both passes wait on, and the two threads of a core
+share it), SIG sigma's; row j of T, X or W (T[j] below) is its elements [j (n + 1), j (n + 1) + n)
 and a slot after them, where the stochastic v puts its per-tensor arguments (c / 2, 2 c / pi,
 -c / 2: chi2_1(c) and chi2_3(c) by torch's own functions, as staleness.py's full_like(s, c)
 gets them). Each kernel steps elements [b0 B, min(b1 B, n)) (host.run_parts)."""
@@ -95,16 +97,19 @@ def exp_out(t, x, floor, low):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def v_args(b0, b1, part, sr, s, down, up, cst, T, X, B, n):
+def v_args(b0, b1, part, sr, s, down, up, cst, T, X, W, B, n):
     """T[0], T[1] = a / 2, b / 2 (chi2_1's sqrt then erf arguments, c - w_lo and c + w_hi's);
     stochastic also T[2], T[3] = 2 a / pi, 2 b / pi (sqrt) and X[0], X[1] = -a / 2, -b / 2
     (exp): chi2_3's terms (root_in, exp_in: the slow arguments replaced, exp's below cst[10],
-    v_finish's band); and the slots of T[0], T[2], X[0] for c (part 0 writes them)."""
+    v_finish's band); and the slots of T[0], T[2], X[0] for c (part 0 writes them); W[0], W[1]
+    = w_lo, w_hi (v_cell's, for v_finish)."""
     kb, cf, big, pi, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
     floor = cst[10]
     nn = np.uint64(n + 1)  # the rows' stride: n elements and a slot
     for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
-        _, _, _, a, b = v_terms(s[i], down[i], up[i], kb, cf, big, sr)
+        _, w_lo, w_hi, a, b = v_terms(s[i], down[i], up[i], kb, cf, big, sr)
+        W[i] = w_lo
+        W[nn + i] = w_hi
         T[i] = root_in(a / c.TWO)
         T[nn + i] = root_in(b / c.TWO)
         if sr:
@@ -121,8 +126,9 @@ def v_args(b0, b1, part, sr, s, down, up, cst, T, X, B, n):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def v_finish(b0, b1, part, sr, s, down, up, nominal, cst, T, X, G, B, n):
-    """G = where(nominal, gaussian_v, 0), T and X holding torch's sqrt / erf / exp of v_args'.
+def v_finish(b0, b1, part, sr, s, nominal, cst, T, X, W, G, B, n):
+    """G = where(nominal, gaussian_v, 0), T and X holding torch's sqrt / erf / exp of v_args',
+    W its w_lo, w_hi (the same values v_cell gives: v_args computed them).
     Returns how many exp arguments in the band [floor, cst[10]) had chi2_1 below 1/2 (then the
     caller computes again without the band). The band: -x / 2 there, torch's exp is below
     2**-126 (subnormal; ~12x its usual time, the other lanes of its vector waiting), and its
@@ -138,7 +144,9 @@ def v_finish(b0, b1, part, sr, s, down, up, nominal, cst, T, X, G, B, n):
     f3c = f1c - T[np.uint64(2) * nn + np.uint64(n)] * X[n]
     unproven = 0
     for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
-        ok, w_lo, w_hi, a, b = v_terms(s[i], down[i], up[i], kb, cf, big, sr)
+        ok = kb * s[i] > c.ZERO  # v_cell's
+        w_lo, w_hi = W[i], W[nn + i]
+        a, b = clamp0(cf - w_lo), clamp0(cf + w_hi)  # v_terms'
         f1a = root_out(T[i], a / c.TWO, erf0)
         f1b = root_out(T[nn + i], b / c.TWO, erf0)
         if sr:
@@ -178,11 +186,12 @@ def m_cell(down, up, kb, big, sr):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def m_args(b0, b1, part, sr, m, down, up, SIG, cst, T, X, B, n):
+def m_args(b0, b1, part, sr, m, down, up, SIG, cst, T, X, W, B, n):
     """Nearest: T[0], T[1] = ((m + hi) / sigma) / sqrt2, ((m - lo) / sigma) / sqrt2 (Phi's erf
     arguments). Stochastic, z = m / sigma, a = (m - lo) / sigma, b = (m + hi) / sigma:
     T[0..2] = z / sqrt2, a / sqrt2, b / sqrt2 (erf), X[0..2] = -z z / 2, -a a / 2, -b b / 2 (exp;
-    exp_in: the arguments below cst[10] replaced, m_finish's band)."""
+    exp_in: the arguments below cst[10] replaced, m_finish's band), and W[0..4] = lo, hi, z,
+    a, b (for m_finish)."""
     kb, cf, big, pi, sq2, sq2pi, erf0, sqrt0, low, floor = columns(cst)  # once: no refcounts in the loop
     floor = cst[10]
     nn = np.uint64(n + 1)  # the rows' stride: n elements and a slot
@@ -193,6 +202,11 @@ def m_args(b0, b1, part, sr, m, down, up, SIG, cst, T, X, B, n):
         a = (mi - lo) / sigma
         if sr:
             z = mi / sigma
+            W[i] = lo
+            W[nn + i] = hi
+            W[np.uint64(2) * nn + i] = z
+            W[np.uint64(3) * nn + i] = a
+            W[np.uint64(4) * nn + i] = b
             T[i] = z / sq2
             T[nn + i] = a / sq2
             T[np.uint64(2) * nn + i] = b / sq2
@@ -227,8 +241,9 @@ def band_d(d, x, floor, edge, dtop):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def m_finish(b0, b1, part, sr, m, sigma2, down, up, nominal, SIG, cst, T, X, G, B, n):
-    """G = where(nominal, gaussian_m, 0), T and X holding torch's erf / exp of m_args'. Returns
+def m_finish(b0, b1, part, sr, m, sigma2, nominal, SIG, cst, T, X, W, G, B, n):
+    """G = where(nominal, gaussian_m, 0), T and X holding torch's erf / exp of m_args', W its
+    lo, hi, z, a, b (stochastic: the same values m_cell and the divisions give). Returns
     how many elements had an exp argument in the band [floor, cst[10]) that m_args left out
     (0 in place of torch's subnormal exp, ~30 ns each) and whose p it does not pin down (then
     the caller computes again without the band). p = clamp(left + right, 0, 1) is weakly
@@ -244,9 +259,9 @@ def m_finish(b0, b1, part, sr, m, sigma2, down, up, nominal, SIG, cst, T, X, G, 
     for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
         ok = sigma2[i] > c.ZERO
         if sr:
-            lo, hi = m_cell(down[i], up[i], kb, big, sr)
+            lo, hi = W[i], W[nn + i]
             sigma, mi = SIG[i], m[i]
-            z, a, b = mi / sigma, (mi - lo) / sigma, (mi + hi) / sigma
+            z, a, b = W[np.uint64(2) * nn + i], W[np.uint64(3) * nn + i], W[np.uint64(4) * nn + i]
             cz = c.HALF * (c.ONE + T[i])
             ca = c.HALF * (c.ONE + T[nn + i])
             cb = c.HALF * (c.ONE + T[np.uint64(2) * nn + i])
