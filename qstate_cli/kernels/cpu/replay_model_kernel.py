@@ -96,6 +96,7 @@ def unit_windows(y, cnt, unit, nt, dl, frac, dn, up, o):
     code nt - 1), all exact in fp32 (power-of-two scalings of small integers), and the floor
     code #(table <= n) - 1 = clamp(floor(n * unit), 0, nt) - 1 clamped to [0, nt - 2], n * unit
     exact (the codec's round_unit); a NaN n takes code nt - 2, as searchsorted sorts it last.
+    The rounding test f >= 1/2, f = (n - table[k]) / (1 / unit), takes the product by unit.
     Each gap g is written as g * delta * frac (delta = dl[j], the element's block's), the same
     two products in the same order."""
     uf, top_k, last = np.float32(unit), np.float32(nt - 2), np.float32(nt - 1)
@@ -105,8 +106,10 @@ def unit_windows(y, cnt, unit, nt, dl, frac, dn, up, o):
         kf = min(max(min(max(np.floor(n * uf), c.ZERO), np.float32(nt)) - c.ONE, c.ZERO), top_k)
         kf = kf if n == n else top_k
         tlo = (kf + c.ONE) * step
-        thi = (kf + np.float32(2.0)) * step
-        f = (n - tlo) / (thi - tlo)  # clamp(0, 1) does not change f >= 0.5 (NaN: False)
+        # f = (n - tlo) / (thi - tlo), thi - tlo = step exactly: a division by the power of two
+        # 1 / unit, which is the (exact) product by unit, the same value without the divider
+        # (clamp(0, 1) does not change f >= 0.5; NaN: False)
+        f = (n - tlo) * uf
         k = kf + (c.ONE if f >= c.HALF else c.ZERO)
         dn[o + np.uint64(j)] = (c.INF if k == c.ZERO else step) * dl[j] * frac
         up[o + np.uint64(j)] = (c.INF if k == last else step) * dl[j] * frac
