@@ -42,9 +42,8 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     2 x code stall)] += 1 for the unit's element j, with bin = (code >> shift) & mask (the code
     itself: shift 0; a 16-bit float's binade: its exponent field), hist [threads, copies, bins]
     interleaved copies per thread (layout.hist_copies, a power of two; the caller sums them);
-    the error e = new -
-    shadow and e * e (fp32, as torch's). sums[:, u] is the unit's column of StateStats' step
-    rows: sums[0 / 1, u] = the sum of e / e * e over the unit in torch's order (lanes: torch's
+    the error e = new - shadow and e * e (fp32, as torch's). sums[:, u] is the unit's column of
+    StateStats' step rows: sums[0 / 1, u] = the sum of e / e * e over the unit in torch's order (lanes: torch's
     fp32 lanes, torch_sum.py; 0: not summed here, err[0] = e and err[1] = e * e are written
     for torch to sum); with keep, err[0] = e is written (a snapshot's errors). sums[4] (the
     shadow's) is the caller's. Per unit: the errors and their sums in one loop (8 lanes:
@@ -132,7 +131,7 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
                             + np.int32(np.int32(j & (copies - 1)) * nb))
         for j in range(unit):
             last_change[i0 + np.uint64(j)] = changed[j]
-        if sbins:  # each element's bin and copy into `changed` (its last_change is stored), then counted
+        if sbins:  # each element's bin and copy into `changed` (stored into last_change by now), then counted
             if padded:
                 for j in range(unit):
                     k = min(max(t1 - np.int64(changed[j]), np.int64(0)), top)
