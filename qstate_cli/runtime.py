@@ -14,7 +14,11 @@ One definition of each, used by every engine (bench, diagnose, train, trace):
         torch's intra-op CPU threads set to n inside a `with` block (None: unchanged)
     Timer(device, sync)
         wall seconds per named phase, summed over calls; sync=True on CUDA synchronizes
-        around each phase so a phase is charged for the GPU work it queued
+        around each phase so a phase is charged for the GPU work it queued; and the seconds
+        of kernel compilation that ended inside each phase (COMPILES)
+    COMPILES
+        this process's kernel compilations (the CPU path's numba kernels report theirs):
+        seconds, count, and a one-time notice when the first one starts
     Workers(n)
         fn(item) for every item of a list on n threads (this one among them), returning
         when all are done: independent pieces of work in one step of a loop
@@ -88,6 +92,48 @@ def torch_threads(n: int | None):
             torch.set_num_threads(before)
 
 
+class CompileClock:
+    """Kernel compilations in this process: `seconds` of wall time (outermost compilations
+    only: compiling a kernel compiles the functions it calls inside it) and their `count`.
+    A compiler reports each compilation by `begin()` and `end()` (kernels/cpu/compiling.py
+    for numba, whose compiler lock runs one at a time). The first `begin()` calls
+    `notice(text)`, once per process: the CLI prints it on stderr, since a first use on a
+    machine compiles for minutes; else it goes to the "qstate_cli" logger (INFO)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.count = 0
+        self.notice: Callable[[str], None] | None = None
+        self._depth = 0
+        self._t0 = 0.0
+        self._told = False
+        self._lock = threading.Lock()
+
+    def begin(self, text: str) -> None:
+        with self._lock:
+            self._depth += 1
+            if self._depth > 1:
+                return
+            self._t0 = time.perf_counter()
+            tell, self._told = not self._told, True
+        if tell:
+            if self.notice is not None:
+                self.notice(text)
+            else:
+                import logging
+                logging.getLogger("qstate_cli").info(text)
+
+    def end(self) -> None:
+        with self._lock:
+            self._depth = max(0, self._depth - 1)
+            if self._depth == 0:
+                self.seconds += time.perf_counter() - self._t0
+                self.count += 1
+
+
+COMPILES = CompileClock()
+
+
 class Timer:
     """Wall seconds per named phase, summed over calls:
 
@@ -104,6 +150,7 @@ class Timer:
         self.device = torch.device(device)
         self.sync = bool(sync) and self.device.type == "cuda"
         self.totals: dict[str, float] = {}
+        self.compiled: dict[str, float] = {}  # seconds of COMPILES that ended inside each phase
 
     @property
     def exact(self) -> bool:
@@ -118,13 +165,15 @@ class Timer:
     def __call__(self, name: str):
         if self.sync:
             torch.cuda.synchronize(self.device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), COMPILES.seconds
         try:
             yield
         finally:
             if self.sync:
                 torch.cuda.synchronize(self.device)
             self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0
+            if COMPILES.seconds > c0:
+                self.compiled[name] = self.compiled.get(name, 0.0) + COMPILES.seconds - c0
 
 
 class Workers:

@@ -151,3 +151,29 @@ def test_the_table_and_report_show_code_stalls_predictions_and_the_warning(tmp_p
     assert "on the trace corpus no reset" in r.stdout  # --skip-reset-check: the corpus evidence's advice, unreplayed
     text = md.read_text()
     assert "Where the Gaussian staleness model misses" in text and "fell" in text
+
+
+def test_profile_leaves_the_first_use_compilation_out_of_the_rates():
+    """A phase's seconds compiling kernels (Timer.compiled) are reported, and left out of every
+    rate: 10 s measured for a configuration of which 8 s compiled is 2 s of replay."""
+    from types import SimpleNamespace
+
+    from qstate_cli.diagnose.run import profile
+    from qstate_cli.diagnose.tables import profile_rows
+
+    raw = SimpleNamespace(configs=["a", "b"], layout=SimpleNamespace(n_valid=1000, unit=128, n=1024), n_steps=100,
+                          wall_s=14.0, cpu_s=20.0, timings_s={"gather": 1.0, "shadow": 1.0, "a": 10.0, "b": 2.0},
+                          compile_s={"a": 8.0}, device="cpu", threads=2, config_threads=1, timings_synchronized=True)
+    prof = profile(raw, 15.0)
+    assert prof["compile_s"] == 8.0 and prof["phases_compile_s"] == {"a": 8.0}
+    assert prof["phases_s"]["a"] == 10.0 and prof["replay_s"] == 6.0 and prof["replay_cpu_s"] == 12.0
+    assert prof["config_element_steps_per_s"] == {"a": 50_000, "b": 50_000}
+    assert prof["element_steps_per_s_per_config"] == round(100_000 * 2 / 6.0)
+    rows, title = profile_rows(prof)
+    by = {r["phase"]: r for r in rows}
+    assert by["a"]["compiling_s"] == 8.0 and by["b"]["compiling_s"] == 0.0
+    assert by["a"]["M_element_steps_per_s"] == by["b"]["M_element_steps_per_s"] == pytest.approx(0.05)
+    assert "8.0 s compiling the CPU kernels (first use on this machine" in title
+    raw.compile_s = {}
+    rows, title = profile_rows(profile(raw, 15.0))
+    assert "compiling_s" not in rows[0] and "compiling" not in title and rows[2]["M_element_steps_per_s"] == 0.01

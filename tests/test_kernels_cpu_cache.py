@@ -90,3 +90,46 @@ def test_256_bit_vectors_give_the_reference_bits_too():
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernels_cpu.py",
                           "-k", "presets and sr-4bit"], capture_output=True, text=True, env=env, cwd=root, timeout=1200)
     assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_numba_compiles_reach_the_compile_clock(monkeypatch):
+    """codec.py reports numba's compilations to runtime.COMPILES (kernels/cpu/compiling.py):
+    a function compiled here (no disk cache) counts once with its seconds and the notice names
+    the cache folder; a second call of the same types compiles nothing."""
+    numba = pytest.importorskip("numba")
+    from qstate_cli import runtime
+    from qstate_cli.kernels.cpu import codec  # noqa: F401 - installs the listener
+
+    told = []
+    monkeypatch.setattr(runtime.COMPILES, "notice", told.append)
+    monkeypatch.setattr(runtime.COMPILES, "_told", False)
+    count, seconds = runtime.COMPILES.count, runtime.COMPILES.seconds
+
+    @numba.njit
+    def inner(x):
+        return x * 3
+
+    @numba.njit
+    def outer(x):
+        return inner(x) + 1  # compiles inner inside outer's compilation
+
+    assert outer(2) == 7 and outer(5) == 16
+    assert runtime.COMPILES.count == count + 1 and runtime.COMPILES.seconds > seconds
+    assert len(told) == 1 and numba.config.CACHE_DIR in told[0] and "first use" in told[0]
+
+
+def test_the_cli_says_on_stderr_that_it_compiles(monkeypatch, capsys):
+    """The root command points the notice at stderr (output.say): a first use compiles for
+    minutes and would otherwise look like a hang."""
+    from typer.testing import CliRunner
+
+    from qstate_cli import runtime
+    from qstate_cli.cli import app
+
+    monkeypatch.setattr(runtime.COMPILES, "notice", None)
+    monkeypatch.setattr(runtime.COMPILES, "_told", False)
+    assert CliRunner().invoke(app, ["formats", "--json"]).exit_code == 0
+    capsys.readouterr()
+    runtime.COMPILES.begin("qstate: compiling the CPU kernels for this machine")
+    runtime.COMPILES.end()
+    assert "qstate: compiling the CPU kernels for this machine" in capsys.readouterr().err

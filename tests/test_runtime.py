@@ -102,3 +102,45 @@ def test_one_worker_runs_in_order_on_this_thread():
     with runtime.Workers(1) as workers:
         workers.each(lambda k: seen.append((k, threading.get_ident())), [3, 1, 2])
     assert seen == [(3, threading.get_ident()), (1, threading.get_ident()), (2, threading.get_ident())]
+
+
+def test_compile_clock_counts_outermost_compiles_and_tells_once(monkeypatch):
+    """Nested compilations (a kernel compiling what it calls) count once, by the outermost's
+    wall time; the notice comes on the first begin only; Timer charges a phase with the
+    compile seconds that ended inside it."""
+    now = [0.0]
+    monkeypatch.setattr(runtime.time, "perf_counter", lambda: now[0])
+    clock, told = runtime.CompileClock(), []
+    clock.notice = told.append
+    monkeypatch.setattr(runtime, "COMPILES", clock)
+    timer = runtime.Timer("cpu")
+    with timer("first"):
+        clock.begin("compiling")
+        now[0] += 2.0
+        clock.begin("inner")  # nested: no notice, no count
+        now[0] += 3.0
+        clock.end()
+        clock.end()
+        now[0] += 1.0  # the phase's own work
+    with timer("second"):
+        now[0] += 4.0
+        clock.begin("again")
+        now[0] += 0.5
+        clock.end()
+    with timer("third"):
+        now[0] += 1.0
+    assert told == ["compiling"] and clock.count == 2 and clock.seconds == 5.5
+    assert timer.totals == {"first": 6.0, "second": 4.5, "third": 1.0}
+    assert timer.compiled == {"first": 5.0, "second": 0.5}
+
+
+def test_compile_clock_logs_without_a_notice(caplog):
+    clock = runtime.CompileClock()
+    with caplog.at_level("INFO", logger="qstate_cli"):
+        clock.begin("compiling the kernels")
+        clock.begin("nested")
+        clock.end()
+        clock.end()
+        clock.begin("second")
+        clock.end()
+    assert [r.getMessage() for r in caplog.records] == ["compiling the kernels"] and clock.count == 2

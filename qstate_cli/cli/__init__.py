@@ -26,6 +26,10 @@ def _version(value: bool):
 def root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                       help="Print the version and exit.")):
     """qstate: how fast, how small, and what low-bit optimizer states do to training."""
+    from .. import runtime
+    from .output import say
+
+    runtime.COMPILES.notice = say  # a first use compiles the CPU kernels for minutes: say so on stderr
 
 
 def _register_commands() -> None:
