@@ -39,6 +39,25 @@ from ..quant.config import STATE_IDS
 from . import sharding
 
 
+def cpu_elementwise(spec) -> bool:
+    """Whether the CPU path's kernels (kernels/cpu/elementwise.py) encode and decode this state."""
+    from ..kernels.cpu.elementwise import covers
+
+    return covers(spec) is None
+
+
+def fast_encode(*args):
+    from ..kernels.cpu.elementwise import encode as enc
+
+    return enc(*args)
+
+
+def fast_decode(codes, spec):
+    from ..kernels.cpu.elementwise import decode as dec
+
+    return dec(codes, spec)
+
+
 def steps_together(opt, group, p: torch.Tensor) -> bool:
     """True if p (routed to the reference) can step in a pass with the group's other such tensors."""
     if opt.backend == "reference" or p.device.type != "cpu" or p.numel() == 0:
@@ -91,6 +110,8 @@ class Streams:
 def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict,
               specs: dict) -> None:
     sizes = [p.numel() for p in params]
+    # a 16-bit minifloat's encode and decode by the CPU path's kernels where numba runs (the same bits)
+    fast = {name: cpu_elementwise(spec) for name, spec in specs.items()}
     # one flat copy of each list (torch's bucket flattening, as DDP uses): mixed dtypes are promoted
     # to one that holds them all exactly, so .to(fp32) rounds once, as the reference's p.to(fp32) does
     g = flatten([p.grad for p in params]).to(torch.float32)
@@ -105,7 +126,8 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
             x_hat[name] = torch.zeros(g.numel(), dtype=torch.float32, device=g.device)
         else:
             codes = flatten([opt.state[p][name]["codes"] for p in params])
-            x_hat[name] = decode(codes, None, specs[name], codes.numel(), w)
+            x_hat[name] = (fast_decode(codes, specs[name]) if fast[name]
+                           else decode(codes, None, specs[name], codes.numel(), w))
     if "v" in x_hat:
         x_hat["v"] = x_hat["v"].clamp(min=0.0)  # as the reference step
     p32, new = opt.update_flat(group, [p.shape for p in params], flatten(params).to(torch.float32), g, x_hat,
@@ -113,10 +135,13 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
     step_t = torch.tensor(step, dtype=torch.int64)  # never mutated: shared, as optim/fused.py does
     since_t = torch.tensor(since, dtype=torch.int64)
     for name in new:  # in place, as the kernels store their states
-        drawn = specs[name].rounding == "stochastic"
-        stream = Streams(group["seed"], tensor_ids, STATE_IDS[name], sizes) if drawn else Stream()
-        torch._foreach_copy_([opt.state[p][name]["codes"] for p in params],
-                             encode(new[name], specs[name], step, stream)[0].split(sizes))
+        if fast[name]:
+            codes = fast_encode(new[name], specs[name], group["seed"], tensor_ids, STATE_IDS[name], step, sizes)
+        else:
+            drawn = specs[name].rounding == "stochastic"
+            stream = Streams(group["seed"], tensor_ids, STATE_IDS[name], sizes) if drawn else Stream()
+            codes = encode(new[name], specs[name], step, stream)[0]
+        torch._foreach_copy_([opt.state[p][name]["codes"] for p in params], codes.split(sizes))
     torch._foreach_copy_(params, unflatten(p32, params))  # rounds to each parameter's dtype, as copy_ does
     for p, count in zip(params, counts):
         st = opt.state[p]

@@ -1,0 +1,73 @@
+"""The CPU path's encode and decode of unscaled 16-bit minifloat states (kernels/cpu/
+elementwise.py, which optim/small.py uses where numba runs): quantizer.encode's codes and
+quantizer.decode's values, bit for bit, on hostile values, every 16-bit pattern, tensors laid
+end to end with their own streams, and split over threads."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qstate_cli.optim.small import Streams
+from qstate_cli.quant import parse_spec
+from qstate_cli.quant.quantizer import Stream, decode, encode
+
+pytest.importorskip("numba")
+from qstate_cli.kernels.cpu import elementwise as ew  # noqa: E402
+from qstate_cli.kernels.cpu import host  # noqa: E402
+
+SPECS = ["bf16", "bf16:stochastic", "fp16", "fp16:stochastic", "bf16:nearest:sqrt", "fp16:stochastic:sqrt"]
+
+
+def hostile(n: int, seed: int) -> torch.Tensor:
+    """Values across fp32's range: ties and near-ties of bf16 (low 16 bits 0x8000 +- 1 at odd
+    and even ordinals), fp16's overflow, subnormals of both, zeros of both signs, NaN, +-inf."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=gen) * torch.exp(8 * torch.randn(n, generator=gen))
+    bits = torch.randint(0, 2**31 - 1, (n // 4,), generator=gen, dtype=torch.int64)
+    ties = ((bits & ~0xFFFF) | (0x8000 + torch.randint(-1, 2, (n // 4,), generator=gen))).to(torch.int32)
+    x[: n // 4] = ties.view(torch.float32) * torch.where(torch.rand(n // 4, generator=gen) < 0.5, -1.0, 1.0)
+    special = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 65504.0, 65520.0, 65519.99,
+                            1e-45, -1e-40, 6e-8, 2.9e-8, 3e38, -3.4e38, 1.0, -1.0])
+    x[n // 4: n // 4 + special.numel()] = special
+    return x
+
+
+@pytest.mark.parametrize("text", SPECS)
+def test_encode_is_the_references_per_tensor_stream(text):
+    spec = parse_spec(text)
+    assert ew.covers(spec) is None
+    sizes, ids, seed, step = [1, 4097, 3000, 7, 20000], [3, 0, 11, 5, 2], 9, 12
+    x = hostile(sum(sizes), 1)
+    stream = Streams(seed, ids, 1, sizes) if spec.rounding == "stochastic" else Stream()
+    want = encode(x, spec, step, stream)[0]
+    got = ew.encode(x, spec, seed, ids, 1, step, sizes)
+    assert got.dtype == want.dtype == torch.int16 and torch.equal(got, want)
+    if spec.rounding == "stochastic":  # another step draws other uniforms: some codes move
+        assert not torch.equal(ew.encode(x, spec, seed, ids, 1, step + 1, sizes), got)
+
+
+@pytest.mark.parametrize("text", SPECS)
+def test_decode_every_16_bit_pattern(text):
+    spec = parse_spec(text)
+    codes = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    want = decode(codes, None, spec, codes.numel(), 1)
+    got = ew.decode(codes, spec)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_threads_split_the_runs_and_give_the_same_codes(monkeypatch):
+    spec = parse_spec("bf16:stochastic")
+    sizes, ids = [130001, 1, 90001], [1, 2, 3]  # 3 runs of threads, each edge inside a tensor
+    x = hostile(sum(sizes), 2)
+    monkeypatch.setattr(host, "threads", lambda: 1)
+    one = ew.encode(x, spec, 0, ids, 2, 5, sizes)
+    monkeypatch.setattr(host, "threads", lambda: 3)
+    assert host.parts_of(x.numel()) == 3
+    assert torch.equal(ew.encode(x, spec, 0, ids, 2, 5, sizes), one)
+    assert torch.equal(one, encode(x, spec, 5, Streams(0, ids, 2, sizes))[0])
+    assert torch.equal(ew.decode(one, spec), decode(one, None, spec, one.numel(), 5))
+
+
+def test_what_it_does_not_take():
+    for text in ("bf16:bred", "int8:nearest:b128", "e4m3", "fp32"):
+        assert ew.covers(parse_spec(text)) is not None, text
