@@ -26,7 +26,9 @@ and a checkpoint); the states are written in place, as the kernels write theirs 
 reference makes new tensors).
 
 Only for CPU tensors and a backend other than "reference" (which keeps the per-tensor
-definition); on CUDA the reference still steps them one by one.
+definition); on CUDA the reference still steps them one by one. Where numba runs, an unscaled
+16-bit minifloat state (bf16, fp16) is encoded and decoded by the CPU path's kernels
+(kernels/cpu/elementwise.py: the same codes and values, one pass each).
 """
 from __future__ import annotations
 

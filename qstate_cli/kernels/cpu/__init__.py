@@ -24,6 +24,9 @@
     replay_step.py   one AdamW configuration's whole replay step (the rule, both states'
                  codec and statistics, the update's sums) in one numba call per thread, from the
                  kernels above (diagnose/fused_step.py), kernel in replay_step_kernel.py
+    elementwise.py  encode and decode of unscaled 16-bit minifloat states (bf16, fp16) laid end
+                 to end, where optim/small.py steps them together; kernels in elementwise_kernel.py
+    compiling.py numba's compilations reported to runtime.COMPILES (seconds, the first-use notice)
     torch_sum.py torch's CPU sum in torch's own order of additions (the statistics' per-unit and
                  per-step sums, a sum to one value split over torch's threads), probed against
                  torch once per process; kernel in torch_sum_kernel.py
