@@ -43,21 +43,13 @@ from . import sharding
 
 def cpu_elementwise(spec) -> bool:
     """Whether the CPU path's kernels (kernels/cpu/elementwise.py) encode and decode this state."""
-    from ..kernels.cpu.elementwise import covers
-
-    return covers(spec) is None
+    return _elementwise().covers(spec) is None
 
 
-def fast_encode(*args):
-    from ..kernels.cpu.elementwise import encode as enc
+def _elementwise():
+    from ..kernels.cpu import elementwise  # no numba at import
 
-    return enc(*args)
-
-
-def fast_decode(codes, spec):
-    from ..kernels.cpu.elementwise import decode as dec
-
-    return dec(codes, spec)
+    return elementwise
 
 
 def steps_together(opt, group, p: torch.Tensor) -> bool:
@@ -128,7 +120,7 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
             x_hat[name] = torch.zeros(g.numel(), dtype=torch.float32, device=g.device)
         else:
             codes = flatten([opt.state[p][name]["codes"] for p in params])
-            x_hat[name] = (fast_decode(codes, specs[name]) if fast[name]
+            x_hat[name] = (_elementwise().decode(codes, specs[name]) if fast[name]
                            else decode(codes, None, specs[name], codes.numel(), w))
     if "v" in x_hat:
         x_hat["v"] = x_hat["v"].clamp(min=0.0)  # as the reference step
@@ -138,7 +130,8 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
     since_t = torch.tensor(since, dtype=torch.int64)
     for name in new:  # in place, as the kernels store their states
         if fast[name]:
-            codes = fast_encode(new[name], specs[name], group["seed"], tensor_ids, STATE_IDS[name], step, sizes)
+            codes = _elementwise().encode(new[name], specs[name], group["seed"], tensor_ids, STATE_IDS[name], step,
+                                          sizes)
         else:
             drawn = specs[name].rounding == "stochastic"
             stream = Streams(group["seed"], tensor_ids, STATE_IDS[name], sizes) if drawn else Stream()
