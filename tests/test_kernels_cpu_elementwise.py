@@ -71,3 +71,44 @@ def test_threads_split_the_runs_and_give_the_same_codes(monkeypatch):
 def test_what_it_does_not_take():
     for text in ("bf16:bred", "int8:nearest:b128", "e4m3", "fp32"):
         assert ew.covers(parse_spec(text)) is not None, text
+
+
+@pytest.mark.parametrize("states", ["bf16-sr", "m=bf16:nearest,v=fp16:stochastic:sqrt"])
+@pytest.mark.parametrize("shapes", [[(200_003,)], [(70_001,), (5,), (3, 7)]], ids=["one-tensor", "three"])
+def test_adamw_with_16_bit_states_is_one_kernel_pass_with_the_references_bits(states, shapes, monkeypatch):
+    """AdamW with both states 16-bit minifloats: small.py's pass runs elementwise.adamw_step
+    (decode, rule, encode in one numba pass), over threads where the tensors are large, and one
+    contiguous fp32 tensor stepped in place (flatten gives back a view of it); bit for bit the
+    reference's parameters, codes and counters over steps, a reset and non-finite gradients."""
+    from qstate_cli.optim import AdamW, Lion
+
+    calls = []
+    real = ew.adamw_step
+    monkeypatch.setattr(ew, "adamw_step", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    gen = torch.Generator().manual_seed(4)
+    dtypes = [torch.float32, torch.bfloat16, torch.float32]
+    base = [torch.randn(s, generator=gen).to(dtypes[i]) for i, s in enumerate(shapes)]
+    ref_ps = [torch.nn.Parameter(t.clone()) for t in base]
+    ps = [torch.nn.Parameter(t.clone()) for t in base]
+    ref = AdamW(ref_ps, lr=1e-2, weight_decay=0.1, states=states, min_quant_numel=0, reset=3, backend="reference")
+    opt = AdamW(ps, lr=1e-2, weight_decay=0.1, states=states, min_quant_numel=0, reset=3)
+    for step in range(1, 7):
+        for a, b in zip(ref_ps, ps):
+            g = torch.randn(a.shape, generator=gen) * 10.0 ** (step % 3 - 1)
+            if step == 2:
+                g.view(-1)[0] = float("nan")
+            a.grad, b.grad = g.to(a.dtype), g.to(b.dtype)
+        ref.step()
+        opt.step()
+        for a, b in zip(ref_ps, ps):
+            assert torch.equal(a.detach().view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
+                               b.detach().view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32)), step
+    assert len(calls) == 6 and ref.nonfinite_count() == opt.nonfinite_count() == len(ps)
+    for a, b in zip(ref_ps, ps):
+        for name in ("m", "v"):
+            assert torch.equal(ref.state[a][name]["codes"], opt.state[b][name]["codes"]), name
+        assert int(ref.state[a]["since_reset"]) == int(opt.state[b]["since_reset"]) == 3
+    lion = Lion([torch.nn.Parameter(torch.randn(10))], states="bf16", min_quant_numel=0)
+    lion.param_groups[0]["params"][0].grad = torch.randn(10)
+    lion.step()  # Lion's rule stays torch's: no AdamW pass
+    assert len(calls) == 6

@@ -75,6 +75,8 @@ STATES = {
     # stochastic rounding: each element's uniform from its own tensor's stream (small.Streams)
     "bf16-sr": dict(states="bf16-sr", min_quant_numel=0),
     "sr-mixed": dict(states="m=e5m2:stochastic,v=bf16:stochastic:sqrt", min_quant_numel=0, seed=7),
+    # AdamW / Adam: both states 16-bit, so one numba pass where numba runs (kernels/cpu/elementwise.py)
+    "fp16-bf16-sqrt": dict(states="m=fp16:stochastic,v=bf16:nearest:sqrt", min_quant_numel=0, seed=3),
 }
 
 

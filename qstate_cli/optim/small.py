@@ -113,6 +113,9 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
     bad = ~finite
     counts = _segment_sums(bad, sizes) if bool(bad.any()) else [0] * len(params)
     g = torch.where(finite, g, torch.zeros((), device=g.device))
+    if all(fast.values()) and names_are(specs, ("m", "v")) and _elementwise().adamw_rule(opt):
+        _step_adamw16(opt, group, params, tensor_ids, step, since, written, specs, g, counts)
+        return
     x_hat, first = {}, {}
     for name, w in written.items():
         first[name] = w == 0
@@ -126,8 +129,6 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
         x_hat["v"] = x_hat["v"].clamp(min=0.0)  # as the reference step
     p32, new = opt.update_flat(group, [p.shape for p in params], flatten(params).to(torch.float32), g, x_hat,
                                since, first)
-    step_t = torch.tensor(step, dtype=torch.int64)  # never mutated: shared, as optim/fused.py does
-    since_t = torch.tensor(since, dtype=torch.int64)
     for name in new:  # in place, as the kernels store their states
         if fast[name]:
             codes = _elementwise().encode(new[name], specs[name], group["seed"], tensor_ids, STATE_IDS[name], step,
@@ -138,12 +139,42 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
             codes = encode(new[name], specs[name], step, stream)[0]
         torch._foreach_copy_([opt.state[p][name]["codes"] for p in params], codes.split(sizes))
     torch._foreach_copy_(params, unflatten(p32, params))  # rounds to each parameter's dtype, as copy_ does
+    _count(opt, params, counts, step, since, list(new))
+
+
+def names_are(specs: dict, names: tuple) -> bool:
+    return tuple(specs) == names
+
+
+def _step_adamw16(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict, specs: dict,
+                  g: torch.Tensor, counts: list) -> None:
+    """_step_run for AdamW / Adam with 16-bit minifloat m and v (kernels/cpu/elementwise.py):
+    decode, rule and encode in one numba pass over the flat parameters and codes, the same bits."""
+    # (one contiguous fp32 tensor: flatten gives back a view of it, stepped in place; the copies
+    # back below are then copies onto themselves)
+    p32 = flatten(params).to(torch.float32)
+    fresh = {name: w == 0 for name, w in written.items()}
+    codes = {name: torch.empty(g.numel(), dtype=torch.int16) if fresh[name]
+             else flatten([opt.state[p][name]["codes"] for p in params]) for name in specs}
+    _elementwise().adamw_step(group, p32, g, codes, specs, fresh, since, step, tensor_ids,
+                              [p.numel() for p in params], (STATE_IDS["m"], STATE_IDS["v"]))
+    sizes = [p.numel() for p in params]
+    for name in specs:
+        torch._foreach_copy_([opt.state[p][name]["codes"] for p in params], codes[name].split(sizes))
+    torch._foreach_copy_(params, unflatten(p32, params))
+    _count(opt, params, counts, step, since, list(specs))
+
+
+def _count(opt, params: list, counts: list, step: int, since: int, names: list) -> None:
+    """Each tensor's non-finite count and step counters after a pass (shared, never mutated)."""
+    step_t = torch.tensor(step, dtype=torch.int64)  # never mutated: shared, as optim/fused.py does
+    since_t = torch.tensor(since, dtype=torch.int64)
     for p, count in zip(params, counts):
         st = opt.state[p]
         if count:
             st["nonfinite"] += count
         st["step"], st["since_reset"] = step_t, since_t
-        for name in new:
+        for name in names:
             st[name]["written"] = step_t
 
 

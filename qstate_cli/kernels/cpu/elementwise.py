@@ -15,6 +15,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from ...optim import rules
 from ...quant import hash as qhash
 from . import unavailable_reason
 from .host import layout_arrays, run_parts
@@ -34,8 +35,8 @@ def covers(spec) -> str | None:
 
 def _kernels():
     if not _KERNELS:
-        from .elementwise_kernel import RUN, decode16, encode16
-        _KERNELS.extend([RUN, encode16, decode16])
+        from .elementwise_kernel import RUN, adamw_kernel, decode16, encode16
+        _KERNELS.extend([RUN, encode16, decode16, adamw_kernel])
     return _KERNELS
 
 
@@ -44,28 +45,71 @@ def _lay(spec) -> tuple:
     return layout_arrays(_unscaled_layout(spec, 1), None)[0]
 
 
+def _starts(sizes: list) -> np.ndarray:
+    """int64 [tensors + 2]: where each tensor starts in the concatenation, its end, and a
+    sentinel past it (never reached)."""
+    starts = np.zeros(len(sizes) + 2, np.int64)
+    starts[1:-1] = np.cumsum(sizes)
+    starts[-1] = np.iinfo(np.int64).max
+    return starts
+
+
+def _keys(seed: int, tensor_ids: list, state_ids: tuple, step: int) -> np.ndarray:
+    """uint32 [tensors + 1, 2 per state]: each tensor's (k1, k2) of each state's stream at this
+    step (quant/hash.stream_keys, the reference's Stream(seed, tensor id, state id)); a last row of 0."""
+    keys = np.zeros((len(tensor_ids) + 1, 2 * len(state_ids)), np.uint32)
+    for i, t in enumerate(tensor_ids):
+        keys[i] = [k for s in state_ids for k in qhash.stream_keys(seed, t, s, step)]
+    return keys
+
+
 def encode(x: torch.Tensor, spec, seed: int, tensor_ids: list, state_id: int, step: int, sizes: list) -> torch.Tensor:
     """int16 codes of the flat fp32 CPU tensor x (tensors of `sizes` elements laid end to end):
     quantizer.encode(x, spec, step, stream)[0] with each tensor's Stream(seed, tensor id,
     state id), as small.Streams draws them."""
-    run, enc, _ = _kernels()
+    run, enc, _, _ = _kernels()
     x = x.detach().to(torch.float32).contiguous().reshape(-1)
     n = x.numel()
     codes = torch.empty(n, dtype=torch.int16)
-    starts = np.zeros(len(sizes) + 2, np.int64)
-    starts[1:-1] = np.cumsum(sizes)
-    starts[-1] = np.iinfo(np.int64).max  # past the last tensor: never reached
-    keys = [qhash.stream_keys(seed, t, state_id, step) for t in tensor_ids] if spec.rounding == "stochastic" else []
-    k1 = np.array([k[0] for k in keys] + [0], np.uint32)
-    k2 = np.array([k[1] for k in keys] + [0], np.uint32)
+    keys = _keys(seed, tensor_ids, (state_id,), step) if spec.rounding == "stochastic" else np.zeros((1, 2), np.uint32)
     if n:
-        run_parts(enc, n, run, (x.numpy(), codes.numpy().view(np.uint16), _lay(spec), starts, k1, k2, n))
+        run_parts(enc, n, run, (x.numpy(), codes.numpy().view(np.uint16), _lay(spec), _starts(sizes), keys, n))
     return codes
+
+
+def adamw_rule(opt) -> bool:
+    """Whether opt steps by AdamW's or Adam's rule as optimizers.AdamW writes it (adamw_step's)."""
+    from ...optim.base import QuantizedOptimizer
+    from ...optim.optimizers import AdamW
+
+    return (isinstance(opt, AdamW) and type(opt).update is AdamW.update
+            and type(opt).update_flat is QuantizedOptimizer.update_flat)
+
+
+def adamw_step(group, p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: dict, fresh: dict, since: int,
+               step: int, tensor_ids: list, sizes: list, state_ids: tuple) -> None:
+    """One AdamW / Adam step (adamw_rule) of tensors laid end to end whose m and v are unscaled
+    16-bit minifloats (covers): p32 (fp32, flat) and codes["m"], codes["v"] (int16, flat; read
+    unless fresh) updated in place by one kernel pass (elementwise_kernel.adamw_kernel), what
+    decode, AdamW.update and encode give them. g: fp32, flat, finite (small.py zeroed the rest)."""
+    run, _, _, kernel_for = _kernels()
+    beta1, beta2 = group["betas"]
+    wd, l2 = group["weight_decay"], 0.0
+    if not group["decoupled"] and wd:
+        wd, l2 = 0.0, wd
+    scal = rules.packed_scalars(group["lr"], wd, beta1, beta2, since, "cpu").detach().numpy()
+    kernel = kernel_for(_lay(specs["m"]), _lay(specs["v"]))
+    keys = _keys(group["seed"], tensor_ids, state_ids, step)
+    n = p32.numel()
+    run_parts(kernel, n, run, (p32.numpy(), g.numpy(), codes["m"].numpy().view(np.uint16),
+                               codes["v"].numpy().view(np.uint16), _starts(sizes), keys, scal, float(beta1),
+                               1.0 - float(beta1), float(beta2), 1.0 - float(beta2), float(group["eps"]), float(l2),
+                               bool(fresh["m"]), bool(fresh["v"]), n))
 
 
 def decode(codes: torch.Tensor, spec) -> torch.Tensor:
     """The stored values (fp32, flat) of int16 codes: quantizer.decode(codes, None, spec, n, step)."""
-    run, _, dec = _kernels()
+    run, _, dec, _ = _kernels()
     codes = codes.contiguous().reshape(-1)
     n = codes.numel()
     out = torch.empty(n, dtype=torch.float32)

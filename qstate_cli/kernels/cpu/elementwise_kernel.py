@@ -1,52 +1,73 @@
 """numba kernels of elementwise.py: encode and decode of an unscaled 16-bit minifloat state
-(bf16, fp16) over tensors laid end to end, in runs of RUN elements. The rounding and the
+(bf16, fp16) over tensors laid end to end, and the AdamW step of such m and v, in runs of RUN
+elements. The rounding and the
 read-back are the replay codec's (replay_kernel.load_stored, round_bf16, round_float;
 codec.decode_value), so the codes are quantizer.encode's and the values quantizer.decode's,
 bit for bit (tests/test_kernels_cpu_elementwise.py)."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from numba import njit
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
+from .adamw import _update
 from .replay_kernel import load_stored, round_bf16, round_float
 
 RUN = 2048  # elements per pass of a loop (a row of each scratch array: 8 kB)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def encode16(b0, b1, part, x, codes, lay, starts, k1s, k2s, numel):
+def encode16(b0, b1, part, x, codes, lay, starts, keys, numel):
     """codes[i] (uint16, the reference's int16 bits) of x[i] (fp32) for the runs b0 .. b1 - 1.
     Stochastic rounding: element i of tensor t (starts[t] <= i < starts[t + 1]) draws
-    uniform16(i - starts[t]) of that tensor's keys (k1s[t], k2s[t]): the reference's Stream
-    of that tensor (optim/small.Streams). Returns 0."""
+    uniform16(i - starts[t]) of that tensor's keys (keys[t, 0], keys[t, 1]): the reference's
+    Stream of that tensor (optim/small.Streams). Returns 0."""
     row = np.empty(RUN, np.float32)
     u = np.zeros(RUN, np.float32)
     q = np.empty(RUN, np.int32)
-    rounding = lay[c.ROUND]
-    bf16 = lay[c.EMIN] <= -126 and lay[c.MAN] == 7 and lay[c.SIGNED] != 0  # round_bf16 (bits only)
+    bf16 = is_bf16(lay)
     t = 0
     for b in range(b0, b1):
         start = b * RUN
         cnt = min(RUN, numel - start)
         load_stored(x, np.uint64(start), cnt, lay, row)
-        if rounding == c.STOCHASTIC:  # each piece of the run in one tensor: a loop that packs
-            lo = 0
-            while lo < cnt:
-                while starts[t + 1] <= start + lo:
-                    t += 1
-                hi = min(cnt, starts[t + 1] - start)
-                k1, k2, first = k1s[t], k2s[t], start - starts[t]
-                for j in range(lo, hi):
-                    u[j] = c.uniform16(first + j, k1, k2)
-                lo = hi
-        if bf16:
-            round_bf16(row, u, cnt, rounding, lay[c.MAXORD], q)
-        else:
-            round_float(row, u, cnt, lay, rounding, c.ZERO, q)
-        for j in range(cnt):
-            codes[np.uint64(start) + np.uint64(j)] = np.uint16(q[j])
+        t = round16(row, u, q, cnt, start, t, starts, keys, 0, lay, bf16, codes)
     return 0
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def is_bf16(lay):
+    """bf16 (8 exponent bits, 7 mantissa bits, signed): rounded by its bits (round_bf16)."""
+    return lay[c.EMIN] <= -126 and lay[c.MAN] == 7 and lay[c.SIGNED] != 0
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def round16(row, u, q, cnt, start, t, starts, keys, col, lay, bf16, codes):
+    """codes[start + j] of the stored values row[:cnt] (finite, as codec.stored_value leaves
+    them); stochastic: uniforms of each piece of the run that lies in one tensor (a loop that
+    packs), keys[t, col], keys[t, col + 1] of tensor t. Returns the tensor of the run's start."""
+    rounding = lay[c.ROUND]
+    while starts[t + 1] <= start:
+        t += 1
+    if rounding == c.STOCHASTIC:
+        lo, tt = 0, t
+        while lo < cnt:
+            while starts[tt + 1] <= start + lo:
+                tt += 1
+            hi = min(cnt, starts[tt + 1] - start)
+            k1, k2, first = keys[tt, col], keys[tt, col + 1], start - starts[tt]
+            for j in range(lo, hi):
+                u[j] = c.uniform16(first + j, k1, k2)
+            lo = hi
+    if bf16:
+        round_bf16(row, u, cnt, rounding, lay[c.MAXORD], q)
+    else:
+        round_float(row, u, cnt, lay, rounding, c.ZERO, q)
+    for j in range(cnt):
+        codes[np.uint64(start) + np.uint64(j)] = np.uint16(q[j])
+    return t
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -60,3 +81,49 @@ def decode16(b0, b1, part, codes, out, lay, numel):
         for j in range(min(RUN, numel - b * RUN)):
             out[i0 + np.uint64(j)] = c.decode_value(np.int32(codes[i0 + np.uint64(j)]), lay, table, dp)
     return 0
+
+
+@lru_cache(maxsize=None)
+def adamw_kernel(mlay: tuple, vlay: tuple):
+    """The AdamW / Adam step of flat fp32 parameters whose m and v are unscaled 16-bit
+    minifloats (lay tuples: compile-time constants, one compilation per pair, cached on disk):
+    per run of RUN elements, decode m and v (zeros where fresh), adamw._update (the fused
+    path's rule, op for op rules.adamw), encode both (uniforms per tensor as encode16)."""
+    mbf = mlay[c.EMIN] <= -126 and mlay[c.MAN] == 7 and mlay[c.SIGNED] != 0  # is_bf16, as closure constants
+    vbf = vlay[c.EMIN] <= -126 and vlay[c.MAN] == 7 and vlay[c.SIGNED] != 0
+
+    @njit(nogil=True, cache=True, error_model="numpy")
+    def _adamw16(b0, b1_, part, p, g, mc, vc, starts, keys, scal, beta1, omb1, beta2, omb2, eps, l2_wd,
+                 fresh_m, fresh_v, numel):
+        """p, g: fp32 [numel] (p updated in place, g finite); mc, vc: uint16 codes, read unless
+        fresh, then written; keys: uint32 [tensors + 1, 4], each tensor's (k1, k2) of m, of v."""
+        b1, ob1, b2, ob2 = np.float32(beta1), np.float32(omb1), np.float32(beta2), np.float32(omb2)
+        eps32, l2 = np.float32(eps), np.float32(l2_wd)
+        decay, step_size, ibc2 = scal[1], scal[2], scal[3]
+        mrow = np.empty(RUN, np.float32)
+        vrow = np.empty(RUN, np.float32)
+        u = np.zeros(RUN, np.float32)
+        q = np.empty(RUN, np.int32)
+        dp = (c.ONE, c.ZERO, c.ZERO, np.int32(0))
+        table = np.zeros(1, np.float32)
+        has_l2 = l2 != c.ZERO
+        t = 0
+        for b in range(b0, b1_):
+            start = b * RUN
+            cnt = min(RUN, numel - start)
+            i0 = np.uint64(start)
+            for j in range(cnt):
+                mrow[j] = c.ZERO if fresh_m else c.decode_value(np.int32(mc[i0 + np.uint64(j)]), mlay, table, dp)
+            for j in range(cnt):
+                vrow[j] = c.ZERO if fresh_v else c.decode_value(np.int32(vc[i0 + np.uint64(j)]), vlay, table, dp)
+            if has_l2:
+                _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay, step_size, ibc2, mlay,
+                        vlay, True)
+            else:
+                _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay, step_size, ibc2, mlay,
+                        vlay, False)
+            t = round16(mrow, u, q, cnt, start, t, starts, keys, 0, mlay, mbf, mc)
+            round16(vrow, u, q, cnt, start, t, starts, keys, 2, vlay, vbf, vc)
+        return 0
+
+    return _adamw16
