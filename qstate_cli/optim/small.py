@@ -109,13 +109,13 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
     # one flat copy of each list (torch's bucket flattening, as DDP uses): mixed dtypes are promoted
     # to one that holds them all exactly, so .to(fp32) rounds once, as the reference's p.to(fp32) does
     g = flatten([p.grad for p in params]).to(torch.float32)
+    if all(fast.values()) and names_are(specs, ("m", "v")) and _elementwise().adamw_rule(opt):
+        _step_adamw16(opt, group, params, tensor_ids, step, since, written, specs, g)  # counts its non-finite g
+        return
     finite = torch.isfinite(g)
     bad = ~finite
     counts = _segment_sums(bad, sizes) if bool(bad.any()) else [0] * len(params)
     g = torch.where(finite, g, torch.zeros((), device=g.device))
-    if all(fast.values()) and names_are(specs, ("m", "v")) and _elementwise().adamw_rule(opt):
-        _step_adamw16(opt, group, params, tensor_ids, step, since, written, specs, g, counts)
-        return
     x_hat, first = {}, {}
     for name, w in written.items():
         first[name] = w == 0
@@ -147,18 +147,19 @@ def names_are(specs: dict, names: tuple) -> bool:
 
 
 def _step_adamw16(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict, specs: dict,
-                  g: torch.Tensor, counts: list) -> None:
+                  g: torch.Tensor) -> None:
     """_step_run for AdamW / Adam with 16-bit minifloat m and v (kernels/cpu/elementwise.py):
-    decode, rule and encode in one numba pass over the flat parameters and codes, the same bits."""
+    the non-finite count, decode, rule and encode in one numba pass over the flat parameters,
+    gradients (read only: one fp32 gradient may be a view of it) and codes, the same bits."""
     # (one contiguous fp32 tensor: flatten gives back a view of it, stepped in place; the copies
     # back below are then copies onto themselves)
     p32 = flatten(params).to(torch.float32)
     fresh = {name: w == 0 for name, w in written.items()}
     codes = {name: torch.empty(g.numel(), dtype=torch.int16) if fresh[name]
              else flatten([opt.state[p][name]["codes"] for p in params]) for name in specs}
-    _elementwise().adamw_step(group, p32, g, codes, specs, fresh, since, step, tensor_ids,
-                              [p.numel() for p in params], (STATE_IDS["m"], STATE_IDS["v"]))
     sizes = [p.numel() for p in params]
+    counts = _elementwise().adamw_step(group, p32, g, codes, specs, fresh, since, step, tensor_ids, sizes,
+                                       (STATE_IDS["m"], STATE_IDS["v"]))
     for name in specs:
         torch._foreach_copy_([opt.state[p][name]["codes"] for p in params], codes[name].split(sizes))
     torch._foreach_copy_(params, unflatten(p32, params))

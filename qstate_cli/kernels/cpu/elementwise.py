@@ -18,7 +18,7 @@ import torch
 from ...optim import rules
 from ...quant import hash as qhash
 from . import unavailable_reason
-from .host import layout_arrays, run_parts
+from .host import layout_arrays, parts_of, run_parts
 from .replay import _unscaled_layout, unscaled16
 
 _KERNELS: list = []
@@ -87,11 +87,12 @@ def adamw_rule(opt) -> bool:
 
 
 def adamw_step(group, p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: dict, fresh: dict, since: int,
-               step: int, tensor_ids: list, sizes: list, state_ids: tuple) -> None:
+               step: int, tensor_ids: list, sizes: list, state_ids: tuple) -> list:
     """One AdamW / Adam step (adamw_rule) of tensors laid end to end whose m and v are unscaled
     16-bit minifloats (covers): p32 (fp32, flat) and codes["m"], codes["v"] (int16, flat; read
     unless fresh) updated in place by one kernel pass (elementwise_kernel.adamw_kernel), what
-    decode, AdamW.update and encode give them. g: fp32, flat, finite (small.py zeroed the rest)."""
+    decode, AdamW.update and encode give them. g: fp32, flat, read only; its non-finite
+    elements step as 0. Returns each tensor's count of them."""
     run, _, _, kernel_for = _kernels()
     beta1, beta2 = group["betas"]
     wd, l2 = group["weight_decay"], 0.0
@@ -99,12 +100,18 @@ def adamw_step(group, p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: di
         wd, l2 = 0.0, wd
     scal = rules.packed_scalars(group["lr"], wd, beta1, beta2, since, "cpu").detach().numpy()
     kernel = kernel_for(_lay(specs["m"]), _lay(specs["v"]))
-    keys = _keys(group["seed"], tensor_ids, state_ids, step)
-    n = p32.numel()
-    run_parts(kernel, n, run, (p32.numpy(), g.numpy(), codes["m"].numpy().view(np.uint16),
-                               codes["v"].numpy().view(np.uint16), _starts(sizes), keys, scal, float(beta1),
-                               1.0 - float(beta1), float(beta2), 1.0 - float(beta2), float(group["eps"]), float(l2),
-                               bool(fresh["m"]), bool(fresh["v"]), n))
+    starts = _starts(sizes)
+    runs = np.concatenate([np.stack([np.arange(starts[t], starts[t + 1], run), np.full(-(-n // run), t)], 1)
+                           for t, n in enumerate(sizes)]).astype(np.int64)
+    parts = parts_of(p32.numel())
+    bad = np.zeros((parts, len(sizes)), np.int64)
+    run_parts(kernel, len(runs) * run, run, (p32.numpy(), g.numpy(), codes["m"].numpy().view(np.uint16),
+                                             codes["v"].numpy().view(np.uint16), runs, starts,
+                                             _keys(group["seed"], tensor_ids, state_ids, step), bad, scal,
+                                             float(beta1), 1.0 - float(beta1), float(beta2), 1.0 - float(beta2),
+                                             float(group["eps"]), float(l2), bool(fresh["m"]), bool(fresh["v"])),
+              parts=parts)
+    return bad.sum(0).tolist()
 
 
 def decode(codes: torch.Tensor, spec) -> torch.Tensor:

@@ -87,15 +87,18 @@ def decode16(b0, b1, part, codes, out, lay, numel):
 def adamw_kernel(mlay: tuple, vlay: tuple):
     """The AdamW / Adam step of flat fp32 parameters whose m and v are unscaled 16-bit
     minifloats (lay tuples: compile-time constants, one compilation per pair, cached on disk):
-    per run of RUN elements, decode m and v (zeros where fresh), adamw._update (the fused
-    path's rule, op for op rules.adamw), encode both (uniforms per tensor as encode16)."""
+    per run of at most RUN elements of one tensor, decode m and v (zeros where fresh),
+    adamw._update (the fused path's rule, op for op rules.adamw, with its non-finite policy),
+    encode both (uniforms per tensor as encode16)."""
     mbf = mlay[c.EMIN] <= -126 and mlay[c.MAN] == 7 and mlay[c.SIGNED] != 0  # is_bf16, as closure constants
     vbf = vlay[c.EMIN] <= -126 and vlay[c.MAN] == 7 and vlay[c.SIGNED] != 0
 
     @njit(nogil=True, cache=True, error_model="numpy")
-    def _adamw16(b0, b1_, part, p, g, mc, vc, starts, keys, scal, beta1, omb1, beta2, omb2, eps, l2_wd,
-                 fresh_m, fresh_v, numel):
-        """p, g: fp32 [numel] (p updated in place, g finite); mc, vc: uint16 codes, read unless
+    def _adamw16(b0, b1_, part, p, g, mc, vc, runs, starts, keys, bad, scal, beta1, omb1, beta2, omb2, eps, l2_wd,
+                 fresh_m, fresh_v):
+        """Runs b0 .. b1_ - 1 (runs[r] = (first element, tensor): RUN elements or the rest of
+        its tensor). p, g: fp32, flat (p updated in place; a non-finite g counts in
+        bad[part, tensor] and steps as 0, adamw._update); mc, vc: uint16 codes, read unless
         fresh, then written; keys: uint32 [tensors + 1, 4], each tensor's (k1, k2) of m, of v."""
         b1, ob1, b2, ob2 = np.float32(beta1), np.float32(omb1), np.float32(beta2), np.float32(omb2)
         eps32, l2 = np.float32(eps), np.float32(l2_wd)
@@ -107,22 +110,22 @@ def adamw_kernel(mlay: tuple, vlay: tuple):
         dp = (c.ONE, c.ZERO, c.ZERO, np.int32(0))
         table = np.zeros(1, np.float32)
         has_l2 = l2 != c.ZERO
-        t = 0
         for b in range(b0, b1_):
-            start = b * RUN
-            cnt = min(RUN, numel - start)
+            start, t = runs[b, 0], runs[b, 1]
+            cnt = min(RUN, starts[t + 1] - start)
             i0 = np.uint64(start)
             for j in range(cnt):
                 mrow[j] = c.ZERO if fresh_m else c.decode_value(np.int32(mc[i0 + np.uint64(j)]), mlay, table, dp)
             for j in range(cnt):
                 vrow[j] = c.ZERO if fresh_v else c.decode_value(np.int32(vc[i0 + np.uint64(j)]), vlay, table, dp)
             if has_l2:
-                _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay, step_size, ibc2, mlay,
-                        vlay, True)
+                nb = _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay, step_size, ibc2,
+                             mlay, vlay, True)[0]
             else:
-                _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay, step_size, ibc2, mlay,
-                        vlay, False)
-            t = round16(mrow, u, q, cnt, start, t, starts, keys, 0, mlay, mbf, mc)
+                nb = _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay, step_size, ibc2,
+                             mlay, vlay, False)[0]
+            bad[part, t] += nb
+            round16(mrow, u, q, cnt, start, t, starts, keys, 0, mlay, mbf, mc)
             round16(vrow, u, q, cnt, start, t, starts, keys, 2, vlay, vbf, vc)
         return 0
 
