@@ -104,6 +104,7 @@ def test_adamw_with_16_bit_states_is_one_kernel_pass_with_the_references_bits(st
             assert torch.equal(a.detach().view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
                                b.detach().view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32)), step
     assert len(calls) == 6 and ref.nonfinite_count() == opt.nonfinite_count() == len(ps)
+    assert all(opt.path_for(p) == "cpu-numba" and opt.why_reference(p) is None for p in ps)
     for a, b in zip(ref_ps, ps):
         for name in ("m", "v"):
             assert torch.equal(ref.state[a][name]["codes"], opt.state[b][name]["codes"]), name
@@ -111,4 +112,4 @@ def test_adamw_with_16_bit_states_is_one_kernel_pass_with_the_references_bits(st
     lion = Lion([torch.nn.Parameter(torch.randn(10))], states="bf16", min_quant_numel=0)
     lion.param_groups[0]["params"][0].grad = torch.randn(10)
     lion.step()  # Lion's rule stays torch's: no AdamW pass
-    assert len(calls) == 6
+    assert len(calls) == 6 and lion.path_for(lion.param_groups[0]["params"][0]) == "reference"

@@ -52,6 +52,13 @@ def _elementwise():
     return elementwise
 
 
+def one_pass16(opt, group, p: torch.Tensor) -> bool:
+    """Whether p steps together in the 16-bit AdamW pass (_step_adamw16: AdamW / Adam, m and
+    v unscaled 16-bit minifloats, numba): the optimizers' path "cpu-numba" for it."""
+    return (opt.state_names == ("m", "v") and steps_together(opt, group, p) and _elementwise().adamw_rule(opt)
+            and all(cpu_elementwise(opt.spec_for(group, p, n)) for n in opt.state_names))
+
+
 def steps_together(opt, group, p: torch.Tensor) -> bool:
     """True if p (routed to the reference) can step in a pass with the group's other such tensors."""
     if opt.backend == "reference" or p.device.type != "cpu" or p.numel() == 0:
