@@ -100,3 +100,37 @@ def test_cuda_events_flush_and_graph():
     assert t.flush_bytes >= 2 * torch.cuda.get_device_properties(0).L2_cache_size and t.reps >= MIN_REPS
     g = timing.measure(lambda: x.mul_(1.0001), "cuda", warmup_ms=5, rep_ms=20, cuda_graph=True)
     assert g.cuda_graph and g.reps >= MIN_REPS
+
+
+def test_the_first_calls_kernel_compilation_is_reported_apart(monkeypatch):
+    """A first call that compiles kernels (runtime.COMPILES: the CPU path's numba kernels on a
+    first use) reports those ms as compile_ms, and a bench row shows them; a later call that
+    compiles (none should) does not count."""
+    from qstate_cli import runtime
+    from qstate_cli.bench.group import fill_timing
+
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter_ns", clock)
+    monkeypatch.setattr(runtime.time, "perf_counter", lambda: clock.ns / 1e9)
+    compiles = runtime.CompileClock()
+    compiles.notice = lambda text: None
+    monkeypatch.setattr(timing, "COMPILES", compiles)
+    calls = [0]
+
+    def step():
+        calls[0] += 1
+        if calls[0] in (1, 3):  # compiles 30 ms inside the first call (and, oddly, in a later one)
+            compiles.begin("compiling")
+            clock.ns += 30_000_000
+            compiles.end()
+        clock.ns += 2_000_000
+
+    t = timing.measure(step, "cpu", reps=4, warmup_reps=3)
+    assert t.first_ms == 32.0 and t.compile_ms == 30.0 and compiles.seconds == pytest.approx(0.06)
+    row = {"bytes_moved": 1000}
+    fill_timing(row, t)
+    assert row["compile_ms"] == 30.0 and row["first_step_ms"] == 32.0
+    t.compile_ms = 0.0
+    row = {"bytes_moved": 1000}
+    fill_timing(row, t)
+    assert "compile_ms" not in row

@@ -52,6 +52,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..runtime import COMPILES
+
 NOISY_IQR_FRACTION = 0.10
 MIN_REPS = 5
 MAX_REPS = 500
@@ -100,6 +102,7 @@ class Timing:
     flush_bytes: int
     cuda_graph: bool
     clock: str = "host-clock"  # how the samples were taken: host-clock | cuda-events | cuda-graph
+    compile_ms: float = 0.0  # of first_ms: kernel compilation (runtime.COMPILES: the CPU path's numba kernels)
 
 
 def l2_flush_bytes(device: torch.device) -> int:
@@ -164,9 +167,16 @@ def _host_ms(fn) -> float:
     return (time.perf_counter_ns() - t0) / 1e6
 
 
+def _first_ms(fn) -> tuple[float, float]:
+    """(ms of the first call, ms of it spent compiling kernels: runtime.COMPILES)."""
+    c0 = COMPILES.seconds
+    ms = _host_ms(fn)
+    return ms, (COMPILES.seconds - c0) * 1e3
+
+
 def _measure_cpu(fn, plan: _Plan, prepare) -> Timing:
     prepare()
-    first = _host_ms(fn)
+    first, compiled = _first_ms(fn)
     per_call = 0.0
     if not plan.fixed:
         est = []
@@ -181,7 +191,7 @@ def _measure_cpu(fn, plan: _Plan, prepare) -> Timing:
     for _ in range(plan.samples(per_call)):
         prepare()
         samples.append(_host_ms(fn))
-    return Timing(summarize(samples), first, len(samples), 0, False)
+    return Timing(summarize(samples), first, len(samples), 0, False, compile_ms=compiled)
 
 
 def _measure_cuda(fn, device, plan: _Plan, prepare, cuda_graph) -> Timing:
@@ -190,7 +200,7 @@ def _measure_cuda(fn, device, plan: _Plan, prepare, cuda_graph) -> Timing:
         cache = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device)
         torch.cuda.synchronize()
         prepare()
-        first = _host_ms(lambda: (fn(), torch.cuda.synchronize()))
+        first, compiled = _first_ms(lambda: (fn(), torch.cuda.synchronize()))
         if cuda_graph:
             fn = _capture(fn)
             prepare = lambda: None  # noqa: E731 - a graph replays fixed buffers
@@ -220,7 +230,7 @@ def _measure_cuda(fn, device, plan: _Plan, prepare, cuda_graph) -> Timing:
         torch.cuda.synchronize()
         samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
     return Timing(summarize(samples), first, n, flush_bytes, cuda_graph,
-                  "cuda-graph" if cuda_graph else "cuda-events")
+                  "cuda-graph" if cuda_graph else "cuda-events", compiled)
 
 
 def _capture(fn):
@@ -289,7 +299,7 @@ class Rounds:
         """The rounds as one Timing: all samples; the first call of round 0."""
         first = self.timings[0]
         return Timing(self.stats, first.first_ms, sum(t.reps for t in self.timings), first.flush_bytes,
-                      first.cuda_graph, first.clock)
+                      first.cuda_graph, first.clock, first.compile_ms)
 
 
 @dataclass
