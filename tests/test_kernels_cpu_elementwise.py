@@ -73,10 +73,11 @@ def test_what_it_does_not_take():
         assert ew.covers(parse_spec(text)) is not None, text
 
 
-@pytest.mark.parametrize("states", ["bf16-sr", "m=bf16:nearest,v=fp16:stochastic:sqrt"])
+@pytest.mark.parametrize("states", ["bf16-sr", "m=bf16:nearest,v=fp16:stochastic:sqrt",
+                                    "m=bf16:stochastic,v=fp32:nearest:sqrt", "fp32"])
 @pytest.mark.parametrize("shapes", [[(200_003,)], [(70_001,), (5,), (3, 7)]], ids=["one-tensor", "three"])
 def test_adamw_with_16_bit_states_is_one_kernel_pass_with_the_references_bits(states, shapes, monkeypatch):
-    """AdamW with both states 16-bit minifloats: small.py's pass runs elementwise.adamw_step
+    """AdamW with both states 16-bit minifloats or fp32: small.py's pass runs elementwise.adamw_step
     (decode, rule, encode in one numba pass), over threads where the tensors are large, and one
     contiguous fp32 tensor stepped in place (flatten gives back a view of it); bit for bit the
     reference's parameters, codes and counters over steps, a reset and non-finite gradients."""

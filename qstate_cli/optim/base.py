@@ -28,8 +28,8 @@ below `min_quant_numel`, fp64 or non-contiguous parameters, m and v with differe
 sizes, on the CPU path fp16 and optimizers without a CPU kernel; `why_reference(p)` says
 which, and also why "auto" found no path) is stepped by the reference. `path_for(p)` names
 what steps p: "triton", "triton-interpreter", "cpu-numba" or "reference" (benchmarks label
-every row with it; "cpu-numba" also for AdamW / Adam with bf16 or fp16 m and v, which
-optim/small.py steps together in one numba pass). All paths keep the same state layout, so
+every row with it; "cpu-numba" also for AdamW / Adam with bf16, fp16 or fp32 m and v,
+which optim/small.py steps together in one numba pass). All paths keep the same state layout, so
 checkpoints move between them (optim/fused.py). With a backend other than "reference", the CPU tensors the reference
 steps whose states are stored elementwise (fp32, as below min_quant_numel; bf16, fp16 or fp8
 without scales, rounded to nearest or stochastically) step together, in one pass of the same
@@ -124,7 +124,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                                   f"({unavailable})")
             return "reference", unavailable
         why = fused.why_reference(self, group, p, on_cpu=on_cpu)
-        if why is not None and on_cpu and small.one_pass16(self, group, p):
+        if why is not None and on_cpu and small.one_pass(self, group, p):
             return fused.cpu.PATH, None, True  # stepped together in one numba pass (optim/small.py)
         if why is not None:
             return "reference", why

@@ -52,11 +52,16 @@ def _elementwise():
     return elementwise
 
 
-def one_pass16(opt, group, p: torch.Tensor) -> bool:
-    """Whether p steps together in the 16-bit AdamW pass (_step_adamw16: AdamW / Adam, m and
-    v unscaled 16-bit minifloats, numba): the optimizers' path "cpu-numba" for it."""
-    return (opt.state_names == ("m", "v") and steps_together(opt, group, p) and _elementwise().adamw_rule(opt)
-            and all(cpu_elementwise(opt.spec_for(group, p, n)) for n in opt.state_names))
+def one_pass(opt, group, p: torch.Tensor) -> bool:
+    """Whether p steps together in the AdamW pass (_step_adamw_pass: AdamW / Adam, m and v
+    unscaled 16-bit minifloats or fp32, numba): the optimizers' path "cpu-numba" for it."""
+    return (opt.state_names == ("m", "v") and steps_together(opt, group, p)
+            and _adamw_pass(opt, [opt.spec_for(group, p, n) for n in opt.state_names]))
+
+
+def _adamw_pass(opt, specs: list) -> bool:
+    ew = _elementwise()
+    return ew.adamw_rule(opt) and all(ew.adamw_covers(spec) is None for spec in specs)
 
 
 def steps_together(opt, group, p: torch.Tensor) -> bool:
@@ -116,8 +121,8 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
     # one flat copy of each list (torch's bucket flattening, as DDP uses): mixed dtypes are promoted
     # to one that holds them all exactly, so .to(fp32) rounds once, as the reference's p.to(fp32) does
     g = flatten([p.grad for p in params]).to(torch.float32)
-    if all(fast.values()) and names_are(specs, ("m", "v")) and _elementwise().adamw_rule(opt):
-        _step_adamw16(opt, group, params, tensor_ids, step, since, written, specs, g)  # counts its non-finite g
+    if names_are(specs, ("m", "v")) and _adamw_pass(opt, list(specs.values())):
+        _step_adamw_pass(opt, group, params, tensor_ids, step, since, written, specs, g)  # counts its non-finite g
         return
     finite = torch.isfinite(g)
     bad = ~finite
@@ -153,16 +158,17 @@ def names_are(specs: dict, names: tuple) -> bool:
     return tuple(specs) == names
 
 
-def _step_adamw16(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict, specs: dict,
-                  g: torch.Tensor) -> None:
-    """_step_run for AdamW / Adam with 16-bit minifloat m and v (kernels/cpu/elementwise.py):
+def _step_adamw_pass(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict,
+                     specs: dict, g: torch.Tensor) -> None:
+    """_step_run for AdamW / Adam with 16-bit minifloat or fp32 m and v (kernels/cpu/elementwise.py):
     the non-finite count, decode, rule and encode in one numba pass over the flat parameters,
     gradients (read only: one fp32 gradient may be a view of it) and codes, the same bits."""
     # (one contiguous fp32 tensor: flatten gives back a view of it, stepped in place; the copies
     # back below are then copies onto themselves)
     p32 = flatten(params).to(torch.float32)
     fresh = {name: w == 0 for name, w in written.items()}
-    codes = {name: torch.empty(g.numel(), dtype=torch.int16) if fresh[name]
+    codes = {name: torch.empty(g.numel(), dtype=torch.float32 if specs[name].fmt.kind == "identity" else torch.int16)
+             if fresh[name]
              else flatten([opt.state[p][name]["codes"] for p in params]) for name in specs}
     sizes = [p.numel() for p in params]
     counts = _elementwise().adamw_step(group, p32, g, codes, specs, fresh, since, step, tensor_ids, sizes,

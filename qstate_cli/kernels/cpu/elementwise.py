@@ -33,6 +33,23 @@ def covers(spec) -> str | None:
     return unavailable_reason("cpu")
 
 
+def adamw_covers(spec) -> str | None:
+    """None if adamw_step takes this state: covers, or fp32 (the identity format: the states of
+    tensors under min_quant_numel, the `fp32` preset), else why not."""
+    if spec.fmt.kind == "identity" and spec.fmt.bits == 32 and not spec.has_scales:
+        return unavailable_reason("cpu")
+    return covers(spec)
+
+
+def _adamw_lay(spec) -> tuple:
+    """The kernel's lay of a state adamw_step takes: the minifloat's (_lay), or for fp32 one
+    whose BITS column says 32 (read and stored as is; SQRT as the spec's, SIGNED, so
+    codec.stored_value clamps nothing: quantizer.encode's identity format does not)."""
+    if spec.fmt.kind == "identity":
+        return (0, 32, 1, 0, 0, int(spec.sqrt), 0, 0, 0, 0, 0, 0)
+    return _lay(spec)
+
+
 def _kernels():
     if not _KERNELS:
         from .elementwise_kernel import RUN, adamw_kernel, decode16, encode16
@@ -86,11 +103,16 @@ def adamw_rule(opt) -> bool:
             and type(opt).update_flat is QuantizedOptimizer.update_flat)
 
 
+def _codes(t: torch.Tensor) -> np.ndarray:
+    """A state's flat codes for the kernel: int16 as the uint16 bits, fp32 as they are."""
+    return t.numpy().view(np.uint16) if t.dtype == torch.int16 else t.numpy()
+
+
 def adamw_step(group, p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: dict, fresh: dict, since: int,
                step: int, tensor_ids: list, sizes: list, state_ids: tuple) -> list:
-    """One AdamW / Adam step (adamw_rule) of tensors laid end to end whose m and v are unscaled
-    16-bit minifloats (covers): p32 (fp32, flat) and codes["m"], codes["v"] (int16, flat; read
-    unless fresh) updated in place by one kernel pass (elementwise_kernel.adamw_kernel), what
+    """One AdamW / Adam step (adamw_rule) of tensors laid end to end whose m and v it takes
+    (adamw_covers): p32 (fp32, flat) and codes["m"], codes["v"] (flat: int16 bits of a 16-bit
+    minifloat, or fp32; read unless fresh) updated in place by one kernel pass (elementwise_kernel.adamw_kernel), what
     decode, AdamW.update and encode give them. g: fp32, flat, read only; its non-finite
     elements step as 0. Returns each tensor's count of them."""
     run, _, _, kernel_for = _kernels()
@@ -99,18 +121,16 @@ def adamw_step(group, p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: di
     if not group["decoupled"] and wd:
         wd, l2 = 0.0, wd
     scal = rules.packed_scalars(group["lr"], wd, beta1, beta2, since, "cpu").detach().numpy()
-    kernel = kernel_for(_lay(specs["m"]), _lay(specs["v"]))
+    kernel = kernel_for(_adamw_lay(specs["m"]), _adamw_lay(specs["v"]))
     starts = _starts(sizes)
     runs = np.concatenate([np.stack([np.arange(starts[t], starts[t + 1], run), np.full(-(-n // run), t)], 1)
                            for t, n in enumerate(sizes)]).astype(np.int64)
     parts = parts_of(p32.numel())
     bad = np.zeros((parts, len(sizes)), np.int64)
-    run_parts(kernel, len(runs) * run, run, (p32.numpy(), g.numpy(), codes["m"].numpy().view(np.uint16),
-                                             codes["v"].numpy().view(np.uint16), runs, starts,
-                                             _keys(group["seed"], tensor_ids, state_ids, step), bad, scal,
-                                             float(beta1), 1.0 - float(beta1), float(beta2), 1.0 - float(beta2),
-                                             float(group["eps"]), float(l2), bool(fresh["m"]), bool(fresh["v"])),
-              parts=parts)
+    args = (p32.numpy(), g.numpy(), _codes(codes["m"]), _codes(codes["v"]), runs, starts,
+            _keys(group["seed"], tensor_ids, state_ids, step), bad, scal, float(beta1), 1.0 - float(beta1),
+            float(beta2), 1.0 - float(beta2), float(group["eps"]), float(l2), bool(fresh["m"]), bool(fresh["v"]))
+    run_parts(kernel, len(runs) * run, run, args, parts=parts)  # len(runs) blocks of `run`: one per run
     return bad.sum(0).tolist()
 
 

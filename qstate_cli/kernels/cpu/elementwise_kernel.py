@@ -44,6 +44,15 @@ def is_bf16(lay):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
+def read32(x, i0, cnt, sq, row):
+    """row[:cnt] = an fp32 state's stored values x[i0 + j] read back (quantizer.decode of the
+    identity format: as they are, squared for a :sqrt state)."""
+    for j in range(cnt):
+        v = x[i0 + np.uint64(j)]
+        row[j] = v * v if sq else v
+
+
+@njit(cache=True, inline="always", error_model="numpy")
 def round16(row, u, q, cnt, start, t, starts, keys, col, lay, bf16, codes):
     """codes[start + j] of the stored values row[:cnt] (finite, as codec.stored_value leaves
     them); stochastic: uniforms of each piece of the run that lies in one tensor (a loop that
@@ -86,20 +95,23 @@ def decode16(b0, b1, part, codes, out, lay, numel):
 @lru_cache(maxsize=None)
 def adamw_kernel(mlay: tuple, vlay: tuple):
     """The AdamW / Adam step of flat fp32 parameters whose m and v are unscaled 16-bit
-    minifloats (lay tuples: compile-time constants, one compilation per pair, cached on disk):
+    minifloats or fp32 (lay tuples: compile-time constants, one compilation per pair, cached on disk):
     per run of at most RUN elements of one tensor, decode m and v (zeros where fresh),
     adamw._update (the fused path's rule, op for op rules.adamw, with its non-finite policy),
     encode both (uniforms per tensor as encode16)."""
     mbf = mlay[c.EMIN] <= -126 and mlay[c.MAN] == 7 and mlay[c.SIGNED] != 0  # is_bf16, as closure constants
     vbf = vlay[c.EMIN] <= -126 and vlay[c.MAN] == 7 and vlay[c.SIGNED] != 0
+    m32, v32 = mlay[c.BITS] == 32, vlay[c.BITS] == 32  # fp32 states: read and stored as they are
+    msq, vsq = mlay[c.SQRT] != 0, vlay[c.SQRT] != 0
 
     @njit(nogil=True, cache=True, error_model="numpy")
-    def _adamw16(b0, b1_, part, p, g, mc, vc, runs, starts, keys, bad, scal, beta1, omb1, beta2, omb2, eps, l2_wd,
+    def _adamw_pass(b0, b1_, part, p, g, mc, vc, runs, starts, keys, bad, scal, beta1, omb1, beta2, omb2, eps, l2_wd,
                  fresh_m, fresh_v):
         """Runs b0 .. b1_ - 1 (runs[r] = (first element, tensor): RUN elements or the rest of
         its tensor). p, g: fp32, flat (p updated in place; a non-finite g counts in
         bad[part, tensor] and steps as 0, adamw._update); mc, vc: uint16 codes, read unless
-        fresh, then written; keys: uint32 [tensors + 1, 4], each tensor's (k1, k2) of m, of v."""
+        fresh, then written (an fp32 state's: fp32 values as they are); keys: uint32
+        [tensors + 1, 4], each tensor's (k1, k2) of m, of v."""
         b1, ob1, b2, ob2 = np.float32(beta1), np.float32(omb1), np.float32(beta2), np.float32(omb2)
         eps32, l2 = np.float32(eps), np.float32(l2_wd)
         decay, step_size, ibc2 = scal[1], scal[2], scal[3]
@@ -114,10 +126,20 @@ def adamw_kernel(mlay: tuple, vlay: tuple):
             start, t = runs[b, 0], runs[b, 1]
             cnt = min(RUN, starts[t + 1] - start)
             i0 = np.uint64(start)
-            for j in range(cnt):
-                mrow[j] = c.ZERO if fresh_m else c.decode_value(np.int32(mc[i0 + np.uint64(j)]), mlay, table, dp)
-            for j in range(cnt):
-                vrow[j] = c.ZERO if fresh_v else c.decode_value(np.int32(vc[i0 + np.uint64(j)]), vlay, table, dp)
+            if fresh_m:
+                mrow[:cnt] = c.ZERO
+            elif m32:
+                read32(mc, i0, cnt, msq, mrow)
+            else:
+                for j in range(cnt):
+                    mrow[j] = c.decode_value(np.int32(mc[i0 + np.uint64(j)]), mlay, table, dp)
+            if fresh_v:
+                vrow[:cnt] = c.ZERO
+            elif v32:
+                read32(vc, i0, cnt, vsq, vrow)
+            else:
+                for j in range(cnt):
+                    vrow[j] = c.decode_value(np.int32(vc[i0 + np.uint64(j)]), vlay, table, dp)
             if has_l2:
                 nb = _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay, step_size, ibc2,
                              mlay, vlay, True)[0]
@@ -125,8 +147,16 @@ def adamw_kernel(mlay: tuple, vlay: tuple):
                 nb = _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay, step_size, ibc2,
                              mlay, vlay, False)[0]
             bad[part, t] += nb
-            round16(mrow, u, q, cnt, start, t, starts, keys, 0, mlay, mbf, mc)
-            round16(vrow, u, q, cnt, start, t, starts, keys, 2, vlay, vbf, vc)
+            if m32:
+                for j in range(cnt):
+                    mc[i0 + np.uint64(j)] = mrow[j]
+            else:
+                round16(mrow, u, q, cnt, start, t, starts, keys, 0, mlay, mbf, mc)
+            if v32:
+                for j in range(cnt):
+                    vc[i0 + np.uint64(j)] = vrow[j]
+            else:
+                round16(vrow, u, q, cnt, start, t, starts, keys, 2, vlay, vbf, vc)
         return 0
 
-    return _adamw16
+    return _adamw_pass
