@@ -116,6 +116,7 @@ def adamw_step(group, p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: di
     decode, AdamW.update and encode give them. g: fp32, flat, read only; its non-finite
     elements step as 0. Returns each tensor's count of them."""
     run, _, _, kernel_for = _kernels()
+    seed = group["seed"]
     beta1, beta2 = group["betas"]
     wd, l2 = group["weight_decay"], 0.0
     if not group["decoupled"] and wd:
@@ -123,12 +124,16 @@ def adamw_step(group, p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: di
     scal = rules.packed_scalars(group["lr"], wd, beta1, beta2, since, "cpu").detach().numpy()
     kernel = kernel_for(_adamw_lay(specs["m"]), _adamw_lay(specs["v"]))
     starts = _starts(sizes)
-    runs = np.concatenate([np.stack([np.arange(starts[t], starts[t + 1], run), np.full(-(-n // run), t)], 1)
-                           for t, n in enumerate(sizes)]).astype(np.int64)
+    nruns = -(-np.asarray(sizes, np.int64) // run)  # each tensor's runs: RUN elements, then the rest
+    owner = np.repeat(np.arange(len(sizes)), nruns)
+    first = np.arange(owner.size) - np.repeat(np.cumsum(nruns) - nruns, nruns)  # the run's index in its tensor
+    runs = np.stack([starts[owner] + first * run, owner], 1)
+    drawn = any(specs[n].rounding == "stochastic" and specs[n].fmt.kind != "identity" for n in ("m", "v"))
+    keys = _keys(seed, tensor_ids, state_ids, step) if drawn else np.zeros((len(sizes) + 1, 4), np.uint32)
     parts = parts_of(p32.numel())
     bad = np.zeros((parts, len(sizes)), np.int64)
     args = (p32.numpy(), g.numpy(), _codes(codes["m"]), _codes(codes["v"]), runs, starts,
-            _keys(group["seed"], tensor_ids, state_ids, step), bad, scal, float(beta1), 1.0 - float(beta1),
+            keys, bad, scal, float(beta1), 1.0 - float(beta1),
             float(beta2), 1.0 - float(beta2), float(group["eps"]), float(l2), bool(fresh["m"]), bool(fresh["v"]))
     run_parts(kernel, len(runs) * run, run, args, parts=parts)  # len(runs) blocks of `run`: one per run
     return bad.sum(0).tolist()
