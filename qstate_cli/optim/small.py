@@ -26,9 +26,11 @@ and a checkpoint); the states are written in place, as the kernels write theirs 
 reference makes new tensors).
 
 Only for CPU tensors and a backend other than "reference" (which keeps the per-tensor
-definition); on CUDA the reference still steps them one by one. Where numba runs, an unscaled
-16-bit minifloat state (bf16, fp16) is encoded and decoded by the CPU path's kernels
-(kernels/cpu/elementwise.py: the same codes and values, one pass each).
+definition); on CUDA the reference still steps them one by one. Where numba runs, the CPU path's
+kernels (kernels/cpu/elementwise.py) take over, the same bits: AdamW / Adam with m and v
+each a 16-bit minifloat (bf16, fp16) or fp32 steps in one pass (decode, rule, encode:
+_step_adamw_pass, path "cpu-numba"); other optimizers keep the torch rule with each 16-bit
+state's encode and decode one pass each.
 """
 from __future__ import annotations
 
