@@ -105,9 +105,13 @@ def test_routing_follows_what_it_reads_after_it_is_memoized():
     opt = AdamW([p], states="nearest-4bit", min_quant_numel=4096, backend="reference")
     assert opt.why_reference(p) == "backend='reference' was asked for"
     opt.backend = "auto"
-    assert "small tensor (2048 < min_quant_numel=4096)" in opt.why_reference(p)
-    opt.param_groups[0]["min_quant_numel"] = 0
-    assert opt.path_for(p) == cpu.PATH and opt.why_reference(p) is None
+    # a small tensor's fp32 states: AdamW steps them in small.py's one numba pass (a route of 3)
+    group = opt.param_groups[0]
+    assert opt.path_for(p) == cpu.PATH and opt.why_reference(p) is None and len(opt._route(group, p)) == 3
+    lion = Lion([p], states="nearest-4bit", min_quant_numel=4096)  # Lion's rule stays torch's there
+    assert "small tensor (2048 < min_quant_numel=4096)" in lion.why_reference(p)
+    group["min_quant_numel"] = 0
+    assert opt.path_for(p) == cpu.PATH and opt.why_reference(p) is None and len(opt._route(group, p)) == 2
     p.data = p.data.double()
     p.grad = torch.randn(64, 32, dtype=torch.float64)
     assert "float64" in opt.why_reference(p)

@@ -29,9 +29,9 @@ sizes, on the CPU path fp16 and optimizers without a CPU kernel; `why_reference(
 which, and also why "auto" found no path) is stepped by the reference. `path_for(p)` names
 what steps p: "triton", "triton-interpreter", "cpu-numba" or "reference" (benchmarks label
 every row with it; "cpu-numba" also for AdamW / Adam with bf16, fp16 or fp32 m and v,
-which optim/small.py steps together in one numba pass). All paths keep the same state layout, so
-checkpoints move between them (optim/fused.py). With a backend other than "reference", the CPU tensors the reference
-steps whose states are stored elementwise (fp32, as below min_quant_numel; bf16, fp16 or fp8
+which optim/small.py steps together in one numba pass). All paths keep the same state
+layout, so checkpoints move between them (optim/fused.py). With a backend other than
+"reference", the CPU tensors the reference steps whose states are stored elementwise (fp32, as below min_quant_numel; bf16, fp16 or fp8
 without scales, rounded to nearest or stochastically) step together, in one pass of the same
 ops (optim/small.py; Muon's Newton-Schulz still per matrix, `update_flat`).
 """
@@ -324,6 +324,11 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     def update(self, group, p32, g, x_hat: dict, since_reset: int, first: dict):
         """The rule: returns (new fp32 parameter, {state name: new fp32 state})."""
         raise NotImplementedError
+
+    def one_pass_rule(self) -> bool:
+        """Whether optim/small.py may step this optimizer's elementwise states in the CPU
+        path's one pass (AdamW's rule only: optimizers.AdamW says)."""
+        return False
 
     def update_flat(self, group, shapes: list, p32, g, x_hat: dict, since_reset: int, first: dict):
         """The rule over tensors of these shapes laid end to end (flat p32, g and x_hat;

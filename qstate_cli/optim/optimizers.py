@@ -71,14 +71,26 @@ class AdamW(QuantizedOptimizer):
 
     def launch_kernel(self, group, batch, run):
         beta1, beta2 = group["betas"]
-        wd, l2 = group["weight_decay"], 0.0
-        if not group["decoupled"] and wd:
-            wd, l2 = 0.0, wd
-        s = rules.packed_scalars(group["lr"], wd, beta1, beta2, run.since, run.device)
+        s, l2 = self.kernel_scalars(group, run.since, run.device)
         run.launch(batch, s, run.layouts["m"], run.layouts["v"], p_kind=run.p_kind, g_kind=run.g_kind,
                    step=run.step, written=(run.written["m"], run.written["v"]),
                    fresh=(run.fresh["m"], run.fresh["v"]), beta1=beta1, beta2=beta2, eps=group["eps"],
                    l2_wd=l2, tables=(run.tables["m"], run.tables["v"]))
+
+    @staticmethod
+    def kernel_scalars(group, since: int, device) -> tuple:
+        """(rules.packed_scalars of this step, Adam's coupled decay l2 or 0.0): what the
+        kernels read (AdamW decays the parameter: wd in the scalars; Adam adds p * l2 to g)."""
+        beta1, beta2 = group["betas"]
+        wd, l2 = group["weight_decay"], 0.0
+        if not group["decoupled"] and wd:
+            wd, l2 = 0.0, wd
+        return rules.packed_scalars(group["lr"], wd, beta1, beta2, since, device), l2
+
+    def one_pass_rule(self) -> bool:
+        """Whether this optimizer's rule is AdamW's as written here, so optim/small.py may step
+        its elementwise states in the CPU path's one pass (kernels/cpu/elementwise.adamw_step)."""
+        return type(self).update is AdamW.update and type(self).update_flat is QuantizedOptimizer.update_flat
 
 
 class Adam(AdamW):

@@ -62,8 +62,7 @@ def one_pass(opt, group, p: torch.Tensor) -> bool:
 
 
 def _adamw_pass(opt, specs: list) -> bool:
-    ew = _elementwise()
-    return ew.adamw_rule(opt) and all(ew.adamw_covers(spec) is None for spec in specs)
+    return opt.one_pass_rule() and all(_elementwise().adamw_covers(spec) is None for spec in specs)
 
 
 def steps_together(opt, group, p: torch.Tensor) -> bool:
@@ -118,14 +117,14 @@ class Streams:
 def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict,
               specs: dict) -> None:
     sizes = [p.numel() for p in params]
-    # a 16-bit minifloat's encode and decode by the CPU path's kernels where numba runs (the same bits)
-    fast = {name: cpu_elementwise(spec) for name, spec in specs.items()}
     # one flat copy of each list (torch's bucket flattening, as DDP uses): mixed dtypes are promoted
     # to one that holds them all exactly, so .to(fp32) rounds once, as the reference's p.to(fp32) does
     g = flatten([p.grad for p in params]).to(torch.float32)
-    if names_are(specs, ("m", "v")) and _adamw_pass(opt, list(specs.values())):
+    if tuple(specs) == ("m", "v") and _adamw_pass(opt, list(specs.values())):
         _step_adamw_pass(opt, group, params, tensor_ids, step, since, written, specs, g)  # counts its non-finite g
         return
+    # a 16-bit minifloat's encode and decode by the CPU path's kernels where numba runs (the same bits)
+    fast = {name: cpu_elementwise(spec) for name, spec in specs.items()}
     finite = torch.isfinite(g)
     bad = ~finite
     counts = _segment_sums(bad, sizes) if bool(bad.any()) else [0] * len(params)
@@ -156,10 +155,6 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
     _count(opt, params, counts, step, since, list(new))
 
 
-def names_are(specs: dict, names: tuple) -> bool:
-    return tuple(specs) == names
-
-
 def _step_adamw_pass(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict,
                      specs: dict, g: torch.Tensor) -> None:
     """_step_run for AdamW / Adam with 16-bit minifloat or fp32 m and v (kernels/cpu/elementwise.py):
@@ -173,8 +168,10 @@ def _step_adamw_pass(opt, group, params: list, tensor_ids: list, step: int, sinc
              if fresh[name]
              else flatten([opt.state[p][name]["codes"] for p in params]) for name in specs}
     sizes = [p.numel() for p in params]
-    counts = _elementwise().adamw_step(group, p32, g, codes, specs, fresh, since, step, tensor_ids, sizes,
-                                       (STATE_IDS["m"], STATE_IDS["v"]))
+    scalars, l2 = opt.kernel_scalars(group, since, "cpu")
+    beta1, beta2 = group["betas"]
+    counts = _elementwise().adamw_step(p32, g, codes, specs, fresh, scalars, beta1, beta2, group["eps"], l2, step,
+                                       group["seed"], tensor_ids, sizes, (STATE_IDS["m"], STATE_IDS["v"]))
     for name in specs:
         torch._foreach_copy_([opt.state[p][name]["codes"] for p in params], codes[name].split(sizes))
     torch._foreach_copy_(params, unflatten(p32, params))

@@ -1,12 +1,18 @@
-"""Encode and decode of the elementwise states optim/small.py steps together, on the CPU path:
-an unscaled 16-bit minifloat (bf16, fp16, their :sqrt forms) rounded to nearest or
-stochastically, the `bf16`, `bf16-sr` and `fp16` presets' states. small.py laid each run's
-tensors end to end and stepped them with the reference's torch ops; quantizer.encode and
-decode were most of that time (bf16: ~7 ms, bf16-sr: 20-27 ms a step for 262,144 elements,
-2 threads, of which the stochastic draws' 32-bit hash emulated in torch ~14 ms). Here each is
-one numba pass (elementwise_kernel.py), threads over runs of elements (host.run_parts), the
-same bits. The rule stays small.py's torch ops (Lion, SGD and Muon's momentum alike).
-No numba at import; the kernels compile on first use (cached on disk).
+"""The states optim/small.py steps together, on the CPU path (numba, elementwise_kernel.py),
+the same bits as the reference's torch ops:
+
+    adamw_step    AdamW / Adam whose m and v are each an unscaled 16-bit minifloat (bf16, fp16,
+                  their :sqrt forms; nearest or stochastic) or fp32 (the `bf16`, `bf16-sr`,
+                  `fp16`, `fp32` presets, and the fp32 states of tensors under min_quant_numel):
+                  read back, rule (kernels/cpu/adamw._update), store, in one pass per run of
+                  at most RUN elements of one tensor; the path "cpu-numba" (optim/base.py)
+    encode, decode  a 16-bit minifloat state's codes and values, one pass each, for the other
+                  optimizers (Lion, SGD, Muon), whose rule stays small.py's torch ops
+
+Before, small.py's torch ops did it all: bf16 ~7 ms, bf16-sr 20-27 ms a step for 262,144
+elements on 2 threads, ~14 ms of it the stochastic draws' 32-bit hash emulated in torch; one
+4 M-element bf16-sr AdamW step 1573 ms, now 14.5 (docs/cpu.md). Threads over runs of elements
+(host.run_parts). No numba at import; the kernels compile on first use (cached on disk).
 """
 from __future__ import annotations
 
@@ -15,7 +21,6 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from ...optim import rules
 from ...quant import hash as qhash
 from . import unavailable_reason
 from .host import layout_arrays, parts_of, run_parts
@@ -94,34 +99,21 @@ def encode(x: torch.Tensor, spec, seed: int, tensor_ids: list, state_id: int, st
     return codes
 
 
-def adamw_rule(opt) -> bool:
-    """Whether opt steps by AdamW's or Adam's rule as optimizers.AdamW writes it (adamw_step's)."""
-    from ...optim.base import QuantizedOptimizer
-    from ...optim.optimizers import AdamW
-
-    return (isinstance(opt, AdamW) and type(opt).update is AdamW.update
-            and type(opt).update_flat is QuantizedOptimizer.update_flat)
-
-
 def _codes(t: torch.Tensor) -> np.ndarray:
     """A state's flat codes for the kernel: int16 as the uint16 bits, fp32 as they are."""
     return t.numpy().view(np.uint16) if t.dtype == torch.int16 else t.numpy()
 
 
-def adamw_step(group, p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: dict, fresh: dict, since: int,
-               step: int, tensor_ids: list, sizes: list, state_ids: tuple) -> list:
-    """One AdamW / Adam step (adamw_rule) of tensors laid end to end whose m and v it takes
-    (adamw_covers): p32 (fp32, flat) and codes["m"], codes["v"] (flat: int16 bits of a 16-bit
-    minifloat, or fp32; read unless fresh) updated in place by one kernel pass (elementwise_kernel.adamw_kernel), what
-    decode, AdamW.update and encode give them. g: fp32, flat, read only; its non-finite
-    elements step as 0. Returns each tensor's count of them."""
+def adamw_step(p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: dict, fresh: dict, scalars: torch.Tensor,
+               beta1: float, beta2: float, eps: float, l2_wd: float, step: int, seed: int, tensor_ids: list,
+               sizes: list, state_ids: tuple) -> list:
+    """One AdamW / Adam step of tensors laid end to end whose m and v it takes (adamw_covers):
+    p32 (fp32, flat) and codes["m"], codes["v"] (flat: int16 bits of a 16-bit minifloat, or
+    fp32; read unless fresh) updated in place by one kernel pass (elementwise_kernel.adamw_kernel),
+    what decode, optimizers.AdamW.update and encode give them, with kernels/cpu/adamw.py's
+    arguments (scalars: rules.packed_scalars; l2_wd: Adam's coupled decay, else 0). g: fp32,
+    flat, read only; its non-finite elements step as 0. Returns each tensor's count of them."""
     run, _, _, kernel_for = _kernels()
-    seed = group["seed"]
-    beta1, beta2 = group["betas"]
-    wd, l2 = group["weight_decay"], 0.0
-    if not group["decoupled"] and wd:
-        wd, l2 = 0.0, wd
-    scal = rules.packed_scalars(group["lr"], wd, beta1, beta2, since, "cpu").detach().numpy()
     kernel = kernel_for(_adamw_lay(specs["m"]), _adamw_lay(specs["v"]))
     starts = _starts(sizes)
     nruns = -(-np.asarray(sizes, np.int64) // run)  # each tensor's runs: RUN elements, then the rest
@@ -132,9 +124,9 @@ def adamw_step(group, p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: di
     keys = _keys(seed, tensor_ids, state_ids, step) if drawn else np.zeros((len(sizes) + 1, 4), np.uint32)
     parts = parts_of(p32.numel())
     bad = np.zeros((parts, len(sizes)), np.int64)
-    args = (p32.numpy(), g.numpy(), _codes(codes["m"]), _codes(codes["v"]), runs, starts,
-            keys, bad, scal, float(beta1), 1.0 - float(beta1),
-            float(beta2), 1.0 - float(beta2), float(group["eps"]), float(l2), bool(fresh["m"]), bool(fresh["v"]))
+    args = (p32.numpy(), g.numpy(), _codes(codes["m"]), _codes(codes["v"]), runs, starts, keys, bad,
+            scalars.detach().cpu().numpy(), float(beta1), 1.0 - float(beta1), float(beta2), 1.0 - float(beta2),
+            float(eps), float(l2_wd), bool(fresh["m"]), bool(fresh["v"]))
     run_parts(kernel, len(runs) * run, run, args, parts=parts)  # len(runs) blocks of `run`: one per run
     return bad.sum(0).tolist()
 

@@ -1,9 +1,9 @@
 """numba kernels of elementwise.py: encode and decode of an unscaled 16-bit minifloat state
-(bf16, fp16) over tensors laid end to end, and the AdamW step of such m and v, in runs of RUN
-elements. The rounding and the
-read-back are the replay codec's (replay_kernel.load_stored, round_bf16, round_float;
-codec.decode_value), so the codes are quantizer.encode's and the values quantizer.decode's,
-bit for bit (tests/test_kernels_cpu_elementwise.py)."""
+(bf16, fp16) over tensors laid end to end, and the AdamW step of m and v that are such states
+or fp32, in runs of RUN elements. The rounding and the read-back are the replay codec's
+(replay_kernel.load_stored, round_bf16, round_float; codec.decode_value), so the codes are
+quantizer.encode's and the values quantizer.decode's, bit for bit
+(tests/test_kernels_cpu_elementwise.py)."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -44,12 +44,33 @@ def is_bf16(lay):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def read32(x, i0, cnt, sq, row):
-    """row[:cnt] = an fp32 state's stored values x[i0 + j] read back (quantizer.decode of the
-    identity format: as they are, squared for a :sqrt state)."""
-    for j in range(cnt):
-        v = x[i0 + np.uint64(j)]
-        row[j] = v * v if sq else v
+def read_back(codes, i0, cnt, fresh, is32, lay, row):
+    """row[:cnt] = a state's values read back from codes[i0 + j] (quantizer.decode): 0 where
+    fresh; an fp32 state's as they are (the identity format), a 16-bit minifloat's by
+    codec.decode_value; squared for a :sqrt state."""
+    if fresh:
+        row[:cnt] = c.ZERO
+    elif is32:
+        sq = lay[c.SQRT] != 0
+        for j in range(cnt):
+            v = codes[i0 + np.uint64(j)]
+            row[j] = v * v if sq else v
+    else:
+        dp = (c.ONE, c.ZERO, c.ZERO, np.int32(0))  # decode_params of an unscaled, undithered block
+        table = np.zeros(1, np.float32)  # a minifloat reads no table
+        for j in range(cnt):
+            row[j] = c.decode_value(np.int32(codes[i0 + np.uint64(j)]), lay, table, dp)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def store(row, u, q, cnt, start, t, starts, keys, col, lay, bf16, is32, codes):
+    """codes[start + j] of the stored values row[:cnt]: an fp32 state's as they are, a 16-bit
+    minifloat's rounded (round16)."""
+    if is32:
+        for j in range(cnt):
+            codes[np.uint64(start) + np.uint64(j)] = row[j]
+    else:
+        round16(row, u, q, cnt, start, t, starts, keys, col, lay, bf16, codes)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -83,30 +104,26 @@ def round16(row, u, q, cnt, start, t, starts, keys, col, lay, bf16, codes):
 def decode16(b0, b1, part, codes, out, lay, numel):
     """out[i] = the stored value of codes[i] (uint16) for the runs b0 .. b1 - 1: its ordinal's
     value, signed, squared for a :sqrt state (quantizer.decode, unscaled). Returns 0."""
-    dp = (c.ONE, c.ZERO, c.ZERO, np.int32(0))  # decode_params of an unscaled, undithered block
-    table = np.zeros(1, np.float32)  # a minifloat reads no table
     for b in range(b0, b1):
         i0 = np.uint64(b * RUN)
-        for j in range(min(RUN, numel - b * RUN)):
-            out[i0 + np.uint64(j)] = c.decode_value(np.int32(codes[i0 + np.uint64(j)]), lay, table, dp)
+        read_back(codes, i0, min(RUN, numel - b * RUN), False, False, lay, out[b * RUN:])
     return 0
 
 
 @lru_cache(maxsize=None)
 def adamw_kernel(mlay: tuple, vlay: tuple):
     """The AdamW / Adam step of flat fp32 parameters whose m and v are unscaled 16-bit
-    minifloats or fp32 (lay tuples: compile-time constants, one compilation per pair, cached on disk):
-    per run of at most RUN elements of one tensor, decode m and v (zeros where fresh),
+    minifloats or fp32 (lay tuples: compile-time constants, one compilation per pair, cached
+    on disk): per run of at most RUN elements of one tensor, read m and v back (read_back),
     adamw._update (the fused path's rule, op for op rules.adamw, with its non-finite policy),
-    encode both (uniforms per tensor as encode16)."""
+    store both (store; uniforms per tensor as encode16)."""
     mbf = mlay[c.EMIN] <= -126 and mlay[c.MAN] == 7 and mlay[c.SIGNED] != 0  # is_bf16, as closure constants
     vbf = vlay[c.EMIN] <= -126 and vlay[c.MAN] == 7 and vlay[c.SIGNED] != 0
     m32, v32 = mlay[c.BITS] == 32, vlay[c.BITS] == 32  # fp32 states: read and stored as they are
-    msq, vsq = mlay[c.SQRT] != 0, vlay[c.SQRT] != 0
 
     @njit(nogil=True, cache=True, error_model="numpy")
-    def _adamw_pass(b0, b1_, part, p, g, mc, vc, runs, starts, keys, bad, scal, beta1, omb1, beta2, omb2, eps, l2_wd,
-                 fresh_m, fresh_v):
+    def _adamw_pass(b0, b1_, part, p, g, mc, vc, runs, starts, keys, bad, scal, beta1, omb1, beta2, omb2, eps,
+                    l2_wd, fresh_m, fresh_v):
         """Runs b0 .. b1_ - 1 (runs[r] = (first element, tensor): RUN elements or the rest of
         its tensor). p, g: fp32, flat (p updated in place; a non-finite g counts in
         bad[part, tensor] and steps as 0, adamw._update); mc, vc: uint16 codes, read unless
@@ -119,27 +136,13 @@ def adamw_kernel(mlay: tuple, vlay: tuple):
         vrow = np.empty(RUN, np.float32)
         u = np.zeros(RUN, np.float32)
         q = np.empty(RUN, np.int32)
-        dp = (c.ONE, c.ZERO, c.ZERO, np.int32(0))
-        table = np.zeros(1, np.float32)
         has_l2 = l2 != c.ZERO
         for b in range(b0, b1_):
             start, t = runs[b, 0], runs[b, 1]
             cnt = min(RUN, starts[t + 1] - start)
             i0 = np.uint64(start)
-            if fresh_m:
-                mrow[:cnt] = c.ZERO
-            elif m32:
-                read32(mc, i0, cnt, msq, mrow)
-            else:
-                for j in range(cnt):
-                    mrow[j] = c.decode_value(np.int32(mc[i0 + np.uint64(j)]), mlay, table, dp)
-            if fresh_v:
-                vrow[:cnt] = c.ZERO
-            elif v32:
-                read32(vc, i0, cnt, vsq, vrow)
-            else:
-                for j in range(cnt):
-                    vrow[j] = c.decode_value(np.int32(vc[i0 + np.uint64(j)]), vlay, table, dp)
+            read_back(mc, i0, cnt, fresh_m, m32, mlay, mrow)
+            read_back(vc, i0, cnt, fresh_v, v32, vlay, vrow)
             if has_l2:
                 nb = _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay, step_size, ibc2,
                              mlay, vlay, True)[0]
@@ -147,16 +150,8 @@ def adamw_kernel(mlay: tuple, vlay: tuple):
                 nb = _update(p, g, mrow, vrow, start, cnt, b1, ob1, b2, ob2, eps32, l2, decay, step_size, ibc2,
                              mlay, vlay, False)[0]
             bad[part, t] += nb
-            if m32:
-                for j in range(cnt):
-                    mc[i0 + np.uint64(j)] = mrow[j]
-            else:
-                round16(mrow, u, q, cnt, start, t, starts, keys, 0, mlay, mbf, mc)
-            if v32:
-                for j in range(cnt):
-                    vc[i0 + np.uint64(j)] = vrow[j]
-            else:
-                round16(vrow, u, q, cnt, start, t, starts, keys, 2, vlay, vbf, vc)
+            store(mrow, u, q, cnt, start, t, starts, keys, 0, mlay, mbf, m32, mc)
+            store(vrow, u, q, cnt, start, t, starts, keys, 2, vlay, vbf, v32, vc)
         return 0
 
     return _adamw_pass
