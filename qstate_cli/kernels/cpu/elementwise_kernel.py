@@ -13,7 +13,7 @@ from numba import njit
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
 from .adamw import _update
-from .replay_kernel import load_stored, round_bf16, round_float
+from .replay_kernel import is_bf16, load_stored, round_bf16, round_float
 
 RUN = 2048  # elements per pass of a loop (a row of each scratch array: 8 kB)
 
@@ -35,12 +35,6 @@ def encode16(b0, b1, part, x, codes, lay, starts, keys, numel):
         load_stored(x, np.uint64(start), cnt, lay, row)
         t = round16(row, u, q, cnt, start, t, starts, keys, 0, lay, bf16, codes)
     return 0
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def is_bf16(lay):
-    """bf16 (8 exponent bits, 7 mantissa bits, signed): rounded by its bits (round_bf16)."""
-    return lay[c.EMIN] <= -126 and lay[c.MAN] == 7 and lay[c.SIGNED] != 0
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -117,8 +111,7 @@ def adamw_kernel(mlay: tuple, vlay: tuple):
     on disk): per run of at most RUN elements of one tensor, read m and v back (read_back),
     adamw._update (the fused path's rule, op for op rules.adamw, with its non-finite policy),
     store both (store; uniforms per tensor as encode16)."""
-    mbf = mlay[c.EMIN] <= -126 and mlay[c.MAN] == 7 and mlay[c.SIGNED] != 0  # is_bf16, as closure constants
-    vbf = vlay[c.EMIN] <= -126 and vlay[c.MAN] == 7 and vlay[c.SIGNED] != 0
+    mbf, vbf = is_bf16.py_func(mlay), is_bf16.py_func(vlay)  # closure constants
     m32, v32 = mlay[c.BITS] == 32, vlay[c.BITS] == 32  # fp32 states: read and stored as they are
 
     @njit(nogil=True, cache=True, error_model="numpy")

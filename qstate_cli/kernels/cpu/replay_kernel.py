@@ -359,7 +359,7 @@ def replay_codec16(b0, b1, x, codes, out, lay, B, numel, plan, base, step, clamp
     rows = np.empty(B, np.float32), np.zeros(B, np.float32), np.empty(B, np.int32)
     row, u, q = native.borrowed(rows)
     rounding = lay[c.ROUND]
-    bf16 = lay[c.EMIN] <= -126 and lay[c.MAN] == 7 and lay[c.SIGNED] != 0  # round_bf16
+    bf16 = is_bf16(lay)  # round_bf16
     s32 = np.uint32(step & 0xFFFFFFFF)
     dp = (c.ONE, c.ZERO, c.ZERO, np.int32(0))  # decode_params of an unscaled, undithered block
     for b in range(b0, b1):
@@ -385,6 +385,12 @@ def replay_codec16(b0, b1, x, codes, out, lay, B, numel, plan, base, step, clamp
                 u[j] = c.decode_value(q[j], lay, row, dp)
         finish_read_back(u, cnt, plan[b, 2], clamp0, pad0, out, i0)
     return _alive(rows)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def is_bf16(lay):
+    """bf16 (8 exponent bits, 7 mantissa bits, signed): rounded by its bits (round_bf16)."""
+    return lay[c.EMIN] <= -126 and lay[c.MAN] == 7 and lay[c.SIGNED] != 0
 
 
 @njit(cache=True, inline="always", error_model="numpy")
