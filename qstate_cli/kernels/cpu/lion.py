@@ -23,6 +23,19 @@ from .host import (CpuBatch, add_nonfinite, layout_arrays, like, member_table, r
                    step_words)
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def lion_rows(prow, grow, mrow, cnt, b1, ob1, b2, ob2, lr, decay):
+    """rules.lion over one row, op for op: prow (p) and mrow (m_hat in, the new m out) from
+    grow (g, finite); sign(0) = 0. Shared with the 16-bit states' pass (elementwise_kernel.py)."""
+    for j in range(cnt):
+        gj = grow[j]
+        mh = mrow[j]
+        cm = mh * b1 + gj * ob1
+        sgn = c.ONE if cm > c.ZERO else (-c.ONE if cm < c.ZERO else c.ZERO)
+        prow[j] = prow[j] * decay - sgn * lr
+        mrow[j] = mh * b2 + gj * ob2
+
+
 @lru_cache(maxsize=None)
 def kernel_for(mlay: tuple, B: int):
     """The kernel compiled for this layout (codec.py: lay tuple) and block size B, both
@@ -62,13 +75,7 @@ def kernel_for(mlay: tuple, B: int):
                 c.read_state(fresh, mc, ms, msb, mlay, mlim, mtab, b, start, cnt, r1, r2, q, mrow)
                 nbad += c.load_grad(g, start, cnt, grow)
                 c.load_row(p, start, cnt, prow)
-                for j in range(cnt):
-                    gj = grow[j]
-                    mh = mrow[j]
-                    cm = mh * b1 + gj * ob1
-                    sgn = c.ONE if cm > c.ZERO else (-c.ONE if cm < c.ZERO else c.ZERO)
-                    prow[j] = prow[j] * decay - sgn * lr
-                    mrow[j] = mh * b2 + gj * ob2
+                lion_rows(prow, grow, mrow, cnt, b1, ob1, b2, ob2, lr, decay)
                 c.store_row(prow, start, cnt, p)
                 if m4:
                     c.store_scale(ms, b, pc.encode_row4(mrow, cnt, mlay, mlim, mtab, b, start, k1, k2, mc), msb)

@@ -22,6 +22,18 @@ from .host import (CpuBatch, add_nonfinite, layout_arrays, like, member_table, r
                    step_words)
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def muon_rows(grow, mrow, urow, cnt, b, ob, nesterov):
+    """rules.muon_momentum over one row, op for op: mrow = buf (buf_hat in), and for Nesterov
+    urow = the update (without Nesterov the update is buf itself). Shared with the 16-bit
+    states' pass (elementwise_kernel.py)."""
+    for j in range(cnt):
+        mrow[j] = mrow[j] * b + grow[j] * ob
+    if nesterov:
+        for j in range(cnt):
+            urow[j] = grow[j] * ob + mrow[j] * b
+
+
 @lru_cache(maxsize=None)
 def kernel_for(mlay: tuple, B: int):
     """The kernel compiled for this layout (codec.py: lay tuple) and block size B, both
@@ -58,14 +70,8 @@ def kernel_for(mlay: tuple, B: int):
                 cnt = min(B, numel - start)
                 c.read_state(fresh, mc, ms, msb, mlay, mlim, mtab, blk, start, cnt, r1, r2, q, mrow)
                 nbad += c.load_grad(g, start, cnt, grow)
-                for j in range(cnt):
-                    mrow[j] = mrow[j] * b + grow[j] * ob
-                if nesterov:
-                    for j in range(cnt):
-                        urow[j] = grow[j] * ob + mrow[j] * b
-                    c.store_row(urow, start, cnt, out)
-                else:
-                    c.store_row(mrow, start, cnt, out)
+                muon_rows(grow, mrow, urow, cnt, b, ob, nesterov)
+                c.store_row(urow if nesterov else mrow, start, cnt, out)
                 if m4:
                     c.store_scale(ms, blk, pc.encode_row4(mrow, cnt, mlay, mlim, mtab, blk, start, k1, k2, mc), msb)
                 else:

@@ -22,6 +22,33 @@ from .host import (CpuBatch, add_nonfinite, layout_arrays, like, member_table, r
                    step_words)
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def coupled_decay(prow, grow, cnt, wd32):
+    """SGD's coupled weight decay, first (as torch): grow = g + p * wd. Shared with the
+    16-bit states' pass (elementwise_kernel.py)."""
+    for j in range(cnt):
+        grow[j] = grow[j] + prow[j] * wd32
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def sgd_rows(prow, grow, mrow, cnt, mu, om, nesterov, fresh, lr):
+    """rules.sgd over one row, op for op, after coupled_decay: mrow = the new buffer (buf_hat
+    in unless fresh: then the gradient), prow = p - d * lr. Shared with the 16-bit states'
+    pass (elementwise_kernel.py)."""
+    if fresh:  # first step (or after a reset): the buffer starts as the gradient
+        for j in range(cnt):
+            mrow[j] = grow[j]
+    else:
+        for j in range(cnt):
+            mrow[j] = mrow[j] * mu + grow[j] * om
+    if nesterov:
+        for j in range(cnt):
+            prow[j] = prow[j] - (grow[j] + mrow[j] * mu) * lr
+    else:
+        for j in range(cnt):
+            prow[j] = prow[j] - mrow[j] * lr
+
+
 @lru_cache(maxsize=None)
 def kernel_for(mlay: tuple, B: int):
     """The kernel compiled for this layout (codec.py: lay tuple) and block size B, both
@@ -62,21 +89,10 @@ def kernel_for(mlay: tuple, B: int):
                 nbad += c.load_grad(g, start, cnt, grow)
                 c.load_row(p, start, cnt, prow)
                 if use_wd:
-                    for j in range(cnt):
-                        grow[j] = grow[j] + prow[j] * wd32
-                if fresh:  # first step (or after a reset): the buffer starts as the gradient
-                    for j in range(cnt):
-                        mrow[j] = grow[j]
-                else:
+                    coupled_decay(prow, grow, cnt, wd32)
+                if not fresh:
                     c.decode_block(mc, c.scale_at(ms, b, msb), mlay, mlim, mtab, b, start, cnt, r1, r2, q, mrow)
-                    for j in range(cnt):
-                        mrow[j] = mrow[j] * mu + grow[j] * om
-                if nesterov:
-                    for j in range(cnt):
-                        prow[j] = prow[j] - (grow[j] + mrow[j] * mu) * lr
-                else:
-                    for j in range(cnt):
-                        prow[j] = prow[j] - mrow[j] * lr
+                sgd_rows(prow, grow, mrow, cnt, mu, om, nesterov, fresh, lr)
                 c.store_row(prow, start, cnt, p)
                 if m4:
                     c.store_scale(ms, b, pc.encode_row4(mrow, cnt, mlay, mlim, mtab, b, start, k1, k2, mc), msb)
