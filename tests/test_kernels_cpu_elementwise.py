@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from qstate_cli.optim import SGD, Lion, Muon
 from qstate_cli.optim.small import Streams
 from qstate_cli.quant import parse_spec
 from qstate_cli.quant.quantizer import Stream, decode, encode
@@ -81,7 +82,7 @@ def test_adamw_with_16_bit_states_is_one_kernel_pass_with_the_references_bits(st
     (decode, rule, encode in one numba pass), over threads where the tensors are large, and one
     contiguous fp32 tensor stepped in place (flatten gives back a view of it); bit for bit the
     reference's parameters, codes and counters over steps, a reset and non-finite gradients."""
-    from qstate_cli.optim import AdamW, Lion
+    from qstate_cli.optim import AdamW
 
     calls = []
     real = ew.adamw_step
@@ -112,5 +113,62 @@ def test_adamw_with_16_bit_states_is_one_kernel_pass_with_the_references_bits(st
         assert int(ref.state[a]["since_reset"]) == int(opt.state[b]["since_reset"]) == 3
     lion = Lion([torch.nn.Parameter(torch.randn(10))], states="bf16", min_quant_numel=0)
     lion.param_groups[0]["params"][0].grad = torch.randn(10)
-    lion.step()  # Lion's rule stays torch's: no AdamW pass
-    assert len(calls) == 6 and lion.path_for(lion.param_groups[0]["params"][0]) == "reference"
+    lion.step()  # Lion has its own pass (momentum_step), not AdamW's
+    assert len(calls) == 6 and lion.path_for(lion.param_groups[0]["params"][0]) == "cpu-numba"
+
+
+def _rewritten(cls):
+    """A subclass whose update is its own (here cls's, called through): the one pass cannot
+    know it is the same rule, so its states keep small.py's torch ops."""
+    return type("Rewritten" + cls.__name__, (cls,), {"update": lambda self, *a: cls.update(self, *a)})
+
+
+MOMENTUM = {  # (class, hyper-parameters): optim/small.py's test grid
+    "lion": (Lion, dict(lr=1e-3, weight_decay=0.1)),
+    "sgd-nesterov-wd": (SGD, dict(lr=1e-2, momentum=0.9, weight_decay=0.01, nesterov=True)),
+    "sgd-dampened": (SGD, dict(lr=1e-2, momentum=0.9, dampening=0.5)),
+    "muon-nesterov": (Muon, dict(lr=2e-2, weight_decay=0.1)),
+    "muon-plain": (Muon, dict(lr=2e-2, momentum=0.9, nesterov=False)),
+}
+
+
+@pytest.mark.parametrize("states", ["bf16-sr", "fp16", "fp32"])
+@pytest.mark.parametrize("shapes", [[(200_003,)], [(70_001,), (5,), (31, 7)]], ids=["one-tensor", "three"])
+@pytest.mark.parametrize("name", sorted(MOMENTUM))
+def test_lion_sgd_muon_with_16_bit_states_are_one_kernel_pass_with_the_references_bits(name, states, shapes,
+                                                                                       monkeypatch):
+    """Lion, SGD (Nesterov with coupled decay; dampened) and Muon (Nesterov; plain, its
+    Newton-Schulz per matrix after the pass) with m a 16-bit minifloat or fp32: small.py's pass
+    runs elementwise.momentum_step (decode, rule, encode in one numba pass); bit for bit the
+    reference's parameters, codes and counters over steps, a reset and non-finite gradients. A
+    subclass that rewrites the rule keeps the torch ops (and the same bits)."""
+    calls = []
+    real = ew.momentum_step
+    monkeypatch.setattr(ew, "momentum_step", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    gen = torch.Generator().manual_seed(5)
+    dtypes = [torch.float32, torch.bfloat16, torch.float32]
+    base = [torch.randn(s, generator=gen).to(dtypes[i]) for i, s in enumerate(shapes)]
+    ref_ps, ps, own_ps = ([torch.nn.Parameter(t.clone()) for t in base] for _ in range(3))
+    cls, kw = MOMENTUM[name]
+    kw = dict(kw, states=states, min_quant_numel=0, reset=3)
+    ref, opt, own = cls(ref_ps, backend="reference", **kw), cls(ps, **kw), _rewritten(cls)(own_ps, **kw)
+    for step in range(1, 7):
+        for a, b, c in zip(ref_ps, ps, own_ps):
+            g = torch.randn(a.shape, generator=gen) * 10.0 ** (step % 3 - 1)
+            if step == 2:
+                g.view(-1)[0] = float("nan")
+            if step == 4:
+                g.view(-1)[-1] = -float("inf")
+            a.grad, b.grad, c.grad = g.to(a.dtype), g.to(b.dtype), g.to(c.dtype)
+        for o in (ref, opt, own):
+            o.step()
+        for a, b, c in zip(ref_ps, ps, own_ps):
+            bits = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+            assert torch.equal(a.detach().view(bits), b.detach().view(bits)), step
+            assert torch.equal(a.detach().view(bits), c.detach().view(bits)), step
+    assert len(calls) == 6 and ref.nonfinite_count() == opt.nonfinite_count() == own.nonfinite_count() == 2 * len(ps)
+    assert all(opt.path_for(p) == "cpu-numba" and opt.why_reference(p) is None for p in ps)
+    assert all(own.path_for(p) == "reference" for p in own_ps)
+    for a, b in zip(ref_ps, ps):
+        assert torch.equal(ref.state[a]["m"]["codes"], opt.state[b]["m"]["codes"])
+        assert int(ref.state[a]["since_reset"]) == int(opt.state[b]["since_reset"]) == 3

@@ -28,8 +28,8 @@ below `min_quant_numel`, fp64 or non-contiguous parameters, m and v with differe
 sizes, on the CPU path fp16 and optimizers without a CPU kernel; `why_reference(p)` says
 which, and also why "auto" found no path) is stepped by the reference. `path_for(p)` names
 what steps p: "triton", "triton-interpreter", "cpu-numba" or "reference" (benchmarks label
-every row with it; "cpu-numba" also for AdamW / Adam with bf16, fp16 or fp32 m and v,
-which optim/small.py steps together in one numba pass). All paths keep the same state
+every row with it; "cpu-numba" also for AdamW / Adam, Lion, SGD and Muon whose states are
+bf16, fp16 or fp32, which optim/small.py steps together in one numba pass). All paths keep the same state
 layout, so checkpoints move between them (optim/fused.py). With a backend other than
 "reference", the CPU tensors the reference steps whose states are stored elementwise (fp32, as below min_quant_numel; bf16, fp16 or fp8
 without scales, rounded to nearest or stochastically) step together, in one pass of the same
@@ -325,10 +325,16 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         """The rule: returns (new fp32 parameter, {state name: new fp32 state})."""
         raise NotImplementedError
 
-    def one_pass_rule(self) -> bool:
-        """Whether optim/small.py may step this optimizer's elementwise states in the CPU
-        path's one pass (AdamW's rule only: optimizers.AdamW says)."""
-        return False
+    def one_pass_rule(self) -> str | None:
+        """The CPU path's one-pass rule (kernels/cpu/elementwise.py: "adamw", "lion", "sgd",
+        "muon") that is this optimizer's `update`, op for op, so optim/small.py may step its
+        elementwise states in one numba pass; None (here, and where a subclass rewrites the
+        rule: _own_rule) keeps small.py's torch ops."""
+        return None
+
+    def _own_rule(self, cls) -> bool:
+        """Whether `update` and `update_flat` are cls's (no subclass rewrote the rule)."""
+        return type(self).update is cls.update and type(self).update_flat is cls.update_flat
 
     def update_flat(self, group, shapes: list, p32, g, x_hat: dict, since_reset: int, first: dict):
         """The rule over tensors of these shapes laid end to end (flat p32, g and x_hat;

@@ -87,10 +87,8 @@ class AdamW(QuantizedOptimizer):
             wd, l2 = 0.0, wd
         return rules.packed_scalars(group["lr"], wd, beta1, beta2, since, device), l2
 
-    def one_pass_rule(self) -> bool:
-        """Whether this optimizer's rule is AdamW's as written here, so optim/small.py may step
-        its elementwise states in the CPU path's one pass (kernels/cpu/elementwise.adamw_step)."""
-        return type(self).update is AdamW.update and type(self).update_flat is QuantizedOptimizer.update_flat
+    def one_pass_rule(self) -> str | None:
+        return "adamw" if self._own_rule(AdamW) else None  # kernels/cpu/elementwise.adamw_step
 
 
 class Adam(AdamW):
@@ -129,9 +127,23 @@ class Lion(QuantizedOptimizer):
         p, m = rules.lion(_zero(g), g, x_hat["m"], s, b1, b2)
         return -p, {"m": m}
 
+    def one_pass_rule(self) -> str | None:
+        return "lion" if self._own_rule(Lion) else None  # kernels/cpu/elementwise.momentum_step
+
+    @staticmethod
+    def kernel_scalars(group, since: int, device):
+        beta1, beta2 = group["betas"]
+        return rules.packed_scalars(group["lr"], group["weight_decay"], beta1, beta2, since, device)
+
+    def pass_arguments(self, group, since: int) -> dict:
+        """kernels/cpu/elementwise.momentum_step's arguments of this step (as launch_kernel's)."""
+        beta1, beta2 = (float(b) for b in group["betas"])
+        return dict(scalars=self.kernel_scalars(group, since, "cpu"), hyper=(beta1, 1.0 - beta1, beta2, 1.0 - beta2),
+                    nesterov=False, use_wd=False)
+
     def launch_kernel(self, group, batch, run):
         beta1, beta2 = group["betas"]
-        s = rules.packed_scalars(group["lr"], group["weight_decay"], beta1, beta2, run.since, run.device)
+        s = self.kernel_scalars(group, run.since, run.device)
         run.launch(batch, s, run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
                    step=run.step, written=run.written["m"], fresh=run.fresh["m"], beta1=beta1, beta2=beta2,
                    table=run.tables["m"])
@@ -175,6 +187,16 @@ class SGD(QuantizedOptimizer):
             return ["SGD's coupled weight decay needs the parameters: replayed without it"]
         return []
 
+    def one_pass_rule(self) -> str | None:
+        return "sgd" if self._own_rule(SGD) else None  # kernels/cpu/elementwise.momentum_step
+
+    def pass_arguments(self, group, since: int) -> dict:
+        """kernels/cpu/elementwise.momentum_step's arguments of this step (as launch_kernel's)."""
+        wd = float(group["weight_decay"])
+        return dict(scalars=rules.packed_scalars(group["lr"], 0.0, 0.0, 0.0, 1, "cpu"),
+                    hyper=(float(group["momentum"]), 1.0 - float(group["dampening"]), wd, 0.0),
+                    nesterov=bool(group["nesterov"]), use_wd=wd != 0.0)
+
     def launch_kernel(self, group, batch, run):
         s = rules.packed_scalars(group["lr"], 0.0, 0.0, 0.0, 1, run.device)
         run.launch(batch, s, run.layouts["m"], p_kind=run.p_kind, g_kind=run.g_kind,
@@ -211,13 +233,28 @@ class Muon(QuantizedOptimizer):
         """The momentum over the tensors laid end to end (it is elementwise), the direction per
         tensor (Newton-Schulz on each >= 2-D tensor's own update, copied out of the flat one
         into a tensor of its own, as `update` has it), then the parameter update, elementwise."""
-        s = rules.step_scalars(group["lr"], group["weight_decay"], 0.0, 0.0, 1, p32.device)
         upd, buf = rules.muon_momentum(g, x_hat["m"], group["momentum"], group["nesterov"])
+        return self.apply_flat(group, shapes, p32, upd), {"m": buf}
+
+    def apply_flat(self, group, shapes, p32, upd):
+        """The new parameters (flat fp32) of the flat momentum update `upd`: p * decay -
+        direction * lr, the direction Newton-Schulz of each >= 2-D tensor's part of upd."""
+        s = rules.step_scalars(group["lr"], group["weight_decay"], 0.0, 0.0, 1, p32.device)
         if any(len(shape) >= 2 for shape in shapes):
             parts = upd.split([shape.numel() for shape in shapes])
             upd = torch.cat([rules.muon_direction(u.view(shape).clone()).reshape(-1) if len(shape) >= 2 else u
                              for u, shape in zip(parts, shapes)])
-        return p32 * s.decay - upd * s.lr, {"m": buf}
+        return p32 * s.decay - upd * s.lr
+
+    def one_pass_rule(self) -> str | None:
+        """"muon": the momentum in kernels/cpu/elementwise.momentum_step, then apply_flat."""
+        return "muon" if self._own_rule(Muon) and type(self).apply_flat is Muon.apply_flat else None
+
+    def pass_arguments(self, group, since: int) -> dict:
+        """kernels/cpu/elementwise.momentum_step's arguments of this step (as launch_kernel's)."""
+        mu = float(group["momentum"])
+        return dict(scalars=rules.packed_scalars(group["lr"], group["weight_decay"], 0.0, 0.0, 1, "cpu"),
+                    hyper=(mu, 1.0 - mu, 0.0, 0.0), nesterov=bool(group["nesterov"]), use_wd=False)
 
     @staticmethod
     def state_betas(hp: dict) -> dict[str, float]:

@@ -27,9 +27,10 @@ reference makes new tensors).
 
 Only for CPU tensors and a backend other than "reference" (which keeps the per-tensor
 definition); on CUDA the reference still steps them one by one. Where numba runs, the CPU path's
-kernels (kernels/cpu/elementwise.py) take over, the same bits: AdamW / Adam with m and v
-each a 16-bit minifloat (bf16, fp16) or fp32 steps in one pass (decode, rule, encode:
-_step_adamw_pass, path "cpu-numba"); other optimizers keep the torch rule with each 16-bit
+kernels (kernels/cpu/elementwise.py) take over, the same bits: AdamW / Adam, Lion, SGD and
+Muon whose states are each a 16-bit minifloat (bf16, fp16) or fp32 step in one pass (decode,
+rule, encode: _step_pass, path "cpu-numba"; Muon's Newton-Schulz after it, per matrix); a
+subclass that rewrites the rule (one_pass_rule None) keeps the torch rule, with each 16-bit
 state's encode and decode one pass each.
 """
 from __future__ import annotations
@@ -55,14 +56,13 @@ def _elementwise():
 
 
 def one_pass(opt, group, p: torch.Tensor) -> bool:
-    """Whether p steps together in the AdamW pass (_step_adamw_pass: AdamW / Adam, m and v
-    unscaled 16-bit minifloats or fp32, numba): the optimizers' path "cpu-numba" for it."""
-    return (opt.state_names == ("m", "v") and steps_together(opt, group, p)
-            and _adamw_pass(opt, [opt.spec_for(group, p, n) for n in opt.state_names]))
+    """Whether p steps together in one numba pass (_step_pass: AdamW / Adam, Lion, SGD or Muon
+    whose states are unscaled 16-bit minifloats or fp32): the optimizers' path "cpu-numba" for it."""
+    return steps_together(opt, group, p) and _pass_takes(opt, [opt.spec_for(group, p, n) for n in opt.state_names])
 
 
-def _adamw_pass(opt, specs: list) -> bool:
-    return opt.one_pass_rule() and all(_elementwise().adamw_covers(spec) is None for spec in specs)
+def _pass_takes(opt, specs: list) -> bool:
+    return opt.one_pass_rule() is not None and all(_elementwise().pass_covers(spec) is None for spec in specs)
 
 
 def steps_together(opt, group, p: torch.Tensor) -> bool:
@@ -120,8 +120,8 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
     # one flat copy of each list (torch's bucket flattening, as DDP uses): mixed dtypes are promoted
     # to one that holds them all exactly, so .to(fp32) rounds once, as the reference's p.to(fp32) does
     g = flatten([p.grad for p in params]).to(torch.float32)
-    if tuple(specs) == ("m", "v") and _adamw_pass(opt, list(specs.values())):
-        _step_adamw_pass(opt, group, params, tensor_ids, step, since, written, specs, g)  # counts its non-finite g
+    if _pass_takes(opt, list(specs.values())):
+        _step_pass(opt, group, params, tensor_ids, step, since, written, specs, g)  # counts its non-finite g
         return
     # a 16-bit minifloat's encode and decode by the CPU path's kernels where numba runs (the same bits)
     fast = {name: cpu_elementwise(spec) for name, spec in specs.items()}
@@ -155,11 +155,13 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
     _count(opt, params, counts, step, since, list(new))
 
 
-def _step_adamw_pass(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict,
-                     specs: dict, g: torch.Tensor) -> None:
-    """_step_run for AdamW / Adam with 16-bit minifloat or fp32 m and v (kernels/cpu/elementwise.py):
-    the non-finite count, decode, rule and encode in one numba pass over the flat parameters,
-    gradients (read only: one fp32 gradient may be a view of it) and codes, the same bits."""
+def _step_pass(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict, specs: dict,
+               g: torch.Tensor) -> None:
+    """_step_run for states the CPU path's one pass takes (kernels/cpu/elementwise.py: AdamW /
+    Adam's m and v, Lion's, SGD's or Muon's m, each a 16-bit minifloat or fp32): the
+    non-finite count, decode, rule and encode in one numba pass over the flat parameters,
+    gradients (read only: one fp32 gradient may be a view of it) and codes, the same bits;
+    Muon's Newton-Schulz and parameter update then in torch (Muon.apply_flat)."""
     # (one contiguous fp32 tensor: flatten gives back a view of it, stepped in place; the copies
     # back below are then copies onto themselves)
     p32 = flatten(params).to(torch.float32)
@@ -168,10 +170,19 @@ def _step_adamw_pass(opt, group, params: list, tensor_ids: list, step: int, sinc
              if fresh[name]
              else flatten([opt.state[p][name]["codes"] for p in params]) for name in specs}
     sizes = [p.numel() for p in params]
-    scalars, l2 = opt.kernel_scalars(group, since, "cpu")
-    beta1, beta2 = group["betas"]
-    counts = _elementwise().adamw_step(p32, g, codes, specs, fresh, scalars, beta1, beta2, group["eps"], l2, step,
-                                       group["seed"], tensor_ids, sizes, (STATE_IDS["m"], STATE_IDS["v"]))
+    rule, ew = opt.one_pass_rule(), _elementwise()
+    if rule == "adamw":
+        scalars, l2 = opt.kernel_scalars(group, since, "cpu")
+        beta1, beta2 = group["betas"]
+        counts = ew.adamw_step(p32, g, codes, specs, fresh, scalars, beta1, beta2, group["eps"], l2, step,
+                               group["seed"], tensor_ids, sizes, (STATE_IDS["m"], STATE_IDS["v"]))
+    else:
+        out = torch.empty_like(g) if rule == "muon" else None  # the momentum update, for Newton-Schulz
+        counts = ew.momentum_step(rule, p32, g, codes["m"], specs["m"], fresh["m"], step=step, seed=group["seed"],
+                                  tensor_ids=tensor_ids, sizes=sizes, state_id=STATE_IDS["m"], out=out,
+                                  **opt.pass_arguments(group, since))
+        if out is not None:
+            p32 = opt.apply_flat(group, [p.shape for p in params], p32, out)
     for name in specs:
         torch._foreach_copy_([opt.state[p][name]["codes"] for p in params], codes[name].split(sizes))
     torch._foreach_copy_(params, unflatten(p32, params))

@@ -6,8 +6,11 @@ the same bits as the reference's torch ops:
                   `fp16`, `fp32` presets, and the fp32 states of tensors under min_quant_numel):
                   read back, rule (kernels/cpu/adamw._update), store, in one pass per run of
                   at most RUN elements of one tensor; the path "cpu-numba" (optim/base.py)
-    encode, decode  a 16-bit minifloat state's codes and values, one pass each, for the other
-                  optimizers (Lion, SGD, Muon), whose rule stays small.py's torch ops
+    momentum_step  Lion, SGD and Muon whose m is such a state, the same way (the rule:
+                  kernels/cpu/lion.lion_rows, sgd.sgd_rows, muon.muon_rows); Muon's update is
+                  written out for its Newton-Schulz, which stays in torch (Muon.apply_flat)
+    encode, decode  a 16-bit minifloat state's codes and values, one pass each, for rules the
+                  passes do not know (a subclass's), which stay small.py's torch ops
 
 Before, small.py's torch ops did it all: bf16 ~7 ms, bf16-sr 20-27 ms a step for 262,144
 elements on 2 threads, ~14 ms of it the stochastic draws' 32-bit hash emulated in torch; one
@@ -38,16 +41,16 @@ def covers(spec) -> str | None:
     return unavailable_reason("cpu")
 
 
-def adamw_covers(spec) -> str | None:
-    """None if adamw_step takes this state: covers, or fp32 (the identity format: the states of
-    tensors under min_quant_numel, the `fp32` preset), else why not."""
+def pass_covers(spec) -> str | None:
+    """None if adamw_step and momentum_step take this state: covers, or fp32 (the identity
+    format: the states of tensors under min_quant_numel, the `fp32` preset), else why not."""
     if spec.fmt.kind == "identity" and spec.fmt.bits == 32 and not spec.has_scales:
         return unavailable_reason("cpu")
     return covers(spec)
 
 
-def _adamw_lay(spec) -> tuple:
-    """The kernel's lay of a state adamw_step takes: the minifloat's (_lay), or for fp32 one
+def _pass_lay(spec) -> tuple:
+    """The kernel's lay of a state the passes take: the minifloat's (_lay), or for fp32 one
     whose BITS column says 32 (read and stored as is; SQRT as the spec's, SIGNED, so
     codec.stored_value clamps nothing: quantizer.encode's identity format does not)."""
     if spec.fmt.kind == "identity":
@@ -57,8 +60,8 @@ def _adamw_lay(spec) -> tuple:
 
 def _kernels():
     if not _KERNELS:
-        from .elementwise_kernel import RUN, adamw_kernel, decode16, encode16
-        _KERNELS.extend([RUN, encode16, decode16, adamw_kernel])
+        from .elementwise_kernel import RUN, adamw_kernel, decode16, encode16, momentum_kernel
+        _KERNELS.extend([RUN, encode16, decode16, adamw_kernel, momentum_kernel])
     return _KERNELS
 
 
@@ -89,7 +92,7 @@ def encode(x: torch.Tensor, spec, seed: int, tensor_ids: list, state_id: int, st
     """int16 codes of the flat fp32 CPU tensor x (tensors of `sizes` elements laid end to end):
     quantizer.encode(x, spec, step, stream)[0] with each tensor's Stream(seed, tensor id,
     state id), as small.Streams draws them."""
-    run, enc, _, _ = _kernels()
+    run, enc, *_ = _kernels()
     x = x.detach().to(torch.float32).contiguous().reshape(-1)
     n = x.numel()
     codes = torch.empty(n, dtype=torch.int16)
@@ -107,19 +110,16 @@ def _codes(t: torch.Tensor) -> np.ndarray:
 def adamw_step(p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: dict, fresh: dict, scalars: torch.Tensor,
                beta1: float, beta2: float, eps: float, l2_wd: float, step: int, seed: int, tensor_ids: list,
                sizes: list, state_ids: tuple) -> list:
-    """One AdamW / Adam step of tensors laid end to end whose m and v it takes (adamw_covers):
+    """One AdamW / Adam step of tensors laid end to end whose m and v it takes (pass_covers):
     p32 (fp32, flat) and codes["m"], codes["v"] (flat: int16 bits of a 16-bit minifloat, or
     fp32; read unless fresh) updated in place by one kernel pass (elementwise_kernel.adamw_kernel),
     what decode, optimizers.AdamW.update and encode give them, with kernels/cpu/adamw.py's
     arguments (scalars: rules.packed_scalars; l2_wd: Adam's coupled decay, else 0). g: fp32,
     flat, read only; its non-finite elements step as 0. Returns each tensor's count of them."""
-    run, _, _, kernel_for = _kernels()
-    kernel = kernel_for(_adamw_lay(specs["m"]), _adamw_lay(specs["v"]))
+    run, _, _, kernel_for, _ = _kernels()
+    kernel = kernel_for(_pass_lay(specs["m"]), _pass_lay(specs["v"]))
     starts = _starts(sizes)
-    nruns = -(-np.asarray(sizes, np.int64) // run)  # each tensor's runs: RUN elements, then the rest
-    owner = np.repeat(np.arange(len(sizes)), nruns)
-    first = np.arange(owner.size) - np.repeat(np.cumsum(nruns) - nruns, nruns)  # the run's index in its tensor
-    runs = np.stack([starts[owner] + first * run, owner], 1)
+    runs = _runs(sizes, starts, run)
     drawn = any(specs[n].rounding == "stochastic" and specs[n].fmt.kind != "identity" for n in ("m", "v"))
     keys = _keys(seed, tensor_ids, state_ids, step) if drawn else np.zeros((len(sizes) + 1, 4), np.uint32)
     parts = parts_of(p32.numel())
@@ -131,9 +131,49 @@ def adamw_step(p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: dict, fre
     return bad.sum(0).tolist()
 
 
+def _runs(sizes: list, starts: np.ndarray, run: int) -> np.ndarray:
+    """int64 [runs, 2]: (first element, tensor) of each run of at most `run` elements of one
+    tensor: each tensor's runs of `run` elements, then the rest."""
+    nruns = -(-np.asarray(sizes, np.int64) // run)
+    owner = np.repeat(np.arange(len(sizes)), nruns)
+    first = np.arange(owner.size) - np.repeat(np.cumsum(nruns) - nruns, nruns)  # the run's index in its tensor
+    return np.stack([starts[owner] + first * run, owner], 1)
+
+
+RULES = {"lion": 0, "sgd": 1, "muon": 2}  # elementwise_kernel.LION, SGD, MUON
+
+
+def momentum_step(rule: str, p32: torch.Tensor, g: torch.Tensor, codes: torch.Tensor, spec, fresh: bool,
+                  scalars: torch.Tensor, hyper: tuple, nesterov: bool, use_wd: bool, step: int, seed: int,
+                  tensor_ids: list, sizes: list, state_id: int, out: torch.Tensor | None = None) -> list:
+    """One Lion, SGD or Muon (`rule`) step of tensors laid end to end whose one state m it
+    takes (pass_covers), in one kernel pass (elementwise_kernel.momentum_kernel): codes (flat:
+    int16 bits of a 16-bit minifloat, or fp32; read unless fresh) and p32 (fp32, flat; Lion,
+    SGD) updated in place, what decode, the optimizer's update and encode give them; Muon's
+    update (before Newton-Schulz) written to out (fp32, flat). scalars: rules.packed_scalars;
+    hyper: the kernel's 4 hyper-parameters (Lion: b1, 1 - b1, b2, 1 - b2; SGD: momentum,
+    1 - dampening, weight decay, 0; Muon: momentum, 1 - momentum, 0, 0), each rounded to fp32
+    as the fused kernels take them; use_wd: SGD's weight decay != 0. g: fp32, flat, read only; its non-finite elements step as
+    0. Returns each tensor's count of them."""
+    run, *_, kernel_for = _kernels()
+    kernel = kernel_for(_pass_lay(spec))
+    starts = _starts(sizes)
+    runs = _runs(sizes, starts, run)
+    drawn = spec.rounding == "stochastic" and spec.fmt.kind != "identity"
+    keys = _keys(seed, tensor_ids, (state_id,), step) if drawn else np.zeros((len(sizes) + 1, 2), np.uint32)
+    parts = parts_of(p32.numel())
+    bad = np.zeros((parts, len(sizes)), np.int64)
+    out_np = out.numpy() if out is not None else np.zeros(1, np.float32)
+    args = (p32.numpy(), g.numpy(), _codes(codes), out_np, runs, starts, keys, bad, RULES[rule],
+            scalars.detach().cpu().numpy(),
+            np.array(hyper, np.float32), bool(nesterov), bool(use_wd), bool(fresh))
+    run_parts(kernel, len(runs) * run, run, args, parts=parts)
+    return bad.sum(0).tolist()
+
+
 def decode(codes: torch.Tensor, spec) -> torch.Tensor:
     """The stored values (fp32, flat) of int16 codes: quantizer.decode(codes, None, spec, n, step)."""
-    run, _, dec, _ = _kernels()
+    run, _, dec, *_ = _kernels()
     codes = codes.contiguous().reshape(-1)
     n = codes.numel()
     out = torch.empty(n, dtype=torch.float32)

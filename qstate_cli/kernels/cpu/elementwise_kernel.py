@@ -13,6 +13,9 @@ from numba import njit
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
 from .adamw import _update
+from .lion import lion_rows
+from .muon import muon_rows
+from .sgd import coupled_decay, sgd_rows
 from .replay_kernel import is_bf16, load_stored, round_bf16, round_float
 
 RUN = 2048  # elements per pass of a loop (a row of each scratch array: 8 kB)
@@ -148,3 +151,61 @@ def adamw_kernel(mlay: tuple, vlay: tuple):
         return 0
 
     return _adamw_pass
+
+
+LION, SGD, MUON = 0, 1, 2  # the one-state rules momentum_kernel steps (kernels/cpu/lion.py, sgd.py, muon.py)
+
+
+@lru_cache(maxsize=None)
+def momentum_kernel(mlay: tuple):
+    """The step of flat fp32 parameters whose one state m (Lion's momentum, SGD's or Muon's
+    buffer) is an unscaled 16-bit minifloat or fp32 (lay: a compile-time constant, one
+    compilation per layout, cached on disk; the rule an argument, tested once per run: one
+    compilation serves the three rules): per run of at most RUN elements of one tensor, the
+    gradient (non-finite -> 0, counted), m read back, the fused path's rule over the rows
+    (lion_rows, sgd_rows, muon_rows: op for op rules.lion, rules.sgd, rules.muon_momentum),
+    m stored (the value codec.stored_value gives, then rounded as encode16)."""
+    mbf = is_bf16.py_func(mlay)  # a closure constant
+    m32 = mlay[c.BITS] == 32
+
+    @njit(nogil=True, cache=True, error_model="numpy")
+    def _momentum_pass(b0, b1_, part, p, g, mc, out, runs, starts, keys, bad, rule, scal, hyp, nesterov, use_wd,
+                       fresh):
+        """Runs b0 .. b1_ - 1 (runs[r] = (first element, tensor)) of rule LION, SGD or MUON.
+        p, g: fp32, flat (p updated in place by Lion and SGD; Muon writes its update to out,
+        fp32, flat, and leaves p);
+        mc: uint16 codes (fp32 values for an fp32 state), read unless fresh, then written;
+        keys: uint32 [tensors + 1, 2]; scal: rules.packed_scalars [lr, decay, ...];
+        hyp: fp32 [4]: Lion (b1, 1 - b1, b2, 1 - b2), SGD (momentum, 1 - dampening, weight
+        decay, 0), Muon (momentum, 1 - momentum, 0, 0); use_wd: SGD's weight decay != 0."""
+        lr, decay = scal[0], scal[1]
+        h0, h1, h2, h3 = hyp[0], hyp[1], hyp[2], hyp[3]
+        prow = np.empty(RUN, np.float32)
+        grow = np.empty(RUN, np.float32)
+        mrow = np.empty(RUN, np.float32)
+        urow = np.empty(RUN, np.float32)
+        u = np.zeros(RUN, np.float32)
+        q = np.empty(RUN, np.int32)
+        for b in range(b0, b1_):
+            start, t = runs[b, 0], runs[b, 1]
+            cnt = min(RUN, starts[t + 1] - start)
+            bad[part, t] += c.load_grad(g, start, cnt, grow)
+            read_back(mc, np.uint64(start), cnt, fresh, m32, mlay, mrow)
+            if rule == MUON:
+                muon_rows(grow, mrow, urow, cnt, h0, h1, nesterov)
+                c.store_row(urow if nesterov else mrow, start, cnt, out)
+            else:
+                c.load_row(p, start, cnt, prow)
+                if rule == LION:
+                    lion_rows(prow, grow, mrow, cnt, h0, h1, h2, h3, lr, decay)
+                else:
+                    if use_wd:
+                        coupled_decay(prow, grow, cnt, h2)
+                    sgd_rows(prow, grow, mrow, cnt, h0, h1, nesterov, fresh, lr)
+                c.store_row(prow, start, cnt, p)
+            for j in range(cnt):
+                mrow[j] = c.stored_value(mrow[j], mlay, False)
+            store(mrow, u, q, cnt, start, t, starts, keys, 0, mlay, mbf, m32, mc)
+        return 0
+
+    return _momentum_pass
