@@ -140,7 +140,8 @@ def test_lion_sgd_muon_with_16_bit_states_are_one_kernel_pass_with_the_reference
     """Lion, SGD (Nesterov with coupled decay; dampened) and Muon (Nesterov; plain, its
     Newton-Schulz per matrix after the pass) with m a 16-bit minifloat or fp32: small.py's pass
     runs elementwise.momentum_step (decode, rule, encode in one numba pass); bit for bit the
-    reference's parameters, codes and counters over steps, a reset and non-finite gradients. A
+    reference's parameters, codes and counters over steps, a reset, non-finite gradients and
+    a state that overflows. A
     subclass that rewrites the rule keeps the torch ops (and the same bits)."""
     calls = []
     real = ew.momentum_step
@@ -159,6 +160,8 @@ def test_lion_sgd_muon_with_16_bit_states_are_one_kernel_pass_with_the_reference
                 g.view(-1)[0] = float("nan")
             if step == 4:
                 g.view(-1)[-1] = -float("inf")
+            if step in (4, 5):  # SGD's buffer overflows to inf: stored as 0 (codec.stored_value)
+                g.view(-1)[1] = 3e38
             a.grad, b.grad, c.grad = g.to(a.dtype), g.to(b.dtype), g.to(c.dtype)
         for o in (ref, opt, own):
             o.step()
