@@ -74,6 +74,22 @@ def test_what_it_does_not_take():
         assert ew.covers(parse_spec(text)) is not None, text
 
 
+def _counted(monkeypatch, name: str) -> list:
+    """ew.<name>, patched to append to the returned list at each call."""
+    calls, real = [], getattr(ew, name)
+    monkeypatch.setattr(ew, name, lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    return calls
+
+
+def _param_copies(shapes: list, seed: int, copies: int) -> tuple:
+    """(a generator for the gradients, `copies` lists of the same parameters of these shapes:
+    fp32, bf16, fp32)."""
+    gen = torch.Generator().manual_seed(seed)
+    dtypes = [torch.float32, torch.bfloat16, torch.float32]
+    base = [torch.randn(s, generator=gen).to(dtypes[i]) for i, s in enumerate(shapes)]
+    return gen, [[torch.nn.Parameter(t.clone()) for t in base] for _ in range(copies)]
+
+
 @pytest.mark.parametrize("states", ["bf16-sr", "m=bf16:nearest,v=fp16:stochastic:sqrt",
                                     "m=bf16:stochastic,v=fp32:nearest:sqrt", "fp32"])
 @pytest.mark.parametrize("shapes", [[(200_003,)], [(70_001,), (5,), (3, 7)]], ids=["one-tensor", "three"])
@@ -84,14 +100,8 @@ def test_adamw_with_16_bit_states_is_one_kernel_pass_with_the_references_bits(st
     reference's parameters, codes and counters over steps, a reset and non-finite gradients."""
     from qstate_cli.optim import AdamW
 
-    calls = []
-    real = ew.adamw_step
-    monkeypatch.setattr(ew, "adamw_step", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    gen = torch.Generator().manual_seed(4)
-    dtypes = [torch.float32, torch.bfloat16, torch.float32]
-    base = [torch.randn(s, generator=gen).to(dtypes[i]) for i, s in enumerate(shapes)]
-    ref_ps = [torch.nn.Parameter(t.clone()) for t in base]
-    ps = [torch.nn.Parameter(t.clone()) for t in base]
+    calls = _counted(monkeypatch, "adamw_step")
+    gen, (ref_ps, ps) = _param_copies(shapes, 4, 2)
     ref = AdamW(ref_ps, lr=1e-2, weight_decay=0.1, states=states, min_quant_numel=0, reset=3, backend="reference")
     opt = AdamW(ps, lr=1e-2, weight_decay=0.1, states=states, min_quant_numel=0, reset=3)
     for step in range(1, 7):
@@ -141,15 +151,10 @@ def test_lion_sgd_muon_with_16_bit_states_are_one_kernel_pass_with_the_reference
     Newton-Schulz per matrix after the pass) with m a 16-bit minifloat or fp32: small.py's pass
     runs elementwise.momentum_step (decode, rule, encode in one numba pass); bit for bit the
     reference's parameters, codes and counters over steps, a reset, non-finite gradients and
-    a state that overflows. A
-    subclass that rewrites the rule keeps the torch ops (and the same bits)."""
-    calls = []
-    real = ew.momentum_step
-    monkeypatch.setattr(ew, "momentum_step", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    gen = torch.Generator().manual_seed(5)
-    dtypes = [torch.float32, torch.bfloat16, torch.float32]
-    base = [torch.randn(s, generator=gen).to(dtypes[i]) for i, s in enumerate(shapes)]
-    ref_ps, ps, own_ps = ([torch.nn.Parameter(t.clone()) for t in base] for _ in range(3))
+    a state that overflows. A subclass that rewrites the rule keeps the torch ops (and the
+    same bits)."""
+    calls = _counted(monkeypatch, "momentum_step")
+    gen, (ref_ps, ps, own_ps) = _param_copies(shapes, 5, 3)
     cls, kw = MOMENTUM[name]
     kw = dict(kw, states=states, min_quant_numel=0, reset=3)
     ref, opt, own = cls(ref_ps, backend="reference", **kw), cls(ps, **kw), _rewritten(cls)(own_ps, **kw)

@@ -29,11 +29,12 @@ sizes, on the CPU path fp16 and optimizers without a CPU kernel; `why_reference(
 which, and also why "auto" found no path) is stepped by the reference. `path_for(p)` names
 what steps p: "triton", "triton-interpreter", "cpu-numba" or "reference" (benchmarks label
 every row with it; "cpu-numba" also for AdamW / Adam, Lion, SGD and Muon whose states are
-bf16, fp16 or fp32, which optim/small.py steps together in one numba pass). All paths keep the same state
-layout, so checkpoints move between them (optim/fused.py). With a backend other than
-"reference", the CPU tensors the reference steps whose states are stored elementwise (fp32, as below min_quant_numel; bf16, fp16 or fp8
-without scales, rounded to nearest or stochastically) step together, in one pass of the same
-ops (optim/small.py; Muon's Newton-Schulz still per matrix, `update_flat`).
+bf16, fp16 or fp32, which optim/small.py steps together in one numba pass). All paths keep
+the same state layout, so checkpoints move between them (optim/fused.py). With a backend
+other than "reference", the CPU tensors the reference steps whose states are stored
+elementwise (fp32, as below min_quant_numel; bf16, fp16 or fp8 without scales, rounded to
+nearest or stochastically) step together, in one pass of the same ops (optim/small.py;
+Muon's Newton-Schulz still per matrix, `update_flat`).
 """
 from __future__ import annotations
 

@@ -132,6 +132,7 @@ class Lion(QuantizedOptimizer):
 
     @staticmethod
     def kernel_scalars(group, since: int, device):
+        """rules.packed_scalars of this step: what the kernels read (lr, decay = 1 - lr * wd)."""
         beta1, beta2 = group["betas"]
         return rules.packed_scalars(group["lr"], group["weight_decay"], beta1, beta2, since, device)
 
