@@ -98,16 +98,37 @@ class CompileClock:
     A compiler reports each compilation by `begin()` and `end()` (kernels/cpu/compiling.py
     for numba, whose compiler lock runs one at a time). The first `begin()` calls
     `notice(text)`, once per process: the CLI prints it on stderr, since a first use on a
-    machine compiles for minutes; else it goes to the "qstate_cli" logger (INFO)."""
+    machine compiles for minutes; else it goes to the "qstate_cli" logger (INFO).
+
+    `held`: wall seconds inside the compiler (outermost `enter()` .. `leave()`, numba's
+    compiler lock), which holds the compilations and also the loads of compiled kernels from
+    the disk cache: `held - seconds` is the loading, ~0.15 s in a process that replays
+    (the first call of each kernel), which the replay profile leaves out of its rates too."""
 
     def __init__(self):
         self.seconds = 0.0
         self.count = 0
+        self.held = 0.0
         self.notice: Callable[[str], None] | None = None
         self._depth = 0
         self._t0 = 0.0
+        self._held_depth = 0
+        self._h0 = 0.0
         self._told = False
         self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        """The compiler is entered (to compile, or to load a compiled kernel)."""
+        with self._lock:
+            self._held_depth += 1
+            if self._held_depth == 1:
+                self._h0 = time.perf_counter()
+
+    def leave(self) -> None:
+        with self._lock:
+            self._held_depth = max(0, self._held_depth - 1)
+            if self._held_depth == 0:
+                self.held += time.perf_counter() - self._h0
 
     def begin(self, text: str) -> None:
         with self._lock:
@@ -151,6 +172,7 @@ class Timer:
         self.sync = bool(sync) and self.device.type == "cuda"
         self.totals: dict[str, float] = {}
         self.compiled: dict[str, float] = {}  # seconds of COMPILES that ended inside each phase
+        self.loaded: dict[str, float] = {}  # and of its loads (COMPILES.held less its compilations)
 
     @property
     def exact(self) -> bool:
@@ -165,15 +187,18 @@ class Timer:
     def __call__(self, name: str):
         if self.sync:
             torch.cuda.synchronize(self.device)
-        t0, c0 = time.perf_counter(), COMPILES.seconds
+        t0, c0, h0 = time.perf_counter(), COMPILES.seconds, COMPILES.held
         try:
             yield
         finally:
             if self.sync:
                 torch.cuda.synchronize(self.device)
             self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0
-            if COMPILES.seconds > c0:
-                self.compiled[name] = self.compiled.get(name, 0.0) + COMPILES.seconds - c0
+            compiled, loaded = COMPILES.seconds - c0, (COMPILES.held - h0) - (COMPILES.seconds - c0)
+            if compiled > 0:
+                self.compiled[name] = self.compiled.get(name, 0.0) + compiled
+            if loaded > 0:
+                self.loaded[name] = self.loaded.get(name, 0.0) + loaded
 
 
 class Workers:

@@ -154,8 +154,9 @@ def test_the_table_and_report_show_code_stalls_predictions_and_the_warning(tmp_p
 
 
 def test_profile_leaves_the_first_use_compilation_out_of_the_rates():
-    """A phase's seconds compiling kernels (Timer.compiled) are reported, and left out of every
-    rate: 10 s measured for a configuration of which 8 s compiled is 2 s of replay."""
+    """A phase's seconds compiling kernels (Timer.compiled) and loading them from the cache
+    (Timer.loaded) are reported, and left out of every rate: 10 s measured for a
+    configuration of which 8 s compiled is 2 s of replay; 2.5 s of which 0.5 s loaded, 2 s."""
     from types import SimpleNamespace
 
     from qstate_cli.diagnose.run import profile
@@ -163,7 +164,8 @@ def test_profile_leaves_the_first_use_compilation_out_of_the_rates():
 
     raw = SimpleNamespace(configs=["a", "b"], layout=SimpleNamespace(n_valid=1000, unit=128, n=1024), n_steps=100,
                           wall_s=14.0, cpu_s=20.0, timings_s={"gather": 1.0, "shadow": 1.0, "a": 10.0, "b": 2.0},
-                          compile_s={"a": 8.0}, device="cpu", threads=2, config_threads=1, timings_synchronized=True)
+                          compile_s={"a": 8.0}, load_s={}, device="cpu", threads=2, config_threads=1,
+                          timings_synchronized=True)
     prof = profile(raw, 15.0)
     assert prof["compile_s"] == 8.0 and prof["phases_compile_s"] == {"a": 8.0}
     assert prof["phases_s"]["a"] == 10.0 and prof["replay_s"] == 6.0 and prof["replay_cpu_s"] == 12.0
@@ -174,6 +176,15 @@ def test_profile_leaves_the_first_use_compilation_out_of_the_rates():
     assert by["a"]["compiling_s"] == 8.0 and by["b"]["compiling_s"] == 0.0
     assert by["a"]["M_element_steps_per_s"] == by["b"]["M_element_steps_per_s"] == pytest.approx(0.05)
     assert "8.0 s compiling the CPU kernels (first use on this machine" in title
+    assert "loading_s" not in rows[0] and "loading" not in title
     raw.compile_s = {}
     rows, title = profile_rows(profile(raw, 15.0))
     assert "compiling_s" not in rows[0] and "compiling" not in title and rows[2]["M_element_steps_per_s"] == 0.01
+    raw.timings_s["b"], raw.load_s = 2.5, {"b": 0.5, "gather": 0.25}
+    prof = profile(raw, 15.0)
+    assert prof["load_s"] == 0.75 and prof["phases_load_s"] == {"b": 0.5, "gather": 0.25}
+    assert prof["replay_s"] == 13.25 and prof["config_element_steps_per_s"]["b"] == 50_000
+    rows, title = profile_rows(prof)
+    assert [r["loading_s"] for r in rows] == [0.25, 0.0, 0.0, 0.5] and "compiling_s" not in rows[0]
+    assert rows[3]["M_element_steps_per_s"] == pytest.approx(0.05)
+    assert "0.75 s loading the CPU kernels from the cache (once per process) left out" in title

@@ -113,9 +113,29 @@ def test_numba_compiles_reach_the_compile_clock(monkeypatch):
     def outer(x):
         return inner(x) + 1  # compiles inner inside outer's compilation
 
+    held = runtime.COMPILES.held
     assert outer(2) == 7 and outer(5) == 16
     assert runtime.COMPILES.count == count + 1 and runtime.COMPILES.seconds > seconds
     assert len(told) == 1 and numba.config.CACHE_DIR in told[0] and "first use" in told[0]
+    assert runtime.COMPILES.held - held >= runtime.COMPILES.seconds - seconds  # compiled inside its lock
+
+
+def test_a_load_from_numbas_cache_is_held_not_compiled(tmp_path):
+    """A kernel loaded from numba's disk cache, in a fresh process, holds numba's compiler lock
+    (runtime.COMPILES.held) and compiles nothing: the replay profile's load seconds."""
+    pytest.importorskip("numba")
+    src = tmp_path / "cached_kernel.py"
+    src.write_text("from numba import njit\n\n@njit(cache=True)\ndef triple(x):\n    return x * 3\n")
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); from qstate_cli import runtime;"
+             "from qstate_cli.kernels.cpu import codec; import cached_kernel;"
+             "c, h = runtime.COMPILES.seconds, runtime.COMPILES.held; cached_kernel.triple(2);"
+             "print(runtime.COMPILES.seconds - c, runtime.COMPILES.held - h)")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    runs = [subprocess.run([sys.executable, "-c", probe, str(tmp_path)], env=env, capture_output=True, text=True,
+                           check=True).stdout.split() for _ in range(2)]
+    (compiled1, held1), (compiled2, held2) = ([float(v) for v in r] for r in runs)
+    assert compiled1 > 0 and held1 >= compiled1  # the first process compiles
+    assert compiled2 == 0 and held2 > 0  # the second loads it, inside the lock
 
 
 def test_the_cli_says_on_stderr_that_it_compiles(monkeypatch, capsys):

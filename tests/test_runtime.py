@@ -134,6 +134,35 @@ def test_compile_clock_counts_outermost_compiles_and_tells_once(monkeypatch):
     assert timer.compiled == {"first": 5.0, "second": 0.5}
 
 
+def test_compile_clock_holds_count_the_loads_apart_from_the_compiles(monkeypatch):
+    """The compiler's holds (numba's lock: a compilation, or a load from the disk cache)
+    count once when nested, in `held`; Timer charges a phase with what of them was no
+    compilation (a load)."""
+    now = [0.0]
+    monkeypatch.setattr(runtime.time, "perf_counter", lambda: now[0])
+    clock = runtime.CompileClock()
+    clock.notice = lambda text: None
+    monkeypatch.setattr(runtime, "COMPILES", clock)
+    timer = runtime.Timer("cpu")
+    with timer("loads"):
+        clock.enter()
+        now[0] += 0.25  # a load: the lock held, nothing compiled
+        clock.enter()  # nested hold
+        now[0] += 0.5
+        clock.leave()
+        clock.leave()
+        now[0] += 1.0
+    with timer("compiles"):
+        clock.enter()
+        now[0] += 0.5  # typing, then a compilation inside the hold
+        clock.begin("compiling")
+        now[0] += 4.0
+        clock.end()
+        clock.leave()
+    assert clock.held == 5.25 and clock.seconds == 4.0
+    assert timer.loaded == {"loads": 0.75, "compiles": 0.5} and timer.compiled == {"compiles": 4.0}
+
+
 def test_compile_clock_logs_without_a_notice(caplog):
     clock = runtime.CompileClock()
     with caplog.at_level("INFO", logger="qstate_cli"):

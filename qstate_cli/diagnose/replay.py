@@ -111,6 +111,7 @@ class ReplayPart:
     timings_s: dict[str, float]
     timings_synchronized: bool
     compile_s: dict[str, float] = field(default_factory=dict)  # of timings_s: kernel compilation (Timer.compiled)
+    load_s: dict[str, float] = field(default_factory=dict)  # of timings_s: loading compiled kernels (Timer.loaded)
     final_states: dict | None = None  # keep_states: {config: {state: [per-tensor piece]}}
     config_threads: int = 1  # configurations stepped at once (config_threads_for)
 
@@ -131,6 +132,7 @@ class Replay:
     timings_s: dict[str, float]  # wall seconds per phase: gather, shadow, one per configuration (slowest rank)
     timings_synchronized: bool  # whether each phase's time is exact (runtime.Timer.exact)
     compile_s: dict[str, float]  # of timings_s: seconds compiling kernels (a first use; the slowest rank's)
+    load_s: dict[str, float]  # of timings_s: seconds loading them from the disk cache (once per process)
     nonfinite_units: np.ndarray  # NaN/Inf gradient elements per unit block, summed over steps
     configs: list[ConfigReplay]
     gradients: dict = field(default_factory=dict)  # GradientStats.collect(): the Gaussian model's assumptions
@@ -261,7 +263,7 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
     return ReplayPart(
         units=layout.units, wall_s=wall, cpu_s=cpu, threads=threads, timings_s=timer.totals,
-        timings_synchronized=timer.exact, compile_s=timer.compiled, nonfinite_units=nonfinite.cpu().numpy(),
+        timings_synchronized=timer.exact, compile_s=timer.compiled, load_s=timer.loaded, nonfinite_units=nonfinite.cpu().numpy(),
         configs=[ConfigReplay(c.cfg, c.period, c.period_reason, {s: c.stats[s].collect() for s in rec.states},
                               c.update.collect(), {s: m.collect() for s, m in c.models.items()}, c.codec)
                  for c in configs],
@@ -325,11 +327,14 @@ def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout,
                                     held[0].codec))
     timings = {k: 0.0 for k in ["gather", "shadow"] + [str(c) for c in opts.configs]}  # this order
     compiled: dict[str, float] = {}
+    loaded: dict[str, float] = {}
     for p in parts:
         for k, v in p.timings_s.items():
             timings[k] = max(v, timings.get(k, 0.0))
         for k, v in p.compile_s.items():
             compiled[k] = max(v, compiled.get(k, 0.0))
+        for k, v in p.load_s.items():
+            loaded[k] = max(v, loaded.get(k, 0.0))
     final = None
     if opts.keep_states:
         final = {str(c): {s: merge.tensors([p.final_states[str(c)][s] for p in parts if str(c) in p.final_states])
@@ -338,6 +343,7 @@ def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout,
         trace=trace, recursion=rec, layout=layout, n_steps=n_steps, device=device,
         wall_s=max(p.wall_s for p in parts), cpu_s=sum(p.cpu_s for p in parts), threads=parts[0].threads,
         timings_s=timings, timings_synchronized=all(p.timings_synchronized for p in parts), compile_s=compiled,
+        load_s=loaded,
         nonfinite_units=np.concatenate([p.nonfinite_units for p in ran]), configs=configs,
         gradients=merge.gradients([p.gradients for p in ran]), final_states=final,
         config_threads=max(p.config_threads for p in parts))
