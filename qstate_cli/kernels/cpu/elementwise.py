@@ -29,7 +29,7 @@ from . import unavailable_reason
 from .host import layout_arrays, parts_of, run_parts
 from .replay import _unscaled_layout, unscaled16
 
-_KERNELS: list = []
+_KERNELS: dict = {}
 
 
 def covers(spec) -> str | None:
@@ -58,10 +58,12 @@ def _pass_lay(spec) -> tuple:
     return _lay(spec)
 
 
-def _kernels():
+def _kernels() -> dict:
+    """elementwise_kernel's names (imported on first use: numba)."""
     if not _KERNELS:
-        from .elementwise_kernel import RUN, adamw_kernel, decode16, encode16, momentum_kernel
-        _KERNELS.extend([RUN, encode16, decode16, adamw_kernel, momentum_kernel])
+        from . import elementwise_kernel as ek
+        _KERNELS.update(RUN=ek.RUN, encode16=ek.encode16, decode16=ek.decode16, adamw=ek.adamw_kernel,
+                        momentum=ek.momentum_kernel)
     return _KERNELS
 
 
@@ -92,7 +94,7 @@ def encode(x: torch.Tensor, spec, seed: int, tensor_ids: list, state_id: int, st
     """int16 codes of the flat fp32 CPU tensor x (tensors of `sizes` elements laid end to end):
     quantizer.encode(x, spec, step, stream)[0] with each tensor's Stream(seed, tensor id,
     state id), as small.Streams draws them."""
-    run, enc, *_ = _kernels()
+    run, enc = _kernels()["RUN"], _kernels()["encode16"]
     x = x.detach().to(torch.float32).contiguous().reshape(-1)
     n = x.numel()
     codes = torch.empty(n, dtype=torch.int16)
@@ -116,8 +118,7 @@ def adamw_step(p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: dict, fre
     what decode, optimizers.AdamW.update and encode give them, with kernels/cpu/adamw.py's
     arguments (scalars: rules.packed_scalars; l2_wd: Adam's coupled decay, else 0). g: fp32,
     flat, read only; its non-finite elements step as 0. Returns each tensor's count of them."""
-    run, _, _, kernel_for, _ = _kernels()
-    kernel = kernel_for(_pass_lay(specs["m"]), _pass_lay(specs["v"]))
+    run, kernel = _kernels()["RUN"], _kernels()["adamw"](_pass_lay(specs["m"]), _pass_lay(specs["v"]))
     starts = _starts(sizes)
     runs = _runs(sizes, starts, run)
     drawn = any(specs[n].rounding == "stochastic" and specs[n].fmt.kind != "identity" for n in ("m", "v"))
@@ -153,10 +154,9 @@ def momentum_step(rule: str, p32: torch.Tensor, g: torch.Tensor, codes: torch.Te
     update (before Newton-Schulz) written to out (fp32, flat). scalars: rules.packed_scalars;
     hyper: the kernel's 4 hyper-parameters (Lion: b1, 1 - b1, b2, 1 - b2; SGD: momentum,
     1 - dampening, weight decay, 0; Muon: momentum, 1 - momentum, 0, 0), each rounded to fp32
-    as the fused kernels take them; use_wd: SGD's weight decay != 0. g: fp32, flat, read only; its non-finite elements step as
-    0. Returns each tensor's count of them."""
-    run, *_, kernel_for = _kernels()
-    kernel = kernel_for(_pass_lay(spec))
+    as the fused kernels take them; use_wd: SGD's weight decay != 0. g: fp32, flat, read
+    only; its non-finite elements step as 0. Returns each tensor's count of them."""
+    run, kernel = _kernels()["RUN"], _kernels()["momentum"](_pass_lay(spec))
     starts = _starts(sizes)
     runs = _runs(sizes, starts, run)
     drawn = spec.rounding == "stochastic" and spec.fmt.kind != "identity"
@@ -173,7 +173,7 @@ def momentum_step(rule: str, p32: torch.Tensor, g: torch.Tensor, codes: torch.Te
 
 def decode(codes: torch.Tensor, spec) -> torch.Tensor:
     """The stored values (fp32, flat) of int16 codes: quantizer.decode(codes, None, spec, n, step)."""
-    run, _, dec, *_ = _kernels()
+    run, dec = _kernels()["RUN"], _kernels()["decode16"]
     codes = codes.contiguous().reshape(-1)
     n = codes.numel()
     out = torch.empty(n, dtype=torch.float32)
