@@ -106,36 +106,28 @@ class CompileClock:
     (the first call of each kernel), which the replay profile leaves out of its rates too."""
 
     def __init__(self):
-        self.seconds = 0.0
-        self.count = 0
-        self.held = 0.0
         self.notice: Callable[[str], None] | None = None
-        self._depth = 0
-        self._t0 = 0.0
-        self._held_depth = 0
-        self._h0 = 0.0
+        self._compiles, self._holds = _Outermost(), _Outermost()
         self._told = False
         self._lock = threading.Lock()
+
+    seconds = property(lambda self: self._compiles.seconds)
+    count = property(lambda self: self._compiles.count)
+    held = property(lambda self: self._holds.seconds)
 
     def enter(self) -> None:
         """The compiler is entered (to compile, or to load a compiled kernel)."""
         with self._lock:
-            self._held_depth += 1
-            if self._held_depth == 1:
-                self._h0 = time.perf_counter()
+            self._holds.open()
 
     def leave(self) -> None:
         with self._lock:
-            self._held_depth = max(0, self._held_depth - 1)
-            if self._held_depth == 0:
-                self.held += time.perf_counter() - self._h0
+            self._holds.close()
 
     def begin(self, text: str) -> None:
         with self._lock:
-            self._depth += 1
-            if self._depth > 1:
+            if not self._compiles.open():
                 return
-            self._t0 = time.perf_counter()
             tell, self._told = not self._told, True
         if tell:
             if self.notice is not None:
@@ -146,10 +138,27 @@ class CompileClock:
 
     def end(self) -> None:
         with self._lock:
-            self._depth = max(0, self._depth - 1)
-            if self._depth == 0:
-                self.seconds += time.perf_counter() - self._t0
-                self.count += 1
+            self._compiles.close()
+
+
+class _Outermost:
+    """Wall `seconds` and `count` of the outermost of nested open() .. close() intervals."""
+
+    def __init__(self):
+        self.seconds, self.count, self._depth, self._t0 = 0.0, 0, 0, 0.0
+
+    def open(self) -> bool:
+        """Returns whether this interval is an outermost one."""
+        self._depth += 1
+        if self._depth == 1:
+            self._t0 = time.perf_counter()
+        return self._depth == 1
+
+    def close(self) -> None:
+        self._depth = max(0, self._depth - 1)
+        if self._depth == 0:
+            self.seconds += time.perf_counter() - self._t0
+            self.count += 1
 
 
 COMPILES = CompileClock()

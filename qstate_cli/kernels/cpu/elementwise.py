@@ -81,12 +81,15 @@ def _starts(sizes: list) -> np.ndarray:
     return starts
 
 
-def _keys(seed: int, tensor_ids: list, state_ids: tuple, step: int) -> np.ndarray:
+def _keys(specs: list, seed: int, tensor_ids: list, state_ids: tuple, step: int) -> np.ndarray:
     """uint32 [tensors + 1, 2 per state]: each tensor's (k1, k2) of each state's stream at this
-    step (quant/hash.stream_keys, the reference's Stream(seed, tensor id, state id)); a last row of 0."""
+    step (quant/hash.stream_keys, the reference's Stream(seed, tensor id, state id)); a last row
+    of 0. All 0 where no state (specs, one per state id) draws: none rounds a minifloat
+    stochastically."""
     keys = np.zeros((len(tensor_ids) + 1, 2 * len(state_ids)), np.uint32)
-    for i, t in enumerate(tensor_ids):
-        keys[i] = [k for s in state_ids for k in qhash.stream_keys(seed, t, s, step)]
+    if any(s.rounding == "stochastic" and s.fmt.kind != "identity" for s in specs):
+        for i, t in enumerate(tensor_ids):
+            keys[i] = [k for s in state_ids for k in qhash.stream_keys(seed, t, s, step)]
     return keys
 
 
@@ -98,7 +101,7 @@ def encode(x: torch.Tensor, spec, seed: int, tensor_ids: list, state_id: int, st
     x = x.detach().to(torch.float32).contiguous().reshape(-1)
     n = x.numel()
     codes = torch.empty(n, dtype=torch.int16)
-    keys = _keys(seed, tensor_ids, (state_id,), step) if spec.rounding == "stochastic" else np.zeros((1, 2), np.uint32)
+    keys = _keys([spec], seed, tensor_ids, (state_id,), step)
     if n:
         run_parts(enc, n, run, (x.numpy(), codes.numpy().view(np.uint16), _lay(spec), _starts(sizes), keys, n))
     return codes
@@ -118,17 +121,23 @@ def adamw_step(p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: dict, fre
     what decode, optimizers.AdamW.update and encode give them, with kernels/cpu/adamw.py's
     arguments (scalars: rules.packed_scalars; l2_wd: Adam's coupled decay, else 0). g: fp32,
     flat, read only; its non-finite elements step as 0. Returns each tensor's count of them."""
-    run, kernel = _kernels()["RUN"], _kernels()["adamw"](_pass_lay(specs["m"]), _pass_lay(specs["v"]))
+    kernel = _kernels()["adamw"](_pass_lay(specs["m"]), _pass_lay(specs["v"]))
+    keys = _keys([specs["m"], specs["v"]], seed, tensor_ids, state_ids, step)
+    return _run_pass(kernel, sizes, (p32.numpy(), g.numpy(), _codes(codes["m"]), _codes(codes["v"])), keys,
+                     (scalars.detach().cpu().numpy(), float(beta1), 1.0 - float(beta1), float(beta2),
+                      1.0 - float(beta2), float(eps), float(l2_wd), bool(fresh["m"]), bool(fresh["v"])))
+
+
+def _run_pass(kernel, sizes: list, arrays: tuple, keys: np.ndarray, rest: tuple) -> list:
+    """kernel(b0, b1, part, *arrays, runs, starts, keys, bad, *rest) over the runs of the
+    tensors of `sizes` laid end to end (one block per run: RUN elements of one tensor, or the
+    rest of it), split over threads (host.run_parts); returns each tensor's count in bad."""
+    run = _kernels()["RUN"]
     starts = _starts(sizes)
     runs = _runs(sizes, starts, run)
-    drawn = any(specs[n].rounding == "stochastic" and specs[n].fmt.kind != "identity" for n in ("m", "v"))
-    keys = _keys(seed, tensor_ids, state_ids, step) if drawn else np.zeros((len(sizes) + 1, 4), np.uint32)
-    parts = parts_of(p32.numel())
+    parts = parts_of(int(starts[-2]))
     bad = np.zeros((parts, len(sizes)), np.int64)
-    args = (p32.numpy(), g.numpy(), _codes(codes["m"]), _codes(codes["v"]), runs, starts, keys, bad,
-            scalars.detach().cpu().numpy(), float(beta1), 1.0 - float(beta1), float(beta2), 1.0 - float(beta2),
-            float(eps), float(l2_wd), bool(fresh["m"]), bool(fresh["v"]))
-    run_parts(kernel, len(runs) * run, run, args, parts=parts)  # len(runs) blocks of `run`: one per run
+    run_parts(kernel, len(runs) * run, run, arrays + (runs, starts, keys, bad) + rest, parts=parts)
     return bad.sum(0).tolist()
 
 
@@ -156,19 +165,12 @@ def momentum_step(rule: str, p32: torch.Tensor, g: torch.Tensor, codes: torch.Te
     1 - dampening, weight decay, 0; Muon: momentum, 1 - momentum, 0, 0), each rounded to fp32
     as the fused kernels take them; use_wd: SGD's weight decay != 0. g: fp32, flat, read
     only; its non-finite elements step as 0. Returns each tensor's count of them."""
-    run, kernel = _kernels()["RUN"], _kernels()["momentum"](_pass_lay(spec))
-    starts = _starts(sizes)
-    runs = _runs(sizes, starts, run)
-    drawn = spec.rounding == "stochastic" and spec.fmt.kind != "identity"
-    keys = _keys(seed, tensor_ids, (state_id,), step) if drawn else np.zeros((len(sizes) + 1, 2), np.uint32)
-    parts = parts_of(p32.numel())
-    bad = np.zeros((parts, len(sizes)), np.int64)
+    kernel = _kernels()["momentum"](_pass_lay(spec))
     out_np = out.numpy() if out is not None else np.zeros(1, np.float32)
-    args = (p32.numpy(), g.numpy(), _codes(codes), out_np, runs, starts, keys, bad, RULES[rule],
-            scalars.detach().cpu().numpy(),
-            np.array(hyper, np.float32), bool(nesterov), bool(use_wd), bool(fresh))
-    run_parts(kernel, len(runs) * run, run, args, parts=parts)
-    return bad.sum(0).tolist()
+    return _run_pass(kernel, sizes, (p32.numpy(), g.numpy(), _codes(codes), out_np),
+                     _keys([spec], seed, tensor_ids, (state_id,), step),
+                     (RULES[rule], scalars.detach().cpu().numpy(), np.array(hyper, np.float32), bool(nesterov),
+                      bool(use_wd), bool(fresh)))
 
 
 def decode(codes: torch.Tensor, spec) -> torch.Tensor:

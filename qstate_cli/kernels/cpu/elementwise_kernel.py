@@ -1,6 +1,7 @@
 """numba kernels of elementwise.py: encode and decode of an unscaled 16-bit minifloat state
-(bf16, fp16) over tensors laid end to end, and the AdamW step of m and v that are such states
-or fp32, in runs of RUN elements. The rounding and the read-back are the replay codec's
+(bf16, fp16) over tensors laid end to end, and the steps of states that are such minifloats
+or fp32 (AdamW's m and v: adamw_kernel; Lion's, SGD's or Muon's m: momentum_kernel), in runs
+of RUN elements. The rounding and the read-back are the replay codec's
 (replay_kernel.load_stored, round_bf16, round_float; codec.decode_value), so the codes are
 quantizer.encode's and the values quantizer.decode's, bit for bit
 (tests/test_kernels_cpu_elementwise.py)."""
@@ -173,8 +174,8 @@ def momentum_kernel(mlay: tuple):
                        fresh):
         """Runs b0 .. b1_ - 1 (runs[r] = (first element, tensor)) of rule LION, SGD or MUON.
         p, g: fp32, flat (p updated in place by Lion and SGD; Muon writes its update to out,
-        fp32, flat, and leaves p);
-        mc: uint16 codes (fp32 values for an fp32 state), read unless fresh, then written;
+        fp32, flat, and leaves p); mc: uint16 codes (fp32 values for an fp32 state), read
+        unless fresh, then written;
         keys: uint32 [tensors + 1, 2]; scal: rules.packed_scalars [lr, decay, ...];
         hyp: fp32 [4]: Lion (b1, 1 - b1, b2, 1 - b2), SGD (momentum, 1 - dampening, weight
         decay, 0), Muon (momentum, 1 - momentum, 0, 0); use_wd: SGD's weight decay != 0."""
