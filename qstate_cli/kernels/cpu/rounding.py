@@ -6,7 +6,8 @@
     linear     clamp(rint(n + d)), two's complement if signed; d = u - 1/2 (stochastic), the
                block's dither (BReD), 0 (nearest)
     unit book  {1, ..., UNIT} / UNIT: k = clamp(floor(n * UNIT) - 1, 0, NT - 2), then up or not
-               between lo = (k + 1) / UNIT and hi = (k + 2) / UNIT in closed form (no search)
+               between lo = (k + 1) / UNIT and hi = (k + 2) / UNIT in closed form (no search;
+               computed as t = k + 1 and (n - lo) * UNIT = n * UNIT - t, the same values: _unit_t)
     code book  k by search.py (scan_code for <= SCAN_MAX entries, else floor_code), then up or
                not between lo = table[k] and hi = table[k + 1]
     minifloat  on |n|: the floor ordinal k and its exact fraction from the fp32 bits (or the
@@ -84,29 +85,30 @@ def _linear(bits: int, signed: int, rounding: int):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _unit_k(n, unit, nt):
-    """(kf, lo) of the closed form: kf = clamp(floor(n * UNIT) - 1, 0, NT - 2) as fp32 and its
-    code's value lo = (kf + 1) / UNIT (exact: UNIT is a power of two)."""
-    u32 = np.float32(unit)
-    kf = min(max(np.floor(n * u32) - c.ONE, c.ZERO), np.float32(nt - 2))
-    return kf, (kf + c.ONE) * (c.ONE / u32)
+def _unit_t(n, unit, nt):
+    """(y, t): y = n * UNIT (exact: UNIT is a power of two) and t = clamp(floor(y), 1, NT - 1)
+    as fp32, so the floor code is k = t - 1, its value lo = t / UNIT, and (n - lo) * UNIT is
+    y - t exactly (t <= y <= 2t in the unclamped range, Sterbenz; power-of-two scalings commute
+    with fp32 rounding): the spec's (n - lo) and (hi - lo) = 1 / UNIT, two ops fewer."""
+    y = n * np.float32(unit)
+    return y, min(max(np.floor(y), c.ONE), np.float32(nt - 1))
 
 
 def _unit(unit: int, nt: int, rounding: int):
-    """Code book {1, ..., UNIT} / UNIT: k + up, the gap 1 / UNIT exact (no search, no division)."""
+    """Code book {1, ..., UNIT} / UNIT: k + up with k = t - 1, up from y - t (_unit_t: no search,
+    no division)."""
     if rounding == c.NEAREST:
         def impl(n, lay, table, dither, u):
-            kf, lo = _unit_k(n, unit, nt)
-            return np.int32(kf) + np.int32((n - lo) >= (c.ONE / np.float32(unit)) * c.HALF)
+            y, t = _unit_t(n, unit, nt)
+            return np.int32(t) - np.int32(1) + np.int32((y - t) >= c.HALF)
     elif rounding == c.STOCHASTIC:
         def impl(n, lay, table, dither, u):
-            kf, lo = _unit_k(n, unit, nt)
-            return np.int32(kf) + np.int32(u < min(max((n - lo) * np.float32(unit), c.ZERO), c.ONE))
+            y, t = _unit_t(n, unit, nt)
+            return np.int32(t) - np.int32(not (u < min(max(y - t, c.ZERO), c.ONE)))
     else:
         def impl(n, lay, table, dither, u):
-            kf, lo = _unit_k(n, unit, nt)
-            frac = min(max((n - lo) * np.float32(unit), c.ZERO), c.ONE)
-            return np.int32(kf) + np.int32(dither >= c.ONE - frac)
+            y, t = _unit_t(n, unit, nt)
+            return np.int32(t) - np.int32(not (dither >= c.ONE - min(max(y - t, c.ZERO), c.ONE)))
     return impl
 
 
