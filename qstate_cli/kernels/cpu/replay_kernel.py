@@ -71,27 +71,27 @@ def round_linear(n, u, cnt, lay, rounding, d, q):
 
 @njit(cache=True, inline="always", error_model="numpy")
 def round_unit(n, u, cnt, lay, rounding, ub, q):
-    """Code book {1, ..., UNIT} / UNIT without search (codec.code_of, its closed form)."""
+    """Code book {1, ..., UNIT} / UNIT without search (codec.code_of, its closed form, as
+    rounding._unit_t computes it): y = n * UNIT, t = k + 1 = clamp(floor(y), 1, NT - 1) after
+    clamping floor(y) to [0, NT] (a NaN n takes k = NT - 2, as searchsorted sorts it last), and
+    (n - lo) * UNIT = y - t exactly."""
     ntf, unit = np.float32(lay[c.NT]), np.float32(lay[c.UNIT])
-    step = c.ONE / unit
-    top_k = np.float32(lay[c.NT] - 2)
+    top_t = np.float32(lay[c.NT] - 1)
     if rounding == c.NEAREST:
         for j in range(cnt):
-            v = n[j]
-            kf = min(max(min(max(np.floor(v * unit), c.ZERO), ntf) - c.ONE, c.ZERO), top_k)
-            q[j] = np.int32(kf) + np.int32((v - (kf + c.ONE) * step) >= step * c.HALF)
+            y = n[j] * unit
+            t = min(max(min(max(np.floor(y), c.ZERO), ntf), c.ONE), top_t)
+            q[j] = np.int32(t) - np.int32(1) + np.int32((y - t) >= c.HALF)
     elif rounding == c.STOCHASTIC:
         for j in range(cnt):
-            v = n[j]
-            kf = min(max(min(max(np.floor(v * unit), c.ZERO), ntf) - c.ONE, c.ZERO), top_k)
-            frac = min(max((v - (kf + c.ONE) * step) * unit, c.ZERO), c.ONE)
-            q[j] = np.int32(kf) + np.int32(u[j] < frac)
+            y = n[j] * unit
+            t = min(max(min(max(np.floor(y), c.ZERO), ntf), c.ONE), top_t)
+            q[j] = np.int32(t) - np.int32(1) + np.int32(u[j] < min(max(y - t, c.ZERO), c.ONE))
     else:
         for j in range(cnt):
-            v = n[j]
-            kf = min(max(min(max(np.floor(v * unit), c.ZERO), ntf) - c.ONE, c.ZERO), top_k)
-            frac = min(max((v - (kf + c.ONE) * step) * unit, c.ZERO), c.ONE)
-            q[j] = np.int32(kf) + np.int32(ub >= c.ONE - frac)
+            y = n[j] * unit
+            t = min(max(min(max(np.floor(y), c.ZERO), ntf), c.ONE), top_t)
+            q[j] = np.int32(t) - np.int32(1) + np.int32(ub >= c.ONE - min(max(y - t, c.ZERO), c.ONE))
 
 
 @njit(cache=True, inline="always", error_model="numpy")
