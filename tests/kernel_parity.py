@@ -94,3 +94,56 @@ def run_compile_probe(script: str, timeout: int) -> list[dict]:
                          capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def _codec_for(lay: tuple, block: int):
+    """A numba helper for the CPU codec (kernels/cpu/codec.py): encode_block + pack_codes over
+    every block of x, then read_state (decode_block) of the codes and scales."""
+    from numba import njit
+    from qstate_cli.kernels.cpu import codec as c
+
+    @njit(error_model="numpy")
+    def run(x, lim, table, keys, codes, s16, out, q, row):
+        numel = x.size
+        nb = (numel + block - 1) // block
+        for b in range(nb):
+            start = b * block
+            cnt = min(block, numel - start)
+            for j in range(cnt):
+                row[j] = x[start + j]
+            scale = c.encode_block(row, cnt, lay, lim, table, b, start, keys[0], keys[1], False, q)
+            c.store_scale(s16, b, scale, lay[c.SBF16] != 0)
+            c.pack_codes(q, lay[c.BITS], start, cnt, codes)
+        for b in range(nb):
+            start = b * block
+            cnt = min(block, numel - start)
+            c.read_state(False, codes, s16, lay[c.SBF16] != 0, lay, lim, table, b, start, cnt, keys[2], keys[3],
+                         q, row)
+            for j in range(cnt):
+                out[start + j] = row[j]
+    return run
+
+
+def assert_cpu_codec_equals_reference(spec, kl, x: torch.Tensor, block: int) -> None:
+    """The CPU codec (layout kl of spec) encodes the fp32 tensor x into the reference's codes
+    and scales (quant/quantizer.encode, at step 9 of a fixed stream) and reads back the
+    reference's decode (the state written at step 7), bit for bit."""
+    import numpy as np
+    from qstate_cli.kernels.cpu import host
+    from qstate_cli.kernels.launch import stream_key
+    from qstate_cli.quant.quantizer import Stream, decode, encode
+    lay, lim, tab = host.layout_arrays(kl, None)
+    numel = x.numel()
+    stream, step, written = Stream(seed=5, tensor_id=2, state_id=1), 9, 7
+    want_codes, want_scales = encode(x, spec, step, stream)
+    key = stream_key(5, 2, 1)
+    keys = np.array(host.keys(key, step) + host.keys(key, written), np.uint32)
+    codes = np.zeros(want_codes.numel(), np.uint8)
+    s16 = np.zeros(want_scales.numel() * want_scales.element_size() // 2, np.uint16)
+    out = np.zeros(numel, np.float32)
+    _codec_for(lay, block)(x.numpy(), lim, tab, keys, codes, s16, out, np.zeros(block, np.int32),
+                           np.zeros(block, np.float32))
+    assert torch.equal(torch.from_numpy(codes), want_codes)
+    assert torch.equal(torch.from_numpy(s16).view(want_scales.dtype), want_scales)
+    want = decode(want_codes, want_scales, spec, numel, written, stream)
+    assert torch.equal(torch.from_numpy(out).view(torch.int32), want.view(torch.int32))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernel_parity import run_parity
+from kernel_parity import assert_cpu_codec_equals_reference, run_parity
 from qstate_cli.kernels import cpu
 from qstate_cli.optim import SGD, Lion, Muon
 
@@ -42,33 +42,6 @@ def crafted(fmt) -> torch.Tensor:
     return torch.cat(blocks)
 
 
-def _codec_for(lay: tuple, block: int):
-    """encode_block + pack_codes over every block of x, then decode_block of (codes, scales)."""
-    from numba import njit
-    from qstate_cli.kernels.cpu import codec as c
-
-    @njit(error_model="numpy")
-    def run(x, lim, table, keys, codes, s16, out, q, row):
-        numel = x.size
-        nb = (numel + block - 1) // block
-        for b in range(nb):
-            start = b * block
-            cnt = min(block, numel - start)
-            for j in range(cnt):
-                row[j] = x[start + j]
-            scale = c.encode_block(row, cnt, lay, lim, table, b, start, keys[0], keys[1], False, q)
-            c.store_scale(s16, b, scale, lay[c.SBF16] != 0)
-            c.pack_codes(q, lay[c.BITS], start, cnt, codes)
-        for b in range(nb):
-            start = b * block
-            cnt = min(block, numel - start)
-            c.read_state(False, codes, s16, lay[c.SBF16] != 0, lay, lim, table, b, start, cnt, keys[2], keys[3],
-                         q, row)
-            for j in range(cnt):
-                out[start + j] = row[j]
-    return run
-
-
 MINIFLOATS = ["e4m3", "e5m2", "e2m1", "e2m2"]
 
 
@@ -77,31 +50,16 @@ MINIFLOATS = ["e4m3", "e5m2", "e2m1", "e2m2"]
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic", "bred"])
 @pytest.mark.parametrize("extra", ["", ":sqrt:sbf16"])
 def test_minifloat_codec_equals_the_reference_at_every_ordinal_midpoint_and_neighbour(fmt, rounding, extra):
-    from qstate_cli.kernels.cpu import host
-    from qstate_cli.kernels.launch import kernel_layout, stream_key
+    from qstate_cli.kernels.launch import kernel_layout
     from qstate_cli.quant import parse_spec
-    from qstate_cli.quant.quantizer import Stream, decode, encode
     spec = parse_spec(f"{fmt}:{rounding}:b{B}{extra}")
     kl = kernel_layout(spec, minifloats=True)
     assert kernel_layout(spec) is None and kl.kind == 3  # the CPU path's only
-    lay, lim, tab = host.layout_arrays(kl, None)
     x = crafted(spec.fmt)
     if spec.sqrt:
         x = x * x.abs()  # sqrt(|x| x) = the crafted |n| again for x >= 0
-    numel = x.numel() - 5  # a short last block
-    x = x[:numel]
-    stream, step, written = Stream(seed=5, tensor_id=2, state_id=1), 9, 7
-    want_codes, want_scales = encode(x, spec, step, stream)
-    key = stream_key(5, 2, 1)
-    keys = np.array(host.keys(key, step) + host.keys(key, written), np.uint32)
-    codes = np.zeros(want_codes.numel(), np.uint8)
-    s16 = np.zeros(want_scales.numel() * want_scales.element_size() // 2, np.uint16)
-    out = np.zeros(numel, np.float32)
-    _codec_for(lay, B)(x.numpy(), lim, tab, keys, codes, s16, out, np.zeros(B, np.int32), np.zeros(B, np.float32))
-    assert torch.equal(torch.from_numpy(codes), want_codes)
-    assert torch.equal(torch.from_numpy(s16).view(want_scales.dtype), want_scales)
-    want = decode(want_codes, want_scales, spec, numel, written, stream)
-    assert torch.equal(torch.from_numpy(out).view(torch.int32), want.view(torch.int32))
+    x = x[:x.numel() - 5]  # a short last block
+    assert_cpu_codec_equals_reference(spec, kl, x, B)
     if not extra:  # the crafted values hold ties (frac = 1/2) below both even and odd ordinals
         from qstate_cli.quant.packing import to_blocks
         from qstate_cli.quant.quantizer import normalize

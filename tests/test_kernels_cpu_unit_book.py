@@ -8,14 +8,14 @@ blocks whose n is exact (absmax = top) and not (absmax = 3 / 1.7), for every rou
 The kernels compute (n - lo) * UNIT as n * UNIT - t with t = k + 1 (rounding._unit_t); this is
 where a difference in the last bit of either would show. Skipped where numba is not
 installed; each layout compiles a small helper (seconds)."""
-import numpy as np
 import pytest
 import torch
 
 from qstate_cli.kernels import cpu
-from test_kernels_cpu_minifloat import B, _codec_for
+from kernel_parity import assert_cpu_codec_equals_reference
 
 needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
+B = 64
 
 
 def crafted(unit: int) -> torch.Tensor:
@@ -40,29 +40,18 @@ def crafted(unit: int) -> torch.Tensor:
 def test_unit_book_codes_equal_the_reference_at_every_code_midpoint_and_neighbour(book, rounding):
     from qstate_cli.kernels.cpu import host
     from qstate_cli.kernels.cpu.layout import UNIT
-    from qstate_cli.kernels.launch import kernel_layout, stream_key
+    from qstate_cli.kernels.launch import kernel_layout
     from qstate_cli.quant import parse_spec
-    from qstate_cli.quant.quantizer import Stream, decode, encode
+    from qstate_cli.quant.quantizer import Stream, encode
     spec = parse_spec(f"{book}:{rounding}:b{B}")
-    lay, lim, tab = host.layout_arrays(kernel_layout(spec), None)
+    kl = kernel_layout(spec)
     unit = 16 if book == "lin4nz" else 256
-    assert lay[UNIT] == unit  # the closed form, not the searched book
+    assert host.layout_arrays(kl, None)[0][UNIT] == unit  # the closed form, not the searched book
     x = crafted(unit)
-    numel = x.numel() - 3  # a short last block
-    x = x[:numel]
-    stream, step, written = Stream(seed=3, tensor_id=1, state_id=1), 5, 5
-    want_codes, want_scales = encode(x, spec, step, stream)
-    key = stream_key(3, 1, 1)
-    keys = np.array(host.keys(key, step) + host.keys(key, written), np.uint32)
-    codes = np.zeros(want_codes.numel(), np.uint8)
-    s16 = np.zeros(want_scales.numel() * want_scales.element_size() // 2, np.uint16)
-    out = np.zeros(numel, np.float32)
-    _codec_for(lay, B)(x.numpy(), lim, tab, keys, codes, s16, out, np.zeros(B, np.int32), np.zeros(B, np.float32))
-    assert torch.equal(torch.from_numpy(codes), want_codes)
-    assert torch.equal(torch.from_numpy(s16).view(want_scales.dtype), want_scales)
-    want = decode(want_codes, want_scales, spec, numel, written, stream)
-    assert torch.equal(torch.from_numpy(out).view(torch.int32), want.view(torch.int32))
-    # the crafted values reach both clamps and every code
+    x = x[:x.numel() - 3]  # a short last block
+    assert_cpu_codec_equals_reference(spec, kl, x, B)
+    # the crafted values reach both ends of the code range (the clamps)
     from qstate_cli.quant.packing import unpack
-    got = unpack(want_codes, spec.fmt.bits, numel)
+    codes, _ = encode(x, spec, 9, Stream(seed=5, tensor_id=2, state_id=1))
+    got = unpack(codes, spec.fmt.bits, x.numel())
     assert int(got.min()) == 0 and int(got.max()) == unit - 1
