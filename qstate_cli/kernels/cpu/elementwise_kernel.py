@@ -19,7 +19,11 @@ from .muon import muon_rows
 from .sgd import coupled_decay, sgd_rows
 from .replay_kernel import is_bf16, load_stored, round_bf16, round_float
 
-RUN = 2048  # elements per pass of a loop (a row of each scratch array: 8 kB)
+# Elements per pass of a loop: a row of each scratch array is 1 kB, so a pass's rows (up to
+# six) stay in L1. Runs of 2,048 (8 kB rows, 48 kB in all) went through L2 between the loops:
+# on a Zen 4, Lion bf16 7.1-7.2 -> 4.4-4.6 ms per 4 M elements at 256 (4.8-5.7 at 512), AdamW
+# bf16 7.7-9.1 -> 6.0-6.1 (docs/cpu.md, "A Zen 4 EPYC").
+RUN = 256
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
