@@ -263,7 +263,8 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
     return ReplayPart(
         units=layout.units, wall_s=wall, cpu_s=cpu, threads=threads, timings_s=timer.totals,
-        timings_synchronized=timer.exact, compile_s=timer.compiled, load_s=timer.loaded, nonfinite_units=nonfinite.cpu().numpy(),
+        timings_synchronized=timer.exact, compile_s=timer.compiled, load_s=timer.loaded,
+        nonfinite_units=nonfinite.cpu().numpy(),
         configs=[ConfigReplay(c.cfg, c.period, c.period_reason, {s: c.stats[s].collect() for s in rec.states},
                               c.update.collect(), {s: m.collect() for s, m in c.models.items()}, c.codec)
                  for c in configs],
@@ -306,6 +307,16 @@ def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats
             progress(i + 1, n_steps)
 
 
+def _slowest(per_rank: list[dict], start: dict | None = None) -> dict:
+    """Each key's largest value over the ranks' dicts (a phase takes as long as its slowest
+    rank), after the keys of `start` in their order."""
+    out = dict(start or {})
+    for d in per_rank:
+        for k, v in d.items():
+            out[k] = max(v, out.get(k, 0.0))
+    return out
+
+
 def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout, n_steps: int, device: str,
               parts: list[ReplayPart]) -> Replay:
     """The parts (in rank order = layout order) as one Replay of the whole layout (merge.py)."""
@@ -325,16 +336,9 @@ def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout,
                                     fidelity(merge.update([c.update for c in held])),
                                     {s: merge.models([c.models[s] for c in held]) for s in held[0].models},
                                     held[0].codec))
-    timings = {k: 0.0 for k in ["gather", "shadow"] + [str(c) for c in opts.configs]}  # this order
-    compiled: dict[str, float] = {}
-    loaded: dict[str, float] = {}
-    for p in parts:
-        for k, v in p.timings_s.items():
-            timings[k] = max(v, timings.get(k, 0.0))
-        for k, v in p.compile_s.items():
-            compiled[k] = max(v, compiled.get(k, 0.0))
-        for k, v in p.load_s.items():
-            loaded[k] = max(v, loaded.get(k, 0.0))
+    order = {k: 0.0 for k in ["gather", "shadow"] + [str(c) for c in opts.configs]}  # the phases' order
+    timings = _slowest([p.timings_s for p in parts], order)
+    compiled, loaded = _slowest([p.compile_s for p in parts]), _slowest([p.load_s for p in parts])
     final = None
     if opts.keep_states:
         final = {str(c): {s: merge.tensors([p.final_states[str(c)][s] for p in parts if str(c) in p.final_states])
