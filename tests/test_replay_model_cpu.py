@@ -319,13 +319,16 @@ def test_replay_records_are_the_same_through_the_fused_model(reset, monkeypatch)
 def test_gaussian_stochastic_formulas_computed_once_are_the_textbook_ones():
     """staleness.gaussian_v / gaussian_m under stochastic rounding compute each CDF once;
     the written-out formulas (every CDF where the math names it) give the same bits, incl.
-    NaN, 0 and inf cells and a size that is no multiple of the vector width. Runs without numba."""
+    NaN, 0 and inf cells and a size that is no multiple of the vector width (sqrt and exp:
+    the model's, fp32_math's on CPU). Runs without numba."""
     import math
+
+    from qstate_cli import fp32_math as F
     from qstate_cli.diagnose import staleness as st
 
     def chi3(x):
         x = x.clamp(min=0.0)
-        return st._chi2_1(x) - (2 * x / math.pi).sqrt() * torch.exp(-x / 2)
+        return st._chi2_1(x) - F.sqrt(2 * x / math.pi) * F.exp(-x / 2)
 
     gen = torch.Generator().manual_seed(3)
     n = 4099
@@ -347,7 +350,7 @@ def test_gaussian_stochastic_formulas_computed_once_are_the_textbook_ones():
         assert torch.equal(st.gaussian_v(True, 0.999, c, s, down, up).view(torch.int32), want.view(torch.int32))
     sigma2 = s
     ok = sigma2 > 0
-    sigma = torch.where(ok, sigma2, 1.0).sqrt()
+    sigma = F.sqrt(torch.where(ok, sigma2, 1.0))
     lo, hi = (down / (1 - 0.9)).clamp(max=1e30), (up / (1 - 0.9)).clamp(max=1e30)
     a, b, z0 = (m - lo) / sigma, (m + hi) / sigma, m / sigma
     left = (1 - m / lo) * (st._Phi(z0) - st._Phi(a)) + sigma * (st._phi(a) - st._phi(z0)) / lo

@@ -34,6 +34,8 @@ Two predictions, each a rate over the element-steps with a non-zero nominal upda
   Stochastic rounding takes the tent's expectation in closed form (F3 = the chi^2_3 CDF:
   E[z; z <= x] = F3(x) for z ~ chi^2_1; for a normal, E[g; a < g < b] = sigma (phi(a/sigma)
   - phi(b/sigma))).
+The Gaussian formulas' sqrt, erf and exp are fp32_math's on fp32 CPU tensors (IEEE basic
+operations, so the fused replay's numba kernels give the same bits) and torch's elsewhere.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ import math
 
 import torch
 
+from .. import fp32_math as F
 from ..quant.codebooks import codebook_tensor
 from ..quant.config import StateSpec
 
@@ -144,22 +147,22 @@ def gaussian_p(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up: torc
 
 
 def _chi2_1(x: torch.Tensor) -> torch.Tensor:
-    return torch.special.erf((x.clamp(min=0.0) / 2).sqrt())
+    return F.erf(F.sqrt(x.clamp(min=0.0) / 2))
 
 
 def _chi2_3(x: torch.Tensor, f1: torch.Tensor | None = None) -> torch.Tensor:
     """F3(x) = F1(x) - sqrt(2 x / pi) exp(-x / 2), x clamped to >= 0; f1: F1(x) where the
     caller has it (the same values: the clamp is idempotent)."""
     x = x.clamp(min=0.0)
-    return (_chi2_1(x) if f1 is None else f1) - (2 * x / math.pi).sqrt() * torch.exp(-x / 2)
+    return (_chi2_1(x) if f1 is None else f1) - F.sqrt(2 * x / math.pi) * F.exp(-x / 2)
 
 
 def _phi(x):
-    return torch.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    return F.exp(-x * x / 2) / math.sqrt(2 * math.pi)
 
 
 def _Phi(x):
-    return 0.5 * (1 + torch.special.erf(x / _SQRT2))
+    return 0.5 * (1 + F.erf(x / _SQRT2))
 
 
 def gaussian_v(sr: bool, beta: float, c: float, s: torch.Tensor, down: torch.Tensor, up: torch.Tensor):
@@ -188,7 +191,7 @@ def gaussian_v(sr: bool, beta: float, c: float, s: torch.Tensor, down: torch.Ten
 def gaussian_m(sr: bool, beta: float, m: torch.Tensor, sigma2: torch.Tensor, down: torch.Tensor, up: torch.Tensor):
     """P(stall) per element of Adam's m under g ~ N(0, sigma^2) (sigma^2: the bias-corrected v)."""
     ok = sigma2 > 0
-    sigma = torch.where(ok, sigma2, 1.0).sqrt()
+    sigma = F.sqrt(torch.where(ok, sigma2, 1.0))
     lo, hi = down / (1 - beta), up / (1 - beta)  # window in g around m
     if not sr:
         p = _Phi((m + hi) / sigma) - _Phi((m - lo) / sigma)

@@ -1,0 +1,95 @@
+"""sqrt, erf and exp of fp32 CPU tensors from IEEE basic operations (+, -, *, / of two fp32
+values, floor, compares, bit casts), so that numba (kernels/cpu/fp32_math_kernel.py, the same
+operations in the same order) gives the same bits, on every CPU: the staleness model's
+functions on CPU (diagnose/staleness.py). Other devices and dtypes keep torch's own.
+
+Why not torch's: its CPU sqrt, erf and exp are MKL's vector math, whose bits numba cannot
+reproduce (sqrt is 1 ulp off on ~0.5% of values) and may differ between the code paths MKL
+picks per CPU. On AMD it picks its generic kernels: 1.3, 0.85 and 0.55 ns per element at one
+thread on a Zen 4, 18% of a stochastic-rounding replay's time (docs/diagnose.md).
+
+    sqrt(x)  correctly rounded: the fp64 sqrt of x rounded to fp32 (53 >= 2 * 24 + 2 bits:
+             the double rounding is innocuous), as the CPU's fp32 sqrt gives it.
+    exp(x)   x = k ln2 + r with k = floor(x log2(e) + 1/2) and r = (x - k LN2_HI) - k LN2_LO
+             (LN2_HI has 15 significant bits, so k LN2_HI and the first difference are
+             exact), e^r by its Taylor polynomial to r^7 (|r| <= 0.347: truncation < 5e-9
+             relative), times 2^k as 2^k1 2^(k - k1), k1 = floor(k / 2), so that a subnormal
+             result rounds once. +inf above 89, +0 below -104, NaN stays. Error <= 1.2 ulp
+             (normal results), <= 0.78 of 2^-149 (subnormal).
+    erf(x)   |x| < 1: x P(x^2), P of degree 6 (fit to erf(x) / x, 1.2e-9 relative);
+             1 <= |x| < 4: sign(x) (1 - (exp(-x^2) t) R(t)), t = 1 / |x|, R of degree 9
+             (fit to erfc(a) exp(a^2) a, 5e-9 relative); |x| >= 4: sign(x) (erfc(4) =
+             1.5e-8 is below half an ulp of 1). Error <= 2.5 ulp and 1.5e-7 absolute.
+Every constant is an fp32 value (torch takes a Python scalar as fp32 in t * c and t + c).
+Measured errors, and the parity with the kernels: tests/test_fp32_math.py.
+"""
+from __future__ import annotations
+
+import torch
+
+LOG2E = 1.4426950216293335  # fp32(1 / ln 2)
+LN2_HI = 0.693145751953125  # ln 2's first 15 bits
+LN2_LO = 1.428606765330187e-06  # fp32(ln 2 - LN2_HI)
+EXP_TAYLOR = (1.0, 1.0, 0.5, 0.1666666716337204, 0.0416666679084301, 0.008333333767950535,
+              0.0013888889225199819, 0.00019841270113829523)  # fp32(1 / k!), k = 0..7
+EXP_LO, EXP_HI = -104.0, 89.0  # exp is +0 below, +inf above
+ERF_SMALL = (1.1283791065216064, -0.3761262595653534, 0.1128358542919159, -0.026853810995817184,
+             0.00518832728266716, -0.0008010189631022513, 7.853847637306899e-05)  # P, |x| < 1
+ERF_TAIL = (0.5642388463020325, -0.00153559900354594, -0.26221272349357605, -0.14333856105804443,
+            1.0590035915374756, -1.7566924095153809, 1.6511377096176147, -0.9528606534004211,
+            0.3163394331932068, -0.04649612680077553)  # R(t), 1 <= |x| < 4
+ERF_ONE = 4.0  # erf rounds to +-1 from here
+
+
+def ours(x: torch.Tensor) -> bool:
+    """Whether x takes this module's functions (fp32 on CPU) rather than torch's."""
+    return x.dtype == torch.float32 and x.device.type == "cpu"
+
+
+def poly(coeffs: tuple, t: torch.Tensor) -> torch.Tensor:
+    """sum_k coeffs[k] t^k by Horner's rule, highest first: p = p t + c_k (two roundings each)."""
+    p = torch.full_like(t, coeffs[-1])
+    for c in coeffs[-2::-1]:
+        p = p * t + c
+    return p
+
+
+def pow2(k: torch.Tensor) -> torch.Tensor:
+    """2^k for whole fp32 k in [-126, 127], from its exponent bits."""
+    return ((k.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+def exp32(x: torch.Tensor) -> torch.Tensor:
+    """e^x (module docstring)."""
+    ok = (x >= EXP_LO) & (x <= EXP_HI)
+    xs = torch.where(ok, x, 0.0)
+    k = torch.floor(xs * LOG2E + 0.5)
+    r = (xs - k * LN2_HI) - k * LN2_LO
+    k1 = torch.floor(k * 0.5)
+    core = (poly(EXP_TAYLOR, r) * pow2(k1)) * pow2(k - k1)
+    return torch.where(x > EXP_HI, float("inf"), torch.where(ok, core, torch.where(x < EXP_LO, 0.0, x)))
+
+
+def erf32(x: torch.Tensor) -> torch.Tensor:
+    """erf(x) (module docstring)."""
+    a = x.abs()
+    u = x * x
+    small = x * poly(ERF_SMALL, u)
+    t = torch.ones_like(a) / a.clamp(min=1.0)
+    tail = torch.where(a >= ERF_ONE, 1.0, 1.0 - (exp32(-u) * t) * poly(ERF_TAIL, t))
+    return torch.where(a >= 1.0, torch.where(x < 0.0, -tail, tail), small)
+
+
+def sqrt(x: torch.Tensor) -> torch.Tensor:
+    """sqrt(x): correctly rounded for fp32 on CPU (module docstring), else torch's."""
+    return x.double().sqrt().float() if ours(x) else x.sqrt()
+
+
+def exp(x: torch.Tensor) -> torch.Tensor:
+    """e^x: exp32 for fp32 on CPU, else torch's."""
+    return exp32(x) if ours(x) else torch.exp(x)
+
+
+def erf(x: torch.Tensor) -> torch.Tensor:
+    """erf(x): erf32 for fp32 on CPU, else torch's."""
+    return erf32(x) if ours(x) else torch.special.erf(x)

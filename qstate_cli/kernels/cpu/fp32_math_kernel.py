@@ -1,0 +1,65 @@
+"""fp32_math's sqrt, erf and exp as inlined numba functions of one fp32 value: the same IEEE
+operations in the same order (fastmath off: no FMA), so the same bits as qstate_cli/fp32_math.py
+on CPU tensors (tests/test_fp32_math.py). Imports numba."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ... import fp32_math as F
+from . import codec as c  # sets numba's cache folder before anything here compiles
+from .native import f32_from_bits
+
+f32 = np.float32
+LOG2E, LN2_HI, LN2_LO, EXP_LO, EXP_HI = f32(F.LOG2E), f32(F.LN2_HI), f32(F.LN2_LO), f32(F.EXP_LO), f32(F.EXP_HI)
+E0, E1, E2, E3, E4, E5, E6, E7 = (f32(v) for v in F.EXP_TAYLOR)
+S0, S1, S2, S3, S4, S5, S6 = (f32(v) for v in F.ERF_SMALL)
+T0, T1, T2, T3, T4, T5, T6, T7, T8, T9 = (f32(v) for v in F.ERF_TAIL)
+ERF_ONE = f32(F.ERF_ONE)
+BIAS, SHIFT = np.int32(127), np.int32(23)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def pow2(k):
+    """2^k for a whole fp32 k in [-126, 127] (fp32_math.pow2)."""
+    return f32_from_bits(np.uint32((np.int32(k) + BIAS) << SHIFT))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def exp32(x):
+    """e^x (fp32_math.exp32)."""
+    ok = (x >= EXP_LO) & (x <= EXP_HI)
+    xs = x if ok else c.ZERO
+    k = np.floor(xs * LOG2E + c.HALF)
+    r = (xs - k * LN2_HI) - k * LN2_LO
+    p = ((((((E7 * r + E6) * r + E5) * r + E4) * r + E3) * r + E2) * r + E1) * r + E0
+    k1 = np.floor(k * c.HALF)
+    core = (p * pow2(k1)) * pow2(k - k1)
+    y = core if ok else (c.ZERO if x < EXP_LO else x)
+    return c.INF if x > EXP_HI else y
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def erf32(x):
+    """erf(x) (fp32_math.erf32)."""
+    a = abs(x)
+    u = x * x
+    small = x * ((((((S6 * u + S5) * u + S4) * u + S3) * u + S2) * u + S1) * u + S0)
+    t = c.ONE / (c.ONE if a < c.ONE else a)  # the clamp's value wherever the tail is taken
+    r = ((((((((T9 * t + T8) * t + T7) * t + T6) * t + T5) * t + T4) * t + T3) * t + T2) * t + T1) * t + T0
+    tail = c.ONE if a >= ERF_ONE else c.ONE - (exp32(-u) * t) * r
+    return (-tail if x < c.ZERO else tail) if a >= c.ONE else small
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def sqrt32(x):
+    """sqrt(x), correctly rounded (fp32_math.sqrt)."""
+    return np.sqrt(x)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def apply(which, x, out):
+    """out[i] = sqrt32 (0), exp32 (1) or erf32 (2) of x[i]: for the tests."""
+    for i in range(x.size):
+        out[i] = sqrt32(x[i]) if which == 0 else (exp32(x[i]) if which == 1 else erf32(x[i]))
+    return 0

@@ -1,0 +1,102 @@
+"""fp32_math's sqrt, erf and exp (the staleness model's functions on CPU): their accuracy
+against float64 references, bounded by what the module docstring states; the special
+values; erf's symmetry; and the numba versions (kernels/cpu/fp32_math_kernel.py) giving the
+same bits on every binade's ends, the branch edges and their neighbours, and random values
+over all binades. Other dtypes keep torch's functions."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import special
+
+from qstate_cli import fp32_math as F
+from qstate_cli.kernels import cpu
+
+needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32)
+
+
+def values() -> torch.Tensor:
+    """Every binade's ends (normal and subnormal), both signs, the branch edges (erf's 1 and
+    4, exp's -104 and 89, its overflow and underflow thresholds) with their fp32 neighbours,
+    the specials, and 2^20 random values spread over all binades and over [-110, 95]."""
+    gen = torch.Generator().manual_seed(0)
+    ends = torch.arange(0, 255, dtype=torch.int32) << 23
+    ends = torch.cat([ends, ends + (1 << 23) - 1, torch.arange(1, 1 << 12, dtype=torch.int32)]).view(torch.float32)
+    edges = torch.tensor([1.0, 4.0, -104.0, 89.0, 88.72284, -87.33655, -103.27893, 0.5, 2.0, 0.3465736])
+    up, down = torch.full_like(edges, math.inf), torch.full_like(edges, -math.inf)
+    edges = torch.cat([edges, torch.nextafter(edges, up), torch.nextafter(edges, down)])
+    spread = torch.randn(1 << 20, generator=gen) * torch.exp(20 * torch.randn(1 << 20, generator=gen))
+    near = torch.empty(1 << 18).uniform_(-110, 95, generator=gen)
+    x = torch.cat([ends, edges, spread, near, torch.tensor([0.0, math.inf, math.nan])])
+    return torch.cat([x, -x])
+
+
+def ulps(got: torch.Tensor, want: np.ndarray) -> np.ndarray:
+    """|got - want| in ulps of the fp32 value nearest to want (float64 want)."""
+    spacing = np.spacing(np.abs(want.astype(np.float32))).astype(np.float64)
+    return np.abs(got.double().numpy() - want) / spacing
+
+
+def test_exp_is_within_its_stated_error():
+    x = values()
+    x = x[x.isfinite()]
+    with np.errstate(over="ignore"):
+        got, want = F.exp32(x), np.exp(x.double().numpy())
+    normal = (want >= 2.0 ** -126) & (want < 3.4e38)
+    assert normal.sum() > 500_000 and ulps(got[normal], want[normal]).max() <= 1.2
+    sub = want < 2.0 ** -126
+    assert sub.sum() > 1000 and (np.abs(got[sub].double().numpy() - want[sub]) <= 0.78 * 2.0 ** -149).all()
+    assert (got[torch.from_numpy(want >= 3.5e38)] == math.inf).all()
+
+
+def test_erf_is_within_its_stated_error():
+    x = values()
+    x = x[x.isfinite()]
+    got, want = F.erf32(x), special.erf(x.double().numpy())
+    assert ulps(got, want).max() <= 2.5 and np.abs(got.double().numpy() - want).max() <= 1.5e-7
+    for lo, hi in ((0, 1), (1, 4), (4, math.inf)):  # each branch met
+        assert ((x.abs() >= lo) & (x.abs() < hi)).sum() > 10_000
+
+
+def test_sqrt_is_correctly_rounded():
+    x = values().abs()
+    assert torch.equal(bits(F.sqrt(x)), bits(torch.from_numpy(np.sqrt(x.numpy()))))
+
+
+def test_special_values_and_symmetry():
+    inf, nan = math.inf, math.nan
+    assert F.exp32(torch.tensor([-inf, inf, 0.0, -0.0, -104.5, 89.5])).tolist() == [0.0, inf, 1.0, 1.0, 0.0, inf]
+    assert bits(F.exp32(torch.tensor([-200.0]))).item() == 0  # +0, not -0
+    assert F.erf32(torch.tensor([inf, -inf, 4.0, -4.0])).tolist() == [1.0, -1.0, 1.0, -1.0]
+    zeros = F.erf32(torch.tensor([0.0, -0.0]))
+    assert bits(zeros).tolist() == [0, -2 ** 31]
+    assert F.exp32(torch.tensor([nan])).isnan().all() and F.erf32(torch.tensor([nan])).isnan().all()
+    x = values().abs()
+    assert torch.equal(bits(F.erf32(-x)), bits(-F.erf32(x)))  # odd, bit for bit
+
+
+def test_other_dtypes_keep_torchs_functions():
+    x = torch.linspace(-5, 5, 1001, dtype=torch.float64)
+    assert torch.equal(F.erf(x), torch.special.erf(x)) and torch.equal(F.exp(x), torch.exp(x))
+    assert torch.equal(F.sqrt(x.abs()), x.abs().sqrt())
+    assert not F.ours(x) and F.ours(x.float())
+
+
+@needs_numba
+@pytest.mark.parametrize("which,name", [(0, "sqrt"), (1, "exp"), (2, "erf")])
+def test_numba_functions_give_the_same_bits(which, name):
+    from qstate_cli.kernels.cpu.fp32_math_kernel import apply
+    x = values()
+    if name == "sqrt":
+        x = x.abs()
+    want = {"sqrt": F.sqrt, "exp": F.exp32, "erf": F.erf32}[name](x)
+    out = np.empty(x.numel(), np.float32)
+    apply(which, x.numpy(), out)
+    got = torch.from_numpy(out)
+    bad = torch.nonzero(bits(got) != bits(want)).flatten()
+    assert bad.numel() == 0, f"{name} differs at {x[bad[:5]].tolist()}: {got[bad[:5]]} vs {want[bad[:5]]}"
