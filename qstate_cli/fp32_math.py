@@ -50,7 +50,7 @@ def poly(coeffs: tuple, t: torch.Tensor) -> torch.Tensor:
     """sum_k coeffs[k] t^k by Horner's rule, highest first: p = p t + c_k (two roundings each)."""
     p = torch.full_like(t, coeffs[-1])
     for c in coeffs[-2::-1]:
-        p = p * t + c
+        p.mul_(t).add_(c)  # in place: the same ops, no new tensor per op
     return p
 
 
@@ -63,10 +63,10 @@ def exp32(x: torch.Tensor) -> torch.Tensor:
     """e^x (module docstring)."""
     ok = (x >= EXP_LO) & (x <= EXP_HI)
     xs = torch.where(ok, x, 0.0)
-    k = torch.floor(xs * LOG2E + 0.5)
-    r = (xs - k * LN2_HI) - k * LN2_LO
-    k1 = torch.floor(k * 0.5)
-    core = (poly(EXP_TAYLOR, r) * pow2(k1)) * pow2(k - k1)
+    k = (xs * LOG2E).add_(0.5).floor_()
+    r = (xs - k * LN2_HI).sub_(k * LN2_LO)
+    k1 = (k * 0.5).floor_()
+    core = poly(EXP_TAYLOR, r).mul_(pow2(k1)).mul_(pow2(k.sub_(k1)))
     return torch.where(x > EXP_HI, float("inf"), torch.where(ok, core, torch.where(x < EXP_LO, 0.0, x)))
 
 
@@ -74,9 +74,9 @@ def erf32(x: torch.Tensor) -> torch.Tensor:
     """erf(x) (module docstring)."""
     a = x.abs()
     u = x * x
-    small = x * poly(ERF_SMALL, u)
-    t = torch.ones_like(a) / a.clamp(min=1.0)
-    tail = torch.where(a >= ERF_ONE, 1.0, 1.0 - (exp32(-u) * t) * poly(ERF_TAIL, t))
+    small = poly(ERF_SMALL, u).mul_(x)
+    t = torch.ones_like(a).div_(a.clamp(min=1.0))
+    tail = torch.where(a >= ERF_ONE, 1.0, exp32(-u).mul_(t).mul_(poly(ERF_TAIL, t)).neg_().add_(1.0))
     return torch.where(a >= 1.0, torch.where(x < 0.0, -tail, tail), small)
 
 
