@@ -44,8 +44,8 @@ def fused_step_for(c, rule, layout):
 def torch_aside(configs, device):
     """kernels/cpu/host.torch_aside(torch's thread count) where torch runs more than one
     intra-op thread on CPU and every configuration steps wholly on the fused path (c.fused),
-    so torch's own few ops there (the gradients' cast, the Gaussian model's sqrt, erf and exp)
-    run on one thread and do not spin on the cores the kernels use next; else a no-op. Not
+    so torch's own few ops there (the gradients' cast) run on one thread and do not spin on
+    the cores the kernels use next; else a no-op. Not
     where torch's sum order at that count was not found (the records follow it)."""
     n = torch.get_num_threads()
     if device.type != "cpu" or n < 2 or not configs or any(c.fused is None for c in configs):

@@ -284,7 +284,7 @@ class ModelStats:
 
     fused: the state is stored through the fused CPU codec (kernels/cpu/replay.py), so the
     empirical P(stall), the nominal mask and s's cell run in one numba pass
-    (kernels/cpu/replay_model.py) and the Gaussian formulas in a few more around torch's own
+    (kernels/cpu/replay_model.py) and the Gaussian formulas in one more, with fp32_math's
     sqrt, erf and exp (kernels/cpu/replay_gauss.py), the same fp32 values as staleness.predict,
     and their float64 sums in numba in torch's order (kernels/cpu/torch_sum.sum64), each
     thread's range of all three in one launch (StalenessModel.sums). Under
