@@ -27,7 +27,7 @@ LAYERS = [
     ("optim",),  # reference rules, optimizers, the one seam to the kernels (optim/fused.py)
     ("kernels",),  # Triton kernels and their launchers
     ("models", "theory", "options", "progress"),
-    ("quant", "runtime", "results", "kinds"),  # the math; where work runs; result files; the kinds table
+    ("quant", "fp32_math", "runtime", "results", "kinds"),  # the math; where work runs; result files; the kinds table
     ("errors", "__init__"),
 ]
 RANK = {unit: len(LAYERS) - i for i, units in enumerate(LAYERS) for unit in units}
