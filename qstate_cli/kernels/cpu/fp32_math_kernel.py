@@ -15,7 +15,7 @@ LOG2E, LN2_HI, LN2_LO, EXP_LO, EXP_HI = f32(F.LOG2E), f32(F.LN2_HI), f32(F.LN2_L
 E0, E1, E2, E3, E4, E5, E6, E7 = (f32(v) for v in F.EXP_TAYLOR)
 S0, S1, S2, S3, S4, S5, S6 = (f32(v) for v in F.ERF_SMALL)
 T0, T1, T2, T3, T4, T5, T6, T7, T8, T9 = (f32(v) for v in F.ERF_TAIL)
-ERF_ONE = f32(F.ERF_ONE)
+ERF_ONE, SIXTEEN = f32(F.ERF_ONE), f32(F.ERF_ONE * F.ERF_ONE)
 BIAS, SHIFT = np.int32(127), np.int32(23)
 
 
@@ -26,17 +26,29 @@ def pow2(k):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
+def reduce(x):
+    """(k, e^r) of x = k ln2 + r (fp32_math._reduce)."""
+    k = np.floor(x * LOG2E + c.HALF)
+    r = (x - k * LN2_HI) - k * LN2_LO
+    return k, ((((((E7 * r + E6) * r + E5) * r + E4) * r + E3) * r + E2) * r + E1) * r + E0
+
+
+@njit(cache=True, inline="always", error_model="numpy")
 def exp32(x):
     """e^x (fp32_math.exp32)."""
     ok = (x >= EXP_LO) & (x <= EXP_HI)
-    xs = x if ok else c.ZERO
-    k = np.floor(xs * LOG2E + c.HALF)
-    r = (xs - k * LN2_HI) - k * LN2_LO
-    p = ((((((E7 * r + E6) * r + E5) * r + E4) * r + E3) * r + E2) * r + E1) * r + E0
+    k, p = reduce(x if ok else c.ZERO)
     k1 = np.floor(k * c.HALF)
     core = (p * pow2(k1)) * pow2(k - k1)
     y = core if ok else (c.ZERO if x < EXP_LO else x)
     return c.INF if x > EXP_HI else y
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def exp_normal(x):
+    """exp32(x) for x in [-87, 88] (fp32_math.exp_normal)."""
+    k, p = reduce(x)
+    return p * pow2(k)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -47,7 +59,8 @@ def erf32(x):
     small = x * ((((((S6 * u + S5) * u + S4) * u + S3) * u + S2) * u + S1) * u + S0)
     t = c.ONE / (c.ONE if a < c.ONE else a)  # the clamp's value wherever the tail is taken
     r = ((((((((T9 * t + T8) * t + T7) * t + T6) * t + T5) * t + T4) * t + T3) * t + T2) * t + T1) * t + T0
-    tail = c.ONE if a >= ERF_ONE else c.ONE - (exp32(-u) * t) * r
+    e = exp_normal(-(u if u < SIXTEEN else SIXTEEN))  # fp32_math.erf32's clamp (NaN: any value, unused)
+    tail = c.ONE if a >= ERF_ONE else c.ONE - (e * t) * r
     return (-tail if x < c.ZERO else tail) if a >= c.ONE else small
 
 
