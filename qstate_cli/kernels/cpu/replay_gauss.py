@@ -55,7 +55,8 @@ def _outputs(n: int) -> Outputs:
 def _kernels():
     if not _KERNELS:
         from . import replay_gauss_kernel as k
-        _KERNELS.update(v_gauss=k.v_gauss, m_sigma=k.m_sigma, m_gauss=k.m_gauss)
+        _KERNELS.update(v_nearest=k.v_nearest, v_stochastic=k.v_stochastic, m_sigma=k.m_sigma,
+                        m_nearest=k.m_nearest, m_stochastic=k.m_stochastic)
     return _KERNELS
 
 
@@ -108,18 +109,19 @@ def gauss_job(sr: bool, gaussian, x: torch.Tensor, down: torch.Tensor, up: torch
 
 def gauss_range(job: Job, i0: int, i1: int) -> None:
     """G[i0:i1] of the job: m's sigma there first where this sigma^2 is new (m_sigma), then
-    the model's pass (v_gauss or m_gauss)."""
+    the model's pass (v_gauss or m_gauss, one kernel per rounding)."""
     if job.zero:
         job.G[i0:i1] = 0.0
         return
     k, cnt, r = _kernels(), i1 - i0, slice(i0, i1)
+    rounding = "stochastic" if job.sr else "nearest"
     if job.kind == "v":
-        k["v_gauss"](0, 1, 0, job.sr, job.x[r], job.down[r], job.up[r], job.nominal[r], job.cst, job.G[r], cnt, cnt)
+        k["v_" + rounding](0, 1, 0, job.x[r], job.down[r], job.up[r], job.nominal[r], job.cst, job.G[r], cnt, cnt)
         return
     if job.sigma:
         k["m_sigma"](0, 1, 0, job.sigma2[r], job.SIG[r], cnt, cnt)
-    k["m_gauss"](0, 1, 0, job.sr, job.x[r], job.down[r], job.up[r], job.sigma2[r], job.SIG[r], job.nominal[r],
-                 job.cst, job.G[r], cnt, cnt)
+    k["m_" + rounding](0, 1, 0, job.x[r], job.down[r], job.up[r], job.sigma2[r], job.SIG[r], job.nominal[r],
+                       job.cst, job.G[r], cnt, cnt)
 
 
 def range_parts(n: int) -> int:

@@ -75,11 +75,13 @@ def chi2_3(x, f1, pi):
     return f1 - sqrt32((c.TWO * x) / pi) * exp32((-x) / c.TWO)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
-def v_gauss(b0, b1, part, sr, s, down, up, nominal, cst, G, B, n):
+@njit(cache=True, inline="always", error_model="numpy")
+def v_gauss(b0, b1, sr, s, down, up, nominal, cst, G, B, n):
     """G = where(nominal, gaussian_v(s, down, up), 0) (c > 0: replay_gauss writes the zeros
     of c <= 0). Nearest: chi2_1(c + w_hi) - chi2_1(c - w_lo); stochastic: the tent's
-    expectation from chi2_1 and chi2_3 at a, b and c (c's once per call)."""
+    expectation from chi2_1 and chi2_3 at a, b and c (c's once per call). sr is a constant
+    of each caller (v_nearest, v_stochastic): a run-time sr left both bodies in the one
+    vector loop, selected per lane (nearest 4.5 instead of 2.5 ns per element on the Zen 4)."""
     kb, cf, big, pi, sq2, sq2pi = columns(cst)  # once: no refcounts in the loop
     cc = clamp0(cf)
     f1c = chi2_1(cc)
@@ -98,6 +100,18 @@ def v_gauss(b0, b1, part, sr, s, down, up, nominal, cst, G, B, n):
             p = p if ok else c.ZERO
         G[i] = p if nominal[i] else c.ZERO
     return 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def v_nearest(b0, b1, part, s, down, up, nominal, cst, G, B, n):
+    """v_gauss under nearest rounding."""
+    return v_gauss(b0, b1, False, s, down, up, nominal, cst, G, B, n)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def v_stochastic(b0, b1, part, s, down, up, nominal, cst, G, B, n):
+    """v_gauss under stochastic rounding."""
+    return v_gauss(b0, b1, True, s, down, up, nominal, cst, G, B, n)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -139,11 +153,12 @@ def m_tent(mi, sigma, lo, hi, cz, ca, cb, dz, da, db):
     return left + right
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
-def m_gauss(b0, b1, part, sr, m, down, up, sigma2, SIG, nominal, cst, G, B, n):
+@njit(cache=True, inline="always", error_model="numpy")
+def m_gauss(b0, b1, sr, m, down, up, sigma2, SIG, nominal, cst, G, B, n):
     """G = where(nominal, gaussian_m(m, sigma2, down, up), 0), SIG holding sigma (m_sigma).
     Nearest: Phi(b) - Phi(a), a = (m - lo) / sigma, b = (m + hi) / sigma; stochastic: the
-    tent's expectation from Phi and phi at a, b and z = m / sigma."""
+    tent's expectation from Phi and phi at a, b and z = m / sigma. sr: a constant of each
+    caller (m_nearest, m_stochastic; v_gauss says why)."""
     kb, cf, big, pi, sq2, sq2pi = columns(cst)  # once: no refcounts in the loop
     for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
         ok = sigma2[i] > c.ZERO
@@ -162,3 +177,15 @@ def m_gauss(b0, b1, part, sr, m, down, up, sigma2, SIG, nominal, cst, G, B, n):
             p = p if ok else c.ZERO
         G[i] = p if nominal[i] else c.ZERO
     return 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def m_nearest(b0, b1, part, m, down, up, sigma2, SIG, nominal, cst, G, B, n):
+    """m_gauss under nearest rounding."""
+    return m_gauss(b0, b1, False, m, down, up, sigma2, SIG, nominal, cst, G, B, n)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def m_stochastic(b0, b1, part, m, down, up, sigma2, SIG, nominal, cst, G, B, n):
+    """m_gauss under stochastic rounding."""
+    return m_gauss(b0, b1, True, m, down, up, sigma2, SIG, nominal, cst, G, B, n)
