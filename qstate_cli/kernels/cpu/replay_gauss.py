@@ -6,7 +6,7 @@ a state's cell, masked to the nominal updates as stats.ModelStats sums them,
 in one numba pass over memory (replay_gauss_kernel.v_gauss, m_gauss) instead of ~60-150 torch
 ops, each its own pass. The sqrt, erf and exp are fp32_math's, which staleness.py takes on
 CPU: IEEE basic operations only, so numba gives torch's bits (fp32_math_kernel.py).
-Until stop 57 the model took torch's own (MKL's) sqrt, erf and exp, in passes around
+Until 2026-12-05 the model took torch's own (MKL's) sqrt, erf and exp, in passes around
 torch's calls on scratch rows, with their slow arguments (sqrt(+0), exp's underflow)
 worked around; on AMD those run MKL's generic code (docs/diagnose.md, "Replay throughput").
 
