@@ -180,7 +180,7 @@ def gaussian_v(sr: bool, beta: float, c: float, s: torch.Tensor, down: torch.Ten
     big = 1e30
     w_lo, w_hi = w_lo.clamp(max=big), w_hi.clamp(max=big)
     a, b = (c - w_lo).clamp(min=0.0), c + w_hi
-    cc = torch.full_like(s, c)
+    cc = torch.full((1,), c, dtype=s.dtype, device=s.device)  # c's CDFs once, broadcast: the same values
     f1c, f1a, f1b = _chi2_1(cc), _chi2_1(a), _chi2_1(b)  # each CDF once (elementwise: the same values)
     f3c, f3a, f3b = _chi2_3(cc, f1c), _chi2_3(a, f1a), _chi2_3(b, f1b)
     p = ((1 - c / w_lo) * (f1c - f1a) + (f3c - f3a) / w_lo
