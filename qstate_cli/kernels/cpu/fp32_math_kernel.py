@@ -8,7 +8,7 @@ from numba import njit
 
 from ... import fp32_math as F
 from . import codec as c  # sets numba's cache folder before anything here compiles
-from .native import f32_from_bits
+from .native import pow2_normal
 
 f32 = np.float32
 LOG2E, LN2_HI, LN2_LO, EXP_LO, EXP_HI = f32(F.LOG2E), f32(F.LN2_HI), f32(F.LN2_LO), f32(F.EXP_LO), f32(F.EXP_HI)
@@ -16,13 +16,12 @@ E0, E1, E2, E3, E4, E5, E6, E7 = (f32(v) for v in F.EXP_TAYLOR)
 S0, S1, S2, S3, S4, S5, S6 = (f32(v) for v in F.ERF_SMALL)
 T0, T1, T2, T3, T4, T5, T6, T7, T8, T9 = (f32(v) for v in F.ERF_TAIL)
 ERF_ONE, SIXTEEN = f32(F.ERF_ONE), f32(F.ERF_ONE * F.ERF_ONE)
-BIAS, SHIFT = np.int32(127), np.int32(23)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
 def pow2(k):
     """2^k for a whole fp32 k in [-126, 127] (fp32_math.pow2)."""
-    return f32_from_bits(np.uint32((np.int32(k) + BIAS) << SHIFT))
+    return pow2_normal(np.int32(k))
 
 
 @njit(cache=True, inline="always", error_model="numpy")

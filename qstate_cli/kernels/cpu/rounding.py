@@ -34,7 +34,7 @@ from numba.core.errors import TypingError
 from numba.extending import overload
 
 from . import layout as c
-from .native import bits_of_f32, f32_from_bits
+from .native import bits_of_f32, f32_from_bits, pow2_normal
 from .search import SCAN_MAX, floor_code, scan_code
 
 
@@ -138,7 +138,7 @@ def _minifloat(bits: int, signed: int, rounding: int, man: int, emin: int, maxor
 def pow2(e):
     """2**e in fp32 for an integer e in [-149, 127], exactly, built from its bits (below
     2**-126 a subnormal: the one bit e + 149). No pow call, so a loop over a runtime e packs."""
-    normal = f32_from_bits(np.uint32(np.int32(max(e, -126) + 127) << np.int32(23)))
+    normal = pow2_normal(max(e, -126))
     sub = f32_from_bits(np.uint32(1) << np.uint32(min(max(e + 149, 0), 31)))
     return normal if e >= -126 else sub
 
