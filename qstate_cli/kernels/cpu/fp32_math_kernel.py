@@ -8,7 +8,7 @@ from numba import njit
 
 from ... import fp32_math as F
 from . import codec as c  # sets numba's cache folder before anything here compiles
-from .native import pow2_normal
+from .rounding import pow2_normal
 
 f32 = np.float32
 LOG2E, LN2_HI, LN2_LO, EXP_LO, EXP_HI = f32(F.LOG2E), f32(F.LN2_HI), f32(F.LN2_LO), f32(F.EXP_LO), f32(F.EXP_HI)

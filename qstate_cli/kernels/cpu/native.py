@@ -1,4 +1,4 @@
-"""numba intrinsics of the CPU path: fp32 bit casts (and 2**e from its bits), two fp32 entries in one load, arrays
+"""numba intrinsics of the CPU path: fp32 bit casts, two fp32 entries in one load, arrays
 without reference counts, and the vector width it compiles for (wide_features).
 
 numba keeps a reference count on every array and increfs / decrefs it (an atomic op, through
@@ -9,9 +9,8 @@ their arguments and on `scratch_*` rows on the stack, neither of which holds a c
 """
 from __future__ import annotations
 
-import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core.codegen import get_host_cpu_features
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -33,12 +32,6 @@ def bits_of_f32(typingctx, x):
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.IntType(32))
     return types.uint32(types.float32), codegen
-
-
-@njit(inline="always", error_model="numpy")  # no cache of its own: codec sets numba's folder after importing this
-def pow2_normal(e):
-    """2**e in fp32 for an integer e in [-126, 127], from its exponent bits (no pow call)."""
-    return f32_from_bits(np.uint32(np.int32(e + 127) << np.int32(23)))
 
 
 @intrinsic

@@ -34,7 +34,7 @@ from numba.core.errors import TypingError
 from numba.extending import overload
 
 from . import layout as c
-from .native import bits_of_f32, f32_from_bits, pow2_normal
+from .native import bits_of_f32, f32_from_bits
 from .search import SCAN_MAX, floor_code, scan_code
 
 
@@ -132,6 +132,12 @@ def _minifloat(bits: int, signed: int, rounding: int, man: int, emin: int, maxor
             k, frac = float_floor_frac(abs(n), man, emin)
             return float_code(n, k + np.int32(dither >= c.ONE - frac), bits, signed, maxord)
     return impl
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def pow2_normal(e):
+    """2**e in fp32 for an integer e in [-126, 127], from its exponent bits (no pow call)."""
+    return f32_from_bits(np.uint32(np.int32(e + 127) << np.int32(23)))
 
 
 @njit(cache=True, inline="always", error_model="numpy")
