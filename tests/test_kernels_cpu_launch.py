@@ -152,6 +152,60 @@ def test_a_steady_step_reuses_the_launch_until_something_but_the_gradients_chang
     assert ker.nonfinite_count() == 3 * len(SMALL)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_a_whole_group_steps_from_its_plan_unrouted_until_a_route_could_change(backend, monkeypatch):
+    """optim/fused.step_whole_group: from the second step no parameter of a group the plan
+    holds whole is routed (base._route is not called), and every step equals the reference
+    bit for bit. It declines (False, nothing stepped) where a route could differ: a parameter
+    without a gradient, one made non-contiguous or shrunk at the same address (what the plan's
+    own address check does not see), another backend or min_quant_numel; undone, it steps the
+    group again. On both fused paths (`triton`: Triton's interpreter here)."""
+    from qstate_cli.kernels import unavailable_reason
+    from qstate_cli.optim import fused
+    why = cpu.unavailable_reason("cpu") if backend == "cpu" else unavailable_reason(torch.device("cpu"))
+    if why is not None:
+        pytest.skip(why)
+    ref, ker = make_pair(AdamW, [(64, 48), (300,)], backend=backend, device="cpu", states="sr-4bit",
+                         weight_decay=0.1)
+    routes = []
+    route = type(ker)._route
+    monkeypatch.setattr(ker, "_route", lambda group, p: routes.append(p) or route(ker, group, p))
+    gen = torch.Generator().manual_seed(8)
+
+    def step(t, routed):
+        del routes[:]
+        step_both(ref, ker, gen)
+        assert (len(routes) > 0) == routed, f"step {t}: {len(routes)} routes"
+        assert_same_state(ref, ker, t)
+
+    step(1, routed=True)
+    step(2, routed=False)
+    group, ids = ker.param_groups[0], ker.tensor_ids()
+    w, b = group["params"]
+    wd, bd, wg = w.data, b.data, w.grad
+    changes = {"no gradient": (lambda: setattr(w, "grad", None), lambda: setattr(w, "grad", wg)),
+               "non-contiguous": (lambda: setattr(w, "data", wd.t()), lambda: setattr(w, "data", wd)),
+               "shrunk": (lambda: setattr(b, "data", bd[:150]), lambda: setattr(b, "data", bd)),
+               "backend": (lambda: setattr(ker, "backend", "reference"), lambda: setattr(ker, "backend", backend)),
+               "min_quant_numel": (lambda: group.update(min_quant_numel=1000),
+                                   lambda: group.update(min_quant_numel=0))}
+    before = [t.clone() for t in (wd, bd, *ker.state[w]["m"].values())]
+    for name, (change, undo) in changes.items():
+        change()
+        assert w.data_ptr() == wd.data_ptr() and b.data_ptr() == bd.data_ptr()
+        assert fused.step_whole_group(ker, group, ids) is False, name
+        undo()
+    assert all(torch.equal(a, c) for a, c in zip(before, (wd, bd, *ker.state[w]["m"].values())))
+    assert fused.step_whole_group(ker, group, ids) is True  # everything undone: it steps (the reference too)
+    ref.step()
+    assert_same_state(ref, ker, 3)
+    step(4, routed=False)
+    b.data = bd.clone()  # moved: planned afresh, then steady again
+    ref.param_groups[0]["params"][1].data = ref.param_groups[0]["params"][1].data.clone()
+    step(5, routed=True)
+    step(6, routed=False)
+
+
 @needs_numba
 def test_a_kept_plan_holds_no_gradient_between_steps():
     """The plan keeps its launch's members, not their gradients: a gradient dropped by

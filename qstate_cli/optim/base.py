@@ -266,6 +266,8 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         if not self.steps_shards:
             self._refuse_shards()
         for group in self.param_groups:
+            if fused.step_whole_group(self, group, ids):  # the group's last launch again, nothing to route
+                continue
             fused_params: dict[bool, list] = {}  # on the CPU path? -> parameters
             together = []  # elementwise states: the reference's ops in one pass (optim/small.py)
             for p in group["params"]:
