@@ -154,14 +154,14 @@ def test_a_steady_step_reuses_the_launch_until_something_but_the_gradients_chang
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_a_whole_group_steps_from_its_plan_unrouted_until_a_route_could_change(backend, monkeypatch):
-    """optim/fused.step_whole_group: from the second step no parameter of a group the plan
+    """optim/steady.step_whole_group: from the second step no parameter of a group the plan
     holds whole is routed (base._route is not called), and every step equals the reference
     bit for bit. It declines (False, nothing stepped) where a route could differ: a parameter
     without a gradient, one made non-contiguous or shrunk at the same address (what the plan's
     own address check does not see), another backend or min_quant_numel; undone, it steps the
     group again. On both fused paths (`triton`: Triton's interpreter here)."""
     from qstate_cli.kernels import unavailable_reason
-    from qstate_cli.optim import fused
+    from qstate_cli.optim import steady
     why = cpu.unavailable_reason("cpu") if backend == "cpu" else unavailable_reason(torch.device("cpu"))
     if why is not None:
         pytest.skip(why)
@@ -193,10 +193,10 @@ def test_a_whole_group_steps_from_its_plan_unrouted_until_a_route_could_change(b
     for name, (change, undo) in changes.items():
         change()
         assert w.data_ptr() == wd.data_ptr() and b.data_ptr() == bd.data_ptr()
-        assert fused.step_whole_group(ker, group, ids) is False, name
+        assert steady.step_whole_group(ker, group, ids) is False, name
         undo()
     assert all(torch.equal(a, c) for a, c in zip(before, (wd, bd, *ker.state[w]["m"].values())))
-    assert fused.step_whole_group(ker, group, ids) is True  # everything undone: it steps (the reference too)
+    assert steady.step_whole_group(ker, group, ids) is True  # everything undone: it steps (the reference too)
     ref.step()
     assert_same_state(ref, ker, 3)
     step(4, routed=False)

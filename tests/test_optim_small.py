@@ -150,3 +150,58 @@ def test_what_does_not_step_together():
     for states in ("bf16:bred", "e2m1:nearest", "e4m3:nearest:tensor"):  # a dither per block, two per byte, a scale
         opt = AdamW([p], states=states, min_quant_numel=0)
         assert not small.steps_together(opt, opt.param_groups[0], p), states
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_a_group_steps_again_unrouted_as_the_reference_steps_it(backend, monkeypatch):
+    """optim/steady.py, AdamW bred-4bit with the default min_quant_numel: a group stepped as
+    one fused launch (two tensors over 4096 elements) and one together run (three under it,
+    fp32 states, one of them a bf16 parameter), and a no-decay group of small tensors only,
+    step again from their record from the second step on. No parameter is routed; the counters
+    reset every 3 steps; a NaN and an Inf in every gradient at step 4 are counted; every
+    parameter, state and counter equals the reference's, bit for bit. Routed again: a state
+    marked unwritten by hand (step 6: it reads as zero; step 7 too, its tensor in a run of its
+    own at step 6), a loaded state dict (step 8), a small tensor without a gradient (step 10,
+    and 11: its counters no longer agree with the others')."""
+    from qstate_cli.kernels import cpu, unavailable_reason
+    why = cpu.unavailable_reason("cpu") if backend == "cpu" else unavailable_reason(torch.device("cpu"))
+    if why is not None:
+        pytest.skip(why)
+    shapes = [((64, 80), torch.float32), ((7,), torch.float32), ((4100,), torch.float32), ((33, 3), torch.bfloat16),
+              ((50,), torch.float32)]
+    gen = torch.Generator().manual_seed(4)
+    init = [torch.randn(s, generator=gen).to(d) for s, d in shapes] + [torch.randn(20, generator=gen)]
+
+    def build(backend):
+        ps = [torch.nn.Parameter(t.clone()) for t in init]
+        groups = [dict(params=ps[:5]), dict(params=ps[5:], weight_decay=0.0)]
+        return ps, AdamW(groups, lr=1e-2, weight_decay=0.1, states="bred-4bit", reset=3, backend=backend)
+
+    (ref_ps, ref), (ps, opt) = build("reference"), build(backend)
+    routes = []
+    route = type(opt)._route
+    monkeypatch.setattr(opt, "_route", lambda group, p: routes.append(p) or route(opt, group, p))
+    routed = []
+    for step in range(1, 12):
+        if step == 6:
+            for o, p in ((ref, ref_ps[1]), (opt, ps[1])):
+                o.state[p]["m"]["written"] = torch.zeros((), dtype=torch.int64)
+        if step == 8:
+            opt.load_state_dict(opt.state_dict())
+        gen = torch.Generator().manual_seed(50 + step)
+        for i, (a, b) in enumerate(zip(ref_ps, ps)):
+            g = torch.randn(a.shape, generator=gen)
+            if step == 4:
+                g.view(-1)[0], g.view(-1)[-1] = float("nan"), float("inf")
+            a.grad, b.grad = g.to(a.dtype), g.to(b.dtype)
+            if step >= 10 and i == 1:
+                a.grad = b.grad = None
+        del routes[:]
+        ref.step()
+        opt.step()
+        routed.append(len(routes) > 0)
+        for a, b in zip(ref_ps, ps):
+            assert torch.equal(_bits(a), _bits(b)), f"step {step}, parameter {tuple(a.shape)}"
+            _same_state(ref.state[a], opt.state[b])
+    assert routed == [True] + [False] * 4 + [True, True, True, False, True, True]
+    assert opt.nonfinite_count() == ref.nonfinite_count() == 2 * len(ps)

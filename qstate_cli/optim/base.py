@@ -46,7 +46,7 @@ from ..errors import QstateError
 from ..quant.config import STATE_IDS, StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
-from . import fused, sharded_state, sharding, small
+from . import fused, sharded_state, sharding, small, steady
 from .reset import ResetPolicy
 
 FP32_SPEC = parse_spec("fp32")
@@ -266,7 +266,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         if not self.steps_shards:
             self._refuse_shards()
         for group in self.param_groups:
-            if fused.step_whole_group(self, group, ids):  # the group's last launch again, nothing to route
+            if steady.step_whole_group(self, group, ids):  # as its last step, nothing routed
                 continue
             fused_params: dict[bool, list] = {}  # on the CPU path? -> parameters
             together = []  # elementwise states: the reference's ops in one pass (optim/small.py)
@@ -282,8 +282,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                     self._step_param(group, p, ids[id(p)])
             for on_cpu, params in fused_params.items():
                 fused.step_group(self, group, params, ids, on_cpu=on_cpu)
-            if together:
-                small.step_together(self, group, together, ids)
+            steady.remember(self, group, fused_params, small.step_together(self, group, together, ids))
         return loss
 
     def _refuse_shards(self) -> None:
@@ -385,6 +384,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
             self.state[p] = {k: _to_device(k, v, device) for k, v in value.items()}
         self.__dict__.pop("_kernel_batches", None)  # launch tables hold the old addresses
         self.__dict__.pop("_plans", None)  # fused.SteadyPlan: the old groups and states
+        self.__dict__.pop("_wholes", None)  # steady.WholeGroup: the same
 
 
 HOST_KEYS = ("step", "since_reset", "written")  # step counters live on the host: reading them never syncs

@@ -145,8 +145,7 @@ def step_group(opt, group, params: list, ids: dict, on_cpu: bool = False) -> Non
     plans.pop(id(group), None)
     if len(runs) == 1 and not opt.kernel_needs_out:  # run, batch, states: the one launch's
         plans[id(group)] = SteadyPlan(group, group["states"], on_cpu, run, states, [p.data_ptr() for p in run.params],
-                                      run.members[0].grad.dtype, batch if on_cpu else None,
-                                      (opt.backend, group["min_quant_numel"], [p.numel() for p in run.params]))
+                                      run.members[0].grad.dtype, batch if on_cpu else None)
         _drop_grads(run)
 
 
@@ -182,7 +181,6 @@ class SteadyPlan:
     addresses: list  # each parameter's data_ptr (p.data = ... moves it)
     grad_dtype: torch.dtype
     batch: CpuBatch | None  # the CPU launch's batch, launched again (host.member_table reuses its table)
-    routed: tuple = ()  # (backend, min_quant_numel, each parameter's numel): what its routes read besides
 
 
 def _steady_plan(opt, group, params: list, ids: dict, on_cpu: bool) -> SteadyPlan | None:
@@ -209,26 +207,6 @@ def _steady_plan(opt, group, params: list, ids: dict, on_cpu: bool) -> SteadyPla
             if sn["written"] is not step_t or sn["codes"] is not codes or sn["scales"] is not scales:
                 return None
     return plan
-
-
-def step_whole_group(opt, group, ids: dict) -> bool:
-    """Step the group from its SteadyPlan without routing each parameter (base.step), when the
-    plan holds every parameter of the group, in order, each with a gradient, and nothing its
-    routes read has changed: the plan's checks (_steady_plan), each parameter still contiguous
-    and of its size, the same backend and min_quant_numel (the group's `states` is the plan's
-    already). True if it stepped the group; False leaves everything as it was. Routing each
-    parameter cost ~0.85 us per tensor of a step (docs/cpu.md, "The steady step")."""
-    plan = opt.__dict__.get("_plans", {}).get(id(group))
-    if plan is None or not plan.routed or plan.routed[0] != opt.backend or plan.routed[1] != group["min_quant_numel"]:
-        return False
-    params = group["params"]
-    if len(params) != len(plan.addresses) or any(
-            p.grad is None or not p.is_contiguous() or p.numel() != n for p, n in zip(params, plan.routed[2])):
-        return False
-    if _steady_plan(opt, group, params, ids, plan.on_cpu) is not plan:
-        return False
-    _step_steady(opt, group, plan, plan.on_cpu)
-    return True
 
 
 def _step_steady(opt, group, plan: SteadyPlan, on_cpu: bool) -> None:

@@ -35,6 +35,8 @@ state's encode and decode one pass each.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from torch._utils import _flatten_dense_tensors as flatten, _unflatten_dense_tensors as unflatten
 
@@ -81,17 +83,66 @@ def elementwise(spec) -> bool:
     return spec.rounding in ("nearest", "stochastic") and not spec.has_scales and spec.fmt.bits >= 8
 
 
-def step_together(opt, group, params: list, ids: dict) -> None:
-    """Step `params` (each passed steps_together) of one param group, one pass per shared run."""
+def step_together(opt, group, params: list, ids: dict) -> list:
+    """Step `params` (each passed steps_together) of one param group, one pass per shared run;
+    returns each run as it left it (TogetherRun)."""
     names = opt.state_names
     runs: dict[tuple, list] = {}
     for p in params:
         step, since, written = opt.step_counters(group, p, ids[id(p)])
         specs = tuple(opt.spec_for(group, p, n) for n in names)
         runs.setdefault((step, since, written, specs), []).append(p)
+    done = []
     for (step, since, written, specs), run in runs.items():
-        _step_run(opt, group, run, [ids[id(p)] for p in run], step, since, dict(zip(names, written)),
-                  dict(zip(names, specs)))
+        tensor_ids, specs = [ids[id(p)] for p in run], dict(zip(names, specs))
+        _step_run(opt, group, run, tensor_ids, step, since, dict(zip(names, written)), specs)
+        done.append(TogetherRun(run, tensor_ids, specs, step, since).left(opt))
+    return done
+
+
+@dataclass
+class TogetherRun:
+    """One run of step_together as its step left it, which optim/steady.py steps again while
+    nothing but the gradients changes: its parameters and their tensor ids, state specs,
+    counters (step, since: this step's; step_t, since_t: the shared tensors _count stored) and
+    state dicts. _step_run reads the codes from the state dicts at each step."""
+
+    params: list
+    tensor_ids: list
+    specs: dict  # state name -> spec
+    step: int
+    since: int
+    states: list = field(default_factory=list)
+    step_t: torch.Tensor | None = None
+    since_t: torch.Tensor | None = None
+
+    def left(self, opt) -> "TogetherRun":
+        self.states = [opt.state[p] for p in self.params]
+        self.step_t, self.since_t = self.states[0]["step"], self.states[0]["since_reset"]
+        return self
+
+    def holds(self, opt, params: list, ids: dict) -> bool:
+        """Whether params are this run's, with the tensor ids, state dicts and counters it left
+        (the very objects: a state dict loaded or set by hand, or a counter written, replaces one)."""
+        if len(params) != len(self.params):
+            return False
+        state, step_t, since_t = opt.state, self.step_t, self.since_t
+        for p, q, tid, st in zip(params, self.params, self.tensor_ids, self.states):
+            if p is not q or state.get(p) is not st or st["step"] is not step_t or st["since_reset"] is not since_t \
+                    or ids[id(p)] != tid or any(st[n]["written"] is not step_t for n in self.specs):
+                return False
+        return True
+
+    def step_again(self, opt, group) -> None:
+        """The run's next step, its counters advanced as opt.step_counters advances each
+        parameter's (one reset decision: every parameter of the run has the same counters)."""
+        step = self.step + 1
+        reset = opt.reset_policy.should_reset(step, self.since)
+        self.since = 1 if reset else self.since + 1
+        written = {n: 0 if reset else self.step for n in self.specs}
+        self.step = step
+        _step_run(opt, group, self.params, self.tensor_ids, step, self.since, written, self.specs)
+        self.left(opt)
 
 
 class Streams:
