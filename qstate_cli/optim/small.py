@@ -168,12 +168,12 @@ class Streams:
 def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict,
               specs: dict) -> None:
     sizes = [p.numel() for p in params]
+    if _pass_takes(opt, list(specs.values())):
+        _step_pass(opt, group, params, tensor_ids, step, since, written, specs)  # counts its non-finite g
+        return
     # one flat copy of each list (torch's bucket flattening, as DDP uses): mixed dtypes are promoted
     # to one that holds them all exactly, so .to(fp32) rounds once, as the reference's p.to(fp32) does
     g = flatten([p.grad for p in params]).to(torch.float32)
-    if _pass_takes(opt, list(specs.values())):
-        _step_pass(opt, group, params, tensor_ids, step, since, written, specs, g)  # counts its non-finite g
-        return
     # a 16-bit minifloat's encode and decode by the CPU path's kernels where numba runs (the same bits)
     fast = {name: cpu_elementwise(spec) for name, spec in specs.items()}
     finite = torch.isfinite(g)
@@ -206,21 +206,33 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
     _count(opt, params, counts, step, since, list(new))
 
 
-def _step_pass(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict, specs: dict,
-               g: torch.Tensor) -> None:
+def _step_pass(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict,
+               specs: dict) -> None:
     """_step_run for states the CPU path's one pass takes (kernels/cpu/elementwise.py: AdamW /
     Adam's m and v, Lion's, SGD's or Muon's m, each a 16-bit minifloat or fp32): the
     non-finite count, decode, rule and encode in one numba pass over the flat parameters,
     gradients (read only: one fp32 gradient may be a view of it) and codes, the same bits;
-    Muon's Newton-Schulz and parameter update then in torch (Muon.apply_flat)."""
+    Muon's Newton-Schulz and parameter update then in torch (Muon.apply_flat). AdamW / Adam
+    with every parameter and gradient fp32 and contiguous steps them and their states where
+    they are (no flat copies in or out: tiny-lm's step 671 -> ~500 us, docs/cpu.md)."""
+    fresh = {name: w == 0 for name, w in written.items()}
+    sizes = [p.numel() for p in params]
+    if opt.one_pass_rule() == "adamw" and all(_in_place(p, [opt.state[p][n]["codes"] for n in specs]) for p in params):
+        scalars, l2 = opt.kernel_scalars(group, since, "cpu")
+        beta1, beta2 = group["betas"]
+        codes = {name: [opt.state[p][name]["codes"] for p in params] for name in specs}
+        counts = _elementwise().adamw_step(params, [p.grad for p in params], codes, specs, fresh, scalars, beta1,
+                                           beta2, group["eps"], l2, step, group["seed"], tensor_ids, sizes,
+                                           (STATE_IDS["m"], STATE_IDS["v"]))
+        _count(opt, params, counts, step, since, list(specs))
+        return
+    g = flatten([p.grad for p in params]).to(torch.float32)
     # (one contiguous fp32 tensor: flatten gives back a view of it, stepped in place; the copies
     # back below are then copies onto themselves)
     p32 = flatten(params).to(torch.float32)
-    fresh = {name: w == 0 for name, w in written.items()}
     codes = {name: torch.empty(g.numel(), dtype=torch.float32 if specs[name].fmt.kind == "identity" else torch.int16)
              if fresh[name]
              else flatten([opt.state[p][name]["codes"] for p in params]) for name in specs}
-    sizes = [p.numel() for p in params]
     rule, ew = opt.one_pass_rule(), _elementwise()
     if rule == "adamw":
         scalars, l2 = opt.kernel_scalars(group, since, "cpu")
@@ -238,6 +250,14 @@ def _step_pass(opt, group, params: list, tensor_ids: list, step: int, since: int
         torch._foreach_copy_([opt.state[p][name]["codes"] for p in params], codes[name].split(sizes))
     torch._foreach_copy_(params, unflatten(p32, params))
     _count(opt, params, counts, step, since, list(specs))
+
+
+def _in_place(p: torch.Tensor, codes: list) -> bool:
+    """Whether the pass can step p, its gradient and its states' codes where they are: p and its
+    gradient fp32, all of them contiguous."""
+    g = p.grad
+    return p.dtype == g.dtype == torch.float32 and p.is_contiguous() and g.is_contiguous() \
+        and all(c.is_contiguous() for c in codes)
 
 
 def _count(opt, params: list, counts: list, step: int, since: int, names: list) -> None:

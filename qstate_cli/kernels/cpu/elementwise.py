@@ -112,20 +112,39 @@ def _codes(t: torch.Tensor) -> np.ndarray:
     return t.numpy().view(np.uint16) if t.dtype == torch.int16 else t.numpy()
 
 
-def adamw_step(p32: torch.Tensor, g: torch.Tensor, codes: dict, specs: dict, fresh: dict, scalars: torch.Tensor,
+def adamw_step(p32, g, codes: dict, specs: dict, fresh: dict, scalars: torch.Tensor,
                beta1: float, beta2: float, eps: float, l2_wd: float, step: int, seed: int, tensor_ids: list,
                sizes: list, state_ids: tuple) -> list:
     """One AdamW / Adam step of tensors laid end to end whose m and v it takes (pass_covers):
-    p32 (fp32, flat) and codes["m"], codes["v"] (flat: int16 bits of a 16-bit minifloat, or
-    fp32; read unless fresh) updated in place by one kernel pass (elementwise_kernel.adamw_kernel),
-    what decode, optimizers.AdamW.update and encode give them, with kernels/cpu/adamw.py's
-    arguments (scalars: rules.packed_scalars; l2_wd: Adam's coupled decay, else 0). g: fp32,
-    flat, read only; its non-finite elements step as 0. Returns each tensor's count of them."""
+    p32 (fp32) and codes["m"], codes["v"] (int16 bits of a 16-bit minifloat, or fp32; read
+    unless fresh) updated in place by one kernel pass (elementwise_kernel.adamw_kernel), what
+    decode, optimizers.AdamW.update and encode give them, with kernels/cpu/adamw.py's arguments
+    (scalars: rules.packed_scalars; l2_wd: Adam's coupled decay, else 0). g: fp32, read only;
+    its non-finite elements step as 0. Each of p32, g, codes["m"] and codes["v"] is one flat
+    contiguous tensor of all the elements, or a list of each tensor's own (contiguous, of its
+    size in `sizes`): the parameters, gradients and states stepped where they are, with no
+    copy in or out. Returns each tensor's count of non-finite gradient elements."""
     kernel = _kernels()["adamw"](_pass_lay(specs["m"]), _pass_lay(specs["v"]))
     keys = _keys([specs["m"], specs["v"]], seed, tensor_ids, state_ids, step)
-    return _run_pass(kernel, sizes, (p32.numpy(), g.numpy(), _codes(codes["m"]), _codes(codes["v"])), keys,
+    columns = (p32, g, codes["m"], codes["v"])
+    likes = [_codes(t if isinstance(t, torch.Tensor) else t[0])[:0] for t in columns[2:]]
+    return _run_pass(kernel, sizes, (addresses(columns, sizes), *likes), keys,
                      (scalars.detach().cpu().numpy(), float(beta1), 1.0 - float(beta1), float(beta2),
                       1.0 - float(beta2), float(eps), float(l2_wd), bool(fresh["m"]), bool(fresh["v"])))
+
+
+def addresses(columns: tuple, sizes: list) -> np.ndarray:
+    """int64 [tensors, columns]: where each tensor's elements start in each column (a flat
+    tensor of all of them: its start plus the tensor's offset; a list: that tensor's own),
+    for elementwise_kernel.tensor_views."""
+    at = np.empty((len(sizes), len(columns)), np.int64)
+    offsets = _starts(sizes)[:len(sizes)]
+    for k, col in enumerate(columns):
+        if isinstance(col, torch.Tensor):
+            at[:, k] = col.data_ptr() + offsets * col.element_size()
+        else:
+            at[:, k] = [t.data_ptr() for t in col]
+    return at
 
 
 def _run_pass(kernel, sizes: list, arrays: tuple, keys: np.ndarray, rest: tuple) -> list:

@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
+from . import native as nv
 from .adamw import _update
 from .lion import lion_rows
 from .muon import muon_rows
@@ -112,6 +113,23 @@ def decode16(b0, b1, part, codes, out, lay, numel):
     return 0
 
 
+F32 = np.empty(0, np.float32)  # the parameters' and gradients' arrays (tensor_views)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def tensor_views(at, t, starts, like_m, like_v):
+    """Tensor t's p, g (fp32), m and v codes (arrays like like_m, like_v) as views in which
+    element i of the concatenation (starts[t] <= i < starts[t + 1]) is element i - starts[t]
+    of the tensor: each base address at[t, k] moved back by starts[t] elements, so the pass
+    indexes the concatenation whether the tensors lie end to end (flat arrays: at[t, k] is
+    the array's start plus the tensor's offset) or each in its own memory."""
+    n, s = starts[t + 1], np.uint64(starts[t])
+    return (nv.view_like(F32, np.uint64(at[t, 0]) - s * np.uint64(4), n),
+            nv.view_like(F32, np.uint64(at[t, 1]) - s * np.uint64(4), n),
+            nv.view_like(like_m, np.uint64(at[t, 2]) - s * np.uint64(like_m.itemsize), n),
+            nv.view_like(like_v, np.uint64(at[t, 3]) - s * np.uint64(like_v.itemsize), n))
+
+
 @lru_cache(maxsize=None)
 def adamw_kernel(mlay: tuple, vlay: tuple):
     """The AdamW / Adam step of flat fp32 parameters whose m and v are unscaled 16-bit
@@ -123,13 +141,15 @@ def adamw_kernel(mlay: tuple, vlay: tuple):
     m32, v32 = mlay[c.BITS] == 32, vlay[c.BITS] == 32  # fp32 states: read and stored as they are
 
     @njit(nogil=True, cache=True, error_model="numpy")
-    def _adamw_pass(b0, b1_, part, p, g, mc, vc, runs, starts, keys, bad, scal, beta1, omb1, beta2, omb2, eps,
+    def _adamw_pass(b0, b1_, part, at, like_m, like_v, runs, starts, keys, bad, scal, beta1, omb1, beta2, omb2, eps,
                     l2_wd, fresh_m, fresh_v):
         """Runs b0 .. b1_ - 1 (runs[r] = (first element, tensor): RUN elements or the rest of
-        its tensor). p, g: fp32, flat (p updated in place; a non-finite g counts in
-        bad[part, tensor] and steps as 0, adamw._update); mc, vc: uint16 codes, read unless
-        fresh, then written (an fp32 state's: fp32 values as they are); keys: uint32
-        [tensors + 1, 4], each tensor's (k1, k2) of m, of v."""
+        its tensor) of the tensors whose p, g, m codes and v codes start at at[t] (tensor_views:
+        each tensor's own memory, or flat arrays' at the tensor's offset). p, g: fp32 (p
+        updated in place; a non-finite g counts in bad[part, tensor] and steps as 0,
+        adamw._update); m and v codes (arrays like like_m, like_v): uint16, read unless fresh,
+        then written (an fp32 state's: fp32 values as they are); keys: uint32 [tensors + 1, 4],
+        each tensor's (k1, k2) of m, of v."""
         b1, ob1, b2, ob2 = np.float32(beta1), np.float32(omb1), np.float32(beta2), np.float32(omb2)
         eps32, l2 = np.float32(eps), np.float32(l2_wd)
         decay, step_size, ibc2 = scal[1], scal[2], scal[3]
@@ -142,6 +162,7 @@ def adamw_kernel(mlay: tuple, vlay: tuple):
             start, t = runs[b, 0], runs[b, 1]
             cnt = min(RUN, starts[t + 1] - start)
             i0 = np.uint64(start)
+            p, g, mc, vc = tensor_views(at, t, starts, like_m, like_v)
             read_back(mc, i0, cnt, fresh_m, m32, mlay, mrow)
             read_back(vc, i0, cnt, fresh_v, v32, vlay, vrow)
             if has_l2:
