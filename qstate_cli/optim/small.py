@@ -212,18 +212,16 @@ def _step_pass(opt, group, params: list, tensor_ids: list, step: int, since: int
     Adam's m and v, Lion's, SGD's or Muon's m, each a 16-bit minifloat or fp32): the
     non-finite count, decode, rule and encode in one numba pass over the flat parameters,
     gradients (read only: one fp32 gradient may be a view of it) and codes, the same bits;
-    Muon's Newton-Schulz and parameter update then in torch (Muon.apply_flat). AdamW / Adam
-    with every parameter and gradient fp32 and contiguous steps them and their states where
-    they are (no flat copies in or out: tiny-lm's step 671 -> ~500 us, docs/cpu.md)."""
+    Muon's Newton-Schulz and parameter update then in torch (Muon.apply_flat). AdamW / Adam,
+    Lion and SGD with every parameter and gradient fp32 and contiguous step them and their
+    states where they are (no flat copies in or out: tiny-lm's step 671 -> ~500 us, docs/cpu.md)."""
     fresh = {name: w == 0 for name, w in written.items()}
     sizes = [p.numel() for p in params]
-    if opt.one_pass_rule() == "adamw" and all(_in_place(p, [opt.state[p][n]["codes"] for n in specs]) for p in params):
-        scalars, l2 = opt.kernel_scalars(group, since, "cpu")
-        beta1, beta2 = group["betas"]
+    rule = opt.one_pass_rule()
+    if rule != "muon" and all(_in_place(p, [opt.state[p][n]["codes"] for n in specs]) for p in params):
         codes = {name: [opt.state[p][name]["codes"] for p in params] for name in specs}
-        counts = _elementwise().adamw_step(params, [p.grad for p in params], codes, specs, fresh, scalars, beta1,
-                                           beta2, group["eps"], l2, step, group["seed"], tensor_ids, sizes,
-                                           (STATE_IDS["m"], STATE_IDS["v"]))
+        counts = _pass(opt, group, rule, params, [p.grad for p in params], codes, specs, fresh, since, step,
+                       tensor_ids, sizes)
         _count(opt, params, counts, step, since, list(specs))
         return
     g = flatten([p.grad for p in params]).to(torch.float32)
@@ -233,23 +231,29 @@ def _step_pass(opt, group, params: list, tensor_ids: list, step: int, since: int
     codes = {name: torch.empty(g.numel(), dtype=torch.float32 if specs[name].fmt.kind == "identity" else torch.int16)
              if fresh[name]
              else flatten([opt.state[p][name]["codes"] for p in params]) for name in specs}
-    rule, ew = opt.one_pass_rule(), _elementwise()
-    if rule == "adamw":
-        scalars, l2 = opt.kernel_scalars(group, since, "cpu")
-        beta1, beta2 = group["betas"]
-        counts = ew.adamw_step(p32, g, codes, specs, fresh, scalars, beta1, beta2, group["eps"], l2, step,
-                               group["seed"], tensor_ids, sizes, (STATE_IDS["m"], STATE_IDS["v"]))
-    else:
-        out = torch.empty_like(g) if rule == "muon" else None  # the momentum update, for Newton-Schulz
-        counts = ew.momentum_step(rule, p32, g, codes["m"], specs["m"], fresh["m"], step=step, seed=group["seed"],
-                                  tensor_ids=tensor_ids, sizes=sizes, state_id=STATE_IDS["m"], out=out,
-                                  **opt.pass_arguments(group, since))
-        if out is not None:
-            p32 = opt.apply_flat(group, [p.shape for p in params], p32, out)
+    out = torch.empty_like(g) if rule == "muon" else None  # the momentum update, for Newton-Schulz
+    counts = _pass(opt, group, rule, p32, g, codes, specs, fresh, since, step, tensor_ids, sizes, out)
+    if out is not None:
+        p32 = opt.apply_flat(group, [p.shape for p in params], p32, out)
     for name in specs:
         torch._foreach_copy_([opt.state[p][name]["codes"] for p in params], codes[name].split(sizes))
     torch._foreach_copy_(params, unflatten(p32, params))
     _count(opt, params, counts, step, since, list(specs))
+
+
+def _pass(opt, group, rule: str, p, g, codes: dict, specs: dict, fresh: dict, since: int, step: int,
+          tensor_ids: list, sizes: list, out: torch.Tensor | None = None) -> list:
+    """The one pass of `rule` (elementwise.adamw_step or momentum_step) over p, g and the states'
+    codes (each flat, or a list of each tensor's own); returns each tensor's non-finite count."""
+    ew = _elementwise()
+    if rule == "adamw":
+        scalars, l2 = opt.kernel_scalars(group, since, "cpu")
+        beta1, beta2 = group["betas"]
+        return ew.adamw_step(p, g, codes, specs, fresh, scalars, beta1, beta2, group["eps"], l2, step,
+                             group["seed"], tensor_ids, sizes, (STATE_IDS["m"], STATE_IDS["v"]))
+    return ew.momentum_step(rule, p, g, codes["m"], specs["m"], fresh["m"], step=step, seed=group["seed"],
+                            tensor_ids=tensor_ids, sizes=sizes, state_id=STATE_IDS["m"], out=out,
+                            **opt.pass_arguments(group, since))
 
 
 def _in_place(p: torch.Tensor, codes: list) -> bool:

@@ -172,7 +172,7 @@ def _runs(sizes: list, starts: np.ndarray, run: int) -> np.ndarray:
 RULES = {"lion": 0, "sgd": 1, "muon": 2}  # elementwise_kernel.LION, SGD, MUON
 
 
-def momentum_step(rule: str, p32: torch.Tensor, g: torch.Tensor, codes: torch.Tensor, spec, fresh: bool,
+def momentum_step(rule: str, p32, g, codes, spec, fresh: bool,
                   scalars: torch.Tensor, hyper: tuple, nesterov: bool, use_wd: bool, step: int, seed: int,
                   tensor_ids: list, sizes: list, state_id: int, out: torch.Tensor | None = None) -> list:
     """One Lion, SGD or Muon (`rule`) step of tensors laid end to end whose one state m it
@@ -182,11 +182,13 @@ def momentum_step(rule: str, p32: torch.Tensor, g: torch.Tensor, codes: torch.Te
     update (before Newton-Schulz) written to out (fp32, flat). scalars: rules.packed_scalars;
     hyper: the kernel's 4 hyper-parameters (Lion: b1, 1 - b1, b2, 1 - b2; SGD: momentum,
     1 - dampening, weight decay, 0; Muon: momentum, 1 - momentum, 0, 0), each rounded to fp32
-    as the fused kernels take them; use_wd: SGD's weight decay != 0. g: fp32, flat, read
-    only; its non-finite elements step as 0. Returns each tensor's count of them."""
+    as the fused kernels take them; use_wd: SGD's weight decay != 0. g: fp32, read only; its
+    non-finite elements step as 0. p32, g and codes: flat, or lists of each tensor's own, as
+    adamw_step takes them (Muon: flat, its out too). Returns each tensor's count of them."""
     kernel = _kernels()["momentum"](_pass_lay(spec))
     out_np = out.numpy() if out is not None else np.zeros(1, np.float32)
-    return _run_pass(kernel, sizes, (p32.numpy(), g.numpy(), _codes(codes), out_np),
+    like = _codes(codes if isinstance(codes, torch.Tensor) else codes[0])[:0]
+    return _run_pass(kernel, sizes, (addresses((p32, g, codes, codes), sizes), like, out_np),
                      _keys([spec], seed, tensor_ids, (state_id,), step),
                      (RULES[rule], scalars.detach().cpu().numpy(), np.array(hyper, np.float32), bool(nesterov),
                       bool(use_wd), bool(fresh)))

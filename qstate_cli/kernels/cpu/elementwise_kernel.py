@@ -195,12 +195,13 @@ def momentum_kernel(mlay: tuple):
     m32 = mlay[c.BITS] == 32
 
     @njit(nogil=True, cache=True, error_model="numpy")
-    def _momentum_pass(b0, b1_, part, p, g, mc, out, runs, starts, keys, bad, rule, scal, hyp, nesterov, use_wd,
+    def _momentum_pass(b0, b1_, part, at, like_m, out, runs, starts, keys, bad, rule, scal, hyp, nesterov, use_wd,
                        fresh):
-        """Runs b0 .. b1_ - 1 (runs[r] = (first element, tensor)) of rule LION, SGD or MUON.
-        p, g: fp32, flat (p updated in place by Lion and SGD; Muon writes its update to out,
-        fp32, flat, and leaves p); mc: uint16 codes (fp32 values for an fp32 state), read
-        unless fresh, then written;
+        """Runs b0 .. b1_ - 1 (runs[r] = (first element, tensor)) of rule LION, SGD or MUON,
+        over the tensors whose p, g and m codes start at at[t, 0 .. 2] (tensor_views; column 3
+        unused). p, g: fp32 (p updated in place by Lion and SGD; Muon writes its update to
+        out, fp32, flat, and leaves p); m codes (arrays like like_m): uint16 (fp32 values for
+        an fp32 state), read unless fresh, then written;
         keys: uint32 [tensors + 1, 2]; scal: rules.packed_scalars [lr, decay, ...];
         hyp: fp32 [4]: Lion (b1, 1 - b1, b2, 1 - b2), SGD (momentum, 1 - dampening, weight
         decay, 0), Muon (momentum, 1 - momentum, 0, 0); use_wd: SGD's weight decay != 0."""
@@ -215,6 +216,7 @@ def momentum_kernel(mlay: tuple):
         for b in range(b0, b1_):
             start, t = runs[b, 0], runs[b, 1]
             cnt = min(RUN, starts[t + 1] - start)
+            p, g, mc, _ = tensor_views(at, t, starts, like_m, like_m)
             bad[part, t] += c.load_grad(g, start, cnt, grow)
             read_back(mc, np.uint64(start), cnt, fresh, m32, mlay, mrow)
             if rule == MUON:
