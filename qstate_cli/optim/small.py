@@ -29,9 +29,12 @@ Only for CPU tensors and a backend other than "reference" (which keeps the per-t
 definition); on CUDA the reference still steps them one by one. Where numba runs, the CPU path's
 kernels (kernels/cpu/elementwise.py) take over, the same bits: AdamW / Adam, Lion, SGD and
 Muon whose states are each a 16-bit minifloat (bf16, fp16) or fp32 step in one pass (decode,
-rule, encode: _step_pass, path "cpu-numba"; Muon's Newton-Schulz after it, per matrix); a
-subclass that rewrites the rule (one_pass_rule None) keeps the torch rule, with each 16-bit
-state's encode and decode one pass each.
+rule, encode: _step_pass, path "cpu-numba"; Muon's Newton-Schulz after it, per matrix): where
+every parameter and gradient of the run is fp32 and contiguous (not Muon), over the tensors
+and their states where they lie, else over flat copies; a subclass that rewrites the rule
+(one_pass_rule None) keeps the torch rule, with each 16-bit state's encode and decode one
+pass each. While nothing but the gradients changes, optim/steady.py steps a run again
+(TogetherRun) without reading each tensor's counters.
 """
 from __future__ import annotations
 
