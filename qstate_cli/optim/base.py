@@ -218,11 +218,8 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         st = self.state[p]
         if not st:
             self.load_states(group, p, tensor_id)
-        step = int(st["step"]) + 1
-        since = int(st["since_reset"])
-        reset = self.reset_policy.should_reset(step, since)
-        written = tuple(0 if reset else int(st[n]["written"]) for n in self.state_names)
-        return step, 1 if reset else since + 1, written
+        step, since, reset = self.reset_policy.advance(int(st["step"]), int(st["since_reset"]))
+        return step, since, tuple(0 if reset else int(st[n]["written"]) for n in self.state_names)
 
     def _stream(self, group, tensor_id: int, name: str, offset: int = 0) -> Stream:
         return Stream(group["seed"], tensor_id, STATE_IDS[name], offset)

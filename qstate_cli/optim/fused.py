@@ -214,10 +214,9 @@ def _step_steady(opt, group, plan: SteadyPlan, on_cpu: bool) -> None:
     them (one reset decision for the launch: every member has the same step and since), and
     each member takes its parameter's new gradient."""
     last = plan.run
-    step = last.step + 1
-    reset = opt.reset_policy.should_reset(step, last.since)
+    step, since, reset = opt.reset_policy.advance(last.step, last.since)
     written = {n: 0 if reset else last.step for n in opt.state_names}
-    run = Run(last.device, last.p_kind, last.g_kind, step, 1 if reset else last.since + 1, written=written,
+    run = Run(last.device, last.p_kind, last.g_kind, step, since, written=written,
               fresh={n: w == 0 for n, w in written.items()}, layouts=last.layouts, tables=last.tables,
               params=last.params, members=last.members, launch=last.launch)
     for m in run.members:

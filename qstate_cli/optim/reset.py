@@ -47,6 +47,14 @@ class ResetPolicy:
         """An 'auto' policy with its period filled in (None: no reset needed)."""
         return ResetPolicy(period=period) if self.auto else self
 
+    def advance(self, last_step: int, last_since: int) -> tuple[int, int, bool]:
+        """(the next step, steps since the last reset including it, whether it resets) after
+        step last_step, last_since steps after the last reset: what a batched step advances
+        its counters by (base.step_counters, fused._step_steady, small.TogetherRun)."""
+        step = last_step + 1
+        reset = self.should_reset(step, last_since)
+        return step, 1 if reset else last_since + 1, reset
+
     def should_reset(self, step: int, since_reset: int) -> bool:
         """Called before step `step` (1-based); since_reset = steps taken since the last reset."""
         if self.fn is not None:

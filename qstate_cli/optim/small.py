@@ -139,9 +139,7 @@ class TogetherRun:
     def step_again(self, opt, group) -> None:
         """The run's next step, its counters advanced as opt.step_counters advances each
         parameter's (one reset decision: every parameter of the run has the same counters)."""
-        step = self.step + 1
-        reset = opt.reset_policy.should_reset(step, self.since)
-        self.since = 1 if reset else self.since + 1
+        step, self.since, reset = opt.reset_policy.advance(self.step, self.since)
         written = {n: 0 if reset else self.step for n in self.specs}
         self.step = step
         _step_run(opt, group, self.params, self.tensor_ids, step, self.since, written, self.specs)
@@ -221,8 +219,9 @@ def _step_pass(opt, group, params: list, tensor_ids: list, step: int, since: int
     fresh = {name: w == 0 for name, w in written.items()}
     sizes = [p.numel() for p in params]
     rule = opt.one_pass_rule()
-    if rule != "muon" and all(_in_place(p, [opt.state[p][n]["codes"] for n in specs]) for p in params):
-        codes = {name: [opt.state[p][name]["codes"] for p in params] for name in specs}
+    codes = {name: [opt.state[p][name]["codes"] for p in params] for name in specs}
+    if rule != "muon" and all(_in_place(p) for p in params) and all(c.is_contiguous() for cs in codes.values()
+                                                                    for c in cs):
         counts = _pass(opt, group, rule, params, [p.grad for p in params], codes, specs, fresh, since, step,
                        tensor_ids, sizes)
         _count(opt, params, counts, step, since, list(specs))
@@ -231,15 +230,14 @@ def _step_pass(opt, group, params: list, tensor_ids: list, step: int, since: int
     # (one contiguous fp32 tensor: flatten gives back a view of it, stepped in place; the copies
     # back below are then copies onto themselves)
     p32 = flatten(params).to(torch.float32)
-    codes = {name: torch.empty(g.numel(), dtype=torch.float32 if specs[name].fmt.kind == "identity" else torch.int16)
-             if fresh[name]
-             else flatten([opt.state[p][name]["codes"] for p in params]) for name in specs}
+    flat = {name: torch.empty(g.numel(), dtype=torch.float32 if specs[name].fmt.kind == "identity" else torch.int16)
+            if fresh[name] else flatten(codes[name]) for name in specs}
     out = torch.empty_like(g) if rule == "muon" else None  # the momentum update, for Newton-Schulz
-    counts = _pass(opt, group, rule, p32, g, codes, specs, fresh, since, step, tensor_ids, sizes, out)
+    counts = _pass(opt, group, rule, p32, g, flat, specs, fresh, since, step, tensor_ids, sizes, out)
     if out is not None:
         p32 = opt.apply_flat(group, [p.shape for p in params], p32, out)
     for name in specs:
-        torch._foreach_copy_([opt.state[p][name]["codes"] for p in params], codes[name].split(sizes))
+        torch._foreach_copy_(codes[name], flat[name].split(sizes))
     torch._foreach_copy_(params, unflatten(p32, params))
     _count(opt, params, counts, step, since, list(specs))
 
@@ -259,12 +257,11 @@ def _pass(opt, group, rule: str, p, g, codes: dict, specs: dict, fresh: dict, si
                             **opt.pass_arguments(group, since))
 
 
-def _in_place(p: torch.Tensor, codes: list) -> bool:
-    """Whether the pass can step p, its gradient and its states' codes where they are: p and its
-    gradient fp32, all of them contiguous."""
+def _in_place(p: torch.Tensor) -> bool:
+    """Whether the pass can step p and its gradient where they are: both fp32 and contiguous
+    (the states' codes must be contiguous too: the caller checks)."""
     g = p.grad
-    return p.dtype == g.dtype == torch.float32 and p.is_contiguous() and g.is_contiguous() \
-        and all(c.is_contiguous() for c in codes)
+    return p.dtype == g.dtype == torch.float32 and p.is_contiguous() and g.is_contiguous()
 
 
 def _count(opt, params: list, counts: list, step: int, since: int, names: list) -> None:
