@@ -154,12 +154,12 @@ def test_a_steady_step_reuses_the_launch_until_something_but_the_gradients_chang
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_a_whole_group_steps_from_its_plan_unrouted_until_a_route_could_change(backend, monkeypatch):
-    """optim/steady.step_whole_group: from the second step no parameter of a group the plan
-    holds whole is routed (base._route is not called), and every step equals the reference
-    bit for bit. It declines (False, nothing stepped) where a route could differ: a parameter
-    without a gradient, one made non-contiguous or shrunk at the same address (what the plan's
-    own address check does not see), another backend or min_quant_numel; undone, it steps the
-    group again. On both fused paths (`triton`: Triton's interpreter here)."""
+    """optim/steady.ready: from the second step no parameter of a group the plan holds whole
+    is routed (base._route is not called), and every step equals the reference bit for bit.
+    It declines (None, nothing stepped) where a route could differ: a parameter without a
+    gradient, one made non-contiguous or shrunk at the same address (what the plan's own
+    address check does not see), a sparse gradient, another backend or min_quant_numel;
+    undone, the group steps from the record again. On both fused paths (`triton`: Triton's interpreter here)."""
     from qstate_cli.kernels import unavailable_reason
     from qstate_cli.optim import steady
     why = cpu.unavailable_reason("cpu") if backend == "cpu" else unavailable_reason(torch.device("cpu"))
@@ -186,6 +186,7 @@ def test_a_whole_group_steps_from_its_plan_unrouted_until_a_route_could_change(b
     changes = {"no gradient": (lambda: setattr(w, "grad", None), lambda: setattr(w, "grad", wg)),
                "non-contiguous": (lambda: setattr(w, "data", wd.t()), lambda: setattr(w, "data", wd)),
                "shrunk": (lambda: setattr(b, "data", bd[:150]), lambda: setattr(b, "data", bd)),
+               "sparse gradient": (lambda: setattr(w, "grad", wg.to_sparse()), lambda: setattr(w, "grad", wg)),
                "backend": (lambda: setattr(ker, "backend", "reference"), lambda: setattr(ker, "backend", backend)),
                "min_quant_numel": (lambda: group.update(min_quant_numel=1000),
                                    lambda: group.update(min_quant_numel=0))}
@@ -193,10 +194,12 @@ def test_a_whole_group_steps_from_its_plan_unrouted_until_a_route_could_change(b
     for name, (change, undo) in changes.items():
         change()
         assert w.data_ptr() == wd.data_ptr() and b.data_ptr() == bd.data_ptr()
-        assert steady.step_whole_group(ker, group, ids) is False, name
+        assert steady.ready(ker, group, ids) is None, name
         undo()
     assert all(torch.equal(a, c) for a, c in zip(before, (wd, bd, *ker.state[w]["m"].values())))
-    assert steady.step_whole_group(ker, group, ids) is True  # everything undone: it steps (the reference too)
+    whole = steady.ready(ker, group, ids)
+    assert whole is not None  # everything undone: it steps (the reference too)
+    steady.step_ready(ker, group, whole)
     ref.step()
     assert_same_state(ref, ker, 3)
     step(4, routed=False)

@@ -333,6 +333,26 @@ def test_sparse_gradients_are_a_clear_error_and_touch_nothing(cls):
     assert torch.equal(emb.weight, before) and torch.equal(dense.detach(), torch.ones(4))
 
 
+@pytest.mark.parametrize("cls", [AdamW, Lion, SGD])
+def test_a_sparse_gradient_after_steady_steps_is_refused_before_any_group_steps(cls):
+    """Groups stepped again from their records (optim/steady.py) skip base.step's scan for
+    sparse gradients only while every group's record holds: a gradient made sparse in the
+    second group, or on a recorded parameter itself, is still the clear error, and the first
+    group's parameter is left as it was."""
+    a, b = torch.nn.Parameter(torch.ones(64, 80)), torch.nn.Parameter(torch.ones(40))
+    opt = cls([{"params": [a]}, {"params": [b]}], lr=0.1, states="bred-4bit", reset="none")
+    for _ in range(3):
+        a.grad, b.grad = torch.full_like(a, 0.5), torch.full_like(b, 0.25)
+        opt.step()
+    for sparse in (b, a):
+        a.grad, b.grad = torch.full_like(a, 0.5), torch.full_like(b, 0.25)
+        sparse.grad = sparse.grad.to_sparse()
+        before = (a.detach().clone(), b.detach().clone())
+        with pytest.raises(RuntimeError, match="does not support sparse gradients"):
+            opt.step()
+        assert torch.equal(a.detach(), before[0]) and torch.equal(b.detach(), before[1])
+
+
 def test_a_compiled_training_loop_steps_as_eager():
     """torch.compile of a function that calls opt.step() (issue: dynamo recursed until it
     failed, or compiled for minutes): the step is kept out of the graph and steps the

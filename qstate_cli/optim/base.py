@@ -255,15 +255,18 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if any(p.grad is not None and p.grad.is_sparse for g in self.param_groups for p in g["params"]):
-            # what torch.optim.AdamW says, before any parameter or state is touched
-            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients "
-                               "(e.g. nn.Embedding(sparse=True)); use dense gradients or torch.optim.SparseAdam")
         ids = self.tensor_ids()
-        if not self.steps_shards:
-            self._refuse_shards()
-        for group in self.param_groups:
-            if steady.step_whole_group(self, group, ids):  # as its last step, nothing routed
+        ready = [steady.ready(self, group, ids) for group in self.param_groups]  # each as its last step?
+        if any(r is None for r in ready):  # (a recorded parameter is no DTensor, its gradient dense)
+            if any(p.grad is not None and p.grad.is_sparse for g in self.param_groups for p in g["params"]):
+                # what torch.optim.AdamW says, before any parameter or state is touched
+                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients (e.g. "
+                                   "nn.Embedding(sparse=True)); use dense gradients or torch.optim.SparseAdam")
+            if not self.steps_shards:
+                self._refuse_shards()
+        for group, whole in zip(self.param_groups, ready):
+            if whole is not None:  # as its last step, nothing routed
+                steady.step_ready(self, group, whole)
                 continue
             fused_params: dict[bool, list] = {}  # on the CPU path? -> parameters
             together = []  # elementwise states: the reference's ops in one pass (optim/small.py)
