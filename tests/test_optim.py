@@ -284,6 +284,17 @@ def test_packed_scalars_on_the_host_are_the_torch_ops_bits(lr, wd, b1, b2, t):
     assert torch.equal(rules.packed_scalars(lr_t, wd, b1, b2, t, "cpu").view(torch.int32), ref.view(torch.int32))
 
 
+def test_packed_scalars_tell_a_negative_zero_lr_from_zero():
+    """host_scalars computes each distinct input once (a step's launches share them): -0.0 and
+    0.0 compare equal, yet lr = -0.0 gives other bits (lr, lr / bc1), so each keeps its own."""
+    for lr in (0.0, -0.0, 0.0):
+        for wd in (0.5, -0.0):
+            ref = rules.pack_scalars(rules.step_scalars(lr, wd, 0.9, 0.999, 3, "cpu"))
+            host = rules.packed_scalars(lr, wd, 0.9, 0.999, 3, "cpu")
+            assert torch.equal(host.view(torch.int32), ref.view(torch.int32)), (lr, wd, host, ref)
+    assert rules.packed_scalars(-0.0, 0.5, 0.9, 0.999, 3, "cpu")[2].view(torch.int32) != 0  # -0.0: the sign bit
+
+
 def test_div_scalar_is_true_division():
     import numpy as np
 

@@ -158,8 +158,7 @@ def _drop_grads(run: Run) -> None:
 def _set_counters(opt, run: Run, states: list) -> None:
     """The host counters after a launch: one (never mutated) tensor per value, shared by the
     launch's parameters (what SteadyPlan checks)."""
-    step_t = torch.tensor(run.step, dtype=torch.int64)
-    since_t = torch.tensor(run.since, dtype=torch.int64)
+    step_t, since_t = opt.counter_tensors(run.step, run.since)
     for st in states:
         st["step"], st["since_reset"] = step_t, since_t
         for n in opt.state_names:

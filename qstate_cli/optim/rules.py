@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -95,12 +96,20 @@ def packed_scalars(lr, weight_decay: float, beta1: float, beta2: float, t: int, 
 
 
 def host_scalars(lr: float, weight_decay: float, beta1: float, beta2: float, t: int) -> np.ndarray:
-    """packed_scalars of a number lr as fp32 numpy [lr, decay, step_size, inv_bc2_sqrt]."""
+    """packed_scalars of a number lr as fp32 numpy [lr, decay, step_size, inv_bc2_sqrt]
+    (a new array; the numbers computed once per distinct inputs: a step's launches share them)."""
+    key = (float(lr), math.copysign(1.0, lr), float(weight_decay), math.copysign(1.0, weight_decay),
+           float(beta1), float(beta2), int(t))  # the signs: -0.0 == 0.0 as a key
+    return np.array(_host_scalars(key), dtype=np.float32)
+
+
+@lru_cache(maxsize=64)
+def _host_scalars(key: tuple) -> tuple:
+    lr, _, weight_decay, _, beta1, beta2, t = key
     bc1, inv_bc2_sqrt = bias_corrections(beta1, beta2, t)
     with np.errstate(all="ignore"):  # torch's inf and nan, without numpy's warnings
-        vals = _scalar_ops(np.float32(lr), np.float32(weight_decay), np.float32(bc1), np.float32(inv_bc2_sqrt),
+        return _scalar_ops(np.float32(lr), np.float32(weight_decay), np.float32(bc1), np.float32(inv_bc2_sqrt),
                            np.float32(1.0))
-    return np.array(vals, dtype=np.float32)
 
 
 def ema(x_hat: torch.Tensor, target: torch.Tensor, beta: float) -> torch.Tensor:

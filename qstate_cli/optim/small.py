@@ -266,8 +266,7 @@ def _in_place(p: torch.Tensor) -> bool:
 
 def _count(opt, params: list, counts: list, step: int, since: int, names: list) -> None:
     """Each tensor's non-finite count and step counters after a pass (shared, never mutated)."""
-    step_t = torch.tensor(step, dtype=torch.int64)  # never mutated: shared, as optim/fused.py does
-    since_t = torch.tensor(since, dtype=torch.int64)
+    step_t, since_t = opt.counter_tensors(step, since)  # never mutated: shared, as optim/fused.py does
     for p, count in zip(params, counts):
         st = opt.state[p]
         if count:
