@@ -124,15 +124,16 @@ def _codec_for(lay: tuple, block: int):
     return run
 
 
-def assert_cpu_codec_equals_reference(spec, kl, x: torch.Tensor, block: int) -> None:
+def assert_cpu_codec_equals_reference(spec, kl, x: torch.Tensor, block: int, book: bool = False) -> None:
     """The CPU codec (layout kl of spec) encodes the fp32 tensor x into the reference's codes
     and scales (quant/quantizer.encode, at step 9 of a fixed stream) and reads back the
-    reference's decode (the state written at step 7), bit for bit."""
+    reference's decode (the state written at step 7), bit for bit. book: kl is a searched code
+    book, whose table the codec takes."""
     import numpy as np
     from qstate_cli.kernels.cpu import host
     from qstate_cli.kernels.launch import stream_key
     from qstate_cli.quant.quantizer import Stream, decode, encode
-    lay, lim, tab = host.layout_arrays(kl, None)
+    lay, lim, tab = host.layout_arrays(kl, kl.table(torch.device("cpu")) if book else None)
     numel = x.numel()
     stream, step, written = Stream(seed=5, tensor_id=2, state_id=1), 9, 7
     want_codes, want_scales = encode(x, spec, step, stream)

@@ -6,7 +6,10 @@ clamp at k = 0), at and beyond the top (the clamp at k = NT - 2), zeros and nega
 blocks whose n is exact (absmax = top) and not (absmax = 3 / 1.7), for every rounding.
 
 The kernels compute (n - lo) * UNIT as n * UNIT - t with t = k + 1 (rounding._unit_t); this is
-where a difference in the last bit of either would show. Skipped where numba is not
+where a difference in the last bit of either would show. They also leave out the clamp of the
+fraction that stochastic rounding and BReD compare (u and the dither lie in [0, 1)): blocks
+holding NaN, infinities and huge values show that nothing else changes, for the unit books
+and for a searched one. Skipped where numba is not
 installed; each layout compiles a small helper (seconds)."""
 import pytest
 import torch
@@ -55,3 +58,21 @@ def test_unit_book_codes_equal_the_reference_at_every_code_midpoint_and_neighbou
     codes, _ = encode(x, spec, 9, Stream(seed=5, tensor_id=2, state_id=1))
     got = unpack(codes, spec.fmt.bits, x.numel())
     assert int(got.min()) == 0 and int(got.max()) == unit - 1
+
+
+@needs_numba
+@pytest.mark.parametrize("fmt", ["lin4nz", "lin8nz", "de8"])
+@pytest.mark.parametrize("rounding", ["stochastic", "bred"])
+def test_blocks_with_non_finite_or_huge_values_round_as_the_reference(fmt, rounding):
+    """rounding._unit and _book compare u < f and dither >= 1 - f with the fraction f not
+    clamped to [0, 1]: the same codes and scales as the reference's clamped compare, in blocks
+    where one value is NaN or infinite (stored as 0) or huge (every other value then rounds
+    at the bottom of the book); one block per value; de8: a searched book."""
+    from qstate_cli.kernels.launch import kernel_layout
+    from qstate_cli.quant import parse_spec
+    spec = parse_spec(f"{fmt}:{rounding}:b{B}")
+    bad = [float("nan"), float("inf"), -float("inf"), 1e30, -1e30]
+    x = torch.rand(len(bad) * B + 7, generator=torch.Generator().manual_seed(3)) * 2.0 - 0.6
+    for i, value in enumerate(bad):
+        x[i * B + 5 + i] = value  # the block's absmax, or every other element far below it
+    assert_cpu_codec_equals_reference(spec, kernel_layout(spec), x, B, book=fmt == "de8")
