@@ -221,17 +221,6 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         step, since, reset = self.reset_policy.advance(int(st["step"]), int(st["since_reset"]))
         return step, since, tuple(0 if reset else int(st[n]["written"]) for n in self.state_names)
 
-    def counter_tensors(self, step: int, since: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """0-dim int64 tensors of step and since for a batched step's states (fused.py,
-        small.py): never mutated, so every state the step writes shares the same two, and the
-        last pair is handed out again while the values are the same (the fused launch and the
-        together pass of one step: 2.5 us per tensor made)."""
-        last = self.__dict__.get("_counter_tensors")
-        if last is None or last[0] != step or last[1] != since:
-            last = self.__dict__["_counter_tensors"] = (step, since, torch.tensor(step, dtype=torch.int64),
-                                                        torch.tensor(since, dtype=torch.int64))
-        return last[2], last[3]
-
     def _stream(self, group, tensor_id: int, name: str, offset: int = 0) -> Stream:
         return Stream(group["seed"], tensor_id, STATE_IDS[name], offset)
 

@@ -47,6 +47,7 @@ from ..quant import hash as qhash
 from ..quant.quantizer import Stream, decode, encode
 from ..quant.config import STATE_IDS
 from . import sharding
+from .fused import counter_tensors
 
 
 def cpu_elementwise(spec) -> bool:
@@ -266,7 +267,7 @@ def _in_place(p: torch.Tensor) -> bool:
 
 def _count(opt, params: list, counts: list, step: int, since: int, names: list) -> None:
     """Each tensor's non-finite count and step counters after a pass (shared, never mutated)."""
-    step_t, since_t = opt.counter_tensors(step, since)  # never mutated: shared, as optim/fused.py does
+    step_t, since_t = counter_tensors(opt, step, since)  # never mutated: shared with optim/fused.py's launch
     for p, count in zip(params, counts):
         st = opt.state[p]
         if count:
