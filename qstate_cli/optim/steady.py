@@ -78,10 +78,9 @@ def remember(opt, group, fused_params: dict, runs: list) -> None:
                                    [id(p) in mine for p in params], [route_inputs(p) for p in params], plan, together)
 
 
-def ready(opt, group, ids: dict) -> tuple | None:
-    """(record, the fused launch's parameters, the together run's) if the group can step from
-    its WholeGroup (module docstring), else None; reads only, so base.step checks every group
-    before it steps any."""
+def ready(opt, group, ids: dict) -> WholeGroup | None:
+    """The group's WholeGroup if the group can step from it (module docstring), else None;
+    reads only, so base.step checks every group before it steps any."""
     w = opt.__dict__.get("_wholes", {}).get(id(group))
     if w is None or w.group is not group or w.states_config is not group["states"] or w.backend != opt.backend \
             or w.min_quant_numel != group["min_quant_numel"] or len(group["params"]) != len(w.params):
@@ -97,12 +96,11 @@ def ready(opt, group, ids: dict) -> tuple | None:
         return None
     if w.together is not None and not w.together.holds(opt, together, ids):
         return None
-    return w, launched, together
+    return w
 
 
-def step_ready(opt, group, ready: tuple) -> None:
+def step_ready(opt, group, w: WholeGroup) -> None:
     """Step the group from the record `ready` returned (nothing changed in between)."""
-    w = ready[0]
     if w.plan is not None:
         fused._step_steady(opt, group, w.plan, w.plan.on_cpu)
     if w.together is not None:

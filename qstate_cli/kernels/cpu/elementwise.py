@@ -74,12 +74,12 @@ def _lay(spec) -> tuple:
 
 def _starts(sizes) -> np.ndarray:
     """int64 [tensors + 2]: where each tensor starts in the concatenation, its end, and a
-    sentinel past it (never reached). Shared (_layout): read, never written."""
-    return _layout(tuple(sizes), _kernels()["RUN"])[0]
+    sentinel past it (never reached). Shared (_run_table): read, never written."""
+    return _run_table(tuple(sizes), _kernels()["RUN"])[0]
 
 
 @lru_cache(maxsize=256)
-def _layout(sizes: tuple, run: int) -> tuple[np.ndarray, np.ndarray]:
+def _run_table(sizes: tuple, run: int) -> tuple[np.ndarray, np.ndarray]:
     """(_starts, _runs) of tensors of `sizes` laid end to end, built once per sizes: a steady
     step passes the same tensors again (~20 us of numpy per step for 18 tensors)."""
     starts = np.zeros(len(sizes) + 2, np.int64)
@@ -155,7 +155,7 @@ def _run_pass(kernel, sizes: list, arrays: tuple, keys: np.ndarray, rest: tuple)
     tensors of `sizes` laid end to end (one block per run: RUN elements of one tensor, or the
     rest of it), split over threads (host.run_parts); returns each tensor's count in bad."""
     run = _kernels()["RUN"]
-    starts, runs = _layout(tuple(sizes), run)
+    starts, runs = _run_table(tuple(sizes), run)
     parts = parts_of(int(starts[-2]))
     bad = np.zeros((parts, len(sizes)), np.int64)
     run_parts(kernel, len(runs) * run, run, arrays + (runs, starts, keys, bad) + rest, parts=parts)
