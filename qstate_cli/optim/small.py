@@ -122,6 +122,9 @@ class TogetherRun:
 
     def left(self, opt) -> "TogetherRun":
         self.states = [opt.state[p] for p in self.params]
+        return self._counters_left()
+
+    def _counters_left(self) -> "TogetherRun":
         self.step_t, self.since_t = self.states[0]["step"], self.states[0]["since_reset"]
         return self
 
@@ -144,7 +147,7 @@ class TogetherRun:
         written = {n: 0 if reset else self.step for n in self.specs}
         self.step = step
         _step_run(opt, group, self.params, self.tensor_ids, step, self.since, written, self.specs)
-        self.left(opt)
+        self._counters_left()  # the state dicts are the ones holds() found
 
 
 class Streams:
@@ -169,10 +172,10 @@ class Streams:
 
 def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict,
               specs: dict) -> None:
-    sizes = [p.numel() for p in params]
     if _pass_takes(opt, list(specs.values())):
         _step_pass(opt, group, params, tensor_ids, step, since, written, specs)  # counts its non-finite g
         return
+    sizes = [p.numel() for p in params]
     # one flat copy of each list (torch's bucket flattening, as DDP uses): mixed dtypes are promoted
     # to one that holds them all exactly, so .to(fp32) rounds once, as the reference's p.to(fp32) does
     g = flatten([p.grad for p in params]).to(torch.float32)
