@@ -44,8 +44,9 @@ def chunk_windows(src, start, cnt, B, prm, lim, table, frac, binade, y, dl, dn, 
                 ab = max(ab, c.abs_bits(src[ib + np.uint64(j)]))
             amax = c.f32_from_bits(ab)
         delta = amax / lim[2]
-        for j in range(B):
-            dl[b + j] = delta
+        bb = np.uint64(b)  # an unsigned index: with b + j (int64) LLVM kept numba's negative-index
+        for j in range(B):  # fix-up per lane and stored through a scatter (vscatterqps: 27% of the pass)
+            dl[bb + np.uint64(j)] = delta
     for j in range(cnt):  # n = y / delta (else 0: torch.where(delta > 0, ...))
         d = dl[j]
         y[j] = src[i0 + np.uint64(j)] / d if d > c.ZERO else c.ZERO
@@ -184,6 +185,14 @@ def float_gaps(y, cnt, prm, avg_per_mag, binade, dn, up, o):
         up[o + np.uint64(j)] = gu
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def pick_bits(up, lo, hi):
+    """The bits of hi if up else lo, as a bit mask (replay_kernel.pick's select)."""
+    m = np.uint32(0) - np.uint32(up)
+    b = nv.bits_of_f32(lo)
+    return np.uint32(b ^ ((b ^ nv.bits_of_f32(hi)) & m))
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up, counts, prm, lim, table, B, numel):
     """Blocks b0 .. b1 - 1 (of B elements), CHUNK elements (whole blocks) at a time:
@@ -223,7 +232,10 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
             for j in range(cnt):
                 i = i0 + np.uint64(j)
                 d = x_new[i] - x_hat[i]
-                p = c.ONE - abs(d) / (rup[j] if d > c.ZERO else rdn[j])
+                # both gaps loaded, the one divided by picked as a bit mask (a select of the two
+                # loads became a select of their addresses, loaded through vgatherqps)
+                w = nv.f32_from_bits(pick_bits(d > c.ZERO, rdn[j], rup[j]))
+                p = c.ONE - abs(d) / w
                 p = c.ZERO if p < c.ZERO else p  # clamp(min=0): NaN stays
                 emp[i] = p if nominal[i] else c.ZERO
         else:
