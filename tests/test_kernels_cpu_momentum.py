@@ -57,6 +57,26 @@ def test_cpu_one_state_presets_equal_reference_with_a_reset_on_threads(cls, opti
 
 
 @needs_numba
+@pytest.mark.parametrize("cls,states,dtype,options", [
+    (Lion, "m=de8:bred:b96", torch.float32, dict(lr=1e-3, weight_decay=0.1)),
+    (Lion, "m=de8:stochastic:b64", torch.bfloat16, dict(lr=1e-3)),
+    (Muon, "m=de8nz:nearest:b256", torch.bfloat16, dict(lr=0.02, momentum=0.95, nesterov=True)),
+], ids=["lion-bred", "lion-sr", "muon-nearest"])
+def test_cpu_one_state_searched_code_books_equal_reference(cls, states, dtype, options):
+    """An 8-bit code book (256 entries: searched, book_rows.encode_block_searched) under each
+    rounding, which Lion's and Muon's grids above hold only in fp16 (the reference) or not at all."""
+    from qstate_cli.kernels.cpu import book_rows
+    from qstate_cli.kernels.cpu.host import layout_arrays
+    from qstate_cli.kernels.launch import kernel_layout
+    from qstate_cli.quant.config import parse_config
+
+    spec = parse_config(states).spec("m")
+    assert book_rows.searched(layout_arrays(kernel_layout(spec), None)[0])
+    _, ker = run_parity(cls, states, [(37, 29), (5,)], dtype, steps=4, **options, **CPU)
+    assert on_cpu_path(ker)
+
+
+@needs_numba
 def test_cpu_one_state_fp16_falls_back_with_the_reason():
     p = torch.nn.Parameter(torch.randn(300, dtype=torch.float16))
     for cls in (Lion, SGD, Muon):

@@ -21,6 +21,7 @@ from functools import lru_cache
 import numpy as np
 from numba import njit
 
+from . import book_rows as br
 from . import codec as c
 from . import members as mb
 from . import native as nv
@@ -38,6 +39,8 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
     4-bit and not a searched code book: torchao-4bit's scanned books ran 10% slower that way
     (raw kernel 16.0 against 14.3 ms), so they keep codec's loop, then pack_codes."""
     m4, v4 = pc.by_pairs(mlay), pc.by_pairs(vlay)
+    mbook, vbook = br.searched(mlay), br.searched(vlay)  # encoded a stage at a time (book_rows.py)
+    BS = B if mbook or vbook else 1  # its scratch rows' size
 
     @njit(nogil=True, cache=True, error_model="numpy")
     def _adamw_kernel(b0, b1_, part, arrays, first, skeys, bad, like_p, like_g, mlim, mtab, vlim, vtab,
@@ -57,6 +60,7 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
         vrow = nv.scratch_f32(B)
         qm = nv.scratch_i32(B)  # m's codes: read, then written
         qv = nv.scratch_i32(B)
+        rows = br.scratch_rows(BS)
         has_l2 = l2 != c.ZERO  # Adam: coupled weight decay
         i0, i1 = mb.member_span(first, b0, b1_)
         for i in range(i0, i1):
@@ -93,6 +97,10 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
                 if m4:
                     c.store_scale(ms, b, pc.encode_pack4(mrow, cnt, mbits, mlay, mlim, mtab, b, start, km1,
                                                          km2, c.STORED, mc), msb)
+                elif mbook:
+                    c.store_scale(ms, b, br.encode_searched(mrow, cnt, mbits, mlay, mlim, mtab, b, start, km1, km2,
+                                                            c.STORED, qm, rows), msb)
+                    c.pack_codes(qm, mlay[c.BITS], start, cnt, mc)
                 else:
                     c.store_scale(ms, b, c.encode_with_absmax(mrow, cnt, mbits, mlay, mlim, mtab, b, start, km1,
                                                               km2, c.STORED, qm), msb)
@@ -100,6 +108,10 @@ def kernel_for(mlay: tuple, vlay: tuple, B: int):
                 if v4:
                     c.store_scale(vs, b, pc.encode_pack4(vrow, cnt, vbits, vlay, vlim, vtab, b, start, kv1,
                                                          kv2, c.STORED, vc), vsb)
+                elif vbook:
+                    c.store_scale(vs, b, br.encode_searched(vrow, cnt, vbits, vlay, vlim, vtab, b, start, kv1, kv2,
+                                                            c.STORED, qv, rows), vsb)
+                    c.pack_codes(qv, vlay[c.BITS], start, cnt, vc)
                 else:
                     c.store_scale(vs, b, c.encode_with_absmax(vrow, cnt, vbits, vlay, vlim, vtab, b, start, kv1,
                                                               kv2, c.STORED, qv), vsb)

@@ -15,6 +15,7 @@ from functools import lru_cache
 import numpy as np
 from numba import njit
 
+from . import book_rows as br
 from . import codec as c
 from . import members as mb
 from . import native as nv
@@ -42,6 +43,8 @@ def kernel_for(mlay: tuple, B: int):
     compile-time constants of it (one compilation per key, cached on disk). A 4-bit state
     that pairs.by_pairs takes is encoded by pairs (pairs.encode_row4; m4: a closure bool)."""
     m4 = pc.by_pairs(mlay)
+    mbook = br.searched(mlay)  # encoded a stage at a time (book_rows.py)
+    BS = B if mbook else 1  # its scratch rows' size
 
     @njit(nogil=True, cache=True, error_model="numpy")
     def _lion_kernel(b0, b1_, part, arrays, first, skeys, bad, like_p, like_g, mlim, mtab, steps, scal, beta1,
@@ -59,6 +62,7 @@ def kernel_for(mlay: tuple, B: int):
         prow = nv.scratch_f32(B)
         grow = nv.scratch_f32(B)
         q = nv.scratch_i32(B)
+        rows = br.scratch_rows(BS)
         i0, i1 = mb.member_span(first, b0, b1_)
         for i in range(i0, i1):
             a = arrays[i]
@@ -79,6 +83,10 @@ def kernel_for(mlay: tuple, B: int):
                 c.store_row(prow, start, cnt, p)
                 if m4:
                     c.store_scale(ms, b, pc.encode_row4(mrow, cnt, mlay, mlim, mtab, b, start, k1, k2, mc), msb)
+                elif mbook:
+                    c.store_scale(ms, b, br.encode_block_searched(mrow, cnt, mlay, mlim, mtab, b, start, k1, k2,
+                                                                     False, q, rows), msb)
+                    c.pack_codes(q, mlay[c.BITS], start, cnt, mc)
                 else:
                     c.store_scale(ms, b, c.encode_block(mrow, cnt, mlay, mlim, mtab, b, start, k1, k2, False, q),
                                   msb)

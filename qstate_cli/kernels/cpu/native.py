@@ -138,6 +138,7 @@ view_f32 = _view(types.float32)
 scratch_f32 = _scratch(types.float32)
 scratch_f64 = _scratch(types.float64)
 scratch_i32 = _scratch(types.int32)
+scratch_u64 = _scratch(types.uint64)
 
 
 # ---- a compiled kernel called by its address (the team launches: replay_step_kernel) ------------

@@ -7,7 +7,7 @@ not, signed or not, each rounding, each format kind) and stays branch-free (a mi
 sign is a mask, codec.float_code). A code book's
 floor code is found from a bucket of the value's fp32 bits and at most M (1 or 2) steps
 (search.floor_code, the optimizer kernels' own search), not a binary search, in stages over
-the block (search.floor_codes: the loads in loops of their own, the rest vectorizes); a 4-bit book
+the block (book_rows.round_table: the loads in loops of their own, the rest vectorizes); a 4-bit book
 (16 entries) is scanned instead (search.scan_code: compares and selects against every entry,
 so the loop vectorizes where the search's dependent loads kept it scalar).
 """
@@ -19,7 +19,8 @@ from numba import njit
 from . import codec as c
 from . import native
 from . import pairs as pc
-from .search import floor_codes, scan_code
+from .book_rows import pick, round_table
+from .search import scan_code
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -92,39 +93,6 @@ def round_unit(n, u, cnt, lay, rounding, ub, q):
             y = n[j] * unit
             t = min(max(min(max(np.floor(y), c.ZERO), ntf), c.ONE), top_t)
             q[j] = np.int32(t) - np.int32(1) + np.int32(ub >= c.ONE - min(max(y - t, c.ZERO), c.ONE))
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def round_table(n, u, cnt, lay, table, rounding, ub, q, lo, hi, w):
-    """Any sorted code book: floor code k (search.floor_codes: in stages over the row, with
-    table[k] and table[k + 1] in lo and hi), then up from table[k] towards table[k + 1]
-    (rounding.py's up test). Nearest and stochastic: lo[j] = table[q[j]], the entry chosen
-    (codes_read_back)."""
-    floor_codes(table, lay, lay[c.NT], n, cnt, q, lo, hi, w)
-    if rounding == c.NEAREST:
-        for j in range(cnt):
-            v, tlo, thi = n[j], lo[j], hi[j]
-            up = (v - tlo) >= (thi - tlo) * c.HALF
-            q[j] = np.int32(q[j] + np.int32(up))
-            lo[j] = pick(up, tlo, thi)
-    elif rounding == c.STOCHASTIC:
-        for j in range(cnt):
-            v, tlo, thi = n[j], lo[j], hi[j]
-            up = u[j] < min(max((v - tlo) / (thi - tlo), c.ZERO), c.ONE)
-            q[j] = np.int32(q[j] + np.int32(up))
-            lo[j] = pick(up, tlo, thi)
-    else:
-        for j in range(cnt):
-            v, tlo, thi = n[j], lo[j], hi[j]
-            q[j] = np.int32(q[j] + np.int32(ub >= c.ONE - min(max((v - tlo) / (thi - tlo), c.ZERO), c.ONE)))
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def pick(up, lo, hi):
-    """hi if up else lo, as a bit mask (a branchy select kept rounding loops scalar: scan_code)."""
-    m = np.uint32(0) - np.uint32(up)
-    b = c.bits_of_f32(lo)
-    return c.f32_from_bits(np.uint32(b ^ ((b ^ c.bits_of_f32(hi)) & m)))
 
 
 @njit(cache=True, inline="always", error_model="numpy")

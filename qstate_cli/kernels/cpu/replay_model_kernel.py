@@ -10,6 +10,7 @@ from numba import njit, prange
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
 from . import native as nv
+from .book_rows import pick
 from .search import HIGH, LOW, NM, OFF, floor_code_row
 
 # prm columns (replay_model.StalenessModel; 8 .. 11: search.py's SHIFT, NM, STEPS, OFF, or a
@@ -185,14 +186,6 @@ def float_gaps(y, cnt, prm, avg_per_mag, binade, dn, up, o):
         up[o + np.uint64(j)] = gu
 
 
-@njit(cache=True, inline="always", error_model="numpy")
-def pick_bits(up, lo, hi):
-    """The bits of hi if up else lo, as a bit mask (replay_kernel.pick's select)."""
-    m = np.uint32(0) - np.uint32(up)
-    b = nv.bits_of_f32(lo)
-    return np.uint32(b ^ ((b ^ nv.bits_of_f32(hi)) & m))
-
-
 @njit(nogil=True, cache=True, error_model="numpy")
 def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up, counts, prm, lim, table, B, numel):
     """Blocks b0 .. b1 - 1 (of B elements), CHUNK elements (whole blocks) at a time:
@@ -234,7 +227,7 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
                 d = x_new[i] - x_hat[i]
                 # both gaps loaded, the one divided by picked as a bit mask (a select of the two
                 # loads became a select of their addresses, loaded through vgatherqps)
-                w = nv.f32_from_bits(pick_bits(d > c.ZERO, rdn[j], rup[j]))
+                w = pick(d > c.ZERO, rdn[j], rup[j])
                 p = c.ONE - abs(d) / w
                 p = c.ZERO if p < c.ZERO else p  # clamp(min=0): NaN stays
                 emp[i] = p if nominal[i] else c.ZERO
