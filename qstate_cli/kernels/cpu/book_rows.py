@@ -9,10 +9,11 @@ code book of more than SCAN_MAX entries (adamw, lion, sgd, muon: bnb-8bit's de8 
 Per element the ops are codec.code_of's (rounding._book: floor code k, then up or not between
 table[k] and table[k + 1]), so the codes are the same bits. What differs is the order: each
 stage is a loop of its own over the block (the buckets' positions, each dependent load,
-each compare), so every loop but the loads vectorizes and the loads are plain scalar loads.
-One loop per element kept them together, and LLVM made the loads gathers (vgatherqps on
-AVX-512: on a Zen 4 the two rounding loops were 76% of bnb-8bit's optimizer step, 8.6 ns
-per element) or, on AVX2, emulated gathers.
+each compare), so every loop but the loads vectorizes. One loop per element kept the loads
+among the compares and branches, and nothing of it vectorized but the loads, as gathers
+(vgatherqps on a Zen 4, where the two rounding loops were 76% of bnb-8bit's optimizer step,
+8.6 ns per element; emulated gathers on AVX2). A load loop alone runs as fast gathered as
+scalar (docs/cpu.md, "Gathers and scatters").
 """
 from __future__ import annotations
 
