@@ -89,10 +89,8 @@ def encode_searched(x, cnt, amax_bits, lay, lim, table, b, start, k1, k2, prepar
 @njit(cache=True, inline="always", error_model="numpy")
 def encode_block_searched(x, cnt, lay, lim, table, b, start, k1, k2, prepared, q, rows):
     """codec.encode_block for a searched code book: the absmax, then encode_searched."""
-    amax_bits = np.uint32(0)
-    for j in range(cnt):
-        amax_bits = max(amax_bits, c.abs_bits(c.stored_value(x[j], lay, prepared)))
-    return encode_searched(x, cnt, amax_bits, lay, lim, table, b, start, k1, k2, prepared, q, rows)
+    return encode_searched(x, cnt, c.absmax_bits(x, cnt, lay, prepared), lay, lim, table, b, start, k1, k2,
+                           prepared, q, rows)
 
 
 @njit(cache=True, inline="always")

@@ -10,7 +10,8 @@ as kernels/common.py, memory.py and codes.py do in Triton:
     decode_block                quant/quantizer.decode (+ packing.unpack) of one block
     read_state                  decode_block with its scale, or zeros for a fresh state
     encode_block                quant/quantizer.encode (+ packing.pack) of one block
-    encode_with_absmax          the same, the absmax computed by the caller (AdamW: in its update loop)
+    encode_with_absmax          the same, the absmax computed by the caller (AdamW: in its update loop;
+                                absmax_bits: the absmax loop of the others)
 
 A block is B consecutive elements (the short last block has fewer); its codes start at byte
 start * bits / 8 (B is even, so a 4-bit block starts on a byte), its scale is scales[b].
@@ -357,10 +358,18 @@ def encode_block(x, cnt, lay, lim, table, b, start, k1, k2, prepared, q):
     scale as fp32 (quantizer.encode; bf16 scales rounded up). prepared: x is already in the
     stored domain (sqrt taken, >= 0 where unsigned), so only the non-finite rule remains
     (stored_value). x is not modified. Every loop is branch-free (it vectorizes)."""
-    amax_bits = np.uint32(0)  # max of |x| as bit patterns (ordered as the values)
+    return encode_with_absmax(x, cnt, absmax_bits(x, cnt, lay, prepared), lay, lim, table, b, start, k1, k2,
+                              prepared, q)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def absmax_bits(x, cnt, lay, prepared):
+    """max_j abs_bits(stored_value(x[j])), j < cnt: the bits of the block's absmax (a max of
+    bit patterns, ordered as the values; it vectorizes)."""
+    amax_bits = np.uint32(0)
     for j in range(cnt):
         amax_bits = max(amax_bits, abs_bits(stored_value(x[j], lay, prepared)))
-    return encode_with_absmax(x, cnt, amax_bits, lay, lim, table, b, start, k1, k2, prepared, q)
+    return amax_bits
 
 
 @njit(cache=True, inline="always", error_model="numpy")

@@ -107,7 +107,4 @@ def encode_row4(x, cnt, lay, lim, table, b, start, k1, k2, codes):
     """codec.encode_block then pack_codes of a 4-bit layout taken by pairs (by_pairs), x[:cnt]
     not yet in the stored domain (prepared False), in two loops (the absmax, then the pairs)
     instead of three or four: the codes go packed straight into `codes`. Returns the scale."""
-    amax_bits = np.uint32(0)
-    for j in range(cnt):
-        amax_bits = max(amax_bits, c.abs_bits(c.stored_value(x[j], lay, False)))
-    return encode_pack4(x, cnt, amax_bits, lay, lim, table, b, start, k1, k2, False, codes)
+    return encode_pack4(x, cnt, c.absmax_bits(x, cnt, lay, False), lay, lim, table, b, start, k1, k2, False, codes)
