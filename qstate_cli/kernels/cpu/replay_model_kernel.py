@@ -22,7 +22,7 @@ INF_BITS = np.uint32(0x7F800000)
 CHUNK = 2048  # elements per pass of model_pass's loops (whole blocks; a block of more is one chunk)
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def chunk_windows(src, start, cnt, B, prm, lim, table, frac, binade, y, dl, dn, up, o0, rows):
     """staleness.windows of the blocks (of B elements) in src[start : start + cnt], a whole
     number of them, given y = src (x, or torch's sqrt(clamp(x, 0)): torch's CPU sqrt is not
@@ -32,7 +32,9 @@ def chunk_windows(src, start, cnt, B, prm, lim, table, frac, binade, y, dl, dn, 
     remainder) is paid once per chunk, not per block (68 -> ~35 us on the demo's 25,344
     elements of int4). binade: a minifloat's gaps are its binade average lim[3] |n|
     (windows(binade_average=True)); rows: the scratch rows (code, bucket pair) of a searched
-    code book's search (search.floor_code_row)."""
+    code book's search (search.floor_code_row). Compiled as a function of its own, not
+    inlined by numba: its two inlined copies were ~10 of model_pass's ~23 s first-use compile,
+    and one call per chunk costs nothing measurable (docs/cpu.md, "Compile time")."""
     i0 = np.uint64(start)
     lo, hi = lim[0], lim[1]
     o = np.uint64(o0)

@@ -86,12 +86,14 @@ def _cascade(a, start, groups, width, acc, rows):
             acc[e] += acc[hi + e]
 
 
-@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+@njit(nogil=True, cache=True, error_model="numpy")
 def row_sum(a, start, n, lanes, acc):
     """The sum of fp32 a[start : start + n] as torch adds it (module docstring), W = lanes,
     in acc's dtype: float32 (x.sum(dtype=float32), lanes = torch's fp32 lanes) or float64
     (x.sum(dtype=float64): cast, then summed; lanes = its fp64 lanes). acc: scratch of
-    ACC_SIZE values; its last holds the running sum."""
+    ACC_SIZE values; its last holds the running sum. A function of its own, not inlined by
+    numba: its 14 inlined copies in the replay's kernels were ~22 s of their first-use compile,
+    and a call per row costs nothing measurable (docs/cpu.md, "Compile time")."""
     t = np.uint64(acc.size - 1)
     s0 = np.uint64(start)
     if n < lanes:  # one lane: groups of 4 values

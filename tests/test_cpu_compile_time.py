@@ -1,0 +1,50 @@
+"""scripts/cpu_compile_time.py (a diagnostic, not a timed test): its recorder counts each numba
+compilation once per kernel, nested ones inside their caller's total, and each numba inlining
+of a helper once per call site. No time is asserted beyond self <= total."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numba")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("cpu_compile_time", ROOT / "scripts" / "cpu_compile_time.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_recorder_counts_kernels_and_inlined_call_sites():
+    from numba import njit
+    from numba.core.inline_closurecall import InlineWorker
+
+    numbas_own = InlineWorker.inline_function
+    rec = load_script().CompileRecorder()
+
+    @njit(inline="always")
+    def twice(x):
+        return x + x
+
+    @njit
+    def inner(x):
+        return twice(x) * 3
+
+    @njit
+    def outer(x):
+        return twice(x) + twice(x + 1) + twice(x + 2) + inner(x)
+
+    with rec.recording():
+        assert outer(1) == 2 + 4 + 6 + 6
+    name = f"{__name__.rsplit('.', 1)[-1]}.test_recorder_counts_kernels_and_inlined_call_sites.<locals>."
+    kernels, inlined = rec.kernels, rec.inlined
+    assert kernels["count"][name + "outer"] == 1 and kernels["count"][name + "inner"] == 1
+    assert kernels["total"][name + "outer"] >= kernels["total"][name + "inner"]  # inner compiled inside outer
+    assert kernels["self"][name + "outer"] <= kernels["total"][name + "outer"] - kernels["total"][name + "inner"] + 1e-6
+    assert inlined["count"][name + "twice"] == 4  # 3 sites in outer, 1 in inner
+    assert InlineWorker.inline_function is numbas_own
+    report = rec.report(10)
+    assert "outer" in report and "twice" in report
