@@ -37,7 +37,7 @@ CPU_PATH_TESTS := tests/test_replay_codec_cpu.py tests/test_replay_stats_cpu.py 
 CPU_PATH_SELECT := replay_codec_cpu or replay_stats or torch_sum or replay_model or replay_gauss or replay_rule or replay_step or codebook_search or adamw_presets or one-state-sr or lion-bred or sgd-sr \
     or replay_threads or muon-nearest or nonfinite or auto_picks or without_numba or fp16 or cpu_cache \
     or (minifloat_codec and (nearest-e4m3 or bred-e2m2)) or minifloats_stay or kernels_cpu_launch \
-    or kernels_cpu_elementwise or (optim_small and adamw) or unit_book or scratch_rows or fp32_math or compile_time
+    or kernels_cpu_elementwise or (optim_small and adamw) or unit_book or scratch_rows or fp32_math or cpu_compile_time
 
 .PHONY: quick test test-cpu-path venv clean-venv
 

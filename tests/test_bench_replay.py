@@ -2,23 +2,12 @@
 test): on a toy synthetic trace it records the trace once into the given folder, replays it
 through both backends and prints one row per phase with both throughputs and their ratio.
 No timing is asserted."""
-import importlib.util
-from pathlib import Path
-
 from qstate_cli.trace import load_trace
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_replay", ROOT / "scripts" / "bench_replay.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from script_module import load_script
 
 
 def test_bench_replay_prints_rates_and_ratios_on_a_toy_trace(tmp_path, capsys):
-    bench = load_script()
+    bench = load_script("bench_replay")
     args = ["--traces", "synthetic", "--numel", "256", "--steps", "3", "--cache", str(tmp_path),
             "--configs", "bred-4bit", "--backends", "auto", "reference"]
     assert bench.main(args) == 0

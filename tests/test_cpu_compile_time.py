@@ -1,21 +1,11 @@
 """scripts/cpu_compile_time.py (a diagnostic, not a timed test): its recorder counts each numba
 compilation once per kernel, nested ones inside their caller's total, and each numba inlining
 of a helper once per call site. No time is asserted beyond self <= total."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 
+from script_module import load_script
+
 pytest.importorskip("numba")
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("cpu_compile_time", ROOT / "scripts" / "cpu_compile_time.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_recorder_counts_kernels_and_inlined_call_sites():
@@ -23,7 +13,7 @@ def test_recorder_counts_kernels_and_inlined_call_sites():
     from numba.core.inline_closurecall import InlineWorker
 
     numbas_own = InlineWorker.inline_function
-    rec = load_script().CompileRecorder()
+    rec = load_script("cpu_compile_time").CompileRecorder()
 
     @njit(inline="always")
     def twice(x):
