@@ -118,6 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(own)
     if not command:
         ap.error("give the qstate command after --, e.g. -- diagnose demo -c bnb-8bit --steps-limit 3")
+    if args.cache is not None:  # checked before anything runs: a folder, or one that can be made
+        why = "it is a file, not a folder" if os.path.isfile(args.cache) else None
+        if why is None:
+            try:
+                os.makedirs(args.cache, exist_ok=True)
+            except OSError as exc:
+                why = f"it cannot be made ({exc.strerror})"
+        if why is not None:
+            print(f"error: --cache {args.cache}: {why}", file=sys.stderr)
+            return 2
     os.environ["NUMBA_CACHE_DIR"] = args.cache or tempfile.mkdtemp(prefix="qstate-compile-")
     rec = CompileRecorder()
     sys.argv = ["qstate", *command]

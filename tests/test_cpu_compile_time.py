@@ -38,3 +38,11 @@ def test_recorder_counts_kernels_and_inlined_call_sites():
     assert InlineWorker.inline_function is numbas_own
     report = rec.report(10)
     assert "outer" in report and "twice" in report
+
+
+def test_a_cache_that_is_not_a_folder_is_one_line_and_exit_2_before_anything_runs(tmp_path, capsys):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("x")
+    assert load_script("cpu_compile_time").main(["--cache", str(not_a_folder), "--", "formats"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "--cache" in err
