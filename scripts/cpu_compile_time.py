@@ -14,8 +14,10 @@ prints two tables:
   seconds, with and without the helpers inlined inside it. numba re-runs a helper's front end
   and copies its IR at every call site, so a large helper inlined at many sites is where a
   kernel's compile time goes; a helper called once per row or chunk can be a function of its
-  own instead (LLVM still inlines the small ones), which is what took `qstate diagnose`'s first
-  use from 193 to 76 s on the Zen 4 (docs/cpu.md).
+  own instead (LLVM still inlines the small ones), which is what took the first use of
+  `qstate diagnose demo -c bnb-8bit` from 175 to 116 s of compiling on the Zen 4, and a row
+  helper can be `forceinline` (compiled once, inlined by LLVM; it is then a kernel row here),
+  which took the default `qstate diagnose demo` from 138 to 85 s (docs/cpu.md).
 
 The inline table wraps numba's InlineWorker.inline_function (numba internals: a diagnostic
 only; without it the kernel table still prints).

@@ -1,6 +1,8 @@
 """scripts/cpu_compile_time.py (a diagnostic, not a timed test): its recorder counts each numba
 compilation once per kernel, nested ones inside their caller's total, and each numba inlining
-of a helper once per call site. No time is asserted beyond self <= total."""
+of a helper once per call site. No time is asserted beyond self <= total. A forceinline
+helper (docs/cpu.md, "Compile time: LLVM's inlining") is compiled once as its own function and
+inlined by LLVM, not by numba."""
 import pytest
 
 from script_module import load_script
@@ -38,6 +40,34 @@ def test_recorder_counts_kernels_and_inlined_call_sites():
     assert InlineWorker.inline_function is numbas_own
     report = rec.report(10)
     assert "outer" in report and "twice" in report
+
+
+def test_a_forceinline_helper_compiles_once_and_llvm_inlines_it_at_every_site():
+    import numpy as np
+    from numba import njit
+
+    rec = load_script("cpu_compile_time").CompileRecorder()
+
+    @njit(forceinline=True)
+    def probe_row_sum(a, n):
+        s = 0.0
+        for j in range(n):
+            s += a[j]
+        return s
+
+    @njit
+    def kernel(a):
+        return probe_row_sum(a, a.size - 2) + probe_row_sum(a, a.size)  # one signature (a literal 3 would be another)
+
+    a = np.arange(5, dtype=np.float64)
+    with rec.recording():
+        assert kernel(a) == 3.0 + 10.0
+    name = f"{__name__.rsplit('.', 1)[-1]}.test_a_forceinline_helper_compiles_once_and_llvm_inlines_it_at_every_site.<locals>."
+    assert rec.kernels["count"][name + "probe_row_sum"] == 1  # one signature: one compilation for both sites
+    assert rec.inlined["count"][name + "probe_row_sum"] == 0  # numba did not copy it in
+    llvm = kernel.inspect_llvm(kernel.signatures[0])
+    calls = [line for line in llvm.splitlines() if "call " in line and "probe_row_sum" in line]
+    assert calls == []  # LLVM did: no call to it is left in the kernel
 
 
 def test_a_cache_that_is_not_a_folder_is_one_line_and_exit_2_before_anything_runs(tmp_path, capsys):

@@ -46,7 +46,7 @@ def encode16(b0, b1, part, x, codes, lay, starts, keys, numel):
     return 0
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def read_back(codes, i0, cnt, fresh, is32, lay, row):
     """row[:cnt] = a state's values read back from codes[i0 + j] (quantizer.decode): 0 where
     fresh; an fp32 state's as they are (the identity format), a 16-bit minifloat's by
@@ -65,7 +65,7 @@ def read_back(codes, i0, cnt, fresh, is32, lay, row):
             row[j] = c.decode_value(np.int32(codes[i0 + np.uint64(j)]), lay, table, dp)
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def store(row, u, q, cnt, start, t, starts, keys, col, lay, bf16, is32, codes):
     """codes[start + j] of the stored values row[:cnt]: an fp32 state's as they are, a 16-bit
     minifloat's rounded (round16)."""
@@ -76,7 +76,7 @@ def store(row, u, q, cnt, start, t, starts, keys, col, lay, bf16, is32, codes):
         round16(row, u, q, cnt, start, t, starts, keys, col, lay, bf16, codes)
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def round16(row, u, q, cnt, start, t, starts, keys, col, lay, bf16, codes):
     """codes[start + j] of the stored values row[:cnt] (finite, as codec.stored_value leaves
     them); stochastic: uniforms of each piece of the run that lies in one tensor (a loop that

@@ -75,7 +75,7 @@ def chi2_3(x, f1, pi):
     return f1 - sqrt32((c.TWO * x) / pi) * exp32((-x) / c.TWO)
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def v_gauss(b0, b1, sr, s, down, up, nominal, cst, G, B, n):
     """G = where(nominal, gaussian_v(s, down, up), 0) (c > 0: replay_gauss writes the zeros
     of c <= 0). Nearest: chi2_1(c + w_hi) - chi2_1(c - w_lo); stochastic: the tent's
@@ -153,7 +153,7 @@ def m_tent(mi, sigma, lo, hi, cz, ca, cb, dz, da, db):
     return left + right
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def m_gauss(b0, b1, sr, m, down, up, sigma2, SIG, nominal, cst, G, B, n):
     """G = where(nominal, gaussian_m(m, sigma2, down, up), 0), SIG holding sigma (m_sigma).
     Nearest: Phi(b) - Phi(a), a = (m - lo) / sigma, b = (m + hi) / sigma; stochastic: the

@@ -23,7 +23,7 @@ from .book_rows import pick, round_table
 from .search import scan_code
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def load_stored(x, i0, cnt, lay, row):
     """row[:cnt] = codec.stored_value of x[i0 + j] (op for op); returns the bits of max |row|."""
     amax = np.uint32(0)
@@ -50,7 +50,7 @@ def load_stored(x, i0, cnt, lay, row):
     return amax
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def round_linear(n, u, cnt, lay, rounding, d, q):
     """q = clamp(rint(n + dither)) reduced to the format's bits (codec.code_of, linear)."""
     bits = lay[c.BITS]
@@ -70,7 +70,7 @@ def round_linear(n, u, cnt, lay, rounding, d, q):
             q[j] = min(max(np.int32(np.rint(n[j])), lo_code), hi_code) & mask
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def round_unit(n, u, cnt, lay, rounding, ub, q):
     """Code book {1, ..., UNIT} / UNIT without search (codec.code_of, its closed form, as
     rounding._unit_t computes it): y = n * UNIT, t = k + 1 = clamp(floor(y), 1, NT - 1) after
@@ -122,7 +122,7 @@ def round_book16(n, u, cnt, table, rounding, ub, q, val):
             q[j] = np.int32(k) + np.int32(ub >= c.ONE - min(max((v - lo) / (hi - lo), c.ZERO), c.ONE))
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def round_float(n, u, cnt, lay, rounding, ub, q):
     """A minifloat (codec.code_of, its rounding.py case): the floor ordinal and exact fraction
     of |n|, up or not (nearest: ties to the even ordinal), clamped, n's sign bit on top."""
@@ -143,7 +143,7 @@ def round_float(n, u, cnt, lay, rounding, ub, q):
             q[j] = c.float_code(n[j], k + np.int32(ub >= c.ONE - frac), bits, signed, top)
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def codes_read_back(val, cnt, sq, delta, out):
     """out[:cnt] = what decode_value gives a code book's codes under nearest or stochastic
     rounding, from the entries the rounding chose (val[j] = table[q[j]]): val * delta, squared
@@ -158,7 +158,7 @@ def codes_read_back(val, cnt, sq, delta, out):
             out[j] = val[j] * delta
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def _decode_loop(q, cnt, lay, table, dp, out):
     for j in range(cnt):
         out[j] = c.decode_value(q[j], lay, table, dp)
@@ -173,8 +173,10 @@ def decode_row(q, cnt, lay, table, dp, out):
     loop, so the case cannot change a value. Written out flat on purpose: the same 16 copies
     through two nested inlined helpers ran as fast but compiled ~20 s slower (docs/diagnose.md).
     Compiled as its own function (LLVM inlines it; numba does not): numba's own inlining of its
-    16 copies into replay_codec was ~125 of the kernel's 131 s first-use compile (37 s now, the
-    same speed; with _decode_loop not inlined either 8 s, but the codec ~10% slower)."""
+    16 copies into replay_codec was ~125 of the kernel's 131 s first-use compile. _decode_loop
+    is forceinline (package docstring): compiled once, LLVM copies it into each case, where it
+    folds the case's tests as before; decode_row compiles in a few seconds instead of ~50, at
+    the same speed (a plain call, not inlined by LLVM, ran ~10% slower)."""
     kind, bred, sq, unit = lay[c.KIND], lay[c.ROUND] == c.BRED, lay[c.SQRT] != 0, lay[c.UNIT] != 0
     if kind == c.LINEAR:
         if bred:
@@ -217,7 +219,7 @@ def decode_row(q, cnt, lay, table, dp, out):
         _decode_loop(q, cnt, lay, table, dp, out)
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def block_uniforms(o, nv, start, cnt, k1, k2, u):
     """u[:cnt] = stochastic rounding's uniforms of a block at layout position start whose nv
     recorded elements are flat indices o, o + 1, ... of their tensor (o even: replay.fused_state)."""
@@ -233,7 +235,7 @@ def block_uniforms(o, nv, start, cnt, k1, k2, u):
 GOLDEN = np.uint32(0x9E3779B9)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def finish_read_back(row, cnt, nv, clamp0, pad0, out, i0):
     """out[i0 + j] = row[j], j < cnt, as the replay keeps the value read back: with clamp0
     max(value, 0) as torch's clamp(min=0) (a negative value is +0; -0.0 and NaN stay), with
@@ -361,7 +363,7 @@ def is_bf16(lay):
     return lay[c.EMIN] <= -126 and lay[c.MAN] == 7 and lay[c.SIGNED] != 0
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def round_bf16(n, u, cnt, rounding, maxord, q):
     """round_float for bf16 (8 exponent bits, 7 mantissa bits, signed; n finite, as
     load_stored leaves it): |n|'s floor ordinal is its fp32 bits >> 16 and the fraction the

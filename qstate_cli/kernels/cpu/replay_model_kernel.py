@@ -93,7 +93,7 @@ def chunk_windows(src, start, cnt, B, prm, lim, table, frac, binade, y, dl, dn, 
             dn[i] = y0 * y0 - r * r
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def unit_windows(y, cnt, unit, nt, dl, frac, dn, up, o):
     """chunk_windows' code book case for the book {1, ..., unit} / unit (nt = unit entries),
     without loads: table[k] = (k + 1) / unit, each gap 1 / unit (inf below code 0 and above
@@ -119,7 +119,7 @@ def unit_windows(y, cnt, unit, nt, dl, frac, dn, up, o):
         up[o + np.uint64(j)] = (c.INF if k == last else step) * dl[j] * frac
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def book16_windows(y, cnt, table, dl, frac, dn, up, o):
     """chunk_windows' code book case for a book of 16 entries (de4, de4u, de4unz) without the
     search's dependent loads, so the loop vectorizes: the floor code k0 = #(table[1 .. 14] <= n)
@@ -157,7 +157,7 @@ def book16_windows(y, cnt, table, dl, frac, dn, up, o):
         up[o + np.uint64(j)] = c.f32_from_bits(above) * dl[j] * frac
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def float_gaps(y, cnt, prm, avg_per_mag, binade, dn, up, o):
     """staleness._grid_gaps of a minifloat (then the binade average if asked) for n = y[j]:
     the gaps below and above the ordinal nearest to |n| (a signed format's 0 has +-value(1)

@@ -101,7 +101,7 @@ def update_sums(u0, u1, u, ref, sums, unit, lanes):
     return 0
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, forceinline=True, error_model="numpy")
 def _square_sums3(a, b, d, i0, unit, lanes, ra, rb, rc, acc, sa, sb, sc):
     """(sum of a * a, of b * b, of d * d) over a unit of elements i0 .., each square one fp32 op
     and each sum in torch's fp32 order (update_sums' two ways: streamed, else rows ra, rb, rc)."""

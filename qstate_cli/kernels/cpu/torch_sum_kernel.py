@@ -44,7 +44,7 @@ def _ceil_log2(x):
     return k
 
 
-@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+@njit(nogil=True, cache=True, forceinline=True, error_model="numpy")
 def _cascade(a, start, groups, width, acc, rows):
     """acc[0 : 4 width] = the per-(vector, lane) sums of `groups` groups of 4 width values from
     a[start], in acc's dtype (a float64 acc: each fp32 value cast, then added); of each of
@@ -130,7 +130,7 @@ def row_sum(a, start, n, lanes, acc):
 # one flat loop over e U + u < r U, the same additions per row in the same order (so each
 # row's bits), and the vector units work across the rows instead of along short rows (the
 # dimension statistic's rows of 2 .. unit values: replay_stats_kernel.dimension_sums).
-@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+@njit(nogil=True, cache=True, forceinline=True, error_model="numpy")
 def row_sums_across(a, n, lanes, acc, U):
     """row_sum of each of U interleaved rows of n values (a[x U + u]; acc: scratch of ACC_SIZE
     U values, in the sums' dtype): row u's sum, torch's bits, lands in acc[t + u], t = the
