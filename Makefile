@@ -19,8 +19,9 @@ NUMBA_DIR := .numba
 # The fused CPU path's parity tests (kernels/cpu, diagnose's CPU codec) skip where numba is
 # missing, as in `make test`'s environment. `make test-cpu-path` puts numba (the `cpu`
 # extra) in NUMBA_DIR, beside .venv and not in it (so `make test` keeps the reference path
-# and its speed), and runs a subset that compiles a few kernel layouts (~4 min on 2 cores the
-# first time, 9 min on a machine half as fast; numba caches them under the qstate cache), on
+# and its speed), and runs a subset that compiles a few kernel layouts (~5 min on the 2-core
+# Zen 4 the first time, 7 min before 2026-12-06's forceinline helpers, docs/cpu.md; longer on a
+# slower machine; numba caches them under the qstate cache), on
 # JOBS workers: the replay's files, which share its kernels, together on one (tests/conftest.py,
 # pytest_xdist_make_scheduler), the optimizer kernels' tests one at a time on the others. The
 # whole grid: `PYTHONPATH=.numba .venv/bin/python -m pytest tests/test_kernels_cpu*.py` (~15 min
