@@ -68,6 +68,7 @@ def test_a_forceinline_helper_compiles_once_and_llvm_inlines_it_at_every_site():
     llvm = kernel.inspect_llvm(kernel.signatures[0])
     calls = [line for line in llvm.splitlines() if "call " in line and "probe_row_sum" in line]
     assert calls == []  # LLVM did: no call to it is left in the kernel
+    assert "alwaysinline" in probe_row_sum.inspect_llvm(probe_row_sum.signatures[0])  # because numba asked it to
 
 
 def test_a_cache_that_is_not_a_folder_is_one_line_and_exit_2_before_anything_runs(tmp_path, capsys):
