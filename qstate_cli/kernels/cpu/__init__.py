@@ -53,7 +53,7 @@ numba invalidates a cached kernel only when its own file changes, not when an in
 helper in codec.py does, so a folder per source version keeps an edited checkout from
 loading stale kernels.
 
-Two ways to inline a helper (docs/cpu.md, "Compile time: LLVM's inlining"):
+Three ways to call a helper (docs/cpu.md, "Compile time: LLVM's inlining"):
 - `@njit(inline="always")`: numba copies the helper's IR into each call site, so LLVM
   optimizes it in its caller's context (the caller's stack rows cannot alias its arguments,
   so loops over them pack without runtime checks). numba's copy grows with the square of a
@@ -64,6 +64,8 @@ Two ways to inline a helper (docs/cpu.md, "Compile time: LLVM's inlining"):
   LLVM inlines into every caller. Used for the replay's and the 16-bit states' row
   helpers (replay_*_kernel.py, torch_sum_kernel.py, elementwise_kernel.py), measured at the
   same speed (except replay_kernel.round_book16, which ran 4% slower that way).
+- a plain `@njit` function, called once per chunk or row: replay_model_kernel.chunk_windows
+  and torch_sum_kernel.row_sum (a call costs nothing measurable there).
 """
 from __future__ import annotations
 
