@@ -48,7 +48,8 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     for torch to sum); with keep, err[0] = e is written (a snapshot's errors). sums[4] (the
     shadow's) is the caller's. Per unit: the errors and their sums in one loop (8 lanes:
     streamed, torch_sum_kernel.stream8_*), the comparisons in a second, both branch-free
-    (they vectorize), leaving each element's histogram bin in a row; then the thread's copies
+    (they vectorize; each element's code >> shift and its copy's offset taken from rows, so the
+    bin arithmetic stays 32-bit), leaving each element's histogram bin in a row; then the thread's copies
     count the bins (neighbours that hit the same bin do not wait on each other's
     increment; rows held by the caller, not zeroed and added per call: 40 kB of them per
     8-bit state and chunk before). One loop for both did not vectorize (8.2-8.5 ns per
@@ -62,6 +63,7 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     flat, flat_stale = hist.reshape(hist.size), stale.reshape(stale.size)  # the thread's rows, then bin
     q = np.empty(unit, np.int32)
     changed = np.empty(unit, np.int32)
+    binade = np.empty(unit, np.int32)  # code >> shift (a 16-bit float's exponent field)
     ea = np.empty(unit, np.float32)
     eb = np.empty(unit, np.float32)
     acc = nv.scratch_f32(ACC)
@@ -75,6 +77,9 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     scopies, sbins = stale.shape[1], stale.shape[2]  # the staleness histogram's (staleness_counts' binning)
     own_stale = np.uint64(part * scopies * sbins)
     top, padded, t1 = np.int64(sbins - 1), valid.size > 1, np.int64(step) + 1  # t1: staleness_counts' step + 1
+    copy_at = np.empty(unit, np.int32)  # (j % copies) * nbins, element j's copy of the bins, made once: in
+    for j in range(unit):  # the comparison loop numba's int64 j made it a 64-bit multiply per element
+        copy_at[j] = np.int32(np.int32(j & (copies - 1)) * nb)
     for u in range(u0, u1):
         start = u * unit
         c.unpack_codes(codes, bits, start, unit, q)
@@ -112,6 +117,8 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
                 for j in range(unit):
                     e1[i0 + np.uint64(j)] = eb[j]
         n_stall, n_nominal, n_cstall = np.int32(0), np.int32(0), np.int32(0)
+        for j in range(unit):  # a loop of its own: numba's shifts are int64, and a variable one kept
+            binade[j] = np.int32(q[j] >> sh)  # the comparison loop's bin arithmetic 64-bit
         for j in range(unit):  # int32 counts (numba widens an int32 sum to int64: half the lanes)
             i = i0 + np.uint64(j)
             p = prev[i]
@@ -126,9 +133,8 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
             n_stall = np.int32(n_stall + stall)
             n_nominal = np.int32(n_nominal + nominal)
             n_cstall = np.int32(n_cstall + cstall)
-            q[j] = np.int32(np.int32(np.int32(code >> sh) & mk) * np.int32(N_CLASSES)
-                            + np.int32(nominal * np.int32(1 + stall + 2 * cstall))
-                            + np.int32(np.int32(j & (copies - 1)) * nb))
+            q[j] = np.int32(np.int32(binade[j] & mk) * np.int32(N_CLASSES)
+                            + np.int32(nominal * np.int32(1 + stall + 2 * cstall)) + copy_at[j])
         for j in range(unit):
             last_change[i0 + np.uint64(j)] = changed[j]
         if sbins:  # each element's bin and copy into `changed` (stored into last_change by now), then counted
