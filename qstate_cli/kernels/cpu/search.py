@@ -53,7 +53,7 @@ def floor_code(table, lay, nt, v):
 def floor_code_row(table, lay, nt, v, cnt, k, w):
     """floor_code of v[j] for j < cnt into k[j] (int32), in floor_codes' stages (w: a uint64
     scratch row of cnt); nothing else loaded."""
-    sh, off = np.uint32(lay[SHIFT]), np.uint32(lay[NM])
+    sh, off = np.uint32(lay[SHIFT]) & np.uint32(31), np.uint32(lay[NM])  # & 31: the shift stays 32-bit
     base = np.uint64(lay[OFF])
     for j in range(cnt):  # bucket NM + i (v >= +0) or NM - 1 - i = NM + ~i (sign set), 2 slots each
         b = bits_of_f32(v[j])
@@ -66,8 +66,8 @@ def floor_code_row(table, lay, nt, v, cnt, k, w):
     if lay[STEPS] <= 1:  # the one step and the clamp in one loop (de8, de8u: 1.14 -> 1.07 ns per value)
         for j in range(cnt):
             p = w[j]
-            kj = np.int32(np.int64(p & LOW) + np.int64(f32_from_bits(np.uint32(p >> HIGH)) <= v[j]))
-            k[j] = min(max(kj - np.int32(1), np.int32(0)), top)
+            kj = np.int32(np.int64(p & LOW) + np.int64(f32_from_bits(np.uint32(p >> HIGH)) <= v[j]) - 1)
+            k[j] = min(max(kj, np.int32(0)), top)  # int32 min and max (kj - 1 in numba's int64 kept them 64-bit)
     else:
         for j in range(cnt):  # the first step
             p = w[j]
@@ -78,7 +78,7 @@ def floor_code_row(table, lay, nt, v, cnt, k, w):
             for j in range(cnt):
                 k[j] = np.int32(k[j] + np.int32(f32_from_bits(np.uint32(w[j] & LOW)) <= v[j]))
         for j in range(cnt):
-            k[j] = min(max(k[j] - np.int32(1), np.int32(0)), top)
+            k[j] = min(max(np.int32(k[j] - 1), np.int32(0)), top)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
