@@ -71,6 +71,34 @@ def test_replay_records_are_the_same_with_the_whole_step_kernel(reset, monkeypat
 
 
 @needs_numba
+def test_whole_step_kernel_over_several_chunks(monkeypatch):
+    """Chunks of 512 elements (CHUNK_ELEMENTS is 16,384, more than the test layout's ~7 k
+    elements, so elsewhere a call is one chunk): the chunk loop, its rows shifted to each
+    chunk's first element (_at), and the model steps' full rows give the reference's records."""
+    from qstate_cli.kernels.cpu import replay_step
+
+    monkeypatch.setattr(replay_step, "CHUNK_ELEMENTS", 512)
+    monkeypatch.setattr(replay_mod, "model_points", lambda n: 3)
+    seen = _spy(monkeypatch)
+    made = []
+    real = replay_step.FusedAdamStep.__init__
+
+    def spy_init(self, *a, **k):
+        real(self, *a, **k)
+        made.append(self.chunk * self.unit)
+
+    monkeypatch.setattr(replay_step.FusedAdamStep, "__init__", spy_init)
+    trace = small_trace(8)
+    cfgs = [parse_config(c) for c in ("nearest-4bit", "bnb-8bit", "bf16-sr")]
+    auto, raw = diagnose(trace, cfgs, backend="auto", keep_states=True)
+    assert made and set(made) == {512}  # 2 units of 256 (bnb-8bit's block) per chunk
+    assert seen == {c: [4, 4] for c in ("nearest-4bit", "bnb-8bit", "bf16-sr")}  # steps of both kinds
+    ref, raw_ref = diagnose(trace, cfgs, backend="reference", keep_states=True)
+    assert comparable(auto) == comparable(ref)
+    _same_states(raw, raw_ref)
+
+
+@needs_numba
 def test_whole_step_kernel_over_several_threads(monkeypatch):
     """Three threads, each its own range of units (the layout's ~7 k elements: 64 per thread
     at least here), give the same documents as the separate calls on one thread."""

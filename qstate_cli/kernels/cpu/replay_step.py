@@ -37,7 +37,8 @@ from .layout import STALE_COPIES
 from .team import launched, team_parts
 from .replay_rule import adamw_rule
 
-CHUNK_ELEMENTS = 8192  # units per chunk: this many elements (or one unit); ~0.5 MB of rows in cache
+CHUNK_ELEMENTS = 16384  # units per chunk: this many elements (or one unit); ~1 MB of a thread's rows, in L2
+# or L3 between the chunk's passes (8192 before: the step kernel 3-5% slower on the Zen 4, docs/diagnose.md)
 _NO_ERR = np.zeros((2, 0), np.float32)
 _KERNELS: list = []
 
