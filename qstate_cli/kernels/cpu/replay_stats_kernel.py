@@ -63,7 +63,7 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     flat, flat_stale = hist.reshape(hist.size), stale.reshape(stale.size)  # the thread's rows, then bin
     q = np.empty(unit, np.int32)
     changed = np.empty(unit, np.int32)
-    binade = np.empty(unit, np.int32)  # code >> shift (a 16-bit float's exponent field)
+    shifted = np.empty(unit, np.int32)  # code >> shift: the code itself, or a 16-bit float's exponent field
     ea = np.empty(unit, np.float32)
     eb = np.empty(unit, np.float32)
     acc = nv.scratch_f32(ACC)
@@ -77,8 +77,8 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
     scopies, sbins = stale.shape[1], stale.shape[2]  # the staleness histogram's (staleness_counts' binning)
     own_stale = np.uint64(part * scopies * sbins)
     top, padded, t1 = np.int64(sbins - 1), valid.size > 1, np.int64(step) + 1  # t1: staleness_counts' step + 1
-    copy_at = np.empty(unit, np.int32)  # (j % copies) * nbins, element j's copy of the bins, made once: in
-    for j in range(unit):  # the comparison loop numba's int64 j made it a 64-bit multiply per element
+    copy_at = np.empty(unit, np.int32)  # (j % copies) * nbins: where element j's copy of the bins starts,
+    for j in range(unit):  # made once (in the comparison loop, numba's int64 j made it a 64-bit multiply)
         copy_at[j] = np.int32(np.int32(j & (copies - 1)) * nb)
     for u in range(u0, u1):
         start = u * unit
@@ -118,7 +118,7 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
                     e1[i0 + np.uint64(j)] = eb[j]
         n_stall, n_nominal, n_cstall = np.int32(0), np.int32(0), np.int32(0)
         for j in range(unit):  # a loop of its own: numba's shifts are int64, and a variable one kept
-            binade[j] = np.int32(q[j] >> sh)  # the comparison loop's bin arithmetic 64-bit
+            shifted[j] = np.int32(q[j] >> sh)  # the comparison loop's bin arithmetic 64-bit
         for j in range(unit):  # int32 counts (numba widens an int32 sum to int64: half the lanes)
             i = i0 + np.uint64(j)
             p = prev[i]
@@ -133,7 +133,7 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
             n_stall = np.int32(n_stall + stall)
             n_nominal = np.int32(n_nominal + nominal)
             n_cstall = np.int32(n_cstall + cstall)
-            q[j] = np.int32(np.int32(binade[j] & mk) * np.int32(N_CLASSES)
+            q[j] = np.int32(np.int32(shifted[j] & mk) * np.int32(N_CLASSES)
                             + np.int32(nominal * np.int32(1 + stall + 2 * cstall)) + copy_at[j])
         for j in range(unit):
             last_change[i0 + np.uint64(j)] = changed[j]
