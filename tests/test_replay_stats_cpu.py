@@ -146,19 +146,25 @@ def test_fused_dimension_snapshot_equals_the_torch_path(unit, threads, monkeypat
             assert torch.equal(a.view(torch.int64), b.view(torch.int64)), f"unit {unit}, {levels} levels: {name}"
 
 
-@pytest.mark.parametrize("tensors, threads", [(1, 1), (8, 2)])
-def test_fused_gradient_stats_equal_the_torch_path(tensors, threads):
+@pytest.mark.parametrize("tensors, threads, split", [(1, 1, False), (8, 2, False), (8, 2, True)])
+def test_fused_gradient_stats_equal_the_torch_path(tensors, threads, split, monkeypatch):
     """GradientStats' one-pass step (replay_stats.gradient_step) against its torch ops, bit for
     bit over 4 steps: the per-element g**2 and g**4 sums, the per-step sum of g**2 (above
     torch's grain on 2 threads: split as torch splits it) and the count of exact zeros among
-    the recorded elements (padding excluded; +0.0 and -0.0 both count)."""
+    the recorded elements (padding excluded; +0.0 and -0.0 both count). split: the kernel's
+    elements over two threads' ranges (host.run_parts; a layout this small is one thread's
+    unless the threshold is lowered)."""
     from qstate_cli.diagnose.stats import GradientStats
+    from qstate_cli.kernels.cpu import host, replay_stats
 
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         layout = Layout(small_trace(1) if tensors == 1 else big_trace(tensors), 256, "cpu")
         assert layout.valid is not None and (tensors == 1 or layout.n > 32768)
+        if split:
+            monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", replay_stats.GRADIENT_BLOCK)
+            assert host.parts_of(layout.n) == 2 and layout.n > 4 * replay_stats.GRADIENT_BLOCK
         fused, plain = GradientStats(layout, 4, fused=True), GradientStats(layout, 4)
         assert fused._sq is not None and plain._sq is None
         gen = torch.Generator().manual_seed(tensors)

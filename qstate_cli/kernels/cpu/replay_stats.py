@@ -154,10 +154,14 @@ class CodeCounts:
         return torch.from_numpy(self.hist.sum((0, 1)))
 
 
+GRADIENT_BLOCK = 4096  # elements: gradient_step's ranges are multiples of it (run_parts)
+
+
 def gradient_step(g: torch.Tensor, valid: torch.Tensor | None, g2: torch.Tensor, g4: torch.Tensor,
                   sq: torch.Tensor) -> tuple[float, float]:
     """GradientStats.observe of one step's fp32 gradients g [n] in one numba pass
-    (replay_stats_kernel.gradient_sums): g2 += g**2 and g4 += g**4 (fp64 [n], in place), and
+    (replay_stats_kernel.gradient_sums, a contiguous range per thread: host.run_parts; one
+    thread until 2**17 elements): g2 += g**2 and g4 += g**4 (fp64 [n], in place), and
     (the sum of g**2, #zeros among the recorded elements) with torch's bits (torch_sum.sum64);
     sq: fp64 [n] scratch."""
     n = g.numel()
@@ -166,7 +170,8 @@ def gradient_step(g: torch.Tensor, valid: torch.Tensor | None, g2: torch.Tensor,
             or (valid is not None and (valid.dtype != torch.bool or valid.numel() != n))):
         raise ValueError(f"gradient statistics of {n} elements need fp32 g, fp64 sums and a bool mask")
     mask = valid.numpy() if valid is not None else np.ones(1, np.bool_)
-    zeros = _kernel(3)(g.numpy(), mask, g2.numpy(), g4.numpy(), sq.numpy())
+    zeros = run_parts(_kernel(3), n, GRADIENT_BLOCK, (GRADIENT_BLOCK, g.numpy(), mask, g2.numpy(), g4.numpy(),
+                                                    sq.numpy()))
     return torch_sum.sum64(sq), float(zeros)
 
 

@@ -232,19 +232,21 @@ def dimension_sums(u0, u1, part, err, unit, levels, lanes, small, tail):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def gradient_sums(g, valid, g2, g4, sq):
-    """GradientStats.observe's per-element part of one step's fp32 gradients g [n]: sq = g**2
+def gradient_sums(b0, b1, part, block, g, valid, g2, g4, sq):
+    """GradientStats.observe's per-element part of one step's fp32 gradients g [n], over the
+    elements [b0 block, min(b1 block, n)) (host.run_parts' range; part unused): sq = g**2
     in fp64 (the cast exact, the product one fp64 op, as torch's g.double() * g.double()),
-    g2 += sq, g4 += sq * sq; returns #(g == 0) over the recorded elements (valid; of size 1:
-    no padding), an exact count. The sum of sq is the caller's (torch_sum.sum64)."""
+    g2 += sq, g4 += sq * sq; returns #(g == 0) over the range's recorded elements (valid; of
+    size 1: no padding), an exact count. The sum of sq is the caller's (torch_sum.sum64)."""
     g, valid, g2, g4, sq = nv.borrowed((g, valid, g2, g4, sq))
     zeros = np.int64(0)
+    i0, i1 = np.uint64(b0 * block), np.uint64(min(b1 * block, g.size))
     if valid.size > 1:  # two loops: the test inside one, with valid[i] loaded under it, kept it scalar
-        for i in range(np.uint64(g.size)):
+        for i in range(i0, i1):
             _square_into(g, g2, g4, sq, i)
             zeros += np.int64((g[i] == c.ZERO) & valid[i])
     else:
-        for i in range(np.uint64(g.size)):
+        for i in range(i0, i1):
             _square_into(g, g2, g4, sq, i)
             zeros += np.int64(g[i] == c.ZERO)
     return zeros
