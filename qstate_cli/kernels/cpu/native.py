@@ -9,12 +9,20 @@ their arguments and on `scratch_*` rows on the stack, neither of which holds a c
 """
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core.codegen import get_host_cpu_features
 from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
+
+
+# An argument written as a constant (0, True) is typed Literal[int](0) / Literal[bool](True), so a
+# kernel called with 0 at one site and a variable at another is compiled twice (chunk_windows,
+# row_sum, _cascade: ~6 s of a first use, docs/cpu.md "Compile time"); these are typed int64 / bool.
+ROW0 = np.int64(0)
+YES, NO = np.bool_(True), np.bool_(False)
 
 
 # ---- bit casts ------------------------------------------------------------------------------------

@@ -211,7 +211,7 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
         cnt = min(min(b + per, b1) * B, numel) - start  # whole blocks: B divides numel (StalenessModel)
         i0 = np.uint64(start)
         if rounding != c.BRED:
-            chunk_windows(yx, start, cnt, B, prm, lim, table, frac, True, y, dl, rdn, rup, 0, rows)
+            chunk_windows(yx, start, cnt, B, prm, lim, table, frac, nv.YES, y, dl, rdn, rup, nv.ROW0, rows)
         if has_valid:  # nominal (recorded elements only); two loops: a test inside kept it scalar
             for j in range(cnt):
                 i = i0 + np.uint64(j)
@@ -242,7 +242,7 @@ def model_pass(b0, b1, part, x_hat, x_new, yx, ys, valid, emp, nominal, down, up
         for j in range(cnt):
             total += np.int64(nominal[i0 + np.uint64(j)])
         if prm[P_GAUSS]:
-            chunk_windows(ys, start, cnt, B, prm, lim, table, frac, False, y, dl, down, up, start, rows)
+            chunk_windows(ys, start, cnt, B, prm, lim, table, frac, nv.NO, y, dl, down, up, start, rows)
     counts[part] += total
     return 0
 

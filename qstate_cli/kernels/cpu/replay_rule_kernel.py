@@ -95,9 +95,9 @@ def update_sums(u0, u1, u, ref, sums, unit, lanes):
             pa[j] = a * r
             pb[j] = a * a
             pc[j] = d * d
-        sums[0, k] = ts.row_sum(pa, 0, unit, lanes, acc)
-        sums[1, k] = ts.row_sum(pb, 0, unit, lanes, acc)
-        sums[2, k] = ts.row_sum(pc, 0, unit, lanes, acc)
+        sums[0, k] = ts.row_sum(pa, nv.ROW0, unit, lanes, acc)
+        sums[1, k] = ts.row_sum(pb, nv.ROW0, unit, lanes, acc)
+        sums[2, k] = ts.row_sum(pc, nv.ROW0, unit, lanes, acc)
     return 0
 
 
@@ -125,8 +125,8 @@ def _square_sums3(a, b, d, i0, unit, lanes, ra, rb, rc, acc, sa, sb, sc):
         ra[j] = x * x
         rb[j] = y * y
         rc[j] = z * z
-    return (ts.row_sum(ra, 0, unit, lanes, acc), ts.row_sum(rb, 0, unit, lanes, acc),
-            ts.row_sum(rc, 0, unit, lanes, acc))
+    return (ts.row_sum(ra, nv.ROW0, unit, lanes, acc), ts.row_sum(rb, nv.ROW0, unit, lanes, acc),
+            ts.row_sum(rc, nv.ROW0, unit, lanes, acc))
 
 
 @njit(nogil=True, cache=True, error_model="numpy")

@@ -108,8 +108,8 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
                 ea[j] = e
                 eb[j] = e * e
             if lanes > 0:
-                sums[0, u] = ts.row_sum(ea, 0, unit, lanes, acc)
-                sums[1, u] = ts.row_sum(eb, 0, unit, lanes, acc)
+                sums[0, u] = ts.row_sum(ea, nv.ROW0, unit, lanes, acc)
+                sums[1, u] = ts.row_sum(eb, nv.ROW0, unit, lanes, acc)
             if keep or lanes == 0:
                 for j in range(unit):
                     e0[i0 + np.uint64(j)] = ea[j]

@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c  # noqa: F401 - sets numba's cache folder before anything here compiles
+from . import native as nv
 
 LEVELS = 4  # cascade levels
 ILP = 4  # vectors per group
@@ -139,7 +140,7 @@ def row_sums_across(a, n, lanes, acc, U):
     t = np.uint64(acc.size) - uu
     if n < lanes:  # one lane: groups of 4 values
         groups = n // ILP
-        _cascade(a, 0, groups, 1, acc, U)
+        _cascade(a, nv.ROW0, groups, 1, acc, U)
         for u in range(uu):
             acc[t + u] = acc[u]
         for x in range(np.uint64(groups * ILP) * uu, np.uint64(n) * uu):
@@ -151,7 +152,7 @@ def row_sums_across(a, n, lanes, acc, U):
     w = np.uint64(lanes) * uu  # a vector's values of every row
     vectors = n // lanes
     groups = vectors // ILP
-    _cascade(a, 0, groups, lanes, acc, U)
+    _cascade(a, nv.ROW0, groups, lanes, acc, U)
     for v in range(np.uint64(groups * ILP), np.uint64(vectors)):  # vectors left over: into acc[0]
         base = v * w
         for e in range(w):
@@ -269,7 +270,7 @@ def add_step(u, units, series, i, lanes):
     for r in range(u.shape[0]):
         for k in range(n):
             units[r, k] += np.float64(u[r, k])
-        series[r, i] = row_sum(u[r], 0, n, lanes, acc)
+        series[r, i] = row_sum(u[r], nv.ROW0, n, lanes, acc)
     return 0
 
 
