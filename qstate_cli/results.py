@@ -3,7 +3,7 @@
     {
       "schema_version": 1,
       "kind": "kernels" | "memory" | "diagnose" | "train" | "compare" | ...,
-      "env": {device, device_name, cpu_isa, torch, triton, python, qstate, git_sha, argv, created, ...},
+      "env": {device, device_name, cpu_cores, cpu_isa, torch, triton, python, qstate, git_sha, argv, created, ...},
       "meta": {...free-form settings of the run...},
       "records": [{flat row}, ...]          # pandas.DataFrame(records) just works
     }
@@ -37,7 +37,7 @@ def device_info(device: str | None = None) -> dict:
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: None)
-    info = {"device": dev, "device_name": cpu_name(), "cpu_count": os.cpu_count(),
+    info = {"device": dev, "device_name": cpu_name(), "cpu_count": os.cpu_count(), "cpu_cores": cpu_cores(),
             "torch_threads": torch.get_num_threads(),
             "cpu_isa": capability()}  # torch's CPU kernels' vector ISA: AVX512, AVX2, DEFAULT, ...
     if dev.startswith("cuda") and torch.cuda.is_available():
@@ -61,6 +61,29 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cpu_cores(root: str = "/sys/devices/system/cpu") -> int | None:
+    """How many physical cores the CPUs this process may run on sit on (Linux: the distinct
+    (physical_package_id, core_id) pairs of their sysfs topology), or None where that is not
+    readable. Two CPUs that are one core's hyperthreads share its caches and ports: on a
+    2-CPU Zen 4 a two-thread replay gained 1.59x on two cores (docs/diagnose.md, "A Zen 4 with
+    two cores of its own"), so a two-thread timing names which it had."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = list(range(os.cpu_count() or 0))
+    cores = set()
+    for cpu in cpus:
+        ids = []
+        for name in ("physical_package_id", "core_id"):
+            try:
+                with open(f"{root}/cpu{cpu}/topology/{name}", encoding="ascii") as f:
+                    ids.append(f.read().strip())
+            except OSError:
+                return None
+        cores.add(tuple(ids))
+    return len(cores) or None
 
 
 def git_sha() -> str | None:

@@ -48,6 +48,8 @@ def header(command: str):
     def line(total: int, doc: dict) -> str:
         env = doc["env"]
         isa = f", {env['cpu_isa']}" if env["device"] == "cpu" and env.get("cpu_isa") else ""
+        if env["device"] == "cpu" and env.get("cpu_cores") and env.get("cpu_count"):
+            isa += f", {env['cpu_count']} CPUs on {env['cpu_cores']} cores"
         return (f"bench {command} on {env['device']} ({env['device_name']}{isa}, torch threads "
                 f"{env['torch_threads']}, torch {env['torch']}): {total} rows")
     return line

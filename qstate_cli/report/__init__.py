@@ -26,9 +26,9 @@ from .model import Report, Section, Table
 
 __all__ = ["build_report", "load_documents", "render_html", "render_markdown", "write_report"]
 
-ENV_COLUMNS = [("device", "device"), ("device_name", "device name"), ("cpu_isa", "CPU ISA"), ("torch", "torch"),
-               ("triton", "triton"),
-               ("python", "python"), ("qstate", "qstate"), ("git_sha", "git"), ("created", "created")]
+ENV_COLUMNS = [("device", "device"), ("device_name", "device name"), ("cpu_isa", "CPU ISA"), ("cpu_cores", "CPU cores"),
+               ("torch", "torch"), ("triton", "triton"), ("python", "python"), ("qstate", "qstate"),
+               ("git_sha", "git"), ("created", "created")]
 
 
 def load_documents(paths) -> tuple[list[dict], list[str]]:
