@@ -24,6 +24,7 @@ import time
 import torch
 
 from qstate_cli.optim import SGD, AdamW, Lion
+from qstate_cli.results import cpu_cores
 
 QSTATE = {"adamw": AdamW, "lion": Lion, "sgd": SGD}
 
@@ -63,7 +64,8 @@ def main() -> None:
                     help="idle pause before each timed step (ms), so the previous subject's OpenMP threads "
                          "have stopped spinning")
     args = ap.parse_args()
-    print(f"numel {args.numel}, fp32, torch threads {torch.get_num_threads()}, load average before {os.getloadavg()}")
+    print(f"numel {args.numel}, fp32, {os.cpu_count()} CPUs on {cpu_cores() or '?'} cores, torch threads "
+          f"{torch.get_num_threads()}, load average before {os.getloadavg()}")
     runs = []  # (name, path, optimizer, (wall, cpu) per step); warm-up (the first step compiles) before any timing
     for name, build, path in subjects(args.presets.split(","), not args.no_peers, args.optimizer):
         p = torch.nn.Parameter(torch.randn(args.numel))
