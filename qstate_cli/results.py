@@ -64,17 +64,13 @@ def cpu_name() -> str:
 
 
 def cpu_cores(root: str = "/sys/devices/system/cpu") -> int | None:
-    """How many physical cores the CPUs this process may run on sit on (Linux: the distinct
+    """How many physical cores the host's os.cpu_count() CPUs sit on (Linux: the distinct
     (physical_package_id, core_id) pairs of their sysfs topology), or None where that is not
     readable. Two CPUs that are one core's hyperthreads share its caches and ports: on a
     2-CPU Zen 4 a two-thread replay gained 1.59x on two cores (docs/diagnose.md, "A Zen 4 with
     two cores of its own"), so a two-thread timing names which it had."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cpus = list(range(os.cpu_count() or 0))
     cores = set()
-    for cpu in cpus:
+    for cpu in range(os.cpu_count() or 0):
         ids = []
         for name in ("physical_package_id", "core_id"):
             try:
@@ -84,6 +80,14 @@ def cpu_cores(root: str = "/sys/devices/system/cpu") -> int | None:
                 return None
         cores.add(tuple(ids))
     return len(cores) or None
+
+
+def cpus_on_cores(count: int | None = None, cores: int | None = None) -> str:
+    """"2 CPUs on 2 cores" (this host's where not given), or "" where the cores are unknown."""
+    count, cores = (os.cpu_count(), cpu_cores()) if count is None and cores is None else (count, cores)
+    if not count or not cores:
+        return ""
+    return f"{count} CPU{'s' * (count != 1)} on {cores} core{'s' * (cores != 1)}"
 
 
 def git_sha() -> str | None:

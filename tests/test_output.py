@@ -101,8 +101,8 @@ def test_the_env_block_names_the_cpu_and_its_vector_isa(monkeypatch):
 
 
 def test_the_env_block_counts_the_cores_under_the_cpus(tmp_path, monkeypatch):
-    """cpu_cores counts distinct (package, core) pairs of the CPUs the process may run on, from
-    sysfs: two hyperthreads of one core are one core; an unreadable topology is None, not a guess."""
+    """cpu_cores counts distinct (package, core) pairs of the host's CPUs, from sysfs: two
+    hyperthreads of one core are one core; an unreadable topology is None, not a guess."""
     import os
 
     from qstate_cli import results
@@ -113,12 +113,13 @@ def test_the_env_block_counts_the_cores_under_the_cpus(tmp_path, monkeypatch):
         d.mkdir(parents=True)
         (d / "physical_package_id").write_text(pkg + "\n")
         (d / "core_id").write_text(core + "\n")
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 5)
     assert results.cpu_cores(str(tmp_path)) == 3  # core 0 and core 1 of package 0, core 0 of package 1
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert results.cpu_cores(str(tmp_path)) == 1  # two hyperthreads of one core
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
     assert results.cpu_cores(str(tmp_path)) is None  # cpu5 has no topology here
+    assert results.cpus_on_cores(2, 1) == "2 CPUs on 1 core" and results.cpus_on_cores(4, None) == ""
     monkeypatch.undo()
     env = results.environment("cpu")
-    assert "cpu_cores" in env and (env["cpu_cores"] is None or 1 <= env["cpu_cores"] <= (os.cpu_count() or 1))
+    assert env["cpu_cores"] is None or 1 <= env["cpu_cores"] <= env["cpu_count"]
