@@ -25,7 +25,8 @@ fp32 or bf16); "auto" (default) is triton for CUDA tensors when the kernels are
 available, cpu for CPU tensors when numba imports, and reference otherwise. Either way a
 parameter the kernels do not cover (states in fp32 or a minifloat format, small tensors
 below `min_quant_numel`, fp64 or non-contiguous parameters, m and v with different block
-sizes, on the CPU path fp16 and optimizers without a CPU kernel; `why_reference(p)` says
+sizes, on the CPU path fp16 and optimizers without a CPU kernel, a parameter sharing memory
+with another of its group: optim/aliasing.py; `why_reference(p)` says
 which, and also why "auto" found no path) is stepped by the reference. `path_for(p)` names
 what steps p: "triton", "triton-interpreter", "cpu-numba" or "reference" (benchmarks label
 every row with it; "cpu-numba" also for AdamW / Adam, Lion, SGD and Muon whose states are
@@ -46,7 +47,7 @@ from ..errors import QstateError
 from ..quant.config import STATE_IDS, StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
-from . import fused, sharded_state, sharding, small, steady
+from . import aliasing, fused, sharded_state, sharding, small, steady
 from .reset import ResetPolicy
 
 FP32_SPEC = parse_spec("fp32")
@@ -84,11 +85,18 @@ class QuantizedOptimizer(torch.optim.Optimizer):
 
     def path_for(self, p: torch.Tensor) -> str:
         """'triton', 'triton-interpreter', 'cpu-numba' or 'reference': what steps parameter p."""
-        return self._route(self._group_of(p), p)[0]
+        return self._route_of(p)[0]
 
     def why_reference(self, p: torch.Tensor) -> str | None:
         """Why the reference steps p (None if a fused path steps it)."""
-        return self._route(self._group_of(p), p)[1]
+        return self._route_of(p)[1]
+
+    def _route_of(self, p: torch.Tensor) -> tuple:
+        """_route, or the reference where p overlaps another parameter of its group (optim/aliasing.py)."""
+        group = self._group_of(p)
+        if self.backend != "reference" and id(p) in aliasing.overlapping(group["params"]):
+            return "reference", aliasing.OVERLAP_REASON
+        return self._route(group, p)
 
     def _path(self, group, p: torch.Tensor) -> str:
         return self._route(group, p)[0]
@@ -270,8 +278,12 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                 continue
             fused_params: dict[bool, list] = {}  # on the CPU path? -> parameters
             together = []  # elementwise states: the reference's ops in one pass (optim/small.py)
+            shared = aliasing.overlapping(group["params"])  # stepped one by one, in order (optim/aliasing.py)
             for p in group["params"]:
                 if p.grad is None:
+                    continue
+                if id(p) in shared:
+                    self._step_param(group, p, ids[id(p)])
                     continue
                 route = self._route(group, p)  # (path, why the reference steps it[, stepped together])
                 if route[0] != "reference" and len(route) == 2:

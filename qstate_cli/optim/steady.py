@@ -50,10 +50,11 @@ class WholeGroup:
 
 def route_inputs(p: torch.Tensor) -> tuple:
     """What base._route and base.step read of p besides the group (a parameter object keeps
-    its type, so a recorded one is no DTensor): dtypes, device, size, contiguity, and the
-    gradient's layout (a sparse one is refused before any parameter steps)."""
+    its type, so a recorded one is no DTensor): dtypes, device, size, contiguity, where its
+    elements lie (a parameter moved onto another's memory steps by the reference: optim/aliasing.py)
+    and the gradient's layout (a sparse one is refused before any parameter steps)."""
     g = p.grad
-    return p.dtype, g.dtype, g.layout, p.device, p.numel(), p.is_contiguous()
+    return p.dtype, g.dtype, g.layout, p.device, p.numel(), p.is_contiguous(), p.data_ptr()
 
 
 def remember(opt, group, fused_params: dict, runs: list) -> None:
