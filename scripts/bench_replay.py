@@ -20,7 +20,9 @@ a configuration's throughput is
 gather and the fp32 shadow are shared by all configurations and printed as their own
 rows), per wall second and per CPU second of the process (all threads; on a machine other
 jobs share, the steadier of the two). With --repeats R each number is the median of R
-replays. The last column is the ratio auto / reference of the wall throughputs. numba's first compilation (cached on disk) is
+replays. The last column is the ratio auto / reference of the wall throughputs. Two lines
+give the machine's state before and after the timed replays (host_now: copy bandwidth and
+CPU share), since the same code's M/s moves 20-30% with it. numba's first compilation (cached on disk) is
 paid by a short warm-up replay of each trace before anything is timed (warming up on the demo
 alone left the large trace's own kernels to load or compile inside its first timed replay,
 charged to its first configuration: nearest-4bit read 55-58 M instead of ~100).
@@ -161,11 +163,32 @@ def main(argv=None) -> int:
     print(f"# {cpus_on_cores() or f'{os.cpu_count()} CPUs'}, torch threads {torch.get_num_threads()}, "
           f"configuration threads {args.config_threads}, warm-up {time.perf_counter() - t0:.1f} s, "
           f"median of {args.repeats}; M/s = M element-steps/s of the phase")
+    print(f"# host before: {host_now()}")
     rows = []
     for name, trace, steps in traces:
         rows += bench(trace, name, configs, args.backends, steps, args.repeats, args.config_threads)
+    print(f"# host after:  {host_now()}")
     show(rows, args.backends)
     return 0
+
+
+def host_now() -> str:
+    """The machine's state at this moment, to read a run's M/s against another's: a copy of
+    2**26 fp32 (timing.copy_bandwidth, median GB/s) on one torch thread and on all, and the CPU
+    share of a busy loop (timing.cpu_share: ~1.0 unless the VM's core is shared). The same code
+    read 0.95 and 1.26 s for bnb-8bit's phase within an hour on one host, its CPU seconds up
+    too (docs/diagnose.md, "A Zen 4 with two cores of its own")."""
+    from qstate_cli.bench.timing import copy_bandwidth, cpu_share
+
+    threads, cpu = torch.get_num_threads(), torch.device("cpu")
+    gbps = []
+    for n in sorted({1, threads}):
+        torch.set_num_threads(n)
+        timing, moved = copy_bandwidth(cpu, 1 << 26, 50, 400)
+        gbps.append(f"{moved / timing.stats.median / 1e6:.1f} GB/s on {n} thread{'s' * (n > 1)}")
+    torch.set_num_threads(threads)
+    got, wall = cpu_share()
+    return f"copy {', '.join(gbps)}; CPU share {got / wall:.2f}"
 
 
 def diagnose_path(name: str) -> Path:
