@@ -28,6 +28,8 @@ def test_overlapping_finds_every_tensor_that_meets_another():
     assert aliasing.byte_span(left) == (grid.data_ptr(), grid.data_ptr() + (3 * 6 + 3) * 4)
     assert aliasing.overlapping([left, right]) == {id(left), id(right)}
     assert aliasing.overlapping([base[3:3], base[0:10]]) == set()  # an empty view meets nothing
+    # no address of their own (data_ptr 0, as a DTensor's wrapper gives): not overlapping each other
+    assert aliasing.overlapping([torch.empty(10, device="meta"), torch.empty(10, device="meta")]) == set()
 
 
 def _views(seed: int, n: int = N):

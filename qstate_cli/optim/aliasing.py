@@ -32,10 +32,12 @@ def byte_span(p: torch.Tensor) -> tuple[int, int]:
 
 
 def overlapping(params) -> set[int]:
-    """ids of the tensors among `params` whose byte span meets another's (empty tensors never
-    do). Sorted by start, span i meets an earlier one iff it starts before the furthest end
-    so far, and a later one iff the next span starts before its end."""
-    spans = sorted((*byte_span(p), id(p)) for p in params if p.numel())
+    """ids of the tensors among `params` whose byte span meets another's. Empty tensors and
+    tensors without an address of their own (data_ptr 0: a DTensor's wrapper, whose shard the
+    reference steps anyway, a meta tensor) meet nothing. Sorted by start, span i meets an
+    earlier one iff it starts before the furthest end so far, and a later one iff the next
+    span starts before its end."""
+    spans = sorted(span + (id(p),) for p in params if p.numel() and (span := byte_span(p))[0])
     found, furthest = set(), -1
     for i, (start, end, key) in enumerate(spans):
         if start < furthest or (i + 1 < len(spans) and spans[i + 1][0] < end):
