@@ -55,26 +55,40 @@ def _run(backend: str, states: str, cls=AdamW, steps: int = 3, move_at: int | No
 
 
 @pytest.fixture
-def threads(monkeypatch):
-    """Every CPU launch over two threads from 1,024 elements (the race the guard prevents)."""
-    pytest.importorskip("numba")
+def threads(monkeypatch) -> bool:
+    """Every CPU launch over two threads from 1,024 elements (the race the guard prevents);
+    False where numba is missing (only the together run's flat copies step then)."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
     from qstate_cli.kernels.cpu import host
     monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
     monkeypatch.setattr(host, "threads", lambda: 2)
+    return True
 
 
 @pytest.mark.parametrize("states,cls", [("nearest-4bit", AdamW), ("bnb-8bit", AdamW), ("bf16", AdamW),
-                                        ("fp32", AdamW), ("bf16", Muon)],
-                         ids=["fused-4bit", "fused-8bit", "together-bf16", "together-fp32", "muon-bf16"])
+                                        ("fp32", AdamW), ("bf16", Muon), ("e4m3", AdamW)],
+                         ids=["fused-4bit", "fused-8bit", "together-bf16", "together-fp32", "muon-bf16",
+                              "together-flat-e4m3"])
 def test_overlapping_parameters_step_as_the_reference_steps_them(threads, states, cls):
+    """Each route a group's parameters take (a fused launch, the one-pass together run, its
+    flat copies: e4m3's, which read every parameter before writing any, so without the guard
+    they differ on every run, not only when the threads race)."""
+    if not threads and states != "e4m3":
+        pytest.skip("numba is not installed: no fused path to guard")
     ref, _, _ = _run("reference", states, cls)
     got, opt, ps = _run("auto", states, cls)
     assert torch.equal(got, ref)
     assert [opt.path_for(p) for p in ps] == ["reference", "reference"]
-    assert all(opt.why_reference(p) == aliasing.OVERLAP_REASON for p in ps)
+    if states != "e4m3":  # the reference steps e4m3 states anyway, and why_reference says that first
+        assert all(opt.why_reference(p) == aliasing.OVERLAP_REASON for p in ps)
 
 
 def test_disjoint_parameters_keep_the_cpu_path(threads):
+    if not threads:
+        pytest.skip("numba is not installed")
     _, opt, ps = _run("auto", "nearest-4bit", move_at=99)  # never moved: disjoint all along
     assert [opt.path_for(p) for p in ps] == ["cpu-numba", "cpu-numba"]
 
@@ -92,6 +106,8 @@ def test_a_parameter_moved_onto_another_leaves_the_steady_step(threads, states):
     """Two steps on disjoint memory (optim/steady.py records the group's launch or together
     run), then the second parameter's .data becomes a view overlapping the first: the two
     steps after it route again, and the reference steps both parameters in each."""
+    if not threads:
+        pytest.skip("numba is not installed: nothing is recorded as steady")
     ref, _, _ = _run("reference", states, steps=4, move_at=2)
     got, opt, ps = _run("auto", states, CountingAdamW, steps=4, move_at=2)
     assert torch.equal(got, ref)

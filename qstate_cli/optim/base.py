@@ -92,11 +92,13 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         return self._route_of(p)[1]
 
     def _route_of(self, p: torch.Tensor) -> tuple:
-        """_route, or the reference where p overlaps another parameter of its group (optim/aliasing.py)."""
+        """_route, or the reference where a fused path would step p and p overlaps another
+        parameter of its group (optim/aliasing.py)."""
         group = self._group_of(p)
-        if self.backend != "reference" and id(p) in aliasing.overlapping(group["params"]):
+        route = self._route(group, p)
+        if route[0] != "reference" and id(p) in aliasing.overlapping(group["params"]):
             return "reference", aliasing.OVERLAP_REASON
-        return self._route(group, p)
+        return route
 
     def _path(self, group, p: torch.Tensor) -> str:
         return self._route(group, p)[0]
@@ -282,11 +284,10 @@ class QuantizedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
+                route = self._route(group, p)  # (path, why the reference steps it[, stepped together])
                 if id(p) in shared:
                     self._step_param(group, p, ids[id(p)])
-                    continue
-                route = self._route(group, p)  # (path, why the reference steps it[, stepped together])
-                if route[0] != "reference" and len(route) == 2:
+                elif route[0] != "reference" and len(route) == 2:
                     fused_params.setdefault(route[0] == fused.cpu.PATH, []).append(p)
                 elif small.steps_together(self, group, p):
                     together.append(p)
