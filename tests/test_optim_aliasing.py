@@ -3,6 +3,8 @@ by the reference one after another (optim/aliasing.py): the fused launches and t
 pass, split over threads, read every parameter before writing any and gave other values."""
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -58,9 +60,7 @@ def _run(backend: str, states: str, cls=AdamW, steps: int = 3, move_at: int | No
 def threads(monkeypatch) -> bool:
     """Every CPU launch over two threads from 1,024 elements (the race the guard prevents);
     False where numba is missing (only the together run's flat copies step then)."""
-    try:
-        import numba  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("numba") is None:
         return False
     from qstate_cli.kernels.cpu import host
     monkeypatch.setattr(host, "MIN_THREAD_ELEMENTS", 1024)
