@@ -34,24 +34,25 @@ def test_overlapping_finds_every_tensor_that_meets_another():
     assert aliasing.overlapping([torch.empty(10, device="meta"), torch.empty(10, device="meta")]) == set()
 
 
-def _views(seed: int, n: int = N):
-    base = torch.randn(3 * n // 2, generator=torch.Generator().manual_seed(seed))
+def _views(seed: int, n: int, device: str):
+    base = torch.randn(3 * n // 2, generator=torch.Generator().manual_seed(seed)).to(device)
     return base, torch.nn.Parameter(base[:n]), torch.nn.Parameter(base[n // 2:])  # overlapping by half
 
 
-def _run(backend: str, states: str, cls=AdamW, steps: int = 3, move_at: int | None = None):
+def _run(backend: str, states: str, cls=AdamW, steps: int = 3, move_at: int | None = None, n: int = N,
+         device: str = "cpu"):
     """Two disjoint parameters, or (move_at None) two overlapping views from the start; with
     move_at, the second parameter is moved onto the first one's memory before that step."""
-    base, p1, p2 = _views(0)
+    base, p1, p2 = _views(0, n, device)
     if move_at is not None:
-        p2 = torch.nn.Parameter(torch.randn(N, generator=torch.Generator().manual_seed(1)))
+        p2 = torch.nn.Parameter(torch.randn(n, generator=torch.Generator().manual_seed(1)).to(device))
     kw = {"weight_decay": 0.1} if issubclass(cls, AdamW) else {}
     opt = cls([p1, p2], lr=1e-2, states=states, backend=backend, min_quant_numel=0, **kw)
     for s in range(steps):
         if s == move_at:
-            p2.data = base[N // 2:]
+            p2.data = base[n // 2:]
         gen = torch.Generator().manual_seed(10 + s)
-        p1.grad, p2.grad = torch.randn(N, generator=gen), torch.randn(N, generator=gen)
+        p1.grad, p2.grad = (torch.randn(n, generator=gen).to(device), torch.randn(n, generator=gen).to(device))
         opt.step()
     return base, opt, (p1, p2)
 
@@ -112,3 +113,14 @@ def test_a_parameter_moved_onto_another_leaves_the_steady_step(threads, states):
     got, opt, ps = _run("auto", states, CountingAdamW, steps=4, move_at=2)
     assert torch.equal(got, ref)
     assert opt.path_for(ps[1]) == "reference" and opt.by_reference == 4
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("states", ["nearest-4bit", "bnb-8bit"])
+def test_overlapping_parameters_on_the_gpu_step_as_the_reference(states):
+    """The Triton launch too (scripts/gpu_check.sh's cuda_tests stage): 2**20-element views,
+    many blocks in flight, so without the guard the launch reads the overlap while writing it."""
+    ref, _, _ = _run("reference", states, n=1 << 20, device="cuda")
+    got, opt, ps = _run("auto", states, n=1 << 20, device="cuda")
+    assert torch.equal(got, ref)
+    assert [opt.path_for(p) for p in ps] == ["reference", "reference"]
