@@ -22,7 +22,7 @@ rows), per wall second and per CPU second of the process (all threads; on a mach
 jobs share, the steadier of the two). With --repeats R each number is the median of R
 replays. The last column is the ratio auto / reference of the wall throughputs. Two lines
 give the machine's state before and after the timed replays (host_now: copy bandwidth and
-CPU share), since the same code's M/s moves 20-30% with it. numba's first compilation (cached on disk) is
+CPU share): the same code's M/s moved 20-30% from run to run on one host. numba's first compilation (cached on disk) is
 paid by a short warm-up replay of each trace before anything is timed (warming up on the demo
 alone left the large trace's own kernels to load or compile inside its first timed replay,
 charged to its first configuration: nearest-4bit read 55-58 M instead of ~100).
@@ -177,7 +177,8 @@ def host_now() -> str:
     2**26 fp32 (timing.copy_bandwidth, median GB/s) on one torch thread and on all, and the CPU
     share of a busy loop (timing.cpu_share: ~1.0 unless the VM's core is shared). The same code
     read 0.95 and 1.26 s for bnb-8bit's phase within an hour on one host, its CPU seconds up
-    too (docs/diagnose.md, "A Zen 4 with two cores of its own")."""
+    too; these readings explained one slow run of eight there (docs/diagnose.md, "Fewer bytes
+    are not the lever"), so they say what the machine was doing, not why a run was slow."""
     from qstate_cli.bench.timing import copy_bandwidth, cpu_share
 
     threads, cpu = torch.get_num_threads(), torch.device("cpu")
