@@ -177,7 +177,7 @@ def host_now() -> str:
     2**26 fp32 (timing.copy_bandwidth, median GB/s) on one torch thread and on all, and the CPU
     share of a busy loop (timing.cpu_share: ~1.0 unless the VM's core is shared). The same code
     read 0.95 and 1.26 s for bnb-8bit's phase within an hour on one host, its CPU seconds up
-    too; these readings explained one slow run of eight there (docs/diagnose.md, "Fewer bytes
+    too; such readings explained one slow run of six there (docs/diagnose.md, "Fewer bytes
     are not the lever"), so they say what the machine was doing, not why a run was slow."""
     from qstate_cli.bench.timing import copy_bandwidth, cpu_share
 
