@@ -25,7 +25,7 @@ from ..errors import QstateError
 from ..options import Options, lower, option
 from ..quant.config import StateConfig, parse_config, parse_spec
 from ..quant.formats import state_bytes
-from . import sharding
+from . import aliasing, sharding
 
 FP32_SPEC = parse_spec("fp32")
 FP32_REASON_SMALL = "{numel} elements < min_quant_numel={limit}: fp32 states (as bitsandbytes)"
@@ -122,12 +122,13 @@ def audit_optimizer(opt, names: dict | None = None) -> list[AuditRow]:
     ids = opt.tensor_ids()
     rows = []
     for group in opt.param_groups:
+        shared = aliasing.overlapping(group["params"])  # once per group, not per parameter
         for p in group["params"]:
             layout = sharding.layout_of(p)
-            path = opt.path_for(p)
+            path, why = opt._route_of(p, group, shared)[:2]  # opt.path_for(p), opt.why_reference(p)
             on_cuda = sharding.local_tensor(p).is_cuda
             kernels_wanted = opt.backend == "triton" or (opt.backend == "auto" and on_cuda)
-            path_reason = opt.why_reference(p) if path == "reference" and kernels_wanted else None
+            path_reason = why if path == "reference" and kernels_wanted else None
             tid = ids[id(p)]
             for state in opt.state_names:
                 rows.append(state_row(names.get(id(p), f"param{tid}"), tid, state, layout,

@@ -91,12 +91,13 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         """Why the reference steps p (None if a fused path steps it)."""
         return self._route_of(p)[1]
 
-    def _route_of(self, p: torch.Tensor) -> tuple:
+    def _route_of(self, p: torch.Tensor, group: dict | None = None, shared: set | None = None) -> tuple:
         """_route, or the reference where a fused path would step p and p overlaps another
-        parameter of its group (optim/aliasing.py)."""
-        group = self._group_of(p)
+        parameter of its group (optim/aliasing.py); a caller asking of every parameter (audit)
+        passes the group and its aliasing.overlapping set, made once."""
+        group = self._group_of(p) if group is None else group
         route = self._route(group, p)
-        if route[0] != "reference" and id(p) in aliasing.overlapping(group["params"]):
+        if route[0] != "reference" and id(p) in (aliasing.overlapping(group["params"]) if shared is None else shared):
             return "reference", aliasing.OVERLAP_REASON
         return route
 
