@@ -49,14 +49,22 @@ def encode16(b0, b1, part, x, codes, lay, starts, keys, numel):
 @njit(cache=True, forceinline=True, error_model="numpy")
 def read_back(codes, i0, cnt, fresh, is32, lay, row):
     """row[:cnt] = a state's values read back from codes[i0 + j] (quantizer.decode): 0 where
-    fresh; an fp32 state's as they are (the identity format), a 16-bit minifloat's by
-    codec.decode_value; squared for a :sqrt state."""
+    fresh; an fp32 state's as they are (the identity format); a bf16 state's bits << 16, as
+    the replay's codec reads them (replay_kernel.replay_codec16), other 16-bit minifloats' by
+    codec.decode_value; squared for a :sqrt state. Not decode_value for bf16: its value times
+    the unscaled delta 1.0 is a product that numba 0.59's LLVM 14 kept, and a product quiets
+    a signaling NaN (patterns 0x7F81-0x7FBF and their negatives), where quantizer.decode
+    leaves the bits; newer LLVMs fold it away (tests/test_kernels_cpu_elementwise.py)."""
+    sq = lay[c.SQRT] != 0
     if fresh:
         row[:cnt] = c.ZERO
     elif is32:
-        sq = lay[c.SQRT] != 0
         for j in range(cnt):
             v = codes[i0 + np.uint64(j)]
+            row[j] = v * v if sq else v
+    elif is_bf16(lay):
+        for j in range(cnt):
+            v = c.f32_from_bits(np.uint32(np.uint16(codes[i0 + np.uint64(j)])) << np.uint32(16))
             row[j] = v * v if sq else v
     else:
         dp = (c.ONE, c.ZERO, c.ZERO, np.int32(0))  # decode_params of an unscaled, undithered block
