@@ -51,21 +51,31 @@ def read_back(codes, i0, cnt, fresh, is32, lay, row):
     """row[:cnt] = a state's values read back from codes[i0 + j] (quantizer.decode): 0 where
     fresh; an fp32 state's as they are (the identity format); a bf16 state's bits << 16, as
     the replay's codec reads them (replay_kernel.replay_codec16), other 16-bit minifloats' by
-    codec.decode_value; squared for a :sqrt state. Not decode_value for bf16: its value times
-    the unscaled delta 1.0 is a product that numba 0.59's LLVM 14 kept, and a product quiets
-    a signaling NaN (patterns 0x7F81-0x7FBF and their negatives), where quantizer.decode
-    leaves the bits; newer LLVMs fold it away (tests/test_kernels_cpu_elementwise.py)."""
+    codec.decode_value; squared for a :sqrt state.
+
+    A state that is not squared is read back with no float op at all, in a loop of its own:
+    quantizer.decode leaves a signaling NaN's bits as they are (bf16 patterns 0x7F81-0x7FBF
+    and their negatives), and any float op quiets it. decode_value's product by the unscaled
+    delta 1.0 did (LLVM 14, numba 0.59, kept it; LLVM 22 folds it), and so did `v * v if sq
+    else v` with sq in the loop, which LLVM 15 (numba 0.61) rewrites as v * (v if sq else
+    1.0) (tests/test_kernels_cpu_elementwise.py; docs/cpu.md, "The oldest numba")."""
     sq = lay[c.SQRT] != 0
     if fresh:
         row[:cnt] = c.ZERO
-    elif is32:
+    elif is32 and sq:
         for j in range(cnt):
             v = codes[i0 + np.uint64(j)]
-            row[j] = v * v if sq else v
-    elif is_bf16(lay):
+            row[j] = v * v
+    elif is32:
+        for j in range(cnt):
+            row[j] = codes[i0 + np.uint64(j)]
+    elif is_bf16(lay) and sq:
         for j in range(cnt):
             v = c.f32_from_bits(np.uint32(np.uint16(codes[i0 + np.uint64(j)])) << np.uint32(16))
-            row[j] = v * v if sq else v
+            row[j] = v * v
+    elif is_bf16(lay):
+        for j in range(cnt):
+            row[j] = c.f32_from_bits(np.uint32(np.uint16(codes[i0 + np.uint64(j)])) << np.uint32(16))
     else:
         dp = (c.ONE, c.ZERO, c.ZERO, np.int32(0))  # decode_params of an unscaled, undithered block
         table = np.zeros(1, np.float32)  # a minifloat reads no table
