@@ -15,7 +15,12 @@ READY := $(VENV)/.qstate-installed
 CPU_TORCH := torch==2.13.0
 JOBS ?= auto
 
-NUMBA_DIR := .numba
+NUMBA_DIR ?= .numba
+# What test-cpu-path installs into NUMBA_DIR when it has no numba. The oldest the `cpu` extra
+# allows, in a folder of its own and a cache of its own (docs/cpu.md, "The oldest numba"):
+#   NUMBA_CACHE_DIR=$(mktemp -d) make test-cpu-path NUMBA_DIR=.numba-0.59 \
+#       NUMBA_REQ="numba==0.59.1 llvmlite==0.42.0 numpy==1.26.4"
+NUMBA_REQ ?= "numba>=0.59" llvmlite
 # The fused CPU path's parity tests (kernels/cpu, diagnose's CPU codec) skip where numba is
 # missing, as in `make test`'s environment. `make test-cpu-path` puts numba (the `cpu`
 # extra) in NUMBA_DIR, beside .venv and not in it (so `make test` keeps the reference path
@@ -55,7 +60,7 @@ test: $(READY)
 
 test-cpu-path: $(READY)
 	test -d $(NUMBA_DIR)/numba || $(PY) -m pip install -q --disable-pip-version-check --no-deps \
-	    --target $(NUMBA_DIR) "numba>=0.59" llvmlite
+	    --target $(NUMBA_DIR) $(NUMBA_REQ)
 	PYTHONPATH=$(NUMBA_DIR) $(PY) -m pytest -q -n $(JOBS) --dist loadgroup $(CPU_PATH_TESTS) -k "$(CPU_PATH_SELECT)"
 
 venv: $(READY)
