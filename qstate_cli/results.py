@@ -82,12 +82,17 @@ def cpu_cores(root: str = "/sys/devices/system/cpu") -> int | None:
     return len(cores) or None
 
 
-def cpus_on_cores(count: int | None = None, cores: int | None = None) -> str:
-    """"2 CPUs on 2 cores" (this host's where not given), or "" where the cores are unknown."""
-    count, cores = (os.cpu_count(), cpu_cores()) if count is None and cores is None else (count, cores)
+def cpus_on_cores(count: int | None, cores: int | None) -> str:
+    """"2 CPUs on 2 cores", or "" where either count is unknown (an env block's cpu_count, cpu_cores)."""
     if not count or not cores:
         return ""
     return f"{count} CPU{'s' * (count != 1)} on {cores} core{'s' * (cores != 1)}"
+
+
+def host_cpus() -> str:
+    """This host's CPUs for a benchmark's header: "2 CPUs on 2 cores", or "2 CPUs" where sysfs
+    does not say which cores they sit on."""
+    return cpus_on_cores(os.cpu_count(), cpu_cores()) or f"{os.cpu_count()} CPUs"
 
 
 def git_sha() -> str | None:

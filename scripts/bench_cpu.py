@@ -24,7 +24,7 @@ import time
 import torch
 
 from qstate_cli.optim import SGD, AdamW, Lion
-from qstate_cli.results import cpus_on_cores
+from qstate_cli.results import host_cpus
 
 QSTATE = {"adamw": AdamW, "lion": Lion, "sgd": SGD}
 
@@ -64,7 +64,7 @@ def main() -> None:
                     help="idle pause before each timed step (ms), so the previous subject's OpenMP threads "
                          "have stopped spinning")
     args = ap.parse_args()
-    print(f"numel {args.numel}, fp32, {cpus_on_cores() or f'{os.cpu_count()} CPUs'}, torch threads "
+    print(f"numel {args.numel}, fp32, {host_cpus()}, torch threads "
           f"{torch.get_num_threads()}, load average before {os.getloadavg()}")
     runs = []  # (name, path, optimizer, (wall, cpu) per step); warm-up (the first step compiles) before any timing
     for name, build, path in subjects(args.presets.split(","), not args.no_peers, args.optimizer):

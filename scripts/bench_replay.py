@@ -30,7 +30,6 @@ charged to its first configuration: nearest-4bit read 55-58 M instead of ~100).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -42,7 +41,7 @@ import torch
 from qstate_cli import __version__, runtime
 from qstate_cli.diagnose import replay as replay_module
 from qstate_cli.diagnose.run import diagnose, select_configs
-from qstate_cli.results import cpus_on_cores
+from qstate_cli.results import host_cpus
 from qstate_cli.runtime import cache_dir
 from qstate_cli.trace import load_trace
 from qstate_cli.trace.recipes import SYNTH_TENSORS, record_synthetic
@@ -160,7 +159,7 @@ def main(argv=None) -> int:
     for _, trace, _ in traces:  # numba compiles (or loads its disk cache) here, untimed: each trace, since
         for b in args.backends:  # a layout of another size takes other kernels (run_parts' and not numba's team)
             time_replay(trace, configs, b, 2)
-    print(f"# {cpus_on_cores() or f'{os.cpu_count()} CPUs'}, torch threads {torch.get_num_threads()}, "
+    print(f"# {host_cpus()}, torch threads {torch.get_num_threads()}, "
           f"configuration threads {args.config_threads}, warm-up {time.perf_counter() - t0:.1f} s, "
           f"median of {args.repeats}; M/s = M element-steps/s of the phase")
     print(f"# host before: {host_now()}")
