@@ -121,19 +121,20 @@ def shard(model, mesh):
     return model
 
 
-def run(rank: int, world: int, port: int, out: str) -> None:
+def run(rank: int, world: int, out: str) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                         set_model_state_dict, set_optimizer_state_dict)
+                                                         set_optimizer_state_dict)
     from torch.distributed.device_mesh import init_device_mesh
 
     from qstate_cli.errors import QstateError
     from qstate_cli.trace import Recorder
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # the rendezvous through a file in OUT, not a TCP port (no port to find free, none to collide)
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(out, "store"), world), rank=rank,
+                            world_size=world)
     mesh = init_device_mesh("cpu", (world,))
 
     def save(name, obj):
@@ -210,10 +211,9 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
     if rank != 0:
-        return
+        leave()
     # world size 1: a process group of one, FSDP2 on a 1-rank mesh, the same checkpoint
-    os.environ["MASTER_PORT"] = str(port + 1)
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     mesh1 = init_device_mesh("cpu", (1,))
     model1 = shard(aligned_model(), mesh1)
     opt1 = optimizer(model1, "bred-4bit")
@@ -245,6 +245,25 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     opt = optimizer(model, "fp32")
     with Recorder(opt, os.path.join(out, "rec-single.pt"), model=model, blocks_per_tensor=2, steps=3):
         train(model, opt, 3)
+    leave()
+
+
+def leave() -> None:
+    """End this rank here, without the interpreter's finalization (exit status 0).
+
+    A gloo worker thread frees a finished collective (here the last barrier, which holds
+    FSDP2's all-gathers and their tensors) after the caller has gone on. When that lands
+    while the interpreter finalizes, taking the GIL ends the thread inside a noexcept
+    destructor: "terminate called without an active exception", SIGABRT (gdb on the core:
+    ProcessGroupGloo::runLoop -> ~AsyncBarrierWork -> TensorImpl::decref_pyobject ->
+    take_gil -> pthread_exit -> std::terminate; torch 2.13, pytorch/pytorch#190489). It hit
+    rank 1, which returned right after the barrier, in 1 of 20-60 spawns. The mesh and the
+    DTensors still hold the group, so destroy_process_group does not join those threads.
+    Every file this worker writes is closed by now.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class _Seq(torch.nn.Module):
@@ -261,11 +280,11 @@ class _Seq(torch.nn.Module):
         return self.ddp(x)
 
 
-def spawn(out: str, port: int, world: int = 2, timeout_s: float = 600) -> None:
+def spawn(out: str, world: int = 2, timeout_s: float = 600) -> None:
     """Run `run` on `world` processes (torch.multiprocessing, spawn); raise on failure or timeout."""
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(run, args=(world, port, out), nprocs=world, join=False, start_method="spawn")
+    ctx = mp.start_processes(run, args=(world, out), nprocs=world, join=False, start_method="spawn")
     import time
 
     deadline = time.monotonic() + timeout_s
@@ -278,4 +297,4 @@ def spawn(out: str, port: int, world: int = 2, timeout_s: float = 600) -> None:
 
 
 if __name__ == "__main__":
-    spawn(sys.argv[1], int(sys.argv[2]))
+    spawn(sys.argv[1])

@@ -6,8 +6,6 @@ where torch.distributed, gloo or FSDP2 (`torch.distributed.fsdp.fully_shard`) is
 """
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
@@ -24,19 +22,13 @@ import distributed_worker as worker  # noqa: E402
 pytestmark = pytest.mark.distributed
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    worker.spawn(str(out), free_port(), world=2, timeout_s=600)
+    worker.spawn(str(out), world=2, timeout_s=600)
 
     def load(name):
-        return torch.load(out / f"{name}.pt", weights_only=False)
+        return torch.load(out / f"{name}.pt", weights_only=True)
 
     load.out = out
     return load
