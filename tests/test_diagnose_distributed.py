@@ -57,3 +57,30 @@ def test_torchrun_diagnose_equals_single_process(demo_trace, tmp_path):
     assert_rows_close(a["meta"]["gradient_checks"], b["meta"]["gradient_checks"], "gradient_checks")
     assert r2.stdout.count("qstate diagnose:") == 1  # one table, from rank 0
     assert r2.stdout.count("wrote ") <= 1
+
+
+# A process group of one (no torchrun): `init` starts it, or finds the caller's. atexit runs
+# last-in, first-out, so the print (registered before `init`) runs after `finish`.
+GROUP_AT_EXIT = """
+import atexit, gc, os, socket, sys, weakref
+import torch.distributed as dist
+from qstate_cli.diagnose import distributed
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+if sys.argv[1] == "caller":
+    dist.init_process_group("gloo")
+    atexit.register(dist.destroy_process_group)  # the caller's own clean-up, after the print
+atexit.register(lambda: print("at exit:", dist.is_initialized(), "freed:", gc.collect() >= 0 and group() is None))
+print("device:", distributed.init("cpu"), "started:", dist.is_initialized())
+group = weakref.ref(dist.group.WORLD)
+"""
+
+
+@pytest.mark.parametrize("who, left", [("qstate", "False freed: True"), ("caller", "True freed: False")])
+def test_the_group_init_starts_is_destroyed_at_exit_and_a_callers_is_left(who, left):
+    """qstate's group is destroyed and freed (its threads joined) before finalization."""
+    r = run("-c", GROUP_AT_EXIT, who, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["device: cpu started: True", f"at exit: {left}"], r.stdout

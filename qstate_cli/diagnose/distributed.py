@@ -36,11 +36,14 @@ on small traces with many configurations (at most N while there are N configurat
 
 Process group: torchrun sets RANK / WORLD_SIZE / MASTER_ADDR; `init()` starts gloo on CPU,
 NCCL when the replay runs on CUDA (each rank on cuda:LOCAL_RANK), unless the caller
-already started one. Without WORLD_SIZE > 1 nothing here runs.
+already started one; a group it started it destroys at exit (`finish`). Without
+WORLD_SIZE > 1 nothing here runs.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -86,7 +89,24 @@ def init(device: str) -> str:
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+        atexit.register(finish, weakref.ref(dist.group.WORLD))  # weak: the registry must not keep it alive
     return str(dev)
+
+
+def finish(started: weakref.ref) -> None:
+    """Destroy the process group `init` started (`started`), if it is still the default one.
+
+    Run by atexit, before the interpreter finalizes: destroying the group joins its worker
+    threads while they can still take the GIL. Left to finalization, a gloo worker that
+    frees a finished collective's tensors after the main thread has gone on aborts the
+    process ("terminate called without an active exception", pytorch/pytorch#190489; seen
+    in tests/distributed_worker.py), and NCCL warns that destroy_process_group was not
+    called. A group the caller started, or replaced, is left to the caller.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.group.WORLD is started():
+        dist.destroy_process_group()
 
 
 @dataclass(frozen=True)
