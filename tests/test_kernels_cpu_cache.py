@@ -1,10 +1,12 @@
 """Where the CPU path's compiled kernels are cached (kernels/cpu/__init__.numba_cache_dir):
 one folder per version of the kernel sources, since numba invalidates a cached kernel only
-when its own file changes, not when an inlined helper in codec.py does."""
+when its own file changes, not when an inlined helper in codec.py does; versions unused for
+30 days are removed when another starts (cache_in_use)."""
 import hashlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,53 @@ def test_codec_points_numba_there_before_compiling(tmp_path):
     assert out.returncode == 0, out.stderr
     ok, where = out.stdout.split()
     assert ok == "True" and where.startswith(str(tmp_path / "numba"))
+    assert (Path(where) / cpu.USED).is_file()  # marked as used (cache_in_use)
+
+
+DAY = 86400
+
+
+def _version(root: Path, name: str, unused_days: float, now: float, mark: bool = True) -> Path:
+    """A cache folder as numba leaves it (a subfolder per kernel file), last used `unused_days` ago."""
+    folder = root / name
+    (folder / "qstate_cli_kernels_cpu_adamw").mkdir(parents=True)
+    t = now - unused_days * DAY
+    if mark:
+        (folder / cpu.USED).touch()
+        os.utime(folder / cpu.USED, (t, t))
+    os.utime(folder, (t, t))
+    return folder
+
+
+def test_versions_unused_for_30_days_go_when_another_version_starts(monkeypatch, tmp_path):
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("QSTATE_CACHE", str(tmp_path))
+    now, root = time.time(), tmp_path / "numba"
+    kept = [_version(root, "fedcba9876543210", cpu.UNUSED_DAYS - 1, now),  # used 29 days ago
+            _version(root, "00000000000000bb", 2, now, mark=False),  # from before the mark, written 2 days ago
+            _version(root, "not-a-version", 400, now)]  # not named like a digest: not ours to judge
+    _version(root, "0123456789abcdef", cpu.UNUSED_DAYS + 1, now)
+    _version(root, "00000000000000aa", cpu.UNUSED_DAYS + 1, now, mark=False)
+    current = cpu.cache_in_use(now)
+    assert current == cpu.numba_cache_dir()
+    assert (current / cpu.USED).stat().st_mtime == pytest.approx(now)
+    assert sorted(p.name for p in root.iterdir()) == sorted([current.name] + [p.name for p in kept])
+
+
+def test_under_numba_cache_dir_only_marked_versions_go(monkeypatch, tmp_path):
+    """NUMBA_CACHE_DIR may be shared: a folder without qstate's mark is not removed there."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    now = time.time()
+    unmarked = _version(tmp_path, "00000000000000aa", 400, now, mark=False)
+    _version(tmp_path, "0123456789abcdef", cpu.UNUSED_DAYS + 1, now)
+    current = cpu.cache_in_use(now)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([current.name, unmarked.name])
+
+
+def test_a_cache_that_cannot_be_written_is_left_alone(monkeypatch):
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("QSTATE_CACHE", "/proc/qstate-cannot-write")
+    assert cpu.cache_in_use() == cpu.numba_cache_dir()
 
 
 def _target_features(env_extra: dict) -> list[str]:

@@ -51,7 +51,8 @@ compile (docs/cpu.md states the cost). The cache lives in
 `<NUMBA_CACHE_DIR or cache_dir()/numba>/<sha256 of this folder's sources>`:
 numba invalidates a cached kernel only when its own file changes, not when an inlined
 helper in codec.py does, so a folder per source version keeps an edited checkout from
-loading stale kernels.
+loading stale kernels; a version's folder unused for 30 days goes when another version
+starts (cache_in_use).
 
 Three ways to call a helper (docs/cpu.md, "Compile time: LLVM's inlining"):
 - `@njit(inline="always")`: numba copies the helper's IR into each call site, so LLVM
@@ -72,6 +73,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import re
+import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -114,6 +118,39 @@ def numba_cache_dir() -> Path:
     digest = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in sources)).hexdigest()[:16]
     root = Path(os.environ["NUMBA_CACHE_DIR"]) if os.environ.get("NUMBA_CACHE_DIR") else cache_dir() / "numba"
     return root / digest
+
+
+USED = ".qstate-used"  # touched in a version's folder by each process that compiles or loads there
+UNUSED_DAYS = 30  # a version's folder unused this long is removed when another version starts
+
+
+def cache_in_use(now: float | None = None) -> Path:
+    """numba_cache_dir(), marked as used now; other versions' folders beside it that no
+    process has used for UNUSED_DAYS days are removed (8-42 MB each: every upgrade or edit of
+    these sources makes a new one). Only folders named like a digest are candidates, and under
+    NUMBA_CACHE_DIR, which may be shared, only those holding the mark; under qstate's own
+    cache a folder from before the mark counts as used when it was last written. A cache that
+    cannot be written is left as it is."""
+    folder = numba_cache_dir()
+    now = time.time() if now is None else now
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / USED).touch()
+        os.utime(folder / USED, (now, now))
+    except OSError:
+        return folder
+    ours = not os.environ.get("NUMBA_CACHE_DIR")
+    for other in folder.parent.iterdir():
+        if other == folder or not re.fullmatch(r"[0-9a-f]{16}", other.name) or not other.is_dir():
+            continue
+        mark = other / USED
+        try:
+            used = mark.stat().st_mtime if mark.exists() else (other.stat().st_mtime if ours else None)
+        except OSError:
+            continue
+        if used is not None and now - used > UNUSED_DAYS * 86400:
+            shutil.rmtree(other, ignore_errors=True)
+    return folder
 
 
 def launcher(kernel: str):
