@@ -62,13 +62,10 @@ def test_torchrun_diagnose_equals_single_process(demo_trace, tmp_path):
 # A process group of one (no torchrun): `init` starts it, or finds the caller's. atexit runs
 # last-in, first-out, so the print (registered before `init`) runs after `finish`.
 GROUP_AT_EXIT = """
-import atexit, gc, os, socket, sys, weakref
+import atexit, gc, os, sys, weakref
 import torch.distributed as dist
 from qstate_cli.diagnose import distributed
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0", WORLD_SIZE="1")  # 0: any free port
 if sys.argv[1] == "caller":
     dist.init_process_group("gloo")
     atexit.register(dist.destroy_process_group)  # the caller's own clean-up, after the print
