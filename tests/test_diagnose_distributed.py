@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from diagnose_rows import ROWS, assert_rows_close
 from typer.testing import CliRunner
 
@@ -70,7 +71,7 @@ if sys.argv[1] == "caller":
     dist.init_process_group("gloo")
     atexit.register(dist.destroy_process_group)  # the caller's own clean-up, after the print
 atexit.register(lambda: print("at exit:", dist.is_initialized(), "freed:", gc.collect() >= 0 and group() is None))
-print("device:", distributed.init("cpu"), "started:", dist.is_initialized())
+print("device:", distributed.init(sys.argv[2]), "started:", dist.is_initialized())
 group = weakref.ref(dist.group.WORLD)
 """
 
@@ -78,6 +79,16 @@ group = weakref.ref(dist.group.WORLD)
 @pytest.mark.parametrize("who, left", [("qstate", "False freed: True"), ("caller", "True freed: False")])
 def test_the_group_init_starts_is_destroyed_at_exit_and_a_callers_is_left(who, left):
     """qstate's group is destroyed and freed (its threads joined) before finalization."""
-    r = run("-c", GROUP_AT_EXIT, who, timeout=120)
+    r = run("-c", GROUP_AT_EXIT, who, "cpu", timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:2] == ["device: cpu started: True", f"at exit: {left}"], r.stdout
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not (torch.cuda.is_available() and dist.is_nccl_available()), reason="needs CUDA and NCCL")
+def test_an_nccl_group_init_starts_is_destroyed_at_exit_without_torchs_warning():
+    """On CUDA `init` starts NCCL; destroyed at exit, torch has nothing to warn about."""
+    r = run("-c", GROUP_AT_EXIT, "qstate", "cuda", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["device: cuda:0 started: True", "at exit: False freed: True"], r.stdout
+    assert "destroy_process_group" not in r.stderr, r.stderr
