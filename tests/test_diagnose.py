@@ -174,6 +174,37 @@ def test_aggregate_error_grows_like_d_for_bias_and_sqrt_d_for_noise():
     assert rec[(str(bred), "v")]["drift_final"] > 0.05  # the clamp's cost
 
 
+@pytest.mark.parametrize("cfg", ["bred-4bit", "bf16"])
+def test_a_configurations_numbers_do_not_depend_on_the_configurations_beside_it(cfg):
+    """The layout's unit is the largest block of the configurations replayed together (128 for
+    either alone, 2048 beside a b2048 one), and tensors of 9000, 2800, 33
+    and 6000 elements end between units. Padding, sums per unit and the dimension statistic's
+    chunks move with it; a configuration's records must not: its dimension statistic (chunks on
+    trace blocks, fp64, over per-tensor RMS from fp32 sums) to 1e-6, its counts exactly, its
+    fp32 sums to their rounding."""
+    _, _, trace = run_reference(lambda ps: AdamW(ps, lr=1e-2, states="fp32", seed=3), [(9000,), (40, 70), (33,), (6000,)], 8)
+    wide = "m=int8:nearest:b2048,v=lin8nz:nearest:b2048"
+    alone, _ = diagnose(trace, select_configs([cfg]))
+    beside, _ = diagnose(trace, select_configs([cfg, wide]))
+    rows = {k: [r for r in beside[k] if r.get("config") == cfg] for k in alone if isinstance(alone[k], list)}
+    assert len(alone["dim_scaling"]) == len(rows["dim_scaling"]) >= 2 * 13  # d = 1 .. 4096, m and v
+    for a, b in zip(alone["dim_scaling"], rows["dim_scaling"]):
+        assert a["d"] == b["d"] and a["rms_sum"] == pytest.approx(b["rms_sum"], rel=1e-6)
+    for key in ("records", "series", "histograms", "per_code", "per_tensor"):
+        assert len(alone[key]) == len(rows[key]), key
+        for a, b in zip(alone[key], rows[key]):
+            assert a.keys() == b.keys()
+            for k, x in a.items():
+                if k == "rank":  # among the configurations replayed: the one field that should differ
+                    continue
+                if k == "dim_slope":
+                    assert x == pytest.approx(b[k], rel=1e-6), (key, k)
+                elif isinstance(x, float):
+                    assert x == pytest.approx(b[k], rel=1e-4, abs=1e-8), (key, a.get("state"), k)
+                else:
+                    assert x == b[k], (key, a.get("state"), k)
+
+
 def test_observed_bf16_stall_rate_follows_the_staleness_model():
     """Gaussian gradients with per-element sigma^2 spread over a binade, beta2 = 0.99: after
     the build-up (~3/(1-beta2) steps) the observed stall rate of a bf16 v matches P_NR and

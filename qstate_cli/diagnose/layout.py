@@ -31,6 +31,7 @@ element_index are the part's.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..errors import QstateError
@@ -127,6 +128,18 @@ class Layout:
         for i, _, count, at in self.pieces:
             self._stage[:k, at: at + count].copy_(self.grads[i][row: row + k])
         self._stage_rows = range(row, row + k)
+
+    def block_padded_units(self) -> tuple[np.ndarray, int]:
+        """Where each unit of the whole layout sits when every segment is padded to whole trace
+        blocks (BLOCK elements) instead of units, and that arrangement's length in units. The
+        dimension statistic chunks this arrangement, so its chunks, and with them its numbers, are
+        the same whatever unit the replayed configurations set (stats.dimension_ms)."""
+        at, canon = [], 0
+        for ln in self.lengths:
+            k = -(-ln // self.unit)  # this tensor's units
+            at.append(np.arange(k) + canon // self.unit)
+            canon += -(-ln // BLOCK) * BLOCK
+        return (np.concatenate(at) if at else np.zeros(0, np.int64)), canon // self.unit
 
     def per_tensor(self, unit_sums: torch.Tensor) -> torch.Tensor:
         """Sum per-unit values [..., n_units] into per-tensor values [..., n_tensors]."""

@@ -225,7 +225,8 @@ def config_threads_for(opts: ReplayOptions, device: torch.device, n_configs: int
 def layout_unit(configs, unit: int | None = None) -> int:
     """The layout's unit: the largest block (quantization or dither) of any state, or `unit`
     where given (a multiple of each). The per-unit sums of the statistics add up in these
-    blocks, so a configuration's records carry its layout's unit in their last bits."""
+    blocks, so a configuration's records carry its layout's unit in their last bits (fp32
+    sums; the dimension statistic's chunks do not depend on it: stats.dimension_ms)."""
     blocks = [spec.dither_block for cfg in configs for spec in (cfg.m, cfg.v) if spec.fmt.kind != "identity"]
     unit = max(blocks, default=128) if unit is None else int(unit)
     if any(unit % b for b in blocks):
@@ -244,7 +245,7 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     configs, shadows = _setup(trace, opts, mine, rec, layout, n_steps, reduce_absmax, rule != rec.step)
     for c in configs if opts.fused_step else ():
         c.fused = fused_step.fused_step_for(c, rule, layout)
-    model_every = max(1, n_steps // model_points(layout.total_n))  # the model costs ~ one encode + decode
+    model_every = max(1, n_steps // model_points(layout.total_valid))  # the model costs ~ one encode + decode
     timer = Timer(device, sync=opts.profile)
     # the padding's flat positions: an index_fill_ of these costs ~7 us a state-step on the demo
     # against ~37 us for masked_fill_ with the whole layout's mask (1 thread)

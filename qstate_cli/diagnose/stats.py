@@ -18,7 +18,9 @@ shadow s_t (same gradients, fp32 states), E_t = x_hat_t - s_t:
                        code stalls, per stored code (8 bits or fewer) or per binade (16-bit
                        floats)
     dimension        = RMS over chunks of |sum of d errors| (each error over its tensor's
-                       shadow RMS) at d = 1, 2, 4, ..., N/4; log-log slope ~1 for a
+                       shadow RMS; chunks aligned with each tensor's trace blocks, squares
+                       per d recorded elements: dimension_ms) at d = 1, 2, 4, ..., N/4 (N
+                       recorded elements); log-log slope ~1 for a
                        coherent bias (d b), ~0.5 for independent noise (sqrt(d) s); the
                        record's slope is fitted over d >= the dither block (summary.py)
 
@@ -77,7 +79,7 @@ class StateStats:
         self.code_mode = _code_mode(spec)
         self.n_codes = {"code": 2 ** spec.fmt.bits, "binade": 2 ** spec.fmt.exp_bits}.get(self.code_mode, 0)
         self.codes = torch.zeros(N_CODE_CLASSES * max(self.n_codes, 1), dtype=torch.int64, device=dev)
-        self.dims = [2 ** k for k in range(int(math.log2(max(1, layout.total_n // 4))) + 1)]
+        self.dims = [2 ** k for k in range(int(math.log2(max(1, layout.total_valid // 4))) + 1)]  # as any unit
         self.snap_x2, self.snap_small, self.snap_units = [], [], []  # per snapshot (_snapshot)
         self._ones = torch.ones(layout.n, dtype=torch.int64, device=dev)
         self._fused = None
@@ -202,23 +204,31 @@ def _stack(parts: list) -> np.ndarray:
 def dimension_ms(st: dict, layout: Layout) -> np.ndarray:
     """Mean over snapshots of the mean squared chunk sum of d errors, each error over its
     tensor's shadow RMS, at every d of st["dims"] (module docstring), from StateStats'
-    parts of the whole layout (summed or, per unit, concatenated across ranks)."""
+    parts of the whole layout (summed or, per unit, concatenated across ranks). Chunks are
+    aligned in the arrangement where each tensor's recorded elements are padded to whole trace
+    blocks (Layout.block_padded_units), and the sum of squares is per d recorded elements
+    (divided by total_valid / d: independent errors of variance s^2 give d s^2 at every d, a
+    partial chunk included): so a configuration's numbers do not depend on the unit, the
+    largest block of the configurations replayed beside it."""
     dims, snaps = st["dims"], st["dim_x2"].shape[0]
     out = np.zeros(len(dims))
     if snaps == 0:
         return out
     n_el = np.asarray(layout.lengths, dtype=np.float64)
     owner = layout.unit_tensor.cpu().numpy()
+    at, size = layout.block_padded_units()
+    per = [layout.total_valid / d for d in dims]
     for k in range(snaps):
         rms = np.sqrt(st["dim_x2"][k] / n_el)
         rms = np.where(rms > 0, rms, 1.0)
         small = st["dim_small"][k]  # [levels d < unit, tensors]
         for j, row in enumerate(small):
-            out[j] += float((row / (rms * rms)).sum()) / (layout.total_n // dims[j])
-        e = st["dim_units"][k] / rms[owner]
-        for j in range(len(small), len(dims)):  # d >= unit: chunk sums across units, pairwise from the last
-            out[j] += float((e * e).mean())
-            e = e[: e.size // 2 * 2].reshape(-1, 2).sum(1)
+            out[j] += float((row / (rms * rms)).sum()) / per[j]
+        e = np.zeros(size)
+        e[at] = st["dim_units"][k] / rms[owner]
+        for j in range(len(small), len(dims)):  # d >= unit: chunk sums across units, pairwise
+            out[j] += float((e * e).sum()) / per[j]
+            e = np.append(e, np.zeros(e.size % 2)).reshape(-1, 2).sum(1)
     return out / snaps
 
 
