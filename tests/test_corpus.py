@@ -98,6 +98,16 @@ def test_corpus_names_work_in_diagnose(cache, tmp_path):
     assert r.exit_code == 2 and "unknown corpus trace 'nope'" in r.output
 
 
+def test_corpus_names_work_in_trace_info(cache):
+    r = runner.invoke(app, ["trace", "info", "corpus:synthetic-heavy", "--json"], env=WIDE)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["summary"]["trace"].endswith(corpus.ENTRIES["synthetic-heavy"].filename)
+    assert doc["summary"]["recorded_elements"] == 4 * 2048 and len(doc["tensors"]) == 4
+    r = runner.invoke(app, ["trace", "info", "corpus:digit-cnn"], env=WIDE)
+    assert r.exit_code == 2 and "did you mean digits-cnn" in r.output
+
+
 def test_corpus_cli_as_a_subprocess(cache, tmp_path):
     r = run_cli("trace", "corpus", "--json", "--sha256", cache_dir=cache)
     assert r.returncode == 0, r.stderr

@@ -41,14 +41,16 @@ def demo(
 
 @trace_app.command("info")
 def info(
-    trace: Path = typer.Argument(..., help="Trace file or directory of shards."),
+    trace: Path = typer.Argument(..., help="Trace file or directory of shards; `demo` or `corpus:NAME` "
+                                           "(recorded on first use)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary and tensor rows as JSON."),
 ):
     """Summarize a trace: optimizer, steps, tensors, recorded blocks, gradient RMS, NaN/Inf."""
     from ..trace import load_trace
+    from ..trace.corpus import resolve
     from ..trace.demo import info as trace_info
 
-    summary, rows = trace_info(load_trace(trace))
+    summary, rows = trace_info(load_trace(resolve(trace, log=output.stderr.print)))
     if as_json:
         output.print_json({"summary": summary, "tensors": rows})
         return

@@ -50,7 +50,8 @@ class DiagnoseOptions(Options):
     COMMAND = "diagnose"
 
     trace: str | None = option(None, "Trace file or directory of shards (from `qstate trace demo` or the Recorder); "
-                                     "'demo': the cached demo trace, made on first use.", argument=True)
+                                     "'demo': the cached demo trace; 'corpus:NAME': a corpus trace (qstate trace corpus); "
+                                     "both made on first use.", argument=True)
     config: list[StateConfig] = many("Configuration to replay (repeatable): preset or m=SPEC,v=SPEC.",
                                      "--config", "-c", parse=parse_config)
     bits: list[int] = many("Add the linear presets at these bits (4, 8; repeatable).", type=int)
