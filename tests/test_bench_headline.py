@@ -43,3 +43,14 @@ def test_headline_writes_every_row_and_the_summary(tmp_path):
     b, n = rows["bred-4bit"], rows["nearest-4bit"]
     assert summary["bred_overhead_pct"] == pytest.approx(100 * (b["time_ms"] / n["time_ms"] - 1))
     assert set(summary["meets"]) == {"pct_of_copy", "bred_overhead", "speedup_vs_torch"}
+
+
+def test_headline_on_a_cpu_without_the_interpreter_is_a_one_line_error(tmp_path, monkeypatch):
+    """Outside the tests (TRITON_INTERPRET unset) the Triton kernels cannot run on a CPU: the
+    options are refused before anything is timed or written, and the line names the CPU path."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    out = tmp_path / "headline.json"
+    r = CliRunner().invoke(app, ["bench", "headline", "--device", "cpu", "--json", str(out)])
+    assert r.exit_code == 2 and not out.exists()
+    line = r.output.strip()
+    assert "\n" not in line and "TRITON_INTERPRET=1" in line and "bench kernels --device cpu" in line

@@ -81,6 +81,12 @@ class HeadlinePlan:
 def plan(opts: HeadlineOptions) -> HeadlinePlan:
     """Validate the options (QstateError on bad input)."""
     device = resolve_device(opts.device)
+    from ..kernels import unavailable_reason
+
+    why = unavailable_reason(device)
+    if why is not None:
+        raise QstateError(f"bench headline times the Triton kernels on {device.type}, and {why}; on a CPU, "
+                          f"`qstate bench kernels --device cpu --bits 4` times the fused CPU path")
     if opts.numel < 1:
         raise QstateError("--numel must be >= 1")
     if opts.reps < 1 or opts.warmup < 1:
