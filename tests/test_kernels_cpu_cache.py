@@ -1,7 +1,8 @@
 """Where the CPU path's compiled kernels are cached (kernels/cpu/__init__.numba_cache_dir):
 one folder per version of the kernel sources, since numba invalidates a cached kernel only
 when its own file changes, not when an inlined helper in codec.py does; versions unused for
-30 days are removed when another starts (cache_in_use)."""
+30 days are removed when another starts (cache_in_use); any checkout of the same sources
+loads the kernels another compiled (locator.py)."""
 import hashlib
 import os
 import subprocess
@@ -185,6 +186,37 @@ def test_a_load_from_numbas_cache_is_held_not_compiled(tmp_path):
     (compiled1, held1), (compiled2, held2) = ([float(v) for v in r] for r in runs)
     assert compiled1 > 0 and held1 >= compiled1  # the first process compiles
     assert compiled2 == 0 and held2 > 0  # the second loads it, inside the lock
+
+
+def test_two_checkouts_of_the_same_sources_share_the_compiled_kernels(tmp_path):
+    """numba files a cache under a folder named by the source folder's path: a second checkout
+    of the same sources compiled every kernel again. The kernels of kernels/cpu are filed in
+    the version's folder itself (locator.SourceLocator), so a copy of the package elsewhere
+    loads what the first compiled: one SGD kernel, 5-7 s, then none."""
+    numba = pytest.importorskip("numba")
+    import shutil
+
+    package = Path(cpu.__file__).parents[2]  # qstate_cli
+    probe = ("import torch; from qstate_cli import runtime; from qstate_cli.optim import SGD; "
+             "p = torch.nn.Parameter(torch.randn(8192)); p.grad = torch.randn(8192); "
+             "opt = SGD([p], lr=0.01, momentum=0.9, states='m=int8:nearest:b256', min_quant_numel=0); opt.step(); "
+             "print(opt.path_for(p), runtime.COMPILES.seconds)")
+    numba_path = str(Path(numba.__file__).parents[1])
+    seconds = []
+    for name in ("a", "b"):
+        shutil.copytree(package, tmp_path / name / "qstate_cli", ignore=shutil.ignore_patterns("__pycache__"))
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+               "PYTHONPATH": os.pathsep.join([str(tmp_path / name), numba_path])}
+        out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path / name, env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert out.returncode == 0, out.stderr
+        path, compiled = out.stdout.split()
+        assert path == "cpu-numba"
+        seconds.append(float(compiled))
+    assert seconds[0] > 0 and seconds[1] == 0, seconds
+    (version,) = (tmp_path / "cache").iterdir()
+    assert version.name == cpu.numba_cache_dir().name and any(version.glob("sgd.*.nbi"))
+    assert not [p for p in version.iterdir() if p.is_dir()]  # no folder per checkout path
 
 
 def test_the_cli_says_on_stderr_that_it_compiles(monkeypatch, capsys):

@@ -27,6 +27,7 @@
     elementwise.py  encode and decode of unscaled 16-bit minifloat states (bf16, fp16) laid end
                  to end, where optim/small.py steps them together; kernels in elementwise_kernel.py
     compiling.py numba's compilations reported to runtime.COMPILES (seconds, the first-use notice)
+    locator.py   numba's disk cache of these kernels filed by source version, not checkout path
     torch_sum.py torch's CPU sum in torch's own order of additions (the statistics' per-unit and
                  per-step sums, a sum to one value split over torch's threads), probed against
                  torch once per process; kernel in torch_sum_kernel.py

@@ -51,13 +51,15 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from . import cache_in_use, compiling
+from . import cache_in_use, compiling, locator
 from .native import bits_of_f32, f32_from_bits, wide_features
 
 # Every kernel module imports this one before it compiles anything: point numba's disk
 # cache at a folder per source version (package docstring: an inlined helper's change
-# does not invalidate its callers' cached code); versions unused for 30 days are removed.
+# does not invalidate its callers' cached code), where any checkout of these sources finds
+# the kernels (locator.py); versions unused for 30 days are removed.
 numba.config.CACHE_DIR = str(cache_in_use())
+locator.install()
 compiling.install()  # each compilation's seconds and the first one's notice (runtime.COMPILES)
 # and compile for 512-bit vectors on an AVX-512 host (native.wide_features), unless the user
 # chose the target (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, which numba reads into its config).
