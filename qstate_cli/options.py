@@ -26,6 +26,7 @@ Nothing here imports Typer or an engine: engines import this module, never the C
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import MISSING, field, fields
 from typing import Any, Callable
@@ -34,6 +35,7 @@ from .errors import QstateError
 from .quant.formats import suggest
 
 SCALAR_TYPES = (bool, int, float, str)
+MAX_SEED = 2**63 - 1  # torch's generators take a signed 64-bit seed (quant/hash.py keeps its low 32 bits)
 
 
 def option(default: Any = None, help: str = "", *flags: str, parse: Callable | None = None,
@@ -109,10 +111,44 @@ def _convert(f: dataclasses.Field, value, what: str):
         raise QstateError(f"{what}: {f.name} must be {kind.__name__}, got {value!r}") from None
 
 
+def parse_seed(value, flag: str = "--seed") -> int:
+    """A seed: a whole number in 0 .. 2^63-1 (torch.manual_seed overflows past it)."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not (isinstance(value, int) or re.fullmatch(r"\+?\d{1,19}", text)) \
+            or not 0 <= int(text) <= MAX_SEED:
+        raise QstateError(f"{flag} {_short(value)}: must be a whole number from 0 to 2^63-1")
+    return int(text)
+
+
+def seed_option(help: str):
+    """The `--seed` option of an engine (parse_seed)."""
+    return option(0, help, parse=parse_seed, type=int)
+
+
+def positive_number(flag: str) -> Callable:
+    """A parser of a finite number > 0 (`--max-gib`): NaN, inf and 0 are refused."""
+    def parse(value) -> float:
+        try:
+            number = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            number = math.nan
+        if not (math.isfinite(number) and number > 0):
+            raise QstateError(f"{flag} {_short(value)}: must be a finite number > 0")
+        return number
+    return parse
+
+
+def _short(value) -> str:
+    """A value as a message shows it: at most 40 characters."""
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 class Options:
     """Base of every command's options dataclass (see module docstring); not a dataclass
     itself, so frozen and mutable options classes can both derive from it. `COMMAND`
-    names the command in messages."""
+    names the command in messages. `check()` is what the engine would refuse about the
+    values together (an engine overrides it), found without doing any work."""
 
     COMMAND = ""
 
@@ -121,6 +157,9 @@ class Options:
         for f in option_fields(self):
             value = getattr(self, f.name)
             if f.metadata["many"]:
+                for item in value if isinstance(value, (list, tuple)) else [value]:
+                    if isinstance(item, str) and not split_items(item):  # `-m ,,`: not the default
+                        raise QstateError(f"{flags_of(f)[0]} {item!r}: names nothing; give at least one value")
                 value = [_convert(f, v, what) for v in split_items(value)]
             elif value is not None:
                 value = _convert(f, value, what)
@@ -140,6 +179,11 @@ class Options:
                 continue  # null: the default
             values[name] = value
         return cls(**values)
+
+    def check(self, here: bool = True) -> None:
+        """QstateError for what the engine would refuse, before any work. here=False: a
+        device is checked by name only, not for being on this machine (`suite validate`
+        of a CUDA suite on a laptop); `run` checks every point with here=True."""
 
     def to_params(self) -> dict:
         """Every field as a plain JSON value (objects such as a StateConfig by name)."""

@@ -8,13 +8,12 @@
       "records": [{flat row}, ...]          # pandas.DataFrame(records) just works
     }
 
-Writes are atomic (write a temporary file in the same folder, then rename), so an
+Writes are atomic (atomic.py: a temporary file in the same folder, then a rename), so an
 interrupted run never leaves a truncated file; `ResultWriter` rewrites the file after
 every finished row, which is what makes Ctrl-C keep the rows already measured.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import json
 import os
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
+from .atomic import atomic_path, write_target, writes_in_place
 from .errors import QstateError
 
 SCHEMA_VERSION = 1
@@ -156,12 +156,6 @@ class Result:
         return {"records": self.records, **self.extras, "meta": self.meta}
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def check_writable(path, what: str | None = None) -> Path:
     """Refuse, before any work, a file path that cannot be written (QstateError, exit 2):
     a folder, a path under a file, or a folder this process cannot create files in (tried
@@ -171,7 +165,12 @@ def check_writable(path, what: str | None = None) -> Path:
     label = f"{what} {path}" if what else str(path)
     if path.is_dir():
         raise QstateError(f"{label}: is a folder; name a file")
-    return _check_folder(path.parent, label)
+    if writes_in_place(path):  # a device or a FIFO: written where it is (atomic_path)
+        if not os.access(path, os.W_OK):
+            raise QstateError(f"{label}: cannot write (Permission denied)")
+        return path
+    _check_folder(write_target(path).parent, label)
+    return path
 
 
 def check_folder(path, what: str | None = None) -> Path:
@@ -199,30 +198,6 @@ def _check_folder(folder: Path, label: str) -> Path:
     return folder
 
 
-@contextlib.contextmanager
-def atomic_path(path):
-    """Yield a temporary path in `path`'s folder; on success rename it to `path` (atomic on
-    POSIX), on any error remove it. Readers never see a half-written file. The file gets
-    the mode a plain open() would give (0666 less the umask), not mkstemp's 0600."""
-    path = Path(path)
-    if path.is_dir():
-        raise QstateError(f"{path}: is a folder; name a file")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise QstateError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    os.fchmod(fd, 0o666 & ~_umask())
-    os.close(fd)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_json_atomic(path, obj) -> Path:
     """Write JSON to `path` atomically (temp file + rename)."""
     with atomic_path(path) as tmp, open(tmp, "w") as fh:
@@ -248,7 +223,9 @@ def _json_default(obj):
 
 
 def load(path) -> dict:
-    """Load and validate a results file; bad input raises QstateError (exit 2)."""
+    """Load and validate a results file; bad input raises QstateError (exit 2) naming the file:
+    not JSON, JSON nested too deep or with a number too long to read, or a document whose
+    structure or fields (`document_problem`) report and compare cannot rely on."""
     path = Path(path)
     if not path.is_file():
         raise QstateError(f"{path}: no such results file")
@@ -256,6 +233,10 @@ def load(path) -> dict:
         doc = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise QstateError(f"{path}: not a JSON results file ({exc})") from None
+    except ValueError:  # an integer past Python's digit limit (int_max_str_digits)
+        raise QstateError(f"{path}: not a results file (a number with more digits than JSON readers take)") from None
+    except RecursionError:
+        raise QstateError(f"{path}: not a results file (JSON nested too deep to read)") from None
     if not isinstance(doc, dict) or "schema_version" not in doc or "records" not in doc:
         raise QstateError(f"{path}: not a qstate results file (no schema_version/records)")
     problem = document_problem(doc)
@@ -264,34 +245,102 @@ def load(path) -> dict:
     return doc
 
 
+def _show(value) -> str:
+    """A value for a one-line message: its repr, cut at 40 characters."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**40 else f"a {len(str(abs(value)))}-digit number"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# The fields report and compare read from rows (records and the extra row tables), by what
+# each must hold when present (null is always allowed). A malformed one is refused here, as a
+# one-line error, rather than crashing a report or passing a gate.
+TEXT_FIELDS = ("name", "config", "state", "status", "reason", "model", "optimizer", "path", "device", "device_name",
+               "param_dtype", "grad_dtype", "role", "metric", "format", "rounding", "point", "severity", "trace")
+NUMBER_FIELDS = ("numel", "n_tensors", "steps", "step", "time_rel_copy", "cpu_share", "gbps", "copy_gbps",
+                 "pct_of_copy", "bytes_moved", "ref_copy_ms", "reduction_vs_fp32", "stall_rate_predicted",
+                 "code_stall_rate", "stall_rate_predicted_empirical", "gap_to_fp32", "train_loss", "val_loss")
+METRIC_FIELDS = ("time_ms", "bytes_per_param", "drift_max_abs", "rel_rms_error", "stall_rate", "update_cosine",
+                 "update_rel_error", "final_val_loss", "errors")  # kinds.py's compare metrics: numbers in every row
+LIST_FIELDS = ("samples_ms", "round_ms", "rel_copy_rounds", "counts", "edges")  # lists of numbers
+FLAG_FIELDS = ("diverged",)  # bool (a count in train's summary)
+ROW_TABLES = ("records", "series", "histograms", "per_code", "theory", "summary", "per_tensor", "dim_scaling",
+              "findings")
+
+
+def _point_value(v) -> bool:
+    """What a suite point's parameter may be in a row that did not run: text, a number, or
+    a list of them (a failed point's sizes; older qstate stored its configurations so)."""
+    items = v if isinstance(v, list) else [v]
+    return all(isinstance(x, str) or _is_number(x) for x in items)
+
+
+def field_problem(row: dict, metrics: tuple[str, ...] = METRIC_FIELDS) -> str | None:
+    """Why one row's known fields do not have their types (None: they do). A row that did not
+    run (status other than ok) may hold its suite point's parameters as they were given."""
+    ran = isinstance(row.get("status", "ok"), str) and row.get("status", "ok") == "ok"
+    for name in TEXT_FIELDS:
+        v = row.get(name)
+        if not (v is None or isinstance(v, str) or (not ran and name != "status" and _point_value(v))):
+            return f"{name} {_show(v)} is not text"
+    for name in NUMBER_FIELDS + metrics:
+        v = row.get(name)
+        if not (v is None or _is_number(v) or (not ran and name not in metrics and _point_value(v))):
+            return f"{name} {_show(v)} is not a number"
+    for name in LIST_FIELDS:
+        v = row.get(name)
+        if not (v is None or (isinstance(v, list) and all(_is_number(x) for x in v))):
+            return f"{name} {_show(v)} is not a list of numbers"
+    for name in FLAG_FIELDS:
+        if not (row.get(name) is None or isinstance(row[name], (bool, int, float))):
+            return f"{name} {_show(row[name])} is not true or false"
+    return None
+
+
 def document_problem(doc: dict) -> str | None:
     """What makes `doc` not a results document this qstate reads (None: nothing): the
-    fields every reader relies on (report, compare, `run --resume`) have their types."""
+    structure and the fields every reader relies on (report, compare, `run --resume`) have
+    their types: records and the other row tables are lists of mappings, and each row's
+    known fields (TEXT_FIELDS, NUMBER_FIELDS, METRIC_FIELDS, LIST_FIELDS, FLAG_FIELDS)
+    hold what they must."""
     version = doc.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        return f"schema_version {version!r}: must be a whole number >= 1"
+        return f"schema_version {_show(version)}: must be a whole number >= 1"
     if version > SCHEMA_VERSION:
-        return (f"schema_version {version} is newer than this qstate understands ({SCHEMA_VERSION}); "
+        return (f"schema_version {_show(version)} is newer than this qstate understands ({SCHEMA_VERSION}); "
                 "upgrade qstate")
     if not isinstance(doc.get("kind"), str) or not doc["kind"]:
-        return f"'kind' {doc.get('kind')!r}: must be a name (kernels, memory, diagnose, ...)"
+        return f"'kind' {_show(doc.get('kind'))}: must be a name (kernels, memory, diagnose, ...)"
     if not isinstance(doc.get("env"), dict):
         return "no 'env' block (device, versions, argv): not written by qstate, or edited"
+    if not isinstance(doc["env"].get("argv", []), (list, type(None))):
+        return "env.argv must be a list of arguments"
     if not isinstance(doc.get("meta", {}), dict):
         return "'meta' must be a mapping"
     for key, rows in doc.items():
-        if key in ("records",) or (isinstance(rows, list) and key not in ("env", "meta")):
+        if key in ROW_TABLES or (isinstance(rows, list) and key not in ("env", "meta")):
+            if key != "records" and rows is None:
+                continue
             if not isinstance(rows, list):
                 return f"'{key}' must be a list of rows"
-            bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
-            if bad is not None:
-                return f"{key}[{bad}] is {str(rows[bad])[:40]!r}, not a row (a mapping of fields)"
+            for i, row in enumerate(rows):
+                if not isinstance(row, dict):
+                    return f"{key}[{i}] is {str(row)[:40]!r}, not a row (a mapping of fields)"
+                problem = field_problem(row)
+                if problem:
+                    label = row.get("name") or row.get("config")
+                    return f"{key}[{i}]" + (f" ({label})" if isinstance(label, str) else "") + f": {problem}"
     suite = doc.get("meta", {}).get("suite")
     if suite is not None:
         if not isinstance(suite, dict):
             return "meta.suite must be a mapping"
-        if not isinstance(suite.get("points", {}), dict):
-            return "meta.suite.points must be a mapping of point keys"
+        points = suite.get("points", {})
+        if not isinstance(points, dict) or not all(isinstance(p, dict) and isinstance(p.get("params", {}), dict)
+                                                   for p in points.values()):
+            return "meta.suite.points must be a mapping of point keys to their label and params"
         for key in ("done", "failed"):
             value = suite.get(key, [])
             if not isinstance(value, list) or not all(isinstance(k, str) for k in value):

@@ -165,6 +165,78 @@ def demo_output_unwritable(tmp):
     return ["trace", "demo", "-o", str(unwritable_dir(tmp) / "t.pt"), "--steps", "1"]
 
 
+def _trace_file(tmp: Path, name: str = "keep.pt") -> str:
+    from qstate_cli.trace import save_trace
+
+    return str(save_trace(small_trace(), tmp / name))
+
+
+def _checkpoint(tmp: Path, name: str) -> str:
+    p = torch.nn.Parameter(torch.ones(8))
+    opt = torch.optim.AdamW([p])
+    p.grad = torch.ones(8)
+    opt.step()
+    torch.save(opt.state_dict(), tmp / name)
+    return str(tmp / name)
+
+
+_DIAGNOSE = ["-c", "sr-4bit", "--steps-limit", "1", "--skip-reset-check"]
+
+
+@case(OUT, "`diagnose DIR/keep.pt --json ./keep.pt` (the trace, spelled otherwise)",
+      r"--json keep.pt: is also an input \(TRACE\); name another file")
+def diagnose_json_is_the_trace(tmp):
+    return ["diagnose", _trace_file(tmp), *_DIAGNOSE, "--json", "./keep.pt"]
+
+
+@case(OUT, "`diagnose TRACE --json` naming a symlink to the trace",
+      r"--json .*link.pt: is also an input \(TRACE\); name another file")
+def diagnose_json_is_a_link_to_the_trace(tmp):
+    (tmp / "link.pt").symlink_to(_trace_file(tmp))
+    return ["diagnose", str(tmp / "keep.pt"), *_DIAGNOSE, "--json", str(tmp / "link.pt")]
+
+
+@case(OUT, "`diagnose --json` and `--html` naming one file",
+      r"--html .*same.out: --json writes it too; name another file")
+def diagnose_two_outputs_one_file(tmp):
+    return ["diagnose", _trace_file(tmp), *_DIAGNOSE, "--json", str(tmp / "same.out"), "--html", str(tmp / "same.out")]
+
+
+@case(OUT, "`report --html` naming the results file", r"--html .*memory.json: is also an input \(RESULTS\)")
+def report_html_is_the_input(tmp):
+    return ["report", copy_result(tmp, "memory.json"), "--html", str(tmp / "memory.json")]
+
+
+@case(OUT, "`report FOLDER --markdown` naming a results file in the folder",
+      r"--markdown .*b.json: is also an input \(RESULTS\)")
+def report_markdown_is_in_the_input_folder(tmp):
+    (tmp / "res").mkdir()
+    copy_result(tmp / "res", "a.json"), copy_result(tmp / "res", "b.json")
+    return ["report", str(tmp / "res"), "--markdown", str(tmp / "res" / "b.json")]
+
+
+@case(OUT, "`compare --results` naming NEW", r"--results .*b.json: is also an input \(NEW\); name another file")
+def compare_results_is_new(tmp):
+    return ["compare", copy_result(tmp, "a.json"), copy_result(tmp, "b.json"), "--results", str(tmp / "b.json")]
+
+
+@case(OUT, "`compare` with $GITHUB_STEP_SUMMARY naming BASELINE", r"GITHUB_STEP_SUMMARY a.json: is also an input "
+      r"\(BASELINE\)", env={"GITHUB_STEP_SUMMARY": "a.json"})
+def step_summary_is_the_baseline(tmp):
+    return ["compare", copy_result(tmp, "a.json"), copy_result(tmp, "b.json")]
+
+
+@case(OUT, "`doctor --csv` naming the checkpoint", r"--csv .*ckpt.pt: is also an input \(CHECKPOINT\)")
+def doctor_csv_is_the_checkpoint(tmp):
+    return ["doctor", _checkpoint(tmp, "ckpt.pt"), "--csv", str(tmp / "ckpt.pt")]
+
+
+@case(OUT, "`doctor --json` naming the --against checkpoint", r"--json .*old.pt: is also an input \(--against\)")
+def doctor_json_is_the_against(tmp):
+    return ["doctor", _checkpoint(tmp, "ckpt.pt"), "--against", _checkpoint(tmp, "old.pt"), "--json",
+            str(tmp / "old.pt")]
+
+
 YAML = "Suites: YAML that would hang or exhaust memory (limits: qstate_cli/suites/bounded_yaml.py)"
 
 
@@ -380,6 +452,11 @@ def gate_empty_folder(tmp):
     return ["compare", str(tmp / "base"), _kernels(tmp, "new.json")]
 
 
+@case(GATE, "`--threshold inf` (every timing regression passed)", r"--threshold inf: use a finite ratio above 1")
+def gate_threshold_inf(tmp):
+    return ["compare", _kernels(tmp, "base.json"), _kernels(tmp, "new.json"), "--threshold", "inf"]
+
+
 RES = "Malformed result files (to report, compare and run --resume)"
 
 
@@ -392,6 +469,15 @@ def _result_cases():
          r"of point keys"),
         ("kind missing", lambda d: d.pop("kind"), r"'kind' None: must be a name"),
         ("records not a list", lambda d: d.update(records={"a": 1}), r"'records' must be a list of rows"),
+        ("a record whose name is a list (was a type error)", lambda d: d["records"][0].update(name=["a"]),
+         r"records\[0\]: name \['a'\] is not text"),
+        ("a record's numel \"big\" (was a type error sorting sizes)", lambda d: d["records"][0].update(numel="big"),
+         r"records\[0\] \(fp32\): numel 'big' is not a number"),
+        ("a metric that is text (was read as a missing value)",
+         lambda d: d["records"][0].update(bytes_per_param="8"), r"records\[0\] \(fp32\): bytes_per_param '8' is "
+         r"not a number"),
+        ("a row table (series) that is text (was an attribute error)", lambda d: d.update(series="oops"),
+         r"'series' must be a list of rows"),
     ]
     for what, edit, message in edits:
         slug = re.sub(r"[^a-z]+", "_", what).strip("_")
@@ -406,6 +492,24 @@ def _result_cases():
 
 
 _result_cases()
+
+
+@case(RES, "a schema_version of 5001 digits, to `compare` (was a ValueError, exit 1: read as a regression)",
+      r"huge.json: not a results file \(a number with more digits than JSON readers take\)")
+def results_huge_integer_compare(tmp):
+    return ["compare", copy_result(tmp, "good.json"), write(tmp, "huge.json", '{"schema_version": ' + "9" * 5001
+                                                            + ', "records": []}')]
+
+
+@case(RES, "100000 nested `[`, to `compare` (was a RecursionError, exit 1: read as a regression)",
+      r"deep.json: not a results file \(JSON nested too deep to read\)")
+def results_deep_nesting_compare(tmp):
+    return ["compare", write(tmp, "deep.json", "[" * 100000), copy_result(tmp, "good.json")]
+
+
+@case(RES, "100000 nested `[`, to `report`", r"deep.json: not a results file \(JSON nested too deep to read\)")
+def results_deep_nesting_report(tmp):
+    return ["report", write(tmp, "deep.json", "[" * 100000), "--out", str(tmp / "reports")]
 
 
 @case(RES, "`run --resume` over a results file whose meta.suite.done is not a list",
@@ -474,6 +578,86 @@ def config_m_without_v(tmp):
     return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "m=int4"]
 
 
+HUGE = "99999999999999999999999"  # past 2^64
+
+
+@case(FLAGS, "`bench memory --seed` past 2^63-1 (torch.manual_seed overflowed)",
+      r"--seed 9+: must be a whole number from 0 to 2\^63-1")
+def seed_huge_memory(tmp):
+    return ["bench", "memory", "--device", "cpu", "-c", "fp32", "--baseline", "none", "-m", "small-lm", "--seed", HUGE]
+
+
+@case(FLAGS, "`bench kernels --seed -1`", r"--seed -1: must be a whole number from 0 to 2\^63-1")
+def seed_negative_kernels(tmp):
+    return ["bench", "kernels", "--numel", "1024", "-c", "fp32", "--baseline", "none", "--seed", "-1"]
+
+
+@case(FLAGS, "`trace demo --seed` past 2^63-1", r"--seed 9+: must be a whole number from 0 to 2\^63-1")
+def seed_huge_demo(tmp):
+    return ["trace", "demo", "-o", str(tmp / "x.pt"), "--steps", "2", "--seed", HUGE]
+
+
+@case(FLAGS, "`-m '5*99999999999999999999'` (a repeat count too large to build)",
+      r"shapes '5\*9+': more than 100,000 tensors")
+def shapes_huge_repeat(tmp):
+    return ["bench", "memory", "--device", "cpu", "-c", "fp32", "--baseline", "none", "-m", "5*99999999999999999999"]
+
+
+@case(FLAGS, "`audit -m 99999999x99999999` (was an OOM row in bench memory)",
+      r"shapes '99999999x99999999': more than 2\^48 elements")
+def shapes_huge_numel(tmp):
+    return ["audit", "-m", "99999999x99999999"]
+
+
+@case(FLAGS, "`bench memory -m ',,'` (was silently small-lm)", r"--model ',,': names nothing")
+def model_list_empty(tmp):
+    return ["bench", "memory", "--device", "cpu", "-c", "fp32", "--baseline", "none", "-m", ",,"]
+
+
+@case(FLAGS, "`audit -w 1000000000`", r"--world-size 1000000000: use 1 to 65,536 ranks")
+def audit_world_huge(tmp):
+    return ["audit", "-m", "tiny-lm", "-w", "1000000000"]
+
+
+@case(FLAGS, "`audit -w 65536` without --rank (every rank's rows)", r"3,801,088 rows; the limit is 250,000: show "
+      r"one rank with --rank")
+def audit_rows_huge(tmp):
+    return ["audit", "-m", "tiny-lm", "-w", "65536"]
+
+
+@case(FLAGS, "`doctor --max-gib nan`", r"--max-gib nan: must be a finite number > 0")
+def doctor_max_gib_nan(tmp):
+    return ["doctor", write(tmp, "ok.pt", "x"), "--max-gib", "nan"]
+
+
+@case(FLAGS, "`doctor --max-gib inf`", r"--max-gib inf: must be a finite number > 0")
+def doctor_max_gib_inf(tmp):
+    return ["doctor", write(tmp, "ok.pt", "x"), "--max-gib", "inf"]
+
+
+@case(FLAGS, "`-c m=...,v=...,v=int8` (the last v silently won)", r"configuration 'm=int4:nearest:b128,"
+      r"v=lin4nz:nearest:b128,v=int8': v is given twice")
+def config_state_twice(tmp):
+    return ["bench", "memory", "--device", "cpu", "--baseline", "none", "-m", "tiny-lm", "-c",
+            "m=int4:nearest:b128,v=lin4nz:nearest:b128,v=int8"]
+
+
+def _diagnose_flag(flag: str, value: str):
+    def make(tmp):
+        from qstate_cli.trace import save_trace
+
+        return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "sr-4bit", flag, value]
+    make.__name__ = "diagnose_" + flag.strip("-").replace("-", "_") + "_" + value.replace("-", "minus")
+    return make
+
+
+for _flag, _value, _msg in (("--steps-limit", "-3", r"--steps-limit -3: must be >= 1"),
+                            ("--reset", "-5", r"unknown reset policy '-5'"),
+                            ("--device", "tpu", r"unknown device 'tpu'")):
+    case(FLAGS, f"`diagnose {_flag} {_value}` (checked before the trace is loaded: no empty line first)",
+         _msg)(_diagnose_flag(_flag, _value))
+
+
 SUITE = "Suites that `run` would refuse: `suite validate` refuses them too"
 
 
@@ -497,6 +681,33 @@ def suite_unknown_corpus(tmp):
 @case(SUITE, "the same suite to `run`", r"error: .*mt.yaml:2: defaults.trace: .*nosuch.pt: no such file")
 def suite_missing_trace_run(tmp):
     return ["run", write(tmp, "mt.yaml", "kind: diagnose\ndefaults: {trace: nosuch.pt}\n"), "--out", str(tmp / "o")]
+
+
+@case(SUITE, "a kernels run with `numel: -5` (validate said ok; run left an empty results file)",
+      r"kn.yaml:2: defaults: point defaults: --numel must be >= 1")
+def suite_numel_negative(tmp):
+    return ["suite", "validate", write(tmp, "kn.yaml", "kind: kernels\ndefaults: {numel: -5, device: cpu}\n")]
+
+
+@case(SUITE, "the same suite to `run` (no results file is created)", r"error: .*kn.yaml:2: defaults: point defaults: "
+      r"--numel must be >= 1")
+def suite_numel_negative_run(tmp):
+    return ["run", write(tmp, "kn.yaml", "kind: kernels\ndefaults: {numel: -5, device: cpu}\n"), "--out",
+            str(tmp / "o")]
+
+
+@case(SUITE, "a diagnose run with `block_size: 0, steps_limit: -3`", r"db.yaml:2: defaults: point defaults: block "
+      r"size 0 out of range")
+def suite_block_size_zero(tmp):
+    return ["suite", "validate", write(tmp, "db.yaml", "kind: diagnose\ndefaults: {trace: demo, block_size: 0, "
+                                                       "steps_limit: -3}\n")]
+
+
+@case(SUITE, "`run --set seed=` past 2^63-1", r"error: .*sd.yaml:2: defaults: point defaults: --seed 9+: must be a "
+      r"whole number from 0 to 2\^63-1")
+def suite_set_seed_huge(tmp):
+    suite = write(tmp, "sd.yaml", "kind: memory\ndefaults: {numel: [1000], config: [fp32], device: cpu}\n")
+    return ["run", suite, "--set", f"seed={HUGE}", "--out", str(tmp / "o")]
 
 
 # -- running the catalogue --------------------------------------------------------------------

@@ -30,14 +30,15 @@ def by_name(verdict):
 def test_the_fixture_pair_gives_every_status():
     v = by_name(compare_paths(BASE, NEW))
     statuses = {r["status"] for r in v.values()}
-    assert statuses == set(STATUSES)
+    assert statuses == set(STATUSES) - {"unjudged"}  # unjudged: test_an_unreadable_baseline_metric_fails_closed
     k = "[triton] fp32 n={} @cuda"
     assert v[(f"nearest-4bit {k.format(4194304)}", "time_ms")]["status"] == "regressed"
     assert v[(f"bred-4bit {k.format(4194304)}", "time_ms")]["status"] == "improved"
     noisy = v[(f"sr-4bit {k.format(4194304)}", "time_ms")]
     assert noisy["status"] == "insignificant" and noisy["ratio"] > 1.1 and noisy["p_value"] > 0.01
     assert v[("torch-foreach [torch-foreach] fp32 n=16777216 @cuda", "time_ms")]["status"] == "new"
-    assert v[("torch-foreach [torch-foreach] fp32 n=65536 @cuda", "time_ms")]["status"] == "missing"
+    gone = v[("torch-foreach [torch-foreach] fp32 n=65536 @cuda", "time_ms")]
+    assert gone["status"] == "missing" and gone["regression"]
     shared = v[("torch-foreach [torch-foreach] fp32 n=4194304 @cuda", "time_ms")]
     assert shared["status"] == "noisy" and shared["ratio"] > 1.4 and not shared["regression"]
     assert "cpu share 0.55 below 0.75" in shared["why"]
@@ -136,7 +137,7 @@ def test_cli_exit_codes_summary_and_benchmark_json(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["missing.json", str(NEW)], "error: missing.json: no such results file"),
-    ([str(BASE), str(NEW), "--threshold", "0.9"], "error: --threshold 0.9: use a ratio above 1"),
+    ([str(BASE), str(NEW), "--threshold", "0.9"], "error: --threshold 0.9: use a finite ratio above 1"),
     ([str(BASE), str(NEW), "--alpha", "2"], "error: --alpha 2.0: use a significance level between 0 and 1"),
 ])
 def test_cli_bad_input_is_exit_2(args, message):
@@ -156,3 +157,82 @@ def test_real_subprocess_exit_codes(tmp_path):
     bad = qstate(notjson, NEW)
     assert bad.returncode == 2 and bad.stderr.strip() == f"error: {notjson}: not a qstate results file " \
                                                          "(no schema_version/records)"
+
+
+# -- results the gate cannot judge fail it (exit 1); malformed ones are input errors (exit 2) ------------
+
+
+def _kernels(**kw):
+    return doc("kernels", [_timing_row([1.00, 1.01, 0.99, 1.02, 1.00, 0.98, 1.03], **kw)])
+
+
+@pytest.mark.parametrize("new_row", [
+    {"status": "ok", "time_ms": float("nan"), "samples_ms": None},   # ran, but measured nothing
+    {"status": "ok", "time_ms": None, "samples_ms": []},
+    {"status": "failed", "time_ms": float("nan"), "samples_ms": None, "reason": "RuntimeError: boom"},
+])
+def test_a_row_that_measured_in_the_baseline_and_not_in_new_fails_the_gate(new_row):
+    v = compare_docs([_kernels()], [_kernels(**new_row)])
+    rec = v.records[0]
+    assert rec["status"] == "failed" and rec["regression"] and rec["why"], rec
+    assert ("boom" in rec["why"]) if new_row["status"] == "failed" else "time_ms" in rec["why"]
+
+
+@pytest.mark.parametrize("kind, edit", [
+    ("diagnose", lambda r: r.update(drift_max_abs=float("nan"))),
+    ("diagnose", lambda r: r.pop("drift_max_abs")),
+    ("kernels", lambda r: r.update(time_ms=float("inf"), samples_ms=None)),
+    ("kernels", lambda r: r.update(time_ms=None, samples_ms=None)),
+])
+def test_an_unreadable_baseline_metric_fails_closed(kind, edit):
+    """A NaN or missing baseline metric where NEW has one was "new" and passed, against a NEW 10x worse."""
+    base = _diag() if kind == "diagnose" else _kernels()
+    edit(base["records"][0])
+    new = _diag(drift_max_abs=1.0) if kind == "diagnose" else _kernels(time_ms=10.0, samples_ms=None)
+    v = by_name(compare_docs([base], [new]))
+    rec = v[("c v", "drift_max_abs")] if kind == "diagnose" else v[("k [triton] None n=1 @None", "time_ms")]
+    assert rec["status"] == "unjudged" and rec["regression"] and "baseline" in rec["why"]
+
+
+def test_rows_failed_or_unavailable_on_both_sides_do_not_regress():
+    for status in ("failed", "unavailable"):
+        v = compare_docs([_kernels(status=status, time_ms=None)], [_kernels(status=status, time_ms=None)])
+        assert v.records[0]["status"] in ("failed", "missing", "new") and not v.regressions
+
+
+def test_a_row_unavailable_in_new_that_ran_in_the_baseline_is_missing_and_regresses(tmp_path):
+    """Every row "unavailable" in NEW passed as "no regression (26 missing)"."""
+    new = json.loads((BASE / "kernels.json").read_text())
+    for row in new["records"]:
+        row.update(status="unavailable", reason="no GPU here")
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    r = runner.invoke(app, ["compare", str(BASE / "kernels.json"), str(tmp_path / "new.json")])
+    assert r.exit_code == 1 and r.stdout.startswith("### qstate compare: regression (26 missing)")
+    assert "unavailable in NEW: no GPU here" in r.stdout
+
+
+def test_a_malformed_baseline_metric_is_an_input_error(tmp_path):
+    base = _diag(drift_max_abs="0.1")
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "new.json").write_text(json.dumps(_diag()))
+    r = runner.invoke(app, ["compare", str(tmp_path / "base.json"), str(tmp_path / "new.json")])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.strip() == f"error: {tmp_path / 'base.json'}: records[0] (c): drift_max_abs '0.1' is not a number"
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-1", "1"])
+def test_a_threshold_that_would_turn_the_gate_off_is_refused(value):
+    r = runner.invoke(app, ["compare", str(BASE), str(NEW), "--threshold", value])
+    assert r.exit_code == 2 and "use a finite ratio above 1" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_ci_baseline_passes_against_itself():
+    """What .ci/run's gate compares against (reports/ci-baseline): equal to itself, exit 0."""
+    r = runner.invoke(app, ["compare", str(ROOT / "reports" / "ci-baseline"), str(ROOT / "reports" / "ci-baseline")])
+    assert r.exit_code == 0 and r.stdout.startswith("### qstate compare: no regression (") and "same)" in r.stdout
+
+
+def test_every_compared_metric_is_type_checked_when_a_file_is_read():
+    from qstate_cli.results import FLAG_FIELDS, METRIC_FIELDS
+
+    assert {m.field for k in KINDS.values() for m in k.metrics} <= set(METRIC_FIELDS) | set(FLAG_FIELDS)

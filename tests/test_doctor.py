@@ -13,6 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from qstate_cli.cli import app
+from qstate_cli.cli.doctor_cmd import finding_lines
 from qstate_cli.doctor.run import DoctorOptions, execute
 from qstate_cli.doctor.safeload import load_checkpoint
 from qstate_cli.doctor.states import find_optimizers
@@ -73,6 +74,8 @@ def test_fp16_v_flushes_exactly_the_values_fp16_rounds_to_zero(ckpts, tmp_path):
     assert {f["check"] for f in doc["findings"] if f["severity"] == "error"} == {"flushed"}
     assert "flushed by fp16" in r.output and "check failed" in r.output
     assert {r["param"] for r in doc["records"]} == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    errors = sum(f["severity"] == "error" for f in doc["findings"])
+    assert f"; {errors} error{'s' * (errors != 1)}, " in r.output  # counted as English counts
 
 
 def test_healthy_checkpoint_passes(ckpts):
@@ -109,6 +112,10 @@ def test_fp16_v_against_the_original_counts_every_changed_value(ckpts):
     assert sum(r["against_differing"] for r in res.records) == changed
     storage = [f for f in res.extras["findings"] if f["check"] == "storage"]
     assert len(storage) == 4 and "fp16 here, fp32 in" in storage[0]["message"]
+    lines = finding_lines(res.extras["findings"])
+    assert any(f"[4 parameters, {sum(f['count'] for f in storage):,} elements in all]" in ln for ln in lines)
+    steps = [{**storage[0], "check": "step", "count": 0, "param": p} for p in ("a", "b")]  # about no element
+    assert finding_lines(steps)[0].endswith("[2 parameters]")
 
 
 def test_nonfinite_missing_and_bad_steps_are_errors(ckpts, tmp_path):

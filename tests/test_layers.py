@@ -28,6 +28,7 @@ LAYERS = [
     ("kernels",),  # Triton kernels and their launchers
     ("models", "theory", "options", "progress"),
     ("quant", "fp32_math", "runtime", "results", "kinds"),  # the math; where work runs; result files; the kinds table
+    ("atomic",),  # writes that a reader never sees half done
     ("errors", "__init__"),
 ]
 RANK = {unit: len(LAYERS) - i for i, units in enumerate(LAYERS) for unit in units}

@@ -3,6 +3,7 @@ the work, files rewritten after every row, the table or the JSON on stdout at th
 and what was measured kept when the run is interrupted."""
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,97 @@ def test_the_env_block_counts_the_cores_under_the_cpus(tmp_path, monkeypatch):
     monkeypatch.undo()
     env = results.environment("cpu")
     assert env["cpu_cores"] is None or 1 <= env["cpu_cores"] <= env["cpu_count"]
+
+
+def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path, monkeypatch):
+    """Compared by real path (x, ./x, a symlink to x) and by inode (a hard link); checked in
+    check() before any work; an input folder, a missing input and /dev/null twice are fine."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.pt").write_text("trace")
+    os.symlink("t.pt", tmp_path / "link.pt")
+    os.link(tmp_path / "t.pt", tmp_path / "hard.pt")
+    for spelling in ("t.pt", "./t.pt", str(tmp_path / "t.pt"), "link.pt", "hard.pt"):
+        with pytest.raises(QstateError, match=r"^--json .*: is also an input \(TRACE\); name another file$"):
+            Destinations(json=Path(spelling), inputs=(("TRACE", "t.pt"),)).check()
+    with pytest.raises(QstateError, match=r"^--csv t.pt: is also an input \(--against\)"):
+        Destinations(json=Path("r.json"), csv=Path("t.pt"), inputs=(("TRACE", "x.pt"), ("--against", "t.pt"))).check()
+    with pytest.raises(QstateError, match=r"^--markdown same.out: --html writes it too; name another file$"):
+        Destinations(html=Path("same.out"), markdown=Path("./same.out")).check()
+    with pytest.raises(QstateError, match=r"^--plot .*c.svg: --json writes it too"):
+        output.check_outputs([("--json", tmp_path / "c.svg"), ("--plot", "c.svg")])
+    (tmp_path / "shards").mkdir()
+    ok = Destinations(json=Path("shards/r.json"), csv=Path("r.csv"), inputs=(("TRACE", "shards"), ("TRACE", "demo")))
+    assert ok.check().files() == {"json": Path("shards/r.json"), "csv": Path("r.csv")}
+    output.check_outputs([("--json", "/dev/null"), ("--csv", "/dev/null")], [("TRACE", "t.pt")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hard.pt", "link.pt", "shards", "t.pt"]
+
+
+def test_rewriting_a_file_keeps_its_mode(tmp_path):
+    """An existing 0600 file stays 0600 (and a read-only one read-only); a new one gets 0666
+    less the umask."""
+    import os
+
+    from qstate_cli.results import write_json_atomic, write_text_atomic
+
+    for name, mode in (("secret.json", 0o600), ("shared.csv", 0o640), ("frozen.json", 0o444)):
+        path = tmp_path / name
+        path.write_text("old")
+        path.chmod(mode)
+        (write_json_atomic if name.endswith(".json") else write_text_atomic)(path, {"x": 1} if "json" in name else "x")
+        assert path.stat().st_mode & 0o7777 == mode, (name, oct(path.stat().st_mode))
+        assert path.read_text() != "old"
+    mask = os.umask(0o022)
+    os.umask(mask)
+    write_text_atomic(tmp_path / "new.md", "x")
+    assert (tmp_path / "new.md").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_a_symlink_output_writes_its_target_and_stays_a_link(tmp_path):
+    import os
+
+    from qstate_cli.results import check_writable, write_text_atomic
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "r.md").write_text("old")
+    (tmp_path / "real" / "r.md").chmod(0o600)
+    os.symlink("real/r.md", tmp_path / "r.md")
+    os.symlink("real/missing.md", tmp_path / "dangling.md")
+    check_writable(tmp_path / "r.md", "--markdown")
+    write_text_atomic(tmp_path / "r.md", "new")
+    write_text_atomic(tmp_path / "dangling.md", "made")
+    assert (tmp_path / "r.md").is_symlink() and os.readlink(tmp_path / "r.md") == "real/r.md"
+    assert (tmp_path / "real" / "r.md").read_text() == "new"
+    assert (tmp_path / "real" / "r.md").stat().st_mode & 0o7777 == 0o600
+    assert (tmp_path / "dangling.md").is_symlink() and (tmp_path / "real" / "missing.md").read_text() == "made"
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["missing.md", "r.md"]  # no temp file left
+
+
+def test_a_fifo_or_device_output_is_written_in_place(tmp_path):
+    """A FIFO (and, as root, a character device like /dev/null) is opened and written where it
+    is, never replaced by a regular file; run_engine writes it once, at the end, not per row."""
+    import os
+    import stat
+
+    from qstate_cli.results import check_writable, write_json_atomic
+
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # keeps the FIFO open: no writer blocks
+    try:
+        check_writable(fifo, "--json")
+        write_json_atomic(fifo, {"x": 1})
+        assert json.loads(os.read(reader, 1 << 16)) == {"x": 1}
+        output.run_engine(fake_engine(ROWS), {}, Destinations(csv=fifo), lambda doc: None)
+        assert os.read(reader, 1 << 16).decode() == output.to_csv(ROWS)  # one copy, not one per row
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    if os.geteuid() == 0:
+        null = tmp_path / "null"
+        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        output.run_engine(fake_engine(ROWS), {}, Destinations(json=null, csv=null), lambda doc: None)
+        assert stat.S_ISCHR(os.lstat(null).st_mode) and os.lstat(null).st_rdev == os.makedev(1, 3)
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["null"] if os.geteuid() == 0 else []) + ["out.fifo"]

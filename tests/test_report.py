@@ -2,6 +2,7 @@
 are escaped; Markdown folds long tables; `qstate report` as a command."""
 import base64
 import copy
+import json
 import struct
 import subprocess
 import sys
@@ -218,3 +219,23 @@ def _recording_figure(new_figure, drawn):
             ax.plot = recording
         return fig, axes
     return make
+
+
+@pytest.mark.parametrize("kind", ["kernels", "memory", "diagnose", "train"])
+def test_failed_rows_render_as_failed_with_their_reason(kind, tmp_path):
+    """A failed suite point's row, as older qstate wrote it (its parameters as lists: `config`
+    was a list, and the report died on `unhashable type: 'list'`), and as it is written now."""
+    old = {"config": ["nearest-4bit", "bf16"], "baseline": [], "numel": [1000, 2000], "seed": 99999999999999999999999,
+           "status": "failed", "reason": "OverflowError: Python int too large to convert to C long", "point": "p1"}
+    now = {"name": "bf16", "config": "bf16", "numel": "1000, 2000", "status": "failed", "reason": "RuntimeError: boom",
+           "point": "p2"}
+    ok = json.loads((DATA / f"{kind}.json").read_text())
+    ok["records"] += [old, now]
+    (tmp_path / "r.json").write_text(json.dumps(ok))
+    docs, sources = load_documents([tmp_path / "r.json"])
+    md = render_markdown(docs, sources)
+    assert "RuntimeError: boom" in md and "nearest-4bit, bf16" in md
+    assert "failed" in md
+    r = runner.invoke(app, ["report", str(tmp_path / "r.json"), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "out" / "r.html").read_text().startswith("<!DOCTYPE html>")

@@ -246,3 +246,26 @@ def test_runs_reports_and_compares_without_pydantic(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["pydantic is not installed: the suite had a basic check only",
                                        f"{bad}:2: colour: unknown key"]
+
+
+def test_a_failed_points_row_holds_scalars_and_reports(tmp_path):
+    """A failed point's row stored its list parameters as lists (`config: [fp32]`), and `qstate
+    report` over it died on `unhashable type: 'list'`: now scalars, like a measured row's."""
+    def crash(params):
+        raise OverflowError("Python int too large to convert to C long")
+
+    suite = tmp_path / "mem.yaml"
+    suite.write_text("kind: memory\ndefaults: {numel: [1000, 2000]}\naxes:\n  config: [fp32, bf16]\n"
+                     "baselines: [torch-fused]\n")
+    register_hook("memory", crash)
+    try:
+        (run,) = run_suite(load_suite(suite), tmp_path / "out")
+    finally:
+        register_hook("memory", None)
+    rows = load(run.path)["records"]
+    assert [r["name"] for r in rows] == ["fp32", "bf16", "torch-fused"] and all(r["status"] == "failed" for r in rows)
+    assert all(not isinstance(v, (list, dict)) for r in rows for v in r.values())
+    assert rows[0]["config"] == "fp32" and rows[0]["numel"] == "1000, 2000" and "baseline" not in rows[0]
+    r = runner.invoke(app, ["report", str(run.path), "--markdown", str(tmp_path / "r.md")])
+    assert r.exit_code == 0, r.output
+    assert "OverflowError: Python int too large" in (tmp_path / "r.md").read_text()

@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 from ..errors import QstateError
-from ..options import Options, lower, many, option
+from ..options import Options, lower, many, option, seed_option
 from ..quant.config import ROUNDINGS, StateConfig, parse_config
 from ..optim.base import BACKENDS
 from ..optim.registry import optimizer_info
@@ -92,11 +92,14 @@ class KernelsOptions(Options):
     cuda_graph: bool = option(False, "Capture each step in a CUDA graph and time its replays.")
     copy_numel: int | None = option(None, "fp32 elements of the copy that measures bandwidth (default: 2^26 on "
                                           "CPU, 2^28 on CUDA).", parse=parse_count, type=int)
-    seed: int = option(0, "Seed of the parameters and gradients.")
+    seed: int = seed_option("Seed of the parameters and gradients.")
     rounds: int = option(3, "Rounds: the rows of one size and dtype are timed interleaved (A B C, C B A, ...) "
                             "this many times, beside same-run copy and torch-fused references.")
     threads: int | None = option(None, "CPU threads for torch (default: unchanged; 1 is steadier on a shared "
                                        "machine).", type=int)
+
+    def check(self, here: bool = True) -> None:
+        plan(self, here)
 
 
 @dataclass
@@ -148,10 +151,11 @@ def configs(opts: KernelsOptions) -> list[StateConfig]:
     return cfgs
 
 
-def plan(opts: KernelsOptions) -> Plan:
-    """Validate options and fill device defaults (QstateError on bad input)."""
+def plan(opts: KernelsOptions, here: bool = True) -> Plan:
+    """Validate options and fill device defaults (QstateError on bad input); here=False:
+    Options.check."""
     states = optimizer_info(opts.optimizer).states  # QstateError for an unknown optimizer
-    device = resolve_device(opts.device)
+    device = resolve_device(opts.device, here)
     d = DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
     dtypes = list(opts.dtype) or list(d["dtype"])
     for dt in dtypes:

@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from ..errors import QstateError
-from ..options import Options, lower, many, option
+from ..options import Options, lower, many, option, seed_option
 from ..quant.config import StateConfig, parse_config
 from ..optim.base import BACKENDS
 from ..optim.registry import optimizer_info
@@ -68,7 +68,10 @@ class MemoryOptions(Options):
     device: str = option("auto", "auto, cuda or cpu.")
     baseline: list[str] = many("Baselines (repeatable), all (default) or none.")
     backend: str = option("auto", "Our optimizers' backend: auto, reference, triton.")
-    seed: int = option(0, "Seed of the parameters and gradients.")
+    seed: int = seed_option("Seed of the parameters and gradients.")
+
+    def check(self, here: bool = True) -> None:
+        plan(self, here)
 
 
 @dataclass
@@ -86,11 +89,12 @@ class MemoryPlan:
         return len(self.targets) * len(self.subjects)
 
 
-def plan(opts: MemoryOptions) -> MemoryPlan:
+def plan(opts: MemoryOptions, here: bool = True) -> MemoryPlan:
+    """Validate the options (QstateError on bad input); here=False: Options.check."""
     optimizer_info(opts.optimizer)  # QstateError for an unknown optimizer
     if opts.dtype not in DTYPES:
         raise QstateError(f"unknown dtype {opts.dtype!r}: choose from {', '.join(DTYPES)}")
-    device = resolve_device(opts.device)
+    device = resolve_device(opts.device, here)
     models = list(opts.model) or ([] if opts.numel else [DEFAULT_MODEL[device.type]])
     if any(n < 1 for n in opts.numel):
         raise QstateError("--numel must be >= 1")

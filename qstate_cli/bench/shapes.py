@@ -19,6 +19,7 @@ separated by commas, `*k` repeats one k times).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from ..errors import QstateError
@@ -79,26 +80,47 @@ def model_shapes(name: str) -> list[Shape]:
     """The parameter shapes of a built-in model, or of a custom list (see module doc)."""
     key = name.strip().lower()
     if key in MODELS:
-        return MODELS[key]()
+        return list(_builtin(key))
     if any(ch.isdigit() for ch in key) and all(ch in "0123456789x*, " for ch in key):
         return _parse_custom(key)
     raise QstateError(f"unknown model {name!r}{suggest(key, list(MODELS))} "
                       f"(or give shapes such as 768x3072*12,768)")
 
 
+@functools.lru_cache(maxsize=None)
+def _builtin(key: str) -> tuple[Shape, ...]:
+    return tuple(MODELS[key]())  # once per process: a suite checks every point's model
+
+
+MAX_TENSORS = 100_000  # tensors of a custom shape list: llama-7b has 291; more is a typo
+
+
 def _parse_custom(text: str) -> list[Shape]:
-    shapes: list[Shape] = []
+    """`768x3072*12,768`; at most MAX_TENSORS tensors and 2^48 elements in all, both
+    counted before the list is built (`5*99999999999999999999` is refused at once)."""
+    parsed: list[tuple[Shape, int]] = []
+    tensors = elements = 0
     for part in (p.strip() for p in text.split(",") if p.strip()):
         shape_text, _, times = part.partition("*")
         try:
             shape = tuple(int(d) for d in shape_text.split("x"))
             count = int(times) if times else 1
         except ValueError:
-            raise QstateError(f"bad shape {part!r} in {text!r}: write e.g. 768x3072*12") from None
+            raise QstateError(f"bad shape {part!r} in {_clip(text)!r}: write e.g. 768x3072*12") from None
         if not shape or min(shape) < 1 or count < 1:
-            raise QstateError(f"bad shape {part!r} in {text!r}: dimensions and counts must be >= 1")
-        shapes += [shape] * count
-    return shapes
+            raise QstateError(f"bad shape {part!r} in {_clip(text)!r}: dimensions and counts must be >= 1")
+        tensors += count
+        elements += math.prod(shape) * count
+        if tensors > MAX_TENSORS:
+            raise QstateError(f"shapes {_clip(text)!r}: more than {MAX_TENSORS:,} tensors")
+        if elements.bit_length() > MAX_COUNT_BITS:
+            raise QstateError(f"shapes {_clip(text)!r}: more than 2^{MAX_COUNT_BITS} elements")
+        parsed.append((shape, count))
+    return [shape for shape, count in parsed for _ in range(count)]
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def numel(shapes) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from ..bench.shapes import model_shapes
+from ..errors import QstateError
 from ..optim.audit import AuditOptions, plan_shapes, summary_line
 from ..optim.registry import optimizer_info
 from ..results import document, environment, write_json_atomic, write_text_atomic
@@ -21,6 +22,7 @@ HELP = ("Audit optimizer states under FSDP2 sharding: per parameter and state, g
         "bytes, whether its blocks are the whole tensor's (bit-equal to single-process) or the shard's, and why.")
 COLUMNS = ["rank", "name", "state", "global_shape", "local_shape", "path", "format", "local_bytes", "blocks",
            "world_independent", "reason"]
+MAX_ROWS = 250_000  # every rank's rows (no --rank): ~20 s on one CPU core; more is unreadable and slow
 HEADERS = {"global_shape": "global", "local_shape": "local", "local_bytes": "bytes",
            "world_independent": "any world"}
 
@@ -33,6 +35,10 @@ def register(app: typer.Typer) -> None:
         shapes = model_shapes(opts.model)
         states = optimizer_info(opts.optimizer).states
         ranks = [opts.rank] if opts.rank is not None else range(opts.world_size)
+        n_rows = len(ranks) * len(shapes) * len(states)
+        if n_rows > MAX_ROWS:  # counted before any row is built
+            raise QstateError(f"audit: {len(ranks):,} ranks x {len(shapes):,} tensors x {len(states)} states is "
+                              f"{n_rows:,} rows; the limit is {MAX_ROWS:,}: show one rank with --rank")
         rows = [r for rank in ranks for r in plan_shapes(shapes, opts.states, states, opts.world_size, rank,
                                                          opts.min_quant_numel)]
         records = [r.record() for r in rows]

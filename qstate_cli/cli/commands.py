@@ -48,17 +48,27 @@ def _output_parameter(name: str, help_text: str | None) -> inspect.Parameter:
                              annotation=Optional[Path])
 
 
+def _input_label(f) -> str:
+    """How an input field is named in messages: the argument's metavar (TRACE) or the flag."""
+    return (f.metadata["metavar"] or f.name.upper()) if f.metadata["argument"] else flags_of(f)[0]
+
+
 def options_command(group: typer.Typer, name: str, options_cls, *, help: str, outputs: tuple[str, ...] = (),
-                    output_help: dict[str, str] | None = None) -> Callable:
-    """Register `body(opts, out)` as `group`'s command `name` (see module docstring)."""
+                    output_help: dict[str, str] | None = None, inputs: tuple[str, ...] = ()) -> Callable:
+    """Register `body(opts, out)` as `group`'s command `name` (see module docstring).
+    `inputs` names the fields that are files the command reads: no output may be one."""
     output_help = output_help or {}
 
     def decorator(body: Callable) -> Callable:
         fields = option_fields(options_cls)
+        unknown = set(inputs) - {f.name for f in fields}
+        if unknown:
+            raise TypeError(f"{name}: inputs {sorted(unknown)} are not fields of {options_cls.__name__}")
         params = [_parameter(f) for f in fields] + [_output_parameter(o, output_help.get(o)) for o in outputs]
 
         def command(**given):
-            out = Destinations(**{o: given.pop(f"out_{o}") for o in outputs})
+            read = tuple((_input_label(f), given[f.name]) for f in fields if f.name in inputs)
+            out = Destinations(**{o: given.pop(f"out_{o}") for o in outputs}, inputs=read)
             values = {f.name: given[f.name] for f in fields
                       if given[f.name] is not None and not (f.metadata["many"] and not given[f.name])}
             return body(options_cls(**values), out)

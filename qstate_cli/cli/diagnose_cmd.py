@@ -17,7 +17,7 @@ HELP = ("Replay a gradient trace through quantized optimizer states.\n\nMeasures
 
 def register(app: typer.Typer) -> None:
     @options_command(app, "diagnose", engine.DiagnoseOptions, help=HELP, outputs=("json", "html", "markdown"),
-                     output_help={"json": "Write the full result document here ('-': stdout)."})
+                     inputs=("trace",), output_help={"json": "Write the full result document here ('-': stdout)."})
     def diagnose(opts: engine.DiagnoseOptions, out: Destinations) -> None:
         if distributed.launched() and distributed.rank() != 0:
             if not opts.theory:

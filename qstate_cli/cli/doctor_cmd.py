@@ -25,6 +25,7 @@ HEADERS = {"state_bytes": "bytes", "nonfinite": "non-finite", "v_flushed": "v fl
 
 def register(app: typer.Typer) -> None:
     @options_command(app, "doctor", engine.DoctorOptions, help=HELP, outputs=("json", "csv", "html", "markdown"),
+                     inputs=("checkpoint", "against"),
                      output_help={"json": "Write the result document here ('-': stdout)."})
     def doctor(opts: engine.DoctorOptions, out: Destinations) -> None:
         doc = output.run_engine(engine.execute, opts, out, _print, transient=True)
@@ -54,8 +55,12 @@ def _print(doc: dict) -> None:
     s = meta["summary"]
     per = f" ({s['bytes_per_param']:.4g} bytes/param)" if s.get("bytes_per_param") else ""
     output.stdout.print(f"summary: {s['params']} parameters, {s['elements']:,} elements, {s['state_bytes']:,} bytes of "
-                        f"state{per}; {s['errors']} errors, {s['warnings']} warnings"
+                        f"state{per}; {_count(s['errors'], 'error')}, {_count(s['warnings'], 'warning')}"
                         + ("" if s["errors"] else " - healthy"), highlight=False, markup=False)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def finding_lines(findings: list[dict]) -> list[str]:
@@ -68,6 +73,7 @@ def finding_lines(findings: list[dict]) -> list[str]:
     lines = []
     for (sev, opt, group, check, state), fs in sorted(grouped.items(), key=lambda kv: (order[kv[0][0]], kv[0][1:3])):
         first = fs[0]
-        many = f" [{len(fs)} parameters, {sum(f['count'] for f in fs):,} elements in all]" if len(fs) > 1 else ""
+        elements = sum(f["count"] for f in fs)  # 0 for a finding about no element (a step, a group's setting)
+        many = (f" [{len(fs)} parameters" + (f", {elements:,} elements in all]" if elements else "]")) if len(fs) > 1 else ""
         lines.append(f"{sev:5s} {opt} group {group} {check}: {first['param']}: {first['message']}{many}")
     return lines

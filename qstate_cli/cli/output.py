@@ -13,7 +13,8 @@ named; progress and logs go to stderr.
 and a `Sink`: the JSON and CSV files are rewritten atomically after every row (so Ctrl-C
 keeps every finished row), and at the end `show(doc)` prints the table, or the JSON goes
 to stdout; HTML and Markdown are written once the run is complete. Output paths are
-checked before any work starts.
+checked before any work starts: each must be writable, none may be an input of the
+command (`Destinations.inputs`, `check_outputs`) and no two may name the same file.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from rich.table import Table
 
 from ..errors import QstateError
 from ..progress import Progress
-from ..results import Result, check_writable, environment, write_json_atomic, write_text_atomic
+from ..results import (Result, check_writable, environment, write_json_atomic, write_text_atomic,
+                       writes_in_place)
 
 
 def _console(**kw) -> Console:
@@ -110,15 +112,49 @@ OUTPUT_FLAGS = {
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """The same file: equal real paths (./x, x and a symlink to x), or one file under two
+    names (a hard link)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def check_outputs(outputs, inputs=()) -> None:
+    """Refuse, before any work (QstateError, exit 2), an output that is also an input file
+    (it would be overwritten) or that another output writes too (one of them would be lost).
+    `outputs`: (flag, path) pairs; `inputs`: (label, path) pairs, e.g. ("TRACE", "t.pt");
+    None paths are skipped, and so are inputs that are no existing file (a folder of shards,
+    the name `demo`): an output inside an input folder is fine."""
+    files = [(label, Path(p)) for label, p in inputs if p is not None and os.path.isfile(p)]
+    written: list[tuple[str, Path]] = []
+    for flag, p in outputs:
+        if p is None:
+            continue
+        path = Path(p)
+        for label, source in files:
+            if _same_file(path, source):
+                raise QstateError(f"{flag} {path}: is also an input ({label}); name another file")
+        for other, earlier in written:
+            if not writes_in_place(path) and _same_file(path, earlier):  # /dev/null twice: fine
+                raise QstateError(f"{flag} {path}: {other} writes it too; name another file")
+        written.append((flag, path))
+
+
 @dataclass(frozen=True)
 class Destinations:
-    """Where a command's results go (None: not asked for); `check()` before the work."""
+    """Where a command's results go (None: not asked for); `check()` before the work.
+    `inputs`: the (label, path) pairs the command reads, which no output may overwrite."""
 
     json: Path | None = None
     csv: Path | None = None
     html: Path | None = None
     markdown: Path | None = None
     plot: Path | None = None
+    inputs: tuple = ()
 
     @property
     def json_to_stdout(self) -> bool:
@@ -129,17 +165,20 @@ class Destinations:
         return None if self.json is None or self.json_to_stdout else Path(self.json)
 
     def files(self) -> dict[str, Path]:
-        out = {name: Path(value) for name, value in vars(self).items() if value is not None}
+        out = {name: Path(getattr(self, name)) for name in OUTPUT_FLAGS if getattr(self, name) is not None}
         if self.json_to_stdout:
             out.pop("json")
         return out
 
     def check(self) -> "Destinations":
-        """Refuse, before any work, a path that cannot be written (QstateError, exit 2)."""
-        for name, path in self.files().items():
+        """Refuse, before any work, a path that cannot be written, that is also an input, or
+        that two outputs name (QstateError, exit 2)."""
+        files = self.files()
+        for name, path in files.items():
             check_writable(path, f"--{name}")
         if self.plot is not None and self.plot.suffix.lower() not in PLOT_SUFFIXES:
             raise QstateError(f"--plot {self.plot}: name a .png, .svg or .pdf file")
+        check_outputs([(f"--{name}", path) for name, path in files.items()], self.inputs)
         return self
 
 
@@ -170,17 +209,19 @@ class Sink:
         self.doc["records"].append(record)
         self.flush()
 
-    def update(self, result: Result) -> None:
-        """The whole result so far, or at the end."""
+    def update(self, result: Result, final: bool = False) -> None:
+        """The whole result so far, or at the end (`final`)."""
         self.doc = result.document(self._environment(result.device))
-        self.flush()
+        self.flush(final)
 
-    def flush(self) -> None:
+    def flush(self, final: bool = False) -> None:
+        """Rewrite the files; a device or a pipe (written in place, where every rewrite would
+        add a copy or wait for a new reader) only once, when `final`."""
         if self.doc is None:
             return
-        if self.out.json_file is not None:
+        if self.out.json_file is not None and (final or not writes_in_place(self.out.json_file)):
             write_json_atomic(self.out.json_file, self.doc)
-        if self.out.csv is not None:
+        if self.out.csv is not None and (final or not writes_in_place(self.out.csv)):
             write_text_atomic(self.out.csv, to_csv(self.doc["records"]))
 
     def show(self, show: Callable[[dict], None]) -> None:
@@ -246,9 +287,11 @@ def run_engine(execute: Callable, options, out: Destinations, show: Callable[[di
     try:
         result = execute(options, Progress(on_begin=begin, on_start=start, on_row=row, on_snapshot=sink.update,
                                            on_log=log))
-        sink.update(result)
+        sink.update(result, final=True)
         completed = True
     except KeyboardInterrupt:  # say what was kept (the boundary then exits 130)
+        if sink.records:
+            sink.flush(final=True)  # a device or pipe gets the rows kept, once
         n, files = len(sink.records), ", ".join(str(p) for p in (out.json_file, out.csv) if p is not None)
         if n and files:
             say(f"interrupted: {n} finished row(s) kept in {files}")

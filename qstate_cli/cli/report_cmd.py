@@ -36,11 +36,21 @@ def report(
     for flag, path in (("--html", html), ("--markdown", markdown)):  # before any work
         if path is not None:
             check_writable(path, flag)
+    output.check_outputs((("--html", html), ("--markdown", markdown)),
+                         [pair for path in results for pair in _read("RESULTS", path)])
     if plots_dir is not None:
         check_folder(plots_dir, "--plots")
     docs, sources = load_documents(results)
     for path in write_report(docs, html, markdown, sources=sources, title=title, plots_dir=plots_dir):
         output.stderr.print(f"wrote {path}")
+
+
+def _read(label: str, path: Path) -> list[tuple[str, Path]]:
+    """The results files a path stands for (a folder: its *.json, as report.load_documents
+    reads them), labelled for output.check_outputs."""
+    path = Path(path)
+    files = sorted(f for f in path.glob("*.json") if not f.name.startswith(".")) if path.is_dir() else [path]
+    return [(label, f) for f in files]
 
 
 def compare(
@@ -71,10 +81,14 @@ def compare(
     from ..results import check_writable, write_json_atomic, write_text_atomic
 
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    for flag, path in (("--markdown", markdown), ("--json", json_path), ("--results", results_path),
-                       ("GITHUB_STEP_SUMMARY", summary)):  # before any work
+    written = (("--markdown", markdown), ("--json", json_path), ("--results", results_path),
+               ("GITHUB_STEP_SUMMARY", summary))
+    for flag, path in written:  # before any work
         if path:
             check_writable(path, flag)
+    read = [] if ab else _read("BASELINE", baseline) + _read("NEW", new)  # --ab: configurations, not files
+    output.check_outputs(written[:3], read)
+    output.check_outputs([("GITHUB_STEP_SUMMARY", summary or None)], read)  # appended to: may be --markdown too
     if ab:
         from ..compare.ab import ABOptions, run_ab
 

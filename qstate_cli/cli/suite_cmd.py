@@ -50,7 +50,8 @@ def run(
         try:
             runs = run_suite(loaded, out, resume=resume, progress=progress)
         finally:
-            bar.stop()
+            if bar.live.is_started:  # rich prints an empty line on stop, even unstarted
+                bar.stop()
     except KeyboardInterrupt:
         output.stderr.print(f"interrupted: finished points are kept in {out}/; continue with "
                             f"`qstate run {suite} --out {out} --resume`")

@@ -26,11 +26,13 @@ def demo(
 ):
     """Train a tiny byte-level LM on Python's own help text (CPU) and record its gradients."""
     from ..errors import QstateError
+    from ..options import parse_seed
     from ..results import check_writable
     from ..trace.demo import DemoSettings, run_demo
 
     if steps < 1:
         raise QstateError(f"--steps {steps}: must be >= 1")
+    seed = parse_seed(seed)
     check_writable(out, "--output")  # before the training
     settings = DemoSettings(steps=steps, model=model, blocks_per_tensor=blocks_per_tensor,
                             grad_dtype=grad_dtype, seed=seed)

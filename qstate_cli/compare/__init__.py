@@ -11,11 +11,14 @@ Statuses (docs/results.md, kind "compare"):
   samples and no rounds to test, a slower ratio beyond the threshold regresses (fail closed);
 - new: a row only NEW has (or the baseline's row had not run); missing: a row only the
   baseline has (or NEW could not run it: status "unavailable");
-- failed: NEW's row failed.
-`regression` is true for regressed rows, for rows that failed where the baseline's ran,
-and for missing rows that NEW does not explain (no "unavailable" row); any regression
-makes `qstate compare` exit 1. The gate fails closed (evidence.py): empty, mismatched or
-inconsistent inputs are an input error (exit 2), never a pass.
+- failed: NEW's row failed, or has no finite value of the metric;
+- unjudged: both rows ran, but the baseline's value of the metric is missing or not finite
+  (NaN) while NEW has one: nothing to judge NEW against.
+`regression` is true for regressed rows, and for failed, unjudged and missing rows where
+the baseline's row ran (status ok): a row the gate cannot judge is not a pass. Any
+regression makes `qstate compare` exit 1. The gate fails closed (evidence.py): empty,
+mismatched or inconsistent inputs, and malformed fields (results.load), are an input error
+(exit 2), never a pass.
 """
 from __future__ import annotations
 
@@ -24,10 +27,11 @@ from dataclasses import dataclass, field
 
 from ..errors import QstateError
 from . import evidence
+from .evidence import unreadable
 from .metrics import Metric, compared_kinds, identity, metrics, row_name
 from .noise import judge_rows
 
-STATUSES = ("regressed", "failed", "missing", "new", "noisy", "insignificant", "improved", "same")
+STATUSES = ("regressed", "failed", "unjudged", "missing", "new", "noisy", "insignificant", "improved", "same")
 
 
 def _num(v):
@@ -66,13 +70,10 @@ def _timing(metric: Metric, b: dict, n: dict, threshold: float, alpha: float) ->
 
 def _quality(metric: Metric, b: dict, n: dict) -> dict:
     bv, nv = _num(b.get(metric.field)), _num(n.get(metric.field))
-    if bv is None and nv is None:
+    if bv is None and nv is None:  # e.g. no final loss on either side (both diverged): nothing to compare
         return {}
-    if bv is None:
-        return {"baseline": None, "new": nv, "status": "new", "regression": False}
-    if nv is None:
-        return {"baseline": bv, "new": None, "status": "failed", "regression": True,
-                "reason": f"{metric.field} is missing or not finite in NEW"}
+    if bv is None or nv is None:
+        return unreadable(metric.field, bv, nv)
     tol = metric.tolerance(bv)
     worse = (nv - bv) if metric.better == "lower" else (bv - nv)
     status = "regressed" if worse > tol else "improved" if -worse > tol else "same"
@@ -94,16 +95,17 @@ def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], thresho
             rec = {"name": name, "kind": kind, "metric": metric.field, "unit": metric.unit, "better": metric.better,
                    "baseline": None, "new": None, "ratio": None, "p_value": None, "threshold": None,
                    "raw_ratio": None, "noise_floor": None, "why": None}
-            if n is None or n.get("status") == "unavailable":
-                rec.update(baseline=_num((b or {}).get(metric.field)), status="missing",
-                           regression=n is None and _ok(b),  # a row that vanished is not a pass
-                           reason=(n or {}).get("reason") or "not in NEW")
+            if n is None or n.get("status") == "unavailable":  # a row that ran and vanished is not a pass
+                reason = "not in NEW" if n is None else f"unavailable in NEW: {n.get('reason') or 'no reason given'}"
+                rec.update(baseline=_num((b or {}).get(metric.field)), status="missing", regression=_ok(b),
+                           reason=reason, why=reason)
             elif n.get("status", "ok") != "ok":
+                reason = f"{n.get('status')} in NEW: {n.get('reason') or 'no reason given'}"
                 rec.update(baseline=_num((b or {}).get(metric.field)), status="failed", regression=_ok(b),
-                           reason=n.get("reason") or n.get("status"))
+                           reason=reason, why=reason)
             elif not _ok(b):
-                rec.update(new=_num(n.get(metric.field)), status="new", regression=False,
-                           reason=None if b is None else f"baseline row {b.get('status')}")
+                reason = "not in the baseline" if b is None else f"baseline row {b.get('status')}"
+                rec.update(new=_num(n.get(metric.field)), status="new", regression=False, reason=reason, why=reason)
             else:
                 verdict = (_timing(metric, b, n, threshold, alpha) if metric.timing else _quality(metric, b, n))
                 if not verdict:
@@ -155,10 +157,15 @@ class Verdict:
         return out
 
 
+def check_threshold(threshold: float) -> None:
+    """--threshold is a finite ratio above 1 (inf would turn every timing regression off)."""
+    if not (math.isfinite(threshold) and threshold > 1):
+        raise QstateError(f"--threshold {threshold}: use a finite ratio above 1 (e.g. 1.10 = 10% slower)")
+
+
 def compare_docs(base_docs: list[dict], new_docs: list[dict], threshold: float = 1.10, alpha: float = 0.01,
                  baseline_sources=(), new_sources=()) -> Verdict:
-    if not threshold > 1:
-        raise QstateError(f"--threshold {threshold}: use a ratio above 1 (e.g. 1.10 = 10% slower)")
+    check_threshold(threshold)
     if not 0 < alpha < 1:
         raise QstateError(f"--alpha {alpha}: use a significance level between 0 and 1 (e.g. 0.01)")
     kinds = sorted({d.get("kind") for d in base_docs + new_docs} - {"compare"})

@@ -22,7 +22,7 @@ from ..errors import QstateError
 from ..options import Options, lower, many, option
 from ..quant.config import parse_config
 from ..runtime import resolve_device
-from . import Verdict
+from . import Verdict, check_threshold
 from .metrics import row_name
 from .noise import judge_paired, shares
 
@@ -95,8 +95,7 @@ def verdict(rows: list[dict], opts: ABOptions, threshold: float) -> Verdict:
 
 def run_ab(opts: ABOptions, threshold: float = 1.10, progress=None) -> tuple[Verdict, dict]:
     """Time BASE and NEW in one process; returns the verdict and the kernels results document."""
-    if not threshold > 1:
-        raise QstateError(f"--threshold {threshold}: use a ratio above 1 (e.g. 1.10 = 10% slower)")
+    check_threshold(threshold)
     kopts = _default_numel(kernels_options(opts))
     result = kernels.execute(kopts, progress)
     doc = result.document()

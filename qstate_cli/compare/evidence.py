@@ -9,10 +9,12 @@ Checked before anything is compared (QstateError, exit 2, one line naming the fi
   engine writes exactly that, samples rounded to 6 digits), the samples are finite
   and positive: a doubled `time_ms` with the samples left alone is an edited file.
 
-And in the verdicts (compare/__init__.py): a timing ratio beyond the threshold with
-no samples to test it is a regression (the evidence cannot clear it), and a row the
-baseline has and NEW lacks is a regression (status "missing"), unless NEW says why
-(status "unavailable": a baseline this machine cannot run).
+And in the verdicts (compare/__init__.py, noise.py): a timing ratio beyond the threshold
+with no samples to test it is a regression (the evidence cannot clear it); a row the
+baseline ran that NEW lacks, or says is "unavailable", is a regression (status
+"missing"), as is one NEW ran but failed; and a metric that either side of two rows that
+ran has no finite value for (`unreadable`) is a regression: "failed" when NEW lacks it,
+"unjudged" when the baseline does (nothing to judge NEW against).
 """
 from __future__ import annotations
 
@@ -79,3 +81,16 @@ def check_rows(docs: list[dict], sources: list[str], side: str, timing_kinds: se
                 if problem:
                     name = row.get("name") or f"records[{i}]"
                     raise QstateError(f"{side} {src}: row {i} ({name}): {problem}")
+
+
+def unreadable(field: str, bv, nv) -> dict | None:
+    """The verdict of a metric that one side of two rows that ran (status ok) does not have
+    as a finite number: failed (NEW lacks it) or unjudged (the baseline lacks it); both a
+    regression, since the gate cannot clear them. None when both sides have a value."""
+    if nv is None:
+        why = f"{field} is missing or not finite in NEW" + ("" if bv is not None else " and in the baseline")
+        return {"baseline": bv, "new": None, "status": "failed", "regression": True, "reason": why, "why": why}
+    if bv is None:
+        why = f"{field} is missing or not finite in the baseline: nothing to judge NEW against"
+        return {"baseline": None, "new": nv, "status": "unjudged", "regression": True, "reason": why, "why": why}
+    return None

@@ -46,6 +46,8 @@ from __future__ import annotations
 import math
 from statistics import median
 
+from .evidence import unreadable
+
 NOISY_CPU_SHARE = 0.75
 
 
@@ -111,8 +113,8 @@ def judge_rows(b: dict, n: dict, field: str, threshold: float, alpha: float) -> 
     bs, ns = _values(b.get("samples_ms")), _values(n.get("samples_ms"))
     bv = _num(b.get(field)) if _num(b.get(field)) is not None else (median(bs) if bs else None)
     nv = _num(n.get(field)) if _num(n.get(field)) is not None else (median(ns) if ns else None)
-    if bv is None or nv is None or bv <= 0:
-        return {"baseline": bv, "new": nv, "status": "failed" if nv is None else "new", "regression": False}
+    if bv is None or nv is None or bv <= 0 or nv <= 0:  # nothing to take a ratio of: fails closed
+        return unreadable(field, bv if bv and bv > 0 else None, nv if nv and nv > 0 else None)
     raw = nv / bv
     share = shares(b, n)
     on = basis(b, n)

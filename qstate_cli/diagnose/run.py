@@ -25,10 +25,12 @@ import torch
 
 from .. import theory
 from ..errors import QstateError
+from ..optim.reset import ResetPolicy
 from ..options import Options, many, option
 from ..progress import QUIET, Progress
 from ..quant.config import ROUNDINGS, StateConfig, config_of, parse_config, parse_spec
 from ..results import Result
+from ..runtime import resolve_device
 from ..trace import load_trace
 from ..trace.schema import Trace
 from . import distributed
@@ -80,6 +82,9 @@ class DiagnoseOptions(Options):
     format: list[str] = many("With --theory: float formats (default bf16, e4m3, e2m2).", "--format", "-f")
     beta2: float = option(0.999, "With --theory: the second-moment beta.")
 
+    def check(self, here: bool = True) -> None:
+        check_options(self, here)
+
 
 def _config_threads(value) -> int:
     try:
@@ -129,16 +134,30 @@ def with_block_size(cfg: StateConfig, block: int) -> StateConfig:
     return config_of(m, v)
 
 
-def execute(opts: DiagnoseOptions, progress: Progress | None = None) -> Result:
-    """`qstate diagnose` as a library call (kinds.py): the replay's records and rows, or
-    with `theory` the staleness model alone."""
-    progress = progress or QUIET
+def check_options(opts: DiagnoseOptions, here: bool = True) -> list[StateConfig]:
+    """What `execute` would refuse, found before a trace is made, loaded or replayed
+    (Options.check; here=False checks the device by name only); the configurations."""
     if opts.theory:
-        return theory_result(opts.format or THEORY_FORMATS, opts.beta2)
+        theory_specs(opts.format or THEORY_FORMATS, opts.beta2)
+        return []
     if not opts.trace:
         raise QstateError("diagnose needs a TRACE (a suite point needs 'trace'), or --theory; make one with "
                           "`qstate trace demo`, or name `demo`")
     configs = select_configs(opts.config, opts.bits, opts.rounding, opts.block_size)
+    if opts.steps_limit is not None and opts.steps_limit < 1:
+        raise QstateError(f"--steps-limit {opts.steps_limit}: must be >= 1 (omit it for every recorded step)")
+    ResetPolicy.parse(opts.reset)
+    resolve_device(opts.device, here)
+    return configs
+
+
+def execute(opts: DiagnoseOptions, progress: Progress | None = None) -> Result:
+    """`qstate diagnose` as a library call (kinds.py): the replay's records and rows, or
+    with `theory` the staleness model alone."""
+    progress = progress or QUIET
+    configs = check_options(opts)  # before the trace is made or loaded: an error is the only line
+    if opts.theory:
+        return theory_result(opts.format or THEORY_FORMATS, opts.beta2)
     if distributed.launched():  # torchrun: rank 0 makes the demo trace (if needed) before the others look
         distributed.init(opts.device)
         if distributed.rank() == 0:
@@ -308,6 +327,18 @@ def profile(raw: Replay, total_s: float) -> dict:
 def theory_result(formats=THEORY_FORMATS, beta2: float = 0.999, roundings=("nearest", "stochastic"),
                   buildup_steps=(10, 100, 1000)) -> Result:
     """`qstate diagnose --theory`: predicted stall probabilities and reset periods, no trace."""
+    specs = theory_specs(formats, beta2, roundings)
+    rows = theory.theory_rows(specs, beta2)
+    for row, spec in zip(rows, specs):
+        for t in buildup_steps:
+            row[f"p_stall_t{t}"] = round(float(theory.stall_probability(spec, beta2, float(
+                theory.buildup_level(t, beta2)))), 4)
+    meta = {"mode": "theory", "beta2": beta2, "formats": list(formats or THEORY_FORMATS), "buildup": theory.BUILDUP}
+    return Result("diagnose", [], meta, extras={"theory": rows}, device="cpu")
+
+
+def theory_specs(formats, beta2: float, roundings=("nearest", "stochastic")) -> list:
+    """The state specs --theory models (QstateError for a beta2 or a format it cannot)."""
     if not 0.0 < beta2 < 1.0:
         raise QstateError(f"--beta2 {beta2}: must be between 0 and 1")
     specs = []
@@ -318,13 +349,7 @@ def theory_result(formats=THEORY_FORMATS, beta2: float = 0.999, roundings=("near
                 raise QstateError(f"--format {f}: the staleness model covers float formats "
                                   f"(bf16, fp16, e4m3, e5m2, e2m1, e2m2), not {spec.fmt.kind} ones")
             specs.append(spec)
-    rows = theory.theory_rows(specs, beta2)
-    for row, spec in zip(rows, specs):
-        for t in buildup_steps:
-            row[f"p_stall_t{t}"] = round(float(theory.stall_probability(spec, beta2, float(
-                theory.buildup_level(t, beta2)))), 4)
-    meta = {"mode": "theory", "beta2": beta2, "formats": list(formats or THEORY_FORMATS), "buildup": theory.BUILDUP}
-    return Result("diagnose", [], meta, extras={"theory": rows}, device="cpu")
+    return specs
 
 
 def theory_document(formats=THEORY_FORMATS, beta2: float = 0.999, **kw) -> dict:

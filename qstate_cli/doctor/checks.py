@@ -18,17 +18,25 @@ Per parameter (`check_param`):
     negative    error  v < 0 in a float-stored v (sqrt(v) is NaN)
     format      error  codes, scales or code book out of range (non-finite or negative
                        scales, a code book of the wrong size, unsorted or outside [-1, 1])
+    dtype       error  a known state (exp_avg, exp_avg_sq, momentum_buffer, ...) stored as a
+                       plain tensor of an integer or bool dtype (its values are not checked)
     shape       error  states of one parameter with different numbers of elements
     missing     error  a state its optimizer group keeps for the other parameters is absent
                        (it would restart from zero)
-    step        error  a non-finite, negative or fractional step counter, or a qstate state
-                       written at a later step than the counter
+    step        error  a step counter that is not one number, a non-finite, negative or
+                       fractional one, or a qstate state written at a later step than it
+    orphan      error  a state whose param id no param group lists: a resume keeps it unused
     upcast      warn   a state stored as fp32 where the optimizer keeps the others in low
                        bits (tensors of >= 4096 elements; a silent upcast: FSDP turning
                        8-bit AdamW into 32-bit, accelerate#1902)
 
 Per optimizer (`check_optimizer`): step counters that disagree within a group (warn:
-bias corrections differ; a parameter without a gradient at some steps explains it).
+bias corrections differ; a parameter without a gradient at some steps explains it); a
+param id listed more than once in the param groups (`duplicate`, error); per group
+(`hparams`, error, one finding per value): an lr that is not a finite number >= 0, betas
+that are not two numbers in [0, 1) (three for AdEMAMix), an eps (each, where a tuple) that
+is not a finite number > 0, a non-finite weight_decay. A parameter a group lists without a
+state is no finding (before its first step it has none).
 
 Two checkpoints (`compare`): every state dequantized and compared element-wise; a
 difference names its worst element by index in the state's shape; a parameter or state
@@ -42,7 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .states import OptimizerStates, ParamStates, StoredState
+from .states import OptimizerStates, ParamStates, StoredState, scalar
 
 LOW_BIT_MIN_NUMEL = 4096  # bitsandbytes, torchao and qstate keep smaller tensors in fp32
 
@@ -67,13 +75,13 @@ def _f(severity, check, opt: OptimizerStates, p: ParamStates, state, message, co
 
 
 def _first_moment(p: ParamStates) -> StoredState | None:
-    return next((s for s in p.states.values() if s.role == "m"), None)
+    return next((s for s in p.states.values() if s.role == "m" and not s.non_float), None)
 
 
 def v_state_counts(s: StoredState, m: StoredState | None) -> dict[str, int]:
     """flushed (v == 0 where m != 0), subnormal and negative counts of one float-stored v."""
     out = {"v_flushed": 0, "v_subnormal": 0, "v_negative": 0}
-    if s.role != "v" or s.low_bit:
+    if s.role != "v" or s.low_bit or s.non_float:
         return out
     v = s.values.reshape(-1)
     if m is not None and m.numel == s.numel:
@@ -103,7 +111,15 @@ def v_counts(p: ParamStates) -> dict[str, int]:
 
 def check_param(opt: OptimizerStates, p: ParamStates, expected: set[str], low_bit_optimizer: bool) -> list[Finding]:
     out: list[Finding] = []
+    if p.group < 0:
+        unstepped = f" (the groups list {', '.join(opt.unstepped[:3])} without a state)" if opt.unstepped else ""
+        out.append(_f("error", "orphan", opt, p, None, f"state of param {p.key} is in no param group{unstepped}: a "
+                                                       f"resume keeps it unused", _numel(p)))
     for s in p.states.values():
+        if s.non_float:
+            out.append(_f("error", "dtype", opt, p, s.name, f"{s.name} of param {p.key} is {s.storage}; "
+                                                            f"{_float_states(opt, p, s.name)}", s.numel))
+            continue
         bad = ~torch.isfinite(s.values)
         if bool(bad.any()):
             nan = int(torch.isnan(s.values).sum())
@@ -124,7 +140,9 @@ def check_param(opt: OptimizerStates, p: ParamStates, expected: set[str], low_bi
                       + ", ".join(f"{k} {tuple(p.states[k].values.shape)}" for k in sizes)))
     for name in sorted(expected - set(p.states)):
         out.append(_f("error", "missing", opt, p, name, f"{name} missing (the other parameters of group {p.group} "
-                                                        f"keep it; a resume restarts it from zero)"))
+                                                        f"keep it; a resume restarts it from zero)", _numel(p)))
+    if p.step_problem:
+        out.append(_f("error", "step", opt, p, "step", f"step counter {p.step_problem} is not a number"))
     if p.step is not None and (not math.isfinite(p.step) or p.step < 0 or p.step != int(p.step)):
         out.append(_f("error", "step", opt, p, "step", f"step counter {p.step!r} is not a count of steps"))
     for name, written in p.written.items():
@@ -132,6 +150,26 @@ def check_param(opt: OptimizerStates, p: ParamStates, expected: set[str], low_bi
             out.append(_f("error", "step", opt, p, name, f"{name} written at step {written}, after the step counter "
                                                          f"{p.step:g}"))
     return out
+
+
+def _numel(p: ParamStates) -> int:
+    return max((s.numel for s in p.states.values()), default=0)
+
+
+def _float_states(opt: OptimizerStates, p: ParamStates, state: str) -> str:
+    """What stores `state` instead, by who wrote it (torch's class from its group's keys)."""
+    if state in ("state1", "state2"):
+        return "bitsandbytes keeps its states as uint8 codes or floating point"
+    if state in ("m", "v"):
+        return "qstate keeps its states as codes and scales or floating point"
+    group = opt.groups[p.group] if 0 <= p.group < len(opt.groups) else {}
+    if "decoupled_weight_decay" in group:
+        who = "AdamW" if group["decoupled_weight_decay"] else "Adam"
+    elif "momentum" in group and "betas" not in group:
+        who = "SGD"
+    else:
+        who = "torch.optim"
+    return f"{who}'s states are floating point"
 
 
 def _v_findings(opt: OptimizerStates, p: ParamStates, s: StoredState) -> list[Finding]:
@@ -180,6 +218,13 @@ def check_optimizer(opt: OptimizerStates) -> list[Finding]:
     out: list[Finding] = []
     for p in opt.params:
         out += check_param(opt, p, expected.get(p.group, set()), low_bit)
+    for key, groups in opt.duplicates.items():
+        p = next((p for p in opt.params if p.key == key), None)
+        out.append(Finding("error", "duplicate", opt.path, key, groups[0], None,
+                           f"param {key} listed {len(groups)} times in param_groups (groups "
+                           f"{', '.join(map(str, groups))}): one id per parameter; a resume gives its state to one "
+                           f"of those places only", _numel(p) if p else 0))
+    out += check_groups(opt)
     steps: dict[int, list[ParamStates]] = {}
     for p in opt.params:
         if p.step is not None:
@@ -195,6 +240,40 @@ def check_optimizer(opt: OptimizerStates) -> list[Finding]:
                                f"behind {top:g}, {worst.key} at {worst.step:g}): their bias corrections differ",
                                len(behind)))
     return out
+
+
+def check_groups(opt: OptimizerStates) -> list[Finding]:
+    """One `hparams` error per bad hyper-parameter of a group (module docstring)."""
+    out = []
+    for gi, group in enumerate(opt.groups):
+        for name, problem in hparam_problems(group):
+            out.append(Finding("error", "hparams", opt.path, f"param_groups[{gi}]", gi, name, problem))
+    return out
+
+
+def hparam_problems(g: dict):
+    """(name, message) of each of lr, betas, eps, weight_decay that no optimizer could use."""
+    def show(x) -> str:
+        text = repr(x)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    def finite(x) -> float | None:
+        v = scalar(x)
+        return v if v is not None and math.isfinite(v) else None
+
+    if g.get("lr") is not None and not (finite(g["lr"]) is not None and finite(g["lr"]) >= 0):
+        yield "lr", f"lr {show(g['lr'])} is not a finite learning rate >= 0"
+    if "betas" in g:
+        b = g["betas"]
+        vals = [scalar(x) for x in b] if isinstance(b, (list, tuple)) else []
+        if len(vals) not in (2, 3) or not all(v is not None and 0 <= v < 1 for v in vals):
+            yield "betas", f"betas {show(b)} are not two numbers in [0, 1)"
+    if g.get("eps") is not None:
+        eps = g["eps"] if isinstance(g["eps"], (list, tuple)) else [g["eps"]]  # Adafactor's: a pair
+        if not eps or not all(finite(e) is not None and finite(e) > 0 for e in eps):
+            yield "eps", f"eps {show(g['eps'])} is not a finite number > 0 (v's floor in the update's denominator)"
+    if g.get("weight_decay") is not None and finite(g["weight_decay"]) is None:
+        yield "weight_decay", f"weight_decay {show(g['weight_decay'])} is not a finite number"
 
 
 # -- two checkpoints -----------------------------------------------------------------------
@@ -237,7 +316,7 @@ def compare(a: OptimizerStates, b: OptimizerStates, name_b: str) -> tuple[list[F
     for p in a.params:
         q = b_params.pop(p.key, None)
         if q is None:
-            out.append(_f("error", "against", a, p, None, f"has states here but none in {name_b}"))
+            out.append(_f("error", "against", a, p, None, f"has states here but none in {name_b}", _numel(p)))
             continue
         differing, max_abs = 0, 0.0
         if p.step != q.step:
@@ -246,7 +325,7 @@ def compare(a: OptimizerStates, b: OptimizerStates, name_b: str) -> tuple[list[F
             sa, sb = p.states.get(name), q.states.get(name)
             if sa is None or sb is None:
                 only = "this checkpoint" if sb is None else name_b
-                out.append(_f("error", "against", a, p, name, f"{name} only in {only}"))
+                out.append(_f("error", "against", a, p, name, f"{name} only in {only}", (sa or sb).numel))
                 continue
             if sa.numel != sb.numel:
                 out.append(_f("error", "against", a, p, name, f"{name} has {sa.numel:,} elements here, {sb.numel:,} "
@@ -263,10 +342,11 @@ def compare(a: OptimizerStates, b: OptimizerStates, name_b: str) -> tuple[list[F
             if sa.storage != sb.storage:
                 out.append(_f("warn" if d is None else "error", "storage", a, p, name,
                               f"{name} stored as {sa.storage} here, {sb.storage} in {name_b}"
-                              + (" (values equal)" if d is None else "")))
+                              + (" (values equal)" if d is None else ""), sa.numel))
         stats[p.key] = {"differing": differing, "max_abs_diff": max_abs}
     for q in b_params.values():
-        out.append(Finding("error", "against", a.path, q.key, q.group, None, f"has states in {name_b} but none here"))
+        out.append(Finding("error", "against", a.path, q.key, q.group, None, f"has states in {name_b} but none here",
+                           _numel(q)))
     return out, stats
 
 

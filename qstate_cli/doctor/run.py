@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QstateError
-from ..options import Options, option
+from ..options import Options, option, positive_number
 from ..progress import QUIET, Progress
 from ..results import Result
 from .checks import Finding, check_optimizer, compare, v_counts
@@ -34,7 +34,18 @@ class DoctorOptions(Options):
                                           "torch.distributed.checkpoint directory.", argument=True)
     against: str | None = option(None, "A second checkpoint of the same run (e.g. saved before, loaded after a "
                                        "resume): every state compared element-wise.", type=str)
-    max_gib: float = option(32.0, "Refuse checkpoints larger than this (GiB), before reading them.")
+    max_gib: float = option(32.0, "Refuse checkpoints larger than this (GiB), before reading them.",
+                            parse=positive_number("--max-gib"), type=float)
+
+    @classmethod
+    def from_params(cls, params: dict | None, what: str | None = None) -> "DoctorOptions":
+        """A suite point's options, its `checkpoint` required (the CLI's missing argument is
+        execute's message)."""
+        opts = super().from_params(params, what)
+        if not opts.checkpoint:
+            raise QstateError(f"{what or cls.COMMAND}: a suite point needs 'checkpoint' (the optimizer "
+                              f"checkpoint to check)")
+        return opts
 
 
 def read(path: str, max_gib: float) -> list[OptimizerStates]:
@@ -47,7 +58,7 @@ def read(path: str, max_gib: float) -> list[OptimizerStates]:
 def execute(opts: DoctorOptions, progress: Progress | None = None) -> Result:
     progress = progress or QUIET
     if not opts.checkpoint:
-        raise QstateError("doctor needs a CHECKPOINT (a suite point needs 'checkpoint')")
+        raise QstateError("doctor needs a CHECKPOINT")
     if opts.max_gib <= 0:
         raise QstateError(f"--max-gib {opts.max_gib}: must be > 0")
     optimizers = read(opts.checkpoint, opts.max_gib)

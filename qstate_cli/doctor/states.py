@@ -39,7 +39,8 @@ from .safeload import LowBitState
 ROLES = {"exp_avg": "m", "momentum_buffer": "m", "state1": "m", "m": "m",
          "exp_avg_sq": "v", "max_exp_avg_sq": "v", "state2": "v", "v": "v"}
 BNB_NESTED = "__bnb_optimizer_quant_state__"
-BNB_AUX = ("absmax1", "absmax2", "qmap1", "qmap2", "max1", "max2", "new_max1", "new_max2", "unorm_vec")
+BNB_AUX = ("absmax1", "absmax2", "qmap1", "qmap2", "max1", "max2", "new_max1", "new_max2", "unorm_vec",
+           "gnorm_vec")
 SCALAR_KEYS = ("step", "since_reset", "nonfinite")
 FLOAT_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
@@ -52,7 +53,8 @@ class StoredState:
     low_bit: bool  # codes + scales (a quantized format), not a float tensor
     values: torch.Tensor  # fp32, in the state's shape (flat where the checkpoint does not keep it)
     nbytes: int  # bytes the checkpoint holds for it (codes, scales, code book)
-    float_dtype: torch.dtype | None = None  # the stored float dtype (plain tensors)
+    float_dtype: torch.dtype | None = None  # the stored float dtype (plain tensors; complex: its real dtype)
+    non_float: bool = False  # a plain tensor of an integer or bool dtype (values cast, not to be checked)
     shape_known: bool = True
     problems: list[str] = field(default_factory=list)  # codes, scales or code book out of range
 
@@ -69,6 +71,7 @@ class ParamStates:
     states: dict[str, StoredState]
     step: float | None  # None: no step counter stored
     written: dict[str, int] = field(default_factory=dict)  # qstate: the step each state was written at
+    step_problem: str = ""  # a step entry that is not one number: what it is instead
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -87,6 +90,7 @@ class OptimizerStates:
     groups: list[dict]  # hyper-parameters of each group (without params)
     params: list[ParamStates]
     unstepped: list[str]  # parameters listed in a group that hold no state
+    duplicates: dict[str, list[int]] = field(default_factory=dict)  # listed more than once: the groups listing it
 
 
 def find_optimizers(obj, source: str) -> list[OptimizerStates]:
@@ -121,10 +125,13 @@ def read_optimizer(sd: dict, path: str, source: str) -> OptimizerStates:
         state = {i: s for i, s in enumerate(state) if s is not None}
     if not isinstance(state, dict):
         raise QstateError(f"{source}: {path}.state is {type(state).__name__}, not a dict")
-    order, names, group_of = [], {}, {}
+    order, names, group_of, listed = [], {}, {}, {}
     for gi, group in enumerate(groups):
         params = list(group.get("params", []))
         for j, key in enumerate(params):
+            listed.setdefault(_k(key), []).append(gi)
+            if len(listed[_k(key)]) > 1:
+                continue  # a duplicate: read once, reported by the checks
             order.append(key)
             group_of[_k(key)] = gi
             pnames = group.get("param_names")
@@ -147,7 +154,8 @@ def read_optimizer(sd: dict, path: str, source: str) -> OptimizerStates:
         params.append(_read_param(entry, group, name, index if not isinstance(key, int) else key, gi, where))
     kinds = {_kind_of(p) for p in params} - {"torch"} or {"torch"}
     hparams = [{k: v for k, v in g.items() if k not in ("params", "param_names")} for g in groups]
-    return OptimizerStates(path, kinds.pop() if len(kinds) == 1 else "mixed", hparams, params, unstepped)
+    duplicates = {names.get(k, k): gs for k, gs in listed.items() if len(gs) > 1}
+    return OptimizerStates(path, kinds.pop() if len(kinds) == 1 else "mixed", hparams, params, unstepped, duplicates)
 
 
 def _k(key):
@@ -173,7 +181,8 @@ def _read_param(entry: dict, group: dict, name: str, index: int, gi: int, where:
     nested = entry.pop(BNB_NESTED, None)
     if isinstance(nested, dict):
         entry.update(nested)
-    step = _scalar(entry.get("step"))
+    step = scalar(entry.get("step"))
+    step_problem = "" if step is not None or entry.get("step") is None else _what(entry["step"])
     states, written = {}, {}
     for key, value in entry.items():
         if key in SCALAR_KEYS or key in BNB_AUX:
@@ -184,23 +193,37 @@ def _read_param(entry: dict, group: dict, name: str, index: int, gi: int, where:
             states[key] = _torchao(key, value, where)
         elif isinstance(value, torch.Tensor) and key in ("state1", "state2") and value.dtype == torch.uint8:
             states[key] = _bnb(key, value, entry, where)
-        elif isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
-            states[key] = _plain(key, value)
-    return ParamStates(name, index, gi, states, step, written)
+        elif isinstance(value, torch.Tensor) and (key in ROLES or (value.dim() > 0 and _float(value))):
+            states[key] = _plain(key, value)  # a known state of any dtype or shape (a scalar param's: 0-dim)
+    return ParamStates(name, index, gi, states, step, written, step_problem)
 
 
-def _scalar(value) -> float | None:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
+def scalar(value) -> float | None:
+    """One real number (a Python number or a one-element tensor), else None."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
         return float(value.item())
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     return None
 
 
+def _what(value) -> str:
+    """A value that is not one number, for a message."""
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
+    text = repr(value)
+    return f"{text if len(text) <= 40 else text[:37] + '...'} ({type(value).__name__})"
+
+
+def _float(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
 def _plain(key: str, t: torch.Tensor) -> StoredState:
     name = FLOAT_NAMES.get(t.dtype, str(t.dtype).replace("torch.", ""))
-    return StoredState(key, ROLES.get(key, "other"), name, False, t.detach().to(torch.float32),
-                       t.numel() * t.element_size(), float_dtype=t.dtype)
+    vals = torch.view_as_real(t.detach()) if t.is_complex() else t.detach()  # complex params' states
+    return StoredState(key, ROLES.get(key, "other"), name, False, vals.to(torch.float32), t.numel() * t.element_size(),
+                       float_dtype=vals.dtype if _float(t) else None, non_float=not _float(t))
 
 
 def _bytes(*tensors) -> int:
@@ -295,7 +318,7 @@ def _bnb(key: str, codes: torch.Tensor, entry: dict, where: str) -> StoredState:
 
 def _qstate(key: str, value: dict, group: dict, index: int, where: str):
     codes, scales = value.get("codes"), value.get("scales")
-    written = int(_scalar(value.get("written")) or 0)
+    written = int(scalar(value.get("written")) or 0)
     if not isinstance(codes, torch.Tensor):
         raise QstateError(f"{where}: {key}.codes is not a tensor")
     problems: list[str] = []

@@ -31,6 +31,9 @@ FP32_SPEC = parse_spec("fp32")
 FP32_REASON_SMALL = "{numel} elements < min_quant_numel={limit}: fp32 states (as bitsandbytes)"
 
 
+MAX_WORLD_SIZE = 65_536  # the largest training jobs shard over tens of thousands of ranks; more is a typo
+
+
 @dataclass
 class AuditOptions(Options):
     """`qstate audit`: a model's parameters sharded on dim 0 (FSDP2) at a world size."""
@@ -49,8 +52,8 @@ class AuditOptions(Options):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.world_size < 1:
-            raise QstateError(f"audit: --world-size must be >= 1, got {self.world_size}")
+        if not 1 <= self.world_size <= MAX_WORLD_SIZE:
+            raise QstateError(f"audit: --world-size {self.world_size}: use 1 to {MAX_WORLD_SIZE:,} ranks")
         if self.rank is not None and not 0 <= self.rank < self.world_size:
             raise QstateError(f"audit: --rank {self.rank} is not a rank of world size {self.world_size}")
         if self.min_quant_numel < 0:

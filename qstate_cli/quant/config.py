@@ -286,6 +286,8 @@ def _parse_explicit(raw: str) -> StateConfig:
         key = key.strip().lower()
         if key not in STATE_NAMES:
             raise QstateError(f"unknown state {key!r} in {raw!r}: states are m and v")
+        if key in specs:  # the last one silently won
+            raise QstateError(f"configuration {raw!r}: {key} is given twice")
         specs[key] = parse_spec(val)
     if "m" not in specs:
         raise QstateError(f"in {raw!r}: the m state needs a spec")

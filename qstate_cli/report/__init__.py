@@ -20,7 +20,7 @@ from pathlib import Path
 from .. import __version__
 from ..errors import QstateError
 from ..kinds import KINDS, load
-from ..results import load as load_result, write_text_atomic
+from ..results import NUMBER_FIELDS, TEXT_FIELDS, load as load_result, write_text_atomic
 from .markdown import markdown_text
 from .model import Report, Section, Table
 
@@ -63,6 +63,25 @@ def _generic(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
     return sec, [f"{doc.get('kind')}: {len(rows)} rows"]
 
 
+def _as_text(doc: dict) -> dict:
+    """The document with each row that did not run holding its suite point's lists (a failed
+    point's sizes; older qstate: its configurations) as text, so sections group and sort it as
+    a failed row like any other (results.field_problem allows nothing else there)."""
+    def flat(row):
+        if not isinstance(row, dict) or row.get("status", "ok") == "ok":
+            return row
+        return {k: ", ".join(map(str, v)) if isinstance(v, list) and k in TEXT_FIELDS + NUMBER_FIELDS else v
+                for k, v in row.items()}
+    return {k: [flat(r) for r in v] if isinstance(v, list) and k not in ("env", "meta") else v
+            for k, v in doc.items()}
+
+
+def _label(row: dict) -> str | None:
+    """The name a row is coloured by: its name, else its config."""
+    label = row.get("name") or row.get("config")
+    return None if label is None else str(label)
+
+
 def section_builder(kind: str | None):
     """The report section of `kind` (kinds.py), or a generic table of its records."""
     if kind not in KINDS:
@@ -76,10 +95,11 @@ def build_report(docs: list[dict], sources: list[str] | None = None, title: str 
     from .plots import Palette
 
     sources = sources or [_source(d, i) for i, d in enumerate(docs)]
+    docs = [_as_text(d) for d in docs]
     names = set()
     for d in docs:
         for key in ("records", "series", "histograms"):
-            names |= {r.get("name") or r.get("config") for r in d.get(key) or [] if isinstance(r, dict)}
+            names |= {_label(r) for r in d.get(key) or [] if isinstance(r, dict)}
     palette = Palette(n for n in names if n is not None)
     env_rows, seen = [], {}
     for d, src in zip(docs, sources):

@@ -33,6 +33,8 @@ def cell(value, fmt=None) -> str:
 
 
 def pct(fraction) -> str:
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        return str(fraction)  # a row that did not run may hold text here
     return f"{100 * fraction:.1f}%"
 
 

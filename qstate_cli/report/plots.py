@@ -69,7 +69,7 @@ def size_sweep(rows: list[dict], title: str, palette: Palette, is_baseline) -> b
     by_name = defaultdict(list)
     for r in rows:
         if _finite(r.get("time_ms")) and _finite(r.get("numel")):
-            by_name[r["name"]].append(r)
+            by_name[str(r.get("name"))].append(r)
     for name, group in sorted(by_name.items()):
         at = defaultdict(list)  # numel -> rows: a size measured more than once is one point, its median
         for r in group:
@@ -118,8 +118,8 @@ def per_state_lines(series: list[dict], metric: str, ylabel: str, title: str, pa
     for ax, state in zip(axes, states):
         by_config = defaultdict(list)
         for r in series:
-            if r.get("state") == state:
-                by_config[r["config"]].append(r)
+            if r.get("state") == state and _finite(r.get("step")):
+                by_config[str(r.get("config"))].append(r)
         for config, rows in sorted(by_config.items()):
             rows.sort(key=lambda r: r["step"])
             steps = [r["step"] for r in rows]
@@ -134,14 +134,20 @@ def per_state_lines(series: list[dict], metric: str, ylabel: str, title: str, pa
     return to_png(fig)
 
 
+def drawable_histogram(h: dict) -> bool:
+    """A histogram row staleness_histograms can draw: counts, and one more edge than counts."""
+    counts, edges = h.get("counts"), h.get("edges")
+    return isinstance(counts, list) and isinstance(edges, list) and len(edges) == len(counts) + 1 and bool(counts)
+
+
 def staleness_histograms(hists: list[dict], palette: Palette, states=("m", "v")) -> bytes:
     """Diagnose: fraction of elements per staleness bin (steps since the stored value changed)."""
     fig, axes = new_figure(len(states), width=11.5, height=3.8)
     for ax, state in zip(axes, states):
-        for h in sorted((h for h in hists if h.get("state") == state), key=lambda h: str(h["config"])):
+        for h in sorted((h for h in hists if h.get("state") == state), key=lambda h: str(h.get("config"))):
             total = sum(h["counts"]) or 1
-            ax.stairs([c / total for c in h["counts"]], h["edges"], color=palette(h["config"]), lw=1.6,
-                      label=str(h["config"]))
+            ax.stairs([c / total for c in h["counts"]], h["edges"], color=palette(h.get("config")), lw=1.6,
+                      label=str(h.get("config")))
         ax.set_xscale("symlog", linthresh=1)
         ax.set(xlabel="staleness (steps since the stored value changed)", ylabel="fraction of elements",
                title=f"state {state}")
@@ -157,8 +163,8 @@ def predicted_vs_observed(records: list[dict], palette: Palette) -> bytes:
     for r in records:
         x, y = r.get("stall_rate_predicted"), r.get("code_stall_rate", r.get("stall_rate"))
         if _finite(x) and _finite(y):
-            ax.scatter([x], [y], color=palette(r["config"]), s=36, marker="o" if r.get("state") == "v" else "s",
-                       label=f"{r['config']} ({r.get('state')})")
+            ax.scatter([x], [y], color=palette(r.get("config")), s=36, marker="o" if r.get("state") == "v" else "s",
+                       label=f"{r.get('config')} ({r.get('state')})")
     ax.plot([0, 1], [0, 1], color="#999999", lw=0.8, ls=":", label="observed = predicted")
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="predicted stall rate (model)", ylabel="observed code stall rate",
            title="Stalling: model vs replay", aspect="equal")
@@ -172,7 +178,8 @@ def loss_curves(series: list[dict], palette: Palette) -> bytes:
     fig, (ax,) = new_figure(1, width=10.0, height=4.4)
     runs = defaultdict(list)
     for r in series:
-        runs[(r["config"], r.get("seed"))].append(r)
+        if _finite(r.get("step")):
+            runs[(str(r.get("config")), str(r.get("seed")))].append(r)
     labelled = set()
     for (config, seed), rows in sorted(runs.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
         rows.sort(key=lambda r: r["step"])

@@ -76,11 +76,15 @@ def kernels(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
                                    ("n_tensors", "tensors"), ("numel", "numel"), ("path", "path"),
                                    ("time_ms", "time (ms)", ".4g"), ("gbps", "GB/s", ".1f"),
                                    ("roofline", "% of copy"), ("time_rel_copy", "x copy of own bytes", ".3g")]))
+    _not_measured(sec, rows, [("name", "name"), ("config", "config"), ("numel", "numel"), ("path", "path")])
+    return sec, [_kernels_summary(rows, sweep)]
+
+
+def _not_measured(sec: Section, rows: list[dict], cols: list[tuple]) -> None:
+    """A table of the rows that did not run (failed, unavailable) with their reason."""
     bad = [r for r in rows if not _ok(r)]
     if bad:
-        sec.tables.append(Table.of("Not measured", bad, [("name", "name"), ("numel", "numel"), ("path", "path"),
-                                                         ("status", "status"), ("reason", "reason")]))
-    return sec, [_kernels_summary(rows, sweep)]
+        sec.tables.append(Table.of("Not measured", bad, cols + [("status", "status"), ("reason", "reason")]))
 
 
 def _kernels_summary(rows, sweep) -> str:
@@ -117,7 +121,7 @@ def _speed_vs(other: str, ratio: float) -> str:
 def _status_counts(rows) -> str:
     counts = defaultdict(int)
     for r in rows:
-        counts[r.get("status", "ok")] += 1
+        counts[str(r.get("status", "ok"))] += 1
     return ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no rows"
 
 
@@ -132,7 +136,7 @@ def memory(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
         models = sorted({str(r.get("model")) for r in ok})
         sec.plots.append(Plot(_slug("memory", *models), "Optimizer-state bytes per parameter",
                               "Exact accounting of the stored states (codes and block scales).",
-                              lambda: plots.bars([f"{r['name']} ({r.get('model')})" if len(models) > 1 else str(r["name"])
+                              lambda: plots.bars([f"{r.get('name')} ({r.get('model')})" if len(models) > 1 else str(r.get("name"))
                                                   for r in ok_sorted], [r["bytes_per_param"] for r in ok_sorted],
                                                  "optimizer-state bytes per parameter", "State memory", palette)))
     sec.tables.append(Table.of("State memory", rows, [
@@ -153,7 +157,8 @@ def memory(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
 
 def diagnose(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
     rows = doc["records"]
-    series, hists = doc.get("series") or [], [h for h in doc.get("histograms") or [] if h.get("metric") == "staleness"]
+    series, hists = doc.get("series") or [], [h for h in doc.get("histograms") or [] if h.get("metric") == "staleness"
+                                              and plots.drawable_histogram(h)]
     sec = Section("Diagnose: drift, stalling, staleness", "diagnose", source)
     states = sorted({r.get("state") for r in rows + series if r.get("state")}, key=lambda s: (s != "m", s)) or ["m", "v"]
     if series:
@@ -213,6 +218,7 @@ def diagnose(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
             ("format", "format"), ("rounding", "rounding"), ("beta2", "beta2"), ("fraction_bits", "fraction bits"),
             ("rho", "rho", ".4g"), ("p_stall_steady", "P(stall), steady", ".4f"),
             ("reset_period", "reset period"), ("reported_period", "paper")]))
+    _not_measured(sec, rows, [("config", "config"), ("state", "state"), ("numel", "numel")])
     across, across_summary = corpus.tables(doc)  # one trace: nothing; several: per trace and the median
     sec.tables[:0] = across
     summary = f"diagnose: {len({r.get('config') for r in rows})} configurations"
@@ -240,11 +246,12 @@ def train(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
         ("best_val_loss", "best val loss", ".4f"), ("gap_to_fp32", "gap to fp32", "+.4f"),
         ("diverged", "diverged"), ("diverged_at_step", "at step"), ("steps_per_s", "steps/s", ".1f"),
         ("bytes_per_param", "state bytes/param", ".4f"), ("reset", "reset"), ("status", "status")]))
+    _not_measured(sec, rows, [("config", "config"), ("seed", "seed")])
     gaps = defaultdict(list)
     for r in rows:
         if _finite(r.get("gap_to_fp32")) and not r.get("diverged"):
-            gaps[r["config"]].append(r["gap_to_fp32"])
-    diverged = sorted({str(r["config"]) for r in rows if r.get("diverged")})
+            gaps[str(r.get("config"))].append(r["gap_to_fp32"])
+    diverged = sorted({str(r.get("config")) for r in rows if r.get("diverged")})
     parts = [f"train: {len({r.get('config') for r in rows})} configurations"]
     others = {c: sum(v) / len(v) for c, v in gaps.items() if c != "fp32"}
     if others:
@@ -277,7 +284,7 @@ def doctor(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
         ("nonfinite", "non-finite"), ("v_flushed", "v flushed"), ("v_subnormal", "v subnormal"),
         ("against_differing", "differ"), ("against_max_abs_diff", "max |diff|", ".3g"),
         ("errors", "errors"), ("warnings", "warnings")]))
-    s = meta.get("summary") or {}
+    s = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
     line = (f"doctor: {meta.get('checkpoint')}: {s.get('params', len(rows))} parameters, "
             f"{s.get('errors', 0)} errors, {s.get('warnings', 0)} warnings")
     first = next((f for f in findings if f.get("severity") == "error"), None)
@@ -288,7 +295,8 @@ def doctor(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
 
 # -- compare ---------------------------------------------------------------------------
 
-STATUS_ORDER = ("regressed", "failed", "missing", "new", "noisy", "insignificant", "improved", "same")
+STATUS_ORDER = ("regressed", "failed", "unjudged", "missing", "new", "noisy", "insignificant", "improved",
+                "same")
 
 
 def compare(doc: dict, source: str, palette) -> tuple[Section, list[str]]:

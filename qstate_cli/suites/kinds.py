@@ -6,8 +6,10 @@ dataclass, i.e. the command's long options with underscores (`--warmup-ms` -> `w
 
     hook(params: dict) -> {"records": [flat rows], <extra>: [flat rows], ...}
 
-The built-in hook fills the options (`Options.from_params`: an unknown name or a bad value
-is a QstateError, which stops the suite) and runs `execute(options)`. Engines are imported
+The built-in hook fills the options (`point_options`: an unknown name or a bad value is a
+QstateError, which stops the suite) and runs `execute(options)`; `check_point` runs the
+same options' checks without the work (`suite validate`, and `run` for every point
+before it creates any file). Engines are imported
 by kind when first needed, so a build without one still validates and runs the other
 kinds. Tests and plug-ins may replace a kind's hook (`register_hook`).
 
@@ -53,6 +55,23 @@ def options_class(kind: str):
     return load(k.options, f"suite kind {kind!r}")
 
 
+def point_options(kind: str, params: dict):
+    """The options a point of `kind` runs with, built as its hook builds them (QstateError
+    for a bad name or value)."""
+    k = _suite_kind(kind)
+    params = dict(params)
+    if k.baseline_param in k.list_params and params.get(k.baseline_param) == []:
+        params[k.baseline_param] = [NONE]
+    return options_class(kind).from_params(params, k.command)
+
+
+def check_point(kind: str, params: dict, here: bool = True) -> None:
+    """What the point's engine would refuse, found without doing any work (Options.check;
+    here=False: a device by name only). A kind whose hook is replaced is not checked."""
+    if not is_overridden(kind):
+        point_options(kind, params).check(here)
+
+
 def hook_for(kind: str, progress: Progress | None = None) -> Callable[[dict], dict]:
     """The function that runs one point of `kind`, with its engine imported now (a missing
     engine is a clear error before anything is measured)."""
@@ -60,13 +79,10 @@ def hook_for(kind: str, progress: Progress | None = None) -> Callable[[dict], di
         return _overrides[kind]
     k = _suite_kind(kind)
     execute = load(k.engine, f"suite kind {kind!r}")
-    options = load(k.options, f"suite kind {kind!r}")
+    options_class(kind)
 
     def run_point(params: dict) -> dict:
-        params = dict(params)
-        if k.baseline_param in k.list_params and params.get(k.baseline_param) == []:
-            params[k.baseline_param] = [NONE]
-        return execute(options.from_params(params, k.command), progress).parts()
+        return execute(point_options(kind, params), progress).parts()
 
     run_point.__qualname__ = f"{k.engine}"
     return run_point

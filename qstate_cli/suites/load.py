@@ -17,7 +17,7 @@ from ..errors import QstateError
 from ..kinds import KINDS, runnable_kinds
 from ..options import option_fields
 from . import bounded_yaml
-from .kinds import CONFIG_AXES, is_overridden, options_class
+from .kinds import CONFIG_AXES, check_point, is_overridden, options_class
 from .expand import Point, check_points, expand_run
 
 RUN_KEYS = ("kind", "axes", "excludes", "baselines")
@@ -366,16 +366,16 @@ def _resolve_paths(run: dict, folder: Path) -> dict:
 
 
 def _point_errors(data: dict, runs: list[dict]) -> list[tuple[tuple, str]]:
-    """What `run` would refuse at a point, found now: every point's options are built as the
-    run builds them (an unknown configuration, a value of the wrong type), and a file it
-    names must exist. The first problem of each run is reported."""
+    """What `run` would refuse at a point, found now: every point's options are checked as
+    the run checks them (kinds.check_point: a name, type or range), and a file it names
+    must exist. The first problem of each run is reported."""
     errs = []
     for i, run in enumerate(runs):
         prefix = ("runs", i) if data.get("runs") is not None else ()
         if is_overridden(run["kind"]):
             continue
         try:
-            cls = options_class(run["kind"])
+            options_class(run["kind"])
         except QstateError:
             continue  # said in a note by _param_errors
         for point in expand_run(run):
@@ -385,7 +385,7 @@ def _point_errors(data: dict, runs: list[dict]) -> list[tuple[tuple, str]]:
                 errs.append((prefix + ("defaults", PATH_PARAMS[0]) if not point.assignment else where, missing[0]))
                 break
             try:
-                cls.from_params({k: v for k, v in point.params.items() if k != "baseline" or v}, run["kind"])
+                check_point(run["kind"], point.params, here=False)  # what run checks, the device by name
             except QstateError as exc:
                 errs.append((where, f"point {point.label}: {exc}"))
                 break

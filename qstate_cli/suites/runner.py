@@ -8,7 +8,8 @@ made it. The file is rewritten atomically after every point (results.ResultWrite
 measured and `--resume` runs only the points not done (failed points are retried).
 `run_suite` hands back each run's document (`SuiteRun.doc`), so nothing re-reads them.
 
-A hook that raises QstateError stops the run (the suite asked for something the engine
+Every point's options are checked (kinds.check_point) before any file is created; a hook
+that raises QstateError still stops the run (the suite asked for something the engine
 does not know); any other exception marks that point failed and the suite goes on.
 Progress goes to a `Progress` (progress.py): begin(total points), start(label, done)
 before each point, log(line) for a failed point; the CLI draws it.
@@ -20,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QstateError
+from ..kinds import KINDS
 from ..progress import QUIET, Progress
 from ..results import ResultWriter, environment, load as load_results
 from .expand import Point
-from .kinds import hook_for
+from .kinds import check_point, hook_for
 from .load import LoadedSuite
 
 
@@ -43,8 +45,20 @@ class SuiteRun:
 
 
 def _failed_row(point: Point, exc: BaseException) -> dict:
-    return {**{k: v for k, v in point.params.items() if not isinstance(v, (dict,))},
-            "status": "failed", "reason": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+    """The row of a point that crashed: its parameters as scalar fields, like a measured row's
+    (a list parameter of one value is that value, of several their text, of none left out;
+    kernels and memory: `name` is the configuration or baseline the point ran)."""
+    row = {}
+    for key, value in point.params.items():
+        if isinstance(value, (list, tuple)):
+            if not value:
+                continue
+            value = value[0] if len(value) == 1 else ", ".join(map(str, value))
+        if not isinstance(value, (dict, list, tuple)):
+            row[key] = value
+    if "name" not in row and KINDS[point.kind].baseline_param == "baseline":
+        row["name"] = row.get("config", row.get("baseline"))
+    return {**row, "status": "failed", "reason": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
 
 
 def _open_writer(path: Path, run: dict, suite: LoadedSuite, points: list[Point], resume: bool):
@@ -102,6 +116,12 @@ def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, progress: Progr
     progress = progress or QUIET
     plans = suite.points()
     hooks = {run["kind"]: hook_for(run["kind"]) for run, _ in plans}  # fail before measuring anything
+    for run, points in plans:  # every point's options checked before any file is created
+        for point in points:
+            try:
+                check_point(run["kind"], json.loads(json.dumps(point.params)))
+            except QstateError as exc:
+                raise QstateError(f"{suite.file}: run {run['name']!r}, point {point.label}: {exc}") from None
     writers = []
     for run, points in plans:
         path = out_dir / f"{run['name']}.json"

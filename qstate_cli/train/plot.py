@@ -117,22 +117,15 @@ def _upper(val, bottom: float) -> float:
 
 
 def save_loss_curves(doc: dict, path) -> Path:
-    """Write the loss-curve figure to `path` (.png, .svg or .pdf), atomically."""
-    import os
-    import tempfile
-
+    """Write the loss-curve figure to `path` (.png, .svg or .pdf), atomically
+    (atomic.atomic_path: a symlink's target, a device in place, the old file's mode kept)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+    from ..results import atomic_path
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig = loss_figure(doc)
     FigureCanvasAgg(fig)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".").lower() or None)
     return path

@@ -33,7 +33,7 @@ import torch
 from ..errors import QstateError
 from ..models import tiny_lm
 from ..optim import optimizer_info
-from ..options import Options, lower, many, option
+from ..options import MAX_SEED, Options, lower, many, option, seed_option
 from ..progress import QUIET, Progress
 from ..results import Result
 from ..runtime import Timer, free_memory, resolve_device, torch_threads
@@ -63,7 +63,7 @@ class TrainSettings(Options):
     steps: int = option(500, "Training steps per run.", "--steps", "-n")
     model: str = option("tiny-lm", "tiny-lm (0.14 M params) | small-lm (0.9 M).", "--model", "-m")
     seeds: int = option(1, "Seeds per run (init, data order, random streams).", "--seeds", "-k")
-    seed: int = option(0, "First seed; seeds are seed .. seed + seeds - 1.")
+    seed: int = seed_option("First seed; seeds are seed .. seed + seeds - 1.")
     reset: str = option("none", "Reset policy for runs that name none: none | N | auto.")
     lr: float | None = option(None, "Peak learning rate (default: the optimizer's, optim/registry.py).", type=float)
     batch_size: int = option(16, "Sequences per step.", "--batch-size", "-b")
@@ -80,7 +80,11 @@ class TrainSettings(Options):
     log_every: int = option(1, "Steps between training-loss points of the series.")
     diverge_factor: float = option(2.0, "A run diverges when a loss exceeds this x its first training loss.")
 
-    def validate(self) -> "TrainSettings":
+    def check(self, here: bool = True) -> None:
+        self.validate(here)
+        parse_runs(self.config, self.reset)
+
+    def validate(self, here: bool = True) -> "TrainSettings":
         optimizer_info(self.optimizer)  # QstateError for an unknown optimizer
         if self.model not in tiny_lm.SIZES:
             from ..quant.formats import suggest
@@ -95,7 +99,9 @@ class TrainSettings(Options):
             raise QstateError(f"min-quant-numel must be >= 0, got {self.min_quant_numel}")
         if self.threads is not None and self.threads < 1:
             raise QstateError(f"threads must be at least 1, got {self.threads}")
-        resolve_device(self.device)  # a usage error when CUDA is asked for where there is none
+        if self.seed + self.seeds - 1 > MAX_SEED:
+            raise QstateError(f"--seed {self.seed} with --seeds {self.seeds}: the last seed is past 2^63-1")
+        resolve_device(self.device, here)  # a usage error when CUDA is asked for where there is none
         return self
 
     @property
