@@ -236,3 +236,21 @@ def test_every_compared_metric_is_type_checked_when_a_file_is_read():
     from qstate_cli.results import FLAG_FIELDS, METRIC_FIELDS
 
     assert {m.field for k in KINDS.values() for m in k.metrics} <= set(METRIC_FIELDS) | set(FLAG_FIELDS)
+
+
+def test_verdict_markdown_ends_its_notes_before_a_table_and_counts_one_row():
+    """GitHub renders a table that follows a list item without a blank line as part of the
+    item's text; a folded table of one row says "1 row"."""
+    from qstate_cli.compare import verdict_markdown
+
+    v = compare_docs([_diag()], [_diag(drift_max_abs=0.2)])
+    v.notes.append("cpu share 0.71: the machine was shared")
+    md = verdict_markdown(v)
+    lines = md.splitlines()
+    note = lines.index("- cpu share 0.71: the machine was shared")
+    assert lines[note + 1] == "" and lines[note + 2].startswith("| ")
+    assert "All verdicts (5 rows)</summary>" in md  # one per diagnose metric
+    from qstate_cli.report.markdown import table_md
+    from qstate_cli.report.model import Table
+
+    assert "<summary>One (1 row)</summary>" in table_md(Table("One", ["a"], [["1"]], fold=True))

@@ -214,7 +214,7 @@ def verdict_markdown(verdict: Verdict) -> str:
               f"it) exceeds {verdict.threshold:g} and the noise floor, with every round apart (rows without rounds: "
               f"Mann-Whitney p < {verdict.alpha:g}); a row timed on a shared CPU (cpu share below 0.75) is noisy; "
               f"quality metrics have their own tolerances (threshold column)."), ""]
-    out += [f"- {escape(n)}" for n in verdict.notes]
+    out += [f"- {escape(n)}" for n in verdict.notes] + ([""] if verdict.notes else [])  # a list ends before a table
     if changed:
         t = verdict_table(changed)
         out += [table_md(Table("", t.headers, t.rows, fold=False)), ""]

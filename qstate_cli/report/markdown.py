@@ -30,7 +30,7 @@ def table_md(t: Table, heading: str = "###") -> str:
     body = "\n".join(lines)
     note = f"\n\n{escape(t.note)}" if t.note else ""
     if t.long:
-        return f"<details><summary>{escape(t.title or 'Table')} ({len(t.rows)} rows)</summary>\n\n{body}{note}\n\n</details>"
+        return f"<details><summary>{escape(t.title or 'Table')} ({len(t.rows)} row{'s' * (len(t.rows) != 1)})</summary>\n\n{body}{note}\n\n</details>"
     title = f"{heading} {escape(t.title)}\n\n" if t.title else ""
     return f"{title}{body}{note}"
 
