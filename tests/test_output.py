@@ -218,3 +218,43 @@ def test_a_fifo_or_device_output_is_written_in_place(tmp_path):
         assert stat.S_ISCHR(os.lstat(null).st_mode) and os.lstat(null).st_rdev == os.makedev(1, 3)
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == (["null"] if os.geteuid() == 0 else []) + ["out.fifo"]
+
+
+def _rendered(tab, width: int) -> list[str]:
+    from rich.console import Console
+
+    console = Console(width=width, record=True, color_system=None)
+    console.print(tab)
+    return console.export_text().splitlines()
+
+
+def test_a_wide_table_goes_on_below_with_its_key_columns_and_never_folds_a_cell():
+    """diagnose's table (rank, config, 17 numbers): rich folded its cells to fit 80 or 100
+    columns (`0.` above `00` above `41`). Each part fits the width, repeats rank and config,
+    and shows every cell whole; where the console is wide enough it is one table."""
+    cols = ["rank", "config"] + [f"metric {k}" for k in range(17)]
+    rows = [{"rank": i + 1, "config": name, **{f"metric {k}": 0.001234 * (k + 1) * (i + 1) for k in range(17)}}
+            for i, name in enumerate(["bf16", "nearest-4bit", "torchao-4bit"])]
+    tab = output.table("diagnose", rows, cols, formats={c: ".4g" for c in cols[2:]})
+    for width in (80, 100):
+        lines = _rendered(tab, width)
+        assert max(len(ln) for ln in lines) <= width
+        heads = [ln for ln in lines if "rank" in ln and "config" in ln]
+        assert len(heads) >= 2  # several parts, each with the key columns
+        text = "\n".join(lines)
+        for row in rows:
+            for c in cols[2:]:
+                assert f" {format(row[c], '.4g')} " in text  # whole, on one line
+            assert sum(row["config"] in ln for ln in lines) == len(heads)  # every part has every row
+        assert sum(f"metric {k}" in text for k in range(17)) == 17
+    wide = _rendered(tab, 250)
+    assert sum("rank" in ln for ln in wide) == 1 and "(1/" not in "\n".join(wide)
+
+
+def test_a_column_of_free_text_wraps_within_its_table():
+    rows = [{"name": "bnb-adamw8bit", "note": "unavailable: bitsandbytes is not importable (ModuleNotFoundError: "
+                                              "No module named 'bitsandbytes'); pip install 'qstate-cli[peers]'"}]
+    lines = _rendered(output.table(None, rows), 60)
+    assert max(len(ln) for ln in lines) <= 60
+    assert "'qstate-cli[peers]'" in "\n".join(lines)  # whole: a cell is text, not rich markup
+    assert sum("bnb-adamw8bit" in ln for ln in lines) == 1

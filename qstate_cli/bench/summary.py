@@ -26,7 +26,7 @@ MEMORY_HEADERS = {"bytes_per_param": "bytes/param", "reduction_pct": "% less tha
                   "state_mib": "state MiB", "measured_mib": "measured MiB", "peak_extra_mib": "peak extra MiB"}
 
 
-NOTE_CHARS = 72  # the full reason is in the result file
+NOTE_CHARS = 160  # the full reason is in the result file (the note column wraps: cli/tables.py)
 
 
 def _note(row: dict) -> str | None:

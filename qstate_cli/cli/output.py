@@ -29,12 +29,12 @@ from typing import Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from ..errors import QstateError
 from ..progress import Progress
 from ..results import (Result, check_writable, environment, write_json_atomic, write_text_atomic,
                        writes_in_place)
+from . import tables
 
 
 def _console(**kw) -> Console:
@@ -49,6 +49,9 @@ stdout = _console()
 stderr = _console(stderr=True)
 
 
+table = tables.table  # every command prints its tables as output.table (cli/tables.py)
+
+
 def print_json(obj) -> None:
     """A JSON document on stdout (what `--json -` prints)."""
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
@@ -57,32 +60,6 @@ def print_json(obj) -> None:
 def say(text: str) -> None:
     """A plain line on stderr (no markup)."""
     stderr.print(text, highlight=False, markup=False)
-
-
-def table(title: str | None, rows: list[dict], columns: list[str] | None = None,
-          formats: dict | None = None, headers: dict | None = None) -> Table:
-    """A rich table from flat records (columns default to the first row's keys)."""
-    columns = columns or (list(rows[0]) if rows else [])
-    formats = formats or {}
-    headers = headers or {}
-    t = Table(title=title, title_justify="left", header_style="bold")
-    for col in columns:
-        sample = next((r.get(col) for r in rows if r.get(col) is not None), None)
-        numeric = isinstance(sample, (int, float)) and not isinstance(sample, bool)
-        t.add_column(headers.get(col, col), justify="right" if numeric else "left", overflow="fold")
-    for row in rows:
-        cells = []
-        for col in columns:
-            val = row.get(col)
-            fmt = formats.get(col)
-            if val is None:
-                cells.append("-")
-            elif fmt:
-                cells.append(fmt(val) if callable(fmt) else format(val, fmt))
-            else:
-                cells.append(str(val))
-        t.add_row(*cells)
-    return t
 
 
 def to_csv(rows: list[dict]) -> str:
