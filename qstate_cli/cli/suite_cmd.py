@@ -69,7 +69,8 @@ def run(
 
 @suite_app.command("validate")
 def validate(suites: List[Path] = typer.Argument(..., help="Suite files to check.")):
-    """Check suites against the schema: every problem as FILE:LINE: KEY: message."""
+    """Check suites: every problem of the first check that finds any (the schema, the runs,
+    their parameters, each point's values) as FILE:LINE: KEY: message."""
     from ..suites import SuiteError, load_suite
 
     failed = 0
