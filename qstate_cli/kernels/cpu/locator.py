@@ -1,7 +1,7 @@
 """numba's disk cache for this folder's kernels, filed by what they are, not where they are.
 
 numba files a cached function under a subfolder named by the sha1 of its source folder's
-path and checks the file's stamp, (mtime, size) before numba 0.64 and its sha256 since: a
+path and checks the file's stamp ((mtime, size) in numba 0.59, its sha256 in 0.68): a
 second checkout, a moved one or a fresh clone of the same sources compiled every kernel
 again (1-2 minutes; seen 2026-12-06 in a clone beside /work/main). The cache root is
 already one folder per version of these sources (numba_cache_dir), so SourceLocator files
