@@ -184,3 +184,22 @@ def test_usage_errors_are_one_line(args, message):
 def test_cuda_device_without_cuda_is_a_usage_error():
     r = runner.invoke(app, ["bench", "kernels", "--device", "cuda"])
     assert r.exit_code == 2 and "CUDA is not available" in r.stderr
+
+
+def test_a_suites_baseline_point_measures_its_baseline_only(tmp_path):
+    """A suite expands `baselines:` into points with `config: []`, which means no
+    configuration (kinds.py), not the command's defaults: the baseline point of this memory
+    run measured bred-4bit, torchao-4bit, bred-8bit and bnb-8bit again beside torch-fused, and
+    the quick suite's kernels run held every 4-bit preset three times per size."""
+    from qstate_cli.results import load
+    from qstate_cli.suites import load_suite
+    from qstate_cli.suites.runner import run_suite
+
+    suite = tmp_path / "s.yaml"
+    suite.write_text("kind: memory\ndefaults: {numel: [4096], device: cpu}\naxes:\n  config: [bred-4bit]\n"
+                     "baselines: [torch-fused]\n")
+    (run,) = run_suite(load_suite(suite), tmp_path / "out")
+    assert [r["name"] for r in load(run.path)["records"]] == ["bred-4bit", "torch-fused"]
+    r = CliRunner().invoke(app, ["bench", "memory", "--device", "cpu", "--numel", "4096", "-c", "none",
+                                 "--baseline", "none"])
+    assert r.exit_code == 2 and "nothing to measure" in r.output

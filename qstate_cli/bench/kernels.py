@@ -39,7 +39,7 @@ from ..runtime import free_memory, is_oom, resolve_device, torch_threads
 from .bytes_model import DTYPE_NAMES, DTYPES, gbps
 from .shapes import model_shapes, numel as shapes_numel, parse_count, sweep_shape
 from .group import failure, fill_timing, measure_group
-from .subjects import Context, Subject, ours, select_baselines
+from .subjects import Context, Subject, chosen_configs, config_or_none, ours, select_baselines
 from .timing import copy_item, measure_rounds
 
 __all__ = ["KernelsOptions", "execute", "failure", "fill_timing", "plan", "run", "streamed"]
@@ -73,8 +73,8 @@ class KernelsOptions(Options):
     bits: int = option(4, "State bit width whose configs to time (4: nearest/sr/bred/torchao-4bit; "
                           "8: nearest/sr/bred/bnb-8bit).")
     optimizer: str = option("adamw", "adamw, adam, lion, sgd or muon.", parse=lower)
-    config: list[StateConfig] = many("Config or preset name (repeatable); overrides --bits/--rounding.",
-                                     "--config", "-c", parse=parse_config)
+    config: list[StateConfig] = many("Config or preset name (repeatable); overrides --bits/--rounding; 'none': "
+                                     "the baselines only.", "--config", "-c", parse=config_or_none)
     rounding: list[str] = many("Keep configs with this rounding: nearest, stochastic, bred.", "--rounding", "-r")
     numel: list[int] = many("Tensor sizes (repeatable or comma list; 1e6, 2^20). Default: the device's sweep.",
                             "--numel", "-n", parse=parse_count)
@@ -135,9 +135,9 @@ class Plan:
 
 
 def configs(opts: KernelsOptions) -> list[StateConfig]:
-    """--config as given, else every config of --bits, filtered by --rounding."""
+    """--config as given (none for `none`), else every config of --bits, filtered by --rounding."""
     if opts.config:
-        return list(opts.config)
+        return chosen_configs(opts.config, [])
     if opts.bits not in CONFIGS_BY_BITS:
         raise QstateError(f"--bits {opts.bits}: use 4 or 8 (or name configs with --config)")
     cfgs = [parse_config(n) for n in CONFIGS_BY_BITS[opts.bits]]
@@ -176,12 +176,14 @@ def plan(opts: KernelsOptions, here: bool = True) -> Plan:
     targets = [Target([sweep_shape(n, opts.optimizer == "muon")], None) for n in numels]
     targets += [Target(model_shapes(m), m) for m in opts.model]
     cfgs = configs(opts)
-    if not cfgs:
+    if not cfgs and not opts.config:
         raise QstateError(f"no {opts.bits}-bit configuration uses rounding {', '.join(opts.rounding)}")
     subjects = [(ours(c), b) for b in backends for c in cfgs]
     widths = {max(c.spec(s).bits for s in states) for c in cfgs}
     bits = widths.pop() if len(widths) == 1 else None
     subjects += [(s, "auto") for s in select_baselines(opts.optimizer, opts.baseline, bits)]
+    if not subjects:
+        raise QstateError("--config none and --baseline none: nothing to time")
     if opts.cuda_graph and device.type != "cuda":
         raise QstateError("--cuda-graph needs a CUDA device")
     if opts.rounds < 1:

@@ -31,7 +31,7 @@ import torch
 
 from ..errors import QstateError
 from ..options import Options, lower, many, option, seed_option
-from ..quant.config import StateConfig, parse_config
+from ..quant.config import StateConfig
 from ..optim.base import BACKENDS
 from ..optim.registry import optimizer_info
 from ..progress import Progress
@@ -40,7 +40,7 @@ from ..runtime import free_memory, is_oom, resolve_device
 from .bytes_model import DTYPE_NAMES, DTYPES, tensor_state_bytes
 from .kernels import Target, Tensors, failure, streamed
 from .shapes import model_shapes, parse_count
-from .subjects import Context, Subject, Unavailable, ours, select_baselines
+from .subjects import Context, Subject, Unavailable, chosen_configs, config_or_none, ours, select_baselines
 
 DEFAULT_CONFIGS = ("bred-4bit", "torchao-4bit", "bred-8bit", "bnb-8bit")
 DEFAULT_MODEL = {"cpu": "small-lm", "cuda": "gpt2-small"}
@@ -61,8 +61,8 @@ class MemoryOptions(Options):
     model: list[str] = many("Model shapes (default: small-lm on CPU, gpt2-small on CUDA).", "--model", "-m")
     numel: list[int] = many("Single tensors of these sizes instead of / besides --model.", "--numel", "-n",
                             parse=parse_count)
-    config: list[StateConfig] = many("Configs (repeatable). Default: bred-4bit, torchao-4bit, bred-8bit, bnb-8bit.",
-                                     "--config", "-c", parse=parse_config)
+    config: list[StateConfig] = many("Configs (repeatable). Default: bred-4bit, torchao-4bit, bred-8bit, bnb-8bit; "
+                                     "'none': the baselines only.", "--config", "-c", parse=config_or_none)
     optimizer: str = option("adamw", "adamw, adam, lion, sgd or muon.", parse=lower)
     dtype: str = option("fp32", "Parameter dtype: fp32, bf16, fp16.")
     device: str = option("auto", "auto, cuda or cpu.")
@@ -99,8 +99,10 @@ def plan(opts: MemoryOptions, here: bool = True) -> MemoryPlan:
     if any(n < 1 for n in opts.numel):
         raise QstateError("--numel must be >= 1")
     targets = [Target([(n,)], None) for n in opts.numel] + [Target(model_shapes(m), m) for m in models]
-    subjects = [ours(c) for c in (opts.config or [parse_config(c) for c in DEFAULT_CONFIGS])]
+    subjects = [ours(c) for c in chosen_configs(opts.config, DEFAULT_CONFIGS)]
     subjects += select_baselines(opts.optimizer, opts.baseline)  # default: all but the per-param one
+    if not subjects:
+        raise QstateError("--config none and --baseline none: nothing to measure")
     if opts.backend not in BACKENDS:
         raise QstateError(f"unknown backend {opts.backend!r}: choose from {', '.join(BACKENDS)}")
     return MemoryPlan(device, opts.optimizer, opts.dtype, targets, subjects, int(opts.seed), opts.backend)

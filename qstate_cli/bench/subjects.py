@@ -274,6 +274,23 @@ def default_baselines(optimizer: str, bits: int | None) -> list[str]:
     return names
 
 
+NONE = "none"  # --config none / --baseline none: nothing of that kind (a suite's empty list)
+
+
+def config_or_none(text) -> StateConfig | str:
+    """A --config value: a configuration, or `none` (time the baselines only)."""
+    return NONE if str(text).strip().lower() == NONE else parse_config(text)
+
+
+def chosen_configs(given: list, defaults: list[str]) -> list[StateConfig]:
+    """The configurations to measure: those given, none for [`none`], else the defaults."""
+    if NONE in given:
+        if len(given) > 1:
+            raise QstateError("--config none: name it alone (it means no configuration, the baselines only)")
+        return []
+    return list(given) or [parse_config(c) for c in defaults]
+
+
 def select_baselines(optimizer: str, names, bits: int | None = None) -> list[Subject]:
     """`names` empty: the defaults for `bits`; ["all"]: all; ["none"]: none; else those named."""
     known = baselines(optimizer)

@@ -60,8 +60,9 @@ def point_options(kind: str, params: dict):
     for a bad name or value)."""
     k = _suite_kind(kind)
     params = dict(params)
-    if k.baseline_param in k.list_params and params.get(k.baseline_param) == []:
-        params[k.baseline_param] = [NONE]
+    for name in k.list_params:  # an empty list means none (a baseline point's configs), not the defaults
+        if params.get(name) == []:
+            params[name] = [NONE]
     return options_class(kind).from_params(params, k.command)
 
 
