@@ -14,6 +14,8 @@ Statuses (docs/results.md, kind "compare"):
 - failed: NEW's row failed, or has no finite value of the metric;
 - unjudged: both rows ran, but the baseline's value of the metric is missing or not finite
   (NaN) while NEW has one: nothing to judge NEW against.
+The `copy` rows of kernels results (each run's reference: the machine's copy speed) are
+not subjects and get no verdict: a slower memory bus is no regression of ours.
 `regression` is true for regressed rows, and for failed, unjudged and missing rows where
 the baseline's row ran (status ok): a row the gate cannot judge is not a pass. Any
 regression makes `qstate compare` exit 1. The gate fails closed (evidence.py): empty,
@@ -90,6 +92,8 @@ def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], thresho
     records = []
     for key in list(base) + [k for k in new if k not in base]:
         b, n = base.get(key), new.get(key)
+        if (n or b).get("role") == "copy":  # the machine's reference (a copy), not a subject: never judged
+            continue
         name = row_name(kind, n or b) + (f" {key[-1]}" if str(key[-1]).startswith("#") else "")
         for metric in metrics(kind):
             rec = {"name": name, "kind": kind, "metric": metric.field, "unit": metric.unit, "better": metric.better,
