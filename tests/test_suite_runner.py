@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -269,3 +270,76 @@ def test_a_failed_points_row_holds_scalars_and_reports(tmp_path):
     r = runner.invoke(app, ["report", str(run.path), "--markdown", str(tmp_path / "r.md")])
     assert r.exit_code == 0, r.output
     assert "OverflowError: Python int too large" in (tmp_path / "r.md").read_text()
+
+
+def with_meta(params):
+    """fake_kernels plus an engine meta: `rounds` the same at every point, `cpu_share` and
+    `numel` its own."""
+    out = fake_kernels(params)
+    share = 0.5 if params["numel"] == 2048 else 0.9
+    return {**out, "meta": {"rounds": 3, "cpu_share": share, "numel": params["numel"], "threads": 2}}
+
+
+def engine_meta(doc):
+    """A document's meta without the suite's state, and each point's engine meta."""
+    meta = doc["meta"]
+    return ({k: v for k, v in meta.items() if k != "suite"},
+            {k: p.get("meta") for k, p in meta["suite"]["points"].items()})
+
+
+def test_a_suite_run_keeps_each_points_engine_meta(hooks, suite_file, tmp_path):
+    """The runner merged records and extras but dropped the engine's meta: a suite's
+    kernels.json had no rounds/threads/cpu_share, its diagnose.json no gradient_checks."""
+    register_hook("kernels", with_meta)
+    (sweep, diag) = run_suite(load_suite(suite_file), tmp_path / "out")
+    doc = load(sweep.path)
+    run, points = engine_meta(doc)
+    assert run == {"rounds": 3, "cpu_share": 0.5, "threads": 2}  # one value at every point; cpu_share the lowest
+    assert len(points) == 12 and all(m["rounds"] == 3 and m["numel"] in (1024, 2048, 4096, 8192)
+                                     for m in points.values())
+    assert {m["numel"] for m in points.values()} == {1024, 2048, 4096, 8192}
+    assert engine_meta(load(diag.path)) == ({}, {k: None for k in diag.state["points"]})  # no meta from the hook
+
+
+def test_resume_keeps_the_engine_meta_of_finished_points(hooks, suite_file, tmp_path):
+    register_hook("kernels", with_meta)
+    run_suite(load_suite(suite_file), tmp_path / "full")
+    register_hook("kernels", Counting(with_meta, interrupt_after=5))
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(load_suite(suite_file), tmp_path / "cut")
+    register_hook("kernels", with_meta)
+    run_suite(load_suite(suite_file), tmp_path / "cut", resume=True)
+    assert engine_meta(load(tmp_path / "cut" / "sweep.json")) == engine_meta(load(tmp_path / "full" / "sweep.json"))
+
+
+def test_a_suite_run_keeps_the_memory_engines_meta(tmp_path):
+    """The real engine (no hook): what `qstate bench memory --json` writes in meta is in the
+    suite's document, per point and, where every point agrees, at the top."""
+    suite = tmp_path / "mem.yaml"
+    suite.write_text("kind: memory\ndefaults: {numel: 4096, device: cpu}\naxes:\n  config: [fp32, bred-4bit]\n")
+    (run,) = run_suite(load_suite(suite), tmp_path / "out")
+    top, points = engine_meta(load(run.path))
+    assert top["dtype"] == "fp32" and top["targets"] == [4096]
+    assert sorted(m["subjects"][0] for m in points.values()) == ["bred-4bit", "fp32"]
+
+
+def test_the_resume_hint_repeats_every_set(hooks, suite_file, tmp_path):
+    """The hint dropped --set, and the command it gave refused the finished points."""
+    from qstate_cli.cli.suite_cmd import resume_command
+
+    assert resume_command(Path("s s.yaml"), ["numel=65536", "config=[a, b]"], Path("out")) == (
+        "qstate run 's s.yaml' --set numel=65536 --set 'config=[a, b]' --out out --resume")
+    assert resume_command("s.yaml", None, "o") == "qstate run s.yaml --out o --resume"
+    out = tmp_path / "cut dir"
+    register_hook("kernels", Counting(fake_kernels, interrupt_after=5))
+    sets = ["--set", "bits=8", "--set", "runs.sweep.axes.config=[a, b]"]
+    r = runner.invoke(app, ["run", str(suite_file), *sets, "--out", str(out), "--no-report"], env={"COLUMNS": "60"})
+    assert r.exit_code == 130
+    hint = r.stderr.split("continue with `", 1)[1].split("`", 1)[0]
+    assert hint == resume_command(suite_file, ["bits=8", "runs.sweep.axes.config=[a, b]"], out)
+    register_hook("kernels", fake_kernels)
+    r = runner.invoke(app, ["run", str(suite_file), "--out", str(out), "--resume", "--no-report"])  # the old hint
+    assert r.exit_code == 2 and r.stderr.startswith("error: ") and "finished points are not in this suite" in r.stderr
+    r = runner.invoke(app, [*shlex.split(hint)[1:], "--no-report"])
+    assert r.exit_code == 0, r.output
+    assert len(load(out / "sweep.json")["meta"]["suite"]["done"]) == 12

@@ -1,6 +1,7 @@
 """`qstate run SUITE.yaml`, `qstate suite validate`, `qstate suite schema` (thin; see qstate_cli/suites)."""
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import List, Optional
 
@@ -15,6 +16,16 @@ suite_app = new_group("suite", "Check YAML suites and print their JSON Schema.")
 def register(app: typer.Typer) -> None:
     app.command("run")(run)
     app.add_typer(suite_app)
+
+
+def resume_command(suite, sets, out) -> str:
+    """The command that continues an interrupted `qstate run`: the same suite and every
+    --set (a resumed run must expand to the same points), shell-quoted, plus --resume."""
+    words = ["qstate", "run", str(suite)]
+    for value in sets or []:
+        words += ["--set", value]
+    words += ["--out", str(out), "--resume"]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def run(
@@ -54,7 +65,7 @@ def run(
                 bar.stop()
     except KeyboardInterrupt:
         output.stderr.print(f"interrupted: finished points are kept in {out}/; continue with "
-                            f"`qstate run {suite} --out {out} --resume`")
+                            f"`{resume_command(suite, sets, out)}`", markup=False, highlight=False, soft_wrap=True)
         raise
     rows = [{"run": r.name, "kind": r.kind, "points": len(r.state["points"]), "done": len(r.state["done"]),
              "failed": len(r.state["failed"]), "rows": len(r.doc["records"]), "file": str(r.path)} for r in runs]

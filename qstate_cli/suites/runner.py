@@ -6,6 +6,9 @@ such as `series` concatenated). Each record gets `point`, the key of the point t
 made it. The file is rewritten atomically after every point (results.ResultWriter), and
 `meta.suite` lists the points, which are done and which failed, so Ctrl-C keeps what was
 measured and `--resume` runs only the points not done (failed points are retried).
+The engine's `meta` of each point is kept whole in `meta.suite.points[key]["meta"]`; the
+document's own `meta` holds each field that every done point's meta has with one value,
+and `cpu_share` (kernels) the lowest of the points' (`_run_meta`; docs/results.md).
 `run_suite` hands back each run's document (`SuiteRun.doc`), so nothing re-reads them.
 
 Every point's options are checked (kinds.check_point) before any file is created; a hook
@@ -23,7 +26,7 @@ from pathlib import Path
 from ..errors import QstateError
 from ..kinds import KINDS
 from ..progress import QUIET, Progress
-from ..results import ResultWriter, environment, load as load_results
+from ..results import ResultWriter, _json_default, environment, load as load_results
 from .expand import Point
 from .kinds import check_point, hook_for
 from .load import LoadedSuite
@@ -78,6 +81,10 @@ def _open_writer(path: Path, run: dict, suite: LoadedSuite, points: list[Point],
                               "run with other --set values?); use another --out or run without --resume")
         done = [k for k in old.get("done", []) if k in meta_points]
         keep = set(done)
+        for key in done:  # a finished point keeps the engine meta it was measured with
+            old_point = (old.get("points") or {}).get(key) or {}
+            if isinstance(old_point.get("meta"), dict):
+                meta_points[key]["meta"] = old_point["meta"]
         writer = ResultWriter(path, run["kind"], env=doc["env"],
                               records=[r for r in doc["records"] if r.get("point") in keep])
         for key, value in doc.items():
@@ -85,6 +92,7 @@ def _open_writer(path: Path, run: dict, suite: LoadedSuite, points: list[Point],
                 writer.doc[key] = [r for r in value if not isinstance(r, dict) or r.get("point") in keep]
         writer.doc["meta"] = {**doc.get("meta", {}), "suite": {**suite_meta, "done": done,
                                                                "resumed": old.get("resumed", 0) + 1}}
+        _run_meta(writer)
         return writer, keep
     device = run["defaults"].get("device")
     env = environment(None if device in (None, "auto") else device)
@@ -98,9 +106,38 @@ def _in_point_order(writer: ResultWriter, order: dict[str, int]) -> None:
             rows.sort(key=lambda r: order.get(r.get("point"), len(order)) if isinstance(r, dict) else len(order))
 
 
+RUN_MINIMUM = ("cpu_share",)  # meta fields whose run value is the lowest of its points' (kernels: compare)
+
+
+def _run_meta(writer: ResultWriter) -> None:
+    """The document's meta from its done points' engine meta (meta.suite.points[key]["meta"]):
+    each field all of them have with one value, and RUN_MINIMUM fields at their lowest; beside
+    `suite`, which stays as it is. Recomputed after every point, so a resumed file's equals an
+    uninterrupted one's."""
+    state = writer.doc["meta"]["suite"]
+    metas = [state["points"][k]["meta"] for k in state["done"]
+             if isinstance(state["points"].get(k, {}).get("meta"), dict)]
+    run = {}
+    if metas:
+        for key in metas[0]:
+            if key == "suite" or not all(key in m for m in metas):
+                continue
+            values = [m[key] for m in metas]
+            if key in RUN_MINIMUM:
+                numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+                run[key] = min(numbers) if numbers else None
+            elif all(json.dumps(v, sort_keys=True, default=str) == json.dumps(values[0], sort_keys=True, default=str)
+                     for v in values[1:]):
+                run[key] = values[0]
+    writer.doc["meta"] = {**run, "suite": state}
+
+
 def _merge(writer: ResultWriter, point: Point, out: dict, hook_name: str) -> None:
     if not isinstance(out, dict) or not isinstance(out.get("records"), list):
         raise QstateError(f"the {point.kind} hook ({hook_name}) returned no 'records' list for {point.label}")
+    meta = out.get("meta")
+    if meta is not None and not isinstance(meta, dict):
+        raise QstateError(f"the {point.kind} hook ({hook_name}) returned a 'meta' that is not a mapping")
     lists = {key: rows for key, rows in out.items() if key not in ("meta", "env")}
     for key, rows in lists.items():
         if not isinstance(rows, list):
@@ -108,6 +145,9 @@ def _merge(writer: ResultWriter, point: Point, out: dict, hook_name: str) -> Non
     for key, rows in lists.items():
         writer.doc.setdefault(key, []).extend({**row, "point": point.key} if isinstance(row, dict) else row
                                               for row in rows)
+    if meta is not None:  # JSON's copy: what the file will hold, and no engine object kept alive
+        writer.doc["meta"]["suite"]["points"][point.key]["meta"] = json.loads(
+            json.dumps(meta, default=_json_default, allow_nan=True))
 
 
 def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, progress: Progress | None = None) -> list[SuiteRun]:
@@ -149,6 +189,7 @@ def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, progress: Progr
                 progress.log(f"failed {run['name']}: {point.label}: {exc}")
             else:
                 state["done"].append(point.key)
+                _run_meta(writer)
             _in_point_order(writer, order)
             writer.flush()
             done_so_far += 1
