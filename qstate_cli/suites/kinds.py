@@ -60,9 +60,12 @@ def point_options(kind: str, params: dict):
     for a bad name or value)."""
     k = _suite_kind(kind)
     params = dict(params)
-    for name in k.list_params:  # an empty list means none (a baseline point's configs), not the defaults
-        if params.get(name) == []:
-            params[name] = [NONE]
+    if k.baseline_param in k.list_params:  # an empty list means none, not the command's defaults:
+        base = params.get(k.baseline_param)
+        if base == []:  # a configuration point: no baselines
+            params[k.baseline_param] = [NONE]
+        elif base:  # a baseline point: none of our configurations
+            params.update({n: [NONE] for n in k.list_params if n != k.baseline_param and params.get(n) == []})
     return options_class(kind).from_params(params, k.command)
 
 
