@@ -109,14 +109,34 @@ def _in_point_order(writer: ResultWriter, order: dict[str, int]) -> None:
 RUN_MINIMUM = ("cpu_share",)  # meta fields whose run value is the lowest of its points' (kernels: compare)
 
 
-def _run_meta(writer: ResultWriter) -> None:
+def _same(a, b) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def _run_meta(writer: ResultWriter, new_key: str | None = None) -> None:
     """The document's meta from its done points' engine meta (meta.suite.points[key]["meta"]):
     each field all of them have with one value, and RUN_MINIMUM fields at their lowest; beside
-    `suite`, which stays as it is. Recomputed after every point, so a resumed file's equals an
-    uninterrupted one's."""
+    `suite`, which stays as it is. With `new_key` (the point just done) only that point is
+    folded into the fields kept so far (a suite of 10,000 points does not compare every point
+    again after each); without it, all of them, as a resumed file's start."""
     state = writer.doc["meta"]["suite"]
     metas = [state["points"][k]["meta"] for k in state["done"]
              if isinstance(state["points"].get(k, {}).get("meta"), dict)]
+    new = state["points"].get(new_key, {}).get("meta") if new_key is not None else None
+    if isinstance(new, dict) and len(metas) > 1:
+        run = {k: v for k, v in writer.doc["meta"].items() if k != "suite"}
+        for key in list(run):
+            if key not in new:
+                del run[key]
+            elif key in RUN_MINIMUM:
+                if isinstance(new[key], (int, float)) and not isinstance(new[key], bool):
+                    run[key] = new[key] if run[key] is None else min(run[key], new[key])
+            elif not _same(new[key], run[key]):
+                del run[key]
+        writer.doc["meta"] = {**run, "suite": state}
+        return
+    if new_key is not None and not isinstance(new, dict):
+        return  # a point without engine meta changes nothing
     run = {}
     if metas:
         for key in metas[0]:
@@ -126,8 +146,7 @@ def _run_meta(writer: ResultWriter) -> None:
             if key in RUN_MINIMUM:
                 numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
                 run[key] = min(numbers) if numbers else None
-            elif all(json.dumps(v, sort_keys=True, default=str) == json.dumps(values[0], sort_keys=True, default=str)
-                     for v in values[1:]):
+            elif all(_same(v, values[0]) for v in values[1:]):
                 run[key] = values[0]
     writer.doc["meta"] = {**run, "suite": state}
 
@@ -189,7 +208,7 @@ def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, progress: Progr
                 progress.log(f"failed {run['name']}: {point.label}: {exc}")
             else:
                 state["done"].append(point.key)
-                _run_meta(writer)
+                _run_meta(writer, point.key)
             _in_point_order(writer, order)
             writer.flush()
             done_so_far += 1
