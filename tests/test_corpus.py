@@ -138,6 +138,25 @@ def test_corpus_suite_runs_on_the_smallest_trace(cache, tmp_path):
     assert (out / "report.md").exists()
 
 
+def test_a_corpus_trace_this_machine_cannot_record_stops_the_suite_before_any_work(cache, tmp_path, monkeypatch):
+    """A recipe's missing package is found when the run checks its points: nothing replayed,
+    no results file (it had stopped at the point after 30 s of replays of the others)."""
+    import dataclasses
+
+    monkeypatch.setitem(corpus.ENTRIES, "digits-cnn",
+                        dataclasses.replace(corpus.ENTRIES["digits-cnn"], needs=("qstate_no_such_package",)))
+    out = tmp_path / "res"
+    r = runner.invoke(app, ["run", str(ROOT / "suites/corpus.yaml"), "--set", "steps_limit=6",
+                            "--set", "trace=[corpus:synthetic-heavy, corpus:digits-cnn]", "--out", str(out)], env=WIDE)
+    assert r.exit_code == 2, r.output
+    assert "needs qstate_no_such_package (not installed): pip install qstate_no_such_package" in r.output
+    assert "trace=corpus:digits-cnn" in r.output and not (out / "diagnose.json").exists()
+    r = runner.invoke(app, ["suite", "validate", str(ROOT / "suites/corpus.yaml")], env=WIDE)
+    assert r.exit_code == 0, r.output  # what this machine lacks is the run's to say: the suite is valid anywhere
+    r = runner.invoke(app, ["diagnose", "corpus:digits-cnn", "-c", "nope-4bit"], env=WIDE)
+    assert r.exit_code == 2 and "nope-4bit" in r.output  # the options first, then the machine
+
+
 def _rec(point, config, state, err, **kw):
     return {"point": point, "config": config, "state": state, "update_rel_error": err, "update_cosine": 0.9,
             "bytes_per_param": 1.0625, "drift_mean": 0.01, "stall_rate": 0.1, "stall_rate_predicted": None, **kw}

@@ -148,6 +148,10 @@ def check_options(opts: DiagnoseOptions, here: bool = True) -> list[StateConfig]
         raise QstateError(f"--steps-limit {opts.steps_limit}: must be >= 1 (omit it for every recorded step)")
     ResetPolicy.parse(opts.reset)
     resolve_device(opts.device, here)
+    if here:  # a corpus trace this machine cannot record (a package missing) fails now, not mid-suite
+        from ..trace.corpus import check_can_make
+
+        check_can_make(opts.trace)
     return configs
 
 

@@ -106,6 +106,16 @@ def resolve(trace, log: Callable[[str], None] | None = None) -> Path:
     return Path(trace)
 
 
+def check_can_make(trace) -> None:
+    """Refuse now, before any work, a `corpus:NAME` this machine cannot provide: an unknown
+    name, or a trace not cached yet whose recipe needs a package that is not installed."""
+    text = str(trace)
+    if text.startswith(PREFIX):
+        e = entry(text[len(PREFIX):])
+        if e.record is not None and not cached_path(e).exists():
+            _check_needs(e)
+
+
 def _check_needs(e: CorpusEntry) -> None:
     import importlib.util
 
