@@ -204,3 +204,41 @@ def test_real_subprocess_json_on_stdout():
     assert doc["schema_version"] == 1 and doc["kind"] == "train"
     assert [r["config"] for r in doc["records"]] == ["fp32", "bred-4bit"]
     assert "bred-4bit seed 0" in out.stderr  # progress on stderr, results on stdout
+
+
+def test_steps_per_second_leave_out_the_kernels_first_compile(monkeypatch):
+    """A first use compiles the CPU kernels inside the first step (seconds on numba): steps/s
+    counts the steps' own time, and the compile is reported apart (it had read 2-3x low)."""
+    import time
+
+    from qstate_cli.runtime import COMPILES
+    from qstate_cli.train import study
+
+    made = study.make_optimizer
+
+    def compiling_once(*args, **kwargs):
+        opt, period, basis = made(*args, **kwargs)
+        step, calls = opt.step, []
+
+        def first_step_compiles(*a, **k):
+            if not calls:
+                calls.append(1)
+                COMPILES.enter()
+                COMPILES.begin("compiling (test)")
+                time.sleep(0.6)
+                COMPILES.end()
+                COMPILES.leave()
+            return step(*a, **k)
+
+        opt.step = first_step_compiles
+        return opt, period, basis
+
+    monkeypatch.setattr(study, "make_optimizer", compiling_once)
+    lines = []
+    rec = train_run(parse_runs(["bred-4bit"])[0], FAST, 0, log=lines.append).record
+    assert 0.6 <= rec["compile_s"] < 0.9
+    assert rec["steps"] / rec["steps_per_s"] < 0.6  # 12 tiny steps, without the 0.6 s
+    assert "s compiling kernels left out" in lines[0]
+    monkeypatch.undo()
+    rec = train_run(parse_runs(["bred-4bit"])[0], FAST, 0).record  # nothing compiled: nothing left out
+    assert rec["compile_s"] < 0.05

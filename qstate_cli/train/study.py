@@ -200,6 +200,10 @@ def _train_run(run, settings, seed, val, log) -> RunResult:
             break
     params = sum(p.numel() for p in model.parameters())
     state_bytes = opt.state_nbytes()
+    # a first use compiles the CPU kernels (or loads them from the disk cache) inside the
+    # first steps: seconds left out of steps/s and reported apart (runtime.Timer.compiled)
+    compile_s = sum(timer.compiled.values()) + sum(timer.loaded.values())
+    step_s = timer.seconds - compile_s
     record = {
         "config": run.label, "states": run.config.canonical(), "optimizer": settings.optimizer,
         "model": settings.model, "params": params, "seed": seed, "steps": step, "steps_requested": settings.steps,
@@ -207,7 +211,7 @@ def _train_run(run, settings, seed, val, log) -> RunResult:
         "final_val_loss": None if diverged_at else last_val, "best_val_loss": best_val, "gap_to_fp32": None,
         "final_train_loss": _finite(train_loss) if step else None,
         "diverged": diverged_at is not None, "diverged_at_step": diverged_at,
-        "steps_per_s": step / timer.seconds if timer.seconds > 0 else None,
+        "steps_per_s": step / step_s if step_s > 0 else None, "compile_s": round(compile_s, 3),
         "state_bytes": state_bytes, "bytes_per_param": state_bytes / params,
         "reset": run.reset, "reset_period": period, "reset_basis": basis,
         "resets": (step - 1) // period if period else 0,
@@ -218,7 +222,8 @@ def _train_run(run, settings, seed, val, log) -> RunResult:
     }
     if log:
         end = f"diverged at step {diverged_at} ({reason})" if diverged_at else f"val loss {last_val:.4f}"
-        log(f"{run.label} seed {seed}: {step} steps, {end}, {record['steps_per_s'] or 0:.1f} steps/s")
+        compiling = f" ({compile_s:.1f} s compiling kernels left out)" if compile_s >= 0.05 else ""
+        log(f"{run.label} seed {seed}: {step} steps, {end}, {record['steps_per_s'] or 0:.1f} steps/s{compiling}")
     return RunResult(record, series)
 
 
@@ -244,7 +249,7 @@ def _failed(run: RunSpec, settings: TrainSettings, seed: int, exc: BaseException
             "model": settings.model, "params": None, "seed": seed, "steps": 0, "steps_requested": settings.steps,
             "lr": run.lr or settings.base_lr, "batch_size": settings.batch_size,
             "final_val_loss": None, "best_val_loss": None, "gap_to_fp32": None, "final_train_loss": None,
-            "diverged": False, "diverged_at_step": None, "steps_per_s": None, "state_bytes": None,
+            "diverged": False, "diverged_at_step": None, "steps_per_s": None, "compile_s": None, "state_bytes": None,
             "bytes_per_param": None, "reset": run.reset, "reset_period": None, "reset_basis": None, "resets": 0,
             "nonfinite_grads": None, "min_quant_numel": settings.min_quant_numel,
             "device": str(resolve_device(settings.device)), "path": None,
