@@ -138,7 +138,9 @@ def test_memory_cli_accounting_on_cpu(tmp_path):
     # 10000 elements, block 128: 5000 code bytes + 79 scales * 4, per state
     assert single["expected_state_bytes"] == 2 * (5000 + 79 * 4)
     assert single["bytes_per_param"] == pytest.approx((2 * (5000 + 316) + 40) / 10_000)
-    assert single["reduction_vs_fp32"] == pytest.approx(1 - single["bytes_per_param"] / 8)
+    # against fp32 states with the same five counters: 80,000 + 40 bytes
+    assert single["reduction_vs_fp32"] == pytest.approx(1 - (2 * (5000 + 316) + 40) / 80_040)
+    assert torch_row["reduction_vs_fp32"] == 0.0  # fp32 states against fp32 states, counters and all
     for row in rows.values():
         assert row["measured_state_bytes"] is None and row["peak_extra_mib"] is None
         assert "CUDA" in row["measured_reason"]

@@ -14,7 +14,9 @@ For each config or baseline, on a model's parameter shapes (or single tensors):
   keeps on each tensor (no counters): state_bytes - expected_state_bytes is the counter
   overhead, so the two cross-check each other.
 - `bytes_per_param = state_bytes / params`;
-  `reduction_vs_fp32 = 1 - state_bytes / (states * 4 * params)` (fp32 AdamW: 8 bytes/param).
+  `reduction_vs_fp32 = 1 - state_bytes / (states * 4 * params + counters)`: against the same
+  optimizer holding fp32 states (AdamW: 8 bytes/param) and the same per-tensor counters
+  (`counters = state_bytes - expected_state_bytes`), so an fp32 row reads exactly 0.
 - CUDA only, in a separate pass with a fresh optimizer: `measured_state_bytes` =
   torch.cuda.memory_allocated() after the first step minus before it, and
   `peak_extra_mib` = torch.cuda.max_memory_allocated() during a second step minus the
@@ -203,8 +205,10 @@ def measure_subject(row: dict, subject: Subject, ctx: Context, tensors: Tensors)
         state = optimizer_state_bytes(opt)
         del opt
         free_memory(ctx.device)
+        expected = row["expected_state_bytes"]
+        counters = state - expected if expected is not None and 0 <= expected <= state else 0
         row.update(state_bytes=state, bytes_per_param=state / row["params"],
-                   reduction_vs_fp32=1.0 - state / (n_states * 4 * row["params"]))
+                   reduction_vs_fp32=1.0 - state / (n_states * 4 * row["params"] + counters))
         if ctx.device.type == "cuda":
             row.update(cuda_pass(subject, ctx, tensors))
     except (Unavailable, QstateError) as exc:
