@@ -7,7 +7,7 @@ record a trace and diagnose it without downloading anything.
 
 Model: token + position embeddings, `n_layer` pre-LayerNorm blocks (causal multi-head
 attention via scaled_dot_product_attention, GELU MLP of width 4*d), final LayerNorm, and
-an untied output head. The default (d=64, 2 layers, 4 heads, context 64) has ~0.13 M
+an untied output head. The default (d=64, 2 layers, 4 heads, context 64) has ~0.14 M
 parameters and trains at dozens of steps per second on 2 CPU cores.
 
 Everything is seeded: the same (seed, batch_size, seq_len) gives the same batches and

@@ -47,9 +47,9 @@ class CorpusEntry:
 ENTRIES: dict[str, CorpusEntry] = {e.name: e for e in (
     CorpusEntry("synthetic-heavy", "heavy-tailed (Student-t 3), non-stationary (g^2 falls 10x, regime changes, "
                 "spikes) synthetic gradients, 4 x 2048 elements a decade apart", 3000, recipes.record_synthetic),
-    CorpusEntry("tiny-lm", "byte-level transformer (0.13 M params) on the pydoc topics: the demo trace",
+    CorpusEntry("tiny-lm", "byte-level transformer (0.14 M params) on the pydoc topics: the demo trace",
                 DEMO_SETTINGS.steps, None),
-    CorpusEntry("small-lm", "byte-level transformer (0.8 M params, 4 layers, context 128) on the pydoc topics",
+    CorpusEntry("small-lm", "byte-level transformer (0.88 M params, 4 layers, context 128) on the pydoc topics",
                 1000, recipes.lm_recipe("small-lm", batch_size=8, lr=1e-3, blocks_per_tensor=1)),
     CorpusEntry("digits-cnn", "2-conv CNN (38 k params) on scikit-learn's 8x8 digits", 2000, recipes.record_digits,
                 needs=("sklearn",)),

@@ -61,7 +61,7 @@ class TrainSettings(Options):
                              "--config", "-c")
     optimizer: str = option("adamw", "adamw | adam | lion | sgd | muon.", "--optimizer", "-o", parse=lower)
     steps: int = option(500, "Training steps per run.", "--steps", "-n")
-    model: str = option("tiny-lm", "tiny-lm (0.14 M params) | small-lm (0.9 M).", "--model", "-m")
+    model: str = option("tiny-lm", "tiny-lm (0.14 M params) | small-lm (0.88 M).", "--model", "-m")
     seeds: int = option(1, "Seeds per run (init, data order, random streams).", "--seeds", "-k")
     seed: int = seed_option("First seed; seeds are seed .. seed + seeds - 1.")
     reset: str = option("none", "Reset policy for runs that name none: none | N | auto.")
