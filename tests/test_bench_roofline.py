@@ -11,10 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from qstate_cli.bench.roofline import CACHE_MARGIN, cache_resident, classify, footprint_copy_gbps
-from qstate_cli.cli import app
 from qstate_cli.cli.bench_cmd import row_line
 from qstate_cli.report import render_html, render_markdown
 from qstate_cli.report.sections import with_roofline

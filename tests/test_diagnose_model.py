@@ -2,7 +2,6 @@
 quantizer, its closed forms against Monte Carlo, and its predictions against replays of
 synthetic traces (Gaussian, where it must hold; heavy-tailed and non-stationary, where the
 Gaussian variant must warn and the empirical one must still hold)."""
-import math
 
 import numpy as np
 import pytest

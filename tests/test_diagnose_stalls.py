@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from qstate_cli.diagnose import diagnose, select_configs
+from qstate_cli.diagnose import diagnose
 from qstate_cli.diagnose.summary import late_start
 from qstate_cli.optim.rules import ema
 from qstate_cli.quant import QuantizedState, Stream, parse_config

@@ -17,7 +17,6 @@ from qstate_cli.cli.doctor_cmd import finding_lines
 from qstate_cli.doctor.run import DoctorOptions, execute
 from qstate_cli.doctor.safeload import load_checkpoint
 from qstate_cli.doctor.states import find_optimizers
-from qstate_cli.errors import QstateError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ machine); numba caches them on disk for every later run."""
 import pytest
 import torch
 
-from kernel_parity import assert_same_state, make_pair, run_parity, step_both
+from kernel_parity import make_pair, run_parity, step_both
 from qstate_cli.errors import QstateError
 from qstate_cli.kernels import cpu
 from qstate_cli.optim import Adam, AdamW

@@ -10,7 +10,6 @@ import, and it is how the lower layers reach the upper ones without depending on
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "qstate_cli"

@@ -172,7 +172,6 @@ def run(p: HeadlinePlan, on_row: Callable[[dict], None] | None = None,
     copy_gbps = None
 
     def measured(row: dict, make: Callable[[], Callable[[], None] | tuple], graph: bool) -> None:
-        nonlocal copy_gbps
         if on_start:
             on_start(f"{row['name']} {row.get('param_dtype') or ''} {p.numel:,}".replace("  ", " "), len(rows),
                      p.total_rows)

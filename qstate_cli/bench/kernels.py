@@ -36,7 +36,7 @@ from ..optim.registry import optimizer_info
 from ..progress import QUIET, Progress
 from ..results import Result, device_info
 from ..runtime import free_memory, is_oom, resolve_device, torch_threads
-from .bytes_model import DTYPE_NAMES, DTYPES, gbps
+from .bytes_model import DTYPE_NAMES, DTYPES
 from .shapes import model_shapes, numel as shapes_numel, parse_count, sweep_shape
 from .group import failure, fill_timing, measure_group
 from .subjects import Context, Subject, chosen_configs, config_or_none, ours, select_baselines
