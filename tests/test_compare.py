@@ -211,6 +211,39 @@ def test_a_row_unavailable_in_new_that_ran_in_the_baseline_is_missing_and_regres
     assert "unavailable in NEW: no GPU here" in r.stdout
 
 
+def test_allow_missing_passes_the_rows_it_names_and_no_other(tmp_path):
+    """A CI machine without a peer: its rows unavailable in NEW; --allow-missing torch-for*
+    lets those through, named in the verdict, while a failed row and another missing one still fail."""
+    new = json.loads((BASE / "kernels.json").read_text())
+    for row in new["records"]:
+        if row["name"] == "torch-foreach":
+            row.update(status="unavailable", reason="not installed here", time_ms=None)
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    args = ["compare", str(BASE / "kernels.json"), str(tmp_path / "new.json")]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 1 and "missing" in r.stdout  # without the flag: the gate fails closed
+    r = runner.invoke(app, [*args, "--allow-missing", "torch-for*", "--allow-missing", "muon-*", "--results",
+                            str(tmp_path / "v.json")])
+    verdicts = load(tmp_path / "v.json")
+    peer = [x for x in verdicts["records"] if x["name"].startswith("torch-foreach")]
+    assert len(peer) == 4 and all(x["status"] == "missing" and not x["regression"] for x in peer)
+    assert all("allowed by --allow-missing torch-for*" in x["why"] for x in peer)
+    assert verdicts["meta"]["notes"] == ["--allow-missing muon-* named no missing row"]
+    assert r.exit_code == 0 and r.stdout.startswith("### qstate compare: no regression"), r.output
+    for row in new["records"]:  # a row that ran and failed is a failure, named or not
+        if row["name"] == "bred-4bit":
+            row.update(status="failed", reason="RuntimeError: boom", time_ms=None)
+        if row["name"] == "sr-4bit":
+            row.update(status="unavailable", reason="gone")
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    v = compare_paths(BASE / "kernels.json", tmp_path / "new.json", allow_missing=["torch-for*", "bred-4bit"])
+    failing = {r["name"].split()[0] for r in v.regressions}
+    assert {"bred-4bit", "sr-4bit"} <= failing and "torch-foreach" not in failing
+    assert runner.invoke(app, [*args, "--allow-missing", " "]).exit_code == 2
+    r = runner.invoke(app, ["compare", "--ab", "bred-4bit", "sr-4bit", "--allow-missing", "x"])
+    assert r.exit_code == 2 and "--allow-missing applies to result files" in r.output
+
+
 def test_a_malformed_baseline_metric_is_an_input_error(tmp_path):
     base = _diag(drift_max_abs="0.1")
     (tmp_path / "base.json").write_text(json.dumps(base))

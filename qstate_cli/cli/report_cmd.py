@@ -59,6 +59,10 @@ def compare(
     new: Path = typer.Argument(..., help="New results (a file or a folder of them); with --ab, a configuration."),
     threshold: float = typer.Option(1.10, "--threshold", help="Timing: a median ratio above this may regress."),
     alpha: float = typer.Option(0.01, "--alpha", help="Timing: Mann-Whitney significance level."),
+    allow_missing: Optional[List[str]] = typer.Option(None, "--allow-missing", metavar="NAME", help="A baseline row "
+                                                      "NEW lacks or could not run (a peer not installed here) is "
+                                                      "no regression when NAME names it: its name or config, or a "
+                                                      "glob (bnb-*); repeatable. Failed rows still fail."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write github-action-benchmark JSON "
                                              "(customSmallerIsBetter) here."),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the Markdown verdict table here."),
@@ -89,6 +93,8 @@ def compare(
     read = [] if ab else _read("BASELINE", baseline) + _read("NEW", new)  # --ab: configurations, not files
     output.check_outputs(written[:3], read)
     output.check_outputs([("GITHUB_STEP_SUMMARY", summary or None)], read)  # appended to: may be --markdown too
+    if ab and allow_missing:
+        raise QstateError("--allow-missing applies to result files: drop --ab, or drop --allow-missing")
     if ab:
         from ..compare.ab import ABOptions, run_ab
 
@@ -107,7 +113,7 @@ def compare(
                  if value not in (default, [])]
         if given:
             raise QstateError(f"{given[0]} is an A/B option: add --ab (qstate compare --ab BASE_CONFIG NEW_CONFIG)")
-        verdict = compare_paths(baseline, new, threshold, alpha)
+        verdict = compare_paths(baseline, new, threshold, alpha, allow_missing or ())
     text = verdict_markdown(verdict)
     typer.echo(text, nl=False)
     if markdown:

@@ -17,13 +17,16 @@ Statuses (docs/results.md, kind "compare"):
 The `copy` rows of kernels results (each run's reference: the machine's copy speed) are
 not subjects and get no verdict: a slower memory bus is no regression of ours.
 `regression` is true for regressed rows, and for failed, unjudged and missing rows where
-the baseline's row ran (status ok): a row the gate cannot judge is not a pass. Any
+the baseline's row ran (status ok): a row the gate cannot judge is not a pass, unless it
+is missing and named by an `allow_missing` pattern (--allow-missing: a peer the CI machine
+does not install; fnmatch on the row's name or config, or its whole name). Any
 regression makes `qstate compare` exit 1. The gate fails closed (evidence.py): empty,
 mismatched or inconsistent inputs, and malformed fields (results.load), are an input error
 (exit 2), never a pass.
 """
 from __future__ import annotations
 
+import fnmatch
 import math
 from dataclasses import dataclass, field
 
@@ -87,7 +90,15 @@ def _ok(row: dict | None) -> bool:
     return row is not None and row.get("status", "ok") == "ok"
 
 
-def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], threshold: float, alpha: float) -> list[dict]:
+def allowed_by(patterns, kind: str, row: dict, name: str) -> str | None:
+    """The first --allow-missing pattern naming this row: fnmatch on its subject (`name`,
+    else `config`) or its whole compare name, e.g. `bnb-*` or `'torchao-4bit [torchao]*'`."""
+    subject = str(row.get("name") or row.get("config") or "")
+    return next((p for p in patterns if fnmatch.fnmatchcase(subject, p) or fnmatch.fnmatchcase(name, p)), None)
+
+
+def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], threshold: float, alpha: float,
+                 allow_missing=(), used: set | None = None) -> list[dict]:
     base, new = _rows_by_identity(kind, base_docs), _rows_by_identity(kind, new_docs)
     records = []
     for key in list(base) + [k for k in new if k not in base]:
@@ -101,8 +112,13 @@ def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], thresho
                    "raw_ratio": None, "noise_floor": None, "why": None}
             if n is None or n.get("status") == "unavailable":  # a row that ran and vanished is not a pass
                 reason = "not in NEW" if n is None else f"unavailable in NEW: {n.get('reason') or 'no reason given'}"
-                rec.update(baseline=_num((b or {}).get(metric.field)), status="missing", regression=_ok(b),
-                           reason=reason, why=reason)
+                allowed = allowed_by(allow_missing, kind, b, name)
+                if allowed:
+                    reason += f"; allowed by --allow-missing {allowed}"
+                    if used is not None:
+                        used.add(allowed)
+                rec.update(baseline=_num((b or {}).get(metric.field)), status="missing",
+                           regression=_ok(b) and not allowed, reason=reason, why=reason)
             elif n.get("status", "ok") != "ok":
                 reason = f"{n.get('status')} in NEW: {n.get('reason') or 'no reason given'}"
                 rec.update(baseline=_num((b or {}).get(metric.field)), status="failed", regression=_ok(b),
@@ -168,8 +184,11 @@ def check_threshold(threshold: float) -> None:
 
 
 def compare_docs(base_docs: list[dict], new_docs: list[dict], threshold: float = 1.10, alpha: float = 0.01,
-                 baseline_sources=(), new_sources=()) -> Verdict:
+                 baseline_sources=(), new_sources=(), allow_missing=()) -> Verdict:
     check_threshold(threshold)
+    allow_missing = [str(p).strip() for p in allow_missing]
+    if any(not p for p in allow_missing):
+        raise QstateError("--allow-missing '': name the rows NEW may lack (a name or glob, e.g. bnb-*)")
     if not 0 < alpha < 1:
         raise QstateError(f"--alpha {alpha}: use a significance level between 0 and 1 (e.g. 0.01)")
     kinds = sorted({d.get("kind") for d in base_docs + new_docs} - {"compare"})
@@ -183,21 +202,22 @@ def compare_docs(base_docs: list[dict], new_docs: list[dict], threshold: float =
     timing_kinds = {k for k in kinds if any(m.timing for m in metrics(k))}
     evidence.check_rows(base_docs, base_src, "baseline", timing_kinds)
     evidence.check_rows(new_docs, new_src, "NEW", timing_kinds)
-    records = []
+    records, used = [], set()
     for kind in kinds:
         records += compare_kind(kind, [d for d in base_docs if d.get("kind") == kind],
-                                [d for d in new_docs if d.get("kind") == kind], threshold, alpha)
+                                [d for d in new_docs if d.get("kind") == kind], threshold, alpha, allow_missing, used)
+    notes += [f"--allow-missing {p} named no missing row" for p in allow_missing if p not in used]
     records.sort(key=lambda r: (STATUSES.index(r["status"]), r["kind"], r["name"], r["metric"]))
     return Verdict(records, threshold, alpha, list(baseline_sources), list(new_sources), notes)
 
 
-def compare_paths(baseline, new, threshold: float = 1.10, alpha: float = 0.01) -> Verdict:
+def compare_paths(baseline, new, threshold: float = 1.10, alpha: float = 0.01, allow_missing=()) -> Verdict:
     """Compare result files or folders of them (every *.json in a folder)."""
     from ..report import load_documents
 
     base_docs, base_src = load_documents([baseline])
     new_docs, new_src = load_documents([new])
-    return compare_docs(base_docs, new_docs, threshold, alpha, base_src, new_src)
+    return compare_docs(base_docs, new_docs, threshold, alpha, base_src, new_src, allow_missing)
 
 
 def verdict_markdown(verdict: Verdict) -> str:
