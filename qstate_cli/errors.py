@@ -11,3 +11,8 @@ class QstateError(Exception):
 
 class CheckFailed(Exception):
     """A regression or failed check (exit code 1)."""
+
+
+def clip(text: str, limit: int = 40) -> str:
+    """`text` for a one-line message: at most `limit` characters, cut with "..."."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."

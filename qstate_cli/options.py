@@ -31,7 +31,7 @@ import re
 from dataclasses import MISSING, field, fields
 from typing import Any, Callable
 
-from .errors import QstateError
+from .errors import QstateError, clip
 from .quant.formats import suggest
 
 SCALAR_TYPES = (bool, int, float, str)
@@ -140,8 +140,7 @@ def positive_number(flag: str) -> Callable:
 
 def _short(value) -> str:
     """A value as a message shows it: at most 40 characters."""
-    text = str(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return clip(str(value))
 
 
 class Options:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import subprocess
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from . import __version__
 from .atomic import atomic_path, write_target, writes_in_place
-from .errors import QstateError
+from .errors import QstateError, clip
 
 SCHEMA_VERSION = 1
 
@@ -201,7 +202,7 @@ def _check_folder(folder: Path, label: str) -> Path:
 def write_json_atomic(path, obj) -> Path:
     """Write JSON to `path` atomically (temp file + rename)."""
     with atomic_path(path) as tmp, open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=1, default=_json_default, allow_nan=True)
+        json.dump(obj, fh, indent=1, default=json_default, allow_nan=True)
         fh.write("\n")
     return Path(path)
 
@@ -212,13 +213,13 @@ def write_text_atomic(path, text: str) -> Path:
     return Path(path)
 
 
-def _json_default(obj):
+def json_default(obj):
+    """What json.dump writes for a value it cannot: a tensor or numpy scalar's number, an
+    array's list, anything else (a Path, a dtype) as text."""
     if hasattr(obj, "item"):
         return obj.item()
     if hasattr(obj, "tolist"):
         return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
     return str(obj)
 
 
@@ -247,12 +248,17 @@ def load(path) -> dict:
 
 def _show(value) -> str:
     """A value for a one-line message: its repr, cut at 40 characters."""
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10**40 else f"a {len(str(abs(value)))}-digit number"
-    return text if len(text) <= 40 else text[:37] + "..."
+    return clip(repr(value) if not isinstance(value, int) or abs(value) < 10**40
+                else f"a {len(str(abs(value)))}-digit number")
 
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def is_finite_number(v) -> bool:
+    """A value a table or plot can show as a number: an int or float (not a bool), finite."""
+    return _is_number(v) and math.isfinite(v)
 
 
 # The fields report and compare read from rows (records and the extra row tables), by what

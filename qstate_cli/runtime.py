@@ -63,6 +63,14 @@ def resolve_device(name: str | torch.device | None = "auto", here: bool = True) 
     raise QstateError(f"unknown device {name!r}: use auto, cpu or cuda[:N]")
 
 
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the world size under torch.distributed; (0, 1) without it."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def is_oom(exc: BaseException) -> bool:
     """True when `exc` says memory ran out (see module docstring)."""
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):

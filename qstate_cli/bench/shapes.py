@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import math
 
-from ..errors import QstateError
+from ..errors import QstateError, clip
 from ..quant.formats import suggest
 
 Shape = tuple[int, ...]
@@ -120,7 +120,7 @@ def _parse_custom(text: str) -> list[Shape]:
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= 60 else text[:57] + "..."
+    return clip(text, 60)
 
 
 def numel(shapes) -> int:

@@ -18,10 +18,10 @@ ran has no finite value for (`unreadable`) is a regression: "failed" when NEW la
 """
 from __future__ import annotations
 
-import math
 from statistics import median
 
 from ..errors import QstateError
+from ..results import is_finite_number
 
 MEDIAN_TOLERANCE = 0.01  # relative: time_ms against the median of samples_ms
 
@@ -47,21 +47,18 @@ def check_sides(kinds: list[str], base_docs: list[dict], new_docs: list[dict],
                               f"{n_new} against; a gate needs a baseline")
 
 
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
 
 def row_problem(row: dict) -> str | None:
     """Why a timing row's numbers do not add up (None: they do)."""
     samples = row.get("samples_ms")
     if samples is None or row.get("status", "ok") != "ok":
         return None
-    if not isinstance(samples, list) or not all(_finite(s) and s > 0 for s in samples):
+    if not isinstance(samples, list) or not all(is_finite_number(s) and s > 0 for s in samples):
         return "samples_ms must be a list of positive finite numbers"
     time_ms = row.get("time_ms")
     if not samples or time_ms is None:
         return None
-    if not _finite(time_ms) or time_ms <= 0:
+    if not is_finite_number(time_ms) or time_ms <= 0:
         return f"time_ms {time_ms!r} is not a positive finite number"
     mid = median(samples)
     if abs(time_ms - mid) > MEDIAN_TOLERANCE * mid:

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import clip
 from .states import OptimizerStates, ParamStates, StoredState, scalar
 
 LOW_BIT_MIN_NUMEL = 4096  # bitsandbytes, torchao and qstate keep smaller tensors in fp32
@@ -254,8 +255,7 @@ def check_groups(opt: OptimizerStates) -> list[Finding]:
 def hparam_problems(g: dict):
     """(name, message) of each of lr, betas, eps, weight_decay that no optimizer could use."""
     def show(x) -> str:
-        text = repr(x)
-        return text if len(text) <= 40 else text[:37] + "..."
+        return clip(repr(x))
 
     def finite(x) -> float | None:
         v = scalar(x)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import QstateError
+from ..errors import QstateError, clip
 from .decode import ROLES, StoredState, bnb_state, is_float, is_torchao, plain_state, qstate_state, scalar, torchao_state
 
 __all__ = ["OptimizerStates", "ParamStates", "StoredState", "find_optimizers", "scalar"]
@@ -198,5 +198,4 @@ def _what(value) -> str:
     """A value that is not one number, for a message."""
     if isinstance(value, torch.Tensor):
         return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
-    text = repr(value)
-    return f"{text if len(text) <= 40 else text[:37] + '...'} ({type(value).__name__})"
+    return f"{clip(repr(value))} ({type(value).__name__})"

@@ -25,6 +25,7 @@ from ..errors import QstateError
 from ..options import Options, lower, option
 from ..quant.config import StateConfig, parse_config, parse_spec
 from ..quant.formats import state_bytes
+from ..runtime import rank_and_world
 from . import aliasing, sharding
 
 FP32_SPEC = parse_spec("fp32")
@@ -120,7 +121,7 @@ def state_row(name: str, tensor_id: int, state: str, layout: sharding.ShardLayou
 
 def audit_optimizer(opt, names: dict | None = None) -> list[AuditRow]:
     """Every state of every parameter of a QuantizedOptimizer, on this rank."""
-    rank, world = _rank_world()
+    rank, world = rank_and_world()
     names = {id(p): n for p, n in (names or {}).items()}
     ids = opt.tensor_ids()
     rows = []
@@ -165,14 +166,6 @@ def summary_line(rows: list[AuditRow]) -> str:
     return (f"{n} states at world size {world}: {count['global']} on global blocks (equal to single-process), "
             f"{count['local']} on local blocks (depend on the world size), {count['none'] + count['empty']} "
             f"position-free or empty; {indep} the same at every world size; {fp32} fp32 (each with its reason)")
-
-
-def _rank_world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def _shape(shape) -> str:

@@ -101,9 +101,6 @@ class QuantizedOptimizer(torch.optim.Optimizer):
             return "reference", aliasing.OVERLAP_REASON
         return route
 
-    def _path(self, group, p: torch.Tensor) -> str:
-        return self._route(group, p)[0]
-
     def _route(self, group, p: torch.Tensor) -> tuple[str, str | None]:
         """(path, why the reference steps p or None); raises where an explicit backend cannot run.
         Memoized on everything the answer reads (the backend, p's type, device, dtype, layout

@@ -13,14 +13,12 @@ import statistics
 from collections import defaultdict
 
 from .model import Table, pct
+from ..results import is_finite_number
 
 # (record field of the v state, row key, header, format): shown only when present
 OPTIONAL_V = (("code_stall_rate", "code_stall_v", "code stall v", pct),
               ("stall_rate_predicted_empirical", "pred_emp_v", "pred v (empirical)", pct))
 
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def trace_of(record: dict, doc: dict) -> str:
@@ -58,7 +56,7 @@ def per_trace_rows(doc: dict) -> list[dict]:
     for row in out:
         by_trace[row["trace"]].append(row)
     for group in by_trace.values():
-        ranked = sorted(group, key=lambda x: x["update_rel_error"] if _finite(x["update_rel_error"]) else math.inf)
+        ranked = sorted(group, key=lambda x: x["update_rel_error"] if is_finite_number(x["update_rel_error"]) else math.inf)
         for i, row in enumerate(ranked, 1):
             row["rank_in_trace"] = i
     return sorted(out, key=lambda x: (x["trace"], x["rank_in_trace"]))
@@ -73,8 +71,8 @@ def median_rows(rows: list[dict]) -> list[dict]:
         by_cfg[r["config"]].append(r)
     out = []
     for cfg, group in by_cfg.items():
-        errs = [r["update_rel_error"] if _finite(r["update_rel_error"]) else math.inf for r in group]
-        worst = max(group, key=lambda r: r["update_rel_error"] if _finite(r["update_rel_error"]) else math.inf)
+        errs = [r["update_rel_error"] if is_finite_number(r["update_rel_error"]) else math.inf for r in group]
+        worst = max(group, key=lambda r: r["update_rel_error"] if is_finite_number(r["update_rel_error"]) else math.inf)
         out.append({"config": cfg, "traces": len(group), "median_update_rel_error": statistics.median(errs),
                     "min_update_rel_error": min(errs), "max_update_rel_error": max(errs),
                     "median_rank": statistics.median(r["rank_in_trace"] for r in group),
@@ -83,7 +81,7 @@ def median_rows(rows: list[dict]) -> list[dict]:
 
 
 def _err(v) -> str:
-    return f"{v:.3g}" if _finite(v) else "diverged" if v == math.inf else "-"
+    return f"{v:.3g}" if is_finite_number(v) else "diverged" if v == math.inf else "-"
 
 
 def tables(doc: dict) -> tuple[list[Table], list[str]]:

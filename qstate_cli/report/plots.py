@@ -14,6 +14,8 @@ from collections import defaultdict
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..results import is_finite_number
+
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
            "#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"]
 
@@ -27,9 +29,6 @@ class Palette:
     def __call__(self, name) -> str:
         return self.colors.get(str(name), "#444444")
 
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def new_figure(ncols: int = 1, width: float = 10.0, height: float = 3.8):
@@ -68,7 +67,7 @@ def size_sweep(rows: list[dict], title: str, palette: Palette, is_baseline) -> b
     fig, (ax_t, ax_p) = new_figure(2, width=11.5, height=4.0)
     by_name = defaultdict(list)
     for r in rows:
-        if _finite(r.get("time_ms")) and _finite(r.get("numel")):
+        if is_finite_number(r.get("time_ms")) and is_finite_number(r.get("numel")):
             by_name[str(r.get("name"))].append(r)
     for name, group in sorted(by_name.items()):
         at = defaultdict(list)  # numel -> rows: a size measured more than once is one point, its median
@@ -78,7 +77,7 @@ def size_sweep(rows: list[dict], title: str, palette: Palette, is_baseline) -> b
         style = dict(color=palette(name), marker="o", ms=4, lw=1.6, ls="--" if is_baseline(group[0]) else "-",
                      label=f"{name} (baseline)" if is_baseline(group[0]) else str(name))
         ax_t.plot(x, [statistics.median(r["time_ms"] for r in at[n]) for n in x], **style)
-        pct = [[r["pct_of_copy"] for r in at[n] if _finite(r.get("pct_of_copy")) and not r.get("cache_resident")]
+        pct = [[r["pct_of_copy"] for r in at[n] if is_finite_number(r.get("pct_of_copy")) and not r.get("cache_resident")]
                for n in x]
         ax_p.plot(x, [statistics.median(p) if p else math.nan for p in pct], **style)
         cached = [n for n in x if any(r.get("cache_resident") for r in at[n])]
@@ -118,15 +117,15 @@ def per_state_lines(series: list[dict], metric: str, ylabel: str, title: str, pa
     for ax, state in zip(axes, states):
         by_config = defaultdict(list)
         for r in series:
-            if r.get("state") == state and _finite(r.get("step")):
+            if r.get("state") == state and is_finite_number(r.get("step")):
                 by_config[str(r.get("config"))].append(r)
         for config, rows in sorted(by_config.items()):
             rows.sort(key=lambda r: r["step"])
             steps = [r["step"] for r in rows]
-            ax.plot(steps, [r[metric] if _finite(r.get(metric)) else math.nan for r in rows],
+            ax.plot(steps, [r[metric] if is_finite_number(r.get(metric)) else math.nan for r in rows],
                     color=palette(config), lw=1.4, label=str(config))
-            if predicted and any(_finite(r.get(predicted)) for r in rows):
-                ax.plot(steps, [r[predicted] if _finite(r.get(predicted)) else math.nan for r in rows],
+            if predicted and any(is_finite_number(r.get(predicted)) for r in rows):
+                ax.plot(steps, [r[predicted] if is_finite_number(r.get(predicted)) else math.nan for r in rows],
                         color=palette(config), lw=1.2, ls="--", label=f"{config} (predicted)")
         ax.set(xlabel="step", ylabel=ylabel, title=f"state {state}")
     fig.suptitle(title, fontsize=11)
@@ -162,7 +161,7 @@ def predicted_vs_observed(records: list[dict], palette: Palette) -> bytes:
     fig, (ax,) = new_figure(1, width=7.5, height=4.6)
     for r in records:
         x, y = r.get("stall_rate_predicted"), r.get("code_stall_rate", r.get("stall_rate"))
-        if _finite(x) and _finite(y):
+        if is_finite_number(x) and is_finite_number(y):
             ax.scatter([x], [y], color=palette(r.get("config")), s=36, marker="o" if r.get("state") == "v" else "s",
                        label=f"{r.get('config')} ({r.get('state')})")
     ax.plot([0, 1], [0, 1], color="#999999", lw=0.8, ls=":", label="observed = predicted")
@@ -178,7 +177,7 @@ def loss_curves(series: list[dict], palette: Palette) -> bytes:
     fig, (ax,) = new_figure(1, width=10.0, height=4.4)
     runs = defaultdict(list)
     for r in series:
-        if _finite(r.get("step")):
+        if is_finite_number(r.get("step")):
             runs[(str(r.get("config")), str(r.get("seed")))].append(r)
     labelled = set()
     for (config, seed), rows in sorted(runs.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
@@ -187,12 +186,12 @@ def loss_curves(series: list[dict], palette: Palette) -> bytes:
         label = None if config in labelled else str(config)
         labelled.add(config)
         steps = [r["step"] for r in rows]
-        loss = [r["train_loss"] if _finite(r.get("train_loss")) else math.nan for r in rows]
+        loss = [r["train_loss"] if is_finite_number(r.get("train_loss")) else math.nan for r in rows]
         ax.plot(steps, loss, color=color, lw=1.2, alpha=0.85, label=label)
-        val = [(r["step"], r["val_loss"]) for r in rows if _finite(r.get("val_loss"))]
+        val = [(r["step"], r["val_loss"]) for r in rows if is_finite_number(r.get("val_loss"))]
         if val:
             ax.plot(*zip(*val), color=color, ls="none", marker="o", ms=4)
-        if rows and not _finite(rows[-1].get("train_loss")):
+        if rows and not is_finite_number(rows[-1].get("train_loss")):
             last = next((v for v in reversed(loss) if math.isfinite(v)), None)
             if last is not None:
                 ax.plot([rows[-1]["step"]], [last], color=color, marker="x", ms=9, mew=2)

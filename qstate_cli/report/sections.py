@@ -6,6 +6,7 @@ import math
 from collections import defaultdict
 
 from ..bench.roofline import classify
+from ..results import is_finite_number
 from . import corpus, plots
 from .model import Plot, Section, Table, cell, pct
 
@@ -15,9 +16,6 @@ OUR_PATHS = ("triton", "triton-interpreter", "cpu-numba", "reference")
 def _ok(r: dict) -> bool:
     return r.get("status", "ok") == "ok"
 
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def is_baseline(row: dict) -> bool:
@@ -39,7 +37,7 @@ def with_roofline(row: dict) -> dict:
     if out.get("role") != "copy" and "cache_resident" not in out:
         out.update(classify(out))
     pct = out.get("pct_of_copy")
-    out["roofline"] = "cache-resident" if out.get("cache_resident") else (f"{pct:.1f}" if _finite(pct) else None)
+    out["roofline"] = "cache-resident" if out.get("cache_resident") else (f"{pct:.1f}" if is_finite_number(pct) else None)
     return out
 
 
@@ -90,7 +88,7 @@ def _not_measured(sec: Section, rows: list[dict], cols: list[tuple]) -> None:
 def _kernels_summary(rows, sweep) -> str:
     counts = _status_counts(rows)
     line = f"kernels: {counts}"
-    ours = [r for r in sweep if not is_baseline(r) and _finite(r.get("time_ms")) and _finite(r.get("numel"))
+    ours = [r for r in sweep if not is_baseline(r) and is_finite_number(r.get("time_ms")) and is_finite_number(r.get("numel"))
             and r["time_ms"] > 0]
     if not ours:
         return line
@@ -98,12 +96,12 @@ def _kernels_summary(rows, sweep) -> str:
     best = min((r for r in ours if r["numel"] == top), key=lambda r: r["time_ms"])
     if best.get("cache_resident"):
         rel = best.get("time_rel_copy")
-        where = "cache-resident" + (f", {rel:.3g}x a copy of its own bytes" if _finite(rel) else "")
+        where = "cache-resident" + (f", {rel:.3g}x a copy of its own bytes" if is_finite_number(rel) else "")
     else:
         where = f"{cell(best.get('pct_of_copy'), '.1f')}% of copy bandwidth"
     line += (f"; at numel {top:,.0f} the fastest of ours is {best['name']} ({best['path']}): "
              f"{cell(best['time_ms'], '.4g')} ms, {where}")
-    fused = [r for r in sweep if r.get("path") == "torch-fused" and r.get("numel") == top and _finite(r.get("time_ms"))
+    fused = [r for r in sweep if r.get("path") == "torch-fused" and r.get("numel") == top and is_finite_number(r.get("time_ms"))
              and r.get("param_dtype") == best.get("param_dtype")]
     if fused:
         line += ", " + _speed_vs("torch fused AdamW", fused[0]["time_ms"] / best["time_ms"])
@@ -130,7 +128,7 @@ def _status_counts(rows) -> str:
 def memory(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
     rows = doc["records"]
     sec = Section("Memory: optimizer-state bytes", "memory", source)
-    ok = [r for r in rows if _ok(r) and _finite(r.get("bytes_per_param"))]
+    ok = [r for r in rows if _ok(r) and is_finite_number(r.get("bytes_per_param"))]
     if ok:
         ok_sorted = sorted(ok, key=lambda r: r["bytes_per_param"], reverse=True)
         models = sorted({str(r.get("model")) for r in ok})
@@ -149,7 +147,7 @@ def memory(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
         best = min(ok, key=lambda r: r["bytes_per_param"])
         summary = (f"memory: smallest state is {best['name']} at {best['bytes_per_param']:.5g} bytes/param"
                    + (f" ({pct(best['reduction_vs_fp32'])} less than fp32 states)"
-                      if _finite(best.get("reduction_vs_fp32")) else ""))
+                      if is_finite_number(best.get("reduction_vs_fp32")) else ""))
     return sec, [summary]
 
 
@@ -184,12 +182,12 @@ def diagnose(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
         sec.plots.append(Plot("diagnose-staleness", "Staleness histograms",
                               "Steps since each stored value last changed, at the end of the replay.",
                               lambda: plots.staleness_histograms(hists, palette, states=states)))
-    if any(_finite(r.get("stall_rate_predicted")) and _finite(r.get("code_stall_rate", r.get("stall_rate")))
+    if any(is_finite_number(r.get("stall_rate_predicted")) and is_finite_number(r.get("code_stall_rate", r.get("stall_rate")))
            for r in rows):
         sec.plots.append(Plot("diagnose-predicted-vs-observed", "Predicted vs observed stalling",
                               "Mean code stall rate over the replay against the model's prediction (on the diagonal: "
                               "the model is right).", lambda: plots.predicted_vs_observed(rows, palette)))
-    ranked = sorted(rows, key=lambda r: (-(r["update_cosine"] if _finite(r.get("update_cosine")) else -math.inf),
+    ranked = sorted(rows, key=lambda r: (-(r["update_cosine"] if is_finite_number(r.get("update_cosine")) else -math.inf),
                                          str(r.get("config")), str(r.get("state"))))
     sec.tables.append(Table.of("Summary per configuration and state (best update fidelity first)", ranked, [
         ("config", "config"), ("state", "state"), ("format", "format"), ("rounding", "rounding"),
@@ -224,9 +222,9 @@ def diagnose(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
     summary = f"diagnose: {len({r.get('config') for r in rows})} configurations"
     if across_summary:
         return sec, [f"{summary}; {across_summary[0]}"]
-    if ranked and _finite(ranked[0].get("update_cosine")):
+    if ranked and is_finite_number(ranked[0].get("update_cosine")):
         summary += f"; best update fidelity {ranked[0]['config']} (cosine {ranked[0]['update_cosine']:.4f})"
-    drifts = [r for r in rows if _finite(r.get("drift_max_abs"))]
+    drifts = [r for r in rows if is_finite_number(r.get("drift_max_abs"))]
     if drifts:
         worst = max(drifts, key=lambda r: r["drift_max_abs"])
         summary += f"; most drift {worst['config']} ({worst.get('state')}: max |drift| {worst['drift_max_abs']:.3g})"
@@ -249,7 +247,7 @@ def train(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
     _not_measured(sec, rows, [("config", "config"), ("seed", "seed")])
     gaps = defaultdict(list)
     for r in rows:
-        if _finite(r.get("gap_to_fp32")) and not r.get("diverged"):
+        if is_finite_number(r.get("gap_to_fp32")) and not r.get("diverged"):
             gaps[str(r.get("config"))].append(r["gap_to_fp32"])
     diverged = sorted({str(r.get("config")) for r in rows if r.get("diverged")})
     parts = [f"train: {len({r.get('config') for r in rows})} configurations"]

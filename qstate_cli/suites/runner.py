@@ -26,7 +26,7 @@ from pathlib import Path
 from ..errors import QstateError
 from ..kinds import KINDS
 from ..progress import QUIET, Progress
-from ..results import ResultWriter, _json_default, environment, load as load_results
+from ..results import ResultWriter, environment, json_default, load as load_results
 from .expand import Point
 from .kinds import check_point, hook_for
 from .load import LoadedSuite
@@ -166,7 +166,7 @@ def _merge(writer: ResultWriter, point: Point, out: dict, hook_name: str) -> Non
                                               for row in rows)
     if meta is not None:  # JSON's copy: what the file will hold, and no engine object kept alive
         writer.doc["meta"]["suite"]["points"][point.key]["meta"] = json.loads(
-            json.dumps(meta, default=_json_default, allow_nan=True))
+            json.dumps(meta, default=json_default, allow_nan=True))
 
 
 def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, progress: Progress | None = None) -> list[SuiteRun]:

@@ -55,6 +55,7 @@ from ..optim import sharding
 from ..quant import hash as qhash
 from ..quant.config import StateConfig
 from ..results import write_json_atomic
+from ..runtime import rank_and_world
 from .io import MANIFEST_TAG, save_trace
 from .schema import BLOCK, GRAD_DTYPES, SAMPLING_STATE_ID, Trace, TraceTensor, recorded_elements
 
@@ -167,7 +168,7 @@ class Recorder:
         self.name = optimizer_name or name_of(optimizer)
         self.hparams = dict(hparams) if hparams is not None else optimizer_hparams(optimizer)
         self.seed = int(seed if seed is not None else self.hparams.get("seed", 0))
-        self.rank, self.world = _rank_world()
+        self.rank, self.world = rank_and_world()
         self.sharded = self.world > 1 and any(sharding.is_dtensor(p) for p in plist)
         self.items: list[_Recorded] = []
         self.blocks_per_tensor = blocks_per_tensor
@@ -366,13 +367,6 @@ class Recorder:
         """Write this rank's recording (file_for(path)); nothing on a DDP rank other than 0."""
         if self.writes:
             save_trace(self.trace(), self.file_for(path))
-
-
-def _rank_world() -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def _shard_item(p, name: str, index: int, blocks: torch.Tensor) -> _Recorded:
