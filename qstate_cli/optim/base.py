@@ -48,6 +48,7 @@ from ..quant.config import STATE_IDS, StateConfig, StateSpec, parse_config, pars
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
 from . import aliasing, fused, sharded_state, sharding, small, steady
+from .checkpoint import check_saved, state_problem, to_device
 from .reset import ResetPolicy
 
 FP32_SPEC = parse_spec("fp32")
@@ -378,34 +379,35 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         """Like torch's, but keeps every state tensor's dtype (codes are uint8, scales
         fp32 whatever the parameter dtype); only the device follows the parameter. Each
-        group's `states` name is parsed back into a StateConfig, once."""
+        group's `states` name is parsed back into a StateConfig, once. A state that does not
+        fit its parameter (another size, block size or format; damaged) is a ValueError, and
+        then nothing is replaced (optim/checkpoint.py)."""
+        check_saved(state_dict)
         sd = copy.deepcopy(state_dict)
         saved_state = sd.pop("state")
         # saved keys -> parameters by position, as torch does (ids, or FQNs from DCP's state_dict helpers)
         saved_keys = [k for g in sd["param_groups"] for k in g["params"]]
-        super().load_state_dict({**sd, "state": {}})
-        for group in self.param_groups:
-            group["states"] = parse_config(group["states"])
-        params = dict(zip(saved_keys, (p for g in self.param_groups for p in g["params"])))
-        for key, value in saved_state.items():
-            p = params[key]
-            if sharding.is_dtensor(p):
-                value = sharded_state.from_saved(p, value, self._specs(p))
-            device = sharding.local_tensor(p).device
-            self.state[p] = {k: _to_device(k, v, device) for k, v in value.items()}
+        before = {"state": self.state, "param_groups": self.param_groups}
+        try:  # nothing is replaced unless every state fits its parameter (optim/checkpoint.py)
+            super().load_state_dict({**sd, "state": {}})
+            for group in self.param_groups:
+                group["states"] = parse_config(group["states"])
+            params = dict(zip(saved_keys, (p for g in self.param_groups for p in g["params"])))
+            for key, value in saved_state.items():
+                p = params.get(key)
+                if p is None:
+                    raise ValueError(f"load_state_dict: a state for parameter {key!r}, which no param group lists")
+                if sharding.is_dtensor(p):
+                    value = sharded_state.from_saved(p, value, self._specs(p))
+                problem = state_problem(value, self._specs(p), sharding.layout_of(p).local_numel)
+                if problem:
+                    raise ValueError(f"load_state_dict: parameter {key!r} (shape {tuple(p.shape)}): {problem}")
+                device = sharding.local_tensor(p).device
+                self.state[p] = {k: to_device(k, v, device) for k, v in value.items()}
+        except BaseException:
+            self.__dict__.update(before)
+            raise
         self.__dict__.pop("_kernel_batches", None)  # launch tables hold the old addresses
         self.__dict__.pop("_plans", None)  # fused.SteadyPlan: the old groups and states
         self.__dict__.pop("_wholes", None)  # steady.WholeGroup: the same
 
-
-HOST_KEYS = ("step", "since_reset", "written")  # step counters live on the host: reading them never syncs
-
-
-def _to_device(key, value, device):
-    if key in HOST_KEYS:
-        return value.cpu() if isinstance(value, torch.Tensor) else value
-    if isinstance(value, torch.Tensor):
-        return value.to(device).contiguous()
-    if isinstance(value, dict):
-        return {k: _to_device(k, v, device) for k, v in value.items()}
-    return value

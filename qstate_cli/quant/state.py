@@ -27,7 +27,7 @@ class QuantizedState:
         self.reduce_absmax = reduce_absmax
         self.shape = torch.Size(shape)
         self.stream = stream
-        self.codes, self.scales = _empty_storage(spec, self.shape.numel(), device)
+        self.codes, self.scales = empty_storage(spec, self.shape.numel(), device)
         self.written = 0
 
     # ---- the three operations ------------------------------------------------------
@@ -47,7 +47,7 @@ class QuantizedState:
 
     def reset(self) -> None:
         """Back to the never-written state (reads as exact zeros)."""
-        self.codes, self.scales = _empty_storage(self.spec, self.numel, self.codes.device)
+        self.codes, self.scales = empty_storage(self.spec, self.numel, self.codes.device)
         self.written = 0
 
     # ---- accounting ------------------------------------------------------------------
@@ -108,7 +108,8 @@ class ReadBackState(QuantizedState):
         super().reset()
         self._read_back = None
 
-def _empty_storage(spec: StateSpec, numel: int, device):
+def empty_storage(spec: StateSpec, numel: int, device):
+    """The codes and scales (None: unscaled) a never-written state of `numel` elements holds."""
     fmt = spec.fmt
     if fmt.kind == "identity":
         return torch.zeros(numel, dtype=torch.float32, device=device), None

@@ -1,0 +1,114 @@
+"""Loading a checkpoint into a qstate optimizer (optim/checkpoint.py): a state that does not
+fit its parameter is refused with what differs, and nothing is replaced. Before, the fused
+CPU path stepped such a state out of bounds: a segfault or heap corruption (a user's resume
+after changing a layer's width), or silent training on a wrong state."""
+import copy
+
+import pytest
+import torch
+
+import qstate_cli.optim as qoptim
+
+SHAPE = (64, 128)  # 8192 elements: 4-bit states, 64 blocks of 128
+
+
+def stepped(backend: str, shape=SHAPE, states: str = "bred-4bit"):
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(shape))
+    opt = qoptim.AdamW([w], lr=1e-3, states=states, backend=backend, seed=0)
+    for _ in range(2):
+        w.grad = torch.randn(shape)
+        opt.step()
+    return w, opt
+
+
+DAMAGES = {
+    "codes cut short": (lambda st: st["v"].update(codes=st["v"]["codes"][:1024].clone()),
+                        "state v (lin4nz:bred:b128): codes hold 1,024 uint8 values where a parameter of 8,192 "
+                        "elements needs 4,096 uint8"),
+    "scales cut short": (lambda st: st["m"].update(scales=st["m"]["scales"][:4].clone()),
+                         "state m (int4:bred:b128): scales hold 4 float32 values where a parameter of 8,192 elements "
+                         "needs 64 float32"),
+    "codes of another dtype": (lambda st: st["m"].update(codes=st["m"]["codes"].long()), "4,096 int64 values"),
+    "scales dropped": (lambda st: st["v"].pop("scales"), "state v (lin4nz:bred:b128): scales missing"),
+    "a state dropped": (lambda st: st.pop("v"), "state v (lin4nz:bred:b128): missing, or without its codes"),
+    "a counter dropped": (lambda st: st.pop("step"), "'step' is missing, not one integer"),
+}
+
+
+def same_state(a: dict, b: dict) -> bool:
+    flat_a, flat_b = _flat(a), _flat(b)
+    return flat_a.keys() == flat_b.keys() and all(
+        torch.equal(flat_a[k], flat_b[k]) if isinstance(flat_a[k], torch.Tensor) else flat_a[k] == flat_b[k]
+        for k in flat_a)
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_state_that_does_not_fit_is_refused_and_nothing_is_replaced(backend, damage):
+    _, saved = stepped(backend)
+    sd = saved.state_dict()
+    hurt, message = DAMAGES[damage]
+    hurt(sd["state"][0])
+    w, opt = stepped(backend)
+    before = copy.deepcopy(opt.state_dict())
+    with pytest.raises(ValueError, match="load_state_dict: parameter 0 \\(shape \\(64, 128\\)\\): "):
+        opt.load_state_dict(sd)
+    try:
+        opt.load_state_dict(sd)
+    except ValueError as exc:
+        assert message in str(exc)
+    assert same_state(opt.state_dict(), before)  # the groups and states it had, untouched
+    w.grad = torch.ones(SHAPE)
+    opt.step()
+    assert torch.isfinite(w).all()
+
+
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+def test_a_checkpoint_of_another_width_or_format_is_refused(backend):
+    """The resume after a layer's width changed (256 -> 128 hidden: the saved states are twice
+    the size), and a group's format edited from 4 to 8 bits over 4-bit storage."""
+    _, wide = stepped(backend, shape=(128, 128))
+    _, opt = stepped(backend)
+    with pytest.raises(ValueError, match="codes hold 8,192 uint8 values where a parameter of 8,192 elements needs "
+                                         "4,096 uint8 \\(saved for another parameter size"):
+        opt.load_state_dict(wide.state_dict())
+    sd = stepped(backend)[1].state_dict()
+    sd["param_groups"][0]["states"] = "nearest-8bit"
+    with pytest.raises(ValueError, match="state m \\(int8:nearest:b256\\): codes hold 4,096 uint8 values where a "
+                                         "parameter of 8,192 elements needs 8,192 uint8"):
+        opt.load_state_dict(sd)
+    assert str(opt.param_groups[0]["states"]) == "bred-4bit"
+
+
+def test_what_is_not_a_qstate_optimizers_state_dict_is_one_clear_error():
+    w, opt = stepped("reference")
+    torch_opt = torch.optim.AdamW([w], lr=1e-3)
+    w.grad = torch.ones(SHAPE)
+    torch_opt.step()
+    with pytest.raises(ValueError, match="param_groups\\[0\\] names no 'states': not the state_dict of a qstate "
+                                         "optimizer"):
+        opt.load_state_dict(torch_opt.state_dict())  # a bare KeyError: 'states' before
+    with pytest.raises(ValueError, match="not an optimizer's state_dict"):
+        opt.load_state_dict(torch.nn.Linear(2, 2).state_dict())  # KeyError: 'state'
+    sd = opt.state_dict()
+    sd["state"][99] = sd["state"][0]
+    with pytest.raises(ValueError, match="a state for parameter 99, which no param group lists"):
+        opt.load_state_dict(sd)  # KeyError: 99
+
+
+def test_a_fitting_checkpoint_still_resumes_bit_for_bit():
+    w, opt = stepped("auto")
+    w2, opt2 = stepped("auto")
+    opt2.load_state_dict(opt.state_dict())
+    for param, o in ((w, opt), (w2, opt2)):
+        param.grad = torch.full(SHAPE, 0.5)
+        o.step()
+    assert torch.equal(w, w2)
