@@ -280,6 +280,41 @@ def test_recorder_samples_live_blocks_and_warns_about_zero_tensors(tmp_path, cap
     assert tr.meta["zero_tensors"] == ["unused.weight", "unused.bias"] == rec.zero_tensors()
 
 
+def test_recorder_says_which_groups_replay_with_the_first_groups_hyper_parameters(tmp_path, capsys):
+    """The trace keeps param_groups[0]'s betas and eps, and the replay steps every tensor with
+    them: a recorded group with other betas was replayed wrongly without a word. Groups
+    differing only in what the replay does not read (lr, weight decay) are not named."""
+    model = small_model()
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+    opt = torch.optim.AdamW([{"params": weights, "betas": (0.9, 0.95), "eps": 1e-6},
+                             {"params": biases, "betas": (0.8, 0.999), "lr": 1e-2, "weight_decay": 0.0}], lr=1e-3)
+    with Recorder(opt, tmp_path / "g.pt", model=model):
+        train(model, opt, 3)
+    err = capsys.readouterr().err
+    assert ("these groups differ: param_groups[1]: betas [0.8, 0.999] (group 0: [0.9, 0.95]), eps 1e-08 "
+            "(group 0: 1e-06)") in err and "lr" not in err.split("differ:")[1] and "weight_decay" not in err
+    assert load_trace(tmp_path / "g.pt").hparams["betas"] == [0.9, 0.95]
+    with Recorder(opt, tmp_path / "w.pt", model=model, include="weight"):  # group 1 not recorded: no word
+        train(model, opt, 2)
+    assert "differ" not in capsys.readouterr().err
+    opt = torch.optim.AdamW([{"params": weights}, {"params": biases, "lr": 1e-2, "weight_decay": 0.0}], lr=1e-3)
+    with Recorder(opt, tmp_path / "l.pt", model=model):
+        train(model, opt, 2)
+    assert "differ" not in capsys.readouterr().err
+
+
+def test_a_recorder_that_never_reached_its_start_says_so(tmp_path, capsys):
+    """start=200 on a 5-step run wrote no file and said nothing."""
+    model = small_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Recorder(opt, tmp_path / "late.pt", model=model, start=200, steps=50):
+        train(model, opt, 5)
+    assert not (tmp_path / "late.pt").exists()
+    assert ("no step recorded, so no trace written to " + str(tmp_path / "late.pt") + " (the optimizer took 5 "
+            "steps; start=200)") in capsys.readouterr().err
+
+
 def test_trace_info_counts_dead_blocks(tmp_path):
     import json
     import subprocess

@@ -53,15 +53,11 @@ from .. import __version__
 from ..errors import QstateError
 from ..optim import sharding
 from ..quant import hash as qhash
-from ..quant.config import StateConfig
 from ..results import write_json_atomic
 from ..runtime import rank_and_world
+from .hparams import differing_groups, name_of, optimizer_hparams, optimizer_step
 from .io import MANIFEST_TAG, save_trace
 from .schema import BLOCK, GRAD_DTYPES, SAMPLING_STATE_ID, Trace, TraceTensor, recorded_elements
-
-HPARAM_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "decoupled",
-               "amsgrad", "maximize", "states", "seed")
-
 
 def sample_blocks(numel: int, k: int | None, seed: int, tensor_index: int,
                   live: torch.Tensor | None = None) -> torch.Tensor:
@@ -87,11 +83,6 @@ def live_blocks(grad: torch.Tensor) -> torch.Tensor:
     return flat.view(-1, BLOCK).ne(0).any(1)
 
 
-def name_of(optimizer) -> str:
-    """'adamw', 'adam', 'sgd', 'lion', 'muon', ...: the optimizer's class name, lower case."""
-    return type(optimizer).__name__.lower()
-
-
 @dataclass
 class _Recorded:
     param: torch.Tensor
@@ -106,24 +97,6 @@ class _Recorded:
     @property
     def n_recorded(self) -> int:
         return self.param.numel() if self.elements is None else self.elements.numel()
-
-
-def optimizer_hparams(optimizer) -> dict:
-    """JSON-able hyper-parameters of the first parameter group."""
-    group = optimizer.param_groups[0]
-    out = {}
-    for key in HPARAM_KEYS:
-        if key in group:
-            val = group[key]
-            if isinstance(val, torch.Tensor):
-                val = val.item()
-            if isinstance(val, StateConfig):  # qstate's optimizers hold their states parsed
-                val = str(val)
-            if isinstance(val, (tuple, list)):
-                val = [float(v.item() if isinstance(v, torch.Tensor) else v) for v in val]
-            if isinstance(val, (int, float, str, bool, list)) or val is None:
-                out[key] = val
-    return out
 
 
 class Recorder:
@@ -187,13 +160,18 @@ class Recorder:
             self.items.append(_Recorded(p, name, i, blocks, idx))
         if not self.items and not (self.world > 1 and self.rank != 0):
             raise QstateError("no parameters selected to record (check include/exclude)")
+        differ = differing_groups(optimizer, {id(r.param) for r in self.items}) if hparams is None and optimizer else []
+        if differ:  # the trace keeps group 0's hyper-parameters, and the replay steps every tensor with them
+            print(f"qstate: the trace keeps the first parameter group's hyper-parameters, and the replay steps "
+                  f"every recorded tensor with them; these groups differ: {'; '.join(differ)} (record them "
+                  f"apart, with include=/exclude=, to replay each with its own)", file=sys.stderr)
         self.n_rec = sum(r.n_recorded for r in self.items)
         self.row_mib = self.n_rec * self.dtype.itemsize / 2**20
         self.max_mib, self.steps, self.record_params = max_mib, steps, record_params
         if steps is not None and steps * self.row_mib > max_mib:
             raise QstateError(f"planned trace is {steps * self.row_mib:.0f} MiB ({steps} steps x {self.n_rec} elements), "
                               f"over max_mib={max_mib:g}: record fewer blocks or steps")
-        self.step = _optimizer_step(optimizer) if optimizer is not None else 0
+        self.step = optimizer_step(optimizer) if optimizer is not None else 0
         self.start = start
         self.step_start: int | None = None
         self.init: list = []
@@ -278,6 +256,9 @@ class Recorder:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self.path is not None and self.items and not self.n_steps:
+            print(f"qstate: no step recorded, so no trace written to {self.path} (the optimizer took "
+                  f"{self.step} steps; start={self.start})", file=sys.stderr)
         zero = self.zero_tensors() if self.n_steps else []
         if zero and not self._warned:
             self._warned = True
@@ -395,12 +376,3 @@ def _pick(t: torch.Tensor, idx, dtype) -> torch.Tensor:
     if idx is not None:
         flat = flat[idx]
     return flat.to(device="cpu", dtype=dtype, copy=True)
-
-
-def _optimizer_step(optimizer) -> int:
-    """Steps the optimizer has taken before recording began (torch and qstate optimizers keep
-    a per-parameter 'step'); 0 for a fresh optimizer."""
-    for st in optimizer.state.values():
-        if isinstance(st, dict) and "step" in st:
-            return int(st["step"])
-    return 0

@@ -1,0 +1,72 @@
+"""What a trace keeps of the optimizer that trained it: its name, the hyper-parameters the
+replay uses, and how many steps it had taken (trace/recorder.py).
+
+A trace holds one set of hyper-parameters: the first parameter group's. The replay steps
+every recorded tensor with it, so a group that differs in a key the replay reads (betas,
+eps, momentum, ...) is replayed with values it did not train with; `differing_groups` says
+which, for the recorder's warning.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..quant.config import StateConfig
+
+HPARAM_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "decoupled",
+               "amsgrad", "maximize", "states", "seed")
+# the keys the replay's rules read (optim/optimizers.py, replay_notes): a recorded group differing in one is
+# replayed with values it did not train with. Not lr (the statistics are relative), not weight decay (the
+# replay has no parameters to decay), not states (diagnose picks the configurations).
+REPLAYED_KEYS = ("betas", "eps", "momentum", "dampening", "nesterov", "amsgrad", "maximize")
+
+
+def name_of(optimizer) -> str:
+    """'adamw', 'adam', 'sgd', 'lion', 'muon', ...: the optimizer's class name, lower case."""
+    return type(optimizer).__name__.lower()
+
+
+def optimizer_hparams(optimizer) -> dict:
+    """JSON-able hyper-parameters of the first parameter group."""
+    return group_hparams(optimizer.param_groups[0])
+
+
+def group_hparams(group: dict) -> dict:
+    """JSON-able values of HPARAM_KEYS in one parameter group."""
+    out = {}
+    for key in HPARAM_KEYS:
+        if key in group:
+            val = group[key]
+            if isinstance(val, torch.Tensor):
+                val = val.item()
+            if isinstance(val, StateConfig):  # qstate's optimizers hold their states parsed
+                val = str(val)
+            if isinstance(val, (tuple, list)):
+                val = [float(v.item() if isinstance(v, torch.Tensor) else v) for v in val]
+            if isinstance(val, (int, float, str, bool, list)) or val is None:
+                out[key] = val
+    return out
+
+
+def differing_groups(optimizer, recorded: set[int]) -> list[str]:
+    """One line per parameter group after the first that holds a recorded tensor (`recorded`:
+    ids of the parameters) and differs from the first group in a key the replay reads."""
+    first = group_hparams(optimizer.param_groups[0])
+    out = []
+    for i, group in enumerate(optimizer.param_groups[1:], start=1):
+        if not any(id(p) in recorded for p in group["params"]):
+            continue
+        other = group_hparams(group)
+        keys = [k for k in REPLAYED_KEYS if other.get(k) != first.get(k)]
+        if keys:
+            out.append(f"param_groups[{i}]: " + ", ".join(f"{k} {other.get(k)} (group 0: {first.get(k)})"
+                                                          for k in keys))
+    return out
+
+
+def optimizer_step(optimizer) -> int:
+    """Steps the optimizer has taken before recording began (torch and qstate optimizers keep
+    a per-parameter 'step'); 0 for a fresh optimizer."""
+    for st in optimizer.state.values():
+        if isinstance(st, dict) and "step" in st:
+            return int(st["step"])
+    return 0
