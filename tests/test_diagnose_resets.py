@@ -91,6 +91,16 @@ def test_minifloat_advice_follows_the_corpus_evidence(monkeypatch):
     assert recommend(parse_spec("bf16"), "v", "adamw", 0.999, stall, None)[0] is None
 
 
+def test_advice_after_a_short_applied_reset_names_the_reset_not_the_trace():
+    """--reset 1 on a 100-step trace said "only 1 steps: ... record a longer trace"."""
+    stall = np.full(100, 0.3)
+    period, why = recommend(parse_spec("int4:nearest:b128"), "m", "adamw", 0.9, stall, 1)
+    assert period is None and why.startswith("the replay reset every 1 steps: too few between resets (1)")
+    assert "--reset none" in why
+    period, why = recommend(parse_spec("int4:nearest:b128"), "m", "adamw", 0.9, stall[:10], 50)
+    assert why.startswith("only 10 steps: too short")  # the trace itself is short: record a longer one
+
+
 def test_candidate_runs_replay_together_with_the_errors_they_get_alone(monkeypatch):
     """validate.update_errors replays several (configuration, period) runs in one replay (one
     gradient gather, one fp32 shadow): each run's error is the one it gets replayed alone,

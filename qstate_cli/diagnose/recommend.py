@@ -31,6 +31,7 @@ from .. import theory
 from . import evidence
 
 MIN_PLATEAU = 0.02
+MIN_STEPS = 20  # fewer steps before the first reset show no build-up
 
 
 def recommend(spec, state: str, optimizer: str, beta: float, stall: np.ndarray,
@@ -59,12 +60,17 @@ def recommend(spec, state: str, optimizer: str, beta: float, stall: np.ndarray,
             return period, why
         option, chosen, text = found
         return chosen, f"{why}; {text}: " + (f"a reset every {chosen} steps" if chosen else "no reset")
-    return observed_period(seg, state)
+    return observed_period(seg, state, applied_period if applied_period and applied_period < stall.size else None)
 
 
-def observed_period(seg: np.ndarray, state: str) -> tuple[int | None, str]:
+def observed_period(seg: np.ndarray, state: str, cut_by: int | None = None) -> tuple[int | None, str]:
+    """(period or None, reason) from the code stall series up to the first reset the replay
+    applied (`cut_by`: that period, when it cut the trace short)."""
     n = seg.size
-    if n < 20:
+    if n < MIN_STEPS and cut_by:
+        return None, (f"the replay reset every {cut_by} steps: too few between resets ({n}) to see "
+                      f"stalling build up; replay with --reset none (or a longer period) for advice")
+    if n < MIN_STEPS:
         return None, f"only {n} steps: too short to see stalling build up; record a longer trace"
     plateau = float(np.mean(seg[-(n // 4):]))
     if plateau < MIN_PLATEAU:
