@@ -696,8 +696,8 @@ def suite_numel_negative_run(tmp):
             str(tmp / "o")]
 
 
-@case(SUITE, "a diagnose run with `block_size: 0, steps_limit: -3`", r"db.yaml:2: defaults: point defaults: block "
-      r"size 0 out of range")
+@case(SUITE, "a diagnose run with `block_size: 0, steps_limit: -3`", r"db.yaml:2: defaults: point defaults: --block-size "
+      r"0: the replay needs a power of two from 32 to 2048")
 def suite_block_size_zero(tmp):
     return ["suite", "validate", write(tmp, "db.yaml", "kind: diagnose\ndefaults: {trace: demo, block_size: 0, "
                                                        "steps_limit: -3}\n")]

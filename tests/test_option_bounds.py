@@ -112,7 +112,7 @@ def test_diagnose_options_checked_before_the_trace_is_read(tmp_path):
 
     missing = str(tmp_path / "nosuch.pt")  # never opened: the options are refused first
     for params, message in (({"steps_limit": -3}, "--steps-limit -3"), ({"reset": "-5"}, "reset policy '-5'"),
-                            ({"device": "tpu"}, "unknown device 'tpu'"), ({"block_size": 0}, "block size 0")):
+                            ({"device": "tpu"}, "unknown device 'tpu'"), ({"block_size": 0}, "--block-size 0: the replay needs a power of two")):
         with pytest.raises(QstateError, match=message):
             execute(DiagnoseOptions(trace=missing, config=["sr-4bit"], **params))
 
@@ -125,7 +125,8 @@ def _suite(tmp_path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize("text, message", [
     ("kind: kernels\ndefaults: {numel: -5, device: cpu}\n", "--numel must be >= 1"),
-    ("kind: diagnose\ndefaults: {trace: demo, block_size: 0, steps_limit: -3}\n", "block size 0 out of range"),
+    ("kind: diagnose\ndefaults: {trace: demo, block_size: 0, steps_limit: -3}\n", "--block-size 0: the replay needs a power of two"),
+    ("kind: diagnose\ndefaults: {trace: demo, block_size: 48}\n", "--block-size 48: the replay needs a power of two"),
     ("kind: diagnose\ndefaults: {trace: demo, steps_limit: -3}\n", "--steps-limit -3"),
     ("kind: memory\ndefaults: {numel: [1000], config: [fp32], seed: -1}\n", "--seed -1"),
     ("kind: train\ndefaults: {seed: 9223372036854775807, seeds: 2}\n", "the last seed"),

@@ -28,7 +28,7 @@ from ..errors import QstateError
 from ..optim.reset import ResetPolicy
 from ..options import Options, many, option
 from ..progress import QUIET, Progress
-from ..quant.config import ROUNDINGS, StateConfig, config_of, parse_config, parse_spec
+from ..quant.config import MAX_BLOCK, MIN_BLOCK, ROUNDINGS, StateConfig, config_of, parse_config, parse_spec
 from ..results import Result
 from ..runtime import resolve_device
 from ..trace import load_trace
@@ -104,6 +104,9 @@ def _split_mode(value) -> str:
 
 
 def select_configs(configs=(), bits=(), rounding=(), block_size: int | None = None) -> list[StateConfig]:
+    if block_size is not None and not (MIN_BLOCK <= block_size <= MAX_BLOCK and block_size & (block_size - 1) == 0):
+        raise QstateError(f"--block-size {block_size}: the replay needs a power of two from {MIN_BLOCK} to "
+                          f"{MAX_BLOCK}")
     names = list(configs or ())
     if bits or rounding:
         for b in bits or (4,):
