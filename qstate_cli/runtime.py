@@ -101,13 +101,18 @@ def torch_threads(n: int | None):
             torch.set_num_threads(before)
 
 
+class CompileNotice(UserWarning):
+    """A first use on this machine is compiling the CPU kernels (minutes, once): what a
+    script that steps a qstate optimizer sees on stderr; the CLI prints the text instead."""
+
+
 class CompileClock:
     """Kernel compilations in this process: `seconds` of wall time (outermost compilations
     only: compiling a kernel compiles the functions it calls inside it) and their `count`.
     A compiler reports each compilation by `begin()` and `end()` (kernels/cpu/compiling.py
     for numba, whose compiler lock runs one at a time). The first `begin()` calls
     `notice(text)`, once per process: the CLI prints it on stderr, since a first use on a
-    machine compiles for minutes; else it goes to the "qstate_cli" logger (INFO).
+    machine compiles for minutes; else it is a CompileNotice warning (stderr, once).
 
     `held`: wall seconds inside the compiler (outermost `enter()` .. `leave()`, numba's
     compiler lock), which holds the compilations and also the loads of compiled kernels from
@@ -141,9 +146,9 @@ class CompileClock:
         if tell:
             if self.notice is not None:
                 self.notice(text)
-            else:
-                import logging
-                logging.getLogger("qstate_cli").info(text)
+            else:  # a training script: a warning, shown once, that a filter can silence
+                import warnings
+                warnings.warn_explicit(text, CompileNotice, "qstate", 0)  # no source line: deep inside numba
 
     def end(self) -> None:
         with self._lock:
