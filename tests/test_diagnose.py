@@ -305,7 +305,7 @@ def test_select_configs():
     assert cfg[0].m.block == 64 and cfg[0].v.block == 64 and cfg[0].v.fmt.name == "lin4nz" and cfg[1].m.block is None
     with pytest.raises(QstateError, match="did you mean bred-4bit"):
         select_configs(["bred4bit"])
-    with pytest.raises(QstateError, match="block size 4000 out of range"):
+    with pytest.raises(QstateError, match="--block-size 4000: the replay needs a power of two from 32 to 2048"):
         select_configs(["bred-4bit"], block_size=4000)
 
 
@@ -428,3 +428,18 @@ def test_staged_gather_gives_each_rows_gradients(dtypes, monkeypatch):
     monkeypatch.setattr(layout_mod, "STAGE_BYTES", 4 << 20)
     monkeypatch.setattr(layout_mod, "STAGE_PIECE", 1000)  # pieces of ~1.4 k elements on average: not staged
     assert layout_mod.Layout(trace, 128, "cpu").stage_k == 1
+
+
+def test_a_note_says_the_small_tensors_are_quantized_as_no_optimizer_keeps_them():
+    """The replay quantizes every recorded tensor, while the optimizers keep tensors under
+    4096 elements in fp32: a user compared diagnose's 1.0625 B/param with doctor's 1.123."""
+    from qstate_cli.trace import synthetic
+
+    trace = synthetic.gaussian(1000, 5)  # one tensor of 1000 elements
+    doc, _ = diagnose(trace, [parse_config("nearest-4bit")], device="cpu")
+    assert ("1 of 1 tensors hold under 4096 elements (100.0% of the recorded ones): the replay quantizes them too"
+            in " ".join(doc["meta"]["notes"]))
+    doc, _ = diagnose(synthetic.gaussian(8192, 5), [parse_config("nearest-4bit")], device="cpu")
+    assert not any("under 4096" in n for n in doc["meta"]["notes"])
+    doc, _ = diagnose(trace, [parse_config("fp32")], device="cpu")  # nothing quantized: nothing to say
+    assert not any("under 4096" in n for n in doc["meta"]["notes"])

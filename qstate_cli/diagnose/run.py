@@ -25,6 +25,7 @@ import torch
 
 from .. import theory
 from ..errors import QstateError
+from ..optim.base import MIN_QUANT_NUMEL
 from ..optim.reset import ResetPolicy
 from ..options import Options, many, option
 from ..progress import QUIET, Progress
@@ -242,7 +243,7 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         "reset": str(reset), "reset_applied": {str(c.cfg): [c.period, c.period_reason] for c in raw.configs},
         "nonfinite_grads": raw.nonfinite_grads, "notes": list(raw.recursion.notes),
         "quantized_everything": "every recorded tensor is quantized (the optimizers keep tensors under "
-                                "min_quant_numel=4096 in fp32)",
+                                f"min_quant_numel={MIN_QUANT_NUMEL} in fp32)",
         "profile": profile(raw, time.perf_counter() - t0),
         "codec": {str(c.cfg): c.codec for c in raw.configs},  # state -> [path, why the reference ran] (codec.py)
         "ranks": ranks, "split": split if ranks > 1 else None,  # torchrun's ranks and what they split
@@ -254,6 +255,12 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         meta["notes"].append(f"{dead} of {raw.layout.n_valid} recorded elements have a zero gradient at every "
                              f"step (dead blocks: `qstate trace info` counts them); they never stall and "
                              f"count in no stall rate")
+    small = [t for t in trace.tensors if t.numel < MIN_QUANT_NUMEL]
+    if small and any(c.m.scaled or c.v.scaled or c.m.fmt.bits < 32 for c in configs):
+        share = sum(t.n_recorded for t in small) / max(1, trace.recorded_elements)
+        meta["notes"].append(f"{len(small)} of {len(trace.tensors)} tensors hold under {MIN_QUANT_NUMEL} elements "
+                             f"({share:.1%} of the recorded ones): the replay quantizes them too, while the optimizers "
+                             f"keep them in fp32 (min_quant_numel), so B/param and the statistics count them quantized")
     records = rows.pop("records")
     return Result("diagnose", records, meta, extras=rows, device=raw.device), raw
 

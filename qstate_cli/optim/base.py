@@ -65,6 +65,8 @@ _eager_only = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
 MAX_ROUTES = 256  # distinct (parameter kind, group) routes an optimizer remembers
 
 
+MIN_QUANT_NUMEL = 4096  # tensors with fewer elements keep fp32 states by default (bitsandbytes: 4096)
+
 class QuantizedOptimizer(torch.optim.Optimizer):
     state_names: tuple[str, ...] = ("m",)
     kernel: str | None = None  # the fused kernel module (kernels/<kernel>.py; fused.launcher)
@@ -72,7 +74,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     steps_shards = True  # the rule is elementwise: a DTensor's local shard steps alone (sharding.py)
 
     def __init__(self, params, defaults: dict, states="bred-4bit", reset=None, seed: int = 0,
-                 min_quant_numel: int = 4096, backend: str = "auto"):
+                 min_quant_numel: int = MIN_QUANT_NUMEL, backend: str = "auto"):
         defaults = dict(defaults, states=parse_config(states), seed=int(seed), min_quant_numel=int(min_quant_numel))
         for name in self.state_names:  # a configuration without a spec for one of them fails here, not at step 1
             defaults["states"].spec(name)
