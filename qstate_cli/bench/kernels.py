@@ -84,8 +84,10 @@ class KernelsOptions(Options):
                             "fp32 and bf16 on CUDA.")
     device: str = option("auto", "auto, cuda or cpu.")
     baseline: list[str] = many("Baselines (repeatable): torch-fused, torch-foreach, bf16-states, bnb-adamw8bit, "
-                               "torchao-adamw8bit, torchao-adamw4bit, bred-4bit-per-param, all, none.")
-    backend: list[str] = many("Our optimizers' backend: auto, reference, triton (repeatable).")
+                               "torchao-adamw8bit, torchao-adamw4bit; not by default: bred-4bit-per-param, "
+                               "flashoptim-adamw, te-fusedadam; all, none.")
+    backend: list[str] = many("Our optimizers' backend: auto, reference, triton, cpu (the numba path) "
+                              "(repeatable).")
     warmup_ms: float | None = option(None, "Warm-up time per row (default: 10 on CPU, 25 on CUDA).", type=float)
     rep_ms: float | None = option(None, "Timed repetitions per row, in ms (at least 5 reps; default 100).",
                                   type=float)

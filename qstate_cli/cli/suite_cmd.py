@@ -30,8 +30,9 @@ def resume_command(suite, sets, out) -> str:
 
 def run(
     suite: Path = typer.Argument(..., help="The suite file (YAML), e.g. suites/quick.yaml."),
-    sets: Optional[List[str]] = typer.Option(None, "--set", help="Override KEY=VALUE (YAML value): a parameter of "
-                                             "every run (device=cpu), or a path (runs.kernels.axes.numel=[4096])."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help="Override KEY=VALUE (YAML value): a parameter "
+                                             "of the runs that name it, else of every run (device=cpu), or a path "
+                                             "(runs.kernels.axes.numel=[4096]); docs/reports.md."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the results (default results/<suite>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run: skip the points already done."),
     report: bool = typer.Option(True, "--report/--no-report", help="Also write OUT/report.html and OUT/report.md."),

@@ -70,7 +70,7 @@ class TrainSettings(Options):
     eval_every: int = option(25, "Steps between validation evaluations.")
     min_quant_numel: int = option(0, "Tensors smaller than this keep fp32 states (bitsandbytes: 4096).")
     device: str = option("auto", "auto | cpu | cuda[:N].")
-    backend: str = option("auto", "Optimizer backend: auto | reference | triton.")
+    backend: str = option("auto", "Optimizer backend: auto | reference | triton | cpu (the numba path).")
     threads: int | None = option(1, "torch CPU threads per run (0: torch's default). One is fastest for these "
                                     "small models, and robust on a busy machine.", parse=threads_option, type=int)
     warmup_frac: float = option(0.05, "Linear learning-rate warm-up over this fraction of the steps.")
