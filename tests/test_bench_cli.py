@@ -205,3 +205,14 @@ def test_a_suites_baseline_point_measures_its_baseline_only(tmp_path):
     r = CliRunner().invoke(app, ["bench", "memory", "--device", "cpu", "--numel", "4096", "-c", "none",
                                  "--baseline", "none"])
     assert r.exit_code == 2 and "nothing to measure" in r.output
+
+
+def test_a_cpu_backend_row_says_cpu_numba_whether_or_not_it_ran(tmp_path):
+    """Without numba a --backend cpu row is unavailable and was labelled triton-interpreter."""
+    out = tmp_path / "k.json"
+    r = runner.invoke(app, ["bench", "kernels", "--device", "cpu", "-c", "nearest-4bit", "--backend", "cpu",
+                            "--numel", "4096", "--baseline", "none", "--rep-ms", "5", "--json", str(out)])
+    assert r.exit_code in (0, 1), r.output
+    row = next(x for x in json.loads(out.read_text())["records"] if x["name"] == "nearest-4bit")
+    assert row["path"] == "cpu-numba"
+    assert row["status"] == "ok" or "needs numba" in row["reason"]

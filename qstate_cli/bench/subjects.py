@@ -4,7 +4,7 @@ A Subject builds an optimizer over given parameters and says which states it kee
 each tensor (for the bytes model and the memory accounting):
 
     ours        qstate_cli.optim.<Optimizer>(states=config, backend=...); path from
-                opt.path_for(p): triton | triton-interpreter | reference
+                opt.path_for(p): triton | triton-interpreter | cpu-numba | reference
     torch-fused / torch-foreach   torch.optim.AdamW / SGD; states in the parameter dtype
                 (torch allows no other: fp32 states at --dtype fp32, bf16 at bf16)
     torch-muon  torch.optim.Muon (2-D parameters only); path "torch" (a per-tensor loop)
@@ -78,6 +78,8 @@ class Subject:
             return self.path
         if ctx.backend == "reference" or (ctx.backend == "auto" and ctx.device.type != "cuda"):
             return "reference"
+        if ctx.backend == "cpu":
+            return "cpu-numba"
         return "triton" if ctx.device.type == "cuda" else "triton-interpreter"
 
     def specs_for(self, optimizer: str, numel: int, param_dtype: torch.dtype) -> list[StateSpec]:
