@@ -443,3 +443,11 @@ def test_a_note_says_the_small_tensors_are_quantized_as_no_optimizer_keeps_them(
     assert not any("under 4096" in n for n in doc["meta"]["notes"])
     doc, _ = diagnose(trace, [parse_config("fp32")], device="cpu")  # nothing quantized: nothing to say
     assert not any("under 4096" in n for n in doc["meta"]["notes"])
+
+
+def test_a_steps_limit_beyond_the_trace_is_said():
+    from qstate_cli.trace import synthetic
+
+    doc, _ = diagnose(synthetic.gaussian(1000, 5), [parse_config("fp32")], steps_limit=1000, device="cpu")
+    assert "--steps-limit 1000: the trace holds 5 steps, all replayed" in doc["meta"]["notes"]
+    assert doc["meta"]["steps"] == 5

@@ -255,6 +255,8 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         meta["notes"].append(f"{dead} of {raw.layout.n_valid} recorded elements have a zero gradient at every "
                              f"step (dead blocks: `qstate trace info` counts them); they never stall and "
                              f"count in no stall rate")
+    if steps_limit is not None and steps_limit > trace.n_steps:
+        meta["notes"].append(f"--steps-limit {steps_limit}: the trace holds {trace.n_steps} steps, all replayed")
     small = [t for t in trace.tensors if t.numel < MIN_QUANT_NUMEL]
     if small and any(c.m.scaled or c.v.scaled or c.m.fmt.bits < 32 for c in configs):
         share = sum(t.n_recorded for t in small) / max(1, trace.recorded_elements)
