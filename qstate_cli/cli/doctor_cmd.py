@@ -75,5 +75,6 @@ def finding_lines(findings: list[dict]) -> list[str]:
         first = fs[0]
         elements = sum(f["count"] for f in fs)  # 0 for a finding about no element (a step, a group's setting)
         many = (f" [{len(fs)} parameters" + (f", {elements:,} elements in all]" if elements else "]")) if len(fs) > 1 else ""
-        lines.append(f"{sev:5s} {opt} group {group} {check}: {first['param']}: {first['message']}{many}")
+        where = f" group {group}" if group >= 0 else ""  # -1: in no group (an orphan, the two files' keys)
+        lines.append(f"{sev:5s} {opt}{where} {check}: {first['param']}: {first['message']}{many}")
     return lines

@@ -26,6 +26,8 @@ Per parameter (`check_param`):
     step        error  a step counter that is not one number, a non-finite, negative or
                        fractional one, or a qstate state written at a later step than it
     orphan      error  a state whose param id no param group lists: a resume keeps it unused
+                       (qstate's load_state_dict refuses it); qstate codes decode with the
+                       settings all groups share, else stay undecoded
     upcast      warn   a state stored as fp32 where the optimizer keeps the others in low
                        bits (tensors of >= 4096 elements; a silent upcast: FSDP turning
                        8-bit AdamW into 32-bit, accelerate#1902)
@@ -35,13 +37,17 @@ bias corrections differ; a parameter without a gradient at some steps explains i
 param id listed more than once in the param groups (`duplicate`, error); per group
 (`hparams`, error, one finding per value): an lr that is not a finite number >= 0, betas
 that are not two numbers in [0, 1) (three for AdEMAMix), an eps (each, where a tuple) that
-is not a finite number > 0, a non-finite weight_decay. A parameter a group lists without a
+is not a finite number > 0, a non-finite weight_decay; in a qstate optimizer's groups a
+missing `states` or a `seed` that is not an integer (the codes of that group's parameters
+are left undecoded: no value check reads them). A parameter a group lists without a
 state is no finding (before its first step it has none).
 
 Two checkpoints (`compare`): every state dequantized and compared element-wise; a
-difference names its worst element by index in the state's shape; a parameter or state
-present in one only, a different step or a different shape is an error; a different
-storage with equal values is a warn.
+difference names its worst element by index in the state's shape; a different step or a
+different shape is an error (`against`), as is a parameter or state present in this
+checkpoint only (`only-here`) or in the other only (`only-there`); when one keys its
+parameters by index and the other by name (param_names, DCP) nothing can be matched, which
+one `keys` error says; a different storage with equal values is a warn.
 """
 from __future__ import annotations
 
@@ -51,6 +57,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import clip
+from .decode import group_seed
 from .states import OptimizerStates, ParamStates, StoredState, scalar
 
 LOW_BIT_MIN_NUMEL = 4096  # bitsandbytes, torchao and qstate keep smaller tensors in fp32
@@ -76,13 +83,13 @@ def _f(severity, check, opt: OptimizerStates, p: ParamStates, state, message, co
 
 
 def _first_moment(p: ParamStates) -> StoredState | None:
-    return next((s for s in p.states.values() if s.role == "m" and not s.non_float), None)
+    return next((s for s in p.states.values() if s.role == "m" and not s.non_float and s.decoded), None)
 
 
 def v_state_counts(s: StoredState, m: StoredState | None) -> dict[str, int]:
     """flushed (v == 0 where m != 0), subnormal and negative counts of one float-stored v."""
     out = {"v_flushed": 0, "v_subnormal": 0, "v_negative": 0}
-    if s.role != "v" or s.low_bit or s.non_float:
+    if s.role != "v" or s.low_bit or s.non_float or not s.decoded:
         return out
     v = s.values.reshape(-1)
     if m is not None and m.numel == s.numel:
@@ -114,9 +121,14 @@ def check_param(opt: OptimizerStates, p: ParamStates, expected: set[str], low_bi
     out: list[Finding] = []
     if p.group < 0:
         unstepped = f" (the groups list {', '.join(opt.unstepped[:3])} without a state)" if opt.unstepped else ""
-        out.append(_f("error", "orphan", opt, p, None, f"state of param {p.key} is in no param group{unstepped}: a "
-                                                       f"resume keeps it unused", _numel(p)))
+        outcome = ("qstate's load_state_dict refuses the checkpoint" if p.written else "a resume keeps it unused")
+        undecoded = ("; its codes are not decoded (no group's states configuration and seed apply to it)"
+                     if any(not s.decoded for s in p.states.values()) else "")
+        out.append(_f("error", "orphan", opt, p, None, f"state of param {p.key} is in no param group{unstepped}: "
+                                                       f"{outcome}{undecoded}", _numel(p)))
     for s in p.states.values():
+        if not s.decoded:
+            continue  # its group's finding says why (check_groups); the orphan's above
         if s.non_float:
             out.append(_f("error", "dtype", opt, p, s.name, f"{s.name} of param {p.key} is {s.storage}; "
                                                             f"{_float_states(opt, p, s.name)}", s.numel))
@@ -135,7 +147,7 @@ def check_param(opt: OptimizerStates, p: ParamStates, expected: set[str], low_bi
                           f"{s.name}: {s.numel:,} elements stored as {s.storage} ({s.nbytes:,} bytes) where this "
                           f"optimizer keeps its other states in low bits: stored dequantized (a silent upcast)",
                           s.numel))
-    sizes = {s.name: s.numel for s in p.states.values()}
+    sizes = {s.name: s.numel for s in p.states.values() if s.decoded}
     if len(set(sizes.values())) > 1:
         out.append(_f("error", "shape", opt, p, None, "states of different sizes: "
                       + ", ".join(f"{k} {tuple(p.states[k].values.shape)}" for k in sizes)))
@@ -154,7 +166,7 @@ def check_param(opt: OptimizerStates, p: ParamStates, expected: set[str], low_bi
 
 
 def _numel(p: ParamStates) -> int:
-    return max((s.numel for s in p.states.values()), default=0)
+    return p.numel
 
 
 def _float_states(opt: OptimizerStates, p: ParamStates, state: str) -> str:
@@ -244,12 +256,34 @@ def check_optimizer(opt: OptimizerStates) -> list[Finding]:
 
 
 def check_groups(opt: OptimizerStates) -> list[Finding]:
-    """One `hparams` error per bad hyper-parameter of a group (module docstring)."""
+    """One `hparams` error per bad hyper-parameter of a group (module docstring); in a
+    qstate optimizer's groups also a missing `states` and a `seed` that is not an integer."""
     out = []
+    qstate = any(p.written for p in opt.params)
     for gi, group in enumerate(opt.groups):
-        for name, problem in hparam_problems(group):
-            out.append(Finding("error", "hparams", opt.path, f"param_groups[{gi}]", gi, name, problem))
+        problems = list(hparam_problems(group)) + (list(qstate_group_problems(opt, gi, group)) if qstate else [])
+        for name, problem in problems:
+            out.append(Finding("error", "hparams", opt.path, f"param_groups[{gi}]", gi, name, problem,
+                               sum(p.numel for p in opt.params if p.group == gi) if name in QSTATE_KEYS else 0))
     return out
+
+
+QSTATE_KEYS = ("states", "seed")
+
+
+def qstate_group_problems(opt: OptimizerStates, gi: int, group: dict):
+    """(name, message) for a qstate group without a `states` configuration or whose `seed`
+    is not an integer: its codes cannot be decoded, and qstate's load_state_dict refuses it
+    (a missing `states`) or its steps fail (a bad `seed`)."""
+    undecoded = sum(not s.decoded for p in opt.params if p.group == gi for s in p.states.values())
+    codes = f"; {undecoded} state(s) of its parameters left undecoded" if undecoded else ""
+    if group.get("states") is None:
+        yield "states", (f"group {gi} names no states configuration (no 'states' entry): the format of its codes is "
+                         f"unknown, and qstate's load_state_dict refuses the checkpoint{codes}")
+        codes = ""
+    if "seed" in group and group_seed(group) is None:
+        yield "seed", (f"seed {clip(repr(group['seed']))} ({type(group['seed']).__name__}) of group {gi} is not an "
+                       f"integer: the replay streams its codes were rounded with cannot be drawn{codes}")
 
 
 def hparam_problems(g: dict):
@@ -313,10 +347,15 @@ def compare(a: OptimizerStates, b: OptimizerStates, name_b: str) -> tuple[list[F
     out: list[Finding] = []
     stats: dict[str, dict] = {}
     b_params = {p.key: p for p in b.params}
+    if {a.keyed_by, b.keyed_by} == {"name", "index"} and not set(b_params) & {p.key for p in a.params}:
+        out.append(Finding("error", "keys", a.path, "all", -1, None,
+                           f"parameters are keyed by {a.keyed_by} here ({_keys(a)}), by {b.keyed_by} in {name_b} "
+                           f"({_keys(b)}): none can be matched (an index is a position in the param groups, not "
+                           f"a name; save both optimizers with param_names, or both without)"))
     for p in a.params:
         q = b_params.pop(p.key, None)
         if q is None:
-            out.append(_f("error", "against", a, p, None, f"has states here but none in {name_b}", _numel(p)))
+            out.append(_f("error", "only-here", a, p, None, f"has states here but none in {name_b}", _numel(p)))
             continue
         differing, max_abs = 0, 0.0
         if p.step != q.step:
@@ -325,7 +364,10 @@ def compare(a: OptimizerStates, b: OptimizerStates, name_b: str) -> tuple[list[F
             sa, sb = p.states.get(name), q.states.get(name)
             if sa is None or sb is None:
                 only = "this checkpoint" if sb is None else name_b
-                out.append(_f("error", "against", a, p, name, f"{name} only in {only}", (sa or sb).numel))
+                check = "only-here" if sb is None else "only-there"
+                out.append(_f("error", check, a, p, name, f"{name} only in {only}", (sa or sb).numel))
+                continue
+            if not (sa.decoded and sb.decoded):  # a group's finding says why; nothing to compare
                 continue
             if sa.numel != sb.numel:
                 out.append(_f("error", "against", a, p, name, f"{name} has {sa.numel:,} elements here, {sb.numel:,} "
@@ -345,9 +387,14 @@ def compare(a: OptimizerStates, b: OptimizerStates, name_b: str) -> tuple[list[F
                               + (" (values equal)" if d is None else ""), sa.numel))
         stats[p.key] = {"differing": differing, "max_abs_diff": max_abs}
     for q in b_params.values():
-        out.append(Finding("error", "against", a.path, q.key, q.group, None, f"has states in {name_b} but none here",
+        out.append(Finding("error", "only-there", a.path, q.key, q.group, None, f"has states in {name_b} but none here",
                            _numel(q)))
     return out, stats
+
+
+def _keys(o: OptimizerStates) -> str:
+    keys = [p.key for p in o.params]
+    return ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
 
 
 def _num(x) -> str:

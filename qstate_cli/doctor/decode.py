@@ -39,9 +39,14 @@ class StoredState:
     non_float: bool = False  # a plain tensor of an integer or bool dtype (values cast, not to be checked)
     shape_known: bool = True
     problems: list[str] = field(default_factory=list)  # codes, scales or code book out of range
+    decoded: bool = True  # False: stored values not read back (a qstate state whose group names no format or
+    #                       no integer seed); `values` is then empty and no check reads it
+    stored_numel: int | None = None  # an undecoded state's number of elements, where its format tells it
 
     @property
     def numel(self) -> int:
+        if not self.decoded:
+            return self.stored_numel or 0
         return self.values.numel()
 
 
@@ -155,10 +160,32 @@ def bnb_state(key: str, codes: torch.Tensor, entry: dict, where: str) -> StoredS
                        problems=problems)
 
 
+def group_seed(group: dict) -> int | None:
+    """A qstate group's `seed` (its replay streams'; 0 when absent) as an int, None when it
+    is not an integer (a bool, a float, text, a tensor of several elements or a float one)."""
+    seed = group.get("seed", 0)
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return seed
+    if (isinstance(seed, torch.Tensor) and seed.numel() == 1 and seed.dtype != torch.bool
+            and not is_float(seed)):
+        return int(seed.item())
+    return None
+
+
+def min_quant_numel(group: dict) -> int:
+    """A qstate group's `min_quant_numel` (tensors with fewer elements keep fp32 states;
+    optim/base.py spec_for), 4096 where the group does not hold one number."""
+    n = scalar(group.get("min_quant_numel"))
+    return int(n) if n is not None and math.isfinite(n) else 4096
+
+
 def qstate_state(key: str, value: dict, group: dict, index: int, where: str):
     """One qstate state in any of the layouts the optimizer saves (module docstring):
     flat, rows (codes [rows, row bytes], scales [rows, row blocks]) or elements
-    (`block_starts`). A layout that cannot be read is a QstateError naming the state."""
+    (`block_starts`). A layout that cannot be read is a QstateError naming the state.
+    Codes that need the group's format where the group names none (no `states`), or its
+    replay stream where the group's `seed` is not an integer, come back undecoded
+    (`decoded` False): the group's finding says why (checks.py)."""
     codes, scales = value.get("codes"), value.get("scales")
     written = int(scalar(value.get("written")) or 0)
     if not isinstance(codes, torch.Tensor):
@@ -166,8 +193,16 @@ def qstate_state(key: str, value: dict, group: dict, index: int, where: str):
     if scales is not None and not isinstance(scales, torch.Tensor):
         raise QstateError(f"{where}: {key}.scales is {type(scales).__name__}, not a tensor")
     problems: list[str] = []
+    starts = value.get("block_starts")
+    small = min_quant_numel(group)
     if codes.dtype == torch.float32:
         spec = parse_spec("fp32")
+    elif is_float(codes) and starts is None and codes.numel() < small:  # one value per element, under the limit
+        raise QstateError(f"{where}: {key}.codes are {_dtype(codes.dtype)}, not the float32 values of fp32: a "
+                          f"tensor of {codes.numel():,} elements (under its group's min_quant_numel {small:,}) "
+                          f"keeps fp32 states")
+    elif group.get("states") is None:  # no format to decode with: the group's finding (checks.py)
+        return _undecoded(key, codes, scales, starts), written
     else:
         try:
             spec = parse_config(str(group.get("states"))).spec(key)
@@ -176,9 +211,8 @@ def qstate_state(key: str, value: dict, group: dict, index: int, where: str):
     bits = spec.fmt.bits
     want = _CODE_DTYPES.get(bits, ()) if spec.fmt.kind != "identity" else (torch.float32,)
     if codes.dtype not in want:
-        raise QstateError(f"{where}: {key}.codes are {str(codes.dtype).replace('torch.', '')}, not the "
-                          f"{' or '.join(str(d).replace('torch.', '') for d in want) or '?'} codes of {spec}")
-    starts = value.get("block_starts")
+        raise QstateError(f"{where}: {key}.codes are {_dtype(codes.dtype)}, not the "
+                          f"{' or '.join(_dtype(d) for d in want) or '?'} codes of {spec}")
     nbytes = _bytes(codes, scales, starts)
     shape = None
     if starts is not None:  # elements form: one code (and scale) per element, shaped like the parameter
@@ -199,6 +233,11 @@ def qstate_state(key: str, value: dict, group: dict, index: int, where: str):
             scales = None
     elif spec.has_scales:
         problems.append("no scales stored for a block-scaled format")
+    seed = group_seed(group)
+    storage = "fp32" if spec.fmt.kind == "identity" else f"qstate {spec}"
+    if seed is None and written and spec.fmt.kind != "identity":  # its replay stream is unknown
+        return StoredState(key, ROLES.get(key, "other"), storage, True, torch.zeros(0), nbytes, shape_known=False,
+                           problems=problems, decoded=False, stored_numel=numel), written
     if written == 0:
         vals = torch.zeros(numel)
     elif spec.has_scales and scales is None:
@@ -207,7 +246,7 @@ def qstate_state(key: str, value: dict, group: dict, index: int, where: str):
         sid = STATE_IDS.get(key, 0)
         try:
             vals = torch.cat([decode(c if c is not None else codes, _seg_scales(scales, spec, start, n, segments),
-                                     spec, n, written, Stream(int(group.get("seed", 0)), int(index), sid, start))
+                                     spec, n, written, Stream(seed or 0, int(index), sid, start))
                               for start, n, c in segments]) if numel else torch.zeros(0)
         except (RuntimeError, ValueError, IndexError, TypeError) as exc:
             msg = " ".join(str(exc).split())[:160]
@@ -217,7 +256,6 @@ def qstate_state(key: str, value: dict, group: dict, index: int, where: str):
     vals = vals.to(torch.float32)
     if shape is not None and vals.numel() == math.prod(shape):
         vals = vals.view(shape)
-    storage = "fp32" if spec.fmt.kind == "identity" else f"qstate {spec}"
     state = StoredState(key, ROLES.get(key, "other"), storage, spec.fmt.kind != "identity", vals, nbytes,
                         float_dtype=torch.float32 if storage == "fp32" else None,
                         shape_known=shape is not None and vals.dim() == len(shape), problems=problems)
@@ -225,6 +263,16 @@ def qstate_state(key: str, value: dict, group: dict, index: int, where: str):
 
 
 _CODE_DTYPES = {4: (torch.uint8,), 8: (torch.uint8,), 16: (torch.int16,)}
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _undecoded(key: str, codes, scales, starts) -> StoredState:
+    """A qstate state whose format is unknown: its bytes counted, its values not read."""
+    return StoredState(key, ROLES.get(key, "other"), "qstate (format unknown)", True, torch.zeros(0),
+                       _bytes(codes, scales, starts), shape_known=False, decoded=False)
 
 
 def _seg_scales(scales, spec, start: int, n: int, segments: list):

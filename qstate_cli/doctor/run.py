@@ -2,7 +2,8 @@
 
     execute(DoctorOptions(checkpoint="optimizer.pt", against="resumed.pt"), progress) -> Result
 
-One record per (checkpoint, optimizer, param): what stores its states and how many bytes,
+One record per (checkpoint, optimizer, param): its shape ('512x32'; where the file keeps
+none, '16,384 elements' and `shape_known` false), what stores its states and how many bytes,
 its step counter, the counts the checks found (non-finite values; v flushed to zero,
 subnormal or negative) and its errors and warnings; with `against`, how many elements
 differ from the other checkpoint and by how much at most. `findings` (an extra list of
@@ -92,11 +93,10 @@ def execute(opts: DoctorOptions, progress: Progress | None = None) -> Result:
 
 
 def _record(checkpoint: str, opt: OptimizerStates, p, findings: list[Finding], diff: dict | None) -> dict:
-    shape = p.shape
-    numel = max((s.numel for s in p.states.values()), default=0)
+    numel = p.numel
     nonfinite = sum(f.count for f in findings if f.check == "nonfinite")
     row = {"checkpoint": checkpoint, "optimizer": opt.path, "kind": opt.kind, "param": p.key, "group": p.group,
-           "shape": "x".join(map(str, shape)) if shape else "", "numel": numel,
+           "shape": shape_text(p), "shape_known": p.shape_known, "numel": numel,
            "states": ", ".join(f"{k}={s.storage}" for k, s in p.states.items()),
            "state_bytes": p.nbytes, "bytes_per_param": p.nbytes / numel if numel else None, "step": p.step,
            "nonfinite": nonfinite, **v_counts(p),
@@ -109,11 +109,22 @@ def _record(checkpoint: str, opt: OptimizerStates, p, findings: list[Finding], d
     return row
 
 
+def shape_text(p) -> str:
+    """'512x32' where the shape is known ('' for a 0-dim parameter); else the element count,
+    labelled ('16,384 elements': qstate's flat codes without a model state dict in the file)."""
+    if p.shape_known:
+        return "x".join(map(str, p.shape))
+    if not p.numel:
+        return "unknown" if p.states else ""  # codes of a format the group does not name
+    return f"{p.numel:,} element" + ("" if p.numel == 1 else "s")
+
+
 def summary(records: list[dict], findings: list[Finding]) -> dict:
     nbytes = sum(r["state_bytes"] for r in records)
     numel = sum(r["numel"] for r in records)
+    counted = sum(r["state_bytes"] for r in records if r["numel"])  # not the bytes of states of unknown size
     return {"params": len(records), "elements": numel, "state_bytes": nbytes,
-            "bytes_per_param": nbytes / numel if numel else None,
+            "bytes_per_param": counted / numel if numel else None,
             "errors": sum(f.severity == "error" for f in findings),
             "warnings": sum(f.severity == "warn" for f in findings),
             "v_flushed": sum(r["v_flushed"] for r in records), "nonfinite": sum(r["nonfinite"] for r in records)}

@@ -77,6 +77,9 @@ def load_checkpoint(path, max_bytes: int = DEFAULT_MAX_BYTES):
         raise QstateError(f"{path}: {size / 2**30:.1f} GiB is over the limit of {max_bytes / 2**30:.1f} GiB "
                           f"(--max-gib)")
     if not zipfile.is_zipfile(path):
+        with path.open("rb") as fh:
+            if fh.read(4) == b"PK\x03\x04":  # starts like a zip, but its directory (at the end) is gone
+                raise QstateError(f"{path}: corrupt or truncated checkpoint (a zip archive without its directory)")
         raise QstateError(f"{path}: not a torch.save zip archive (raw pickles are refused because loading them "
                           f"can run code)")
     with path.open("rb") as fh:

@@ -29,9 +29,16 @@ Who stored what (read here without importing any of them; decode.py reads each b
 
 `role` says which moment a state is: "m" (first: exp_avg, momentum, state1, m) or "v"
 (second: exp_avg_sq, max_exp_avg_sq, state2, v), which is what the checks need.
+
+A parameter's shape is its states' where they keep it (torch, torchao, the per-element
+form); qstate's flat codes do not, so where the file also holds a model's state dict (a
+dict of named tensors, e.g. `{"model": ..., "optimizer": ...}`) the shape is taken from it:
+by the parameter's name, else the one shape the model's tensors of that many elements
+have. Otherwise only the element count is known (`shape_known` False).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -56,11 +63,25 @@ class ParamStates:
     step: float | None  # None: no step counter stored
     written: dict[str, int] = field(default_factory=dict)  # qstate: the step each state was written at
     step_problem: str = ""  # a step entry that is not one number: what it is instead
+    named: bool = False  # key is the parameter's name (param_names, DCP), not its index
+    model_shape: tuple[int, ...] | None = None  # from a model state dict in the same file (module docstring)
+
+    @property
+    def shape_known(self) -> bool:
+        return any(s.shape_known for s in self.states.values()) or self.model_shape is not None
 
     @property
     def shape(self) -> tuple[int, ...]:
         shapes = [tuple(s.values.shape) for s in self.states.values() if s.shape_known]
-        return shapes[0] if shapes else tuple(next(iter(self.states.values())).values.shape) if self.states else ()
+        if shapes:
+            return shapes[0]
+        if self.model_shape is not None:
+            return self.model_shape
+        return tuple(next(iter(self.states.values())).values.shape) if self.states else ()
+
+    @property
+    def numel(self) -> int:
+        return max((s.numel for s in self.states.values()), default=0)
 
     @property
     def nbytes(self) -> int:
@@ -76,22 +97,53 @@ class OptimizerStates:
     unstepped: list[str]  # parameters listed in a group that hold no state
     duplicates: dict[str, list[int]] = field(default_factory=dict)  # listed more than once: the groups listing it
 
+    @property
+    def keyed_by(self) -> str:
+        """"name" (every parameter keyed by its name), "index", "mixed" or "" (no parameters)."""
+        named = {p.named for p in self.params}
+        return "" if not named else "mixed" if len(named) > 1 else "name" if named.pop() else "index"
+
 
 def find_optimizers(obj, source: str) -> list[OptimizerStates]:
     """Every optimizer state dict in a loaded checkpoint (see module docstring)."""
-    found = []
-    _walk(obj, (), found, depth=0)
+    found, models = [], []
+    _walk(obj, (), found, models, depth=0)
     if not found:
         raise QstateError(f"{source}: holds no optimizer state dict (a dict with 'state' and 'param_groups')")
-    return [read_optimizer(sd, path, source) for path, sd in found]
+    optimizers = [read_optimizer(sd, path, source) for path, sd in found]
+    if models:
+        shapes = {name: tuple(t.shape) for m in models for name, t in m.items()}
+        for o in optimizers:
+            for p in o.params:
+                if not p.shape_known:
+                    p.model_shape = _model_shape(p, shapes)
+    return optimizers
 
 
-def _walk(obj, path: tuple, found: list, depth: int) -> None:
+def _model_shape(p: ParamStates, shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...] | None:
+    """p's shape from a model's state dict: by name (exact, or one key ending in '.name'),
+    else the one shape of the model's tensors with p's number of elements; None when
+    neither tells it."""
+    numel = p.numel
+    if p.named:
+        hits = [shapes[p.key]] if p.key in shapes else [s for k, s in shapes.items() if k.endswith("." + p.key)]
+        if len(hits) == 1 and (not numel or math.prod(hits[0]) == numel):
+            return hits[0]
+    if not numel:
+        return None
+    same = {s for s in shapes.values() if math.prod(s) == numel}
+    return same.pop() if len(same) == 1 else None
+
+
+def _walk(obj, path: tuple, found: list, models: list, depth: int) -> None:
     if depth > 5:
         return
     if isinstance(obj, dict):
         if "state" in obj and "param_groups" in obj and isinstance(obj["param_groups"], (list, tuple)):
             found.append((".".join(map(str, path)) or "optimizer", obj))
+            return
+        if obj and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+            models.append(obj)  # a model's state dict (or any dict of named tensors): parameter shapes
             return
         items = obj.items()
     elif isinstance(obj, (list, tuple)):
@@ -99,7 +151,7 @@ def _walk(obj, path: tuple, found: list, depth: int) -> None:
     else:
         return
     for key, value in items:
-        _walk(value, path + (key,), found, depth + 1)
+        _walk(value, path + (key,), found, models, depth + 1)
 
 
 def read_optimizer(sd: dict, path: str, source: str) -> OptimizerStates:
@@ -133,9 +185,11 @@ def read_optimizer(sd: dict, path: str, source: str) -> OptimizerStates:
             unstepped.append(name)
             continue
         gi = group_of[_k(key)]
-        group = groups[gi] if gi >= 0 else {}
+        group = groups[gi] if gi >= 0 else _shared_settings(groups)
         where = f"{source}: {path} {name}"
-        params.append(_read_param(entry, group, name, index if not isinstance(key, int) else key, gi, where))
+        p = _read_param(entry, group, name, index if not isinstance(key, int) else key, gi, where)
+        p.named = _k(key) in names or (isinstance(key, str) and not key.isdigit())
+        params.append(p)
     kinds = {_kind_of(p) for p in params} - {"torch"} or {"torch"}
     hparams = [{k: v for k, v in g.items() if k not in ("params", "param_names")} for g in groups]
     duplicates = {names.get(k, k): gs for k, gs in listed.items() if len(gs) > 1}
@@ -144,6 +198,18 @@ def read_optimizer(sd: dict, path: str, source: str) -> OptimizerStates:
 
 def _k(key):
     return str(key)
+
+
+QSTATE_SETTINGS = ("states", "seed", "min_quant_numel")
+
+
+def _shared_settings(groups: list[dict]) -> dict:
+    """For a state no group lists (an orphan): the qstate settings every group shares (its
+    codes decode with them), else none (its codes stay undecoded)."""
+    settings = {repr([g.get(k) for k in QSTATE_SETTINGS]) for g in groups}
+    if len(settings) != 1:
+        return {}
+    return {k: groups[0][k] for k in QSTATE_SETTINGS if k in groups[0]}
 
 
 def _kind_of(p: ParamStates) -> str:

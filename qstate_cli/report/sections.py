@@ -278,9 +278,9 @@ def doctor(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
                                     ("param", "param"), ("check", "check"), ("message", "finding")]))
     sec.tables.append(Table.of("Parameters", rows, [
         ("optimizer", "optimizer"), ("param", "param"), ("shape", "shape"), ("states", "states"),
-        ("state_bytes", "bytes"), ("bytes_per_param", "bytes/param", ".4g"), ("step", "step", "g"),
-        ("nonfinite", "non-finite"), ("v_flushed", "v flushed"), ("v_subnormal", "v subnormal"),
-        ("against_differing", "differ"), ("against_max_abs_diff", "max |diff|", ".3g"),
+        ("state_bytes", "bytes", ","), ("bytes_per_param", "bytes/param", ".4g"), ("step", "step", "g"),
+        ("nonfinite", "non-finite", ","), ("v_flushed", "v flushed", ","), ("v_subnormal", "v subnormal", ","),
+        ("against_differing", "differ", ","), ("against_max_abs_diff", "max |diff|", ".3g"),
         ("errors", "errors"), ("warnings", "warnings")]))
     s = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
     line = (f"doctor: {meta.get('checkpoint')}: {s.get('params', len(rows))} parameters, "
