@@ -2,7 +2,7 @@
 # (.venv: the package with its test extras, and on a machine without an NVIDIA GPU the
 # CPU build of torch first, as .ci/run does) and reuses it afterwards.
 #
-#   make quick    the main job: the quick suite (3-4 min on a 2-core CPU) -> results/quick/
+#   make quick    the main job: the quick suite (~2 min on a 2-core CPU) -> results/quick/
 #   make test     the tests (CPU: the Triton kernels run in Triton's interpreter)
 #
 # PYTHON picks the interpreter that makes the environment (default python3); VENV its
