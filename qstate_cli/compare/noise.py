@@ -46,21 +46,21 @@ from __future__ import annotations
 import math
 from statistics import median
 
+from ..results import is_finite_number
 from .evidence import unreadable
 
 NOISY_CPU_SHARE = 0.75
 
 
-def _num(v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v) if math.isfinite(v) else None
+def _finite_float(v) -> float | None:
+    """v as a float where it is a finite number (not a bool), else None."""
+    return float(v) if is_finite_number(v) else None
 
 
 def _values(v) -> list[float]:
     if not isinstance(v, (list, tuple)):
         return []
-    out = [_num(x) for x in v]
+    out = [_finite_float(x) for x in v]
     return [x for x in out if x is not None and x > 0]
 
 
@@ -74,7 +74,7 @@ def dispersion(values: list[float]) -> float:
 
 def basis(b: dict, n: dict) -> str:
     """`time_rel_copy` when both rows have it, else `time_ms`."""
-    ok = all(_num(r.get("time_rel_copy")) is not None and _num(r.get("time_rel_copy")) > 0 for r in (b, n))
+    ok = all(_finite_float(r.get("time_rel_copy")) is not None and _finite_float(r.get("time_rel_copy")) > 0 for r in (b, n))
     return "time_rel_copy" if ok else "time_ms"
 
 
@@ -85,7 +85,7 @@ def rounds_of(row: dict, on: str) -> list[float]:
 
 def shares(*rows: dict) -> float | None:
     """The lowest cpu_share of the rows (None when none has one)."""
-    got = [_num(r.get("cpu_share")) for r in rows]
+    got = [_finite_float(r.get("cpu_share")) for r in rows]
     got = [s for s in got if s is not None]
     return min(got) if got else None
 
@@ -111,8 +111,8 @@ def judge_rows(b: dict, n: dict, field: str, threshold: float, alpha: float) -> 
     NEW row `n`: baseline, new (raw ms), ratio (on the basis), raw_ratio, basis,
     noise_floor, p_value, threshold, cpu_share, status, why, regression."""
     bs, ns = _values(b.get("samples_ms")), _values(n.get("samples_ms"))
-    bv = _num(b.get(field)) if _num(b.get(field)) is not None else (median(bs) if bs else None)
-    nv = _num(n.get(field)) if _num(n.get(field)) is not None else (median(ns) if ns else None)
+    bv = _finite_float(b.get(field)) if _finite_float(b.get(field)) is not None else (median(bs) if bs else None)
+    nv = _finite_float(n.get(field)) if _finite_float(n.get(field)) is not None else (median(ns) if ns else None)
     if bv is None or nv is None or bv <= 0 or nv <= 0:  # nothing to take a ratio of: fails closed
         return unreadable(field, bv if bv and bv > 0 else None, nv if nv and nv > 0 else None)
     raw = nv / bv
@@ -122,7 +122,7 @@ def judge_rows(b: dict, n: dict, field: str, threshold: float, alpha: float) -> 
     out = {"baseline": bv, "new": nv, "raw_ratio": raw, "threshold": threshold, "cpu_share": share,
            "p_value": None, "noise_floor": None, "basis": on}
     if len(br) >= 2 and len(nr) >= 2:
-        ratio = (_num(n.get(on)) / _num(b.get(on))) if on == "time_rel_copy" else raw
+        ratio = (_finite_float(n.get(on)) / _finite_float(b.get(on))) if on == "time_rel_copy" else raw
         floor = 1 + max(dispersion(br), dispersion(nr))
         separated = min(nr) > max(br) if ratio > 1 else max(nr) < min(br)
         status, why = decide(ratio, separated, floor, threshold, share,
