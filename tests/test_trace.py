@@ -253,6 +253,11 @@ def test_recorder_without_an_optimizer_hook(tmp_path):
     assert tr.optimizer == "lion" and tr.n_steps == 3 and tr.tensors[0].name == "param0"
     with pytest.raises(QstateError, match="needs an optimizer"):
         Recorder(params=model.parameters())
+    rec = Recorder(None, tmp_path / "c.pt", params=model.parameters(), optimizer_name="adamw")  # no hparams=
+    with rec:  # an AttributeError on the missing optimizer's param_groups before
+        model(torch.randn(2, 80)).sum().backward()
+        rec.capture()
+    assert load_trace(tmp_path / "c.pt").hparams == {}
 
 
 def test_recorder_samples_live_blocks_and_warns_about_zero_tensors(tmp_path, capsys):

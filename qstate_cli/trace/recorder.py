@@ -139,7 +139,8 @@ class Recorder:
         names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
         inc, exc = _regex(include, "include"), _regex(exclude, "exclude")
         self.name = optimizer_name or name_of(optimizer)
-        self.hparams = dict(hparams) if hparams is not None else optimizer_hparams(optimizer)
+        # without an optimizer and hparams=, the replay takes the named optimizer's defaults
+        self.hparams = dict(hparams) if hparams is not None else optimizer_hparams(optimizer) if optimizer else {}
         self.seed = int(seed if seed is not None else self.hparams.get("seed", 0))
         self.rank, self.world = rank_and_world()
         self.sharded = self.world > 1 and any(sharding.is_dtensor(p) for p in plist)
