@@ -112,3 +112,17 @@ def test_a_fitting_checkpoint_still_resumes_bit_for_bit():
         param.grad = torch.full(SHAPE, 0.5)
         o.step()
     assert torch.equal(w, w2)
+
+
+@pytest.mark.parametrize("saved_by, loaded_by, missing", [("Lion", "SGD", "'momentum'"), ("AdamW", "Muon", "'momentum'"),
+                                                          ("SGD", "AdamW", "'betas'")])
+def test_another_optimizers_checkpoint_is_refused(saved_by, loaded_by, missing):
+    """A Lion checkpoint loaded into SGD was accepted; its first step raised KeyError: 'momentum'."""
+    w = torch.nn.Parameter(torch.randn(SHAPE))
+    saved = getattr(qoptim, saved_by)([w], lr=1e-3)
+    w.grad = torch.ones(SHAPE)
+    saved.step()
+    target = getattr(qoptim, loaded_by)([w], lr=1e-3)
+    with pytest.raises(ValueError, match=f"param_groups\\[0\\] has no {missing}.*which {loaded_by} keeps: the "
+                                         "state_dict of another optimizer"):
+        target.load_state_dict(saved.state_dict())

@@ -384,7 +384,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         group's `states` name is parsed back into a StateConfig, once. A state that does not
         fit its parameter (another size, block size or format; damaged) is a ValueError, and
         then nothing is replaced (optim/checkpoint.py)."""
-        check_saved(state_dict)
+        check_saved(state_dict, self.param_groups, type(self).__name__)
         sd = copy.deepcopy(state_dict)
         saved_state = sd.pop("state")
         # saved keys -> parameters by position, as torch does (ids, or FQNs from DCP's state_dict helpers)

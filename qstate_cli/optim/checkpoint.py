@@ -20,8 +20,10 @@ COUNTERS = ("step", "since_reset")
 HOST_KEYS = ("step", "since_reset", "written")  # step counters live on the host: reading them never syncs
 
 
-def check_saved(state_dict) -> None:
-    """Refuse what is not a qstate optimizer's state_dict, before anything is loaded."""
+def check_saved(state_dict, groups: list[dict] | None = None, name: str = "this optimizer") -> None:
+    """Refuse what is not a qstate optimizer's state_dict, or one whose groups lack a
+    hyper-parameter the optimizer's own `groups` hold (another optimizer's: a Lion
+    checkpoint has no SGD momentum), before anything is loaded."""
     if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= state_dict.keys():
         raise ValueError("load_state_dict: not an optimizer's state_dict (it needs 'state' and 'param_groups'; "
                          "a model's state_dict, or a checkpoint holding both, is not one)")
@@ -29,6 +31,11 @@ def check_saved(state_dict) -> None:
         if not isinstance(g, dict) or "states" not in g:
             raise ValueError(f"load_state_dict: param_groups[{i}] names no 'states': not the state_dict of a qstate "
                              "optimizer (a torch.optim one keeps fp32 exp_avg/exp_avg_sq, which this cannot load)")
+        own = groups[i] if groups and i < len(groups) else {}
+        missing = [k for k in own if k not in g and k not in ("params", "param_names")]
+        if missing:
+            raise ValueError(f"load_state_dict: param_groups[{i}] has no {', '.join(map(repr, missing))}, which "
+                             f"{name} keeps: the state_dict of another optimizer")
 
 
 def to_device(key, value, device):
