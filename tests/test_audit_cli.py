@@ -2,14 +2,19 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
+import torch
 from typer.testing import CliRunner
 
 from qstate_cli.cli import app
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_audit_json_reports_each_rank_state_and_reason(tmp_path):
@@ -56,3 +61,53 @@ def test_audit_table_names_the_path_of_each_state():
         "rank", "name", "state", "global", "local", "path", "format"]
     rows = [line for line in res.output.splitlines() if "param" in line]
     assert len(rows) == 4 and all("reference" in line for line in rows)  # a sharded tensor steps the reference
+
+
+def test_a_whole_tensor_optimizer_is_refused_in_the_plan(tmp_path):
+    """Muon's Newton-Schulz needs whole matrices: the plan had shown its sharded parameters
+    as a working reference path, and Muon refused them at the first step."""
+    out = tmp_path / "a.json"
+    r = runner.invoke(app, ["audit", "--model", "512x128,128x512", "--optimizer", "muon", "-w", "8", "--rank", "0",
+                            "--json", str(out)], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())["records"]
+    assert [x["path"] for x in rows] == ["refused", "refused"]
+    assert all("Muon cannot step a sharded parameter" in x["reason"] for x in rows)
+    assert "2 REFUSED: the optimizer cannot step them sharded" in r.output
+    r = runner.invoke(app, ["audit", "--model", "512x128", "--optimizer", "adamw", "-w", "8", "--rank", "0",
+                            "--json", str(out)])
+    assert r.exit_code == 0 and "refused" not in {x["path"] for x in json.loads(out.read_text())["records"]}
+
+
+def muon_on_a_sharded_parameter() -> None:
+    """Run in a subprocess: a one-rank FSDP2 mesh, then qstate's Muon built on it."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import qstate_cli.optim as qoptim
+    from qstate_cli.errors import QstateError
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    model = torch.nn.Linear(128, 64)
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+    try:
+        qoptim.Muon([model.weight], lr=0.02)
+        print("built")
+    except QstateError as exc:
+        print("refused:", exc)
+    sys.stdout.flush()
+    os._exit(0)  # gloo's threads can abort a normal exit (docs/distributed.md)
+
+
+def test_muon_refuses_sharded_parameters_when_built():
+    """It refused them at the first step, after the AdamW beside it had stepped."""
+    pytest.importorskip("torch.distributed.fsdp")
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("needs torch.distributed with gloo")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), str(ROOT),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-c", "from test_audit_cli import muon_on_a_sharded_parameter as f; f()"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "refused: Muon cannot step a sharded (DTensor) parameter of shape (64, 128)" in run.stdout

@@ -33,14 +33,16 @@ def register(app: typer.Typer) -> None:
     def audit(opts: AuditOptions, out: Destinations) -> None:
         out.check()
         shapes = model_shapes(opts.model)
-        states = optimizer_info(opts.optimizer).states
+        info = optimizer_info(opts.optimizer)
+        states = info.states
         ranks = [opts.rank] if opts.rank is not None else range(opts.world_size)
         n_rows = len(ranks) * len(shapes) * len(states)
         if n_rows > MAX_ROWS:  # counted before any row is built
             raise QstateError(f"audit: {len(ranks):,} ranks x {len(shapes):,} tensors x {len(states)} states is "
                               f"{n_rows:,} rows; the limit is {MAX_ROWS:,}: show one rank with --rank")
         rows = [r for rank in ranks for r in plan_shapes(shapes, opts.states, states, opts.world_size, rank,
-                                                         opts.min_quant_numel)]
+                                                         opts.min_quant_numel, optimizer=info.cls.__name__,
+                                                         steps_shards=info.cls.steps_shards)]
         records = [r.record() for r in rows]
         doc = document("audit", records, {"options": opts.to_params(), "summary": summary_line(rows)},
                        environment("cpu"))

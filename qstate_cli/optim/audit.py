@@ -133,6 +133,8 @@ def audit_optimizer(opt, names: dict | None = None) -> list[AuditRow]:
             on_cuda = sharding.local_tensor(p).is_cuda
             kernels_wanted = opt.backend == "triton" or (opt.backend == "auto" and on_cuda)
             path_reason = why if path == "reference" and kernels_wanted else None
+            if layout.sharded and not opt.steps_shards:
+                path, path_reason = "refused", whole_tensor_reason(type(opt).__name__)
             tid = ids[id(p)]
             for state in opt.state_names:
                 rows.append(state_row(names.get(id(p), f"param{tid}"), tid, state, layout,
@@ -142,18 +144,28 @@ def audit_optimizer(opt, names: dict | None = None) -> list[AuditRow]:
 
 
 def plan_shapes(shapes, config: StateConfig, state_names, world_size: int, rank: int = 0,
-                min_quant_numel: int = 4096, names=None) -> list[AuditRow]:
+                min_quant_numel: int = 4096, names=None, optimizer: str | None = None,
+                steps_shards: bool = True) -> list[AuditRow]:
     """The audit of tensors of `shapes` sharded on dim 0 over `world_size` ranks, as rank
-    `rank` sees them (no process group; the reference path: CPU)."""
+    `rank` sees them (no process group; the reference path: CPU). An optimizer whose rule
+    needs whole tensors (`steps_shards` False: Muon) refuses every sharded one: its rows
+    say so."""
     rows = []
     for tid, shape in enumerate(shapes):
         layout = sharding.dim0_layout(shape, world_size, rank)
         name = names[tid] if names else f"param{tid}"
+        path, why = "reference", None
+        if layout.sharded and not steps_shards:
+            path, why = "refused", whole_tensor_reason(optimizer or "this optimizer")
         for state in state_names:
             spec = FP32_SPEC if layout.numel < min_quant_numel else config.spec(state)
-            rows.append(state_row(name, tid, state, layout, spec, min_quant_numel, "reference", None,
-                                  rank, world_size))
+            rows.append(state_row(name, tid, state, layout, spec, min_quant_numel, path, why, rank, world_size))
     return rows
+
+
+def whole_tensor_reason(optimizer: str) -> str:
+    return (f"{optimizer} cannot step a sharded parameter (its update needs the whole tensor): keep it out of "
+            "the sharding (replicated), or shard only what an elementwise optimizer steps")
 
 
 def summary_line(rows: list[AuditRow]) -> str:
@@ -163,9 +175,11 @@ def summary_line(rows: list[AuditRow]) -> str:
     fp32 = sum(r.fp32 for r in rows)
     indep = sum(r.world_independent for r in rows)
     world = rows[0].world_size if rows else 1
+    refused = sum(r.path == "refused" for r in rows)
     return (f"{n} states at world size {world}: {count['global']} on global blocks (equal to single-process), "
             f"{count['local']} on local blocks (depend on the world size), {count['none'] + count['empty']} "
-            f"position-free or empty; {indep} the same at every world size; {fp32} fp32 (each with its reason)")
+            f"position-free or empty; {indep} the same at every world size; {fp32} fp32 (each with its reason)"
+            + (f"; {refused} REFUSED: the optimizer cannot step them sharded" if refused else ""))
 
 
 def _shape(shape) -> str:

@@ -79,6 +79,8 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         for name in self.state_names:  # a configuration without a spec for one of them fails here, not at step 1
             defaults["states"].spec(name)
         super().__init__(params, defaults)
+        if not self.steps_shards:  # Muon: refused when built, not at the first step (after the others stepped)
+            self._refuse_shards()
         self.reset_policy = ResetPolicy.parse(reset)
         if self.reset_policy.auto:
             self.reset_policy = self._resolve_auto_reset()
