@@ -65,6 +65,24 @@ _eager_only = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
 MAX_ROUTES = 256  # distinct (parameter kind, group) routes an optimizer remembers
 
 
+def check_state_spec(optimizer: str, state: str, spec: StateSpec) -> None:
+    """Warn of a spec that trains badly: an unsigned format for m (a momentum takes both
+    signs: its negative values are lost), and a 4-bit linear grid for v (its zero level: a
+    small v reads back as 0 and m / (sqrt(v) + eps) blows up, which is why the presets keep
+    v on lin4nz). Warnings, not errors: the kernels' tests step such specs on purpose."""
+    fmt, why = spec.fmt, None
+    if state == "m" and fmt.kind != "identity" and not fmt.signed:
+        why = (f"{fmt.name} is unsigned, and m (a momentum) takes both signs: its negative values are lost; "
+               f"use a signed format (int4, de4, de8, e2m1, ...)")
+    elif state == "v" and fmt.kind == "linear" and fmt.bits == 4:
+        why = ("a 4-bit linear grid has a zero level, so a small v reads back as 0 and the update "
+               "m / (sqrt(v) + eps) blows up; the 4-bit presets keep v on lin4nz")
+    if why:
+        import warnings
+
+        warnings.warn(f"{optimizer} {state}={spec}: {why}", UserWarning, stacklevel=4)
+
+
 MIN_QUANT_NUMEL = 4096  # tensors with fewer elements keep fp32 states by default (bitsandbytes: 4096)
 
 class QuantizedOptimizer(torch.optim.Optimizer):
@@ -77,7 +95,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                  min_quant_numel: int = MIN_QUANT_NUMEL, backend: str = "auto"):
         defaults = dict(defaults, states=parse_config(states), seed=int(seed), min_quant_numel=int(min_quant_numel))
         for name in self.state_names:  # a configuration without a spec for one of them fails here, not at step 1
-            defaults["states"].spec(name)
+            check_state_spec(type(self).__name__, name, defaults["states"].spec(name))
         super().__init__(params, defaults)
         if not self.steps_shards:  # Muon: refused when built, not at the first step (after the others stepped)
             self._refuse_shards()

@@ -196,8 +196,9 @@ class StateConfig:
 
     def spec(self, state: str) -> StateSpec:
         if state != "m" and not self.v_given:  # an optimizer with a v asked for it
-            raise QstateError(f"in {self.canonical_m()!r}: the v state needs a spec too (e.g. {self.canonical_m()},"
-                              f"v=lin4nz); a bare spec such as {self.m} gives every state the same one")
+            raise QstateError(f"in {self.canonical_m()!r}: the v state needs a spec too, on a grid without a zero "
+                              f"level (e.g. {self.canonical_m()},v=lin4nz:{self.m.rounding}:b{self.m.block or 128}, as "
+                              f"the 4-bit presets keep it)")
         return self.m if state == "m" else self.v
 
     def canonical_m(self) -> str:
