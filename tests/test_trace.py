@@ -320,6 +320,15 @@ def test_a_recorder_that_never_reached_its_start_says_so(tmp_path, capsys):
             "steps; start=200)") in capsys.readouterr().err
 
 
+def test_recording_an_optimizer_the_replay_cannot_step_says_so_at_once(tmp_path, capsys):
+    """RMSprop recorded silently; only `qstate diagnose` refused the finished trace."""
+    model = small_model()
+    Recorder(torch.optim.RMSprop(model.parameters()), None, model=model)
+    assert "this records 'rmsprop', which `qstate diagnose` will refuse: pass optimizer_name=" in capsys.readouterr().err
+    Recorder(torch.optim.RMSprop(model.parameters()), None, model=model, optimizer_name="adam")
+    assert capsys.readouterr().err == ""
+
+
 def test_trace_info_counts_dead_blocks(tmp_path):
     import json
     import subprocess

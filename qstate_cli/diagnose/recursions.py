@@ -62,7 +62,9 @@ def recursion_for(optimizer: str, hparams: dict) -> Recursion:
     """The recursion of a traced optimizer, with notes on what the replay leaves out."""
     name = optimizer.lower()
     if name not in OPTIMIZERS:
-        raise QstateError(f"optimizer {optimizer!r} is not supported by the replay; supported: {', '.join(SUPPORTED)}")
+        raise QstateError(f"optimizer {optimizer!r} is not supported by the replay; supported: {', '.join(SUPPORTED)} "
+                          f"(a trace of an optimizer that follows one of these rules: record it with "
+                          f"Recorder(..., optimizer_name=...))")
     info = OPTIMIZERS[name]
     hp = info.hparams(dict(hparams))
     notes = info.cls.replay_notes(hp)  # raises for a recursion with no state (SGD without momentum)

@@ -52,6 +52,7 @@ import torch
 from .. import __version__
 from ..errors import QstateError
 from ..optim import sharding
+from ..optim.registry import OPTIMIZERS
 from ..quant import hash as qhash
 from ..results import write_json_atomic
 from ..runtime import rank_and_world
@@ -139,6 +140,9 @@ class Recorder:
         names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
         inc, exc = _regex(include, "include"), _regex(exclude, "exclude")
         self.name = optimizer_name or name_of(optimizer)
+        if self.name not in OPTIMIZERS:  # found now, not when diagnose refuses the finished trace
+            print(f"qstate: the replay steps {', '.join(OPTIMIZERS)}; this records {self.name!r}, which "
+                  f"`qstate diagnose` will refuse: pass optimizer_name= naming the rule it follows", file=sys.stderr)
         # without an optimizer and hparams=, the replay takes the named optimizer's defaults
         self.hparams = dict(hparams) if hparams is not None else optimizer_hparams(optimizer) if optimizer else {}
         self.seed = int(seed if seed is not None else self.hparams.get("seed", 0))
