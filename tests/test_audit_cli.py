@@ -111,3 +111,20 @@ def test_muon_refuses_sharded_parameters_when_built():
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "refused: Muon cannot step a sharded (DTensor) parameter of shape (64, 128)" in run.stdout
+
+
+def test_the_audit_says_why_the_reference_steps_a_cpu_parameter(monkeypatch):
+    """On a CPU without numba the reason column was empty (only CUDA parameters had one)."""
+    import qstate_cli.optim as qoptim
+    from qstate_cli.optim import fused
+
+    monkeypatch.setattr(fused, "cpu_unavailable", lambda device: "numba is not importable (test)")
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256))
+    rows = qoptim.AdamW(model.parameters(), states="bred-4bit").audit()
+    big = [r for r in rows if r.name == "param0"]
+    assert [r.path for r in big] == ["reference", "reference"]
+    assert all("path: numba is not importable (test)" in r.reason for r in big)
+    small = [r for r in rows if r.name == "param1"]  # fp32 states: their own reason, not the path's
+    assert all("fp32 states" in r.reason and "numba" not in r.reason for r in small)
+    rows = qoptim.AdamW(model.parameters(), states="bred-4bit", backend="reference").audit()
+    assert not any("path:" in r.reason for r in rows)  # asked for: no reason to give

@@ -130,15 +130,15 @@ def audit_optimizer(opt, names: dict | None = None) -> list[AuditRow]:
         for p in group["params"]:
             layout = sharding.layout_of(p)
             path, why = opt._route_of(p, group, shared)[:2]  # opt.path_for(p), opt.why_reference(p)
-            on_cuda = sharding.local_tensor(p).is_cuda
-            kernels_wanted = opt.backend == "triton" or (opt.backend == "auto" and on_cuda)
-            path_reason = why if path == "reference" and kernels_wanted else None
+            path_reason = why if path == "reference" and opt.backend != "reference" else None
             if layout.sharded and not opt.steps_shards:
                 path, path_reason = "refused", whole_tensor_reason(type(opt).__name__)
             tid = ids[id(p)]
             for state in opt.state_names:
-                rows.append(state_row(names.get(id(p), f"param{tid}"), tid, state, layout,
-                                      opt.spec_for(group, p, state), group["min_quant_numel"], path, path_reason,
+                spec = opt.spec_for(group, p, state)
+                rows.append(state_row(names.get(id(p), f"param{tid}"), tid, state, layout, spec,
+                                      group["min_quant_numel"], path,
+                                      None if spec.fmt.kind == "identity" and path != "refused" else path_reason,
                                       rank, world))
     return rows
 
