@@ -282,7 +282,7 @@ def test_verdict_markdown_ends_its_notes_before_a_table_and_counts_one_row():
     lines = md.splitlines()
     note = lines.index("- cpu share 0.71: the machine was shared")
     assert lines[note + 1] == "" and lines[note + 2].startswith("| ")
-    assert "All verdicts (5 rows)</summary>" in md  # one per diagnose metric
+    assert "<details>" not in md and md.count("diagnose: c v | drift_max_abs |") == 1  # 5 rows: one table
     from qstate_cli.report.markdown import table_md
     from qstate_cli.report.model import Table
 
@@ -305,3 +305,127 @@ def test_the_copy_reference_rows_get_no_verdict(tmp_path):
     assert not [r for r in v.records if r["name"].startswith("copy ")]
     assert not v.regressions
     assert any(r["role"] == "copy" for r in base["records"])  # the case is real
+
+
+
+# -- the CI gate: what a verdict says when timing could not be judged (noisy), and how it reads -----
+
+
+def _noisy_pair(shares=(0.5,), names=("k",)):
+    """Kernels rows timed in rounds; NEW's row i measured with cpu share shares[i]."""
+    def rows(scale, share_of):
+        out = []
+        for i, name in enumerate(names):
+            rounds = [round(t * scale, 6) for t in (1.0, 1.01, 0.99)]
+            out.append({"name": name, "numel": 1, "path": "triton", "status": "ok", "time_ms": rounds[0],
+                        "samples_ms": rounds, "round_ms": rounds, "rounds": 3, "cpu_share": share_of(i)})
+        return out
+
+    base = doc("kernels", rows(1.0, lambda i: 1.0))
+    new = doc("kernels", rows(1.5, lambda i: shares[i] if i < len(shares) else 1.0))
+    return base, new
+
+
+def test_a_verdict_whose_timing_rows_are_all_noisy_says_timing_was_not_judged(tmp_path):
+    """Every timing row noisy read "no regression (7 noisy)", exit 0, like a pass."""
+    from qstate_cli.compare import verdict_markdown
+
+    base, new = _noisy_pair()
+    v = compare_docs([base], [new])
+    assert [r["status"] for r in v.records] == ["noisy"] and not v.regressions
+    assert v.notes and v.notes[0].startswith("timing NOT judged: the one timing row could not be judged (1 timed "
+                                             "on a shared CPU with cpu share below 0.75), so this verdict says "
+                                             "nothing about speed")
+    md = verdict_markdown(v)
+    assert md.startswith("### qstate compare: no regression (1 noisy); timing not judged\n")
+    assert "- timing NOT judged:" in md
+    some = compare_docs(*map(lambda d: [d], _noisy_pair(shares=(0.5, 1.0, 1.0), names=("a", "b", "c"))))
+    assert some.notes == ["1 of 3 timing rows could not be judged (1 timed on a shared CPU with cpu share below "
+                          "0.75): status noisy, no verdict either way on their times"]
+    assert "timing not judged" not in verdict_markdown(some).splitlines()[0]
+    assert compare_docs([_diag()], [_diag()]).notes == []  # no timing rows: nothing to say
+    (tmp_path / "b.json").write_text(json.dumps(base))
+    (tmp_path / "n.json").write_text(json.dumps(new))
+    r = runner.invoke(app, ["compare", str(tmp_path / "b.json"), str(tmp_path / "n.json")])
+    assert r.exit_code == 0 and "timing NOT judged" in r.stdout
+
+
+def test_strict_timing_makes_a_noisy_row_a_regression(tmp_path):
+    base, new = _noisy_pair(shares=(0.5, 1.0), names=("a", "b"))
+    (tmp_path / "b.json").write_text(json.dumps(base))
+    (tmp_path / "n.json").write_text(json.dumps(new))
+    args = ["compare", str(tmp_path / "b.json"), str(tmp_path / "n.json")]
+    assert runner.invoke(app, [*args, "--threshold", "2"]).exit_code == 0  # default: noisy is no regression
+    r = runner.invoke(app, [*args, "--threshold", "2", "--strict-timing", "--results", str(tmp_path / "v.json")])
+    assert r.exit_code == 1 and "check failed: 1 regression(s): kernels: a [triton]" in r.stderr, r.output
+    recs = {x["name"].split()[0]: x for x in load(tmp_path / "v.json")["records"]}
+    assert recs["a"]["status"] == "noisy" and recs["a"]["regression"]
+    assert "--strict-timing: a timing row that could not be judged fails the gate" in recs["a"]["why"]
+    assert recs["b"]["status"] == "same" and not recs["b"]["regression"]
+    assert load(tmp_path / "v.json")["meta"]["strict_timing"] is True
+    assert "| **noisy** | kernels: a" in r.stdout and "With --strict-timing a noisy row is a regression" in r.stdout
+
+
+def test_the_benchmark_json_leaves_noisy_rows_out():
+    """A noisy row's time measures the machine; exported, github-action-benchmark's alert fired on it."""
+    v = compare_paths(BASE, NEW)
+    noisy = [r for r in v.records if r["status"] == "noisy"]
+    assert noisy and all(r["new"] is not None for r in noisy)  # the fixture has one, with a value
+    names = {b["name"] for b in v.benchmark()}
+    assert not names & {f"{r['kind']}: {r['name']} {r['metric']}" for r in noisy}
+    assert len(names) == sum(r["new"] is not None and r["metric"] != "diverged" and r["status"] != "noisy"
+                             for r in v.records)
+
+
+def test_a_step_summary_in_a_folder_that_does_not_exist_is_created(tmp_path):
+    """Was a FileNotFoundError traceback and exit 1 after the verdict."""
+    summary = tmp_path / "new" / "dir" / "s.md"
+    r = runner.invoke(app, ["compare", str(BASE / "diagnose.json"), str(BASE / "diagnose.json")],
+                      env={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert r.exit_code == 0, r.output
+    assert summary.read_text() == r.stdout + "\n"
+
+
+def test_baseline_and_new_that_differ_never_print_the_same():
+    """bytes_per_param regressed at tolerance 1e-9 read `1.118 | 1.118`."""
+    from qstate_cli.compare import verdict_markdown
+
+    def mem(bpp):
+        return doc("memory", [{"name": "bred-4bit", "model": "small-lm", "status": "ok", "bytes_per_param": bpp}])
+
+    v = compare_docs([mem(1.1177884615384615)], [mem(1.118483109096227)])
+    assert v.regressions
+    assert "| bytes_per_param | 1.1178 | 1.1185 |" in verdict_markdown(v)
+    same = compare_docs([mem(1.1177884615384615)], [mem(1.1177884615384615)])
+    assert "| bytes_per_param | 1.118 | 1.118 |" in verdict_markdown(same)  # equal: the usual 4 digits
+    from qstate_cli.report.sections import distinct_digits
+
+    for a, b in ((1.0, 1.0 + 1e-12), (2.0795, 2.08), (1e-9, 1.0000000001e-9), (0.1, 0.1 + 2 ** -56)):
+        d = distinct_digits(a, b)
+        assert format(a, f".{d}g") != format(b, f".{d}g"), (a, b, d)
+    assert distinct_digits(3.0, 3.0) == 4 and distinct_digits(None, 1.0) == 4
+
+
+def test_a_short_verdict_is_one_table_and_a_long_one_folds_the_rest():
+    """A 1-row A/B verdict printed its row twice (above and inside <details>); the docs say
+    tables fold past 12 rows."""
+    from qstate_cli.compare import Verdict, verdict_markdown
+
+    one = Verdict([{"name": "x vs y", "kind": "kernels", "metric": "time_ms", "unit": "ms", "better": "lower",
+                    "baseline": 1.0, "new": 1.5, "ratio": 1.5, "status": "regressed", "regression": True,
+                    "why": "w"}], 1.1, 0.0, ["y"], ["x"], [], "A/B rule.")
+    md = verdict_markdown(one)
+    assert md.count("kernels: x vs y") == 1 and "<details>" not in md
+    long = verdict_markdown(compare_paths(BASE, NEW))  # 67 rows, 16 changed
+    assert "<details><summary>All verdicts (67 rows)</summary>" in long
+    assert long.count("| **regressed** | diagnose: nearest-4bit m | drift_max_abs |") == 2  # changed, then all
+    assert long.count("| same |") == long.split("<details>")[1].count("| same |")  # "same" rows only folded
+
+
+def test_the_timing_rule_is_printed_only_when_timing_was_compared():
+    from qstate_cli.compare import verdict_markdown
+
+    quality = verdict_markdown(compare_docs([_diag()], [_diag()]))
+    assert "Timing regresses" not in quality and "Quality metrics have their own tolerances" in quality
+    timing = verdict_markdown(compare_docs([_kernels()], [_kernels()]))
+    assert "Timing regresses" in timing and "Quality metrics" not in timing

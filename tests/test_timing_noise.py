@@ -73,6 +73,35 @@ def test_a_shared_cpu_is_noisy_never_regressed():
     assert legacy["status"] == "noisy" and legacy["basis"] == "time_ms"
 
 
+def stalled(ref_b, ref_n, time_b=0.15, time_n=0.135):
+    """Two quiet rows whose same-run copy reference took ref_b and ref_n ms."""
+    b_rounds, n_rounds = [time_b * f for f in (1.0, 1.01, 0.99)], [time_n * f for f in (1.0, 1.01, 0.99)]
+    return (row(time_b, rel=time_b / ref_b, rounds=b_rounds, rel_rounds=[t / ref_b for t in b_rounds]),
+            row(time_n, rel=time_n / ref_n, rounds=n_rounds, rel_rounds=[t / ref_n for t in n_rounds]))
+
+
+def test_a_copy_reference_that_moved_makes_the_row_noisy():
+    """A probe saw the copy reference stall (0.0065 ms in one run, 8 ms in the next) on a row
+    0.9x as fast: ratio 0.001 against a raw ratio of 0.9, judged as if the code were 1000x faster."""
+    b, n = stalled(0.0065, 8.0)
+    v = judge_rows(b, n, "time_ms", 1.10, 0.01)
+    assert v["basis"] == "time_rel_copy" and v["ratio"] < 0.001 and v["raw_ratio"] == pytest.approx(0.9)
+    assert v["status"] == "noisy" and not v["regression"]
+    assert v["why"].startswith("the same-run copy reference moved 1,231x between the runs (slower in NEW; "
+                               "ratio 0.000731 vs raw ratio 0.9)")
+    v = judge_rows(*stalled(8.0, 0.0065, time_n=0.45), "time_ms", 1.10, 0.01)  # the other way: no "same" either
+    assert v["status"] == "noisy" and "faster in NEW" in v["why"]
+    for ref_n in (0.0065 * 3.9, 0.0065 / 3.9):  # within 4x (a machine 2x slower, copies and all): judged
+        assert judge_rows(*stalled(0.0065, ref_n), "time_ms", 1.10, 0.01)["status"] != "noisy"
+    assert judge_rows(*stalled(0.0065, 0.0065 * 4.1), "time_ms", 1.10, 0.01)["status"] == "noisy"
+    base = document("kernels", [{**b, "numel": 1, "path": "reference"}])
+    new = document("kernels", [{**n, "numel": 1, "path": "reference"}])
+    v = compare_docs([base], [new])
+    assert v.records[0]["status"] == "noisy" and "copy reference that moved more than 4x" in v.notes[0]
+    strict = compare_docs([base], [new], strict_timing=True)
+    assert strict.regressions and strict.records[0]["status"] == "noisy"
+
+
 def test_raw_rounds_when_one_side_has_no_reference():
     b = row(10.0, rel=None, rounds=[10.0, 10.1, 9.9])
     n = row(13.0, rel=6.5, rounds=[13.0, 13.1, 12.9], rel_rounds=[6.5, 6.55, 6.45])

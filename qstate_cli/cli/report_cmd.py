@@ -53,6 +53,20 @@ def _read(label: str, path: Path) -> list[tuple[str, Path]]:
     return [(label, f) for f in files]
 
 
+def _append(path, text: str) -> None:
+    """Append to $GITHUB_STEP_SUMMARY, creating its folder as --markdown's write does
+    (check_writable vetted it before any work)."""
+    from ..results import write_target, writes_in_place
+
+    try:
+        if not writes_in_place(path):
+            write_target(Path(path)).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise QstateError(f"GITHUB_STEP_SUMMARY {path}: cannot write ({exc.strerror or exc})") from None
+
+
 def compare(
     baseline: Path = typer.Argument(..., help="Baseline results (a file or a folder of them); with --ab, a "
                                     "configuration."),
@@ -63,8 +77,11 @@ def compare(
                                                       "NEW lacks or could not run (a peer not installed here) is "
                                                       "no regression when NAME names it: its name or config, or a "
                                                       "glob (bnb-*); repeatable. Failed rows still fail."),
+    strict_timing: bool = typer.Option(False, "--strict-timing", help="For a dedicated runner: a timing row that "
+                                       "could not be judged (noisy: a shared CPU, a copy reference that moved) is a "
+                                       "regression."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write github-action-benchmark JSON "
-                                             "(customSmallerIsBetter) here."),
+                                             "(customSmallerIsBetter) here; noisy rows are left out."),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the Markdown verdict table here."),
     results_path: Optional[Path] = typer.Option(None, "--results", help="Write the verdicts as a results file "
                                                 "(kind compare, for `qstate report`)."),
@@ -104,7 +121,7 @@ def compare(
         from .bench_cmd import row_line
 
         verdict, _ = run_ab(opts, threshold, Progress(on_row=lambda r: output.stderr.print(
-            row_line(r), highlight=False, markup=False)))
+            row_line(r), highlight=False, markup=False)), strict_timing)
     else:
         given = [flag for flag, value, default in (("--numel", numel, None), ("--dtype", dtype, None),
                                                    ("--optimizer", optimizer, "adamw"), ("--backend", backend, "auto"),
@@ -113,7 +130,7 @@ def compare(
                  if value not in (default, [])]
         if given:
             raise QstateError(f"{given[0]} is an A/B option: add --ab (qstate compare --ab BASE_CONFIG NEW_CONFIG)")
-        verdict = compare_paths(baseline, new, threshold, alpha, allow_missing or ())
+        verdict = compare_paths(baseline, new, threshold, alpha, allow_missing or (), strict_timing)
     text = verdict_markdown(verdict)
     typer.echo(text, nl=False)
     if markdown:
@@ -123,8 +140,7 @@ def compare(
     if results_path:
         write_json_atomic(results_path, verdict.document())
     if summary:
-        with open(summary, "a", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+        _append(summary, text + "\n")
     if verdict.regressions:
         names = sorted({f"{r['kind']}: {r['name']}" for r in verdict.regressions})
         raise CheckFailed(f"{len(verdict.regressions)} regression(s): " + "; ".join(names[:5])

@@ -4,8 +4,12 @@ Statuses (docs/results.md, kind "compare"):
 - improved / regressed / same: compared as metrics.py says (timing: noise.py, on the
   time relative to a same-run copy, rounds apart and beyond the noise floor; quality
   metrics: a tolerance per metric, direction-aware);
-- noisy: a timing row measured while the machine was shared (cpu_share < 0.75): never
-  improved or regressed;
+- noisy: a timing row measured while the machine was shared (cpu_share < 0.75), or whose
+  same-run copy reference itself moved more than 4x between the runs (noise.py): never
+  improved or regressed, and no regression either, unless --strict-timing (for a
+  dedicated runner, where a shared CPU is itself a fault) makes it one; the verdict's notes
+  say how many timing rows could not be judged and why, and when none could, that the
+  verdict says nothing about timing;
 - insignificant: a timing ratio beyond the threshold that the evidence does not support
   (rounds overlap, within the noise floor; rows without rounds: p >= alpha); with no
   samples and no rounds to test, a slower ratio beyond the threshold regresses (fail closed);
@@ -19,7 +23,9 @@ not subjects and get no verdict: a slower memory bus is no regression of ours.
 `regression` is true for regressed rows, and for failed, unjudged and missing rows where
 the baseline's row ran (status ok): a row the gate cannot judge is not a pass, unless it
 is missing and named by an `allow_missing` pattern (--allow-missing: a peer the CI machine
-does not install; fnmatch on the row's name or config, or its whole name). Any
+does not install; fnmatch on the row's name or config, or its whole name). A noisy row is
+the exception by default (a shared runner is the normal case, and its timing is no
+evidence either way); with `strict_timing` it is a regression too. Any
 regression makes `qstate compare` exit 1. The gate fails closed (evidence.py): empty,
 mismatched or inconsistent inputs, and malformed fields (results.load), are an input error
 (exit 2), never a pass.
@@ -34,7 +40,7 @@ from ..errors import QstateError
 from . import evidence
 from .evidence import unreadable
 from .metrics import Metric, compared_kinds, identity, metrics, row_name
-from .noise import judge_rows
+from .noise import NOISY_CPU_SHARE, REFERENCE_MOVED, REFERENCE_WHY, judge_rows
 
 STATUSES = ("regressed", "failed", "unjudged", "missing", "new", "noisy", "insignificant", "improved", "same")
 
@@ -84,6 +90,51 @@ def _quality(metric: Metric, b: dict, n: dict) -> dict:
     status = "regressed" if worse > tol else "improved" if -worse > tol else "same"
     return {"baseline": bv, "new": nv, "ratio": nv / bv if bv else None, "p_value": None, "threshold": tol,
             "status": status, "regression": status == "regressed"}
+
+
+def is_timing(rec: dict) -> bool:
+    """Whether a verdict record is of a timing metric (kernels' time_ms)."""
+    kind = rec.get("kind")
+    return kind in compared_kinds() and any(m.timing and m.field == rec.get("metric") for m in metrics(kind))
+
+
+TIMED = ("regressed", "improved", "same", "insignificant", "noisy")  # a timing row measured on both sides
+STRICT_WHY = "--strict-timing: a timing row that could not be judged fails the gate"
+
+
+def apply_strict_timing(records: list[dict]) -> None:
+    """--strict-timing: every noisy row is a regression (its status stays noisy)."""
+    for r in records:
+        if r["status"] == "noisy":
+            r["regression"] = True
+            r["why"] = f"{r['why']}; {STRICT_WHY}" if r.get("why") else STRICT_WHY
+
+
+def timing_notes(records: list[dict], strict: bool = False) -> list[str]:
+    """The note saying how many timing rows measured on both sides were noisy (not judged)
+    and why; when all of them were, that the verdict says nothing about timing."""
+    timed = [r for r in records if is_timing(r) and r["status"] in TIMED]
+    noisy = [r for r in timed if r["status"] == "noisy"]
+    if not noisy:
+        return []
+    moved = sum(REFERENCE_WHY in str(r.get("why")) for r in noisy)
+    why = ", ".join(f"{n} {what}" for n, what in (
+        (len(noisy) - moved, f"timed on a shared CPU with cpu share below {NOISY_CPU_SHARE:g}"),
+        (moved, f"beside a same-run copy reference that moved more than {REFERENCE_MOVED:g}x between the runs")) if n)
+    if len(noisy) < len(timed):
+        return [f"{len(noisy)} of {len(timed)} timing rows could not be judged ({why}): status noisy, "
+                + ("each a regression under --strict-timing" if strict else "no verdict either way on their times")]
+    which = ("the one timing row could not be judged" if len(timed) == 1 else
+             f"none of the {len(timed)} timing rows could be judged")
+    return [f"timing NOT judged: {which} ({why}), so this verdict says nothing about speed; "
+            + ("--strict-timing counts each as a regression" if strict else
+               "rerun on a quiet machine, or add --strict-timing on a dedicated runner to fail such a run")]
+
+
+def timing_unjudged(records: list[dict]) -> bool:
+    """Timing rows were measured on both sides, and every one of them is noisy."""
+    timed = [r for r in records if is_timing(r) and r["status"] in TIMED]
+    return bool(timed) and all(r["status"] == "noisy" for r in timed)
 
 
 def _ok(row: dict | None) -> bool:
@@ -144,6 +195,7 @@ class Verdict:
     new: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     rule: str | None = None  # how timing was judged, when not the default (A/B)
+    strict_timing: bool = False  # noisy timing rows are regressions (--strict-timing)
 
     @property
     def regressions(self) -> list[dict]:
@@ -158,15 +210,17 @@ class Verdict:
 
         return document("compare", self.records, {"baseline": self.baseline, "new": self.new,
                                                   "threshold": self.threshold, "alpha": self.alpha,
-                                                  "notes": self.notes})
+                                                  "strict_timing": self.strict_timing, "notes": self.notes})
 
     def benchmark(self) -> list[dict]:
         """github-action-benchmark input (tool: customSmallerIsBetter): NEW's values;
-        a higher-is-better metric is sent as its gap to 1 (1 - cosine)."""
+        a higher-is-better metric is sent as its gap to 1 (1 - cosine). Noisy rows are left
+        out: a time taken on a shared CPU (or beside a copy reference that stalled) measures
+        the machine, not the code, and the action's own alert would fire on it."""
         out = []
         for r in self.records:
             value = r.get("new")
-            if value is None or r["metric"] == "diverged":
+            if value is None or r["metric"] == "diverged" or r["status"] == "noisy":
                 continue
             name, unit = f"{r['kind']}: {r['name']} {r['metric']}", r["unit"]
             if r["better"] == "higher":
@@ -184,7 +238,7 @@ def check_threshold(threshold: float) -> None:
 
 
 def compare_docs(base_docs: list[dict], new_docs: list[dict], threshold: float = 1.10, alpha: float = 0.01,
-                 baseline_sources=(), new_sources=(), allow_missing=()) -> Verdict:
+                 baseline_sources=(), new_sources=(), allow_missing=(), strict_timing: bool = False) -> Verdict:
     check_threshold(threshold)
     allow_missing = [str(p).strip() for p in allow_missing]
     if any(not p for p in allow_missing):
@@ -207,41 +261,60 @@ def compare_docs(base_docs: list[dict], new_docs: list[dict], threshold: float =
         records += compare_kind(kind, [d for d in base_docs if d.get("kind") == kind],
                                 [d for d in new_docs if d.get("kind") == kind], threshold, alpha, allow_missing, used)
     notes += [f"--allow-missing {p} named no missing row" for p in allow_missing if p not in used]
+    if strict_timing:
+        apply_strict_timing(records)
+    notes = timing_notes(records, strict_timing) + notes
     records.sort(key=lambda r: (STATUSES.index(r["status"]), r["kind"], r["name"], r["metric"]))
-    return Verdict(records, threshold, alpha, list(baseline_sources), list(new_sources), notes)
+    return Verdict(records, threshold, alpha, list(baseline_sources), list(new_sources), notes,
+                   strict_timing=strict_timing)
 
 
-def compare_paths(baseline, new, threshold: float = 1.10, alpha: float = 0.01, allow_missing=()) -> Verdict:
+def compare_paths(baseline, new, threshold: float = 1.10, alpha: float = 0.01, allow_missing=(),
+                  strict_timing: bool = False) -> Verdict:
     """Compare result files or folders of them (every *.json in a folder)."""
     from ..report import load_documents
 
     base_docs, base_src = load_documents([baseline])
     new_docs, new_src = load_documents([new])
-    return compare_docs(base_docs, new_docs, threshold, alpha, base_src, new_src, allow_missing)
+    return compare_docs(base_docs, new_docs, threshold, alpha, base_src, new_src, allow_missing, strict_timing)
 
 
 def verdict_markdown(verdict: Verdict) -> str:
-    """The verdict table for a PR comment or $GITHUB_STEP_SUMMARY: what changed first, then
-    every row folded in <details>."""
+    """The verdict table for a PR comment or $GITHUB_STEP_SUMMARY. Up to LONG_TABLE (12)
+    rows, or when every row changed: one table. Longer: what changed first, then every row
+    folded in <details> (so no row is printed twice in sight)."""
     from ..report.markdown import escape, table_md
-    from ..report.model import Table
+    from ..report.model import LONG_TABLE, Table
     from ..report.sections import verdict_counts, verdict_table
 
     rows = [{**r, "name": f"{r['kind']}: {r['name']}",
              "status": f"**{r['status']}**" if r.get("regression") else r["status"]} for r in verdict.records]
     changed = [r for r, orig in zip(rows, verdict.records) if orig["status"] != "same"]
     head = "regression" if verdict.regressions else "no regression"
-    out = [f"### qstate compare: {head} ({verdict_counts(verdict.records)})", "",
-           f"Baseline {escape(', '.join(verdict.baseline))}; new {escape(', '.join(verdict.new))}. "
-           + (escape(verdict.rule) if verdict.rule else
-              f"Timing regresses when the ratio (of the time relative to a same-run copy, where both runs have "
-              f"it) exceeds {verdict.threshold:g} and the noise floor, with every round apart (rows without rounds: "
-              f"Mann-Whitney p < {verdict.alpha:g}); a row timed on a shared CPU (cpu share below 0.75) is noisy; "
-              f"quality metrics have their own tolerances (threshold column)."), ""]
+    unjudged = "; timing not judged" if timing_unjudged(verdict.records) else ""
+    strict = " With --strict-timing a noisy row is a regression." if verdict.strict_timing else ""
+    if verdict.rule:
+        rule = escape(verdict.rule + strict)
+    else:
+        rule = ""
+        if any(is_timing(r) for r in verdict.records):
+            rule += (f" Timing regresses when the ratio (of the time relative to a same-run copy, where both runs "
+                     f"have it) exceeds {verdict.threshold:g} and the noise floor, with every round apart (rows "
+                     f"without rounds: Mann-Whitney p < {verdict.alpha:g}); a row timed on a shared CPU (cpu share "
+                     f"below {NOISY_CPU_SHARE:g}), or whose same-run copy reference moved more than "
+                     f"{REFERENCE_MOVED:g}x, is noisy.{strict}")
+        if any(not is_timing(r) for r in verdict.records):
+            rule += " Quality metrics have their own tolerances (threshold column)."
+    out = [f"### qstate compare: {head} ({verdict_counts(verdict.records)}){unjudged}", "",
+           f"Baseline {escape(', '.join(verdict.baseline))}; new {escape(', '.join(verdict.new))}."
+           + (" " + rule.strip() if rule.strip() else ""), ""]
     out += [f"- {escape(n)}" for n in verdict.notes] + ([""] if verdict.notes else [])  # a list ends before a table
-    if changed:
-        t = verdict_table(changed)
-        out += [table_md(Table("", t.headers, t.rows, fold=False)), ""]
     full = verdict_table(rows)
-    out.append(table_md(Table("All verdicts", full.headers, full.rows, fold=True)))
+    if len(rows) <= LONG_TABLE or len(changed) == len(rows):
+        out.append(table_md(Table("", full.headers, full.rows, fold=False)))
+    else:
+        if changed:
+            t = verdict_table(changed)
+            out += [table_md(Table("", t.headers, t.rows, fold=False)), ""]
+        out.append(table_md(Table("All verdicts", full.headers, full.rows, fold=True)))
     return "\n".join(out).replace("\\*\\*", "**") + "\n"

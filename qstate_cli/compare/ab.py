@@ -9,7 +9,8 @@ a paired ratio q_r = median(NEW, round r) / median(BASE, round r), and
 noise.judge_paired applies the rule of noise.py to them: ratio = median(q); regressed
 or improved only when every q_r is on the same side of 1 (a sign test), the ratio is
 beyond --threshold and beyond the noise floor 1 + (max q - min q) / median q; noisy when
-the process got under 3/4 of a CPU (cpu_share). The verdict is a compare Verdict: the
+the process got under 3/4 of a CPU (cpu_share), and then a regression only with
+--strict-timing. The verdict is a compare Verdict: the
 same table, files and exit code (1 on a regression) as `qstate compare BASE NEW`.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..errors import QstateError
 from ..options import Options, lower, many, option
 from ..quant.config import parse_config
 from ..runtime import resolve_device
-from . import Verdict, check_threshold
+from . import Verdict, apply_strict_timing, check_threshold, timing_notes
 from .metrics import row_name
 from .noise import judge_paired, shares
 
@@ -68,7 +69,7 @@ def _default_numel(opts: kernels.KernelsOptions) -> kernels.KernelsOptions:
     return opts.replace(numel=[1 << 24 if device.type == "cuda" else 1 << 16])
 
 
-def verdict(rows: list[dict], opts: ABOptions, threshold: float) -> Verdict:
+def verdict(rows: list[dict], opts: ABOptions, threshold: float, strict_timing: bool = False) -> Verdict:
     """Pair each group's BASE and NEW rows (in that order after the copy row) and judge."""
     timed = [r for r in rows if r.get("role") != "copy"]
     records = []
@@ -85,18 +86,22 @@ def verdict(rows: list[dict], opts: ABOptions, threshold: float) -> Verdict:
             rec.update(judge_paired(b["round_ms"], n["round_ms"], threshold, shares(b, n)))
             rec["raw_ratio"] = n["time_ms"] / b["time_ms"]
         records.append(rec)
-    notes = [f"A/B in one process: {opts.rounds} paired rounds per size; cpu share "
-             f"{min((r['cpu_share'] for r in timed if r.get('cpu_share') is not None), default=float('nan')):.2f}"]
+    if strict_timing:
+        apply_strict_timing(records)
+    share = min((r["cpu_share"] for r in timed if r.get("cpu_share") is not None), default=float("nan"))
+    notes = timing_notes(records, strict_timing) + [f"A/B in one process: {opts.rounds} paired rounds per size; "
+                                                    f"cpu share {share:.2f}"]
     rule = (f"A/B: each round timed {opts.base} and {opts.new} back to back; a regression needs every paired "
             f"round ratio above 1, their median above {threshold:g} and above the noise floor (1 + their relative "
             f"range); a row timed on a shared CPU (cpu share below 0.75) is noisy.")
-    return Verdict(records, threshold, 0.0, [opts.base], [opts.new], notes, rule)
+    return Verdict(records, threshold, 0.0, [opts.base], [opts.new], notes, rule, strict_timing)
 
 
-def run_ab(opts: ABOptions, threshold: float = 1.10, progress=None) -> tuple[Verdict, dict]:
+def run_ab(opts: ABOptions, threshold: float = 1.10, progress=None,
+           strict_timing: bool = False) -> tuple[Verdict, dict]:
     """Time BASE and NEW in one process; returns the verdict and the kernels results document."""
     check_threshold(threshold)
     kopts = _default_numel(kernels_options(opts))
     result = kernels.execute(kopts, progress)
     doc = result.document()
-    return verdict(doc["records"], opts, threshold), doc
+    return verdict(doc["records"], opts, threshold, strict_timing), doc

@@ -19,7 +19,18 @@ is needed to judge the code rather than the machine:
 The rule, in order:
 1. `noisy` when either side's cpu_share < 0.75 (the process got under 3/4 of a core: the
    machine was shared, and a shared CPU slows some paths far more than their references);
-   never a regression or an improvement;
+   never a regression or an improvement (unless compare's --strict-timing: then a
+   regression, the status staying `noisy`);
+   also `noisy` when the basis is `time_rel_copy` and the ratio and the raw ratio
+   disagree by more than REFERENCE_MOVED (4x) either way: raw_ratio / ratio is how much
+   the same-run copy reference itself moved between the runs (time_rel_copy = time_ms /
+   ref_copy_ms on both sides), and a copy that stalled (0.006 ms in one run, 8 ms in the
+   next: a probe on a 2-core runner saw ratio 0.001 against a raw ratio of 0.9) makes the
+   time relative to it meaningless. 4x: between quiet runs of one machine the copy moved
+   by 1.25x at most, under two busy loops by up to ~2x (a 2x slower machine is the case
+   the relative metric exists for), while the stalls seen were ~380x and more; and a change
+   of the code that changes a row's own bytes (the copy's size) moves it by ~2x at most
+   (fp32 states instead of 4-bit ones about double the bytes an AdamW step moves);
 2. `same` when the ratio is within the threshold (1/T <= ratio <= T, T = --threshold);
 3. `regressed` / `improved` only when the rounds do not overlap (every round of NEW
    slower than every round of the baseline, or faster) AND the ratio is beyond the
@@ -50,6 +61,9 @@ from ..results import is_finite_number
 from .evidence import unreadable
 
 NOISY_CPU_SHARE = 0.75
+REFERENCE_MOVED = 4.0  # ratio vs raw ratio: beyond this the copy reference itself moved (docstring, rule 1)
+SHARED_WHY = "the machine was shared"
+REFERENCE_WHY = "the same-run copy reference moved"
 
 
 def _finite_float(v) -> float | None:
@@ -95,7 +109,7 @@ def decide(ratio: float, separated: bool, floor: float, threshold: float, share:
     """(status, why) by the rule in the module docstring; `apart` says how the rounds were
     found apart (for `why`)."""
     if share is not None and share < NOISY_CPU_SHARE:
-        return "noisy", f"cpu share {share:.2f} below {NOISY_CPU_SHARE}: the machine was shared"
+        return "noisy", f"cpu share {share:.2f} below {NOISY_CPU_SHARE}: {SHARED_WHY}"
     if 1 / threshold <= ratio <= threshold:
         return "same", f"within the threshold {threshold:g}"
     if not separated:
@@ -104,6 +118,20 @@ def decide(ratio: float, separated: bool, floor: float, threshold: float, share:
     if 1 / limit <= ratio <= limit:
         return "insignificant", f"within the noise floor {floor:.3g}"
     return ("regressed" if ratio > 1 else "improved"), f"{apart}, beyond the noise floor {floor:.3g}"
+
+
+def reference_moved(ratio: float, raw: float) -> str | None:
+    """Why a ratio on `time_rel_copy` is meaningless (None: it is not): the copy reference
+    moved raw / ratio times between the runs, more than REFERENCE_MOVED either way."""
+    if not (ratio > 0 and raw > 0):
+        return None
+    moved = raw / ratio  # NEW's copy reference over the baseline's
+    factor = max(moved, 1 / moved)
+    if factor <= REFERENCE_MOVED:
+        return None
+    times = f"{factor:,.0f}" if factor >= 100 else f"{factor:.3g}"
+    return (f"{REFERENCE_WHY} {times}x between the runs ({'slower' if moved > 1 else 'faster'} in NEW; "
+            f"ratio {ratio:.3g} vs raw ratio {raw:.3g}): the time relative to it is no measure of the code")
 
 
 def judge_rows(b: dict, n: dict, field: str, threshold: float, alpha: float) -> dict:
@@ -127,6 +155,9 @@ def judge_rows(b: dict, n: dict, field: str, threshold: float, alpha: float) -> 
         separated = min(nr) > max(br) if ratio > 1 else max(nr) < min(br)
         status, why = decide(ratio, separated, floor, threshold, share,
                              f"rounds apart ({len(nr)} vs {len(br)})")
+        moved = reference_moved(ratio, raw) if on == "time_rel_copy" else None
+        if moved is not None and status != "noisy":
+            status, why = "noisy", moved
         out.update(ratio=ratio, noise_floor=floor)
     else:
         ratio, p = raw, None
@@ -137,7 +168,7 @@ def judge_rows(b: dict, n: dict, field: str, threshold: float, alpha: float) -> 
             p = float(mannwhitneyu(bs, ns, alternative="two-sided").pvalue)
         out.update(ratio=ratio, p_value=p)
         if share is not None and share < NOISY_CPU_SHARE:
-            status, why = "noisy", f"cpu share {share:.2f} below {NOISY_CPU_SHARE}: the machine was shared"
+            status, why = "noisy", f"cpu share {share:.2f} below {NOISY_CPU_SHARE}: {SHARED_WHY}"
         elif 1 / threshold <= ratio <= threshold:
             status, why = "same", f"within the threshold {threshold:g}"
         elif p is None and ratio > 1:  # nothing to test the slowdown with: it stands (fail closed)
