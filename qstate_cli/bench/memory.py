@@ -111,7 +111,9 @@ def plan(opts: MemoryOptions, here: bool = True) -> MemoryPlan:
 
 
 def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
-    """Bytes of every distinct storage reachable from opt.state (see module doc)."""
+    """Bytes of every distinct storage reachable from opt.state (see module doc); a
+    one-element tensor (a step counter) counts its own bytes wherever a parameter holds
+    it, so the count does not depend on which path shares its counters."""
     seen: set[tuple] = set()
     total = 0
 
@@ -122,6 +124,9 @@ def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
                 names, _ = obj.__tensor_flatten__()
                 for name in names:
                     visit(getattr(obj, name))
+                return
+            if obj.numel() <= 1:  # a counter (step, since_reset, written): counted where each parameter holds
+                total += obj.numel() * obj.element_size()  # it, as the fused paths share one per group
                 return
             storage = obj.untyped_storage()
             key = (str(obj.device), storage.data_ptr(), storage.nbytes())
