@@ -56,7 +56,8 @@ def per_trace_rows(doc: dict) -> list[dict]:
     for row in out:
         by_trace[row["trace"]].append(row)
     for group in by_trace.values():
-        ranked = sorted(group, key=lambda x: x["update_rel_error"] if is_finite_number(x["update_rel_error"]) else math.inf)
+        ranked = sorted(group, key=lambda x: (x["update_rel_error"] if is_finite_number(x["update_rel_error"])
+                                              else math.inf))
         for i, row in enumerate(ranked, 1):
             row["rank_in_trace"] = i
     return sorted(out, key=lambda x: (x["trace"], x["rank_in_trace"]))

@@ -77,7 +77,8 @@ def size_sweep(rows: list[dict], title: str, palette: Palette, is_baseline) -> b
         style = dict(color=palette(name), marker="o", ms=4, lw=1.6, ls="--" if is_baseline(group[0]) else "-",
                      label=f"{name} (baseline)" if is_baseline(group[0]) else str(name))
         ax_t.plot(x, [statistics.median(r["time_ms"] for r in at[n]) for n in x], **style)
-        pct = [[r["pct_of_copy"] for r in at[n] if is_finite_number(r.get("pct_of_copy")) and not r.get("cache_resident")]
+        pct = [[r["pct_of_copy"] for r in at[n]
+                if is_finite_number(r.get("pct_of_copy")) and not r.get("cache_resident")]
                for n in x]
         ax_p.plot(x, [statistics.median(p) if p else math.nan for p in pct], **style)
         cached = [n for n in x if any(r.get("cache_resident") for r in at[n])]

@@ -37,7 +37,8 @@ def with_roofline(row: dict) -> dict:
     if out.get("role") != "copy" and "cache_resident" not in out:
         out.update(classify(out))
     pct = out.get("pct_of_copy")
-    out["roofline"] = "cache-resident" if out.get("cache_resident") else (f"{pct:.1f}" if is_finite_number(pct) else None)
+    out["roofline"] = ("cache-resident" if out.get("cache_resident")
+                       else f"{pct:.1f}" if is_finite_number(pct) else None)
     return out
 
 
@@ -88,8 +89,8 @@ def _not_measured(sec: Section, rows: list[dict], cols: list[tuple]) -> None:
 def _kernels_summary(rows, sweep) -> str:
     counts = _status_counts(rows)
     line = f"kernels: {counts}"
-    ours = [r for r in sweep if not is_baseline(r) and is_finite_number(r.get("time_ms")) and is_finite_number(r.get("numel"))
-            and r["time_ms"] > 0]
+    ours = [r for r in sweep if not is_baseline(r) and is_finite_number(r.get("time_ms"))
+            and is_finite_number(r.get("numel")) and r["time_ms"] > 0]
     if not ours:
         return line
     top = max(r["numel"] for r in ours)
@@ -101,7 +102,8 @@ def _kernels_summary(rows, sweep) -> str:
         where = f"{cell(best.get('pct_of_copy'), '.1f')}% of copy bandwidth"
     line += (f"; at numel {top:,.0f} the fastest of ours is {best['name']} ({best['path']}): "
              f"{cell(best['time_ms'], '.4g')} ms, {where}")
-    fused = [r for r in sweep if r.get("path") == "torch-fused" and r.get("numel") == top and is_finite_number(r.get("time_ms"))
+    fused = [r for r in sweep if r.get("path") == "torch-fused" and r.get("numel") == top
+             and is_finite_number(r.get("time_ms"))
              and r.get("param_dtype") == best.get("param_dtype")]
     if fused:
         line += ", " + _speed_vs("torch fused AdamW", fused[0]["time_ms"] / best["time_ms"])
