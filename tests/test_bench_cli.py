@@ -233,3 +233,13 @@ def test_state_bytes_count_a_shared_counter_for_every_parameter_and_a_shared_tab
     opt.state = {0: {"step": step, "codes": torch.zeros(100, dtype=torch.uint8), "book": book},
                  1: {"step": step, "codes": torch.zeros(50, dtype=torch.uint8), "book": book}}
     assert optimizer_state_bytes(opt) == 2 * 8 + 150 + 256 * 4
+
+
+def test_the_env_block_says_the_threads_the_rows_ran_with(tmp_path):
+    """--threads 1 was stored in the options while env.torch_threads (and the header) said the
+    process's count."""
+    out = tmp_path / "k.json"
+    r = runner.invoke(app, ["bench", "kernels", "--device", "cpu", "-c", "nearest-4bit", "--numel", "4096",
+                            "--baseline", "none", "--rep-ms", "5", "--threads", "1", "--json", str(out)])
+    assert r.exit_code in (0, 1), r.output
+    assert json.loads(out.read_text())["env"]["torch_threads"] == 1 and "torch threads 1" in r.output

@@ -324,7 +324,8 @@ def streamed(kind: str, p, meta: dict, run_rows: Callable, progress: Progress | 
     """A bench engine's rows as a Result, each row reported to `progress` as soon as it is
     measured (Ctrl-C keeps what was reported). `run_rows(p, on_row, on_start)` measures."""
     progress = progress or QUIET
-    result = Result(kind, meta=meta, device=str(p.device))
+    threads = getattr(p, "threads", None)  # --threads: the count the rows ran with, not the process's
+    result = Result(kind, meta=meta, device=str(p.device), env={"torch_threads": threads} if threads else {})
     progress.begin(p.total_rows, result)
     result.records = run_rows(p, on_row=progress.row,
                               on_start=lambda label, done, total: progress.start(label, done))
