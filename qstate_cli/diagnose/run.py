@@ -25,11 +25,10 @@ import torch
 
 from .. import theory
 from ..errors import QstateError
-from ..optim.base import MIN_QUANT_NUMEL
 from ..optim.reset import ResetPolicy
 from ..options import Options, many, option
 from ..progress import QUIET, Progress
-from ..quant.config import MAX_BLOCK, MIN_BLOCK, ROUNDINGS, StateConfig, config_of, parse_config, parse_spec
+from ..quant.config import MAX_BLOCK, MIN_BLOCK, MIN_QUANT_NUMEL, ROUNDINGS, StateConfig, config_of, parse_config, parse_spec
 from ..results import Result
 from ..runtime import resolve_device
 from ..trace import load_trace

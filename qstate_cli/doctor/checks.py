@@ -57,10 +57,11 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import clip
+from ..quant.config import MIN_QUANT_NUMEL
 from .decode import group_seed
 from .states import OptimizerStates, ParamStates, StoredState, scalar
 
-LOW_BIT_MIN_NUMEL = 4096  # bitsandbytes, torchao and qstate keep smaller tensors in fp32
+LOW_BIT_MIN_NUMEL = MIN_QUANT_NUMEL  # bitsandbytes, torchao and qstate keep smaller tensors in fp32
 
 
 @dataclass

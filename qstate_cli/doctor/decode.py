@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import QstateError
-from ..quant.config import STATE_IDS, parse_config, parse_spec
+from ..quant.config import MIN_QUANT_NUMEL, STATE_IDS, parse_config, parse_spec
 from ..quant.packing import pack
 from ..quant.quantizer import Stream, decode
 from .safeload import LowBitState
@@ -176,7 +176,7 @@ def min_quant_numel(group: dict) -> int:
     """A qstate group's `min_quant_numel` (tensors with fewer elements keep fp32 states;
     optim/base.py spec_for), 4096 where the group does not hold one number."""
     n = scalar(group.get("min_quant_numel"))
-    return int(n) if n is not None and math.isfinite(n) else 4096
+    return int(n) if n is not None and math.isfinite(n) else MIN_QUANT_NUMEL
 
 
 def qstate_state(key: str, value: dict, group: dict, index: int, where: str):

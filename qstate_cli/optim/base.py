@@ -44,7 +44,7 @@ import copy
 import torch
 
 from ..errors import QstateError
-from ..quant.config import STATE_IDS, StateConfig, StateSpec, parse_config, parse_spec
+from ..quant.config import MIN_QUANT_NUMEL, STATE_IDS, StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
 from . import aliasing, fused, sharded_state, sharding, small, steady
@@ -65,8 +65,6 @@ _eager_only = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
 
 MAX_ROUTES = 256  # distinct (parameter kind, group) routes an optimizer remembers
 
-
-MIN_QUANT_NUMEL = 4096  # tensors with fewer elements keep fp32 states by default (bitsandbytes: 4096)
 
 class QuantizedOptimizer(torch.optim.Optimizer):
     state_names: tuple[str, ...] = ("m",)

@@ -71,6 +71,7 @@ ROUNDING_HELP = {
 }
 DITHER_BLOCK = 128
 MIN_BLOCK, MAX_BLOCK = 32, 2048
+MIN_QUANT_NUMEL = 4096  # tensors with fewer elements keep fp32 states by default (as bitsandbytes)
 STATE_NAMES = ("m", "v")
 STATE_IDS = {name: i for i, name in enumerate(STATE_NAMES)}  # a state's random stream id (quant/hash.py)
 

@@ -184,12 +184,14 @@ def diagnose(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
         sec.plots.append(Plot("diagnose-staleness", "Staleness histograms",
                               "Steps since each stored value last changed, at the end of the replay.",
                               lambda: plots.staleness_histograms(hists, palette, states=states)))
-    if any(is_finite_number(r.get("stall_rate_predicted")) and is_finite_number(r.get("code_stall_rate", r.get("stall_rate")))
+    if any(is_finite_number(r.get("stall_rate_predicted"))
+           and is_finite_number(r.get("code_stall_rate", r.get("stall_rate")))
            for r in rows):
         sec.plots.append(Plot("diagnose-predicted-vs-observed", "Predicted vs observed stalling",
                               "Mean code stall rate over the replay against the model's prediction (on the diagonal: "
                               "the model is right).", lambda: plots.predicted_vs_observed(rows, palette)))
-    ranked = sorted(rows, key=lambda r: (-(r["update_cosine"] if is_finite_number(r.get("update_cosine")) else -math.inf),
+    ranked = sorted(rows, key=lambda r: (-(r["update_cosine"] if is_finite_number(r.get("update_cosine"))
+                                           else -math.inf),
                                          str(r.get("config")), str(r.get("state"))))
     sec.tables.append(Table.of("Summary per configuration and state (best update fidelity first)", ranked, [
         ("config", "config"), ("state", "state"), ("format", "format"), ("rounding", "rounding"),
@@ -310,15 +312,11 @@ def compare(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
     return sec, [f"compare: {verdict_counts(rows)}"]
 
 
-def _real(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def distinct_digits(a, b, least: int = 4, most: int = 17) -> int:
     """The significant digits that print `a` and `b` differently when they differ (at least
     `least`; 17 tells any two doubles apart): a bytes_per_param regressed by 7e-4 read
     `1.118 | 1.118` at 4."""
-    if not (_real(a) and _real(b)) or a == b:
+    if not (is_finite_number(a) and is_finite_number(b)) or a == b:
         return least
     return next((d for d in range(least, most + 1) if format(a, f".{d}g") != format(b, f".{d}g")), most)
 
@@ -327,7 +325,7 @@ def _baseline_new(r: dict) -> dict:
     """The row with baseline and new formatted to the digits that tell them apart."""
     b, n = r.get("baseline"), r.get("new")
     d = distinct_digits(b, n)
-    return {**r, **{k: format(v, f".{d}g") for k, v in (("baseline", b), ("new", n)) if _real(v)}}
+    return {**r, **{k: format(v, f".{d}g") for k, v in (("baseline", b), ("new", n)) if is_finite_number(v)}}
 
 
 def verdict_table(rows: list[dict]) -> Table:
