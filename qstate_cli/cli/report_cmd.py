@@ -112,6 +112,8 @@ def compare(
     output.check_outputs([("GITHUB_STEP_SUMMARY", summary or None)], read)  # appended to: may be --markdown too
     if ab and allow_missing:
         raise QstateError("--allow-missing applies to result files: drop --ab, or drop --allow-missing")
+    if any(not str(p).strip() for p in allow_missing or ()):  # before any file is read
+        raise QstateError("--allow-missing '': name the rows NEW may lack (a name or glob, e.g. bnb-*)")
     if ab:
         from ..compare.ab import ABOptions, run_ab
 
