@@ -147,3 +147,32 @@ def test_against_says_when_one_file_keys_by_index_the_other_by_name(trained, tmp
     assert f"error optimizer group 0 only-here: 0: has states here but none in {b}" in lines
     assert f"error optimizer group 0 only-there: weight: has states in {b} but none here [2 parameters, 5,184 " \
            f"elements in all]" in lines
+
+
+def test_against_matches_states_named_differently_by_their_role(tmp_path):
+    """torch AdamW and qstate's fp32 AdamW on the same gradients: exp_avg/exp_avg_sq here
+    against m/v there are compared (by role), and they agree up to fp32 rounding."""
+    import qstate_cli.optim as qoptim
+
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(80, 64), torch.nn.Linear(80, 64)
+    b.load_state_dict(a.state_dict())
+    opt_t = torch.optim.AdamW(a.parameters(), lr=1e-3)
+    opt_q = qoptim.AdamW(b.parameters(), lr=1e-3, states="fp32")
+    for _ in range(3):
+        x = torch.randn(8, 80)
+        for model, opt in ((a, opt_t), (b, opt_q)):
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            opt.step()
+    res = run(save(tmp_path, opt_t.state_dict(), "t.pt"), save(tmp_path, opt_q.state_dict(), "q.pt"))
+    checks = {(f["check"], f["state"]) for f in res.extras["findings"] if f["severity"] == "error"}
+    assert not any(c in ("only-here", "only-there") for c, _ in checks), checks
+    labels = {s for c, s in checks if c == "against"}
+    assert labels <= {"m (exp_avg here, m there)", "v (exp_avg_sq here, v there)"}, labels
+    assert max(r["against_max_abs_diff"] for r in res.records) < 1e-6
+    # a damaged m is found through the role match
+    sd = opt_q.state_dict()
+    sd["state"][0]["m"]["codes"] = sd["state"][0]["m"]["codes"] + 1.0
+    found = errors(run(save(tmp_path, opt_t.state_dict(), "t.pt"), save(tmp_path, sd, "q2.pt")))
+    assert "5,120 of 5,120 elements differ" in found[("0", "against", "m (exp_avg here, m there)")]

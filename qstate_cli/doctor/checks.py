@@ -45,7 +45,9 @@ state is no finding (before its first step it has none).
 Two checkpoints (`compare`): every state dequantized and compared element-wise; a
 difference names its worst element by index in the state's shape; a different step or a
 different shape is an error (`against`), as is a parameter or state present in this
-checkpoint only (`only-here`) or in the other only (`only-there`); when one keys its
+checkpoint only (`only-here`) or in the other only (`only-there`); a state named
+differently on the two sides (torch's `exp_avg`, qstate's `m`) is matched by its role
+when that role is left once on each side; when one keys its
 parameters by index and the other by name (param_names, DCP) nothing can be matched, which
 one `keys` error says; a different storage with equal values is a warn.
 """
@@ -361,8 +363,7 @@ def compare(a: OptimizerStates, b: OptimizerStates, name_b: str) -> tuple[list[F
         differing, max_abs = 0, 0.0
         if p.step != q.step:
             out.append(_f("error", "against", a, p, "step", f"step {_num(p.step)} here, {_num(q.step)} in {name_b}"))
-        for name in sorted(set(p.states) | set(q.states)):
-            sa, sb = p.states.get(name), q.states.get(name)
+        for name, sa, sb in _pairs(p.states, q.states):
             if sa is None or sb is None:
                 only = "this checkpoint" if sb is None else name_b
                 check = "only-here" if sb is None else "only-there"
@@ -391,6 +392,25 @@ def compare(a: OptimizerStates, b: OptimizerStates, name_b: str) -> tuple[list[F
         out.append(Finding("error", "only-there", a.path, q.key, q.group, None, f"has states in {name_b} but none here",
                            _numel(q)))
     return out, stats
+
+
+def _pairs(here: dict, there: dict) -> list[tuple[str, object, object]]:
+    """(label, state here, state there) for every state of one parameter in either checkpoint.
+
+    States match by name; a state whose name the other side lacks matches by role (m, v)
+    when that role is left exactly once on each side: torch's `exp_avg` against qstate's `m`,
+    bitsandbytes' `state2` against torch's `exp_avg_sq`. Its label names both."""
+    names = set(here) | set(there)
+    lone_a = {n: here[n] for n in sorted(names) if n not in there}
+    lone_b = {n: there[n] for n in sorted(names) if n not in here}
+    pairs = [(n, here[n], there[n]) for n in sorted(names) if n in here and n in there]
+    for role in ("m", "v"):
+        a = [n for n, s in lone_a.items() if s.role == role]
+        b = [n for n, s in lone_b.items() if s.role == role]
+        if len(a) == 1 and len(b) == 1:
+            pairs.append((f"{role} ({a[0]} here, {b[0]} there)", lone_a.pop(a[0]), lone_b.pop(b[0])))
+    pairs += [(n, s, None) for n, s in lone_a.items()] + [(n, None, s) for n, s in lone_b.items()]
+    return pairs
 
 
 def _keys(o: OptimizerStates) -> str:
