@@ -64,7 +64,7 @@ def is_float(t: torch.Tensor) -> bool:
 
 
 def plain_state(key: str, t: torch.Tensor) -> StoredState:
-    name = FLOAT_NAMES.get(t.dtype, str(t.dtype).replace("torch.", ""))
+    name = FLOAT_NAMES.get(t.dtype, dtype_name(t.dtype))
     vals = torch.view_as_real(t.detach()) if t.is_complex() else t.detach()  # complex params' states
     return StoredState(key, ROLES.get(key, "other"), name, False, vals.to(torch.float32), t.numel() * t.element_size(),
                        float_dtype=vals.dtype if is_float(t) else None, non_float=not is_float(t))
@@ -198,7 +198,7 @@ def qstate_state(key: str, value: dict, group: dict, index: int, where: str):
     if codes.dtype == torch.float32:
         spec = parse_spec("fp32")
     elif is_float(codes) and starts is None and codes.numel() < small:  # one value per element, under the limit
-        raise QstateError(f"{where}: {key}.codes are {_dtype(codes.dtype)}, not the float32 values of fp32: a "
+        raise QstateError(f"{where}: {key}.codes are {dtype_name(codes.dtype)}, not the float32 values of fp32: a "
                           f"tensor of {codes.numel():,} elements (under its group's min_quant_numel {small:,}) "
                           f"keeps fp32 states")
     elif group.get("states") is None:  # no format to decode with: the group's finding (checks.py)
@@ -211,8 +211,8 @@ def qstate_state(key: str, value: dict, group: dict, index: int, where: str):
     bits = spec.fmt.bits
     want = _CODE_DTYPES.get(bits, ()) if spec.fmt.kind != "identity" else (torch.float32,)
     if codes.dtype not in want:
-        raise QstateError(f"{where}: {key}.codes are {_dtype(codes.dtype)}, not the "
-                          f"{' or '.join(_dtype(d) for d in want) or '?'} codes of {spec}")
+        raise QstateError(f"{where}: {key}.codes are {dtype_name(codes.dtype)}, not the "
+                          f"{' or '.join(dtype_name(d) for d in want) or '?'} codes of {spec}")
     nbytes = _bytes(codes, scales, starts)
     shape = None
     if starts is not None:  # elements form: one code (and scale) per element, shaped like the parameter
@@ -265,7 +265,8 @@ def qstate_state(key: str, value: dict, group: dict, index: int, where: str):
 _CODE_DTYPES = {4: (torch.uint8,), 8: (torch.uint8,), 16: (torch.int16,)}
 
 
-def _dtype(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.float32 -> "float32"."""
     return str(dtype).replace("torch.", "")
 
 

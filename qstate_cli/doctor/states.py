@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import QstateError, clip
-from .decode import ROLES, StoredState, bnb_state, is_float, is_torchao, plain_state, qstate_state, scalar, torchao_state
+from .decode import (ROLES, StoredState, bnb_state, dtype_name, is_float, is_torchao, plain_state, qstate_state, scalar,
+                     torchao_state)
 
 __all__ = ["OptimizerStates", "ParamStates", "StoredState", "find_optimizers", "scalar"]
 
@@ -263,5 +264,5 @@ def _read_state(key, value, entry: dict, group: dict, index: int, where: str, st
 def _what(value) -> str:
     """A value that is not one number, for a message."""
     if isinstance(value, torch.Tensor):
-        return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
+        return f"a {dtype_name(value.dtype)} tensor of shape {tuple(value.shape)}"
     return f"{clip(repr(value))} ({type(value).__name__})"
