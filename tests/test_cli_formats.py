@@ -36,6 +36,8 @@ def test_formats_json_has_bytes_at_the_block_size():
     assert rows["fp32"]["bytes_per_element"] == 4
     presets = {row["preset"]: row for row in doc["presets"]}
     assert presets["bred-4bit"]["adamw_bytes_per_param"] == 1.0625
+    assert presets["bred-4bit"]["m_only_bytes_per_param"] == 0.53125  # Lion/SGD/Muon: 4-bit m + fp32 scale/128
+    assert presets["bnb-8bit"]["m_only_bytes_per_param"] == 1.015625
     assert {r_["rounding"] for r_ in doc["roundings"]} == {"nearest", "stochastic", "bred"}
 
 

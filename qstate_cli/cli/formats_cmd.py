@@ -32,6 +32,7 @@ def formats(
                                      {"bytes_per_element": ".4f", "signed": lambda v: "yes" if v else "no"},
                                      {"bytes_per_element": "bytes/elem", "block_size": "block"}))
     output.stdout.print(output.table("Rounding modes", rnds))
-    output.stdout.print(output.table("Presets (AdamW: m and v)", presets,
-                                     formats={"adamw_bytes_per_param": ".4f"},
-                                     headers={"adamw_bytes_per_param": "bytes/param"}))
+    output.stdout.print(output.table("Presets (AdamW and Adam keep m and v; Lion, SGD and Muon the preset's m)",
+                                     presets, formats={"adamw_bytes_per_param": ".4f", "m_only_bytes_per_param": ".4f"},
+                                     headers={"adamw_bytes_per_param": "AdamW B/param",
+                                              "m_only_bytes_per_param": "m-only B/param"}))

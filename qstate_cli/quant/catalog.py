@@ -42,6 +42,7 @@ def preset_rows() -> list[dict]:
             "preset": name,
             "config": cfg.canonical(),
             "adamw_bytes_per_param": round(cfg.m.bytes_per_element() + cfg.v.bytes_per_element(), 6),
+            "m_only_bytes_per_param": round(cfg.m.bytes_per_element(), 6),  # Lion, SGD, Muon keep m only
             "purpose": text,
         })
     return rows
