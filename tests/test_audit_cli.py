@@ -48,8 +48,18 @@ def test_audit_as_a_subprocess():
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert {r["rank"] for r in doc["records"]} == {3}
+    from qstate_cli.models.tiny_lm import build  # rows name the model's parameters
+    assert [r["name"] for r in doc["records"] if r["state"] == "m"] == [n for n, _ in build("tiny-lm").named_parameters()]
     small = [r for r in doc["records"] if r["fp32"]]
     assert small and all("min_quant_numel=4096" in r["reason"] for r in small)
+
+
+def test_audit_names_a_published_model_s_parameters_as_hugging_face_does():
+    res = runner.invoke(app, ["audit", "--model", "gpt2-small", "-w", "8", "--rank", "0", "--json", "-"])
+    assert res.exit_code == 0, res.output
+    names = [r["name"] for r in json.loads(res.stdout)["records"] if r["state"] == "m"]
+    assert names[:3] == ["wte.weight", "wpe.weight", "h.0.ln_1.weight"] and names[-1] == "ln_f.bias"
+    assert "h.11.mlp.c_proj.weight" in names and len(set(names)) == len(names) == 148
 
 
 def test_audit_table_names_the_path_of_each_state():

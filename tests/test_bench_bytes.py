@@ -74,6 +74,16 @@ def test_model_shapes_match_published_counts(name, total):
     assert numel(model_shapes(name)) == total
 
 
+def test_published_models_name_every_parameter_once():
+    from qstate_cli.bench.shapes import model_named_shapes
+
+    llama = dict(model_named_shapes("llama-7b"))
+    assert len(llama) == 291 and llama["lm_head.weight"] == (32000, 4096)
+    assert llama["model.layers.31.mlp.down_proj.weight"] == (4096, 11008)
+    assert "lm_head.weight" not in dict(model_named_shapes("llama-1b"))  # tied to the embedding
+    assert model_named_shapes("3x4*2")[1] == ("param1", (3, 4))
+
+
 def test_tiny_lm_shapes_equal_the_real_module():
     from qstate_cli.models.tiny_lm import build
 

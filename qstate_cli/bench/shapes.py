@@ -28,39 +28,46 @@ from ..quant.formats import suggest
 Shape = tuple[int, ...]
 
 
-def gpt2(n_layer: int, d: int, vocab: int = 50257, ctx: int = 1024) -> list[Shape]:
-    shapes: list[Shape] = [(vocab, d), (ctx, d)]  # wte (tied LM head), wpe
-    for _ in range(n_layer):
-        shapes += [(d,), (d,),                    # ln_1 weight, bias
-                   (d, 3 * d), (3 * d,),          # attn.c_attn
-                   (d, d), (d,),                  # attn.c_proj
-                   (d,), (d,),                    # ln_2
-                   (d, 4 * d), (4 * d,),          # mlp.c_fc
-                   (4 * d, d), (d,)]              # mlp.c_proj
-    return shapes + [(d,), (d,)]                  # ln_f
+def gpt2(n_layer: int, d: int, vocab: int = 50257, ctx: int = 1024) -> list[tuple[str, Shape]]:
+    """(name, shape) of GPT-2's parameters, named as Hugging Face's GPT2Model names them."""
+    named: list[tuple[str, Shape]] = [("wte.weight", (vocab, d)), ("wpe.weight", (ctx, d))]  # wte: tied LM head
+    for i in range(n_layer):
+        named += [(f"h.{i}.{name}", shape) for name, shape in (
+            ("ln_1.weight", (d,)), ("ln_1.bias", (d,)),
+            ("attn.c_attn.weight", (d, 3 * d)), ("attn.c_attn.bias", (3 * d,)),
+            ("attn.c_proj.weight", (d, d)), ("attn.c_proj.bias", (d,)),
+            ("ln_2.weight", (d,)), ("ln_2.bias", (d,)),
+            ("mlp.c_fc.weight", (d, 4 * d)), ("mlp.c_fc.bias", (4 * d,)),
+            ("mlp.c_proj.weight", (4 * d, d)), ("mlp.c_proj.bias", (d,)))]
+    return named + [("ln_f.weight", (d,)), ("ln_f.bias", (d,))]
 
 
-def llama(n_layer: int, d: int, ffn: int, n_head: int, n_kv: int, vocab: int, tied: bool) -> list[Shape]:
+def llama(n_layer: int, d: int, ffn: int, n_head: int, n_kv: int, vocab: int,
+          tied: bool) -> list[tuple[str, Shape]]:
+    """(name, shape) of a Llama's parameters, named as Hugging Face's LlamaForCausalLM names them."""
     hd = d // n_head
-    shapes: list[Shape] = [(vocab, d)]  # embed_tokens
-    for _ in range(n_layer):
-        shapes += [(n_head * hd, d), (n_kv * hd, d), (n_kv * hd, d), (d, n_head * hd),  # q k v o
-                   (ffn, d), (ffn, d), (d, ffn),                                        # gate up down
-                   (d,), (d,)]                                                           # two RMSNorms
-    shapes.append((d,))  # final norm
+    named: list[tuple[str, Shape]] = [("model.embed_tokens.weight", (vocab, d))]
+    for i in range(n_layer):
+        named += [(f"model.layers.{i}.{name}", shape) for name, shape in (
+            ("self_attn.q_proj.weight", (n_head * hd, d)), ("self_attn.k_proj.weight", (n_kv * hd, d)),
+            ("self_attn.v_proj.weight", (n_kv * hd, d)), ("self_attn.o_proj.weight", (d, n_head * hd)),
+            ("mlp.gate_proj.weight", (ffn, d)), ("mlp.up_proj.weight", (ffn, d)),
+            ("mlp.down_proj.weight", (d, ffn)),
+            ("input_layernorm.weight", (d,)), ("post_attention_layernorm.weight", (d,)))]
+    named.append(("model.norm.weight", (d,)))
     if not tied:
-        shapes.append((vocab, d))  # lm_head
-    return shapes
+        named.append(("lm_head.weight", (vocab, d)))
+    return named
 
 
-def _tiny_lm(name: str) -> list[Shape]:
+def _tiny_lm(name: str) -> list[tuple[str, Shape]]:
     import torch
 
     from ..models.tiny_lm import SIZES, TinyLM
 
     with torch.device("meta"):
         model = TinyLM(SIZES[name])
-    return [tuple(p.shape) for p in model.parameters()]
+    return [(n, tuple(p.shape)) for n, p in model.named_parameters()]
 
 
 MODELS = {
@@ -78,17 +85,22 @@ MODELS = {
 
 def model_shapes(name: str) -> list[Shape]:
     """The parameter shapes of a built-in model, or of a custom list (see module doc)."""
+    return [shape for _, shape in model_named_shapes(name)]
+
+
+def model_named_shapes(name: str) -> list[tuple[str, Shape]]:
+    """(name, shape) per parameter: a built-in model's own names, `param{i}` in a custom list."""
     key = name.strip().lower()
     if key in MODELS:
         return list(_builtin(key))
     if any(ch.isdigit() for ch in key) and all(ch in "0123456789x*, " for ch in key):
-        return _parse_custom(key)
+        return [(f"param{i}", shape) for i, shape in enumerate(_parse_custom(key))]
     raise QstateError(f"unknown model {name!r}{suggest(key, list(MODELS))} "
                       f"(or give shapes such as 768x3072*12,768)")
 
 
 @functools.lru_cache(maxsize=None)
-def _builtin(key: str) -> tuple[Shape, ...]:
+def _builtin(key: str) -> tuple[tuple[str, Shape], ...]:
     return tuple(MODELS[key]())  # once per process: a suite checks every point's model
 
 

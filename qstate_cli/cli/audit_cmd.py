@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from ..bench.shapes import model_shapes
+from ..bench.shapes import model_named_shapes
 from ..errors import QstateError
 from ..optim.audit import AuditOptions, plan_shapes, summary_line
 from ..optim.registry import optimizer_info
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
                      output_help={"json": "Write the audit JSON here ('-': stdout)."})
     def audit(opts: AuditOptions, out: Destinations) -> None:
         out.check()
-        shapes = model_shapes(opts.model)
+        names, shapes = zip(*model_named_shapes(opts.model))
         info = optimizer_info(opts.optimizer)
         states = info.states
         ranks = [opts.rank] if opts.rank is not None else range(opts.world_size)
@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
             raise QstateError(f"audit: {len(ranks):,} ranks x {len(shapes):,} tensors x {len(states)} states is "
                               f"{n_rows:,} rows; the limit is {MAX_ROWS:,}: show one rank with --rank")
         rows = [r for rank in ranks for r in plan_shapes(shapes, opts.states, states, opts.world_size, rank,
-                                                         opts.min_quant_numel, optimizer=info.cls.__name__,
+                                                         opts.min_quant_numel, names, optimizer=info.cls.__name__,
                                                          steps_shards=info.cls.steps_shards)]
         records = [r.record() for r in rows]
         doc = document("audit", records, {"options": opts.to_params(), "summary": summary_line(rows)},
