@@ -40,6 +40,21 @@ def test_stochastic_stall_probability_matches_a_monte_carlo_estimate():
         assert abs(theory.p_stall_stochastic(r, c) - mc) < 5 * se + 1e-4
 
 
+def test_stochastic_stall_probability_equals_the_exact_integral():
+    """P_SR = E_z[max(0, 1 - |z/c - 1| / (2 rho))], z ~ chi^2_1, by scipy's adaptive quadrature
+    (split at the tent's kinks): the trapezoid sum agrees to 2e-5 (np.gradient's end weight
+    had it 1.6e-4 high at bf16's rho, so bf16-sr's period read 776 for 777)."""
+    from scipy import integrate, stats
+
+    for r, c in [(theory.rho(7, 0.999), 1.0), (theory.rho(3, 0.999), 1.0), (theory.rho(2, 0.999), 1.0),
+                 (theory.rho(7, 0.999), 0.3), (0.34, 1.0)]:
+        tent = lambda z: max(0.0, 1.0 - abs(z / c - 1.0) / (2.0 * r)) * stats.chi2.pdf(z, 1)
+        lo, hi = max(0.0, c * (1 - 2 * r)), c * (1 + 2 * r)
+        exact = sum(integrate.quad(tent, a, b, limit=200, points=[c] if a < c < b else None)[0]
+                    for a, b in ((lo, c), (c, hi)) if b > a)
+        assert abs(theory.p_stall_stochastic(r, c) - exact) < 2e-5, (r, c)
+
+
 def test_stochastic_stall_probability_sums_only_the_band_but_equals_the_whole_quadrature():
     """The band c (1 - 2 rho) < z < c (1 + 2 rho) holds every non-zero term of the tent: the
     sum over it equals the dense sum over all of _S (to rounding), for narrow and wide bands,
