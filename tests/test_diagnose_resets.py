@@ -61,17 +61,26 @@ def test_minifloat_advice_follows_the_corpus_evidence(monkeypatch):
     the corpus (evidence.py), not the model's period by default; changing the evidence
     changes the advice."""
     stall = np.full(200, 0.9)
-    for (fmt, rounding), rows in evidence.EVIDENCE.items():
-        spec = parse_spec(f"{fmt}:{rounding}")
-        assert all(r.model == theory.reset_period(spec, 0.999) for r in rows)
-        assert all(r.published == theory.REPORTED_PERIODS[fmt] for r in rows)
+    for key, rows in evidence.EVIDENCE.items():
+        spec = parse_spec(key)
+        assert str(spec) == key  # keyed on the canonical spec the corpus replayed
+        # the model's period when the row was replayed (bf16-sr: 776, 777 since theory.py's quadrature fix)
+        assert all(abs(r.model - theory.reset_period(spec, 0.999)) <= 1 for r in rows)
+        assert all(r.published == theory.REPORTED_PERIODS[spec.fmt.name] for r in rows)
     period, why = recommend(parse_spec("bf16"), "v", "adamw", 0.999, stall, None)
     assert period is None and "on the trace corpus no reset had the lowest update error" in why
     assert "on 3 of 3 traces" in why and "tiny-lm (bf16, 2000 steps): none 0.04286" in why
-    period, why = recommend(parse_spec("e2m2:nearest:b128"), "v", "adamw", 0.999, stall, None)
-    assert period == 33 and "the model's 33 steps had the lowest update error" in why
-    period, why = recommend(parse_spec("e4m3:nearest:b256"), "v", "adamw", 0.999, stall, None)
-    assert period is None and "on 1 of 2 traces (a tie" in why  # 64 paid on synthetic-heavy, nothing on digits-cnn
+    # fp8's and fp4's corpus rows had v broken (errors 12 to 8771 without resets): no evidence, the model's period
+    for key in ("e2m2:nearest:b128", "e4m3:nearest:b256"):
+        period, why = recommend(parse_spec(key), "v", "adamw", 0.999, stall, None)
+        assert period == theory.reset_period(parse_spec(key), 0.999) and "trace corpus" not in why
+    # evidence for one spec is not applied to another of the same format and rounding (te-fp8's tensor scale,
+    # a sqrt v): its own model's period, in words that agree with it
+    for key in ("e4m3:nearest:tensor", "bf16:nearest:sqrt"):
+        spec = parse_spec(key)
+        period, why = recommend(spec, "v", "adamw", 0.999, stall, None)
+        assert period == theory.reset_period(spec, 0.999) and "trace corpus" not in why
+        assert f"by step {period} after a reset" in why
     # at another beta2, or without evidence for the format and rounding, the model's period stands
     assert recommend(parse_spec("bf16"), "v", "adamw", 0.99, stall, None)[0] == theory.reset_period(
         parse_spec("bf16"), 0.99)
@@ -82,12 +91,12 @@ def test_minifloat_advice_follows_the_corpus_evidence(monkeypatch):
     rows = [evidence.Row("a", "bf16", 3000, 827, 1000, 0.30, 0.29, 0.25),
             evidence.Row("b", "bf16", 3000, 827, 1000, 0.30, 0.31, 0.28),
             evidence.Row("c", "bf16", 3000, 827, 1000, 0.30, 0.20, 0.31)]
-    monkeypatch.setattr(evidence, "EVIDENCE", {("bf16", "nearest"): rows})
+    monkeypatch.setattr(evidence, "EVIDENCE", {"bf16:nearest": rows})
     period, why = recommend(parse_spec("bf16"), "v", "adamw", 0.999, stall, None)
     assert period == 1000 and "on 2 of 3 traces" in why and "a (bf16, 3000 steps): none 0.3, every 827 0.29" in why
     # a period that beats no reset by under 1% does not count: no reset wins
     rows = [evidence.Row("a", "bf16", 3000, 827, 1000, 0.30, 0.299, 0.2995)]
-    monkeypatch.setattr(evidence, "EVIDENCE", {("bf16", "nearest"): rows})
+    monkeypatch.setattr(evidence, "EVIDENCE", {"bf16:nearest": rows})
     assert recommend(parse_spec("bf16"), "v", "adamw", 0.999, stall, None)[0] is None
 
 

@@ -42,7 +42,7 @@ def recommend(spec, state: str, optimizer: str, beta: float, stall: np.ndarray,
     observed = float(np.mean(seg[-max(1, seg.size // 4):])) if seg.size else float("nan")
     if spec.rounding == "bred":
         return None, (f"BReD re-dithers {state} every step, so the stored value cannot go stale (its code "
-                      f"stays put on {observed:.1%} of steps at the end, but the value read back carries a fresh "
+                      f"stays put on {observed:.1%} of steps over the last quarter of the trace, but the value read back carries a fresh "
                       f"dither and is unbiased): no reset needed")
     p = theory.fraction_bits_of(spec)
     if optimizer in ("adamw", "adam") and state == "v" and p is not None:
@@ -54,7 +54,7 @@ def recommend(spec, state: str, optimizer: str, beta: float, stall: np.ndarray,
                           f"{steady:.1%} is negligible: no reset needed")
         why = (f"staleness model ({spec}, beta2={beta}, rho={rho:.3g}): the predicted stall probability builds "
                f"up to 90% of its steady state {steady:.1%} by step {period} after a reset; observed stall rate "
-               f"at the end of the trace {observed:.1%}")
+               f"over the last quarter of the trace {observed:.1%}")
         found = evidence.supported(spec, beta)
         if found is None:
             return period, why
@@ -74,18 +74,18 @@ def observed_period(seg: np.ndarray, state: str, cut_by: int | None = None) -> t
         return None, f"only {n} steps: too short to see stalling build up; record a longer trace"
     plateau = float(np.mean(seg[-(n // 4):]))
     if plateau < MIN_PLATEAU:
-        return None, (f"observed stall rate of {state} at the end of the trace is {plateau:.1%}: "
+        return None, (f"observed stall rate of {state} over the last quarter of the trace is {plateau:.1%}: "
                       f"too little stalling for a reset to pay")
     w = max(3, n // 50)
     smooth = np.convolve(seg, np.ones(w) / w, mode="valid")  # smooth[j] = mean(seg[j : j + w])
     if smooth[0] >= 0.5 * plateau:
         return None, (f"observed stall rate of {state} is {smooth[0]:.1%} in the first {w} steps and "
-                      f"{plateau:.1%} at the end: it does not build up, so a reset would not undo it "
+                      f"{plateau:.1%} over the last quarter: it does not build up, so a reset would not undo it "
                       f"(a finer format or BReD would)")
     hit = np.nonzero(smooth >= 0.9 * plateau)[0]
     period = int(hit[0] + w) if hit.size else None
     if period is None or period > 0.75 * n:
         return None, (f"observed stall rate of {state} was still building up when the trace ended "
-                      f"({n} steps, {plateau:.1%} at the end): record a longer trace")
+                      f"({n} steps, {plateau:.1%} over the last quarter): record a longer trace")
     return period, (f"observed stall rate of {state} builds up to 90% of its plateau {plateau:.1%} by "
                     f"step {period} (no staleness model for this format)")
