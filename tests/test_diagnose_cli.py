@@ -148,6 +148,8 @@ def test_the_table_and_report_show_code_stalls_predictions_and_the_warning(tmp_p
     for word in ("code", "gauss", "emp", "late"):
         assert word in header, word
     assert "model warning bf16 v: the Gaussian model predicts" in r.stdout and "kurtosis" in r.stdout
+    assert "gradient checks: the Gaussian model's assumptions do not hold on this trace: gradient kurtosis" \
+        in r.stdout.replace("\n", " ")  # said on its own line too, missed prediction or not
     assert "on the trace corpus no reset" in r.stdout  # --skip-reset-check: the corpus evidence's advice, unreplayed
     text = md.read_text()
     assert "Where the Gaussian staleness model misses" in text and "fell" in text

@@ -17,7 +17,8 @@ from test_replay_codec_cpu import bits, comparable, small_trace
 needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
 
 FUSED = ["nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-4bit", "m=int8:nearest:b64,v=de8u:bred:b32:sbf16",
-         "m=e2m1:bred:b64,v=e4m3:nearest:b32:sqrt:sbf16", "bf16-sr", "m=fp16,v=fp16:stochastic:sqrt"]  # 16-bit too
+         "m=e2m1:bred:b64,v=e4m3:nearest:b32:sqrt:sbf16", "bf16-sr", "m=fp16,v=fp16:stochastic:sqrt",  # 16-bit too
+         "fp4", "fp8-sr"]  # block-scaled minifloat v: the Gaussian per-element model
 # fp32, a state on the reference codec (bf16 under BReD), a 16-bit state beside a 4-bit one
 SEPARATE = ["m=fp32,v=de4u:nearest:b128:sqrt", "m=bf16:bred,v=bf16:nearest:sqrt", "m=bf16,v=de4u:nearest:b128"]
 

@@ -38,6 +38,10 @@ def _print_summary(doc: dict, profile: bool) -> None:
     output.stdout.print(output.table(title, rows, cols, fmts, heads))
     for r in rows:
         output.stdout.print(f"reset {r['config']}: {r['reset_reason']}")
+    failed = (meta.get("gradient_checks") or {}).get("failed")
+    if failed:  # said whether or not a prediction missed: the Gaussian columns rest on it
+        output.stdout.print(f"gradient checks: the Gaussian model's assumptions do not hold on this trace: "
+                            f"{'; '.join(failed)} (the empirical model, 'emp', takes the trace's own gradients)")
     for r in doc["records"]:
         if r.get("model_warning"):
             output.stdout.print(f"model warning {r['config']} {r['state']}: {r['model_warning']}")

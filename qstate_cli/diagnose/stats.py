@@ -290,7 +290,7 @@ class ModelStats:
     """The staleness model's predictions for one state (staleness.py), per step: the
     empirical and Gaussian P(stall) summed over the elements with a non-zero nominal
     update, and their count. The Gaussian row stays NaN where no Gaussian model
-    applies (optimizers other than Adam; float formats of v use theory.py's curve).
+    applies (optimizers other than Adam; unscaled float formats of v use theory.py's curve).
 
     fused: the state is stored through the fused CPU codec (kernels/cpu/replay.py), so the
     empirical P(stall), the nominal mask and s's cell run in one numba pass

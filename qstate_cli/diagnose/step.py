@@ -149,14 +149,14 @@ def store(q, x: torch.Tensor, step: int, clamp: bool, padding, fused: bool) -> t
 
 
 def gaussian_arg(rec: Recursion, spec, state: str, sh: Shadow):
-    """The Gaussian model's argument for staleness.predict (Adam only; a float v keeps
-    theory.py's curve): ("v", beta2, c_t) or ("m", beta1, sigma^2 = bias-corrected v)."""
+    """The Gaussian model's argument for staleness.predict (Adam only; an unscaled float v
+    keeps theory.py's curve): ("v", beta2, c_t) or ("m", beta1, sigma^2 = bias-corrected v)."""
     if rec.optimizer not in ("adamw", "adam"):
         return None
     b2 = rec.betas["v"]
     c = 1.0 - b2 ** (sh.since - 1)
     if state == "v":
-        return None if spec.fmt.kind == "float" else ("v", b2, c)
+        return None if spec.fmt.kind == "float" and not spec.has_scales else ("v", b2, c)
     model_inputs(rec, sh)
     return ("m", rec.betas["m"], sh.sigma2)
 

@@ -61,10 +61,12 @@ def pooled_rate(events: np.ndarray, nominal: np.ndarray, start: int = 0) -> floa
 
 
 def predicted_curve(c: ConfigReplay, state: str, rec, n_steps: int):
-    """The Gaussian model's P(stall) per step: theory.py's curve for Adam's v in a float
-    format; otherwise the per-element model of the replay (staleness.py), or None."""
+    """The Gaussian model's P(stall) per step: theory.py's curve for Adam's v in an unscaled
+    float format; otherwise (block- or tensor-scaled floats too: a scaled grid's small
+    elements sit in its coarse subnormals, and its top element has no neighbour above) the
+    per-element model of the replay (staleness.py), or None."""
     spec = c.cfg.spec(state)
-    if rec.optimizer in ("adamw", "adam") and state == "v" and spec.fmt.kind == "float":
+    if rec.optimizer in ("adamw", "adam") and state == "v" and spec.fmt.kind == "float" and not spec.has_scales:
         return theory.stall_curve(spec, rec.betas[state], n_steps, c.period)
     model = c.models.get(state)
     if model is None or not np.isfinite(model["gaussian"]).any():
@@ -230,7 +232,7 @@ def _state_rows(out: dict, raw: Replay, c: ConfigReplay, s: str, advice: tuple, 
     record = out["records"][-1]
     observed = record["stall_rate_late" if spec.rounding == "bred" else "code_stall_rate_late"]
     record["model_warning"] = model_warning(record["stall_rate_predicted_late"], observed,
-                                            record["stall_rate_predicted_empirical_late"], checks)
+                                            record["stall_rate_predicted_empirical_late"], checks, spec.has_scales)
     steps, arr = downsample({**ser, "stall_rate_predicted": pred, "stall_rate_predicted_empirical": emp,
                              "update_cosine": upd["cosine"],
                              "update_rel_error": upd["rel_error"]}, n_steps)

@@ -16,9 +16,11 @@ def summary_rows(doc: dict) -> list[dict]:
         row[f"stall_{s}"] = r["stall_rate"]
         row[f"cstall_{s}"] = r.get("code_stall_rate")
         row[f"clate_{s}"] = r.get("code_stall_rate_late")
-        if r.get("stall_rate_predicted_late") is not None:
+        # the models predict value stalls; beside BReD's code stalls (its value moves every step, its
+        # code need not) their 0% read as a miss: the table leaves them out (the records keep them)
+        if r.get("stall_rate_predicted_late") is not None and r.get("rounding") != "bred":
             row[f"pred_{s}"] = r["stall_rate_predicted_late"]
-        if r.get("stall_rate_predicted_empirical_late") is not None:
+        if r.get("stall_rate_predicted_empirical_late") is not None and r.get("rounding") != "bred":
             row[f"emp_{s}"] = r["stall_rate_predicted_empirical_late"]
         row[f"stale90_{s}"] = r["staleness_p90"]
         row[f"slope_{s}"] = r["dim_slope"]
@@ -44,7 +46,7 @@ def summary_columns(rows: list[dict]):
         fmts.update({f"drift_{s}": "+.2e", f"rel_rms_{s}": ".3g", f"stall_{s}": pct, f"pred_{s}": pct,
                      f"slope_{s}": ".2f", f"cstall_{s}": pct, f"clate_{s}": pct, f"emp_{s}": pct})
         heads.update({f"drift_{s}": f"drift {s}", f"rel_rms_{s}": f"rms err {s}", f"stall_{s}": f"stall {s}",
-                      f"cstall_{s}": f"code stall {s}", f"clate_{s}": f"late {s}",
+                      f"cstall_{s}": f"code stall {s}", f"clate_{s}": f"code late {s}",
                       f"emp_{s}": f"emp late {s}",
                       f"pred_{s}": f"gauss late {s}", f"stale90_{s}": f"stale p90 {s}", f"slope_{s}": f"d-slope {s}"})
     return cols, fmts, heads
