@@ -17,7 +17,7 @@ A small layout's replay splits its main kernels over numba's OpenMP team instead
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -194,8 +194,25 @@ def run_parts(kernel, numel: int, block: int, args: tuple, parts: int | None = N
     pool = _pool(parts)
     edges = [nblocks * i // parts for i in range(parts + 1)]
     futures = [pool.submit(kernel, edges[i], edges[i + 1], i, *args) for i in range(1, parts)]
-    total = int(kernel(edges[0], edges[1], 0, *args))  # the first range on this thread
-    return total + sum(int(f.result()) for f in futures)
+    try:
+        total = int(kernel(edges[0], edges[1], 0, *args))  # the first range on this thread
+        return total + sum(int(f.result()) for f in futures)
+    except BaseException:
+        _finish(futures)
+        raise
+
+
+def _finish(futures) -> None:
+    """Wait until every range is done, through any further Ctrl-C: the kernels write into the
+    caller's tensors by raw address, so an exception (a KeyboardInterrupt between two calls)
+    must not unwind the frames that own those tensors while a worker still writes (it
+    corrupted the heap: "corrupted double-linked list", exit 134 instead of 130)."""
+    while True:
+        try:
+            wait(futures)
+            return
+        except KeyboardInterrupt:
+            continue  # the exception already on its way out is the one the caller sees
 
 
 def _pool(parts: int) -> ThreadPoolExecutor:

@@ -126,7 +126,7 @@ class FusedReplayState(ReadBackState):
         self.plan = plan
         base = stream.base.numpy() if hasattr(stream, "base") else np.zeros(max(1, layout.n_tensors), np.int64)
         self.base = np.asarray(base & qhash.MASK32, np.uint32)  # nearest: no random bits, any keys
-        self._scale_dtype = self.scales.dtype if self.scales is not None else None  # fp32 or bf16 (_empty_storage)
+        self._scale_dtype = self.scales.dtype if self.scales is not None else None  # fp32 or bf16 (empty_storage)
 
     def encode(self, x: torch.Tensor, step: int, clamp_zero: bool = False, zero_padding: bool = False) -> None:
         """Store x; the value read back (decode) is the reference's decode, or as the replay

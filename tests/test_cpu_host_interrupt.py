@@ -1,0 +1,48 @@
+"""kernels/cpu/host.run_parts under Ctrl-C: the worker ranges write into the caller's tensors
+by raw address, so a KeyboardInterrupt on the calling thread must wait for them before it
+unwinds the frames owning those tensors (it freed them under running workers: "corrupted
+double-linked list", exit 134, about 2 Ctrl-Cs in 16 during `qstate run`). No numba needed:
+run_parts takes any callable."""
+import threading
+import time
+
+import pytest
+
+from qstate_cli.kernels.cpu import host
+
+
+def test_an_interrupt_on_the_calling_thread_waits_for_the_other_ranges():
+    done = threading.Event()
+
+    def kernel(b0, b1, part):
+        if part == 0:
+            raise KeyboardInterrupt  # as if Ctrl-C landed between two calls on this thread
+        time.sleep(0.3)
+        done.set()
+        return 0
+
+    with pytest.raises(KeyboardInterrupt):
+        host.run_parts(kernel, 1 << 20, 128, (), parts=2)
+    assert done.is_set(), "the interrupt unwound while a worker range was still running"
+
+
+def test_an_error_in_a_worker_range_waits_for_the_rest_and_propagates():
+    finished = []
+
+    def kernel(b0, b1, part):
+        if part == 1:
+            raise ValueError("range 1")
+        time.sleep(0.2)
+        finished.append(part)
+        return 1
+
+    with pytest.raises(ValueError, match="range 1"):
+        host.run_parts(kernel, 1 << 20, 128, (), parts=3)
+    assert sorted(finished) == [0, 2]
+
+
+def test_ranges_cover_the_blocks_once_and_their_results_add_up():
+    seen = []
+    total = host.run_parts(lambda b0, b1, part: seen.append((b0, b1)) or (b1 - b0), 1000, 7, (), parts=4)
+    assert total == -(-1000 // 7) and sorted(seen)[0][0] == 0
+    assert all(a[1] == b[0] for a, b in zip(sorted(seen), sorted(seen)[1:]))
