@@ -1,3 +1,16 @@
-from .cli import main
+"""`python -m qstate_cli` and the `qstate` command (pyproject's script). The CLI imports torch
+(~2 s): a Ctrl-C while it loads exits 130 with one line, as one during a command does."""
+import sys
 
-main()
+
+def main() -> None:
+    try:
+        from .cli import main as cli
+    except KeyboardInterrupt:
+        sys.stderr.write("qstate: interrupted\n")
+        raise SystemExit(130) from None
+    cli()
+
+
+if __name__ == "__main__":
+    main()

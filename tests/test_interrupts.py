@@ -1,4 +1,4 @@
-"""kernels/cpu/host.run_parts under Ctrl-C: the worker ranges write into the caller's tensors
+"""Ctrl-C where it used to hurt. kernels/cpu/host.run_parts: the worker ranges write into the caller's tensors
 by raw address, so a KeyboardInterrupt on the calling thread must wait for them before it
 unwinds the frames owning those tensors (it freed them under running workers: "corrupted
 double-linked list", exit 134, about 2 Ctrl-Cs in 16 during `qstate run`). No numba needed:
@@ -46,3 +46,18 @@ def test_ranges_cover_the_blocks_once_and_their_results_add_up():
     total = host.run_parts(lambda b0, b1, part: seen.append((b0, b1)) or (b1 - b0), 1000, 7, (), parts=4)
     assert total == -(-1000 // 7) and sorted(seen)[0][0] == 0
     assert all(a[1] == b[0] for a, b in zip(sorted(seen), sorted(seen)[1:]))
+
+
+def test_ctrl_c_while_the_cli_loads_exits_130_without_a_traceback():
+    """The CLI imports torch for ~2 s; a Ctrl-C then printed a KeyboardInterrupt traceback."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "qstate_cli", "formats"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(0.15)  # inside `from .cli import main` (torch's import) on any machine this suite runs on
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "qstate: interrupted"
