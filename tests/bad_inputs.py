@@ -661,7 +661,7 @@ for _flag, _value, _msg in (("--steps-limit", "-3", r"--steps-limit -3: must be 
 SUITE = "Suites that `run` would refuse: `suite validate` refuses them too"
 
 
-@case(SUITE, "an unknown configuration name in an axis", r"uc.yaml:2: axes: point config=nosuch-4bit: unknown "
+@case(SUITE, "an unknown configuration name in an axis", r"uc.yaml:3: axes.config\[1\]: unknown "
       r"configuration 'nosuch-4bit'; did you mean")
 def suite_unknown_config(tmp):
     return ["suite", "validate", write(tmp, "uc.yaml", "kind: memory\naxes:\n  config: [fp32, nosuch-4bit]\n")]
@@ -684,26 +684,26 @@ def suite_missing_trace_run(tmp):
 
 
 @case(SUITE, "a kernels run with `numel: -5` (validate said ok; run left an empty results file)",
-      r"kn.yaml:2: defaults: point defaults: --numel must be >= 1")
+      r"kn.yaml:2: defaults.numel: --numel must be >= 1")
 def suite_numel_negative(tmp):
     return ["suite", "validate", write(tmp, "kn.yaml", "kind: kernels\ndefaults: {numel: -5, device: cpu}\n")]
 
 
-@case(SUITE, "the same suite to `run` (no results file is created)", r"error: .*kn.yaml:2: defaults: point defaults: "
+@case(SUITE, "the same suite to `run` (no results file is created)", r"error: .*kn.yaml:2: defaults.numel: "
       r"--numel must be >= 1")
 def suite_numel_negative_run(tmp):
     return ["run", write(tmp, "kn.yaml", "kind: kernels\ndefaults: {numel: -5, device: cpu}\n"), "--out",
             str(tmp / "o")]
 
 
-@case(SUITE, "a diagnose run with `block_size: 0, steps_limit: -3`", r"db.yaml:2: defaults: point defaults: --block-size "
+@case(SUITE, "a diagnose run with `block_size: 0, steps_limit: -3`", r"db.yaml:2: defaults.block_size: --block-size "
       r"0: the replay needs a power of two from 32 to 2048")
 def suite_block_size_zero(tmp):
     return ["suite", "validate", write(tmp, "db.yaml", "kind: diagnose\ndefaults: {trace: demo, block_size: 0, "
                                                        "steps_limit: -3}\n")]
 
 
-@case(SUITE, "`run --set seed=` past 2^63-1", r"error: .*sd.yaml:2: defaults: point defaults: --seed 9+: must be a "
+@case(SUITE, "`run --set seed=` past 2^63-1", r"error: --set seed=9+: defaults.seed: --seed 9+: must be a "
       r"whole number from 0 to 2\^63-1")
 def suite_set_seed_huge(tmp):
     suite = write(tmp, "sd.yaml", "kind: memory\ndefaults: {numel: [1000], config: [fp32], device: cpu}\n")

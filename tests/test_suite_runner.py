@@ -246,7 +246,8 @@ def test_runs_reports_and_compares_without_pydantic(tmp_path):
                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["pydantic is not installed: the suite had a basic check only",
-                                       f"{bad}:2: colour: unknown key"]
+                                       f"{bad}:2: colour: unknown key (use axes, baselines, defaults, description, "
+                                       "excludes, kind, name, runs)"]
 
 
 def test_a_failed_points_row_holds_scalars_and_reports(tmp_path):

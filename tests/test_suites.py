@@ -147,7 +147,8 @@ def test_every_problem_is_listed_by_validate(tmp_path):
     assert r.exit_code == 2
     lines = r.stderr.strip().splitlines()
     assert lines == [f"{path}:4: runs[0].defaults.device: use auto, cpu or cuda[:N] (got 'tpu')",
-                     f"{path}:3: runs[0].colour: unknown key",
+                     f"{path}:3: runs[0].colour: unknown key (use axes, baselines, defaults, description, excludes, "
+                     "kind, name)",
                      f"{path}:5: runs[1].kind: Input should be 'kernels', 'memory', 'diagnose', 'train' or 'doctor' (got 'trian')"]
 
 

@@ -71,6 +71,11 @@ def run(
     rows = [{"run": r.name, "kind": r.kind, "points": len(r.state["points"]), "done": len(r.state["done"]),
              "failed": len(r.state["failed"]), "rows": len(r.doc["records"]), "file": str(r.path)} for r in runs]
     output.stdout.print(output.table(f"Suite {loaded.name}", rows))
+    failed = sum(row["failed"] for row in rows)
+    if failed:  # the sweep went on (exit 0, as documented), but not silently
+        output.stderr.print(f"{failed} of {sum(row['points'] for row in rows)} points failed (their rows say why); "
+                            f"`{resume_command(suite, sets, out)}` retries them", markup=False, highlight=False,
+                            soft_wrap=True)
     if report:
         from ..report import write_report
 
@@ -80,19 +85,29 @@ def run(
 
 
 @suite_app.command("validate")
-def validate(suites: List[Path] = typer.Argument(..., help="Suite files to check.")):
+def validate(
+    suites: List[Path] = typer.Argument(..., help="Suite files to check."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help="Override KEY=VALUE as `qstate run --set` does "
+                                             "(checks what that run would run)."),
+):
     """Check suites: every problem of the first check that finds any (the schema, the runs,
-    their parameters, each point's values) as FILE:LINE: KEY: message."""
+    their parameters, each point's values) as FILE:LINE: KEY: message (or --set TEXT: KEY:
+    message for a value an override gave)."""
+    from ..errors import QstateError
     from ..suites import SuiteError, load_suite
 
     failed = 0
     for path in suites:
         try:
-            loaded = load_suite(path)
+            loaded = load_suite(path, sets or [])
         except SuiteError as exc:
             failed += 1
             for issue in exc.issues:
                 typer.echo(issue, err=True)
+            continue
+        except QstateError as exc:  # not a suite at all (a folder, no file, a bad --set): the next one
+            failed += 1
+            typer.echo(str(exc), err=True)
             continue
         n = sum(len(points) for _, points in loaded.points())
         runs = ", ".join(f"{r['name']} ({r['kind']})" for r in loaded.runs)

@@ -35,6 +35,9 @@ def range_values(spec: dict) -> list:
     """Values of a range mapping (inclusive stop); ints stay ints."""
     start, stop = spec["start"], spec["stop"]
     step, factor = spec.get("step"), spec.get("factor")
+    for key, value in (("start", start), ("stop", stop), ("step", step), ("factor", factor)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise QstateError(f"{key}: must be a finite number (got {value})")
     integral = all(isinstance(v, int) for v in (start, stop, step if step is not None else factor))
     values, k = [], 0
     while len(values) <= MAX_AXIS_VALUES:

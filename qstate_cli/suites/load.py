@@ -8,6 +8,7 @@ exists (so a missing key points at the mapping that lacks it). A value given wit
 """
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from ..errors import QstateError
 from ..kinds import KINDS, runnable_kinds
 from ..options import option_fields
 from . import bounded_yaml
-from .kinds import CONFIG_AXES, check_point, is_overridden, options_class
+from .checks import (closest, exclude_value_errors, point_errors, range_errors, resolve_paths,
+                     stem_errors, unknown_key)
+from .kinds import CONFIG_AXES, is_overridden, options_class
 from .expand import Point, check_points, expand_run
 
 RUN_KEYS = ("kind", "axes", "excludes", "baselines")
@@ -26,9 +29,9 @@ RUN_KEYS = ("kind", "axes", "excludes", "baselines")
 class SuiteError(QstateError):
     """A suite that does not validate; `issues` holds every `FILE:LINE: KEY: message`."""
 
-    def __init__(self, issues: list[str]):
+    def __init__(self, issues: list[str], command: str = "qstate suite validate"):
         self.issues = issues
-        more = f" (and {len(issues) - 1} more; see `qstate suite validate`)" if len(issues) > 1 else ""
+        more = f" (and {len(issues) - 1} more; see `{command}`)" if len(issues) > 1 else ""
         super().__init__(issues[0] + more)
 
 
@@ -61,7 +64,7 @@ def read_yaml(path: Path):
         node, loader = bounded_yaml.compose(text)  # limits: bounded_yaml.py
         if node is None:
             raise SuiteError([f"{path}:1: the suite is empty"])
-        _check_duplicates(path, node, set())
+        _check_duplicates(path, node, set(), ())
         data = loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise SuiteError([f"{_where(exc, str(path), lambda m: f'{path}:{m.line + 1}')}: invalid YAML: "
@@ -81,23 +84,25 @@ def _problem(exc) -> str:
     return " ".join(str(getattr(exc, "problem", None) or exc).split())
 
 
-def _check_duplicates(path, node, seen_nodes: set) -> None:
-    """Duplicate keys, each node checked once (aliases share nodes; bounded_yaml refused cycles)."""
+def _check_duplicates(path, node, seen_nodes: set, loc: tuple) -> None:
+    """Duplicate keys, each node checked once (aliases share nodes; bounded_yaml refused cycles),
+    named by their whole key (`runs[0].defaults`)."""
     if id(node) in seen_nodes:
         return
     seen_nodes.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen = {}
         for key, value in node.value:
+            here = loc + ((key.value,) if isinstance(key, yaml.ScalarNode) else ("[key]",))
             if isinstance(key, yaml.ScalarNode):
                 if key.value in seen:
-                    raise SuiteError([f"{path}:{key.start_mark.line + 1}: {key.value}: duplicate key "
+                    raise SuiteError([f"{path}:{key.start_mark.line + 1}: {key_name(here)}: duplicate key "
                                       f"(first on line {seen[key.value]})"])
                 seen[key.value] = key.start_mark.line + 1
-            _check_duplicates(path, value, seen_nodes)
+            _check_duplicates(path, value, seen_nodes, here)
     elif isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            _check_duplicates(path, item, seen_nodes)
+        for i, item in enumerate(node.value):
+            _check_duplicates(path, item, seen_nodes, loc + (i,))
 
 
 def line_of(node, loc: tuple) -> int:
@@ -207,12 +212,13 @@ def _basic_errors(data) -> list[tuple[tuple, str]]:
     if not isinstance(data, dict):
         return [((), "a suite is a mapping")]
     allowed = {"name", "description", "defaults", "runs", *RUN_KEYS}
-    errs = [((k,), "unknown key") for k in data if k not in allowed]
+    errs = [((k,), unknown_key(k, allowed)) for k in data if k not in allowed]
     for i, run in enumerate(data.get("runs") or []):
         if not isinstance(run, dict):
             errs.append((("runs", i), "a run is a mapping"))
             continue
-        errs += [(("runs", i, k), "unknown key") for k in run if k not in {"name", "description", "defaults", *RUN_KEYS}]
+        run_keys = {"name", "description", "defaults", *RUN_KEYS}
+        errs += [(("runs", i, k), unknown_key(k, run_keys)) for k in run if k not in run_keys]
         if run.get("kind") not in runnable_kinds():
             errs.append((("runs", i, "kind"), f"use one of {', '.join(runnable_kinds())}"))
     if "runs" not in data and data.get("kind") not in runnable_kinds():
@@ -266,8 +272,9 @@ def _param_errors(data: dict, runs: list[tuple[tuple, dict]], notes: list[str]) 
                               (prefix + ("axes",), run.get("axes") or {})):
             for key in params:
                 if key not in known:
-                    errs.append((where + (key,), f"{kind} has no parameter {key!r} "
-                                 f"(`qstate {KINDS[kind].command}` options: {', '.join(sorted(known))})"))
+                    hint = closest(key, known) or \
+                        f" (`qstate {KINDS[kind].command}` options: {', '.join(sorted(known))})"
+                    errs.append((where + (key,), f"{kind} has no parameter {key!r}{hint}"))
     return errs
 
 
@@ -299,6 +306,8 @@ def _normalize(data: dict) -> list[dict]:
 def load_suite(path, sets: list[str] | None = None, check_params: bool = True) -> LoadedSuite:
     """Read, override, validate and normalize a suite; SuiteError lists every problem."""
     path = Path(path)
+    if path.is_dir():
+        raise QstateError(f"{path}: is a folder; name a suite file (e.g. {path / '*.yaml'})")
     if not path.is_file():
         raise QstateError(f"{path}: no such suite file")
     data, node = read_yaml(path)
@@ -307,89 +316,23 @@ def load_suite(path, sets: list[str] | None = None, check_params: bool = True) -
     errs, note = _schema_errors(data)
     notes = [note] if note else []
     if not errs:
-        errs = _semantic_errors(data)
+        errs = _semantic_errors(data) + stem_errors(data, path) + range_errors(data)
+    if not errs:
+        errs = exclude_value_errors(data, where)
     if not errs and check_params:
         runs = [(("runs", i), r) for i, r in enumerate(data["runs"])] if data.get("runs") else [((), data)]
         errs = _param_errors(data, runs, notes)
     if not errs:
         errs = _size_errors(data)
-    runs = [_resolve_paths(run, path.parent) for run in _normalize(data)] if not errs else []
+    runs = [resolve_paths(run, path.parent) for run in _normalize(data)] if not errs else []
     if not errs and check_params:
-        errs = _point_errors(data, runs)
+        errs = point_errors(data, runs)
     if errs:
-        raise SuiteError([_issue(path, node, loc, msg, where) for loc, msg in errs])
+        words = [str(path)] + [w for text in sets for w in ("--set", text)]  # the command that lists them all
+        raise SuiteError([_issue(path, node, loc, msg, where) for loc, msg in errs],
+                         "qstate suite validate " + " ".join(shlex.quote(w) for w in words))
     return LoadedSuite(name=data.get("name") or path.stem, file=str(path), description=data.get("description", ""),
                        runs=runs, sets=sets, notes=list(dict.fromkeys(notes)))
-
-
-PATH_PARAMS = ("trace",)  # parameters that name a file: relative to the suite's folder
-SPECIAL_PATHS = ("demo",)  # values of those that are names, not paths
-CORPUS_PREFIX = "corpus:"  # corpus:NAME names a corpus trace (trace/corpus.py), recorded on first use
-
-
-def _is_name(value: str) -> bool:
-    return value in SPECIAL_PATHS or value.startswith(CORPUS_PREFIX)
-
-
-def _missing_file(value) -> str | None:
-    """Why a trace value names nothing: an unknown corpus name, or a file that does not exist."""
-    if not isinstance(value, str) or value in SPECIAL_PATHS:
-        return None
-    if value.startswith(CORPUS_PREFIX):
-        from ..trace import corpus
-
-        try:
-            corpus.entry(value[len(CORPUS_PREFIX):])
-        except QstateError as exc:
-            return str(exc)
-        return None
-    if not Path(value).expanduser().exists():
-        return f"{value}: no such file (a relative path is read from the suite's folder)"
-    return None
-
-
-def _resolve_paths(run: dict, folder: Path) -> dict:
-    """Relative file parameters read from the suite file's folder, not the working directory."""
-    def resolve(value):
-        if isinstance(value, list):
-            return [resolve(v) for v in value]
-        if isinstance(value, str) and not _is_name(value) and not Path(value).expanduser().is_absolute():
-            return str(folder / value)
-        return value
-
-    for key in PATH_PARAMS:
-        if key in run["defaults"]:
-            run["defaults"][key] = resolve(run["defaults"][key])
-        if isinstance(run["axes"].get(key), list):
-            run["axes"][key] = resolve(run["axes"][key])
-    return run
-
-
-def _point_errors(data: dict, runs: list[dict]) -> list[tuple[tuple, str]]:
-    """What `run` would refuse at a point, found now: every point's options are checked as
-    the run checks them (kinds.check_point: a name, type or range), and a file it names
-    must exist. The first problem of each run is reported."""
-    errs = []
-    for i, run in enumerate(runs):
-        prefix = ("runs", i) if data.get("runs") is not None else ()
-        if is_overridden(run["kind"]):
-            continue
-        try:
-            options_class(run["kind"])
-        except QstateError:
-            continue  # said in a note by _param_errors
-        for point in expand_run(run):
-            where = prefix + (("axes",) if point.assignment else ("defaults",))
-            missing = [why for key in PATH_PARAMS for why in [_missing_file(point.params.get(key))] if why]
-            if missing:
-                errs.append((prefix + ("defaults", PATH_PARAMS[0]) if not point.assignment else where, missing[0]))
-                break
-            try:
-                check_point(run["kind"], point.params, here=False)  # what run checks, the device by name
-            except QstateError as exc:
-                errs.append((where, f"point {point.label}: {exc}"))
-                break
-    return errs
 
 
 def _issue(path, node, loc: tuple, msg: str, where: dict[tuple, str]) -> str:

@@ -4,8 +4,12 @@ One results document per run (`OUT/<run name>.json`, kind = the run's kind): the
 documents returned by the hooks are merged (records concatenated, and each extra list
 such as `series` concatenated). Each record gets `point`, the key of the point that
 made it. The file is rewritten atomically after every point (results.ResultWriter), and
-`meta.suite` lists the points, which are done and which failed, so Ctrl-C keeps what was
-measured and `--resume` runs only the points not done (failed points are retried).
+`meta.suite` lists the points, which are done and which failed (the hook raised, or a row
+it returned says `status: failed`, e.g. out of memory), so Ctrl-C keeps what was measured and
+`--resume` runs only the points not done (failed points are retried). A run without
+--resume replaces an earlier run's files in the folder, saying how many finished points
+that drops; a resume is refused on another device or build, and records its session
+(`meta.suite.resumes`, and each point's `session`).
 The engine's `meta` of each point is kept whole in `meta.suite.points[key]["meta"]`; the
 document's own `meta` holds each field that every done point's meta has with one value,
 and `cpu_share` (kernels) the lowest of the points' (`_run_meta`; docs/results.md).
@@ -64,39 +68,94 @@ def _failed_row(point: Point, exc: BaseException) -> dict:
     return {**row, "status": "failed", "reason": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
 
 
+SAME_BUILD = ("device", "device_name", "torch", "triton", "python", "qstate")  # env fields a resume must share
+SESSION = ("git_sha", "created", "argv")  # what meta.suite.resumes records of each resuming session
+
+
+def _run_env(run: dict) -> dict:
+    device = run["defaults"].get("device")
+    return environment(None if device in (None, "auto") else device)
+
+
+def _check_same_build(path: Path, old_env: dict, env: dict) -> None:
+    """A resume adds rows to a file measured by another session: refused when that session's
+    device or build differs (its rows and the new ones would not be one measurement)."""
+    for key in SAME_BUILD:
+        if key in old_env and old_env.get(key) != env.get(key):
+            raise QstateError(f"{path}: its rows were measured with {key} {old_env.get(key)!r}, this session has "
+                              f"{env.get(key)!r}; a resume must run on the same device and build: run without "
+                              "--resume to measure afresh, or use another --out")
+
+
 def _open_writer(path: Path, run: dict, suite: LoadedSuite, points: list[Point], resume: bool):
     """A writer for one run's file: fresh, or (resume) the file so far minus failed points."""
     meta_points = {p.key: {"label": p.label, "params": p.params} for p in points}
-    suite_meta = {"name": suite.name, "file": suite.file, "run": run["name"], "description": run["description"],
-                  "sets": suite.sets, "points": meta_points, "done": [], "failed": []}
+    suite_meta = {"name": suite.name, "file": suite.file, "run": run["name"], "description": suite.description,
+                  "run_description": run["description"], "sets": suite.sets, "points": meta_points, "done": [],
+                  "failed": []}
+    env = _run_env(run)
     if resume and path.exists():
         doc = load_results(path)
         old = (doc.get("meta") or {}).get("suite") or {}
         if doc.get("kind") != run["kind"] or old.get("run") != run["name"]:
             raise QstateError(f"{path}: not the results of run {run['name']!r} ({run['kind']}); "
                               "use another --out or run without --resume")
+        _check_same_build(path, doc["env"], env)
         strangers = sorted(set(old.get("done") or []) - set(meta_points))  # finished ones only
         if strangers:
             raise QstateError(f"{path}: {len(strangers)} finished points are not in this suite (was it edited or "
                               "run with other --set values?); use another --out or run without --resume")
         done = [k for k in old.get("done", []) if k in meta_points]
         keep = set(done)
-        for key in done:  # a finished point keeps the engine meta it was measured with
+        for key in done:  # a finished point keeps the engine meta and the session it was measured with
             old_point = (old.get("points") or {}).get(key) or {}
-            if isinstance(old_point.get("meta"), dict):
-                meta_points[key]["meta"] = old_point["meta"]
+            for field in ("meta", "session"):
+                if field in old_point:
+                    meta_points[key][field] = old_point[field]
+        resumes = [r for r in old.get("resumes") or [] if isinstance(r, dict)]
+        resumes.append({k: env.get(k) for k in SESSION})
         writer = ResultWriter(path, run["kind"], env=doc["env"],
                               records=[r for r in doc["records"] if r.get("point") in keep])
         for key, value in doc.items():
             if key not in ("schema_version", "kind", "env", "meta", "records") and isinstance(value, list):
                 writer.doc[key] = [r for r in value if not isinstance(r, dict) or r.get("point") in keep]
-        writer.doc["meta"] = {**doc.get("meta", {}), "suite": {**suite_meta, "done": done,
-                                                               "resumed": old.get("resumed", 0) + 1}}
+        resumed = old.get("resumed") if isinstance(old.get("resumed"), int) else 0
+        writer.doc["meta"] = {**doc.get("meta", {}), "suite": {**suite_meta, "done": done, "resumed": resumed + 1,
+                                                               "resumes": resumes}}
         _run_meta(writer)
         return writer, keep
-    device = run["defaults"].get("device")
-    env = environment(None if device in (None, "auto") else device)
     return ResultWriter(path, run["kind"], meta={"suite": suite_meta}, env=env), set()
+
+
+STALE = ("report.html", "report.md")  # made from the run files: stale once those change
+
+
+def _replace_earlier(out_dir: Path, suite: LoadedSuite, resume: bool, progress: Progress) -> None:
+    """Before the first point: the folder must describe one run of this suite. Without
+    --resume, an earlier run's files (every run's, and those of runs the suite no longer
+    has) are replaced, and how many finished points that drops is said; with or without it,
+    the report made from the earlier files is removed (the CLI writes it again at the end)."""
+    names = {run["name"] for run in suite.runs}
+    finished, ours, gone = 0, False, []
+    for path in sorted(out_dir.glob("*.json")) if out_dir.is_dir() else []:
+        try:
+            state = ((json.loads(path.read_text()).get("meta") or {}).get("suite") or {})
+            done = len(state.get("done") or []) if isinstance(state.get("done"), list) else 0
+        except (OSError, ValueError, RecursionError, AttributeError):
+            state, done = {}, 0
+        if path.stem in names:
+            ours = True
+            finished += 0 if resume else done
+        elif isinstance(state, dict) and state.get("name") == suite.name and state.get("run") == path.stem:
+            ours = True  # a run this suite no longer has: its rows are not this suite's
+            if not resume:
+                finished += done
+                gone.append(path)
+    if finished:
+        progress.log(f"{out_dir}: {finished} finished points of an earlier run are replaced "
+                     "(use --resume to keep them)")
+    for path in gone + ([out_dir / name for name in STALE] if ours else []):
+        path.unlink(missing_ok=True)
 
 
 def _in_point_order(writer: ResultWriter, order: dict[str, int]) -> None:
@@ -120,7 +179,7 @@ def _run_meta(writer: ResultWriter, new_key: str | None = None) -> None:
     folded into the fields kept so far (a suite of 10,000 points does not compare every point
     again after each); without it, all of them, as a resumed file's start."""
     state = writer.doc["meta"]["suite"]
-    metas = [state["points"][k]["meta"] for k in state["done"]
+    metas = [state["points"][k]["meta"] for k in state["done"] + state["failed"]  # failed: rows it did measure
              if isinstance(state["points"].get(k, {}).get("meta"), dict)]
     new = state["points"].get(new_key, {}).get("meta") if new_key is not None else None
     if isinstance(new, dict) and len(metas) > 1:
@@ -151,7 +210,8 @@ def _run_meta(writer: ResultWriter, new_key: str | None = None) -> None:
     writer.doc["meta"] = {**run, "suite": state}
 
 
-def _merge(writer: ResultWriter, point: Point, out: dict, hook_name: str) -> None:
+def _merge(writer: ResultWriter, point: Point, out: dict, hook_name: str) -> str | None:
+    """Add a point's rows (and engine meta); the reason of its first failed row, if any."""
     if not isinstance(out, dict) or not isinstance(out.get("records"), list):
         raise QstateError(f"the {point.kind} hook ({hook_name}) returned no 'records' list for {point.label}")
     meta = out.get("meta")
@@ -167,6 +227,9 @@ def _merge(writer: ResultWriter, point: Point, out: dict, hook_name: str) -> Non
     if meta is not None:  # JSON's copy: what the file will hold, and no engine object kept alive
         writer.doc["meta"]["suite"]["points"][point.key]["meta"] = json.loads(
             json.dumps(meta, default=json_default, allow_nan=True))
+    return next(((str(row.get("reason") or "").strip().splitlines() or ["failed"])[0][:300]
+                 for rows in lists.values() for row in rows
+                 if isinstance(row, dict) and row.get("status") == "failed"), None)
 
 
 def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, progress: Progress | None = None) -> list[SuiteRun]:
@@ -185,6 +248,9 @@ def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, progress: Progr
     for run, points in plans:
         path = out_dir / f"{run['name']}.json"
         writers.append((path, *_open_writer(path, run, suite, points, resume)))
+    _replace_earlier(out_dir, suite, resume, progress)
+    for _, writer, _ in writers:  # every run's file now describes this session (no earlier run's rows)
+        writer.flush()
     total = sum(len(points) for _, points in plans)
     done_so_far = sum(len(done) for _, _, done in writers)
     progress.begin(total, None)
@@ -192,14 +258,15 @@ def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, progress: Progr
         hook = hooks[run["kind"]]
         hook_name = getattr(hook, "__qualname__", repr(hook))
         order = {p.key: i for i, p in enumerate(points)}
-        writer.flush()
+        state = writer.doc["meta"]["suite"]
+        session = len(state.get("resumes") or [])  # 0: the env block's session; n: resumes[n - 1]
         for point in points:
             if point.key in done:
                 continue
             progress.start(f"{run['name']}: {point.label}", done_so_far)
-            state = writer.doc["meta"]["suite"]
+            state["points"][point.key]["session"] = session
             try:
-                _merge(writer, point, hook(json.loads(json.dumps(point.params))), hook_name)
+                failed = _merge(writer, point, hook(json.loads(json.dumps(point.params))), hook_name)
             except QstateError as exc:
                 raise QstateError(f"{suite.file}: run {run['name']!r}, point {point.label}: {exc}") from None
             except Exception as exc:  # noqa: BLE001 - a point that crashes is recorded, the suite goes on
@@ -207,7 +274,11 @@ def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, progress: Progr
                 state["failed"].append(point.key)
                 progress.log(f"failed {run['name']}: {point.label}: {exc}")
             else:
-                state["done"].append(point.key)
+                if failed is None:
+                    state["done"].append(point.key)
+                else:  # a row the engine marked failed (out of memory): the point is failed, --resume retries it
+                    state["failed"].append(point.key)
+                    progress.log(f"failed {run['name']}: {point.label}: {failed}")
                 _run_meta(writer, point.key)
             _in_point_order(writer, order)
             writer.flush()

@@ -7,6 +7,7 @@ parameters (checked against the kind's options, the command's flags, by `load.py
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -14,16 +15,24 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictFloat, 
                       field_validator, model_validator)
 
 from ..kinds import runnable_kinds
+from .checks import MAX_NAME, NAME_PATTERN, name_problem, unknown_key
 from .expand import MAX_AXIS_VALUES, range_values
 
 ParamName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]
-RunName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=80)]
+RunName = Annotated[str, Field(pattern=NAME_PATTERN, max_length=MAX_NAME)]
 Number = Union[StrictInt, StrictFloat]
 KindName = Literal[runnable_kinds()]  # kinds.py: the kinds with an engine
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _check_name(value):
+    """A name (before its pattern): the rule's own message, not the regular expression."""
+    if value is not None and isinstance(value, str) and name_problem(value):
+        raise ValueError(name_problem(value))
+    return value
 
 
 class AxisRange(_Strict):
@@ -33,6 +42,13 @@ class AxisRange(_Strict):
     stop: Number
     step: Optional[Number] = Field(None, gt=0, description="arithmetic step (> 0)")
     factor: Optional[Number] = Field(None, gt=1, description="geometric factor (> 1), e.g. 4 for sizes")
+
+    @field_validator("start", "stop", "step", "factor", mode="before")
+    @classmethod
+    def _finite(cls, value):
+        if isinstance(value, float) and not math.isfinite(value):  # .inf would never end, .nan never compare
+            raise ValueError(f"must be a finite number (got {value})")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -95,6 +111,8 @@ class Run(_Strict):
     excludes: list[dict[ParamName, Any]] = Field(default_factory=list)
     baselines: list[str] = Field(default_factory=list, description="baselines run at every non-config point")
 
+    _name = field_validator("name", mode="before")(_check_name)
+
 
 class Suite(_Strict):
     """A suite: one run given inline (`kind`, `axes`, ...) or several under `runs`."""
@@ -108,14 +126,30 @@ class Suite(_Strict):
     baselines: list[str] = Field(default_factory=list)
     runs: Optional[list[Run]] = Field(None, min_length=1)
 
+    _name = field_validator("name", mode="before")(_check_name)
+
 
 def validate(data: Any) -> list[tuple[tuple, str]]:
     """Schema errors as (loc, message); [] when `data` is a valid suite."""
     try:
         Suite.model_validate(data)
     except ValidationError as exc:
-        return [(tuple(err["loc"]), _message(err)) for err in exc.errors(include_url=False)]
+        out = {}
+        for err in exc.errors(include_url=False):
+            loc = tuple(err["loc"])
+            if "range" in loc and loc[-1] in ("int", "float"):  # a Number's union tags: one error
+                loc = loc[:-1]
+            whole = loc == tuple(err["loc"])
+            out.setdefault(loc, _message(err) if whole else f"must be a number (got {err.get('input')!r})")
+        return list(out.items())
     return []
+
+
+def _allowed(loc: tuple) -> list[str]:
+    """The keys of the mapping that holds the last key of `loc` (an unknown one's neighbours)."""
+    parent = loc[:-1]
+    model = AxisRange if "range" in parent else Run if parent[:1] == ("runs",) else Suite
+    return list(model.model_fields)
 
 
 def _message(err: dict) -> str:
@@ -123,7 +157,7 @@ def _message(err: dict) -> str:
     for prefix in ("Value error, ", "Assertion failed, "):
         msg = msg.removeprefix(prefix)
     if err["type"] == "extra_forbidden":
-        return "unknown key"
+        return unknown_key(err["loc"][-1], _allowed(tuple(err["loc"])))
     if err["type"] == "missing":
         return "required key is missing"
     if err["type"] == "literal_error":
