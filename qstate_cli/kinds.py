@@ -3,7 +3,7 @@
     kind      command         options / engine                          report section      compared on
     kernels   bench kernels   bench.kernels: KernelsOptions, execute    sections.kernels    time_ms (timing)
     memory    bench memory    bench.memory: MemoryOptions, execute      sections.memory     bytes_per_param
-    diagnose  diagnose        diagnose.run: DiagnoseOptions, execute    sections.diagnose   drift, error, stalls, fidelity
+    diagnose  diagnose        diagnose.run: DiagnoseOptions, execute    report.diagnose     drift, error, stalls, fidelity
     train     bench train     train.study: TrainSettings, execute       sections.train      final_val_loss, diverged
     doctor    doctor          doctor.run: DoctorOptions, execute        sections.doctor     errors
     compare   compare         (made by `qstate compare`)                sections.compare    -
@@ -11,10 +11,11 @@
 A suite runs the kinds that have an engine: a point's parameters fill the kind's options
 dataclass (options.py: the same fields as the command's flags) and `execute(options,
 progress) -> Result` runs it. The report (report/__init__.py) draws each document with its
-kind's section; `qstate compare` (compare/) matches rows on `identity` and judges each of
-`metrics`. Engines, options and sections are named "module:attribute" and imported on
-first use, so this table imports nothing above it and a build without an engine still
-loads the rest.
+kind's section; `qstate compare` (compare/) matches rows on `identity` (where rows of one
+side share it: also on the suite parameters, else the `distinguish` fields, that tell them
+apart: compare/identity.py) and judges each of `metrics`. Engines, options and sections are
+named "module:attribute" and imported on first use, so this table imports nothing above it
+and a build without an engine still loads the rest.
 
 Compare metrics. Timing (kernels `time_ms`): compare/noise.py (the time relative to a
 same-run copy, rounds apart and beyond the measured noise floor; a shared CPU is
@@ -71,6 +72,9 @@ class Kind:
     section: str  # "module:function": (doc, source, palette) -> (report Section, summary lines)
     metrics: tuple[Metric, ...] = ()
     identity: tuple[str, ...] = ()  # fields that name a row: the same thing measured in two files
+    # row fields that tell apart rows of one identity where their suite points' parameters do
+    # not (used only for rows that share an identity: compare/identity.py)
+    distinguish: tuple[str, ...] = ()
     baseline_param: str = "config"  # the parameter a suite's baseline point sets
     list_params: tuple[str, ...] = ()  # parameters a suite passes as lists (empty: none)
 
@@ -81,7 +85,7 @@ class Kind:
 
 def _kind(name: str, command: str, module: str | None, options: str | None, section: str, **kw) -> Kind:
     return Kind(name, command, f"{module}:{options}" if module else None, f"{module}:execute" if module else None,
-                f"qstate_cli.report.sections:{section}", **kw)
+                section if ":" in section else f"qstate_cli.report.sections:{section}", **kw)
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
@@ -89,21 +93,25 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
           metrics=(Metric("time_ms", "ms", "lower", timing=True),),
           identity=("name", "optimizer", "config", "numel", "n_tensors", "model", "param_dtype", "grad_dtype",
                     "device", "path"),
+          distinguish=("rounds", "cuda_graph", "l2_flush_bytes"),
           baseline_param="baseline", list_params=("config", "baseline")),
     _kind("memory", "bench memory", "qstate_cli.bench.memory", "MemoryOptions", "memory",
           metrics=(Metric("bytes_per_param", "bytes/param", "lower", 1e-9),),
           identity=("name", "optimizer", "config", "model"),
+          distinguish=("params", "n_tensors", "param_dtype", "device", "path"),
           baseline_param="baseline", list_params=("config", "baseline")),
-    _kind("diagnose", "diagnose", "qstate_cli.diagnose.run", "DiagnoseOptions", "diagnose",
+    _kind("diagnose", "diagnose", "qstate_cli.diagnose.run", "DiagnoseOptions", "qstate_cli.report.diagnose:diagnose",
           metrics=(Metric("drift_max_abs", "fraction of RMS", "lower", 1e-3, 0.10),
                    Metric("rel_rms_error", "fraction of RMS", "lower", 1e-4, 0.05),
                    Metric("stall_rate", "fraction", "lower", 0.01, 0.05),
                    Metric("update_cosine", "cosine", "higher", 2e-3),
                    Metric("update_rel_error", "fraction", "lower", 1e-3, 0.05)),
-          identity=("config", "state", "numel", "steps")),
+          identity=("config", "state", "numel", "steps"),
+          distinguish=("reset_applied", "block_size", "sqrt", "beta", "optimizer")),
     _kind("train", "bench train", "qstate_cli.train.study", "TrainSettings", "train",
           metrics=(Metric("final_val_loss", "nats", "lower", 0.02, 0.005), Metric("diverged", "bool", "lower")),
-          identity=("config", "optimizer", "model", "seed", "steps")),
+          identity=("config", "optimizer", "model", "seed", "steps"),
+          distinguish=("batch_size", "lr", "reset", "states", "steps_requested", "device", "path")),
     _kind("doctor", "doctor", "qstate_cli.doctor.run", "DoctorOptions", "doctor",
           metrics=(Metric("errors", "findings", "lower"),), identity=("checkpoint", "optimizer", "param")),
     _kind("compare", "compare", None, None, "compare"),

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from qstate_cli.cli import app
 from qstate_cli.compare import STATUSES, compare_docs, compare_paths
+from qstate_cli.errors import QstateError
 from qstate_cli.kinds import KINDS
 from qstate_cli.results import load
 
@@ -429,3 +430,115 @@ def test_the_timing_rule_is_printed_only_when_timing_was_compared():
     assert "Timing regresses" not in quality and "Quality metrics have their own tolerances" in quality
     timing = verdict_markdown(compare_docs([_kernels()], [_kernels()]))
     assert "Timing regresses" in timing and "Quality metrics" not in timing
+
+
+# -- identity: rows a suite axis tells apart (compare/identity.py) --------------------------------
+
+def _suite_doc(kind, rows_per_point, run="r", extra_params=None):
+    """A suite document: {point params (dict): [rows]} -> rows tagged with their point, and
+    meta.suite.points holding each point's params, in the order given."""
+    points, records = {}, []
+    for i, (params, rows) in enumerate(rows_per_point):
+        key = f"{run}{i}"
+        points[key] = {"label": " ".join(f"{k}={v}" for k, v in params.items()),
+                       "params": {**(extra_params or {}), **params}}
+        records += [{**r, "point": key} for r in rows]
+    d = doc(kind, records)
+    d["meta"] = {"suite": {"name": "s", "file": "s.yaml", "run": run, "description": "", "points": points}}
+    return d
+
+
+def _reset_point(reset):
+    """bf16 at one reset setting: without resets its v drifts 20x more (the user's probe)."""
+    drift = 0.0037 if reset == "none" else 0.00019
+    return ({"config": "bf16", "reset": reset},
+            [{"config": "bf16", "state": s, "numel": 24320, "steps": 200, "status": "ok", "drift_max_abs": drift,
+              "rel_rms_error": 0.01, "stall_rate": 0.5 if reset == "none" else 0.17, "update_cosine": 1.0,
+              "update_rel_error": 0.006 if reset == "none" else 0.003} for s in ("m", "v")])
+
+
+def test_a_reordered_suite_axis_compares_clean(tmp_path):
+    """`reset: [none, 20]` against `[20, none]`: the rows were paired by file order (`bf16 v #2`)
+    and the gate said "6 regressed, 6 improved", exit 1. The point's reset is now part of the
+    row's identity and name."""
+    a = _suite_doc("diagnose", [_reset_point("none"), _reset_point(20)])
+    b = _suite_doc("diagnose", [_reset_point(20), _reset_point("none")])
+    v = compare_docs([a], [b])
+    assert {r["status"] for r in v.records} == {"same"} and not v.regressions
+    assert {r["name"] for r in v.records} == {"bf16 m reset=none", "bf16 v reset=none", "bf16 m reset=20",
+                                              "bf16 v reset=20"}
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    r = runner.invoke(app, ["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    assert r.exit_code == 0 and "no regression (20 same)" in r.stdout
+    # a real change at one reset setting is still caught, on its own row
+    worse = _reset_point(20)
+    worse[1][1]["drift_max_abs"] = 0.01
+    regressed = compare_docs([a], [_suite_doc("diagnose", [worse, _reset_point("none")])]).regressions
+    assert [(x["name"], x["metric"]) for x in regressed] == [("bf16 v reset=20", "drift_max_abs")]
+
+
+def test_a_collapsed_axis_still_matches_the_rows_it_kept():
+    """NEW ran only `--set reset=none`: its rows match the baseline's reset=none rows (its point
+    still names the value), and the reset=20 rows are missing."""
+    v = by_name(compare_docs([_suite_doc("diagnose", [_reset_point("none"), _reset_point(20)])],
+                             [_suite_doc("diagnose", [_reset_point("none")])]))
+    assert v[("bf16 v reset=none", "drift_max_abs")]["status"] == "same"
+    assert v[("bf16 v reset=20", "drift_max_abs")]["status"] == "missing"
+
+
+def test_two_runs_of_one_suite_and_the_train_baseline_of_each_point_are_told_apart():
+    """suites/diagnose.yaml replays bf16 in its `configs` run and again in `resets` (two files
+    of one side); each train point runs fp32 too, so a config axis makes one fp32 row per point."""
+    configs = _suite_doc("diagnose", [_reset_point("none")], run="configs")
+    resets = _suite_doc("diagnose", [_reset_point("none"), _reset_point("auto")], run="resets")
+    v = compare_docs([configs, resets], [resets, configs])
+    assert {r["status"] for r in v.records} == {"same"}
+    assert {r["name"] for r in v.records if r["metric"] == "drift_max_abs" and r["name"].startswith("bf16 v")} == {
+        "bf16 v reset=none run=configs", "bf16 v reset=none run=resets", "bf16 v reset=auto run=resets"}
+
+    def train_point(config, loss):
+        return ({"config": config}, [{"config": c, "seed": 0, "steps": 20, "status": "ok", "diverged": False,
+                                      "final_val_loss": x} for c, x in (("fp32", 3.33), (config, loss))])
+    a = _suite_doc("train", [train_point("bred-4bit", 3.36), train_point("nearest-4bit", 3.60)])
+    b = _suite_doc("train", [train_point("nearest-4bit", 3.60), train_point("bred-4bit", 3.36)])
+    v = compare_docs([a], [b])
+    assert {r["status"] for r in v.records} == {"same"}
+    assert {r["name"] for r in v.records} == {"fp32 seed=0 config=bred-4bit", "fp32 seed=0 config=nearest-4bit",
+                                              "bred-4bit seed=0", "nearest-4bit seed=0"}
+
+
+def test_rows_without_a_suite_are_told_apart_by_their_own_fields():
+    """Two plain `bench train` files in one folder, batch sizes 4 and 8: the rows' batch_size."""
+    def run(batch, loss):
+        return doc("train", [{"config": "bred-4bit", "seed": 0, "steps": 20, "batch_size": batch, "status": "ok",
+                              "diverged": False, "final_val_loss": loss}])
+    v = compare_docs([run(4, 3.3), run(8, 3.0)], [run(8, 3.0), run(4, 3.3)])
+    assert {r["status"] for r in v.records} == {"same"}
+    assert {r["name"] for r in v.records} == {"bred-4bit seed=0 batch_size=4", "bred-4bit seed=0 batch_size=8"}
+
+
+def test_rows_that_nothing_tells_apart_are_refused(tmp_path):
+    """The same point twice in one file: pairing them by order would judge one measurement
+    against another, so compare refuses (exit 2, one line naming the file)."""
+    point = _reset_point("none")
+    twice = _suite_doc("diagnose", [point])
+    twice["records"] += [dict(r) for r in twice["records"]]
+    with pytest.raises(QstateError, match=r"baseline a.json: 2 diagnose rows are each 'bf16 m'"):
+        compare_docs([twice], [_suite_doc("diagnose", [point])], baseline_sources=["a.json"], new_sources=["b.json"])
+    (tmp_path / "a.json").write_text(json.dumps(twice))
+    (tmp_path / "b.json").write_text(json.dumps(_suite_doc("diagnose", [point])))
+    r = subprocess.run([sys.executable, "-m", "qstate_cli", "compare", str(tmp_path / "a.json"),
+                        str(tmp_path / "b.json")], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "nothing in them or their suite points" in r.stderr
+
+
+def test_the_ci_gate_matches_rows_on_the_kinds_identity_alone():
+    """The committed baseline has no rows that share an identity: its rows keep the names (and
+    the matching) they had, so it needs no regenerating."""
+    v = compare_paths(ROOT / "reports" / "ci-baseline", ROOT / "reports" / "ci-baseline")
+    assert v.records and {r["status"] for r in v.records} == {"same"}
+    assert not any("=" in r["name"].replace("seed=", "") for r in v.records if r["kind"] == "diagnose")
+    assert {r["name"] for r in v.records if r["kind"] == "memory"} == {
+        f"{n} small-lm" for n in ("fp32", "bf16", "bnb-8bit", "torchao-8bit", "torchao-4bit", "bred-4bit", "bred-8bit")}

@@ -28,7 +28,9 @@ the exception by default (a shared runner is the normal case, and its timing is 
 evidence either way); with `strict_timing` it is a regression too. Any
 regression makes `qstate compare` exit 1. The gate fails closed (evidence.py): empty,
 mismatched or inconsistent inputs, and malformed fields (results.load), are an input error
-(exit 2), never a pass.
+(exit 2), never a pass; so are rows of one side that nothing tells apart (identity.py: rows
+are matched on their kind's identity, extended where rows share it by the suite parameters
+or fields that tell them apart, never by their order in the files).
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ from dataclasses import dataclass, field
 from ..errors import QstateError
 from . import evidence
 from .evidence import unreadable
-from .metrics import Metric, compared_kinds, identity, metrics, row_name
+from .identity import keyed_rows, name as row_identity_name
+from .metrics import Metric, compared_kinds, metrics
 from .noise import NOISY_CPU_SHARE, REFERENCE_MOVED, REFERENCE_WHY, judge_rows
 
 STATUSES = ("regressed", "failed", "unjudged", "missing", "new", "noisy", "insignificant", "improved", "same")
@@ -49,20 +52,6 @@ def _num(v):
     if isinstance(v, bool):
         return float(v)
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
-
-
-def _rows_by_identity(kind: str, docs: list[dict]) -> dict[tuple, dict]:
-    out: dict[tuple, dict] = {}
-    for doc in docs:
-        for row in doc["records"]:
-            if not isinstance(row, dict):
-                raise QstateError(f"a {kind} results file has a record that is not a mapping: {str(row)[:60]}")
-            key = identity(kind, row)
-            n = 2
-            while key in out:  # the same row twice (e.g. two suite points): keep both
-                key, n = identity(kind, row) + (f"#{n}",), n + 1
-            out[key] = _run_share(doc, row)
-    return out
 
 
 def _run_share(doc: dict, row: dict) -> dict:
@@ -149,14 +138,18 @@ def allowed_by(patterns, kind: str, row: dict, name: str) -> str | None:
 
 
 def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], threshold: float, alpha: float,
-                 allow_missing=(), used: set | None = None) -> list[dict]:
-    base, new = _rows_by_identity(kind, base_docs), _rows_by_identity(kind, new_docs)
+                 allow_missing=(), used: set | None = None, base_sources=(), new_sources=()) -> list[dict]:
+    """Verdicts of the rows of one kind, matched on their identity (identity.py: the kind's
+    fields, and what tells apart rows that share them; the copy rows are never judged)."""
+    sides, extras = keyed_rows(kind, {
+        "baseline": list(zip(base_docs, list(base_sources) or [f"#{i + 1}" for i in range(len(base_docs))])),
+        "NEW": list(zip(new_docs, list(new_sources) or [f"#{i + 1}" for i in range(len(new_docs))]))})
+    base = {k: _run_share(r.doc, r.row) for k, r in sides["baseline"].items()}
+    new = {k: _run_share(r.doc, r.row) for k, r in sides["NEW"].items()}
     records = []
     for key in list(base) + [k for k in new if k not in base]:
         b, n = base.get(key), new.get(key)
-        if (n or b).get("role") == "copy":  # the machine's reference (a copy), not a subject: never judged
-            continue
-        name = row_name(kind, n or b) + (f" {key[-1]}" if str(key[-1]).startswith("#") else "")
+        name = row_identity_name(kind, sides["NEW"].get(key) or sides["baseline"][key], extras)
         for metric in metrics(kind):
             rec = {"name": name, "kind": kind, "metric": metric.field, "unit": metric.unit, "better": metric.better,
                    "baseline": None, "new": None, "ratio": None, "p_value": None, "threshold": None,
@@ -258,8 +251,10 @@ def compare_docs(base_docs: list[dict], new_docs: list[dict], threshold: float =
     evidence.check_rows(new_docs, new_src, "NEW", timing_kinds)
     records, used = [], set()
     for kind in kinds:
-        records += compare_kind(kind, [d for d in base_docs if d.get("kind") == kind],
-                                [d for d in new_docs if d.get("kind") == kind], threshold, alpha, allow_missing, used)
+        base_kind = [(d, s) for d, s in zip(base_docs, base_src) if d.get("kind") == kind]
+        new_kind = [(d, s) for d, s in zip(new_docs, new_src) if d.get("kind") == kind]
+        records += compare_kind(kind, [d for d, _ in base_kind], [d for d, _ in new_kind], threshold, alpha,
+                                allow_missing, used, [s for _, s in base_kind], [s for _, s in new_kind])
     notes += [f"--allow-missing {p} named no missing row" for p in allow_missing if p not in used]
     if strict_timing:
         apply_strict_timing(records)

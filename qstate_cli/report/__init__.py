@@ -21,6 +21,7 @@ from .. import __version__
 from ..errors import QstateError
 from ..kinds import KINDS, load
 from ..results import NUMBER_FIELDS, TEXT_FIELDS, load as load_result, write_text_atomic
+from .labels import context
 from .markdown import markdown_text
 from .model import Report, Section, Table
 
@@ -115,11 +116,24 @@ def build_report(docs: list[dict], sources: list[str] | None = None, title: str 
     summary, secs = [], []
     for d, src in zip(docs, sources):
         sec, lines = section_builder(d.get("kind"))(d, src, palette)
+        sec.notes[:0] = context(d)  # the suite run's descriptions first
         secs.append(sec)
         summary += lines
+    _distinct_titles(secs, docs, sources)
     kinds = ", ".join(dict.fromkeys(str(d.get("kind")) for d in docs))
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return Report(title or f"qstate report: {kinds}", created, env, banners, summary, secs)
+
+
+def _distinct_titles(secs: list[Section], docs: list[dict], sources: list[str]) -> None:
+    """Sections of one title (two diagnose runs of a suite) get their suite run's name, else
+    their file's, after it."""
+    titles = [s.title for s in secs]
+    for sec, doc, src in zip(secs, docs, sources):
+        if titles.count(sec.title) > 1:
+            suite = (doc.get("meta") or {}).get("suite")
+            run = suite.get("run") if isinstance(suite, dict) else None
+            sec.title += f" ({run or Path(str(src).split(' (run ')[0]).name})"
 
 
 _NUMERIC = re.compile(r"^[+-]?(\d[\d,]*)(\.\d+)?([eE][+-]?\d+)?%?$|^(nan|inf|-inf|NaN)$")

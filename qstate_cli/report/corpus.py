@@ -4,7 +4,8 @@ configuration's median over the traces (what `suites/corpus.yaml` is read by).
 A record's trace is its suite point's `trace` parameter (as the user wrote it, e.g.
 `corpus:digits-cnn`), else the document's `meta.trace`. Columns that a diagnose record
 may or may not carry (the code-level stall rate, the empirical model's prediction, the
-model's warning) appear when any record has them.
+model's warning) appear when any record has them. A configuration run at points that
+differ in another parameter is one row per value (`bf16 reset=auto`).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import math
 import statistics
 from collections import defaultdict
 
+from . import labels
 from .model import Table, pct
 from ..results import is_finite_number
 
@@ -30,12 +32,14 @@ def trace_of(record: dict, doc: dict) -> str:
 def per_trace_rows(doc: dict) -> list[dict]:
     """One row per (trace, configuration), ranked within each trace by update error."""
     rows: dict[tuple, dict] = {}
+    axes = labels.varying(doc, skip=("config", "trace"))  # e.g. reset: `bf16 reset=auto` is its own row
     for r in doc.get("records") or []:
         if r.get("status", "ok") != "ok" or "state" not in r:
             continue
         trace = trace_of(r, doc)
-        row = rows.setdefault((trace, r["config"]), {
-            "trace": trace, "config": r["config"], "bytes_per_param": r.get("bytes_per_param"),
+        config = labels.label(r["config"], {"variant": labels.variant(doc, r, axes)})
+        row = rows.setdefault((trace, config), {
+            "trace": trace, "config": config, "bytes_per_param": r.get("bytes_per_param"),
             "update_rel_error": r.get("update_rel_error"), "update_cosine": r.get("update_cosine")})
         s = r["state"]
         row[f"drift_{s}"] = r.get("drift_mean")

@@ -2,12 +2,11 @@
 Each function here is named by its kind's entry in qstate_cli/kinds.py."""
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 from ..bench.roofline import classify
 from ..results import is_finite_number
-from . import corpus, plots
+from . import labels, plots
 from .model import Plot, Section, Table, cell, pct
 
 OUR_PATHS = ("triton", "triton-interpreter", "cpu-numba", "reference")
@@ -42,8 +41,12 @@ def with_roofline(row: dict) -> dict:
     return out
 
 
+KERNELS_SHOWN = ("config", "baseline", "numel", "dtype", "device", "optimizer")  # in names, figures, x axis
+
+
 def kernels(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
-    rows = [with_roofline(r) for r in doc["records"]]
+    axes = labels.varying(doc, skip=KERNELS_SHOWN)  # e.g. threads, rounds, copy_numel, backend
+    rows = labels.with_axes([with_roofline(r) for r in doc["records"]], doc, axes)
     sec = Section("Kernels: time and roofline", "kernels", source)
     sweep = [r for r in rows if _ok(r) and r.get("model") in (None, "")]
     groups = defaultdict(list)
@@ -56,16 +59,19 @@ def kernels(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
         title = f"{opt}: {pdt} params, {gdt} grads on {dev} ({dev_name})"
         sec.plots.append(Plot(_slug("kernels", opt, pdt, dev), title,
                               "Median time per optimizer step (left, log-log) and bytes moved per second as % of "
-                              "the copy bandwidth measured in the same run (right). Dashed: baselines. A size "
-                              "measured more than once (suite points, rounds) is drawn at the median of its rows. "
+                              "the copy bandwidth measured in the same run (right). Dashed: baselines. One line "
+                              "per configuration, path and varying suite parameter (one colour per configuration); "
+                              "a size measured more than once on one line is drawn at the median of its rows. "
                               "Crosses in the top band: cache-resident rows (faster than the memory copy, or their "
                               "own bytes copy at cache speed), which a memory roofline does not describe.",
                               lambda g=group, t=title: plots.size_sweep(g, t, palette, is_baseline)))
-    cols = [("name", "name"), ("path", "path"), ("numel", "numel"), ("param_dtype", "dtype"),
+    cols = [("name", "name"), ("path", "path"), *labels.axis_columns(axes), ("numel", "numel"),
+            ("param_dtype", "dtype"),
             ("time_ms", "time (ms)", ".4g"), ("time_ms_iqr", "IQR (ms)", ".3g"), ("time_ms_min", "min (ms)", ".4g"),
             ("gbps", "GB/s", ".1f"), ("roofline", "% of copy"), ("time_rel_copy", "x copy of own bytes", ".3g"),
             ("noisy", "noisy"), ("compile_ms", "compile (ms)", ".0f")]
-    sec.tables.append(Table.of("Size sweep", sorted(sweep, key=lambda r: (str(r.get("name")), r.get("numel") or 0)),
+    sec.tables.append(Table.of("Size sweep", sorted(sweep, key=lambda r: (str(r.get("name")), str(r.get("path")),
+                                                                          r["variant"], r.get("numel") or 0)),
                                cols, "noisy: IQR above 10% of the median. cache-resident: the row ran faster than "
                                "the memory copy or its own bytes copy at cache speed (no roofline percentage); "
                                "x copy of own bytes: time over a same-run copy of the row's bytes_moved."))
@@ -73,9 +79,11 @@ def kernels(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
     if models:
         sec.tables.append(Table.of("Whole-model steps", models, [("name", "name"), ("model", "model"),
                                    ("n_tensors", "tensors"), ("numel", "numel"), ("path", "path"),
+                                   *labels.axis_columns(axes),
                                    ("time_ms", "time (ms)", ".4g"), ("gbps", "GB/s", ".1f"),
                                    ("roofline", "% of copy"), ("time_rel_copy", "x copy of own bytes", ".3g")]))
-    _not_measured(sec, rows, [("name", "name"), ("config", "config"), ("numel", "numel"), ("path", "path")])
+    _not_measured(sec, rows, [("name", "name"), ("config", "config"), ("numel", "numel"), ("path", "path"),
+                              *labels.axis_columns(axes)])
     return sec, [_kernels_summary(rows, sweep)]
 
 
@@ -128,7 +136,8 @@ def _status_counts(rows) -> str:
 # -- memory ----------------------------------------------------------------------------
 
 def memory(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
-    rows = doc["records"]
+    axes = labels.varying(doc, skip=("config", "baseline"))
+    rows = labels.with_axes(doc["records"], doc, axes)
     sec = Section("Memory: optimizer-state bytes", "memory", source)
     ok = [r for r in rows if _ok(r) and is_finite_number(r.get("bytes_per_param"))]
     if ok:
@@ -136,11 +145,13 @@ def memory(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
         models = sorted({str(r.get("model")) for r in ok})
         sec.plots.append(Plot(_slug("memory", *models), "Optimizer-state bytes per parameter",
                               "Exact accounting of the stored states (codes and block scales).",
-                              lambda: plots.bars([f"{r.get('name')} ({r.get('model')})" if len(models) > 1 else str(r.get("name"))
-                                                  for r in ok_sorted], [r["bytes_per_param"] for r in ok_sorted],
-                                                 "optimizer-state bytes per parameter", "State memory", palette)))
+                              lambda: plots.bars([labels.label(f"{r.get('name')} ({r.get('model')})" if len(models) > 1
+                                                               else r.get("name"), r) for r in ok_sorted],
+                                                 [r["bytes_per_param"] for r in ok_sorted],
+                                                 "optimizer-state bytes per parameter", "State memory", palette,
+                                                 colors=[str(r.get("name")) for r in ok_sorted])))
     sec.tables.append(Table.of("State memory", rows, [
-        ("name", "name"), ("config", "config"), ("model", "model"), ("params", "params"),
+        ("name", "name"), ("config", "config"), *labels.axis_columns(axes), ("model", "model"), ("params", "params"),
         ("state_bytes", "state bytes"), ("bytes_per_param", "bytes/param", ".4f"),
         ("reduction_vs_fp32", "less than fp32", pct), ("measured_state_bytes", "measured bytes"),
         ("peak_extra_mib", "peak extra (MiB)", ".1f"), ("status", "status"), ("reason", "reason")]))
@@ -153,109 +164,34 @@ def memory(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
     return sec, [summary]
 
 
-# -- diagnose --------------------------------------------------------------------------
-
-def diagnose(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
-    rows = doc["records"]
-    series, hists = doc.get("series") or [], [h for h in doc.get("histograms") or [] if h.get("metric") == "staleness"
-                                              and plots.drawable_histogram(h)]
-    sec = Section("Diagnose: drift, stalling, staleness", "diagnose", source)
-    states = sorted({r.get("state") for r in rows + series if r.get("state")}, key=lambda s: (s != "m", s)) or ["m", "v"]
-    if series:
-        sec.plots.append(Plot("diagnose-drift", "Drift over steps",
-                              "Mean signed error of the stored state over the fp32 shadow's RMS: a bias that builds up "
-                              "is drift; BReD's error has zero mean.",
-                              lambda: plots.per_state_lines(series, "drift", "drift (mean error / shadow RMS)",
-                                                            "Drift", palette, states=states)))
-        sec.plots.append(Plot("diagnose-stall-rate", "Stall rate over steps",
-                              "Fraction of elements whose nominal update was non-zero but whose stored value did not "
-                              "change (under a block scale the value moves with the block's absmax even when the "
-                              "element's code is frozen: see the code stall rate).",
-                              lambda: plots.per_state_lines(series, "stall_rate", "stall rate (fraction)",
-                                                            "Stalling (stored value)", palette, states=states)))
-        sec.plots.append(Plot("diagnose-code-stall-rate", "Code stall rate over steps",
-                              "Fraction of elements whose nominal update was non-zero but whose stored code (or a "
-                              "float state's raw bits) did not change; dashed: the staleness model's prediction "
-                              "(Gaussian gradients; build-up after initialization and every reset).",
-                              lambda: plots.per_state_lines(series, "code_stall_rate", "code stall rate (fraction)",
-                                                            "Stalling (stored code)", palette,
-                                                            predicted="stall_rate_predicted", states=states)))
-    if hists:
-        sec.plots.append(Plot("diagnose-staleness", "Staleness histograms",
-                              "Steps since each stored value last changed, at the end of the replay.",
-                              lambda: plots.staleness_histograms(hists, palette, states=states)))
-    if any(is_finite_number(r.get("stall_rate_predicted"))
-           and is_finite_number(r.get("code_stall_rate", r.get("stall_rate")))
-           for r in rows):
-        sec.plots.append(Plot("diagnose-predicted-vs-observed", "Predicted vs observed stalling",
-                              "Mean code stall rate over the replay against the model's prediction (on the diagonal: "
-                              "the model is right).", lambda: plots.predicted_vs_observed(rows, palette)))
-    ranked = sorted(rows, key=lambda r: (-(r["update_cosine"] if is_finite_number(r.get("update_cosine"))
-                                           else -math.inf),
-                                         str(r.get("config")), str(r.get("state"))))
-    sec.tables.append(Table.of("Summary per configuration and state (best update fidelity first)", ranked, [
-        ("config", "config"), ("state", "state"), ("format", "format"), ("rounding", "rounding"),
-        ("drift_final", "drift (final)", ".3g"), ("drift_max_abs", "max |drift|", ".3g"),
-        ("rel_rms_error", "rel. RMS error", ".3g"), ("dim_slope", "d slope", ".2f"),
-        ("stall_rate", "stall rate", ".3f"), ("code_stall_rate", "code stall rate", ".3f"),
-        ("code_stall_rate_late", "code stall, last 10%", ".3f"), ("stall_rate_predicted", "predicted", ".3f"),
-        ("stall_rate_predicted_empirical_late", "empirical, last 10%", ".3f"),
-        ("staleness_p50", "staleness p50"), ("staleness_p90", "p90"),
-        ("update_cosine", "update cosine", ".4f"), ("update_rel_error", "update rel. error", ".3g"),
-        ("nonfinite_grads", "non-finite grads")],
-        "d slope: log-log slope of the aggregate error against dimension (1: bias adds up, 0.5: noise)."))
-    warned = [r for r in rows if r.get("model_warning")]
-    if warned:
-        sec.tables.append(Table.of("Where the Gaussian staleness model misses", warned, [
-            ("config", "config"), ("state", "state"), ("code_stall_rate_late", "observed, last 10%", ".3f"),
-            ("stall_rate_predicted_late", "Gaussian", ".3f"),
-            ("stall_rate_predicted_empirical_late", "empirical", ".3f"), ("model_warning", "why")]))
-    resets = [r for r in rows if r.get("reset_period") is not None or r.get("reset_reason")]
-    if resets:
-        sec.tables.append(Table.of("Recommended reset periods", resets, [
-            ("config", "config"), ("state", "state"), ("reset_period", "reset every (steps)"),
-            ("reset_reason", "why")]))
-    if doc.get("theory"):
-        sec.tables.append(Table.of("Staleness model", doc["theory"], [
-            ("format", "format"), ("rounding", "rounding"), ("beta2", "beta2"), ("fraction_bits", "fraction bits"),
-            ("rho", "rho", ".4g"), ("p_stall_steady", "P(stall), steady", ".4f"),
-            ("reset_period", "reset period"), ("reported_period", "paper")]))
-    _not_measured(sec, rows, [("config", "config"), ("state", "state"), ("numel", "numel")])
-    across, across_summary = corpus.tables(doc)  # one trace: nothing; several: per trace and the median
-    sec.tables[:0] = across
-    summary = f"diagnose: {len({r.get('config') for r in rows})} configurations"
-    if across_summary:
-        return sec, [f"{summary}; {across_summary[0]}"]
-    if ranked and is_finite_number(ranked[0].get("update_cosine")):
-        summary += f"; best update fidelity {ranked[0]['config']} (cosine {ranked[0]['update_cosine']:.4f})"
-    drifts = [r for r in rows if is_finite_number(r.get("drift_max_abs"))]
-    if drifts:
-        worst = max(drifts, key=lambda r: r["drift_max_abs"])
-        summary += f"; most drift {worst['config']} ({worst.get('state')}: max |drift| {worst['drift_max_abs']:.3g})"
-    return sec, [summary]
-
-
 # -- train -----------------------------------------------------------------------------
 
 def train(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
-    rows, series = doc["records"], doc.get("series") or []
+    axes = labels.varying(doc, skip=("config", "seeds"))  # e.g. batch_size, lr
+    rows = labels.with_axes(doc["records"], doc, axes)
+    series = labels.with_axes(doc.get("series") or [], doc, axes)
     sec = Section("Training: loss per configuration", "train", source)
     if series:
         sec.plots.append(Plot("train-loss", "Loss curves", "Same model, initialization and data order for every "
                               "configuration; one line per seed.", lambda: plots.loss_curves(series, palette)))
-    sec.tables.append(Table.of("Runs", sorted(rows, key=lambda r: (str(r.get("config")), str(r.get("seed")))), [
-        ("config", "config"), ("seed", "seed"), ("steps", "steps"), ("final_val_loss", "final val loss", ".4f"),
-        ("best_val_loss", "best val loss", ".4f"), ("gap_to_fp32", "gap to fp32", "+.4f"),
-        ("diverged", "diverged"), ("diverged_at_step", "at step"), ("steps_per_s", "steps/s", ".1f"),
-        ("bytes_per_param", "state bytes/param", ".4f"), ("reset", "reset"), ("status", "status")]))
-    _not_measured(sec, rows, [("config", "config"), ("seed", "seed")])
+    shown = [{**r, "diverged": r.get("diverged") if _ok(r) else r.get("status")} for r in rows]  # never "no"
+    ax_cols = labels.axis_columns(axes)
+    sec.tables.append(Table.of("Runs", sorted(shown, key=lambda r: (str(r.get("config")), r["variant"],
+                                                                    str(r.get("seed")))), [
+        ("config", "config"), *ax_cols, ("seed", "seed"), ("steps", "steps"),
+        ("final_val_loss", "final val loss", ".4f"), ("best_val_loss", "best val loss", ".4f"),
+        ("gap_to_fp32", "gap to fp32", "+.4f"), ("diverged", "diverged"), ("diverged_at_step", "at step"),
+        ("steps_per_s", "steps/s", ".1f"), ("bytes_per_param", "state bytes/param", ".4f"), ("reset", "reset"),
+        ("status", "status")], "diverged: failed where the run raised (its reason is under Not measured)."
+                               if any(not _ok(r) for r in rows) else ""))
+    _not_measured(sec, rows, [("config", "config"), *ax_cols, ("seed", "seed")])
     gaps = defaultdict(list)
     for r in rows:
-        if is_finite_number(r.get("gap_to_fp32")) and not r.get("diverged"):
-            gaps[str(r.get("config"))].append(r["gap_to_fp32"])
-    diverged = sorted({str(r.get("config")) for r in rows if r.get("diverged")})
+        if is_finite_number(r.get("gap_to_fp32")) and not r.get("diverged") and r.get("config") != "fp32":
+            gaps[labels.label(r.get("config"), r)].append(r["gap_to_fp32"])
+    diverged = sorted({labels.label(r.get("config"), r) for r in rows if r.get("diverged") is True})
     parts = [f"train: {len({r.get('config') for r in rows})} configurations"]
-    others = {c: sum(v) / len(v) for c, v in gaps.items() if c != "fp32"}
+    others = {c: sum(v) / len(v) for c, v in gaps.items()}
     if others:
         best = min(others, key=lambda c: abs(others[c]))
         parts.append(f"closest to fp32: {best} (mean gap {others[best]:+.4f})")
