@@ -202,6 +202,31 @@ def diagnose_two_outputs_one_file(tmp):
     return ["diagnose", _trace_file(tmp), *_DIAGNOSE, "--json", str(tmp / "same.out"), "--html", str(tmp / "same.out")]
 
 
+@case(OUT, "`diagnose SHARDS/ --json SHARDS/rank0.pt` (a file of the input folder; it was replaced by JSON)",
+      r"--json .*rank0.pt: is a file of the input folder TRACE; name a file outside it, or a new one")
+def diagnose_json_in_the_trace_folder(tmp):
+    (tmp / "shards").mkdir()
+    (tmp / "shards" / "rank0.pt").write_bytes(b"a shard")
+    return ["diagnose", str(tmp / "shards"), *_DIAGNOSE, "--json", str(tmp / "shards" / "rank0.pt")]
+
+
+@case(OUT, "`doctor DCP/ --json DCP/.metadata` (a file of the checkpoint folder; it was replaced by JSON)",
+      r"--json .*\.metadata: is a file of the input folder CHECKPOINT; name a file outside it, or a new one")
+def doctor_json_in_the_checkpoint_folder(tmp):
+    (tmp / "dcp").mkdir()
+    (tmp / "dcp" / ".metadata").write_bytes(b"metadata")
+    return ["doctor", str(tmp / "dcp"), "--json", str(tmp / "dcp" / ".metadata")]
+
+
+@case(OUT, "`run DIR/m.json --out DIR` whose run `m` would write over the suite file",
+      r"--out .*m.json: is also an input \(SUITE\); name another file")
+def run_writes_over_its_suite(tmp):
+    (tmp / "s").mkdir()
+    suite = write(tmp / "s", "m.json", '{"runs": [{"name": "m", "kind": "memory", "defaults": {"numel": [1000], '
+                                       '"config": ["fp32"], "device": "cpu"}}]}')
+    return ["run", suite, "--out", str(tmp / "s"), "--no-report"]
+
+
 @case(OUT, "`report --html` naming the results file", r"--html .*memory.json: is also an input \(RESULTS\)")
 def report_html_is_the_input(tmp):
     return ["report", copy_result(tmp, "memory.json"), "--html", str(tmp / "memory.json")]
@@ -708,6 +733,18 @@ def suite_block_size_zero(tmp):
 def suite_set_seed_huge(tmp):
     suite = write(tmp, "sd.yaml", "kind: memory\ndefaults: {numel: [1000], config: [fp32], device: cpu}\n")
     return ["run", suite, "--set", f"seed={HUGE}", "--out", str(tmp / "o")]
+
+
+@case(SUITE, "`run` of a suite whose trace is corrupt: refused before any run is measured or any earlier "
+      "result replaced", r"error: .*bad.pt: corrupt or truncated trace")
+def run_with_a_corrupt_trace_keeps_the_folder(tmp):
+    (tmp / "bad.pt").write_bytes(b"PK\x03\x04" + b"\0" * 60)
+    (tmp / "o").mkdir()
+    (tmp / "o" / "d.json").write_text('{"earlier": "results"}')
+    suite = write(tmp, "s.yaml", "runs:\n  - {name: mem, kind: memory, defaults: {numel: [1000], config: [fp32], "
+                                 "device: cpu}}\n  - {name: d, kind: diagnose, defaults: {trace: bad.pt, "
+                                 "config: [bf16]}}\n")
+    return ["run", suite, "--out", str(tmp / "o"), "--no-report"]
 
 
 # -- running the catalogue --------------------------------------------------------------------

@@ -104,9 +104,11 @@ def check_outputs(outputs, inputs=()) -> None:
     """Refuse, before any work (QstateError, exit 2), an output that is also an input file
     (it would be overwritten) or that another output writes too (one of them would be lost).
     `outputs`: (flag, path) pairs; `inputs`: (label, path) pairs, e.g. ("TRACE", "t.pt");
-    None paths are skipped, and so are inputs that are no existing file (a folder of shards,
-    the name `demo`): an output inside an input folder is fine."""
+    None paths are skipped, and so are inputs that name no file or folder (`demo`). Inside an
+    input folder (a trace's shards, a DCP checkpoint) a new file is fine, an existing one is
+    part of the input (`--json shards/rank0.pt` replaced a shard with JSON)."""
     files = [(label, Path(p)) for label, p in inputs if p is not None and os.path.isfile(p)]
+    folders = [(label, os.path.realpath(p)) for label, p in inputs if p is not None and os.path.isdir(p)]
     written: list[tuple[str, Path]] = []
     for flag, p in outputs:
         if p is None:
@@ -115,6 +117,12 @@ def check_outputs(outputs, inputs=()) -> None:
         for label, source in files:
             if _same_file(path, source):
                 raise QstateError(f"{flag} {path}: is also an input ({label}); name another file")
+        if path.is_file() and not writes_in_place(path):
+            real = os.path.realpath(path)
+            for label, folder in folders:
+                if real.startswith(folder.rstrip(os.sep) + os.sep):
+                    raise QstateError(f"{flag} {path}: is a file of the input folder {label}; name a file "
+                                      "outside it, or a new one")
         for other, earlier in written:
             if not writes_in_place(path) and _same_file(path, earlier):  # /dev/null twice: fine
                 raise QstateError(f"{flag} {path}: {other} writes it too; name another file")

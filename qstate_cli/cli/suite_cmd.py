@@ -28,6 +28,17 @@ def resume_command(suite, sets, out) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
+def _check_inputs_kept(loaded, suite: Path, out: Path, report: bool) -> None:
+    """No file the run writes (OUT/<run>.json, the report) may be one it reads: the suite
+    file (`run sy2/m.json --out sy2` replaced a run `m`'s suite with its results) or a trace."""
+    inputs = [("SUITE", suite)] + [("trace", point.params["trace"]) for _, points in loaded.points()
+                                   for point in points if isinstance(point.params.get("trace"), str)]
+    outputs = [("--out", out / f"{r['name']}.json") for r in loaded.runs]
+    if report:
+        outputs += [("--out", out / "report.html"), ("--out", out / "report.md")]
+    output.check_outputs(outputs, inputs)
+
+
 def run(
     suite: Path = typer.Argument(..., help="The suite file (YAML), e.g. suites/quick.yaml."),
     sets: Optional[List[str]] = typer.Option(None, "--set", help="Override KEY=VALUE (YAML value): a parameter "
@@ -48,6 +59,7 @@ def run(
         output.stderr.print(f"[dim]note: {note}[/]")
     out = out or Path("results") / loaded.name
     check_folder(out, "--out")  # before any work
+    _check_inputs_kept(loaded, suite, out, report)
     bar = output.progress_bar()
     task = bar.add_task(loaded.name, total=None)
 

@@ -232,6 +232,23 @@ def _merge(writer: ResultWriter, point: Point, out: dict, hook_name: str) -> str
                  if isinstance(row, dict) and row.get("status") == "failed"), None)
 
 
+def _check_traces(plans) -> None:
+    """Every trace file a point replays is loaded once (a corrupt or hostile one refused,
+    QstateError) before any file of the folder is replaced: found at its own point, after the
+    other runs were measured again, it left that run's earlier results gone. Names (`demo`,
+    `corpus:NAME`) are made on first use and checked there."""
+    from ..trace import load_trace
+    from .checks import is_name
+
+    seen: set[str] = set()
+    for _, points in plans:
+        for point in points:
+            trace = point.params.get("trace")
+            if isinstance(trace, str) and trace not in seen and not is_name(trace):
+                seen.add(trace)
+                load_trace(trace)
+
+
 def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, progress: Progress | None = None) -> list[SuiteRun]:
     """Run every point of every run; returns each run's file and document."""
     out_dir = Path(out_dir)
@@ -248,6 +265,7 @@ def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, progress: Progr
     for run, points in plans:
         path = out_dir / f"{run['name']}.json"
         writers.append((path, *_open_writer(path, run, suite, points, resume)))
+    _check_traces(plans)
     _replace_earlier(out_dir, suite, resume, progress)
     for _, writer, _ in writers:  # every run's file now describes this session (no earlier run's rows)
         writer.flush()
