@@ -574,6 +574,29 @@ def rep_ms_zero(tmp):
     return ["bench", "kernels", "--rep-ms", "0", "--numel", "1024", "-c", "fp32", "--baseline", "none"]
 
 
+@case(FLAGS, "`bench train --threads abc` (a ValueError traceback, exit 1)",
+      r"--threads 'abc': give a whole number \(0: torch's default\)")
+def train_threads_not_a_number(tmp):
+    return ["bench", "train", "-c", "bred-4bit", "--steps", "2", "--threads", "abc"]
+
+
+@case(FLAGS, "`bench train --warmup-frac nan` (every row failed, exit 0)", r"warmup-frac must be from 0 to 1, got nan")
+def train_warmup_nan(tmp):
+    return ["bench", "train", "-c", "bred-4bit", "--steps", "2", "--warmup-frac", "nan"]
+
+
+@case(FLAGS, "`bench train --diverge-factor nan` (divergence detection silently off)",
+      r"diverge-factor must be a finite number above 1")
+def train_diverge_nan(tmp):
+    return ["bench", "train", "-c", "bred-4bit", "--steps", "2", "--diverge-factor", "nan"]
+
+
+@case(FLAGS, "`bench train -c 'bred-4bit@lr=inf'` (ran and diverged)",
+      r"in run 'bred-4bit@lr=inf': lr must be a positive finite number")
+def train_run_lr_inf(tmp):
+    return ["bench", "train", "-c", "bred-4bit@lr=inf", "--steps", "2"]
+
+
 @case(FLAGS, "`diagnose` with an unknown configuration (no progress line before the error)",
       r"unknown configuration 'nosuch-4bit'")
 def diagnose_unknown_config(tmp):

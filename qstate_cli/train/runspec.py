@@ -41,12 +41,16 @@ class RunSpec:
         head, *opts = [t.strip() for t in str(text).split("@")]
         cfg = parse_config(head)
         reset, lr = str(ResetPolicy.parse(default_reset)), None
+        seen = set()
         for opt in opts:
             key, sep, val = opt.partition("=")
             key = key.strip().lower()
             if not sep or key not in RUN_KEYS:
                 raise QstateError(f"in run {text!r}: expected @KEY=VALUE with KEY one of {', '.join(RUN_KEYS)}, "
                                   f"got {opt!r}")
+            if key in seen:
+                raise QstateError(f"in run {text!r}: @{key} given twice")
+            seen.add(key)
             if key == "reset":
                 reset = str(ResetPolicy.parse(val))
             else:
@@ -54,8 +58,8 @@ class RunSpec:
                     lr = float(val)
                 except ValueError:
                     raise QstateError(f"in run {text!r}: lr must be a number, got {val!r}") from None
-                if not lr > 0:
-                    raise QstateError(f"in run {text!r}: lr must be positive, got {val!r}")
+                if not 0 < lr < float("inf"):
+                    raise QstateError(f"in run {text!r}: lr must be a positive finite number, got {val!r}")
         label = str(cfg) + (f"@reset={reset}" if reset != "none" else "") + (f"@lr={lr:g}" if lr else "")
         return cls(label, cfg, reset, lr)
 

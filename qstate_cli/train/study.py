@@ -43,9 +43,17 @@ DEFAULT_CONFIGS = ("fp32", "bf16", "nearest-4bit", "sr-4bit", "bred-4bit", "bnb-
                    "nearest-4bit@reset=auto")
 
 
+MAX_THREADS = 1024  # torch threads per run: more is a typo (it overflowed inside torch, every row failed)
+
+
 def threads_option(value) -> int | None:
     """--threads N; 0 means torch's default (None)."""
-    n = int(value)
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise QstateError(f"--threads {value!r}: give a whole number (0: torch's default)") from None
+    if not 0 <= n <= MAX_THREADS:
+        raise QstateError(f"--threads {value}: use 0 (torch's default) to {MAX_THREADS}")
     return None if n == 0 else n
 
 
@@ -93,8 +101,14 @@ class TrainSettings(Options):
         for name in ("steps", "batch_size", "eval_every", "eval_batches", "eval_batch_size", "log_every", "seeds"):
             if getattr(self, name) < 1:
                 raise QstateError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.lr is not None and not self.lr > 0:
-            raise QstateError(f"lr must be positive, got {self.lr}")
+        if self.lr is not None and not 0 < self.lr < math.inf:
+            raise QstateError(f"lr must be a positive finite number, got {self.lr}")
+        for name, lo, hi in (("warmup_frac", 0.0, 1.0), ("min_lr_frac", 0.0, 1.0)):
+            if not lo <= getattr(self, name) <= hi:  # NaN fails too
+                raise QstateError(f"{name.replace('_', '-')} must be from {lo:g} to {hi:g}, got {getattr(self, name)}")
+        if not 1.0 < self.diverge_factor < math.inf:
+            raise QstateError(f"diverge-factor must be a finite number above 1 (a loss this many times the first "
+                              f"one is a divergence), got {self.diverge_factor}")
         if self.min_quant_numel < 0:
             raise QstateError(f"min-quant-numel must be >= 0, got {self.min_quant_numel}")
         if self.threads is not None and self.threads < 1:
