@@ -164,6 +164,8 @@ def check_writable(path, what: str | None = None) -> Path:
     Missing folders on the way are fine: the write creates them."""
     path = Path(path)
     label = f"{what} {path}" if what else str(path)
+    if str(path) == "-":  # only a --json that says so prints to stdout (output.Destinations); here it named a file
+        raise QstateError(f"{label}: this output is a file, not stdout; name a file")
     if path.is_dir():
         raise QstateError(f"{label}: is a folder; name a file")
     if writes_in_place(path):  # a device or a FIFO: written where it is (atomic_path)

@@ -227,6 +227,11 @@ def run_writes_over_its_suite(tmp):
     return ["run", suite, "--out", str(tmp / "s"), "--no-report"]
 
 
+@case(OUT, "`bench memory --csv -` (wrote a file named '-')", r"--csv -: this output is a file, not stdout; name a file")
+def csv_dash(tmp):
+    return ["bench", "memory", "-n", "1000", "-c", "fp32", "--csv", "-"]
+
+
 @case(OUT, "`report --html` naming the results file", r"--html .*memory.json: is also an input \(RESULTS\)")
 def report_html_is_the_input(tmp):
     return ["report", copy_result(tmp, "memory.json"), "--html", str(tmp / "memory.json")]

@@ -239,3 +239,17 @@ def test_failed_rows_render_as_failed_with_their_reason(kind, tmp_path):
     r = runner.invoke(app, ["report", str(tmp_path / "r.json"), "-o", str(tmp_path / "out")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "out" / "r.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_a_kernels_row_without_a_name_still_reports(tmp_path):
+    """A stranger's results file whose rows lack `name` (compare takes it): the summary line
+    said KeyError, exit 1."""
+    from qstate_cli.cli import app
+
+    doc = {"schema_version": 1, "kind": "kernels", "env": {"device": "cpu"},
+           "records": [{"path": "cpu-numba", "optimizer": "adamw", "config": "fp32", "numel": 4096,
+                        "time_ms": 0.089, "status": "ok"}]}
+    (tmp_path / "k.json").write_text(json.dumps(doc))
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "k.json"), "--html", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+    assert "the fastest of ours is None (cpu-numba)" in (tmp_path / "r.html").read_text()

@@ -108,7 +108,7 @@ def _kernels_summary(rows, sweep) -> str:
         where = "cache-resident" + (f", {rel:.3g}x a copy of its own bytes" if is_finite_number(rel) else "")
     else:
         where = f"{cell(best.get('pct_of_copy'), '.1f')}% of copy bandwidth"
-    line += (f"; at numel {top:,.0f} the fastest of ours is {best['name']} ({best['path']}): "
+    line += (f"; at numel {top:,.0f} the fastest of ours is {best.get('name')} ({best.get('path')}): "
              f"{cell(best['time_ms'], '.4g')} ms, {where}")
     fused = [r for r in sweep if r.get("path") == "torch-fused" and r.get("numel") == top
              and is_finite_number(r.get("time_ms"))
