@@ -54,6 +54,9 @@ def _print(doc: dict) -> None:
         output.stdout.print(line, highlight=False, markup=False)
     s = meta["summary"]
     per = f" ({s['bytes_per_param']:.4g} bytes/param)" if s.get("bytes_per_param") else ""
+    held = s.get("memory_bytes_per_param")
+    if per and held and abs(held - s["bytes_per_param"]) > 1e-9:  # FSDP2's per-element checkpoint layout
+        per = f" ({s['bytes_per_param']:.4g} bytes/param as saved; {held:.4g} in memory)"
     output.stdout.print(f"summary: {s['params']} parameters, {s['elements']:,} elements, {s['state_bytes']:,} bytes of "
                         f"state{per}; {_count(s['errors'], 'error')}, {_count(s['warnings'], 'warning')}"
                         + ("" if s["errors"] else " - healthy"), highlight=False, markup=False)

@@ -28,6 +28,9 @@ Per parameter (`check_param`):
     orphan      error  a state whose param id no param group lists: a resume keeps it unused
                        (qstate's load_state_dict refuses it); qstate codes decode with the
                        settings all groups share, else stay undecoded
+    layout      info   qstate states saved per element (FSDP2's elements form): the checkpoint's
+                       bytes per param beside the format's in memory, so the larger number
+                       does not read as an fp32 fallback
     upcast      warn   a state stored as fp32 where the optimizer keeps the others in low
                        bits (tensors of >= 4096 elements; a silent upcast: FSDP turning
                        8-bit AdamW into 32-bit, accelerate#1902)
@@ -165,6 +168,17 @@ def check_param(opt: OptimizerStates, p: ParamStates, expected: set[str], low_bi
         if p.step is not None and written > p.step:
             out.append(_f("error", "step", opt, p, name, f"{name} written at step {written}, after the step counter "
                                                          f"{p.step:g}"))
+    per_element = [s for s in p.states.values() if s.layout == "elements" and s.low_bit and s.numel]
+    if per_element:
+        stored = sum(s.nbytes for s in per_element)
+        held = sum(s.held_nbytes for s in per_element)
+        n = max(s.numel for s in per_element)
+        names = ", ".join(f"{s.name} ({s.storage.removeprefix('qstate ')})" for s in per_element)
+        out.append(_f("info", "layout", opt, p, None,
+                      f"{names} saved per element: FSDP2's checkpoint form where a row is not whole blocks (a "
+                      f"byte per code, its block's scale and a block-start mark per element), "
+                      f"{stored / n:.4g} B/param here; the format holds {held / n:.4g} B/param in memory "
+                      f"(memory_bytes): a checkpoint layout, not an fp32 fallback", n))
     return out
 
 

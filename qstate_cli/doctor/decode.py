@@ -18,6 +18,7 @@ import torch
 
 from ..errors import QstateError
 from ..quant.config import MIN_QUANT_NUMEL, STATE_IDS, parse_config, parse_spec
+from ..quant.formats import state_bytes
 from ..quant.packing import pack
 from ..quant.quantizer import Stream, decode
 from .safeload import LowBitState
@@ -42,6 +43,14 @@ class StoredState:
     decoded: bool = True  # False: stored values not read back (a qstate state whose group names no format or
     #                       no integer seed); `values` is then empty and no check reads it
     stored_numel: int | None = None  # an undecoded state's number of elements, where its format tells it
+    memory_nbytes: int | None = None  # where the checkpoint stores it in another layout than the optimizer holds
+    #                                   it (qstate's per-element form from FSDP2): the format's own bytes
+    layout: str = ""  # qstate: "elements" (the per-element checkpoint form), else ""
+
+    @property
+    def held_nbytes(self) -> int:
+        """Bytes the optimizer holds for this state in memory (its format's; else nbytes)."""
+        return self.nbytes if self.memory_nbytes is None else self.memory_nbytes
 
     @property
     def numel(self) -> int:
@@ -215,10 +224,12 @@ def qstate_state(key: str, value: dict, group: dict, index: int, where: str):
                           f"{' or '.join(dtype_name(d) for d in want) or '?'} codes of {spec}")
     nbytes = _bytes(codes, scales, starts)
     shape = None
+    memory = None
     if starts is not None:  # elements form: one code (and scale) per element, shaped like the parameter
         shape = tuple(codes.shape)
         codes, scales, segments = _elements_form(key, codes, scales, starts, spec, where)
         numel = sum(n for _, n, _ in segments)
+        memory = format_nbytes(spec, numel)
     else:  # flat, or rows form: row-major, so flattening gives the whole tensor's flat order
         codes = codes.reshape(-1)
         numel = codes.numel() * 8 // bits if bits < 8 else codes.numel()
@@ -258,8 +269,19 @@ def qstate_state(key: str, value: dict, group: dict, index: int, where: str):
         vals = vals.view(shape)
     state = StoredState(key, ROLES.get(key, "other"), storage, spec.fmt.kind != "identity", vals, nbytes,
                         float_dtype=torch.float32 if storage == "fp32" else None,
-                        shape_known=shape is not None and vals.dim() == len(shape), problems=problems)
+                        shape_known=shape is not None and vals.dim() == len(shape), problems=problems,
+                        memory_nbytes=memory, layout="elements" if starts is not None else "")
     return state, written
+
+
+def format_nbytes(spec, numel: int) -> int:
+    """Bytes a state of `numel` elements takes in `spec`'s own layout (what the optimizer
+    holds: packed codes, one scale per block or per tensor; quant/state.py nbytes)."""
+    if spec.fmt.kind == "identity":
+        return numel * 4
+    block = spec.block if spec.scaled else None
+    tensor_scale = spec.scale_bytes if spec.has_scales and not spec.scaled else 0
+    return state_bytes(spec.fmt, numel, block, spec.scale_bytes) + tensor_scale
 
 
 _CODE_DTYPES = {4: (torch.uint8,), 8: (torch.uint8,), 16: (torch.int16,)}

@@ -3,7 +3,9 @@
     execute(DoctorOptions(checkpoint="optimizer.pt", against="resumed.pt"), progress) -> Result
 
 One record per (checkpoint, optimizer, param): its shape ('512x32'; where the file keeps
-none, '16,384 elements' and `shape_known` false), what stores its states and how many bytes,
+none, '16,384 elements' and `shape_known` false), what stores its states and how many bytes
+(`state_bytes`: in the checkpoint; `memory_bytes`: what the optimizer holds in memory, which
+is more only where the checkpoint keeps a state per element, FSDP2's elements form),
 its step counter, the counts the checks found (non-finite values; v flushed to zero,
 subnormal or negative) and its errors and warnings; with `against`, how many elements
 differ from the other checkpoint and by how much at most. `findings` (an extra list of
@@ -68,14 +70,18 @@ def execute(opts: DoctorOptions, progress: Progress | None = None) -> Result:
     result = Result("doctor", meta=meta, extras={"findings": []})
     progress.begin(sum(len(o.params) for o in optimizers), result)
     findings: list[Finding] = []
+    partners = pair_optimizers(optimizers, others, opts.checkpoint, opts.against) if others is not None else {}
+    if any(a != b for a, b in partners.items()):
+        result.meta["paired"] = dict(partners)
     for opt in optimizers:
         found = check_optimizer(opt)
         stats: dict[str, dict] = {}
         if others is not None:
-            other = next((o for o in others if o.path == opt.path), None)
-            if other is None:
-                raise QstateError(f"{opts.against}: holds no optimizer at {opt.path!r} "
-                                  f"(it has {', '.join(o.path for o in others)})")
+            other = next(o for o in others if o.path == partners[opt.path])
+            if other.path != opt.path:
+                found.append(Finding("info", "paired", opt.path, "all", -1, None,
+                                     f"compared with the optimizer at {other.path!r} in {opts.against}: each "
+                                     f"checkpoint holds one optimizer, here at {opt.path!r}"))
             more, stats = compare(opt, other, opts.against)
             found += more
         findings += found
@@ -92,13 +98,33 @@ def execute(opts: DoctorOptions, progress: Progress | None = None) -> Result:
     return result
 
 
+def pair_optimizers(mine: list[OptimizerStates], others: list[OptimizerStates], name: str,
+                    other_name: str) -> dict[str, str]:
+    """Which optimizer of `other_name` each optimizer of `name` is compared with: the one at
+    the same path in the checkpoint (`optimizer`, `optim` (DCP), `optimizer_states.0`, ...);
+    where each file holds exactly one optimizer, those two whatever their paths. Otherwise
+    one line naming both files' optimizer paths (QstateError)."""
+    there = {o.path for o in others}
+    if all(o.path in there for o in mine):
+        return {o.path: o.path for o in mine}
+    if len(mine) == 1 and len(others) == 1:
+        return {mine[0].path: others[0].path}
+    missing = [o.path for o in mine if o.path not in there]
+    raise QstateError(f"{other_name}: holds no optimizer at {', '.join(repr(m) for m in missing)}: {name} holds "
+                      f"optimizers at {', '.join(repr(o.path) for o in mine)}, {other_name} at "
+                      f"{', '.join(repr(o.path) for o in others)}; --against pairs them by path (or the two "
+                      f"when each file holds one)")
+
+
 def _record(checkpoint: str, opt: OptimizerStates, p, findings: list[Finding], diff: dict | None) -> dict:
     numel = p.numel
     nonfinite = sum(f.count for f in findings if f.check == "nonfinite")
     row = {"checkpoint": checkpoint, "optimizer": opt.path, "kind": opt.kind, "param": p.key, "group": p.group,
            "shape": shape_text(p), "shape_known": p.shape_known, "numel": numel,
            "states": ", ".join(f"{k}={s.storage}" for k, s in p.states.items()),
-           "state_bytes": p.nbytes, "bytes_per_param": p.nbytes / numel if numel else None, "step": p.step,
+           "state_bytes": p.nbytes, "bytes_per_param": p.nbytes / numel if numel else None,
+           "memory_bytes": p.memory_nbytes, "memory_bytes_per_param": p.memory_nbytes / numel if numel else None,
+           "step": p.step,
            "nonfinite": nonfinite, **v_counts(p),
            "errors": sum(f.severity == "error" for f in findings),
            "warnings": sum(f.severity == "warn" for f in findings)}
@@ -123,8 +149,11 @@ def summary(records: list[dict], findings: list[Finding]) -> dict:
     nbytes = sum(r["state_bytes"] for r in records)
     numel = sum(r["numel"] for r in records)
     counted = sum(r["state_bytes"] for r in records if r["numel"])  # not the bytes of states of unknown size
+    held = sum(r["memory_bytes"] for r in records if r["numel"])
     return {"params": len(records), "elements": numel, "state_bytes": nbytes,
             "bytes_per_param": counted / numel if numel else None,
+            "memory_bytes": sum(r["memory_bytes"] for r in records),
+            "memory_bytes_per_param": held / numel if numel else None,
             "errors": sum(f.severity == "error" for f in findings),
             "warnings": sum(f.severity == "warn" for f in findings),
             "v_flushed": sum(r["v_flushed"] for r in records), "nonfinite": sum(r["nonfinite"] for r in records)}

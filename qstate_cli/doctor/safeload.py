@@ -18,6 +18,15 @@ Two kinds of input:
   `weights_only=True`. Sharded tensors are reassembled from their chunks. Items written
   with storage transforms (compression) are refused.
 
+A file saved by one rank of an FSDP2 run (`torch.save(opt.state_dict())` on each rank)
+holds DTensors: torch's safe load reads them once `torch.distributed.tensor` is imported
+(it allow-lists DTensor, its placements and the device mesh itself), so it is imported
+before every load, still `weights_only=True`. Replicated DTensors are whole tensors and
+read as such; a file holding sharded ones is one rank's part of each state and is refused
+with one line naming the rank and how many of the values it holds (its blocks and
+dithers need the shard's place in the whole tensor: the DCP directory or a full state
+dict has every rank's).
+
 Size limits: a file, or the sum of a DCP directory's tensors as its metadata declares
 them, above `max_bytes` is refused before anything is read.
 
@@ -26,6 +35,7 @@ Every problem is a QstateError naming the path (exit 2).
 from __future__ import annotations
 
 import io
+import logging
 import math
 import pickle
 import zipfile
@@ -83,10 +93,27 @@ def load_checkpoint(path, max_bytes: int = DEFAULT_MAX_BYTES):
         raise QstateError(f"{path}: not a torch.save zip archive (raw pickles are refused because loading them "
                           f"can run code)")
     with path.open("rb") as fh:
-        return _torch_load(fh, str(path))
+        obj = _torch_load(fh, str(path))
+    return _whole_tensors(obj, str(path))
+
+
+def _dtensor_class():
+    """DTensor, imported (which allow-lists it for weights_only loads), or None where
+    torch.distributed is not built in."""
+    try:
+        if not torch.distributed.is_available():
+            return None
+        from torch.distributed.tensor import DTensor
+    except Exception:  # noqa: BLE001 - any failure: DTensors stay refused by the safe load
+        return None
+    return DTensor
 
 
 def _torch_load(fh, what: str):
+    _dtensor_class()
+    mesh_log = logging.getLogger("torch.distributed.device_mesh")
+    level = mesh_log.level
+    mesh_log.setLevel(logging.ERROR)  # "unpickling of the DeviceMesh occurred before the PGs were created": expected
     try:
         with torch.serialization.safe_globals(STAND_INS):
             return torch.load(fh, map_location="cpu", weights_only=True)
@@ -98,6 +125,60 @@ def _torch_load(fh, what: str):
     except (RuntimeError, EOFError, ValueError, KeyError, OSError, TypeError, zipfile.BadZipFile) as exc:
         msg = " ".join(str(exc).split())[:200]
         raise QstateError(f"{what}: corrupt or truncated checkpoint ({type(exc).__name__}: {msg})") from None
+    finally:
+        mesh_log.setLevel(level)
+
+
+def _whole_tensors(obj, what: str):
+    """obj with replicated DTensors as their (whole) local tensors; a QstateError where it
+    holds sharded ones (one rank's part of an FSDP2 state dict: module docstring)."""
+    dtensor = _dtensor_class()
+    if dtensor is None:
+        return obj
+    found: list = []
+    _collect(obj, dtensor, found, 0)
+    if not found:
+        return obj
+    sharded = [t for t in found if any(not pl.is_replicate() for pl in t.placements)]
+    if not sharded:
+        return _replace(obj, dtensor, 0)
+    local = sum(t.to_local().numel() for t in sharded)
+    whole = sum(t.numel() for t in sharded)
+    mesh = sharded[0].device_mesh
+    coord = getattr(mesh, "_coordinate_on_dim", None)  # saved with the mesh: the writing rank's place
+    try:
+        size = mesh.size()
+    except Exception:  # noqa: BLE001
+        size = None
+    who = (f" (rank {coord[0]} of {size})" if isinstance(coord, (list, tuple)) and len(coord) == 1 and size
+           else f" (of {size} ranks)" if size else "")
+    raise QstateError(f"{what}: one rank's FSDP2 shard{who}: its {len(sharded)} sharded DTensors hold {local:,} of "
+                      f"{whole:,} values, and a shard's blocks decode only in their place in the whole tensor; check "
+                      f"the torch.distributed.checkpoint directory (dcp.save) or a full state dict "
+                      f"(get_optimizer_state_dict with StateDictOptions(full_state_dict=True)) instead")
+
+
+def _collect(obj, cls, found: list, depth: int) -> None:
+    if isinstance(obj, cls):
+        found.append(obj)
+    elif depth < 8 and isinstance(obj, dict):
+        for v in obj.values():
+            _collect(v, cls, found, depth + 1)
+    elif depth < 8 and isinstance(obj, (list, tuple)):
+        for v in obj:
+            _collect(v, cls, found, depth + 1)
+
+
+def _replace(obj, cls, depth: int):
+    if isinstance(obj, cls):
+        return obj.to_local()
+    if depth < 8 and isinstance(obj, dict):
+        return {k: _replace(v, cls, depth + 1) for k, v in obj.items()}
+    if depth < 8 and isinstance(obj, list):
+        return [_replace(v, cls, depth + 1) for v in obj]
+    if depth < 8 and isinstance(obj, tuple):
+        return tuple(_replace(v, cls, depth + 1) for v in obj)
+    return obj
 
 
 # -- torch.distributed.checkpoint ----------------------------------------------------------

@@ -86,7 +86,14 @@ class ParamStates:
 
     @property
     def nbytes(self) -> int:
+        """Bytes the checkpoint holds for the states."""
         return sum(s.nbytes for s in self.states.values())
+
+    @property
+    def memory_nbytes(self) -> int:
+        """Bytes the optimizer holds for them in memory (differs from nbytes where the
+        checkpoint keeps a state per element: FSDP2's elements form)."""
+        return sum(s.held_nbytes for s in self.states.values())
 
 
 @dataclass

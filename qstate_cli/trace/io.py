@@ -23,14 +23,23 @@ exactly once. They load as one trace.
 A streamed recording (Recorder(flush_steps=N)) is a directory of files that each hold a
 range of steps, and `manifest.json` (one `manifest-rank<r>.json` per rank when sharded)
 listing them; the manifests are written after the files, so only complete files are
-listed. With manifests, exactly the listed files load; files are grouped by step range
-(each group merged as above), and the groups must be consecutive: they are joined along
-the steps into one trace.
+listed. With manifests, exactly the listed files load: each manifest's files (one rank's)
+must be consecutive step ranges and are joined along the steps, then the ranks are merged
+as above.
+
+Step ranges that differ between shards (a rank that crashed or was stopped before the
+others wrote their last file): the steps every shard covers load, and a warning on stderr
+names the steps dropped and whose they were; when no step is common to all shards the
+error names each shard's range. A sharded (FSDP2) recording whose meta names more ranks
+than wrote files here is refused naming the missing ranks (one rank's file alone: load
+the directory). `meta.zero_tensors` of a joined or merged trace is recomputed from the
+joined gradients (a rank's own list covers only the elements it held).
 """
 from __future__ import annotations
 
 import json
 import pickle
+import sys
 import zipfile
 from pathlib import Path
 
@@ -61,23 +70,67 @@ def load_trace(path) -> Trace:
     """Load a trace file or a directory of shards (see module docstring)."""
     path = Path(path)
     if path.is_dir():
-        files = _listed(path)
-        if not files:
+        writers = _listed(path)
+        if not writers:
             raise QstateError(f"{path}: directory holds no *.pt trace shards")
-        if not any(path.glob("manifest*.json")):  # not streamed: shards of one step range
-            return merge_shards([_load_file(f) for f in files], str(path))
-        groups: dict[tuple[int, int], list[Trace]] = {}
-        for f in files:
-            t = _load_file(f)
-            groups.setdefault((t.step_start, t.n_steps), []).append(t)
-        parts = [merge_shards(groups[k], str(path)) for k in sorted(groups)]
-        return parts[0] if len(parts) == 1 else join_steps(parts, str(path))
+        parts = []
+        for label, files in writers:
+            traces = sorted((_load_file(f) for f in files), key=lambda t: t.step_start)
+            parts.append(traces[0] if len(traces) == 1 else join_steps(traces, str(path / label)))
+        return merge_shards(common_steps(parts, str(path)), str(path))
     if not path.exists():
         raise QstateError(f"{path}: no such trace file")
     trace = _load_file(path)
     if any(t.partial for t in trace.tensors):  # one rank's pieces: complete only with the other ranks'
         return merge_shards([trace], str(path))
     return trace
+
+
+def _steps(t: Trace) -> str:
+    return f"step {t.step_start}" if t.n_steps == 1 else f"steps {t.step_start}..{t.step_start + t.n_steps - 1}"
+
+
+def _who(t: Trace) -> str:
+    rank = t.meta.get("rank")
+    name = Path(t.source).name
+    return f"rank {rank} ({name})" if isinstance(rank, int) and not isinstance(rank, bool) else name
+
+
+def common_steps(parts: list[Trace], source: str) -> list[Trace]:
+    """The shards cut to the steps every one of them covers (module docstring): a warning on
+    stderr names what was dropped; a QstateError when no step is common to all."""
+    if len(parts) < 2:
+        return parts
+    lo = max(p.step_start for p in parts)
+    hi = min(p.step_start + p.n_steps for p in parts)
+    if all((p.step_start, p.n_steps) == (lo, hi - lo) for p in parts):
+        return parts
+    ranges = "; ".join(f"{_who(p)}: {_steps(p)}" for p in parts)
+    if lo >= hi:
+        raise QstateError(f"{source}: no step is recorded by every shard ({ranges}); shards must come from one run")
+    dropped = []
+    out = []
+    for p in parts:
+        end = p.step_start + p.n_steps
+        cut = [f"{a}..{b - 1}" if b - a > 1 else f"{a}" for a, b in ((p.step_start, lo), (hi, end)) if b > a]
+        if cut:
+            n = max(lo - p.step_start, 0) + max(end - hi, 0)
+            dropped.append(f"{'step' if n == 1 else 'steps'} {' and '.join(cut)} of {_who(p)}")
+        out.append(_cut(p, lo, hi))
+    print(f"qstate: warning: {source}: loading steps {lo}..{hi - 1}, the steps every shard recorded ({ranges}); "
+          f"dropped {', '.join(dropped)}: a rank stopped early (an interrupted or crashed run?)", file=sys.stderr)
+    return out
+
+
+def _cut(t: Trace, lo: int, hi: int) -> Trace:
+    """Trace t restricted to steps lo..hi-1 (within its range). Where the head is cut, the
+    recorded initial values (before t's first step) no longer fit and are dropped."""
+    if (t.step_start, t.n_steps) == (lo, hi - lo):
+        return t
+    a, b = lo - t.step_start, hi - t.step_start
+    tensors = [TraceTensor(x.name, x.index, x.shape, x.blocks, x.grads[a:b], x.init if a == 0 else None, x.elements)
+               for x in t.tensors]
+    return Trace(t.optimizer, t.hparams, t.seed, lo, hi - lo, t.grad_dtype, tensors, dict(t.meta), t.source)
 
 
 def _load_file(path: Path) -> Trace:
@@ -133,6 +186,8 @@ def merge_shards(shards: list[Trace], source: str) -> Trace:
     first = shards[0]
     if len(shards) == 1 and not any(t.partial for t in first.tensors):
         return first
+    if any(t.partial for s in shards for t in s.tensors):
+        _check_ranks(shards, source)
     for s in shards[1:]:
         for what in ("optimizer", "hparams", "seed", "step_start", "n_steps", "grad_dtype"):
             if getattr(s, what) != getattr(first, what):
@@ -161,9 +216,39 @@ def merge_shards(shards: list[Trace], source: str) -> Trace:
                 t.index, next_id = next_id, next_id + 1
             used_ids.add(t.index)
             tensors.append(t)
-    meta = dict(first.meta, shards=[s.source for s in shards])
+    meta = _with_zero_tensors(dict(first.meta, shards=[s.source for s in shards]), tensors)
     return Trace(first.optimizer, first.hparams, first.seed, first.step_start, first.n_steps, first.grad_dtype,
                  tensors, meta, source)
+
+
+def _with_zero_tensors(meta: dict, tensors: list) -> dict:
+    """meta with `zero_tensors` recomputed from the gradients (a NaN counts as non-zero)."""
+    zero = [t.name for t in tensors if not bool(t.grads.ne(0).any())]
+    meta.pop("zero_tensors", None)
+    if zero:
+        meta["zero_tensors"] = zero
+    return meta
+
+
+def _check_ranks(shards: list[Trace], source: str) -> None:
+    """A sharded recording is whole only with every rank's pieces: name the ranks missing
+    where the files say how many there were (meta rank, world_size)."""
+    world = {s.meta.get("world_size") for s in shards}
+    ranks = {s.meta.get("rank") for s in shards}
+    if len(world) != 1 or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+        return  # not written by the Recorder under torchrun: the pieces' own check says what is wrong
+    (n,) = world
+    if not isinstance(n, int) or ranks >= set(range(n)):
+        return
+    have = ", ".join(map(str, sorted(ranks)))
+    missing = ", ".join(map(str, sorted(set(range(n)) - ranks)))
+    if len(shards) == 1 and not Path(source).is_dir():
+        raise QstateError(f"{source}: one rank's file of a sharded (FSDP2) recording on {n} ranks (rank {have}): "
+                          f"it holds that rank's pieces of the tensors only; load the directory that holds every "
+                          f"rank's file")
+    raise QstateError(f"{source}: a sharded (FSDP2) recording on {n} ranks, but only rank(s) {have} wrote files here "
+                      f"(none from rank(s) {missing}: stopped before writing a file?); every rank's pieces are "
+                      f"needed")
 
 
 def _join(name: str, parts: list, source: str):
@@ -188,12 +273,13 @@ def _join(name: str, parts: list, source: str):
     return TraceTensor(name, first.index, first.shape, first.blocks, grads, init)
 
 
-def _listed(path: Path) -> list[Path]:
-    """The files of a trace directory: those its manifests list, else every *.pt file."""
+def _listed(path: Path) -> list[tuple[str, list[Path]]]:
+    """The files of a trace directory, by writer: each manifest's listed files (one rank's
+    stream), else every *.pt file on its own."""
     manifests = sorted(path.glob("manifest*.json"))
     if not manifests:
-        return sorted(p for p in path.glob("*.pt") if p.is_file())
-    files = []
+        return [(p.name, [p]) for p in sorted(p for p in path.glob("*.pt") if p.is_file())]
+    writers = []
     for m in manifests:
         try:
             obj = json.loads(m.read_text())
@@ -201,29 +287,37 @@ def _listed(path: Path) -> list[Path]:
             raise QstateError(f"{m}: unreadable manifest ({exc})") from None
         if not isinstance(obj, dict) or obj.get("format") != MANIFEST_TAG or not isinstance(obj.get("files"), list):
             raise QstateError(f"{m}: not a qstate trace manifest")
+        files = []
         for name in obj["files"]:
             f = path / str(name)
             if Path(str(name)).name != str(name) or not f.is_file():
                 raise QstateError(f"{m}: lists {name!r}, which is not a file in {path}")
             files.append(f)
-    return files
+        if files:
+            writers.append((m.name, files))
+    return writers
 
 
 def join_steps(parts: list[Trace], source: str) -> Trace:
-    """One trace from traces of consecutive step ranges of the same tensors (streaming)."""
+    """One trace from traces of consecutive step ranges of the same tensors (streaming; a
+    rank's pieces of sharded tensors keep their element indices)."""
     first = parts[0]
     step = first.step_start
     for p in parts:
         if p.step_start != step:
+            if p.step_start < step:
+                raise QstateError(f"{source}: two files record step {p.step_start}")
             raise QstateError(f"{source}: steps {step}..{p.step_start - 1} are missing between the recorded files")
         if [(t.name, t.index, t.shape) for t in p.tensors] != [(t.name, t.index, t.shape) for t in first.tensors] or \
-                any(not torch.equal(a.blocks, b.blocks) for a, b in zip(p.tensors, first.tensors)):
+                any(not torch.equal(a.blocks, b.blocks) or (a.elements is None) != (b.elements is None)
+                    or (a.elements is not None and not torch.equal(a.elements, b.elements))
+                    for a, b in zip(p.tensors, first.tensors)):
             raise QstateError(f"{source}: the files of steps {p.step_start}.. record other tensors or blocks")
         step += p.n_steps
     tensors = []
     for j, t in enumerate(first.tensors):
         grads = torch.cat([p.tensors[j].grads for p in parts])
-        tensors.append(TraceTensor(t.name, t.index, t.shape, t.blocks, grads, t.init))
-    meta = dict(first.meta, files=sum((p.meta.get("shards", [p.source]) for p in parts), []))
+        tensors.append(TraceTensor(t.name, t.index, t.shape, t.blocks, grads, t.init, t.elements))
+    meta = _with_zero_tensors(dict(first.meta, files=[p.source for p in parts]), tensors)
     return Trace(first.optimizer, first.hparams, first.seed, first.step_start, step - first.step_start,
                  first.grad_dtype, tensors, meta, source)

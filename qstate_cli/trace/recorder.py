@@ -34,7 +34,9 @@ by the project's counter hash (stream seed, tensor index, state id 2, step 0) so
 seed samples the same blocks, among the blocks that carry gradient at the first recorded
 step (an embedding's unused rows are zero: a dead block replays as no data at all), then
 dead ones only if too few are live. A tensor whose recorded gradient stays zero at every
-recorded step gets a warning on stderr and is listed in the trace's meta (`zero_tensors`); `start` (global optimizer step) and `steps` pick a
+recorded step gets a warning on stderr and is listed in the trace's meta (`zero_tensors`;
+under FSDP2 each rank judges the elements it holds, says so, and skips tensors it holds
+none of; the loader recomputes the list from the joined gradients); `start` (global optimizer step) and `steps` pick a
 consecutive window of steps (a replay needs every step of it). The planned size is
 n_steps x recorded elements x (4 bytes fp32 | 2 bytes bf16); `max_mib` refuses a plan
 above it, or stops recording when an open-ended one reaches it.
@@ -264,12 +266,19 @@ class Recorder:
         if self.path is not None and self.items and not self.n_steps:
             print(f"qstate: no step recorded, so no trace written to {self.path} (the optimizer took "
                   f"{self.step} steps; start={self.start})", file=sys.stderr)
-        zero = self.zero_tensors() if self.n_steps else []
-        if zero and not self._warned:
-            self._warned = True
-            print(f"qstate: the recorded gradient of {len(zero)} tensor(s) was zero at every one of {self.n_steps} "
-                  f"steps ({', '.join(zero[:5])}{', ...' if len(zero) > 5 else ''}): they replay as no data; "
-                  f"check they are trained, or leave them out with exclude=", file=sys.stderr)
+        zero = self.zero_tensors() if self.n_steps and not self._warned else []
+        whole = [r.name for r in self.items if r.name in zero and r.global_elements is None]
+        pieces = [r.name for r in self.items if r.name in zero and r.global_elements is not None]
+        if whole:
+            print(f"qstate: the recorded gradient of {len(whole)} tensor(s) was zero at every one of {self.n_steps} "
+                  f"steps ({_names(whole)}): they replay as no data; check they are trained, or leave them out "
+                  f"with exclude=", file=sys.stderr)
+        if pieces:  # a rank sees its own elements only: the others' may be live
+            print(f"qstate: rank {self.rank}: the recorded gradient elements this rank holds of {len(pieces)} "
+                  f"sharded tensor(s) were zero at every one of {self.n_steps} steps ({_names(pieces)}); the other ranks' "
+                  f"pieces may not be: the joined trace lists the tensors zero on every rank in meta.zero_tensors "
+                  f"(`qstate trace info {self.path}`)", file=sys.stderr)
+        self._warned = self._warned or bool(zero)
 
     @property
     def n_steps(self) -> int:
@@ -330,8 +339,10 @@ class Recorder:
         self.row_mib = self.n_rec * self.dtype.itemsize / 2**20
 
     def zero_tensors(self) -> list[str]:
-        """Tensors whose recorded gradient was zero at every recorded step."""
-        return [r.name for r in self.items if not r.nonzero]
+        """Tensors whose recorded gradient was zero at every recorded step; under FSDP2, of a
+        sharded tensor the elements this rank holds (a rank holding none of its recorded
+        elements says nothing about it)."""
+        return [r.name for r in self.items if r.n_recorded and not r.nonzero]
 
     def trace(self) -> Trace:
         """The steps held in memory as a Trace (streaming: those not written yet)."""
@@ -339,6 +350,7 @@ class Recorder:
             raise QstateError("nothing recorded yet: no optimizer step ran inside the recorder"
                               if not self.n_steps else "every recorded step was written already (streaming)")
         zero = self.zero_tensors()
+        self.meta.pop("zero_tensors", None)  # not a list from an earlier flush
         if zero:
             self.meta["zero_tensors"] = zero
         tensors = []
@@ -365,6 +377,10 @@ def _shard_item(p, name: str, index: int, blocks: torch.Tensor) -> _Recorded:
     mine = wanted[(wanted >= layout.offset) & (wanted < layout.offset + layout.local_numel)]
     local = (mine - layout.offset).to(sharding.local_tensor(p).device)
     return _Recorded(p, name, index, blocks, local, global_elements=mine)
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
 
 
 def _regex(pattern: str | None, what: str):
