@@ -183,3 +183,19 @@ def test_streamed_recording_is_bounded_and_equals_the_whole_one(tmp_path):
     (tmp_path / "cut" / "steps00000009-00000009.pt").write_bytes(b"half-written")
     cut = load_trace(tmp_path / "cut")
     assert cut.n_steps == 5 and torch.equal(cut.tensors[0].grads, whole.tensors[0].grads[:5])
+
+
+def test_a_dim1_shard_and_a_tensor_scale_are_audited_as_they_are_stored():
+    """Shard(1) cuts every row at more than one rank: never the same at every world size, and
+    checkpoints always in the per-element form; a tensor scale is the whole tensor's (all-reduced)."""
+    from qstate_cli.optim.audit import state_row
+    from qstate_cli.optim.sharded_state import rows_form
+    from qstate_cli.optim.sharding import ShardLayout
+
+    spec = parse_spec("int4:bred:b128")
+    whole = ShardLayout((256, 128), (256, 128), 0, True, True, other_dim=True)  # Shard(1) on a 1-rank mesh
+    row = state_row("w", 0, "m", whole, spec, 0, "reference", None, 0, 1)
+    assert row.blocks == "global" and not row.world_independent and "a dim other than 0 is sharded" in row.reason
+    assert not rows_form(spec, whole) and rows_form(spec, ShardLayout((256, 128), (256, 128), 0, True, True))
+    te = plan_shapes([(64, 96)], parse_config("te-fp8"), ("m", "v"), world_size=2, rank=1, min_quant_numel=0)
+    assert all(r.world_independent and "all-reduced (MAX)" in r.reason for r in te)

@@ -101,14 +101,18 @@ def state_row(name: str, tensor_id: int, state: str, layout: sharding.ShardLayou
         blocks = "none"
     elif unaligned is None:
         blocks = "global"
-        if layout.sharded and not layout.world_independent(block):
+        if layout.sharded and layout.other_dim and not layout.world_independent(block):
+            reasons.append("whole blocks at this world size only: a dim other than 0 is sharded, which cuts "
+                           "every row at more ranks")
+        elif layout.sharded and not layout.world_independent(block):
             reasons.append(f"whole blocks at this world size only: a row of {layout.row_numel} elements "
                            f"is not whole {block}-element blocks")
     else:
         blocks = "local"
         reasons.append(f"{unaligned}: quantized on local blocks, codes depend on the world size")
-    if spec.tensor_scale and layout.sharded:
-        reasons.append("one scale per tensor: each rank scales its own shard by the shard's absmax")
+    if spec.tensor_scale and layout.sharded and not fp32:
+        reasons.append("one scale per tensor: the shards' absmax is all-reduced (MAX) every step, so every rank "
+                       "holds the whole tensor's scale, as one process does")
     if path_reason:
         reasons.append(f"path: {path_reason}")
     scaled_block = spec.block if spec.scaled else None

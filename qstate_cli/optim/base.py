@@ -47,7 +47,7 @@ from ..errors import QstateError
 from ..quant.config import MIN_QUANT_NUMEL, STATE_IDS, StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
-from . import aliasing, fused, sharded_state, sharding, small, steady
+from . import aliasing, collectives, fused, sharded_state, sharding, small, steady
 from .checkpoint import check_saved, state_problem, to_device
 from .spec_checks import check_state_spec
 from .reset import ResetPolicy
@@ -157,6 +157,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         if "states" in param_group:
             param_group["states"] = parse_config(param_group["states"])
         super().add_param_group(param_group)
+        self.__dict__.pop(collectives.AGREED, None)  # checked across ranks again at the next step
 
     def config(self, group) -> StateConfig:
         return group["states"]
@@ -207,7 +208,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     def load_states(self, group, p, tensor_id: int) -> dict[str, QuantizedState]:
         """p's states as QuantizedState objects (created empty on first use). For a sharded
         parameter: the states of its local shard, with global counters (optim/sharding.py);
-        the format is chosen from the whole tensor's size."""
+        the format is chosen from the whole tensor's size (a tensor scale: optim/collectives.py)."""
         st = self.state[p]
         layout = sharding.layout_of(p)
         local = sharding.local_tensor(p)
@@ -219,9 +220,10 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                 q = QuantizedState(self.spec_for(group, p, name), layout.local_shape,
                                    self._stream(group, tensor_id, name, layout.offset), device=local.device)
                 st[name] = q.to_tensors()
-        return {name: QuantizedState.from_tensors(self.spec_for(group, p, name), layout.local_shape,
-                                                  self._stream(group, tensor_id, name, layout.offset), st[name])
-                for name in self.state_names}
+        return collectives.with_tensor_scales(p, {
+            name: QuantizedState.from_tensors(self.spec_for(group, p, name), layout.local_shape,
+                                              self._stream(group, tensor_id, name, layout.offset), st[name])
+            for name in self.state_names})
 
     def step_counters(self, group, p, tensor_id: int) -> tuple[int, int, tuple[int, ...]]:
         """(this step, steps since the last reset including this one, the step each state was
@@ -267,6 +269,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        collectives.agree_once(self)  # sharded parameters: every rank the same configuration (first step)
         ids = self.tensor_ids()
         ready = [steady.ready(self, group, ids) for group in self.param_groups]  # each as its last step?
         if any(r is None for r in ready):  # (a recorded parameter is no DTensor, its gradient dense)
@@ -301,11 +304,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         return loss
 
     def _refuse_shards(self) -> None:
-        for group in self.param_groups:
-            for p in group["params"]:
-                if sharding.is_dtensor(p):
-                    raise QstateError(f"{type(self).__name__} cannot step a sharded (DTensor) parameter of shape "
-                                      f"{tuple(p.shape)}: its update needs the whole tensor")
+        collectives.refuse_shards(self)
 
     def launch_kernel(self, group, batch, run) -> None:
         """Step the tensors of `batch` with this optimizer's fused kernel (optim/fused.py)."""
@@ -366,7 +365,9 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         """torch's, with each group's `states` as its name (plain data: a checkpoint loads
         with `torch.load(..., weights_only=True)`). A sharded (DTensor) parameter's states
         are DTensors for torch.distributed.checkpoint (optim/sharded_state.py); for them
-        this call is collective (one all-reduce of the non-finite counts)."""
+        this call is collective (the ranks' configurations compared, optim/collectives.py; one
+        all-reduce of the non-finite counts)."""
+        collectives.check_ranks_agree(self)
         sd = super().state_dict()
         for group in sd["param_groups"]:
             group["states"] = str(group["states"])
@@ -402,6 +403,8 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                     raise ValueError(f"load_state_dict: a state for parameter {key!r}, which no param group lists")
                 if sharding.is_dtensor(p):
                     value = sharded_state.from_saved(p, value, self._specs(p))
+                else:  # also a full state dict gathered from FSDP2 (either form)
+                    value = sharded_state.from_gathered(p, value, self._specs(p), key)
                 problem = state_problem(value, self._specs(p), sharding.layout_of(p).local_numel)
                 if problem:
                     raise ValueError(f"load_state_dict: parameter {key!r} (shape {tuple(p.shape)}): {problem}")
@@ -413,4 +416,5 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         self.__dict__.pop("_kernel_batches", None)  # launch tables hold the old addresses
         self.__dict__.pop("_plans", None)  # fused.SteadyPlan: the old groups and states
         self.__dict__.pop("_wholes", None)  # steady.WholeGroup: the same
+        self.__dict__.pop(collectives.AGREED, None)  # the loaded configuration: checked at the next step
 

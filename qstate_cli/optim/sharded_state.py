@@ -24,9 +24,18 @@ tensor's shape and the spec alone, so the same form is chosen at every world siz
            never decoded on the wrong blocks. Cost: 5-6 bytes per element in the
            checkpoint for these (usually small) parameters.
 
-`nonfinite` (the per-rank count of NaN/Inf gradient elements) is summed over the mesh
-when saved (one all-reduce: state_dict is collective for sharded parameters, as
-torch's get_optimizer_state_dict is) and restored on the mesh's first rank.
+A parameter sharded on a dim other than 0 (`other_dim`: Shard(1)) always takes the
+elements form: its shards are not ranges of rows. A tensor scale (`te-fp8`) stays one plain
+(1,) tensor in either form: it is the whole tensor's on every rank (optim/collectives.py).
+
+`nonfinite` (the per-rank count of NaN/Inf gradient elements) is summed over the dims that
+shard the parameter when saved (not over HSDP's replicas, which count the same gradients;
+state_dict is collective for sharded parameters, as torch's get_optimizer_state_dict is)
+and restored on the first shard of each replica.
+
+`from_gathered` reads either form back for a plain (non-DTensor) parameter: a full state
+dict gathered from FSDP2 (`get_optimizer_state_dict(..., full_state_dict=True)`) resumes in
+one process, bit for bit, where its blocks are the whole tensor's.
 """
 from __future__ import annotations
 
@@ -34,12 +43,12 @@ import torch
 
 from ..errors import QstateError
 from ..quant.packing import pack, unpack
-from . import sharding
+from . import collectives, sharding
 
 
 def rows_form(spec, layout: sharding.ShardLayout) -> bool:
     """Whether a state of `spec` is saved in the rows form (module docstring)."""
-    if not layout.world_independent(sharding.position_block(spec)):
+    if layout.other_dim or not layout.world_independent(sharding.position_block(spec)):
         return False
     return (layout.row_numel * spec.fmt.bits) % 8 == 0
 
@@ -59,9 +68,7 @@ def to_saved(p, value: dict, specs: dict) -> dict:
     out = {}
     for key, v in value.items():
         if key == "nonfinite":
-            total = v.clone()
-            torch.distributed.all_reduce(total, group=_mesh_group(p.device_mesh))
-            out[key] = total
+            out[key] = collectives.sum_over_shards(p, v)
         elif key in specs:
             spec = specs[key]
             out[key] = (_rows(p, layout, spec, dict(v)) if rows_form(spec, layout)
@@ -82,7 +89,7 @@ def _rows(p, layout, spec, state: dict) -> dict:
 
 
 def _elements(p, layout, spec, state: dict) -> dict:
-    n, block = layout.local_numel, sharding.position_block(spec)
+    n, block = layout.local_numel, sharding.position_block(spec) or 1
     codes = state["codes"]
     if spec.fmt.bits < 8:
         codes = unpack(codes, spec.fmt.bits, n).to(torch.uint8)
@@ -105,12 +112,10 @@ def _like(p, layout, local_flat: torch.Tensor):
 def from_saved(p, value: dict, specs: dict) -> dict:
     """Inverse of to_saved on this rank (possibly another world size): local flat tensors."""
     layout = sharding.layout_of(p)
-    mesh = p.device_mesh
     out = {}
     for key, v in value.items():
         if key == "nonfinite":
-            first = mesh.get_coordinate() is None or all(c == 0 for c in mesh.get_coordinate())
-            out[key] = _local(v).clone() if first else torch.zeros_like(_local(v))
+            out[key] = _local(v).clone() if collectives.first_shard(p) else torch.zeros_like(_local(v))
         elif key in specs:
             spec, state = specs[key], {f: _local(t) for f, t in v.items()}
             if rows_form(spec, layout):
@@ -125,7 +130,7 @@ def from_saved(p, value: dict, specs: dict) -> dict:
 
 
 def _from_elements(p, layout, spec, key: str, state: dict) -> dict:
-    n, block = layout.local_numel, sharding.position_block(spec)
+    n, block = layout.local_numel, sharding.position_block(spec) or 1
     starts = state.pop("block_starts").reshape(-1)
     want = torch.arange(n, device=starts.device) % block == 0
     if not torch.equal(starts.bool(), want):
@@ -140,9 +145,50 @@ def _from_elements(p, layout, spec, key: str, state: dict) -> dict:
     return state
 
 
+def from_gathered(p, value, specs: dict, name=None):
+    """A plain parameter's state from a state dict in either form (module docstring): the
+    rows form flattened, the elements form converted back; a single-process state (flat
+    codes) as it is. An elements form that is not this tensor's blocks (or format) is a
+    ValueError naming the cause."""
+    if not isinstance(value, dict):
+        return value  # checkpoint.state_problem says what it is
+    layout = sharding.layout_of(p)
+    out = dict(value)
+    for key, spec in specs.items():
+        state = out.get(key)
+        if not isinstance(state, dict) or not isinstance(state.get("codes"), torch.Tensor):
+            continue  # what is missing is said by checkpoint.state_problem
+        state = dict(state)
+        if isinstance(state.get("block_starts"), torch.Tensor):
+            problem = _elements_problem(spec, layout.numel, state)
+            if problem:
+                raise ValueError(f"load_state_dict: parameter {name!r} (shape {tuple(p.shape)}): state {key} ({spec}) "
+                                 f"was saved by FSDP2 in the per-element layout: {problem}")
+            state = _from_elements(p, layout, spec, key, state)
+        else:
+            for f in ("codes", "scales"):
+                if isinstance(state.get(f), torch.Tensor) and state[f].dim() > 1:  # the rows form
+                    state[f] = state[f].reshape(-1)
+        out[key] = state
+    return out
+
+
+def _elements_problem(spec, numel: int, state: dict) -> str | None:
+    """Why a per-element state cannot be this whole tensor's (None: it can)."""
+    codes, starts = state["codes"], state["block_starts"].reshape(-1).bool()
+    if codes.numel() != numel or starts.numel() != numel:
+        return f"{codes.numel():,} elements, where this parameter has {numel:,} (another parameter's)"
+    if spec.fmt.bits < 8 and codes.numel() and int(codes.max()) >> spec.fmt.bits:
+        return f"codes above the {spec.fmt.bits}-bit range (saved with another format)"
+    block = sharding.position_block(spec) or 1
+    at = starts.nonzero().reshape(-1)
+    if torch.equal(at, torch.arange(0, numel, block, device=at.device)):
+        return None
+    if at.numel() > 1 and at[0] == 0 and torch.equal(at, torch.arange(0, numel, int(at[1]), device=at.device)):
+        return f"its blocks are {int(at[1])} elements, where {spec} has {block} (saved with another block size)"
+    return ("its blocks start inside this tensor's blocks: a shard that cut a block, or one sharded on a dim other "
+            "than 0, was quantized on its own blocks; resume it under FSDP2 at the world size it was saved at")
+
+
 def _local(t):
     return t.to_local() if sharding.is_dtensor(t) else t
-
-
-def _mesh_group(mesh):
-    return mesh.get_group() if mesh.ndim == 1 else None

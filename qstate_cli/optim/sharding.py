@@ -19,7 +19,12 @@ holds at every world size when a row is whole blocks (numel / rows % B == 0:
 `world_independent`); otherwise it depends on where this world size cuts the rows. An
 unaligned shard is still quantized in the chosen format (never a silent fp32 fallback):
 on *local* blocks that start at its first element, with block counter offset // B + b;
-its codes then depend on the world size, and the optimizer's audit says so.
+its codes then depend on the world size, and the optimizer's audit says so. A parameter
+sharded on another dim (`fully_shard(..., shard_placement_fn=lambda p: Shard(1))`) is cut
+inside every row: its states are quantized on the shard's own blocks (its random counters
+start at the flat index of its first element, so two ranks' shards can replay the same
+dithers, as a larger dither block would), `world_independent` is False, and its
+checkpoints use the per-element form (optim/sharded_state.py).
 
 Nothing here does I/O; DTensor is imported lazily (torch without distributed still works).
 """
@@ -40,6 +45,7 @@ class ShardLayout:
     offset: int  # flat index in the whole tensor of the first local element
     contiguous: bool  # the local values are one range of the flattened whole tensor
     sharded: bool  # a DTensor with at least one Shard placement
+    other_dim: bool = False  # a placement shards a dim other than 0 (so at every world size)
 
     @property
     def numel(self) -> int:
@@ -72,8 +78,10 @@ class ShardLayout:
         return None
 
     def world_independent(self, block: int | None) -> bool:
-        """Dim-0 sharding at any world size keeps whole blocks: each row is whole blocks."""
-        return not self.sharded or block is None or self.row_numel % block == 0
+        """Dim-0 sharding at any world size keeps whole blocks: each row is whole blocks.
+        Sharding another dim (`other_dim`: shard_placement_fn=Shard(1)) cuts every row, so
+        its blocks are the shard's own at every world size above 1."""
+        return not self.sharded or block is None or (not self.other_dim and self.row_numel % block == 0)
 
 
 def position_block(spec) -> int | None:
@@ -107,8 +115,9 @@ def layout_of(p: torch.Tensor) -> ShardLayout:
 
     local, start = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
     local, start = tuple(local), tuple(start)
-    sharded = any(isinstance(pl, Shard) for pl in p.placements)
-    return ShardLayout(shape, local, _flat_offset(shape, start), local[1:] == shape[1:], sharded)
+    dims = {pl.dim for pl in p.placements if isinstance(pl, Shard)}
+    return ShardLayout(shape, local, _flat_offset(shape, start), local[1:] == shape[1:], bool(dims),
+                       any(d % len(shape) for d in dims))
 
 
 def dim0_layout(global_shape, world_size: int, rank: int) -> ShardLayout:
