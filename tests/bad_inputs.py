@@ -428,6 +428,12 @@ for _betas, _name, _msg in (([0.9, 1.0], "beta2 = 1", r"betas \[0.9, 1.0\]: each
     case(TRACE, f"a trace with {_name}", r"t.pt: optimizer adamw: hparams " + _msg)(_make)
 
 
+@case(TRACE, "a trace with a learning rate of 10**400, an int past any float (an OverflowError traceback)",
+      r"hparams lr 1000+\.\.\.: must be a finite number")
+def trace_hparams_huge_int_lr(tmp):
+    return ["trace", "info", raw_trace(tmp, "t.pt", lambda d: d["optimizer"]["hparams"].update(lr=10 ** 400))]
+
+
 @case(TRACE, "a trace with a NaN learning rate (to `trace info`)", r"hparams lr nan: must be a finite number")
 def trace_hparams_nan_lr(tmp):
     return ["trace", "info", raw_trace(tmp, "t.pt", lambda d: d["optimizer"]["hparams"].update(lr=float("nan")))]

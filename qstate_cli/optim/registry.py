@@ -24,7 +24,7 @@ import inspect
 import math
 from dataclasses import dataclass
 
-from ..errors import QstateError
+from ..errors import QstateError, clip
 from ..quant.formats import suggest
 from .base import QuantizedOptimizer
 from .optimizers import SGD, Adam, AdamW, Lion, Muon
@@ -88,7 +88,9 @@ OPTIMIZERS: dict[str, OptimizerInfo] = {info.name: info for info in (
 
 
 def _number(key: str, value, low: float, high: float, low_closed: bool, high_open: bool = False, whole=None):
-    shown = f"{key} {whole if whole is not None else value!r}"
+    shown = clip(f"{key} {whole if whole is not None else value!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2 ** 1023:  # past any float
+        raise QstateError(f"hparams {shown}: must be a finite number")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise QstateError(f"hparams {shown}: must be a finite number")
     if value < low or (value == low and not low_closed) or value > high or (value == high and high_open):
