@@ -88,6 +88,8 @@ def _kind(name: str, command: str, module: str | None, options: str | None, sect
                 section if ":" in section else f"qstate_cli.report.sections:{section}", **kw)
 
 
+PATH_PARAMS = ("trace",)  # suite parameters that name a file (read relative to the suite's folder)
+
 KINDS: dict[str, Kind] = {k.name: k for k in (
     _kind("kernels", "bench kernels", "qstate_cli.bench.kernels", "KernelsOptions", "kernels",
           metrics=(Metric("time_ms", "ms", "lower", timing=True),),

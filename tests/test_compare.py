@@ -478,6 +478,18 @@ def test_a_reordered_suite_axis_compares_clean(tmp_path):
     assert [(x["name"], x["metric"]) for x in regressed] == [("bf16 v reset=20", "drift_max_abs")]
 
 
+def test_a_trace_axis_matches_the_same_files_run_from_another_folder():
+    """Point params hold the trace resolved against the suite's folder: the same suite run in
+    /ci/checkout and in the repo root named every row differently (20 missing, 20 new)."""
+    def run_in(folder):
+        return _suite_doc("diagnose", [({"trace": f"{folder}/traces/{name}", "config": "bf16"}, rows)
+                                       for name, (_, rows) in (("a.pt", _reset_point("none")),
+                                                               ("b.pt", _reset_point(20)))])
+    v = compare_docs([run_in("/ci/checkout")], [run_in("/home/me/qstate")])
+    assert {r["status"] for r in v.records} == {"same"} and not v.regressions
+    assert {r["name"] for r in v.records} >= {"bf16 v trace=a.pt", "bf16 v trace=b.pt"}
+
+
 def test_a_collapsed_axis_still_matches_the_rows_it_kept():
     """NEW ran only `--set reset=none`: its rows match the baseline's reset=none rows (its point
     still names the value), and the reset=20 rows are missing."""

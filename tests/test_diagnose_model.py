@@ -176,3 +176,17 @@ def test_warning_names_the_block_scale_when_both_models_overstate_stalls():
     v = [r for r in doc["records"] if r["state"] == "v"][0]
     unscaled_curve = float(np.mean(theory.stall_curve(parse_spec("e2m2:nearest"), 0.95, 200)))
     assert v["stall_rate_predicted"] is not None and v["stall_rate_predicted"] != pytest.approx(unscaled_curve)
+
+
+def test_a_few_large_falling_elements_do_not_make_steady_gaussians_light_tailed():
+    """4096 steady N(0, 1) elements beside 64 elements 30x larger whose sigma falls 100x: the
+    summed g^2's trend is theirs; dividing the steady elements' kurtosis (3) by it read 1.3,
+    'light tails'. The light-tail flag needs the pooled kurtosis under 2 as well."""
+    gen = torch.Generator().manual_seed(4)
+    steps = 400
+    steady = torch.randn(steps, 4096, generator=gen)
+    falling = 30 * torch.randn(steps, 64, generator=gen) * (100 ** (-torch.arange(steps) / steps))[:, None]
+    trace = synthetic._trace(torch.cat([steady, falling], 1), 0.9, 0.999)
+    checks = diagnose(trace, [_v_only("bf16")])[0]["meta"]["gradient_checks"]
+    assert abs(checks["grad_kurtosis_pooled"] - 3) < 0.3
+    assert not any("light tails" in f for f in checks["failed"]), checks["failed"]

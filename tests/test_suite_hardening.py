@@ -202,6 +202,16 @@ def test_a_bad_value_names_its_own_line_and_key(tmp_path, edit, line, key, words
     assert words in issue, issue
 
 
+def test_a_missing_trace_in_an_axis_names_its_own_item(tmp_path):
+    """`trace: [t.pt, at.pt]` with at.pt missing was blamed on item 0 (its path ends in 't.pt')."""
+    from qstate_cli.trace import save_trace, synthetic
+
+    save_trace(synthetic.gaussian(64, 3), tmp_path / "t.pt")
+    path = write(tmp_path, "kind: diagnose\ndefaults: {config: [bf16]}\naxes:\n  trace:\n    - t.pt\n    - at.pt\n")
+    issue = issue_of(path)
+    assert issue.startswith(f"{path}:6: axes.trace[1]: "), issue
+
+
 def test_a_bad_value_from_set_names_the_set_and_validate_takes_set(tmp_path):
     path = write(tmp_path, LOCATED)
     issue = issue_of(path, ["runs.sweep.axes.numel=[-4]"])

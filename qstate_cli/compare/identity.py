@@ -30,7 +30,7 @@ from collections import defaultdict
 from pathlib import PurePath
 
 from ..errors import QstateError
-from ..kinds import KINDS
+from ..kinds import KINDS, PATH_PARAMS
 from ..report.labels import point_params
 from .metrics import identity, row_name
 
@@ -67,7 +67,10 @@ class _Row:
         if source == "file":
             return PurePath(self.source).name
         if source == "params" and key in self.params:
-            return _text(self.params[key])
+            value = self.params[key]
+            if key in PATH_PARAMS and isinstance(value, str):  # resolved from the suite's folder: the checkout's
+                return PurePath(value).name  # own path must not tell one run from the same run elsewhere
+            return _text(value)
         if key in self.row:
             return _text(self.row[key])
         return _text(meta.get(key)) if source == "params" and key in meta else None

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from ..errors import QstateError, clip
-from ..kinds import KINDS
+from ..kinds import KINDS, PATH_PARAMS
 from ..options import flags_of, option_fields
 from .expand import Point, axis_values, expand_run
 from .kinds import check_point, is_overridden, options_class
@@ -27,7 +27,6 @@ from .kinds import check_point, is_overridden, options_class
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a suite or run name: it names a folder and files
 MAX_NAME = 80
 
-PATH_PARAMS = ("trace",)  # parameters that name a file: relative to the suite's folder
 SPECIAL_PATHS = ("demo",)  # values of those that are names, not paths
 CORPUS_PREFIX = "corpus:"  # corpus:NAME names a corpus trace (trace/corpus.py), recorded on first use
 
@@ -224,6 +223,13 @@ def _culprit(cls, params: dict, exc: QstateError) -> tuple[str | None, bool]:
     return None, False
 
 
+def _same_path(resolved, written: str) -> bool:
+    """Whether `resolved` (a path the suite's folder was joined to) is `written`: its last
+    components are written's (`at.pt` is not `t.pt`)."""
+    parts = Path(written).parts
+    return bool(parts) and Path(str(resolved)).parts[-len(parts):] == parts
+
+
 def _locate(data: dict, raw: dict, prefix: tuple, run: dict, point: Point, key: str) -> tuple:
     """Where the value of parameter `key` at `point` was written: its axis (and the index of
     the value in a listed axis), the baseline, the run's defaults or the suite's."""
@@ -236,7 +242,7 @@ def _locate(data: dict, raw: dict, prefix: tuple, run: dict, point: Point, key: 
         value = point.assignment[key]
         if isinstance(spec, list):
             index = next((j for j, v in enumerate(spec) if v == value
-                          or (key in PATH_PARAMS and isinstance(v, str) and str(value).endswith(v))), None)
+                          or (key in PATH_PARAMS and isinstance(v, str) and _same_path(value, v))), None)
             if index is not None:
                 return prefix + ("axes", key, index)
         return prefix + ("axes", key)
