@@ -25,28 +25,13 @@ part of the row's compare name (`bf16 v reset=20`).
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import PurePath
 
 from ..errors import QstateError
 from ..kinds import KINDS, PATH_PARAMS
-from ..report.labels import point_params
+from ..report.labels import point_params, show
 from .metrics import identity, row_name
-
-
-def _text(value):
-    """A parameter's value as matching text: a list of one value is that value (a failed
-    point's record holds it so), numbers as JSON writes them (20 == 20.0), None stays None."""
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
-    if value is None:
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, sort_keys=True)
 
 
 class _Row:
@@ -63,17 +48,17 @@ class _Row:
         meta = self.doc.get("meta") or {}
         if source == "run":
             suite = meta.get("suite")
-            return _text(suite.get("run")) if isinstance(suite, dict) else None
+            return show(suite.get("run")) if isinstance(suite, dict) else None
         if source == "file":
             return PurePath(self.source).name
         if source == "params" and key in self.params:
             value = self.params[key]
             if key in PATH_PARAMS and isinstance(value, str):  # resolved from the suite's folder: the checkout's
                 return PurePath(value).name  # own path must not tell one run from the same run elsewhere
-            return _text(value)
+            return show(value)
         if key in self.row:
-            return _text(self.row[key])
-        return _text(meta.get(key)) if source == "params" and key in meta else None
+            return show(self.row[key])
+        return show(meta.get(key)) if source == "params" and key in meta else None
 
 
 def _collisions(rows: list[_Row], extras: list[tuple[str, str]]) -> list[list[_Row]]:
@@ -132,7 +117,7 @@ def name(kind: str, r: _Row, extras) -> str:
     out = row_name(kind, r.row)
     for key, source in extras:
         v = r.value(key, source)
-        if key in KINDS[kind].identity and v == _text(r.row.get(key)):
+        if key in KINDS[kind].identity and v == show(r.row.get(key)):
             continue
         out += f" {key}={'-' if v is None else v}"
     return out

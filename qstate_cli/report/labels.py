@@ -33,11 +33,15 @@ def point_params(doc: dict, row: dict) -> dict:
 
 
 def show(value) -> str | None:
-    """A parameter's value as text: a list of one value is that value, lists joined by ", "."""
+    """A parameter's value as text, the same for equal values (compare matches rows on it): a
+    list of one value is that value (a failed point's record holds it so), lists joined by
+    ", ", a whole float as its int (20.0 is 20), None stays None."""
     if isinstance(value, list):
-        return show(value[0]) if len(value) == 1 else ", ".join(str(v) for v in value)
+        return show(value[0]) if len(value) == 1 else ", ".join(str(show(v)) for v in value)
     if value is None:
         return None
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
     if isinstance(value, (dict, bool)):
         return json.dumps(value, sort_keys=True)
     return str(value)
