@@ -439,6 +439,153 @@ def trace_hparams_nan_lr(tmp):
     return ["trace", "info", raw_trace(tmp, "t.pt", lambda d: d["optimizer"]["hparams"].update(lr=float("nan")))]
 
 
+def _edit_tensor(**fields):
+    def edit(d):
+        d["tensors"][0].update(fields)
+    return edit
+
+
+@case(TRACE, "sparse gradients, no sha256 (a NotImplementedError traceback in `trace info`)",
+      r"t.pt: tensor 0 \('w0'\): 'grads' is a sparse_coo tensor; a trace holds dense tensors")
+def trace_sparse_grads(tmp):
+    def edit(d):
+        t = d["tensors"][0]
+        t["grads"] = t["grads"].to_sparse()
+        del t["sha256"]
+    return ["trace", "info", raw_trace(tmp, "t.pt", edit)]
+
+
+@case(TRACE, "sparse gradients with a sha256 (a traceback hashing them)", r"'grads' is a sparse_coo tensor")
+def trace_sparse_grads_sha(tmp):
+    return ["trace", "info", raw_trace(tmp, "t.pt", lambda d: d["tensors"][0].update(
+        grads=d["tensors"][0]["grads"].to_sparse()))]
+
+
+@case(TRACE, "meta-device gradients (a shape without data: a traceback in `diagnose`)",
+      r"'grads' is a meta tensor \(a shape without data\); a trace holds dense tensors")
+def trace_meta_grads(tmp):
+    return ["diagnose", raw_trace(tmp, "t.pt", _edit_tensor(grads=torch.empty(4, 3000, device="meta"))), "-c",
+            "bred-4bit"]
+
+
+@case(TRACE, "meta-device block indices (to `trace info`)", r"'blocks' is a meta tensor")
+def trace_meta_blocks(tmp):
+    return ["trace", "info", raw_trace(tmp, "t.pt", _edit_tensor(blocks=torch.tensor([0, 1], device="meta")))]
+
+
+@case(TRACE, "gradients of 2^30 steps x 3000 elements over 4 bytes (an expanded tensor: 12 TB when read)",
+      r"'grads' is a view of 3,221,225,472,000 elements over 4 bytes of storage")
+def trace_expanded_grads(tmp):
+    def edit(d):
+        d["n_steps"] = 2**30
+        d["tensors"] = d["tensors"][:1]
+        d["tensors"][0].update(grads=torch.zeros(1).expand(2**30, 3000))
+    return ["trace", "info", raw_trace(tmp, "t.pt", edit)]
+
+
+@case(TRACE, "step_start 2^70 (a 97-line numba TypingError in `diagnose`)",
+      r"step_start 1180591620717411303424 with n_steps 4 ends past step 2\^63-1; steps are int64")
+def trace_huge_step(tmp):
+    return ["diagnose", raw_trace(tmp, "t.pt", lambda d: d.update(step_start=2**70)), "-c", "bred-4bit",
+            "--skip-reset-check"]
+
+
+@case(TRACE, "a tensor of shape [2^62, 2^62] (an OverflowError in `diagnose`)",
+      r"tensor 0 \('w0'\): shape \[4611686018427387904, 4611686018427387904\]: past 2\^48 elements")
+def trace_huge_shape(tmp):
+    return ["diagnose", raw_trace(tmp, "t.pt", _edit_tensor(shape=[2**62, 2**62])), "-c", "bred-4bit"]
+
+
+DOCTOR = "Checkpoints: hostile, corrupt or impossible (limits: qstate_cli/doctor/dcpmeta.py)"
+
+
+def _dcp(tmp: Path, edit: Callable) -> str:
+    """A torch.distributed.checkpoint folder of one AdamW state (dcp.save in this one
+    process), its .metadata then edited as a stranger could: `edit(metadata)`."""
+    import pickle
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    p = torch.nn.Parameter(torch.ones(64, 32))
+    opt = torch.optim.AdamW([p])
+    p.grad = torch.ones_like(p)
+    opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"optimizer": opt.state_dict()}, checkpoint_id=str(tmp / "ck"))
+    path = tmp / "ck" / ".metadata"
+    md = pickle.loads(path.read_bytes())
+    edit(md)
+    path.write_bytes(pickle.dumps(md))
+    return str(tmp / "ck")
+
+
+def _exp_avg(md):
+    return md.state_dict_metadata["optimizer.state.0.exp_avg"]
+
+
+@case(DOCTOR, "a DCP planner_data path with list index 10^9 (ran for minutes; 10^8 took 1.85 GB)",
+      r"ck/.metadata: the planner_data path of '.*' holds list index 1000000000, but the checkpoint stores \d+ "
+      r"item\(s\)")
+def dcp_planner_list_index(tmp):
+    return ["doctor", _dcp(tmp, lambda md: md.planner_data.update(
+        {k: ("optimizer", "state", 10**9, "x") for k in md.state_dict_metadata}))]
+
+
+def _declare_8gib(md):
+    entry = _exp_avg(md)
+    entry.size = torch.Size([2**28, 8])
+    entry.chunks[0].sizes = torch.Size([2**28, 8])
+
+
+@case(DOCTOR, "a 30 KB DCP folder declaring an 8 GiB tensor (allocated and filled before the refusal)",
+      r"ck: its metadata declares tensors of 8.00 GiB, but its data files hold [\d,]+ bytes: a truncated or forged")
+def dcp_declares_more_than_stored(tmp):
+    return ["doctor", _dcp(tmp, _declare_8gib)]
+
+
+@case(DOCTOR, "DCP metadata whose state_dict_metadata is a list (an AttributeError)",
+      r"not DCP metadata \(state_dict_metadata is list and storage_data dict; both are dicts\)")
+def dcp_metadata_list(tmp):
+    return ["doctor", _dcp(tmp, lambda md: setattr(md, "state_dict_metadata", []))]
+
+
+@case(DOCTOR, "DCP metadata whose storage_data is a list (an AttributeError)", r"storage_data list; both are dicts")
+def dcp_storage_list(tmp):
+    return ["doctor", _dcp(tmp, lambda md: setattr(md, "storage_data", []))]
+
+
+@case(DOCTOR, "a DCP tensor of size (-5, 4) (a RuntimeError)",
+      r"'optimizer.state.0.exp_avg' declares size \(-5, 4\): each dimension must be a whole number >= 0")
+def dcp_negative_size(tmp):
+    return ["doctor", _dcp(tmp, lambda md: setattr(_exp_avg(md), "size", torch.Size([-5, 4])))]
+
+
+@case(DOCTOR, "a DCP tensor whose dtype is the text 'float32' (a TypeError)",
+      r"'optimizer.state.0.exp_avg' declares dtype 'float32', not a torch dtype")
+def dcp_text_dtype(tmp):
+    return ["doctor", _dcp(tmp, lambda md: setattr(_exp_avg(md).properties, "dtype", "float32"))]
+
+
+@case(DOCTOR, "DCP planner_data paths that are empty (an IndexError)",
+      r"the planner_data path of '.*' is \(\), not a non-empty tuple of names and list indices")
+def dcp_planner_empty_path(tmp):
+    return ["doctor", _dcp(tmp, lambda md: md.planner_data.update({k: () for k in md.state_dict_metadata}))]
+
+
+@case(DOCTOR, "a DCP tensor declared int64 whose stored chunk is float32 (cast silently)",
+      r"a chunk of 'optimizer.state.0.exp_avg' is torch.float32, but its metadata declares torch.int64")
+def dcp_chunk_dtype_differs(tmp):
+    return ["doctor", _dcp(tmp, lambda md: setattr(_exp_avg(md).properties, "dtype", torch.int64))]
+
+
+@case(DOCTOR, "`doctor --max-gib 1e-9` (said '0.0 GiB is over the limit of 0.0 GiB')",
+      r"ckpt.pt: [\d,]+ bytes is over the limit of 1 byte \(--max-gib\)")
+def doctor_max_gib_tiny(tmp):
+    return ["doctor", _checkpoint(tmp, "ckpt.pt"), "--max-gib", "1e-9"]
+
+
 GATE = "The compare gate fails closed (qstate_cli/compare/evidence.py)"
 
 

@@ -27,13 +27,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    """A cache whose corpus:synthetic-heavy is the same recipe at 40 steps instead of 3000
-    (the full recording is ~10 s of CPU; test_recording_is_reproducible covers it)."""
+    """A cache holding corpus:synthetic-heavy, recorded in full (3000 steps, ~10 s of CPU):
+    the cache re-records a file whose steps do not match its name, so a shorter stand-in
+    would be replaced by whichever test reads it first."""
     path = tmp_path_factory.mktemp("qstate-cache")
     old = os.environ.get("QSTATE_CACHE")
     os.environ["QSTATE_CACHE"] = str(path)
     try:
-        recipes.record_synthetic(path / corpus.ENTRIES["synthetic-heavy"].filename, 40, 0)
+        recipes.record_synthetic(path / corpus.ENTRIES["synthetic-heavy"].filename, 3000, 0)
         yield path
     finally:
         if old is None:
@@ -114,7 +115,7 @@ def test_corpus_cli_as_a_subprocess(cache, tmp_path):
     rows = {row["name"]: row for row in json.loads(r.stdout)}
     heavy = rows["corpus:synthetic-heavy"]
     assert heavy["cached"] and heavy["recorded_elements"] == 8192 and len(heavy["sha256"]) == 64
-    assert heavy["same_as_report"] is False  # the fixture's trace is 40 steps, the report's 3000
+    assert heavy["same_as_report"] is True  # the recipe records the report's trace bit for bit
     assert heavy["sha256"] == corpus.fingerprint(load_trace(cache / corpus.ENTRIES["synthetic-heavy"].filename))
     r = run_cli("diagnose", "corpus:synthetic-heavy", "-c", "nearest-4bit", "--steps-limit", "5", cache_dir=cache)
     assert r.returncode == 0, r.stderr

@@ -184,12 +184,12 @@ def test_writes_are_atomic(tmp_path, monkeypatch):
     before = path.read_bytes()
     tr = rec.trace()
 
-    def boom(obj, f, *a, **k):
-        Path(f).write_bytes(b"partial")
+    def boom(obj, f, *a, **k):  # save_trace hands torch.save an open file (trace/io.py)
+        f.write(b"partial")
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(QstateError, match=r": cannot write \(disk full\)$"):  # one line, not an OSError traceback
         save_trace(tr, path)
     assert path.read_bytes() == before  # the old trace is untouched
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

@@ -21,6 +21,7 @@ from ..quant.config import MIN_QUANT_NUMEL, STATE_IDS, parse_config, parse_spec
 from ..quant.formats import state_bytes
 from ..quant.packing import pack
 from ..quant.quantizer import Stream, decode
+from ..trace.plain import tensor_kind
 from .safeload import LowBitState
 
 ROLES = {"exp_avg": "m", "momentum_buffer": "m", "state1": "m", "m": "m",
@@ -46,6 +47,7 @@ class StoredState:
     memory_nbytes: int | None = None  # where the checkpoint stores it in another layout than the optimizer holds
     #                                   it (qstate's per-element form from FSDP2): the format's own bytes
     layout: str = ""  # qstate: "elements" (the per-element checkpoint form), else ""
+    unreadable: str = ""  # a tensor of it is not dense with data (tensors.py): what it is; `decoded` False
 
     @property
     def held_nbytes(self) -> int:
@@ -60,8 +62,9 @@ class StoredState:
 
 
 def scalar(value) -> float | None:
-    """One real number (a Python number or a one-element tensor), else None."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+    """One real number (a Python number or a one-element tensor), else None (also for a
+    tensor without readable data: meta, sparse, nested; trace/plain.py)."""
+    if isinstance(value, torch.Tensor) and not tensor_kind(value) and value.numel() == 1 and not value.is_complex():
         return float(value.item())
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
@@ -175,7 +178,7 @@ def group_seed(group: dict) -> int | None:
     seed = group.get("seed", 0)
     if isinstance(seed, int) and not isinstance(seed, bool):
         return seed
-    if (isinstance(seed, torch.Tensor) and seed.numel() == 1 and seed.dtype != torch.bool
+    if (isinstance(seed, torch.Tensor) and not tensor_kind(seed) and seed.numel() == 1 and seed.dtype != torch.bool
             and not is_float(seed)):
         return int(seed.item())
     return None

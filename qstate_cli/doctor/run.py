@@ -24,6 +24,7 @@ from ..results import Result
 from .checks import Finding, check_optimizer, compare, v_counts
 from .safeload import load_checkpoint
 from .states import OptimizerStates, find_optimizers
+from .tensors import against_tensor_findings, tensor_findings
 
 
 @dataclass
@@ -74,7 +75,7 @@ def execute(opts: DoctorOptions, progress: Progress | None = None) -> Result:
     if any(a != b for a, b in partners.items()):
         result.meta["paired"] = dict(partners)
     for opt in optimizers:
-        found = check_optimizer(opt)
+        found = check_optimizer(opt) + tensor_findings(opt)
         stats: dict[str, dict] = {}
         if others is not None:
             other = next(o for o in others if o.path == partners[opt.path])
@@ -83,7 +84,7 @@ def execute(opts: DoctorOptions, progress: Progress | None = None) -> Result:
                                      f"compared with the optimizer at {other.path!r} in {opts.against}: each "
                                      f"checkpoint holds one optimizer, here at {opt.path!r}"))
             more, stats = compare(opt, other, opts.against)
-            found += more
+            found += more + against_tensor_findings(opt, other, opts.against)
         findings += found
         for p in opt.params:
             progress.start(f"{opt.path} {p.key}", len(result.records))

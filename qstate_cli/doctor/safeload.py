@@ -28,7 +28,9 @@ dithers need the shard's place in the whole tensor: the DCP directory or a full 
 dict has every rank's).
 
 Size limits: a file, or the sum of a DCP directory's tensors as its metadata declares
-them, above `max_bytes` is refused before anything is read.
+them, above `max_bytes` is refused before anything is read; so is DCP metadata that
+declares more bytes than its files hold, or that is malformed (dcpmeta.py). A stored
+chunk must be a dense tensor of its declared dtype (trace/plain.py).
 
 Every problem is a QstateError naming the path (exit 2).
 """
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 import io
 import logging
-import math
 import pickle
 import zipfile
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -44,6 +45,8 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 import torch
 
 from ..errors import QstateError
+from ..trace.plain import tensor_problem
+from .dcpmeta import check_metadata, item_file, size_text, unflatten
 
 DEFAULT_MAX_BYTES = 32 * 2**30
 
@@ -84,8 +87,7 @@ def load_checkpoint(path, max_bytes: int = DEFAULT_MAX_BYTES):
     if size == 0:
         raise QstateError(f"{path}: empty file, not a checkpoint")
     if size > max_bytes:
-        raise QstateError(f"{path}: {size / 2**30:.1f} GiB is over the limit of {max_bytes / 2**30:.1f} GiB "
-                          f"(--max-gib)")
+        raise QstateError(f"{path}: {size_text(size)} is over the limit of {size_text(max_bytes)} (--max-gib)")
     if not zipfile.is_zipfile(path):
         with path.open("rb") as fh:
             if fh.read(4) == b"PK\x03\x04":  # starts like a zip, but its directory (at the end) is gone
@@ -224,13 +226,7 @@ def load_dcp(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
         raise QstateError(f"{path}/.metadata: corrupt DCP metadata ({type(exc).__name__}: {exc})") from None
     if not hasattr(md, "state_dict_metadata") or not hasattr(md, "storage_data"):
         raise QstateError(f"{path}/.metadata: not DCP metadata")
-    declared = 0
-    for entry in md.state_dict_metadata.values():
-        if hasattr(entry, "size"):
-            declared += math.prod(entry.size) * torch.empty((), dtype=entry.properties.dtype).element_size()
-    if declared > max_bytes:
-        raise QstateError(f"{path}: its tensors take {declared / 2**30:.1f} GiB, over the limit of "
-                          f"{max_bytes / 2**30:.1f} GiB (--max-gib)")
+    check_metadata(path, md, max_bytes)  # sizes, dtypes, chunks, files: before anything is allocated
     by_fqn: dict[str, list] = {}
     for index, info in md.storage_data.items():
         by_fqn.setdefault(index.fqn, []).append((index, info))
@@ -242,71 +238,51 @@ def load_dcp(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
             if not items:
                 raise QstateError(f"{path}: no stored data for {fqn!r}")
             if hasattr(entry, "chunks"):
-                full = torch.zeros(tuple(entry.size), dtype=entry.properties.dtype)
-                for index, info in items:
-                    chunk = _read_item(path, info, handles)
-                    if not isinstance(chunk, torch.Tensor):
-                        raise QstateError(f"{path}: item {fqn!r} is not a tensor")
-                    offsets = tuple(index.offset or (0,) * full.dim())
-                    region = full[tuple(slice(o, o + s) for o, s in zip(offsets, chunk.shape))]
-                    if region.shape != chunk.shape:
-                        raise QstateError(f"{path}: chunk of {fqn!r} at {offsets} falls outside {tuple(full.shape)}")
-                    region.copy_(chunk)
-                flat[fqn] = full
+                flat[fqn] = _assemble(path, fqn, entry, items, handles)
             else:
                 flat[fqn] = _read_item(path, items[0][1], handles)
+    except (AttributeError, TypeError, ValueError, IndexError, KeyError, RuntimeError, OverflowError) as exc:
+        msg = " ".join(str(exc).split())[:160]  # a metadata shape no check above foresaw: still one line
+        raise QstateError(f"{path}: malformed DCP checkpoint ({type(exc).__name__}: {msg})") from None
     finally:
         for fh in handles.values():
             fh.close()
-    return _unflatten(flat, getattr(md, "planner_data", None) or {})
+    return unflatten(flat, getattr(md, "planner_data", None) or {}, path)
+
+
+def _assemble(path: Path, fqn: str, entry, items: list, handles: dict) -> torch.Tensor:
+    """One tensor from its stored chunks (sizes checked by check_metadata): each a dense
+    tensor of the declared dtype, within the whole."""
+    full = torch.zeros(tuple(entry.size), dtype=entry.properties.dtype)
+    for index, info in items:
+        chunk = _read_item(path, info, handles)
+        if not isinstance(chunk, torch.Tensor):
+            raise QstateError(f"{path}: item {fqn!r} is not a tensor")
+        problem = tensor_problem(chunk)
+        if problem:
+            raise QstateError(f"{path}: item {fqn!r} is {problem}")
+        if chunk.dtype != full.dtype:
+            raise QstateError(f"{path}: a chunk of {fqn!r} is {chunk.dtype}, but its metadata declares {full.dtype}")
+        offsets = tuple(index.offset or (0,) * full.dim())
+        if len(offsets) != full.dim() or not all(isinstance(o, int) and o >= 0 for o in offsets):
+            raise QstateError(f"{path}: a chunk of {fqn!r} at {offsets} does not index a {full.dim()}-d tensor")
+        region = full[tuple(slice(o, o + s) for o, s in zip(offsets, chunk.shape))]
+        if region.shape != chunk.shape:
+            raise QstateError(f"{path}: chunk of {fqn!r} at {offsets} falls outside {tuple(full.shape)}")
+        region.copy_(chunk)
+    return full
 
 
 def _read_item(root: Path, info, handles: dict):
     if getattr(info, "transform_descriptors", None):
         raise QstateError(f"{root}: items stored with transforms {list(info.transform_descriptors)} are not "
                           f"supported")
-    rel = Path(str(info.relative_path))
-    if rel.is_absolute() or ".." in rel.parts:
-        raise QstateError(f"{root}: metadata names a file outside the checkpoint ({rel})")
-    file = root / rel
-    if not file.is_file():
-        raise QstateError(f"{root}: metadata names {rel}, which is missing")
+    file = item_file(root, info)
     size = file.stat().st_size
     if info.offset < 0 or info.length < 0 or info.offset + info.length > size:
-        raise QstateError(f"{root}: item at {rel}:{info.offset}+{info.length} runs past the file's {size} bytes")
+        raise QstateError(f"{root}: item at {file.name}:{info.offset}+{info.length} runs past the file's {size} bytes")
     fh = handles.get(str(file))
     if fh is None:
         fh = handles[str(file)] = file.open("rb")
     fh.seek(info.offset)
     return _torch_load(io.BytesIO(fh.read(info.length)), f"{file} @ {info.offset}")
-
-
-def _unflatten(flat: dict, mapping: dict) -> dict:
-    """Nested dicts/lists from DCP's flat keys and its planner_data paths (an int path
-    element indexes a list, as torch's own unflatten does)."""
-    root: dict = {}
-    for fqn, value in flat.items():
-        path = tuple(mapping.get(fqn, (fqn,)))
-        node = root
-        for key, nxt in zip(path[:-1], path[1:]):
-            child = _get(node, key)
-            if child is None:
-                child = [] if isinstance(nxt, int) else {}
-                _set(node, key, child)
-            node = child
-        _set(node, path[-1], value)
-    return root
-
-
-def _get(node, key):
-    if isinstance(node, list):
-        return node[key] if key < len(node) else None
-    return node.get(key)
-
-
-def _set(node, key, value):
-    if isinstance(node, list):
-        node.extend([None] * (key + 1 - len(node)))
-        node[key] = value
-    else:
-        node[key] = value

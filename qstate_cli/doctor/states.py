@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import QstateError, clip
-from .decode import (ROLES, StoredState, bnb_state, dtype_name, is_float, is_torchao, plain_state, qstate_state, scalar,
-                     torchao_state)
+from ..trace.plain import tensor_kind, tensor_problem
+from .decode import StoredState, bnb_state, dtype_name, plain_state, qstate_state, scalar, torchao_state
+from .tensors import kind_of, unreadable_state
 
 __all__ = ["OptimizerStates", "ParamStates", "StoredState", "find_optimizers", "scalar"]
 
@@ -120,7 +121,7 @@ def find_optimizers(obj, source: str) -> list[OptimizerStates]:
         raise QstateError(f"{source}: holds no optimizer state dict (a dict with 'state' and 'param_groups')")
     optimizers = [read_optimizer(sd, path, source) for path, sd in found]
     if models:
-        shapes = {name: tuple(t.shape) for m in models for name, t in m.items()}
+        shapes = {name: tuple(t.shape) for m in models for name, t in m.items() if not t.is_nested}  # no shape
         for o in optimizers:
             for p in o.params:
                 if not p.shape_known:
@@ -257,19 +258,26 @@ def _read_param(entry: dict, group: dict, name: str, index: int, gi: int, where:
 
 
 def _read_state(key, value, entry: dict, group: dict, index: int, where: str, states: dict, written: dict) -> None:
-    """One state of a parameter into `states` (and `written` for qstate's)."""
-    if isinstance(value, dict) and "codes" in value:
+    """One state of a parameter into `states` (and `written` for qstate's); a state whose
+    tensors hold no readable values (meta, sparse, ...) undecoded, saying so (tensors.py)."""
+    kind = kind_of(key, value)
+    odd = unreadable_state(kind, key, value, entry) if kind else None
+    if odd is not None:
+        states[key] = odd
+    elif kind == "qstate":
         states[key], written[key] = qstate_state(key, value, group, index, where)
-    elif is_torchao(value):
+    elif kind == "torchao":
         states[key] = torchao_state(key, value, where)
-    elif isinstance(value, torch.Tensor) and key in ("state1", "state2") and value.dtype == torch.uint8:
+    elif kind == "bnb":
         states[key] = bnb_state(key, value, entry, where)
-    elif isinstance(value, torch.Tensor) and (key in ROLES or (value.dim() > 0 and is_float(value))):
+    elif kind == "plain":
         states[key] = plain_state(key, value)  # a known state of any dtype or shape (a scalar param's: 0-dim)
 
 
 def _what(value) -> str:
     """A value that is not one number, for a message."""
+    if isinstance(value, torch.Tensor) and tensor_kind(value):
+        return tensor_problem(value)
     if isinstance(value, torch.Tensor):
         return f"a {dtype_name(value.dtype)} tensor of shape {tuple(value.shape)}"
     return f"{clip(repr(value))} ({type(value).__name__})"

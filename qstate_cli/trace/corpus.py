@@ -7,12 +7,14 @@ first use (seeded, on one CPU thread, nothing downloaded) and cached beside the 
 
 Which 4-bit configuration tracks fp32 best depends on the gradients, so claims are made
 across this corpus, not on one trace. The cache file name holds the recipe's settings and
-the qstate version (a change to either records anew); `fingerprint` is the sha256 of the
+the qstate version (a change to either records anew; a cached file that is not the whole
+trace is recorded again); `fingerprint` is the sha256 of the
 recorded gradients, the same for the same seed, torch build and CPU kind.
 """
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -23,6 +25,7 @@ from ..errors import QstateError
 from . import recipes
 from ..runtime import cache_dir
 from .demo import DEFAULT as DEMO_SETTINGS, cached_demo, demo_path
+from .partial import cache_problem
 
 PREFIX = "corpus:"
 DEMO = "demo"
@@ -87,9 +90,12 @@ def cached_trace(name: str, log: Callable[[str], None] | None = None) -> Path:
     if e.record is None:
         return cached_demo(log=log)
     path = cached_path(e)
-    if not path.exists():
+    problem = cache_problem(path, e.steps)
+    if problem is not None:
         _check_needs(e)
-        if log:
+        if problem:  # a file, but not the whole trace: recorded again (atomically, over it)
+            print(f"qstate: the cached corpus trace {path} {problem}: recording it again", file=sys.stderr)
+        elif log:
             log(f"recording corpus trace {name} ({e.steps} steps; cached at {path})")
         path.parent.mkdir(parents=True, exist_ok=True)
         e.record(path, e.steps, e.seed, log)

@@ -8,6 +8,7 @@ every tensor, bf16 gradients (~95 MiB).
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import torch
 
 from ..models import tiny_lm
 from ..runtime import cache_dir, torch_threads
+from .partial import cache_problem
 from .recorder import Recorder
 from .schema import BLOCK, Trace
 
@@ -40,12 +42,16 @@ DEFAULT = DemoSettings()
 def cached_demo(settings: DemoSettings | None = None, log: Callable[[str], None] | None = None) -> Path:
     """The demo trace for `settings` (default: DEFAULT, what `qstate trace demo` records),
     made on first use and reused; the file name holds the settings and the qstate version,
-    so a change to either makes a new one. (What `trace: demo` means in a suite.)"""
+    so a change to either makes a new one. (What `trace: demo` means in a suite.) A cached
+    file that is not the whole trace (partial.cache_problem) is recorded again, saying so."""
     s = settings or DEFAULT
     path = demo_path(s)
-    if not path.exists():
-        if log:
-            log(f"making the demo trace (cached at {path})")
+    problem = cache_problem(path, s.steps)
+    if problem:  # a file, but not the whole trace: recorded again (atomically, over it)
+        print(f"qstate: the cached demo trace {path} {problem}: recording it again", file=sys.stderr)
+    elif problem is not None and log:
+        log(f"making the demo trace (cached at {path})")
+    if problem is not None:
         run_demo(path, s, log)
     return path
 
@@ -77,7 +83,7 @@ def _run_demo(out: Path, settings: DemoSettings, log) -> dict:
     meta = {"source": "qstate trace demo", "model": settings.model, "batch_size": settings.batch_size,
             "data": "pydoc_data.topics (bytes)"}
     with Recorder(opt, out, model=model, blocks_per_tensor=settings.blocks_per_tensor, steps=settings.steps,
-                  seed=settings.seed, grad_dtype=settings.grad_dtype, meta=meta) as rec:
+                  seed=settings.seed, grad_dtype=settings.grad_dtype, meta=meta, partial=False) as rec:
         for step in range(1, settings.steps + 1):
             x, y = next(data)
             loss_t = model.loss(x, y)

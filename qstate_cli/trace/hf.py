@@ -39,7 +39,7 @@ class QstateTraceCallback(TrainerCallback):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.session.finish()
+        self.session.finish(exc_type)
 
     @property
     def path(self):

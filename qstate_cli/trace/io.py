@@ -58,11 +58,20 @@ MAX_RECORDS = 100_000  # archive members: one per tensor, plus a few
 
 
 def save_trace(trace: Trace, path) -> Path:
-    """Write `trace` to `path` atomically (temporary file in the same folder, then rename)."""
+    """Write `trace` to `path` atomically (temporary file in the same folder, then rename).
+    A write that fails (a full disk, /dev/full) is a QstateError naming the path; nothing
+    is left behind (a device is written in place). torch.save is handed an open file, so a
+    failed write surfaces as the OSError it is (given a file name, torch's own writer
+    reports it as an opaque RuntimeError)."""
     obj = trace.to_dict()
     from_dict(obj, str(path), verify=False)  # never write what we would refuse to read
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    try:
+        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            torch.save(obj, fh)
+    except OSError as exc:
+        raise QstateError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    except RuntimeError as exc:  # torch's writer, whatever else it reports
+        raise QstateError(f"{path}: cannot write ({' '.join(str(exc).split())[:160]})") from None
     return Path(path)
 
 

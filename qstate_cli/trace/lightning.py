@@ -37,7 +37,7 @@ class QstateTraceCallback(Callback):
         self.session.finish()
 
     def on_exception(self, trainer, pl_module, exception):
-        self.session.finish()
+        self.session.finish(type(exception))
 
     @property
     def path(self):

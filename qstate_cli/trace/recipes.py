@@ -1,7 +1,8 @@
 """How each corpus trace is recorded (corpus.py names them): real training loops, or a
 synthetic gradient process, all seeded, on one CPU thread, through the public Recorder.
 
-Each recipe is `record(out, steps, seed, log) -> summary dict` and writes one trace file.
+Each recipe is `record(out, steps, seed, log) -> summary dict` and writes one trace file,
+whole or not at all (Recorder(partial=False): the file is a cache entry named by its steps).
 Nothing is downloaded: the data ship with Python (pydoc topics) or with a package
 (scikit-learn's digits).
 """
@@ -82,7 +83,7 @@ def record_synthetic(out: Path, steps: int, seed: int, log: Log = None, numel: i
     meta = {"source": "qstate corpus", "model": "synthetic-heavy",
             "data": "heavy-tailed non-stationary synthetic gradients (trace/recipes.py)"}
     with torch_threads(1), Recorder(opt, out, blocks_per_tensor=None, steps=steps, seed=seed, grad_dtype="bf16",
-                                    meta=meta) as rec:
+                                    meta=meta, partial=False) as rec:
         for t in range(steps):
             g = process(t)
             for j, p in enumerate(params):
@@ -106,7 +107,7 @@ def record_digits(out: Path, steps: int, seed: int, log: Log = None) -> dict:
         meta = {"source": "qstate corpus", "model": "digits-cnn", "batch_size": 32,
                 "data": "sklearn.datasets.load_digits (8x8 images)"}
         with Recorder(opt, out, model=model, blocks_per_tensor=2, steps=steps, seed=seed, grad_dtype="bf16",
-                      meta=meta) as rec:
+                      meta=meta, partial=False) as rec:
             for step in range(1, steps + 1):
                 x, y = next(data)
                 loss = model.loss(x, y)

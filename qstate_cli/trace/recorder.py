@@ -9,9 +9,11 @@
 The recorder registers an optimizer step pre-hook and copies the gradients of the chosen
 blocks just before each step reads them (after backward and any clipping; for a step
 called with a closure, right after the closure ran), so `zero_grad()` before or after
-the step, with `set_to_none` or not, loses nothing; on leaving the `with` block (also on Ctrl-C or an error)
-it writes the trace atomically. Without an optimizer, pass `params=` and call
-`rec.capture()` yourself before each update.
+the step, with `set_to_none` or not, loses nothing; on leaving the `with` block it writes
+the trace atomically, also on Ctrl-C or an error: then the steps recorded so far, said on
+stderr, beside an earlier file at `path` (NAME.partial.pt), never over it; partial=False
+writes none (partial.py). Without an optimizer, pass `params=` and call `rec.capture()`
+yourself before each update.
 
 Under torchrun (an initialized process group of several ranks): with DDP (plain, replicated
 parameters) rank 0 alone records and writes `path`, so there is one copy of the gradients,
@@ -60,6 +62,7 @@ from ..results import write_json_atomic
 from ..runtime import rank_and_world
 from .hparams import differing_groups, name_of, optimizer_hparams, optimizer_step
 from .io import MANIFEST_TAG, save_trace
+from .partial import write_partial
 from .schema import BLOCK, GRAD_DTYPES, SAMPLING_STATE_ID, Trace, TraceTensor, recorded_elements
 
 def sample_blocks(numel: int, k: int | None, seed: int, tensor_index: int,
@@ -115,13 +118,15 @@ class Recorder:
                        (default: the optimizer's own `seed` hyper-parameter, else 0)
     grad_dtype         "fp32" or "bf16";  record_params: also keep the parameters' values
     max_mib            size cap (see module docstring)
+    partial            on Ctrl-C or an error, write the steps recorded so far (module docstring)
     """
 
     def __init__(self, optimizer=None, path=None, *, model=None, params=None, include: str | None = None,
                  exclude: str | None = None, blocks_per_tensor: int | None = 4, start: int | None = None,
                  steps: int | None = None, seed: int | None = None, grad_dtype: str = "fp32",
                  record_params: bool = False, max_mib: float = 2048.0, optimizer_name: str | None = None,
-                 hparams: dict | None = None, meta: dict | None = None, flush_steps: int | None = None):
+                 hparams: dict | None = None, meta: dict | None = None, flush_steps: int | None = None,
+                 partial: bool = True):
         if grad_dtype not in GRAD_DTYPES:
             raise QstateError(f"grad_dtype {grad_dtype!r}: choose from {', '.join(GRAD_DTYPES)}")
         if blocks_per_tensor is not None and blocks_per_tensor < 1:
@@ -131,6 +136,8 @@ class Recorder:
         if flush_steps is not None and (flush_steps < 1 or path is None):
             raise QstateError("flush_steps must be >= 1 and needs a path (a directory the steps stream into)")
         self.flush_steps = flush_steps
+        self.partial = partial
+        self.written: Path | None = None  # where the trace (this rank's file) went, once written
         self.flushed = 0  # steps already written (streaming)
         self.files: list[str] = []
         self.optimizer, self.path = optimizer, path
@@ -222,7 +229,9 @@ class Recorder:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
         if self.path is not None and self.items and self.n_steps:
-            if self.flush_steps:
+            if exc_type is not None:  # Ctrl-C or an error: what it keeps (partial.py)
+                write_partial(self, exc_type)
+            elif self.flush_steps:
                 self.flush()
             else:
                 self.save(self.path)
@@ -244,6 +253,7 @@ class Recorder:
         rank = f"rank{self.rank}-" if self.sharded else ""
         name = f"{rank}steps{first:08d}-{first + self.buffered - 1:08d}.pt"
         save_trace(self.trace(), Path(self.path) / name)
+        self.written = Path(self.path)
         self.files.append(name)
         manifest = {"format": MANIFEST_TAG, "files": list(self.files), "steps": self.flushed + self.buffered,
                     "step_start": self.step_start}
@@ -364,7 +374,7 @@ class Recorder:
     def save(self, path) -> None:
         """Write this rank's recording (file_for(path)); nothing on a DDP rank other than 0."""
         if self.writes:
-            save_trace(self.trace(), self.file_for(path))
+            self.written = save_trace(self.trace(), self.file_for(path))
 
 
 def _shard_item(p, name: str, index: int, blocks: torch.Tensor) -> _Recorded:

@@ -31,7 +31,11 @@ code::
     }
 
 Checks at load (from_dict): the structure above; the hyper-parameters are ones a run can
-have (optim/registry.py `check_hparams`: betas in [0, 1), lr >= 0, ...); and each tensor's
+have (optim/registry.py `check_hparams`: betas in [0, 1), lr >= 0, ...); every tensor
+dense, with data, and no larger than its storage (plain.py: not sparse, nested, quantized
+or meta, no stride tricks); step numbers that fit int64 (the last recorded step, step_start
++ n_steps - 1, at most 2^63-1: the replay's kernels count steps in int64); a tensor shape
+of at most MAX_NUMEL (2^48) elements; and each tensor's
 sha256, so flipped bytes in the data are refused instead of replayed. Traces written
 before the checksum existed (no "sha256") load unverified.
 
@@ -50,12 +54,15 @@ import torch
 
 from ..errors import QstateError
 from ..optim.registry import OPTIMIZERS
+from .plain import tensor_problem
 
 FORMAT_TAG = "qstate-trace"
 SCHEMA_VERSION = 1
 BLOCK = 2048
 GRAD_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SAMPLING_STATE_ID = 2  # hash stream state id used to sample blocks (0 = m, 1 = v)
+MAX_STEP = 2**63 - 1  # step numbers are int64 in the replay (its kernels take the step as one)
+MAX_NUMEL = 2**48  # elements of one traced tensor (docs/errors.md: the element-count limit)
 
 
 @dataclass
@@ -198,6 +205,9 @@ def from_dict(obj, source: str, verify: bool = True) -> Trace:
     n_steps = _field(obj, "n_steps", int, bad)
     if step_start < 1 or n_steps < 1:
         raise bad(f"step_start ({step_start}) and n_steps ({n_steps}) must be >= 1")
+    if step_start + n_steps - 1 > MAX_STEP:
+        raise bad(f"step_start {step_start} with n_steps {n_steps} ends past step 2^63-1; steps are int64 "
+                  f"(step_start from 1 to 2^63 - n_steps)")
     if obj.get("block_size") != BLOCK:
         raise bad(f"block_size is {obj.get('block_size')!r}; trace format v1 records blocks of {BLOCK}")
     grad_dtype = obj.get("grad_dtype")
@@ -214,6 +224,11 @@ def from_dict(obj, source: str, verify: bool = True) -> Trace:
     meta = obj.get("meta", {})
     return Trace(name.lower(), hparams, seed, step_start, n_steps, grad_dtype, tensors,
                  meta if isinstance(meta, dict) else {}, source)
+
+
+def _shape_text(shape: list) -> str:
+    text = "[" + ", ".join(str(s) if s < 2**64 else f"~2^{s.bit_length() - 1}" for s in shape[:8])
+    return text + (", ...]" if len(shape) > 8 else "]")
 
 
 def _field(obj: dict, key: str, kind, bad):
@@ -233,13 +248,22 @@ def _tensor(i: int, t, n_steps: int, dtype, bad, verify: bool = True) -> TraceTe
     if not isinstance(name, str) or not name:
         raise bad(f"{where}: missing a string 'name'")
     shape = t.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                              for s in shape):
         raise bad(f"{where}: 'shape' must be a list of non-negative ints")
+    if len(shape) > 64 or any(s > MAX_NUMEL for s in shape) or math.prod(shape) > MAX_NUMEL:
+        raise bad(f"{where}: shape {_shape_text(shape)}: past 2^48 elements (a traced tensor has at most 2^48, "
+                  f"in all and in each dimension)")
     index = t.get("index")
     if not isinstance(index, int) or index < 0:
         raise bad(f"{where}: 'index' must be a non-negative int")
     numel = math.prod(shape)
     blocks, grads = t.get("blocks"), t.get("grads")
+    for key in ("blocks", "grads", "init", "elements"):
+        value = t.get(key)
+        problem = tensor_problem(value) if isinstance(value, torch.Tensor) else ""
+        if problem:
+            raise bad(f"{where}: '{key}' is {problem}; a trace holds dense tensors")
     if not isinstance(blocks, torch.Tensor) or blocks.dtype != torch.int64 or blocks.ndim != 1 or not blocks.numel():
         raise bad(f"{where}: 'blocks' must be a non-empty 1-D int64 tensor")
     n_blocks = -(-numel // BLOCK)

@@ -3,7 +3,8 @@ started on the optimizer the trainer built and written when training ends, stops
 
     session = RecordingSession("trace.pt", blocks_per_tensor=4, steps=500)
     session.start(optimizer, model)   # when training begins
-    session.finish()                  # at the end, on Ctrl-C or on an error: writes the trace
+    session.finish()                  # at the end: writes the trace
+    session.finish(type(exc))         # on Ctrl-C or an error: the steps so far (trace/partial.py)
 
 The options are the Recorder's (trace/recorder.py: include, exclude, blocks_per_tensor,
 start, steps, seed, grad_dtype, record_params, max_mib). The optimizer a trainer hands over
@@ -62,13 +63,15 @@ class RecordingSession:
             return
         self.recorder = Recorder(unwrap_optimizer(optimizer), self.path, model=model, **self.options).__enter__()
 
-    def finish(self) -> Path | None:
-        """Unhook and write the trace atomically (nothing when no step was recorded)."""
+    def finish(self, exc_type: type | None = None) -> Path | None:
+        """Unhook and write the trace atomically (nothing when no step was recorded). Given
+        the exception that stopped training (Ctrl-C, an error), the steps recorded so far,
+        as the Recorder writes them then: beside an earlier file, never over it (partial.py)."""
         rec, self.recorder = self.recorder, None
         if rec is None:
             return self.written
         wrote = bool(rec.items) and rec.n_steps > 0  # a DDP rank other than 0 records nothing
-        rec.__exit__(None, None, None)  # unhook; write this rank's file (the Recorder's own rules)
+        rec.__exit__(exc_type, None, None)  # unhook; write this rank's file (the Recorder's own rules)
         if wrote:
-            self.written = rec.file_for(self.path)
+            self.written = rec.file_for(self.path) if exc_type is None else rec.written
         return self.written
