@@ -24,7 +24,6 @@ from ..results import Result
 from .checks import Finding, check_optimizer, compare, v_counts
 from .safeload import load_checkpoint
 from .states import OptimizerStates, find_optimizers
-from .tensors import against_tensor_findings, tensor_findings
 
 
 @dataclass
@@ -158,3 +157,20 @@ def summary(records: list[dict], findings: list[Finding]) -> dict:
             "errors": sum(f.severity == "error" for f in findings),
             "warnings": sum(f.severity == "warn" for f in findings),
             "v_flushed": sum(r["v_flushed"] for r in records), "nonfinite": sum(r["nonfinite"] for r in records)}
+
+
+def tensor_findings(opt: OptimizerStates) -> list[Finding]:
+    """One `tensor` error per state of `opt` that holds no readable values."""
+    return [Finding("error", "tensor", opt.path, p.key, p.group, s.name,
+                    f"{s.name} of param {p.key} is {s.unreadable}: its values cannot be checked, and a resume "
+                    f"cannot step it (an optimizer keeps dense tensors)", s.numel)
+            for p in opt.params for s in p.states.values() if s.unreadable]
+
+
+def against_tensor_findings(a: OptimizerStates, b: OptimizerStates, name_b: str) -> list[Finding]:
+    """One `tensor` error per state of `b` (the --against checkpoint) that holds no
+    readable values, for the parameters `a` has too: it is not compared."""
+    mine = {p.key: p for p in a.params}
+    return [Finding("error", "tensor", a.path, q.key, mine[q.key].group, s.name,
+                    f"{s.name} of param {q.key} in {name_b} is {s.unreadable}: not compared", s.numel)
+            for q in b.params if q.key in mine for s in q.states.values() if s.unreadable]

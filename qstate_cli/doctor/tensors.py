@@ -14,16 +14,12 @@ its first operation, so such a state is kept undecoded, its storage named
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..trace.plain import tensor_kind, tensor_problem
 from .decode import FLOAT_NAMES, ROLES, StoredState, dtype_name, is_torchao
 
-if TYPE_CHECKING:  # states.py reads states with the functions here; checks.py imports states.py
-    from .checks import Finding
-    from .states import OptimizerStates
 
 
 def parts(kind: str, key: str, value, entry: dict) -> list[tuple[str, torch.Tensor]]:
@@ -70,24 +66,3 @@ def kind_of(key: str, value) -> str:
                                                                                   or value.is_complex()))):
         return "plain"
     return ""
-
-
-def tensor_findings(opt: OptimizerStates) -> list[Finding]:
-    """One `tensor` error per state of `opt` that holds no readable values."""
-    from .checks import Finding
-
-    return [Finding("error", "tensor", opt.path, p.key, p.group, s.name,
-                    f"{s.name} of param {p.key} is {s.unreadable}: its values cannot be checked, and a resume "
-                    f"cannot step it (an optimizer keeps dense tensors)", s.numel)
-            for p in opt.params for s in p.states.values() if s.unreadable]
-
-
-def against_tensor_findings(a: OptimizerStates, b: OptimizerStates, name_b: str) -> list[Finding]:
-    """One `tensor` error per state of `b` (the --against checkpoint) that holds no
-    readable values, for the parameters `a` has too: it is not compared."""
-    from .checks import Finding
-
-    mine = {p.key: p for p in a.params}
-    return [Finding("error", "tensor", a.path, q.key, mine[q.key].group, s.name,
-                    f"{s.name} of param {q.key} in {name_b} is {s.unreadable}: not compared", s.numel)
-            for q in b.params if q.key in mine for s in q.states.values() if s.unreadable]
