@@ -1,4 +1,4 @@
-"""States whose tensors hold no values the doctor can read, and their findings.
+"""States whose tensors hold no values the doctor can read (their findings: run.py).
 
 A checkpoint read with `weights_only=True` may hold sparse, nested or quantized tensors,
 meta tensors (a shape without data: what a model or optimizer saved before its tensors
