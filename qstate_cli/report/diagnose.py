@@ -18,29 +18,32 @@ from .model import Plot, Section, Table
 from .sections import _not_measured, _slug
 
 
+# (file stem, title, caption, series column, y label, panel title, predicted column) of each step plot
+STEP_PLOTS = (
+    ("diagnose-drift", "Drift over steps",
+     "Mean signed error of the stored state over the fp32 shadow's RMS: a bias that builds up is drift; BReD's "
+     "error has zero mean.", "drift", "drift (mean error / shadow RMS)", "Drift", None),
+    ("diagnose-stall-rate", "Stall rate over steps",
+     "Fraction of elements whose nominal update was non-zero but whose stored value did not change (under a block "
+     "scale the value moves with the block's absmax even when the element's code is frozen: see the code stall "
+     "rate).", "stall_rate", "stall rate (fraction)", "Stalling (stored value)", None),
+    ("diagnose-code-stall-rate", "Code stall rate over steps",
+     "Fraction of elements whose nominal update was non-zero but whose stored code (or a float state's raw bits) "
+     "did not change; dashed: the staleness model's prediction (Gaussian gradients; build-up after initialization "
+     "and every reset).", "code_stall_rate", "code stall rate (fraction)", "Stalling (stored code)",
+     "stall_rate_predicted"),
+)
+
+
 def _step_plots(sec: Section, series: list[dict], hists: list[dict], states, palette, trace: str | None) -> None:
     """Drift, stall rates and staleness over one trace's steps."""
     name = (lambda stem: _slug(stem, trace)) if trace else (lambda stem: stem)
     on = f" ({trace})" if trace else ""
-    if series:
-        sec.plots.append(Plot(name("diagnose-drift"), f"Drift over steps{on}",
-                              "Mean signed error of the stored state over the fp32 shadow's RMS: a bias that builds up "
-                              "is drift; BReD's error has zero mean.",
-                              lambda: plots.per_state_lines(series, "drift", "drift (mean error / shadow RMS)",
-                                                            f"Drift{on}", palette, states=states)))
-        sec.plots.append(Plot(name("diagnose-stall-rate"), f"Stall rate over steps{on}",
-                              "Fraction of elements whose nominal update was non-zero but whose stored value did not "
-                              "change (under a block scale the value moves with the block's absmax even when the "
-                              "element's code is frozen: see the code stall rate).",
-                              lambda: plots.per_state_lines(series, "stall_rate", "stall rate (fraction)",
-                                                            f"Stalling (stored value){on}", palette, states=states)))
-        sec.plots.append(Plot(name("diagnose-code-stall-rate"), f"Code stall rate over steps{on}",
-                              "Fraction of elements whose nominal update was non-zero but whose stored code (or a "
-                              "float state's raw bits) did not change; dashed: the staleness model's prediction "
-                              "(Gaussian gradients; build-up after initialization and every reset).",
-                              lambda: plots.per_state_lines(series, "code_stall_rate", "code stall rate (fraction)",
-                                                            f"Stalling (stored code){on}", palette,
-                                                            predicted="stall_rate_predicted", states=states)))
+    for stem, title, caption, column, ylabel, heading, predicted in STEP_PLOTS if series else ():
+        sec.plots.append(Plot(name(stem), f"{title}{on}", caption,
+                              lambda column=column, ylabel=ylabel, heading=heading, predicted=predicted:
+                              plots.per_state_lines(series, column, ylabel, f"{heading}{on}", palette,
+                                                    predicted=predicted, states=states)))
     if hists:
         sec.plots.append(Plot(name("diagnose-staleness"), f"Staleness histograms{on}",
                               "Steps since each stored value last changed, at the end of the replay.",
