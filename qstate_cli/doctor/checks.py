@@ -45,14 +45,7 @@ missing `states` or a `seed` that is not an integer (the codes of that group's p
 are left undecoded: no value check reads them). A parameter a group lists without a
 state is no finding (before its first step it has none).
 
-Two checkpoints (`compare`): every state dequantized and compared element-wise; a
-difference names its worst element by index in the state's shape; a different step or a
-different shape is an error (`against`), as is a parameter or state present in this
-checkpoint only (`only-here`) or in the other only (`only-there`); a state named
-differently on the two sides (torch's `exp_avg`, qstate's `m`) is matched by its role
-when that role is left once on each side; when one keys its
-parameters by index and the other by name (param_names, DCP) nothing can be matched, which
-one `keys` error says; a different storage with equal values is a warn.
+Two checkpoints (`--against`): doctor/against.py.
 """
 from __future__ import annotations
 
@@ -84,7 +77,7 @@ class Finding:
         return dict(vars(self))
 
 
-def _f(severity, check, opt: OptimizerStates, p: ParamStates, state, message, count=0) -> Finding:
+def finding(severity, check, opt: OptimizerStates, p: ParamStates, state, message, count=0) -> Finding:
     return Finding(severity, check, opt.path, p.key, p.group, state, message, count)
 
 
@@ -130,43 +123,43 @@ def check_param(opt: OptimizerStates, p: ParamStates, expected: set[str], low_bi
         outcome = ("qstate's load_state_dict refuses the checkpoint" if p.written else "a resume keeps it unused")
         undecoded = ("; its codes are not decoded (no group's states configuration and seed apply to it)"
                      if any(not s.decoded for s in p.states.values()) else "")
-        out.append(_f("error", "orphan", opt, p, None, f"state of param {p.key} is in no param group{unstepped}: "
-                                                       f"{outcome}{undecoded}", _numel(p)))
+        out.append(finding("error", "orphan", opt, p, None, f"state of param {p.key} is in no param group{unstepped}: "
+                                                       f"{outcome}{undecoded}", param_numel(p)))
     for s in p.states.values():
         if not s.decoded:
             continue  # its group's finding says why (check_groups); the orphan's above
         if s.non_float:
-            out.append(_f("error", "dtype", opt, p, s.name, f"{s.name} of param {p.key} is {s.storage}; "
+            out.append(finding("error", "dtype", opt, p, s.name, f"{s.name} of param {p.key} is {s.storage}; "
                                                             f"{_float_states(opt, p, s.name)}", s.numel))
             continue
         bad = ~torch.isfinite(s.values)
         if bool(bad.any()):
             nan = int(torch.isnan(s.values).sum())
             n = int(bad.sum())
-            out.append(_f("error", "nonfinite", opt, p, s.name, f"{s.name}: {n:,} non-finite values ({nan:,} NaN, "
+            out.append(finding("error", "nonfinite", opt, p, s.name, f"{s.name}: {n:,} non-finite values ({nan:,} NaN, "
                                                               f"{n - nan:,} Inf)", n))
         for problem in s.problems:
-            out.append(_f("error", "format", opt, p, s.name, f"{s.name} ({s.storage}): {problem}"))
+            out.append(finding("error", "format", opt, p, s.name, f"{s.name} ({s.storage}): {problem}"))
         out += _v_findings(opt, p, s)
         if low_bit_optimizer and not s.low_bit and s.role in ("m", "v") and s.numel >= LOW_BIT_MIN_NUMEL:
-            out.append(_f("warn", "upcast", opt, p, s.name,
+            out.append(finding("warn", "upcast", opt, p, s.name,
                           f"{s.name}: {s.numel:,} elements stored as {s.storage} ({s.nbytes:,} bytes) where this "
                           f"optimizer keeps its other states in low bits: stored dequantized (a silent upcast)",
                           s.numel))
     sizes = {s.name: s.numel for s in p.states.values() if s.decoded}
     if len(set(sizes.values())) > 1:
-        out.append(_f("error", "shape", opt, p, None, "states of different sizes: "
+        out.append(finding("error", "shape", opt, p, None, "states of different sizes: "
                       + ", ".join(f"{k} {tuple(p.states[k].values.shape)}" for k in sizes)))
     for name in sorted(expected - set(p.states)):
-        out.append(_f("error", "missing", opt, p, name, f"{name} missing (the other parameters of group {p.group} "
-                                                        f"keep it; a resume restarts it from zero)", _numel(p)))
+        out.append(finding("error", "missing", opt, p, name, f"{name} missing (the other parameters of group {p.group} "
+                                                        f"keep it; a resume restarts it from zero)", param_numel(p)))
     if p.step_problem:
-        out.append(_f("error", "step", opt, p, "step", f"step counter {p.step_problem} is not a number"))
+        out.append(finding("error", "step", opt, p, "step", f"step counter {p.step_problem} is not a number"))
     if p.step is not None and (not math.isfinite(p.step) or p.step < 0 or p.step != int(p.step)):
-        out.append(_f("error", "step", opt, p, "step", f"step counter {p.step!r} is not a count of steps"))
+        out.append(finding("error", "step", opt, p, "step", f"step counter {p.step!r} is not a count of steps"))
     for name, written in p.written.items():
         if p.step is not None and written > p.step:
-            out.append(_f("error", "step", opt, p, name, f"{name} written at step {written}, after the step counter "
+            out.append(finding("error", "step", opt, p, name, f"{name} written at step {written}, after the step counter "
                                                          f"{p.step:g}"))
     per_element = [s for s in p.states.values() if s.layout == "elements" and s.low_bit and s.numel]
     if per_element:
@@ -174,7 +167,7 @@ def check_param(opt: OptimizerStates, p: ParamStates, expected: set[str], low_bi
         held = sum(s.held_nbytes for s in per_element)
         n = max(s.numel for s in per_element)
         names = ", ".join(f"{s.name} ({s.storage.removeprefix('qstate ')})" for s in per_element)
-        out.append(_f("info", "layout", opt, p, None,
+        out.append(finding("info", "layout", opt, p, None,
                       f"{names} saved per element: FSDP2's checkpoint form where a row is not whole blocks (a "
                       f"byte per code, its block's scale and a block-start mark per element), "
                       f"{stored / n:.4g} B/param here; the format holds {held / n:.4g} B/param in memory "
@@ -182,7 +175,7 @@ def check_param(opt: OptimizerStates, p: ParamStates, expected: set[str], low_bi
     return out
 
 
-def _numel(p: ParamStates) -> int:
+def param_numel(p: ParamStates) -> int:
     return p.numel
 
 
@@ -210,21 +203,21 @@ def _v_findings(opt: OptimizerStates, p: ParamStates, s: StoredState) -> list[Fi
     counts = v_state_counts(s, m)
     dtype = s.float_dtype
     if counts["v_flushed"] and narrow_range(dtype):
-        out.append(_f("error", "flushed", opt, p, s.name,
+        out.append(finding("error", "flushed", opt, p, s.name,
                       f"{s.name} stored as {s.storage}: {counts['v_flushed']:,} values are zero where {m.name} is not "
                       f"(flushed by {s.storage}; fp32 or bf16 would have kept them, and the update there is "
                       f"m / eps)", counts["v_flushed"]))
     elif counts["v_flushed"]:
-        out.append(_f("warn", "zero-v", opt, p, s.name,
+        out.append(finding("warn", "zero-v", opt, p, s.name,
                       f"{s.name} stored as {s.storage}: {counts['v_flushed']:,} values are zero where {m.name} is not "
                       f"({s.storage} did not flush them: they came in as zeros, e.g. dequantized from a format "
                       f"with a zero level)", counts["v_flushed"]))
     if counts["v_subnormal"] and dtype is not None:
-        out.append(_f("warn", "subnormal", opt, p, s.name,
+        out.append(finding("warn", "subnormal", opt, p, s.name,
                       f"{s.name} stored as {s.storage}: {counts['v_subnormal']:,} values below its normal range "
                       f"({torch.finfo(dtype).tiny:.2g}), kept with fewer significant bits", counts["v_subnormal"]))
     if counts["v_negative"]:
-        out.append(_f("error", "negative", opt, p, s.name, f"{s.name}: {counts['v_negative']:,} negative values "
+        out.append(finding("error", "negative", opt, p, s.name, f"{s.name}: {counts['v_negative']:,} negative values "
                                                            f"(sqrt(v) is NaN)", counts["v_negative"]))
     return out
 
@@ -253,7 +246,7 @@ def check_optimizer(opt: OptimizerStates) -> list[Finding]:
         out.append(Finding("error", "duplicate", opt.path, key, groups[0], None,
                            f"param {key} listed {len(groups)} times in param_groups (groups "
                            f"{', '.join(map(str, groups))}): one id per parameter; a resume gives its state to one "
-                           f"of those places only", _numel(p) if p else 0))
+                           f"of those places only", param_numel(p) if p else 0))
     out += check_groups(opt)
     steps: dict[int, list[ParamStates]] = {}
     for p in opt.params:
@@ -325,112 +318,3 @@ def hparam_problems(g: dict):
             yield "eps", f"eps {show(g['eps'])} is not a finite number > 0 (v's floor in the update's denominator)"
     if g.get("weight_decay") is not None and finite(g["weight_decay"]) is None:
         yield "weight_decay", f"weight_decay {show(g['weight_decay'])} is not a finite number"
-
-
-# -- two checkpoints -----------------------------------------------------------------------
-
-@dataclass
-class StateDiff:
-    """How one state differs between two checkpoints (values dequantized to fp32)."""
-
-    differing: int
-    max_abs_diff: float
-    worst: tuple[int, ...]  # index of the worst element in the state's shape
-    value_a: float
-    value_b: float
-
-
-def diff_state(a: StoredState, b: StoredState) -> StateDiff | None:
-    """None when the dequantized values are equal (NaN equals NaN); else the difference."""
-    va, vb = a.values.reshape(-1), b.values.reshape(-1)
-    both_nan = torch.isnan(va) & torch.isnan(vb)
-    neq = (va != vb) & ~both_nan
-    if not bool(neq.any()):
-        return None
-    gap = torch.where(neq, (va - vb).abs(), torch.zeros(()))
-    gap = torch.where(torch.isnan(gap), torch.full((), float("inf")), gap)
-    flat = int(torch.argmax(gap))
-    shape = a.values.shape if a.shape_known else b.values.shape
-    worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), shape)) if len(shape) else ()
-    return StateDiff(int(neq.sum()), float(gap[flat]), worst, float(va[flat]), float(vb[flat]))
-
-
-def where(index: tuple[int, ...]) -> str:
-    return "(" + ",".join(str(i) for i in index) + ")"
-
-
-def compare(a: OptimizerStates, b: OptimizerStates, name_b: str) -> tuple[list[Finding], dict[str, dict]]:
-    """Findings of `a` against `b` and, per parameter of `a`, {differing, max_abs_diff}."""
-    out: list[Finding] = []
-    stats: dict[str, dict] = {}
-    b_params = {p.key: p for p in b.params}
-    if {a.keyed_by, b.keyed_by} == {"name", "index"} and not set(b_params) & {p.key for p in a.params}:
-        out.append(Finding("error", "keys", a.path, "all", -1, None,
-                           f"parameters are keyed by {a.keyed_by} here ({_keys(a)}), by {b.keyed_by} in {name_b} "
-                           f"({_keys(b)}): none can be matched (an index is a position in the param groups, not "
-                           f"a name; save both optimizers with param_names, or both without)"))
-    for p in a.params:
-        q = b_params.pop(p.key, None)
-        if q is None:
-            out.append(_f("error", "only-here", a, p, None, f"has states here but none in {name_b}", _numel(p)))
-            continue
-        differing, max_abs = 0, 0.0
-        if p.step != q.step:
-            out.append(_f("error", "against", a, p, "step", f"step {_num(p.step)} here, {_num(q.step)} in {name_b}"))
-        for name, sa, sb in _pairs(p.states, q.states):
-            if sa is None or sb is None:
-                only = "this checkpoint" if sb is None else name_b
-                check = "only-here" if sb is None else "only-there"
-                out.append(_f("error", check, a, p, name, f"{name} only in {only}", (sa or sb).numel))
-                continue
-            if not (sa.decoded and sb.decoded):  # a group's finding says why; nothing to compare
-                continue
-            if sa.numel != sb.numel:
-                out.append(_f("error", "against", a, p, name, f"{name} has {sa.numel:,} elements here, {sb.numel:,} "
-                                                              f"in {name_b}"))
-                continue
-            d = diff_state(sa, sb)
-            if d is not None:
-                differing += d.differing
-                max_abs = max(max_abs, d.max_abs_diff)
-                out.append(_f("error", "against", a, p, name,
-                              f"{name}: {d.differing:,} of {sa.numel:,} elements differ; worst element "
-                              f"{where(d.worst)} of {p.key}: {d.value_a:.6g} here, {d.value_b:.6g} in {name_b} "
-                              f"(|diff| {d.max_abs_diff:.3g})", d.differing))
-            if sa.storage != sb.storage:
-                out.append(_f("warn" if d is None else "error", "storage", a, p, name,
-                              f"{name} stored as {sa.storage} here, {sb.storage} in {name_b}"
-                              + (" (values equal)" if d is None else ""), sa.numel))
-        stats[p.key] = {"differing": differing, "max_abs_diff": max_abs}
-    for q in b_params.values():
-        out.append(Finding("error", "only-there", a.path, q.key, q.group, None, f"has states in {name_b} but none here",
-                           _numel(q)))
-    return out, stats
-
-
-def _pairs(here: dict, there: dict) -> list[tuple[str, object, object]]:
-    """(label, state here, state there) for every state of one parameter in either checkpoint.
-
-    States match by name; a state whose name the other side lacks matches by role (m, v)
-    when that role is left exactly once on each side: torch's `exp_avg` against qstate's `m`,
-    bitsandbytes' `state2` against torch's `exp_avg_sq`. Its label names both."""
-    names = set(here) | set(there)
-    lone_a = {n: here[n] for n in sorted(names) if n not in there}
-    lone_b = {n: there[n] for n in sorted(names) if n not in here}
-    pairs = [(n, here[n], there[n]) for n in sorted(names) if n in here and n in there]
-    for role in ("m", "v"):
-        a = [n for n, s in lone_a.items() if s.role == role]
-        b = [n for n, s in lone_b.items() if s.role == role]
-        if len(a) == 1 and len(b) == 1:
-            pairs.append((f"{role} ({a[0]} here, {b[0]} there)", lone_a.pop(a[0]), lone_b.pop(b[0])))
-    pairs += [(n, s, None) for n, s in lone_a.items()] + [(n, None, s) for n, s in lone_b.items()]
-    return pairs
-
-
-def _keys(o: OptimizerStates) -> str:
-    keys = [p.key for p in o.params]
-    return ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
-
-
-def _num(x) -> str:
-    return "none" if x is None else f"{x:g}"

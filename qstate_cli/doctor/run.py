@@ -21,7 +21,8 @@ from ..errors import QstateError
 from ..options import Options, option, positive_number
 from ..progress import QUIET, Progress
 from ..results import Result
-from .checks import Finding, check_optimizer, compare, v_counts
+from .against import compare
+from .checks import Finding, check_optimizer, v_counts
 from .safeload import load_checkpoint
 from .states import OptimizerStates, find_optimizers
 
