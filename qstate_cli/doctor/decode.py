@@ -18,7 +18,7 @@ import torch
 
 from ..errors import QstateError
 from ..quant.config import MIN_QUANT_NUMEL, STATE_IDS, parse_config, parse_spec
-from ..quant.formats import state_bytes
+from ..quant.state import spec_nbytes
 from ..quant.packing import pack
 from ..quant.quantizer import Stream, decode
 from ..trace.plain import tensor_kind
@@ -232,7 +232,7 @@ def qstate_state(key: str, value: dict, group: dict, index: int, where: str):
         shape = tuple(codes.shape)
         codes, scales, segments = _elements_form(key, codes, scales, starts, spec, where)
         numel = sum(n for _, n, _ in segments)
-        memory = format_nbytes(spec, numel)
+        memory = spec_nbytes(spec, numel)
     else:  # flat, or rows form: row-major, so flattening gives the whole tensor's flat order
         codes = codes.reshape(-1)
         numel = codes.numel() * 8 // bits if bits < 8 else codes.numel()
@@ -275,16 +275,6 @@ def qstate_state(key: str, value: dict, group: dict, index: int, where: str):
                         shape_known=shape is not None and vals.dim() == len(shape), problems=problems,
                         memory_nbytes=memory, layout="elements" if starts is not None else "")
     return state, written
-
-
-def format_nbytes(spec, numel: int) -> int:
-    """Bytes a state of `numel` elements takes in `spec`'s own layout (what the optimizer
-    holds: packed codes, one scale per block or per tensor; quant/state.py nbytes)."""
-    if spec.fmt.kind == "identity":
-        return numel * 4
-    block = spec.block if spec.scaled else None
-    tensor_scale = spec.scale_bytes if spec.has_scales and not spec.scaled else 0
-    return state_bytes(spec.fmt, numel, block, spec.scale_bytes) + tensor_scale
 
 
 _CODE_DTYPES = {4: (torch.uint8,), 8: (torch.uint8,), 16: (torch.int16,)}

@@ -19,6 +19,14 @@ from .packing import num_blocks
 from .quantizer import Stream, decode, encode
 
 
+def spec_nbytes(spec: StateSpec, numel: int) -> int:
+    """Bytes a state of `numel` elements holds in `spec`'s layout: packed codes (fp32: 4 per
+    element), one scale per block or one for the tensor."""
+    block = spec.block if spec.scaled else None
+    tensor_scale = spec.scale_bytes if spec.tensor_scale else 0
+    return state_bytes(spec.fmt, numel, block, spec.scale_bytes) + tensor_scale
+
+
 class QuantizedState:
     reduce_absmax = None  # a tensor scale over pieces of one tensor (quantizer.encode; diagnose under torchrun)
 
@@ -64,9 +72,7 @@ class QuantizedState:
         return n
 
     def expected_nbytes(self) -> int:
-        block = self.spec.block if self.spec.scaled else None
-        tensor_scale = self.spec.scale_bytes if self.spec.tensor_scale else 0
-        return state_bytes(self.spec.fmt, self.numel, block, self.spec.scale_bytes) + tensor_scale
+        return spec_nbytes(self.spec, self.numel)
 
     # ---- plain-tensor round trip -----------------------------------------------------
     def to_tensors(self) -> dict[str, torch.Tensor]:
