@@ -71,6 +71,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     kernel: str | None = None  # the fused kernel module (kernels/<kernel>.py; fused.launcher)
     kernel_needs_out = False  # the kernel writes an fp32 update per parameter (Muon)
     steps_shards = True  # the rule is elementwise: a DTensor's local shard steps alone (sharding.py)
+    later_hparams: dict = {}  # hyper-parameters added after checkpoints were saved: a group without one loads its default
 
     def __init__(self, params, defaults: dict, states="bred-4bit", reset=None, seed: int = 0,
                  min_quant_numel: int = MIN_QUANT_NUMEL, backend: str = "auto"):
@@ -386,8 +387,9 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         group's `states` name is parsed back into a StateConfig, once. A state that does not
         fit its parameter (another size, block size or format; damaged) is a ValueError, and
         then nothing is replaced (optim/checkpoint.py)."""
-        check_saved(state_dict, self.param_groups, type(self).__name__)
+        check_saved(state_dict, self.param_groups, type(self).__name__, optional=self.later_hparams)
         sd = copy.deepcopy(state_dict)
+        sd["param_groups"] = [{**self.later_hparams, **g} for g in sd["param_groups"]]
         saved_state = sd.pop("state")
         # saved keys -> parameters by position, as torch does (ids, or FQNs from DCP's state_dict helpers)
         saved_keys = [k for g in sd["param_groups"] for k in g["params"]]

@@ -20,10 +20,11 @@ COUNTERS = ("step", "since_reset")
 HOST_KEYS = ("step", "since_reset", "written")  # step counters live on the host: reading them never syncs
 
 
-def check_saved(state_dict, groups: list[dict] | None = None, name: str = "this optimizer") -> None:
+def check_saved(state_dict, groups: list[dict] | None = None, name: str = "this optimizer", optional=()) -> None:
     """Refuse what is not a qstate optimizer's state_dict, or one whose groups lack a
     hyper-parameter the optimizer's own `groups` hold (another optimizer's: a Lion
-    checkpoint has no SGD momentum), before anything is loaded."""
+    checkpoint has no SGD momentum), before anything is loaded; `optional` names those a
+    checkpoint saved before they existed may lack (QuantizedOptimizer.later_hparams)."""
     if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= state_dict.keys():
         raise ValueError("load_state_dict: not an optimizer's state_dict (it needs 'state' and 'param_groups'; "
                          "a model's state_dict, or a checkpoint holding both, is not one)")
@@ -32,7 +33,7 @@ def check_saved(state_dict, groups: list[dict] | None = None, name: str = "this 
             raise ValueError(f"load_state_dict: param_groups[{i}] names no 'states': not the state_dict of a qstate "
                              "optimizer (a torch.optim one keeps fp32 exp_avg/exp_avg_sq, which this cannot load)")
         own = groups[i] if groups and i < len(groups) else {}
-        missing = [k for k in own if k not in g and k not in ("params", "param_names")]
+        missing = [k for k in own if k not in g and k not in ("params", "param_names") and k not in optional]
         if missing:
             raise ValueError(f"load_state_dict: param_groups[{i}] has no {', '.join(map(repr, missing))}, which "
                              f"{name} keeps: the state_dict of another optimizer")

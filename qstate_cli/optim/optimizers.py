@@ -218,16 +218,28 @@ class Muon(QuantizedOptimizer):
     kernel = "muon"
     kernel_needs_out = True
     steps_shards = False  # Newton-Schulz needs whole matrices: no sharded (DTensor) parameters
+    later_hparams = dict(ns_steps=5, ns_coefficients=rules.NS_COEFFS, eps=1e-7, adjust_lr_fn=None)  # 2026-12-07
 
     def __init__(self, params, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0,
+                 ns_steps=5, ns_coefficients=rules.NS_COEFFS, eps=1e-7, adjust_lr_fn=None,
                  states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, backend="auto"):
-        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+        """ns_steps, ns_coefficients, eps, adjust_lr_fn: torch.optim.Muon's (rules.newton_schulz,
+        rules.muon_lr_ratio); the iteration runs in fp32 here, in bf16 in torch."""
+        rules.check_newton_schulz(ns_steps, ns_coefficients, eps, adjust_lr_fn)
+        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, ns_steps=ns_steps,
+                        ns_coefficients=tuple(float(k) for k in ns_coefficients), eps=eps, adjust_lr_fn=adjust_lr_fn)
         super().__init__(params, defaults, states, reset, seed, min_quant_numel, backend)
+
+    @staticmethod
+    def direction(group, upd: torch.Tensor) -> torch.Tensor:
+        """rules.muon_direction under the group's Newton-Schulz settings."""
+        return rules.muon_direction(upd, group["ns_steps"], group["eps"], group["ns_coefficients"],
+                                    group["adjust_lr_fn"])
 
     def update(self, group, p32, g, x_hat, since_reset, first):
         s = rules.step_scalars(group["lr"], group["weight_decay"], 0.0, 0.0, 1, p32.device)
         upd, buf = rules.muon_momentum(g, x_hat["m"], group["momentum"], group["nesterov"])
-        p = p32 * s.decay - rules.muon_direction(upd) * s.lr
+        p = p32 * s.decay - self.direction(group, upd) * s.lr
         return p, {"m": buf}
 
     def update_flat(self, group, shapes, p32, g, x_hat, since_reset, first):
@@ -243,7 +255,7 @@ class Muon(QuantizedOptimizer):
         s = rules.step_scalars(group["lr"], group["weight_decay"], 0.0, 0.0, 1, p32.device)
         if any(len(shape) >= 2 for shape in shapes):
             parts = upd.split([shape.numel() for shape in shapes])
-            upd = torch.cat([rules.muon_direction(u.view(shape).clone()).reshape(-1) if len(shape) >= 2 else u
+            upd = torch.cat([self.direction(group, u.view(shape).clone()).reshape(-1) if len(shape) >= 2 else u
                              for u, shape in zip(parts, shapes)])
         return p32 * s.decay - upd * s.lr
 
@@ -279,7 +291,7 @@ class Muon(QuantizedOptimizer):
         s = rules.step_scalars(group["lr"], group["weight_decay"], 0.0, 0.0, 1, run.device)
         for p, member in zip(run.params, run.members):
             p32 = p.detach().to(torch.float32)
-            p.copy_(p32 * s.decay - rules.muon_direction(member.out) * s.lr)
+            p.copy_(p32 * s.decay - self.direction(group, member.out) * s.lr)
 
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ..errors import QstateError, clip
 from ..quant.formats import suggest
+from . import rules
 from .base import QuantizedOptimizer
 from .optimizers import SGD, Adam, AdamW, Lion, Muon
 
@@ -51,7 +52,8 @@ class OptimizerInfo:
         """Refuse hyper-parameters no run can have (QstateError naming the first): lr, eps,
         weight_decay finite with lr >= 0, eps > 0, weight_decay >= 0; betas two numbers
         in [0, 1); momentum in [0, 1), dampening in [0, 1]; nesterov, maximize, decoupled
-        true or false. A beta of 1 would make the EMA never move (and 1/(1-beta) infinite);
+        true or false; Muon's ns_steps in [0, 100), ns_coefficients three numbers, adjust_lr_fn
+        "original" or "match_rms_adamw". A beta of 1 would make the EMA never move (and 1/(1-beta) infinite);
         names the optimizer does not take (amsgrad, foreach, ...) are left alone."""
         hp = dict(given)
         for key, low, high, closed in (("lr", 0.0, math.inf, True), ("eps", 0.0, math.inf, False),
@@ -68,6 +70,12 @@ class OptimizerInfo:
         for key in ("nesterov", "maximize", "decoupled"):
             if key in hp and not isinstance(hp[key], bool):
                 raise QstateError(f"hparams {key} {hp[key]!r}: must be true or false")
+        if {"ns_steps", "ns_coefficients", "adjust_lr_fn"} & set(hp):  # Muon's Newton-Schulz settings
+            try:
+                rules.check_newton_schulz(hp.get("ns_steps", 5), hp.get("ns_coefficients", rules.NS_COEFFS),
+                                          hp.get("eps", 1e-7), hp.get("adjust_lr_fn"))
+            except ValueError as exc:
+                raise QstateError(f"hparams {exc}") from None
 
     def betas(self, given: dict | None = None) -> dict[str, float]:
         """{state: the EMA beta that sets its memory} under these hyper-parameters."""

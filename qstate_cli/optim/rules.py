@@ -29,6 +29,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from ..errors import clip
 from ..quant.quantizer import sqrt_rn
 
 
@@ -160,10 +161,12 @@ def muon_momentum(g, m_hat, beta: float, nesterov: bool):
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
-def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """Approximately orthogonalize a 2-D matrix with the quintic Newton-Schulz iteration
-    X <- aX + (b A + c A^2) X, A = X X^T, in fp32 (Muon; coefficients from Jordan et al.)."""
-    a, b, c = NS_COEFFS
+def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7, coefficients=NS_COEFFS) -> torch.Tensor:
+    """Approximately orthogonalize a 2-D matrix with `steps` rounds of the quintic
+    Newton-Schulz iteration X <- aX + (b A + c A^2) X, A = X X^T, from X = G / (|G|_F + eps),
+    in fp32 ((a, b, c) = coefficients; Muon's from Jordan et al.). torch.optim.Muon runs the
+    same iteration in bf16."""
+    a, b, c = (float(k) for k in coefficients)
     x = g.to(torch.float32)
     transposed = x.shape[0] > x.shape[1]
     if transposed:
@@ -176,11 +179,38 @@ def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
     return x.T if transposed else x
 
 
-def muon_direction(upd: torch.Tensor) -> torch.Tensor:
-    """Orthogonalized update for a >= 2-D parameter (flattened to (rows, -1)), scaled by
-    sqrt(max(1, rows / cols)); 1-D parameters keep the momentum update itself."""
+MUON_LR_ADJUSTMENTS = ("original", "match_rms_adamw")
+
+
+def muon_lr_ratio(rows: int, cols: int, adjust_lr_fn: str | None = None) -> float:
+    """The factor on lr for a (rows, cols) matrix (torch.optim.Muon's adjust_lr_fn):
+    "original" (None) sqrt(max(1, rows / cols)); "match_rms_adamw" 0.2 sqrt(max(rows, cols)),
+    which makes the update's RMS about AdamW's (Liu et al. 2025)."""
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * max(rows, cols) ** 0.5
+    return max(1.0, rows / cols) ** 0.5
+
+
+def check_newton_schulz(ns_steps, coefficients, eps, adjust_lr_fn) -> None:
+    """ValueError (as torch.optim.Muon raises) for settings no Muon step can run with."""
+    if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or not 0 <= ns_steps < 100:
+        raise ValueError(f"ns_steps {clip(repr(ns_steps))}: must be a whole number in [0, 100)")
+    if (isinstance(coefficients, (str, bytes)) or not hasattr(coefficients, "__len__") or len(coefficients) != 3
+            or not all(isinstance(k, (int, float)) and not isinstance(k, bool) and math.isfinite(k)
+                       for k in coefficients)):
+        raise ValueError(f"ns_coefficients {clip(repr(coefficients))}: must be three finite numbers (a, b, c)")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:
+        raise ValueError(f"eps {clip(repr(eps))}: must be a finite number > 0")
+    if adjust_lr_fn is not None and adjust_lr_fn not in MUON_LR_ADJUSTMENTS:
+        raise ValueError(f"adjust_lr_fn {clip(repr(adjust_lr_fn))}: must be one of {', '.join(MUON_LR_ADJUSTMENTS)} or None")
+
+
+def muon_direction(upd: torch.Tensor, ns_steps: int = 5, eps: float = 1e-7, coefficients=NS_COEFFS,
+                   adjust_lr_fn: str | None = None) -> torch.Tensor:
+    """Orthogonalized update for a >= 2-D parameter (flattened to (rows, -1)), times
+    muon_lr_ratio(rows, cols, adjust_lr_fn); 1-D parameters keep the momentum update itself."""
     if upd.ndim < 2:
         return upd
     mat = upd.reshape(upd.shape[0], -1)
-    o = newton_schulz(mat) * max(1.0, mat.shape[0] / mat.shape[1]) ** 0.5
+    o = newton_schulz(mat, ns_steps, eps, coefficients) * muon_lr_ratio(mat.shape[0], mat.shape[1], adjust_lr_fn)
     return o.reshape(upd.shape)
