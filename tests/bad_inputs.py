@@ -245,6 +245,18 @@ def report_markdown_is_in_the_input_folder(tmp):
     return ["report", str(tmp / "res"), "--markdown", str(tmp / "res" / "b.json")]
 
 
+@case(OUT, "`report --plots --markdown /dev/null` (made a folder /dev/null-plots/)",
+      r"--plots saves the PNGs beside the Markdown report: .*/dev/null is a device or a pipe")
+def report_plots_beside_a_device(tmp):
+    return ["report", copy_result(tmp, "memory.json"), "--markdown", "/dev/null", "--plots"]
+
+
+@case(OUT, "`report --plots --html` only (the plots were dropped silently)",
+      r"--plots saves the PNGs beside the Markdown report: give --markdown a file in a folder$")
+def report_plots_without_markdown(tmp):
+    return ["report", copy_result(tmp, "memory.json"), "--html", str(tmp / "r.html"), "--plots"]
+
+
 @case(OUT, "`compare --results` naming NEW", r"--results .*b.json: is also an input \(NEW\); name another file")
 def compare_results_is_new(tmp):
     return ["compare", copy_result(tmp, "a.json"), copy_result(tmp, "b.json"), "--results", str(tmp / "b.json")]

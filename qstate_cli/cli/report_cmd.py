@@ -27,11 +27,14 @@ def report(
 ):
     """Make one self-contained HTML report and a GitHub Markdown report from results."""
     from ..report import load_documents, write_report
-    from ..results import check_folder, check_writable
+    from ..results import check_folder, check_writable, writes_in_place
 
     stem = results[0].stem if results[0].is_file() else results[0].name
     if html is None and markdown is None:
         html, markdown = out_dir / f"{stem}.html", out_dir / f"{stem}.md"
+    if plots and (markdown is None or writes_in_place(markdown)):  # the PNGs go in MARKDOWN's folder, as MARKDOWN-plots/
+        raise QstateError("--plots saves the PNGs beside the Markdown report: give --markdown a file in a folder"
+                          + ("" if markdown is None else f" ({markdown} is a device or a pipe)"))
     plots_dir = (Path(markdown).parent / f"{Path(markdown).stem}-plots") if plots and markdown else None
     for flag, path in (("--html", html), ("--markdown", markdown)):  # before any work
         if path is not None:
