@@ -138,6 +138,16 @@ def test_markdown_from_hostile_names_makes_no_image_link_or_mention(command, tmp
     assert r.exit_code == 0, r.output
     text = md.read_text()
     assert "octocat" in text and "evil.example" in text  # the text is kept, readable
+    if command == "compare":  # its row names are code spans: literal, grep-able, never a link or a mention
+        import html
+
+        from markdown_it import MarkdownIt
+
+        page = MarkdownIt("commonmark").enable("table").render(text)
+        assert f"<code>memory: {html.escape(HOSTILE_NAME, quote=False)} gpt2-small</code>" in page
+        assert "<a " not in page and "<img" not in page and "<b>" not in page
+        text = re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", "", text)  # what GitHub reads outside the code spans
+        assert "memory:" not in text
     assert not re.search(r"(?<!\\)\]\(http", text) and not re.search(r"(?<!\\)\[click", text)  # no [x](url)
     for live in ("@octocat", "http://", "https://", "www.evil", "<b>"):
         assert live not in text, live

@@ -59,6 +59,10 @@ def header(command: str):
 KERNELS_HELP = "Time optimizer steps (ours and baselines) over a size sweep or a model's shapes, against the copy roofline."
 
 
+ONE_ROUND_WARNING = ("warning: --rounds {rounds}: compare can then only test the samples as independent draws, "
+                     "which a shared or drifting machine breaks (use --rounds 3 or more)")  # < 160: one line
+
+
 @options_command(bench_app, "kernels", kernels_engine.KernelsOptions, help=KERNELS_HELP, outputs=("json", "csv"))
 def kernels(opts: kernels_engine.KernelsOptions, out: Destinations) -> None:
     def show(doc: dict) -> None:
@@ -67,7 +71,11 @@ def kernels(opts: kernels_engine.KernelsOptions, out: Destinations) -> None:
         output.stdout.print(output.table(title, summary.kernel_display_rows(doc["records"]), summary.KERNEL_COLUMNS,
                                          summary.KERNEL_FORMATS, summary.KERNEL_HEADERS))
 
-    output.run_engine(kernels_engine.execute, opts, out, show, row_line=row_line, header=header("kernels"))
+    def head(total: int, doc: dict) -> str:  # after the options were checked: a usage error stays one line
+        line = header("kernels")(total, doc)
+        return line + "\n" + ONE_ROUND_WARNING.format(rounds=opts.rounds) if opts.rounds < 2 else line
+
+    output.run_engine(kernels_engine.execute, opts, out, show, row_line=row_line, header=head)
 
 
 MEMORY_HELP = ("Optimizer-state bytes per parameter (exact accounting; measured on CUDA) and the peak extra "

@@ -75,7 +75,11 @@ def compare(
                                     "configuration."),
     new: Path = typer.Argument(..., help="New results (a file or a folder of them); with --ab, a configuration."),
     threshold: float = typer.Option(1.10, "--threshold", help="Timing: a median ratio above this may regress."),
-    alpha: float = typer.Option(0.01, "--alpha", help="Timing: Mann-Whitney significance level."),
+    alpha: float = typer.Option(0.01, "--alpha", help="Timing, rows without rounds only (older files, bench "
+                                "kernels --rounds 1): two-sided Mann-Whitney significance level. Rows with rounds "
+                                "regress only when their rounds are fully apart, an exact one-sided test whose level "
+                                "the round counts fix: 1/C(2R, R) for R rounds a side (0.05 at 3, 1/252 at 5); "
+                                "--ab: the sign test of R paired rounds, 1/2^R."),
     allow_missing: Optional[List[str]] = typer.Option(None, "--allow-missing", metavar="NAME", help="A baseline row "
                                                       "NEW lacks or could not run (a peer not installed here) is "
                                                       "no regression when NAME names it: its name or config, or a "

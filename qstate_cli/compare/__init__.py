@@ -11,8 +11,10 @@ Statuses (docs/results.md, kind "compare"):
   say how many timing rows could not be judged and why, and when none could, that the
   verdict says nothing about timing;
 - insignificant: a timing ratio beyond the threshold that the evidence does not support
-  (rounds overlap, within the noise floor; rows without rounds: p >= alpha); with no
-  samples and no rounds to test, a slower ratio beyond the threshold regresses (fail closed);
+  (rounds overlap, within the noise floor, slower relative to the copy but not in time;
+  rows without rounds: p >= alpha), or within it on a row whose noise floor exceeds it
+  (noise.py); with no samples and no rounds to test, a slower ratio beyond the threshold
+  regresses (fail closed);
 - new: a row only NEW has (or the baseline's row had not run); missing: a row only the
   baseline has (or NEW could not run it: status "unavailable");
 - failed: NEW's row failed, or has no finite value of the metric;
@@ -26,7 +28,10 @@ is missing and named by an `allow_missing` pattern (--allow-missing: a peer the 
 does not install; fnmatch on the row's name or config, or its whole name). A noisy row is
 the exception by default (a shared runner is the normal case, and its timing is no
 evidence either way); with `strict_timing` it is a regression too. Any
-regression makes `qstate compare` exit 1. The gate fails closed (evidence.py): empty,
+regression makes `qstate compare` exit 1. The notes (notes.py) add what the table cannot
+say: the false regressions to expect between identical code over the judged timing rows,
+rows judged without rounds, and differences between the runs' machines, versions or bench
+settings. The Markdown shows row names as code spans (greppable, never a mention). The gate fails closed (evidence.py): empty,
 mismatched or inconsistent inputs, and malformed fields (results.load), are an input error
 (exit 2), never a pass; so are rows of one side that nothing tells apart (identity.py: rows
 are matched on their kind's identity, extended where rows share it by the suite parameters
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from dataclasses import dataclass, field
 
 from ..errors import QstateError
@@ -43,7 +49,8 @@ from . import evidence
 from .evidence import unreadable
 from .identity import keyed_rows, name as row_identity_name
 from .metrics import Metric, compared_kinds, metrics
-from .noise import NOISY_CPU_SHARE, REFERENCE_MOVED, REFERENCE_WHY, judge_rows
+from .noise import NOISY_CPU_SHARE, REFERENCE_MOVED, judge_rows
+from .notes import chance_notes, is_timing, missing_device, run_notes, timing_notes, timing_unjudged
 
 STATUSES = ("regressed", "failed", "unjudged", "missing", "new", "noisy", "insignificant", "improved", "same")
 
@@ -81,13 +88,6 @@ def _quality(metric: Metric, b: dict, n: dict) -> dict:
             "status": status, "regression": status == "regressed"}
 
 
-def is_timing(rec: dict) -> bool:
-    """Whether a verdict record is of a timing metric (kernels' time_ms)."""
-    kind = rec.get("kind")
-    return kind in compared_kinds() and any(m.timing and m.field == rec.get("metric") for m in metrics(kind))
-
-
-TIMED = ("regressed", "improved", "same", "insignificant", "noisy")  # a timing row measured on both sides
 STRICT_WHY = "--strict-timing: a timing row that could not be judged fails the gate"
 
 
@@ -97,33 +97,6 @@ def apply_strict_timing(records: list[dict]) -> None:
         if r["status"] == "noisy":
             r["regression"] = True
             r["why"] = f"{r['why']}; {STRICT_WHY}" if r.get("why") else STRICT_WHY
-
-
-def timing_notes(records: list[dict], strict: bool = False) -> list[str]:
-    """The note saying how many timing rows measured on both sides were noisy (not judged)
-    and why; when all of them were, that the verdict says nothing about timing."""
-    timed = [r for r in records if is_timing(r) and r["status"] in TIMED]
-    noisy = [r for r in timed if r["status"] == "noisy"]
-    if not noisy:
-        return []
-    moved = sum(REFERENCE_WHY in str(r.get("why")) for r in noisy)
-    why = ", ".join(f"{n} {what}" for n, what in (
-        (len(noisy) - moved, f"timed on a shared CPU with cpu share below {NOISY_CPU_SHARE:g}"),
-        (moved, f"beside a same-run copy reference that moved more than {REFERENCE_MOVED:g}x between the runs")) if n)
-    if len(noisy) < len(timed):
-        return [f"{len(noisy)} of {len(timed)} timing rows could not be judged ({why}): status noisy, "
-                + ("each a regression under --strict-timing" if strict else "no verdict either way on their times")]
-    which = ("the one timing row could not be judged" if len(timed) == 1 else
-             f"none of the {len(timed)} timing rows could be judged")
-    return [f"timing NOT judged: {which} ({why}), so this verdict says nothing about speed; "
-            + ("--strict-timing counts each as a regression" if strict else
-               "rerun on a quiet machine, or add --strict-timing on a dedicated runner to fail such a run")]
-
-
-def timing_unjudged(records: list[dict]) -> bool:
-    """Timing rows were measured on both sides, and every one of them is noisy."""
-    timed = [r for r in records if is_timing(r) and r["status"] in TIMED]
-    return bool(timed) and all(r["status"] == "noisy" for r in timed)
 
 
 def _ok(row: dict | None) -> bool:
@@ -146,6 +119,7 @@ def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], thresho
         "NEW": list(zip(new_docs, list(new_sources) or [f"#{i + 1}" for i in range(len(new_docs))]))})
     base = {k: _run_share(r.doc, r.row) for k, r in sides["baseline"].items()}
     new = {k: _run_share(r.doc, r.row) for k, r in sides["NEW"].items()}
+    new_devices = {str(r.get("device")) for r in new.values() if r.get("device") is not None}
     records = []
     for key in list(base) + [k for k in new if k not in base]:
         b, n = base.get(key), new.get(key)
@@ -156,6 +130,8 @@ def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], thresho
                    "raw_ratio": None, "noise_floor": None, "why": None}
             if n is None or n.get("status") == "unavailable":  # a row that ran and vanished is not a pass
                 reason = "not in NEW" if n is None else f"unavailable in NEW: {n.get('reason') or 'no reason given'}"
+                elsewhere = missing_device(b, new_devices) if n is None else None
+                reason += f"; {elsewhere}" if elsewhere else ""
                 allowed = allowed_by(allow_missing, kind, b, name)
                 if allowed:
                     reason += f"; allowed by --allow-missing {allowed}"
@@ -183,12 +159,13 @@ def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], thresho
 class Verdict:
     records: list[dict]
     threshold: float
-    alpha: float
+    alpha: float | None  # rows without rounds only; None where no row is judged by it (A/B)
     baseline: list[str] = field(default_factory=list)
     new: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     rule: str | None = None  # how timing was judged, when not the default (A/B)
     strict_timing: bool = False  # noisy timing rows are regressions (--strict-timing)
+    timing_test: str | None = None  # the tests that judged timing rows (meta.timing_test)
 
     @property
     def regressions(self) -> list[dict]:
@@ -201,9 +178,12 @@ class Verdict:
     def document(self) -> dict:
         from ..results import document
 
-        return document("compare", self.records, {"baseline": self.baseline, "new": self.new,
-                                                  "threshold": self.threshold, "alpha": self.alpha,
-                                                  "strict_timing": self.strict_timing, "notes": self.notes})
+        meta = {"baseline": self.baseline, "new": self.new, "threshold": self.threshold}
+        if self.alpha is not None:
+            meta["alpha"] = self.alpha
+        if self.timing_test:
+            meta["timing_test"] = self.timing_test
+        return document("compare", self.records, {**meta, "strict_timing": self.strict_timing, "notes": self.notes})
 
     def benchmark(self) -> list[dict]:
         """github-action-benchmark input (tool: customSmallerIsBetter): NEW's values;
@@ -222,6 +202,12 @@ class Verdict:
                                                 else "")
             out.append({"name": name, "unit": unit, "value": value, "extra": extra})
         return out
+
+
+FILES_TEST = ("rows with rounds: full separation of the rounds (an exact one-sided rank test, p = 1/C(Rb + Rn, Rb) "
+              "for Rb vs Rn rounds: 0.05 for 3 vs 3, 1/252 for 5 vs 5; p_value the exact rank-sum p), beyond the "
+              "threshold and the noise floor, the raw time moving the same way; rows without rounds: two-sided "
+              "Mann-Whitney U on samples_ms, p < alpha {alpha:g}")
 
 
 def check_threshold(threshold: float) -> None:
@@ -258,10 +244,12 @@ def compare_docs(base_docs: list[dict], new_docs: list[dict], threshold: float =
     notes += [f"--allow-missing {p} named no missing row" for p in allow_missing if p not in used]
     if strict_timing:
         apply_strict_timing(records)
-    notes = timing_notes(records, strict_timing) + notes
+    notes = timing_notes(records, strict_timing) + chance_notes(records) + run_notes(
+        base_docs, new_docs, timing_kinds) + notes
     records.sort(key=lambda r: (STATUSES.index(r["status"]), r["kind"], r["name"], r["metric"]))
+    test = FILES_TEST.format(alpha=alpha) if any(is_timing(r) for r in records) else None
     return Verdict(records, threshold, alpha, list(baseline_sources), list(new_sources), notes,
-                   strict_timing=strict_timing)
+                   strict_timing=strict_timing, timing_test=test)
 
 
 def compare_paths(baseline, new, threshold: float = 1.10, alpha: float = 0.01, allow_missing=(),
@@ -274,12 +262,44 @@ def compare_paths(baseline, new, threshold: float = 1.10, alpha: float = 0.01, a
     return compare_docs(base_docs, new_docs, threshold, alpha, base_src, new_src, allow_missing, strict_timing)
 
 
+def code_span(text) -> str:
+    """`text` as a Markdown code span for a table cell: shown as it is and grep-able (no
+    mention, link, autolink or HTML inside one), its fence one backtick longer than any run
+    of backticks in it, `|` escaped for the table (GFM unescapes it inside the span) and
+    line breaks as spaces."""
+    text = str(text).replace("\r", " ").replace("\n", " ").replace("|", "\\|")
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text[:1] in ("`", " ") or text[-1:] in ("`", " ") else ""  # CommonMark strips one space a side
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _table_md(t, title: str = "") -> str:
+    """report.markdown.table_md, but the `row` column as code spans (`code_span`): a row name
+    such as `nearest-4bit [cpu] fp32 n=65536 @cpu` reads and greps as it is, and never
+    mentions anyone, where escaping put a WORD JOINER after its `@`."""
+    from ..report.markdown import _numeric_col, escape
+
+    name = t.headers.index("row") if "row" in t.headers else -1
+    lines = ["| " + " | ".join(escape(h) for h in t.headers) + " |",
+             "|" + "|".join(" ---: " if _numeric_col(t, i) else " --- " for i in range(len(t.headers))) + "|"]
+    lines += ["| " + " | ".join(code_span(c) if j == name else c if c in BOLD else escape(c) for j, c in enumerate(row))
+              + " |" for row in t.rows]
+    body = "\n".join(lines)
+    if not title:
+        return body
+    summary = f"{escape(title)} ({len(t.rows)} row{'s' * (len(t.rows) != 1)})"
+    return f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>"
+
+
+BOLD = {f"**{s}**" for s in STATUSES}  # a status that is a regression, in bold
+
+
 def verdict_markdown(verdict: Verdict) -> str:
     """The verdict table for a PR comment or $GITHUB_STEP_SUMMARY. Up to LONG_TABLE (12)
     rows, or when every row changed: one table. Longer: what changed first, then every row
-    folded in <details> (so no row is printed twice in sight)."""
-    from ..report.markdown import escape, table_md
-    from ..report.model import LONG_TABLE, Table
+    folded in <details> (so no row is printed twice in sight). Row names are code spans."""
+    from ..report.markdown import escape
+    from ..report.model import LONG_TABLE
     from ..report.sections import verdict_counts, verdict_table
 
     rows = [{**r, "name": f"{r['kind']}: {r['name']}",
@@ -293,10 +313,13 @@ def verdict_markdown(verdict: Verdict) -> str:
     else:
         rule = ""
         if any(is_timing(r) for r in verdict.records):
+            mw = f" (rows without rounds: Mann-Whitney p < {verdict.alpha:g})" if verdict.alpha is not None else ""
             rule += (f" Timing regresses when the ratio (of the time relative to a same-run copy, where both runs "
-                     f"have it) exceeds {verdict.threshold:g} and the noise floor, with every round apart (rows "
-                     f"without rounds: Mann-Whitney p < {verdict.alpha:g}); a row timed on a shared CPU (cpu share "
-                     f"below {NOISY_CPU_SHARE:g}), or whose same-run copy reference moved more than "
+                     f"have it) exceeds {verdict.threshold:g} and the noise floor, every round apart (an exact "
+                     f"one-sided rank test: p = 1/C(Rb + Rn, Rb), 0.05 for 3 vs 3 rounds) and the raw time moved "
+                     f"the same way{mw}; a row within the "
+                     f"threshold whose rounds spread wider than it is insignificant; a row timed on a shared CPU "
+                     f"(cpu share below {NOISY_CPU_SHARE:g}), or whose same-run copy reference moved more than "
                      f"{REFERENCE_MOVED:g}x, is noisy.{strict}")
         if any(not is_timing(r) for r in verdict.records):
             rule += " Quality metrics have their own tolerances (threshold column)."
@@ -306,10 +329,9 @@ def verdict_markdown(verdict: Verdict) -> str:
     out += [f"- {escape(n)}" for n in verdict.notes] + ([""] if verdict.notes else [])  # a list ends before a table
     full = verdict_table(rows)
     if len(rows) <= LONG_TABLE or len(changed) == len(rows):
-        out.append(table_md(Table("", full.headers, full.rows, fold=False)))
+        out.append(_table_md(full))
     else:
         if changed:
-            t = verdict_table(changed)
-            out += [table_md(Table("", t.headers, t.rows, fold=False)), ""]
-        out.append(table_md(Table("All verdicts", full.headers, full.rows, fold=True)))
-    return "\n".join(out).replace("\\*\\*", "**") + "\n"
+            out += [_table_md(verdict_table(changed)), ""]
+        out.append(_table_md(full, "All verdicts"))
+    return "\n".join(out) + "\n"

@@ -7,11 +7,14 @@ the same tensors and timed interleaved (bench/group.py: A B, B A, A B, ...), so 
 of BASE and round r of NEW ran back to back on the same machine state. Each round gives
 a paired ratio q_r = median(NEW, round r) / median(BASE, round r), and
 noise.judge_paired applies the rule of noise.py to them: ratio = median(q); regressed
-or improved only when every q_r is on the same side of 1 (a sign test), the ratio is
-beyond --threshold and beyond the noise floor 1 + (max q - min q) / median q; noisy when
-the process got under 3/4 of a CPU (cpu_share), and then a regression only with
---strict-timing. The verdict is a compare Verdict: the
-same table, files and exit code (1 on a regression) as `qstate compare BASE NEW`.
+or improved only when every q_r is on the same side of 1 (a one-sided sign test: p =
+1/2^R, 1/32 for the default 5 rounds, the chance that identical code is called slower;
+--alpha plays no part), the ratio is beyond --threshold and beyond the noise floor
+1 + (max q - min q) / median q; insignificant within the threshold when the noise floor
+exceeds it; noisy when the process got under 3/4 of a CPU (cpu_share), and then a
+regression only with --strict-timing. The verdict is a compare Verdict: the same table,
+files and exit code (1 on a regression) as `qstate compare BASE NEW`; its meta has no
+`alpha`, and `timing_test` names the sign test.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from ..errors import QstateError
 from ..options import Options, lower, many, option
 from ..quant.config import parse_config
 from ..runtime import resolve_device
-from . import Verdict, apply_strict_timing, check_threshold, timing_notes
+from . import Verdict, apply_strict_timing, check_threshold
+from .notes import chance_notes, timing_notes
 from .metrics import row_name
 from .noise import judge_paired, shares
 
@@ -88,13 +92,17 @@ def verdict(rows: list[dict], opts: ABOptions, threshold: float, strict_timing: 
         records.append(rec)
     if strict_timing:
         apply_strict_timing(records)
-    share = min((r["cpu_share"] for r in timed if r.get("cpu_share") is not None), default=float("nan"))
-    notes = timing_notes(records, strict_timing) + [f"A/B in one process: {opts.rounds} paired rounds per size; "
-                                                    f"cpu share {share:.2f}"]
+    share = min((r["cpu_share"] for r in timed if r.get("cpu_share") is not None), default=None)
+    notes = timing_notes(records, strict_timing) + chance_notes(records) + [
+        f"A/B in one process: {opts.rounds} paired rounds per size; "
+        + (f"cpu share {share:.2f}" if share is not None else "cpu share not measured")]
     rule = (f"A/B: each round timed {opts.base} and {opts.new} back to back; a regression needs every paired "
-            f"round ratio above 1, their median above {threshold:g} and above the noise floor (1 + their relative "
-            f"range); a row timed on a shared CPU (cpu share below 0.75) is noisy.")
-    return Verdict(records, threshold, 0.0, [opts.base], [opts.new], notes, rule, strict_timing)
+            f"round ratio above 1 (a one-sided sign test: p = 1/2^{opts.rounds}), their median above {threshold:g} "
+            f"and above the noise floor (1 + their relative range); a row timed on a shared CPU (cpu share below "
+            f"0.75) is noisy.")
+    test = (f"A/B: one-sided sign test of the {opts.rounds} paired round ratios (all above 1: p = 1/2^{opts.rounds}), "
+            "beyond the threshold and the noise floor")
+    return Verdict(records, threshold, None, [opts.base], [opts.new], notes, rule, strict_timing, test)
 
 
 def run_ab(opts: ABOptions, threshold: float = 1.10, progress=None,

@@ -9,7 +9,7 @@ is needed to judge the code rather than the machine:
 - basis: `time_rel_copy` (the step's time over a copy of its own bytes timed in the same
   rounds) when both sides have it, else the raw `time_ms`; ratio = new / baseline on the
   basis, and `raw_ratio` = new / baseline of time_ms beside it;
-- rounds: the basis per round (`rel_copy_rounds`, else `round_ms`), R values per side;
+- rounds: the basis per round (`rel_copy_rounds`, else `round_ms`), Rb and Rn values;
 - dispersion of one side d = (max - min) / median of its rounds; the noise floor
   F = 1 + max(d_baseline, d_new): what this row moved by within one run;
 - cpu_share (bench/timing.py): CPU time / wall time of a busy loop around the rounds,
@@ -31,17 +31,27 @@ The rule, in order:
    the relative metric exists for), while the stalls seen were ~380x and more; and a change
    of the code that changes a row's own bytes (the copy's size) moves it by ~2x at most
    (fp32 states instead of 4-bit ones about double the bytes an AdamW step moves);
-2. `same` when the ratio is within the threshold (1/T <= ratio <= T, T = --threshold);
+2. within the threshold (1/T <= ratio <= T, T = --threshold): `same` when F <= T, else
+   `insignificant` (the row moves by more than T within one run: a change below F cannot
+   be seen, so "same" would claim what the row cannot resolve; an A/A probe on a 2-core
+   runner had 394 of 674 `same` rows with F > T, up to 2.46);
 3. `regressed` / `improved` only when the rounds do not overlap (every round of NEW
    slower than every round of the baseline, or faster) AND the ratio is beyond the
-   noise floor as well (ratio > max(T, F), or < 1 / max(T, F));
+   noise floor as well (ratio > max(T, F), or < 1 / max(T, F)) AND, on `time_rel_copy`,
+   the raw time moved the same way (raw_ratio > 1 for regressed, < 1 for improved): a
+   3-7 us copy reference moves 1.4x between quiet runs (inside the 4x of rule 1), and
+   in that A/A probe 17 of 26 false regressions had a raw ratio within 1.1;
 4. otherwise `insignificant`, and `why` says which condition failed.
 
-Full separation of R rounds against R is an exact rank test: under no change each of the
-C(2R, R) orders is equally likely, so the one-sided chance is 1 / C(2R, R) (R=3: 1/20,
-R=5: 1/252); the noise floor keeps a shift that is real but smaller than what the row
-does by itself within a run from counting. Rows without rounds (older files) keep the
-old test: ratio beyond T and a two-sided Mann-Whitney U on samples_ms with p < alpha.
+p_value (rounds rows): the exact one-sided rank-sum (Mann-Whitney) p of NEW's rounds
+against the baseline's in the direction of the ratio: the share of the C(Rb + Rn, Rb)
+equally likely orders of the pooled rounds (no change) whose U is at least the one seen
+(`rank_p`). Full separation, which rule 3 needs, is its smallest value 1 / C(Rb + Rn, Rb)
+(3 vs 3: 1/20, 5 vs 5: 1/252): the chance that identical code is called slower, fixed by
+the round counts whatever --alpha says (`null_chance`); over many rows these add up
+(notes.py states the expected number of false regressions). Rows without rounds (older
+files, `bench kernels --rounds 1`) keep the old test: ratio beyond T and a two-sided
+Mann-Whitney U on samples_ms with p < alpha, which takes the samples as independent draws.
 
 Others: asv (`asv compare`, `asv continuous`) flags a change when the ratio passes its
 factor (default 1.1) and its statistics say the two results differ (a Mann-Whitney test
@@ -50,7 +60,9 @@ on the raw samples where it has them, else overlapping confidence intervals), an
 drift; benchstat marks a delta "~" unless a U test gives p < 0.05; Bencher's thresholds
 put bounds (t-test, z-score, percentage, ...) on a metric from a window of its history.
 The A/B mode (ab.py) asks one process to time both configurations in the same rounds and
-judges the paired per-round ratios with the same rule (`judge_paired`).
+judges the paired per-round ratios with the same rule (`judge_paired`); its p_value is the
+one-sided sign test's, P(at least k of R paired ratios on the ratio's side) = 1/2^R when
+all R are.
 """
 from __future__ import annotations
 
@@ -104,16 +116,59 @@ def shares(*rows: dict) -> float | None:
     return min(got) if got else None
 
 
+def _u_counts(m: int, n: int) -> list[int]:
+    """How many of the C(m + n, m) orders of m values against n give each U = 0 .. m*n (the
+    coefficients of the Gaussian binomial [m + n, m]_q = prod_i (1 - q^(n+i)) / (1 - q^i))."""
+    c = [1] + [0] * (m * n + m)
+    for i in range(1, m + 1):
+        for u in range(len(c) - 1, n + i - 1, -1):  # times (1 - q^(n+i))
+            c[u] -= c[u - n - i]
+        for u in range(i, len(c)):  # over (1 - q^i)
+            c[u] += c[u - i]
+    return c[:m * n + 1]
+
+
+def rank_p(base: list[float], new: list[float], slower: bool) -> float:
+    """The exact one-sided rank-sum p that NEW's rounds are slower (`slower`) or faster than
+    the baseline's: P(U >= u) over the C(Rb + Rn, Rb) equally likely orders, U counting the
+    (new, base) pairs in that direction (a tie counts 1/2). 1 / C(Rb + Rn, Rb) when apart."""
+    u = sum((x > y if slower else x < y) + 0.5 * (x == y) for x in new for y in base)
+    counts = _u_counts(len(new), len(base))
+    return sum(counts[math.ceil(u - 1e-9):]) / math.comb(len(new) + len(base), len(new))
+
+
+def sign_p(q: list[float], slower: bool) -> float:
+    """The one-sided sign test's p of paired ratios q: P(at least k of R on the side of 1 seen),
+    k counting the ratios above 1 (`slower`) or below; 1 / 2^R when all R are."""
+    k = sum((x > 1) if slower else (x < 1) for x in q)
+    return sum(math.comb(len(q), j) for j in range(k, len(q) + 1)) / 2 ** len(q)
+
+
+def null_chance(rec: dict) -> float | None:
+    """The chance that identical code is called slower on this verdict's test: full separation
+    of its rounds (1 / C(Rb + Rn, Rb)) or all R paired ratios above 1 (1 / 2^R); None for
+    other tests (rows without rounds: their nominal alpha / 2 assumes independent samples)."""
+    rounds = rec.get("rounds")
+    if rec.get("test") == "rounds" and rounds:
+        return 1 / math.comb(rounds[0] + rounds[1], rounds[0])
+    if rec.get("test") == "paired" and rounds:
+        return 0.5 ** rounds[0]
+    return None
+
+
 def decide(ratio: float, separated: bool, floor: float, threshold: float, share: float | None,
-           apart: str) -> tuple[str, str]:
-    """(status, why) by the rule in the module docstring; `apart` says how the rounds were
-    found apart (for `why`)."""
+           apart: str, overlap: str = "rounds overlap") -> tuple[str, str]:
+    """(status, why) by rules 1-4 of the module docstring (rule 3's raw-time condition is the
+    caller's); `apart` and `overlap` say how the rounds were found apart or not (for `why`)."""
     if share is not None and share < NOISY_CPU_SHARE:
         return "noisy", f"cpu share {share:.2f} below {NOISY_CPU_SHARE}: {SHARED_WHY}"
     if 1 / threshold <= ratio <= threshold:
+        if floor > threshold:
+            return "insignificant", (f"within the threshold {threshold:g}, but this row moves by up to {floor:.3g}x "
+                                     "within one run: a change below that cannot be seen")
         return "same", f"within the threshold {threshold:g}"
     if not separated:
-        return "insignificant", "rounds overlap"
+        return "insignificant", overlap
     limit = max(threshold, floor)
     if 1 / limit <= ratio <= limit:
         return "insignificant", f"within the noise floor {floor:.3g}"
@@ -134,10 +189,19 @@ def reference_moved(ratio: float, raw: float) -> str | None:
             f"ratio {ratio:.3g} vs raw ratio {raw:.3g}): the time relative to it is no measure of the code")
 
 
+def raw_disagrees(status: str, ratio: float, raw: float) -> str | None:
+    """Why a change on `time_rel_copy` is not one (rule 3): the raw time did not move its way."""
+    if (status == "regressed" and raw <= 1) or (status == "improved" and raw >= 1):
+        return (f"{'slower' if status == 'regressed' else 'faster'} relative to its copy ({ratio:.4g}x) but not in "
+                f"time (raw {raw:.4g}x): the copy reference moved between the runs")
+    return None
+
+
 def judge_rows(b: dict, n: dict, field: str, threshold: float, alpha: float) -> dict:
     """The verdict fields of one timing metric (`field`, time_ms) of baseline row `b` and
     NEW row `n`: baseline, new (raw ms), ratio (on the basis), raw_ratio, basis,
-    noise_floor, p_value, threshold, cpu_share, status, why, regression."""
+    noise_floor, p_value, threshold, cpu_share, test (rounds | samples | None: what judged
+    it), rounds ([Rb, Rn]), status, why, regression."""
     bs, ns = _values(b.get("samples_ms")), _values(n.get("samples_ms"))
     bv = _finite_float(b.get(field)) if _finite_float(b.get(field)) is not None else (median(bs) if bs else None)
     nv = _finite_float(n.get(field)) if _finite_float(n.get(field)) is not None else (median(ns) if ns else None)
@@ -148,17 +212,21 @@ def judge_rows(b: dict, n: dict, field: str, threshold: float, alpha: float) -> 
     on = basis(b, n)
     br, nr = rounds_of(b, on), rounds_of(n, on)
     out = {"baseline": bv, "new": nv, "raw_ratio": raw, "threshold": threshold, "cpu_share": share,
-           "p_value": None, "noise_floor": None, "basis": on}
+           "p_value": None, "noise_floor": None, "basis": on, "test": None, "rounds": None}
     if len(br) >= 2 and len(nr) >= 2:
         ratio = (_finite_float(n.get(on)) / _finite_float(b.get(on))) if on == "time_rel_copy" else raw
         floor = 1 + max(dispersion(br), dispersion(nr))
         separated = min(nr) > max(br) if ratio > 1 else max(nr) < min(br)
+        p = rank_p(br, nr, ratio > 1)
         status, why = decide(ratio, separated, floor, threshold, share,
-                             f"rounds apart ({len(nr)} vs {len(br)})")
+                             f"rounds apart ({len(nr)} vs {len(br)}, p = {p:.2g} one-sided)",
+                             f"rounds overlap (p = {p:.2g} one-sided)")
         moved = reference_moved(ratio, raw) if on == "time_rel_copy" else None
         if moved is not None and status != "noisy":
             status, why = "noisy", moved
-        out.update(ratio=ratio, noise_floor=floor)
+        elif on == "time_rel_copy" and raw_disagrees(status, ratio, raw):
+            status, why = "insignificant", raw_disagrees(status, ratio, raw)
+        out.update(ratio=ratio, noise_floor=floor, p_value=p, test="rounds", rounds=[len(br), len(nr)])
     else:
         ratio, p = raw, None
         out["basis"] = "time_ms"
@@ -166,6 +234,7 @@ def judge_rows(b: dict, n: dict, field: str, threshold: float, alpha: float) -> 
             from scipy.stats import mannwhitneyu
 
             p = float(mannwhitneyu(bs, ns, alternative="two-sided").pvalue)
+            out["test"] = "samples"
         out.update(ratio=ratio, p_value=p)
         if share is not None and share < NOISY_CPU_SHARE:
             status, why = "noisy", f"cpu share {share:.2f} below {NOISY_CPU_SHARE}: {SHARED_WHY}"
@@ -188,17 +257,18 @@ def judge_paired(base_rounds: list[float], new_rounds: list[float], threshold: f
                  share: float | None) -> dict:
     """A/B in one process (ab.py): round r of both configurations ran back to back, so
     q_r = new_r / base_r is a paired ratio. ratio = median(q); separated = every q_r on
-    the same side of 1 (a sign test: 2 / 2^R two-sided); noise floor = 1 + dispersion(q)."""
+    the same side of 1; p_value = the one-sided sign test's (`sign_p`: 1 / 2^R when
+    separated); noise floor = 1 + dispersion(q)."""
     q = [nr / br for br, nr in zip(base_rounds, new_rounds) if br > 0 and nr > 0]
     if not q:
         return {"status": "failed", "why": "no paired rounds", "regression": False}
     ratio = median(q)
     floor = 1 + dispersion(q)
     separated = all(x > 1 for x in q) if ratio > 1 else all(x < 1 for x in q)
+    p = sign_p(q, ratio > 1)
     status, why = decide(ratio, separated, floor, threshold, share,
-                         f"all {len(q)} paired rounds {'slower' if ratio > 1 else 'faster'}")
-    if status == "insignificant" and why == "rounds overlap":
-        why = "paired rounds disagree in sign"
+                         f"all {len(q)} paired rounds {'slower' if ratio > 1 else 'faster'} (sign test p = {p:.2g} "
+                         "one-sided)", f"paired rounds disagree in sign (p = {p:.2g} one-sided)")
     return {"ratio": ratio, "noise_floor": floor, "paired_ratios": [float(f"{x:.6g}") for x in q],
-            "p_value": 2 * 0.5 ** len(q) if separated else None, "cpu_share": share, "threshold": threshold,
+            "p_value": p, "test": "paired", "rounds": [len(q), len(q)], "cpu_share": share, "threshold": threshold,
             "status": status, "why": why, "regression": status == "regressed"}
