@@ -253,3 +253,16 @@ def test_a_kernels_row_without_a_name_still_reports(tmp_path):
     res = CliRunner().invoke(app, ["report", str(tmp_path / "k.json"), "--html", str(tmp_path / "r.html")])
     assert res.exit_code == 0, res.output
     assert "the fastest of ours is None (cpu-numba)" in (tmp_path / "r.html").read_text()
+
+
+@pytest.mark.parametrize("name", [r"\[click\](https://evil.example)", r"\\[click\\](x)", "\\![img\\](y)"])
+def test_markdown_backslashes_cannot_reopen_a_link(name):
+    """A backslash from a file is escaped too: `\\[x\\](url)` with only the brackets escaped
+    reads `\\\\[x\\\\](url)`, an escaped backslash before a live link."""
+    from markdown_it import MarkdownIt
+
+    from qstate_cli.report.markdown import escape
+
+    page = MarkdownIt("commonmark").render(escape(name))
+    assert "<a " not in page and "<img" not in page
+    assert "click" in page or "img" in page

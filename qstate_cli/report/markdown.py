@@ -3,7 +3,8 @@
 Every string from a result file is escaped (HTML specials as entities, `|` and line
 breaks neutralized) so a hostile name cannot inject markup into a comment; and, since
 the report is posted to pull requests, nothing from a file can become a link, an image
-or a notification: `[` and `]` are backslash-escaped (no `[text](url)` nor `![img](url)`),
+or a notification: `[`, `]` and `\\` are backslash-escaped (no `[text](url)` nor `![img](url)`,
+nor `\\[x\\](url)`, which an unescaped backslash would reopen),
 a WORD JOINER (U+2060, invisible) follows every `@` (no @mention) and breaks `://` and
 `www.` (no autolink). The text reads the same.
 """
@@ -15,7 +16,7 @@ _HTML = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"})
 
 
 _WJ = "\u2060"  # WORD JOINER: invisible, and breaks GitHub's mention and autolink detection
-_MARKDOWN = str.maketrans({"[": "\\[", "]": "\\]", "@": "@" + _WJ})
+_MARKDOWN = str.maketrans({"\\": "\\\\", "[": "\\[", "]": "\\]", "@": "@" + _WJ})
 
 
 def escape(text) -> str:
