@@ -350,3 +350,95 @@ def test_trace_info_counts_dead_blocks(tmp_path):
     out = subprocess.run([sys.executable, "-m", "qstate_cli", "trace", "info", str(path)], capture_output=True,
                          text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "200"})
     assert out.returncode == 0 and "3 of 4 recorded blocks" in out.stdout
+
+
+def three_groups():
+    """a, b, c in three groups of an AdamW: group 1 (b) with its own betas and seed, group 2 (c) other betas."""
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(16, 16), "b": torch.nn.Linear(16, 16),
+                                 "c": torch.nn.Linear(16, 4)})
+    opt = torch.optim.AdamW([{"params": model["a"].parameters()},
+                             {"params": model["b"].parameters(), "betas": (0.8, 0.99), "seed": 7},
+                             {"params": model["c"].parameters(), "betas": (0.7, 0.9)}], lr=1e-2)
+
+    def steps(n):
+        for _ in range(n):
+            opt.zero_grad()
+            model["c"](torch.tanh(model["b"](torch.tanh(model["a"](torch.randn(8, 16)))))).pow(2).mean().backward()
+            opt.step()
+    return model, opt, steps
+
+
+def test_the_trace_keeps_the_hyper_parameters_of_the_recorded_group(tmp_path, capsys):
+    """A trace recorded with include= choosing group 1's tensors kept group 0's betas (0.9, 0.999),
+    and diagnose replayed it with the wrong beta2. It keeps the group of its first recorded
+    tensor (its seed too), and names other recorded groups that differ."""
+    model, opt, steps = three_groups()
+    with Recorder(opt, tmp_path / "b.pt", model=model, include=r"^b\."):
+        steps(3)
+    trace = load_trace(tmp_path / "b.pt")
+    assert [t.name for t in trace.tensors] == ["b.weight", "b.bias"]
+    assert trace.hparams["betas"] == [0.8, 0.99] and trace.seed == 7 and trace.meta["hparams_group"] == 1
+    assert "differ" not in capsys.readouterr().err
+    with Recorder(opt, tmp_path / "bc.pt", model=model, exclude=r"^a\."):
+        steps(2)
+    assert load_trace(tmp_path / "bc.pt").hparams["betas"] == [0.8, 0.99]
+    err = capsys.readouterr().err
+    assert ("keeps the hyper-parameters of param_groups[1] (the group of the first recorded tensor, b.weight)" in err
+            and "these groups differ: param_groups[2]: betas [0.7, 0.9] (group 1: [0.8, 0.99])" in err)
+    with Recorder(opt, tmp_path / "a.pt", model=model, include=r"^a\."):
+        steps(1)
+    assert load_trace(tmp_path / "a.pt").hparams["betas"] == [0.9, 0.999]
+
+
+class NoGroups(torch.optim.Optimizer):
+    """Like Lightning's _MockOptimizer (configure_optimizers returned None): no parameter groups."""
+
+    def __init__(self):
+        super().__init__([torch.zeros(1)], {})
+
+    def add_param_group(self, param_group):
+        pass
+
+    def step(self, closure=None):
+        return closure() if closure is not None else None
+
+
+def test_an_optimizer_without_parameter_groups_is_refused_in_one_line(tmp_path):
+    """It raised IndexError (param_groups[0]) from inside the Recorder."""
+    assert NoGroups().param_groups == []
+    with pytest.raises(ValueError, match="cannot record NoGroups: it has no parameter groups") as info:
+        Recorder(NoGroups(), tmp_path / "t.pt")
+    assert isinstance(info.value, QstateError) and "\n" not in str(info.value)
+
+
+def test_a_start_before_a_resumed_runs_first_step_is_said(tmp_path, capsys):
+    """After a resume (the optimizer's state loaded: 3 steps taken), start=2 recorded 4..5 silently."""
+    model, opt, steps = three_groups()
+    steps(3)
+    model2, opt2, steps2 = three_groups()
+    model2.load_state_dict(model.state_dict())
+    opt2.load_state_dict(opt.state_dict())
+    capsys.readouterr()
+    with Recorder(opt2, tmp_path / "r.pt", model=model2, start=2, steps=2):
+        steps2(3)
+    assert ("qstate: start=2 is before this run's first step 4 (a resumed run): recording from 4"
+            in capsys.readouterr().err)
+    assert (load_trace(tmp_path / "r.pt").step_start, load_trace(tmp_path / "r.pt").n_steps) == (4, 2)
+    with Recorder(opt2, tmp_path / "s.pt", model=model2, start=8, steps=1):  # at or after the first step: no note
+        steps2(3)
+    assert "is before" not in capsys.readouterr().err and load_trace(tmp_path / "s.pt").step_start == 8
+
+
+def test_writing_over_an_earlier_trace_says_what_it_replaces(tmp_path, capsys):
+    """One callback reused for a second train() replaced the first trace silently; the overwrite stays."""
+    path = tmp_path / "t.pt"
+    record(tmp_path, steps=3)
+    assert "replacing" not in capsys.readouterr().err
+    record(tmp_path, steps=2)
+    assert f"qstate: replacing {path} (steps 1..3)" in capsys.readouterr().err
+    assert load_trace(path).n_steps == 2
+    (tmp_path / "old.pt").write_bytes(b"from before")
+    record(tmp_path, name="old.pt", steps=1)
+    assert f"replacing {tmp_path / 'old.pt'} (a file that was there before this recording)" in capsys.readouterr().err
+    assert load_trace(tmp_path / "old.pt").n_steps == 1

@@ -1,10 +1,11 @@
 """What a trace keeps of the optimizer that trained it: its name, the hyper-parameters the
 replay uses, and how many steps it had taken (trace/recorder.py).
 
-A trace holds one set of hyper-parameters: the first parameter group's. The replay steps
-every recorded tensor with it, so a group that differs in a key the replay reads (betas,
-eps, momentum, ...) is replayed with values it did not train with; `differing_groups` says
-which, for the recorder's warning.
+A trace holds one set of hyper-parameters: those of the parameter group holding the first
+recorded tensor (groups.py). The replay steps every recorded tensor with it, so another
+recorded group that differs in a key the replay reads (betas, eps, momentum, ...) is
+replayed with values it did not train with; `differing_groups` says which, for the
+recorder's warning.
 """
 from __future__ import annotations
 
@@ -25,11 +26,6 @@ def name_of(optimizer) -> str:
     return type(optimizer).__name__.lower()
 
 
-def optimizer_hparams(optimizer) -> dict:
-    """JSON-able hyper-parameters of the first parameter group."""
-    return group_hparams(optimizer.param_groups[0])
-
-
 def group_hparams(group: dict) -> dict:
     """JSON-able values of HPARAM_KEYS in one parameter group."""
     out = {}
@@ -47,18 +43,19 @@ def group_hparams(group: dict) -> dict:
     return out
 
 
-def differing_groups(optimizer, recorded: set[int]) -> list[str]:
-    """One line per parameter group after the first that holds a recorded tensor (`recorded`:
-    ids of the parameters) and differs from the first group in a key the replay reads."""
-    first = group_hparams(optimizer.param_groups[0])
+def differing_groups(optimizer, recorded: set[int], kept: int = 0) -> list[str]:
+    """One line per parameter group other than `kept` (the one whose hyper-parameters the
+    trace keeps) that holds a recorded tensor (`recorded`: ids of the parameters) and
+    differs from group `kept` in a key the replay reads."""
+    first = group_hparams(optimizer.param_groups[kept])
     out = []
-    for i, group in enumerate(optimizer.param_groups[1:], start=1):
-        if not any(id(p) in recorded for p in group["params"]):
+    for i, group in enumerate(optimizer.param_groups):
+        if i == kept or not any(id(p) in recorded for p in group["params"]):
             continue
         other = group_hparams(group)
         keys = [k for k in REPLAYED_KEYS if other.get(k) != first.get(k)]
         if keys:
-            out.append(f"param_groups[{i}]: " + ", ".join(f"{k} {other.get(k)} (group 0: {first.get(k)})"
+            out.append(f"param_groups[{i}]: " + ", ".join(f"{k} {other.get(k)} (group {kept}: {first.get(k)})"
                                                           for k in keys))
     return out
 

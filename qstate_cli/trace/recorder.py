@@ -46,7 +46,6 @@ above it, or stops recording when an open-ended one reaches it.
 from __future__ import annotations
 
 import datetime as _dt
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +59,10 @@ from ..optim.registry import OPTIMIZERS
 from ..quant import hash as qhash
 from ..results import write_json_atomic
 from ..runtime import rank_and_world
-from .hparams import differing_groups, name_of, optimizer_hparams, optimizer_step
+from .groups import check_groups, recorded_hparams, select
+from .hparams import name_of, optimizer_step
 from .io import MANIFEST_TAG, save_trace
+from .notes import save_replacing, window_note
 from .partial import write_partial
 from .schema import BLOCK, GRAD_DTYPES, SAMPLING_STATE_ID, Trace, TraceTensor, recorded_elements
 
@@ -119,6 +120,8 @@ class Recorder:
     grad_dtype         "fp32" or "bf16";  record_params: also keep the parameters' values
     max_mib            size cap (see module docstring)
     partial            on Ctrl-C or an error, write the steps recorded so far (module docstring)
+    hparams            what the replay steps with (default: those of the parameter group holding the
+                       first recorded tensor, groups.py; a warning names other recorded groups that differ)
     """
 
     def __init__(self, optimizer=None, path=None, *, model=None, params=None, include: str | None = None,
@@ -145,24 +148,23 @@ class Recorder:
         self.grad_dtype = grad_dtype
         if optimizer is None and (params is None or optimizer_name is None):
             raise QstateError("Recorder needs an optimizer, or params= and optimizer_name= (then call capture())")
+        check_groups(optimizer)  # none (Lightning's stand-in): one line, not an IndexError
         plist = list(params) if params is not None else [p for g in optimizer.param_groups for p in g["params"]]
-        names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
-        inc, exc = _regex(include, "include"), _regex(exclude, "exclude")
+        chosen, group_meta = select(plist, model, include, exclude), {}
         self.name = optimizer_name or name_of(optimizer)
         if self.name not in OPTIMIZERS:  # found now, not when diagnose refuses the finished trace
             print(f"qstate: the replay steps {', '.join(OPTIMIZERS)}; this records {self.name!r}, which "
                   f"`qstate diagnose` will refuse: pass optimizer_name= naming the rule it follows", file=sys.stderr)
-        # without an optimizer and hparams=, the replay takes the named optimizer's defaults
-        self.hparams = dict(hparams) if hparams is not None else optimizer_hparams(optimizer) if optimizer else {}
+        # the group holding the first recorded tensor's (groups.py); without an optimizer and hparams=,
+        # the replay takes the named optimizer's defaults
+        self.hparams = (dict(hparams) if hparams is not None else
+                        recorded_hparams(optimizer, chosen, group_meta) if optimizer else {})
         self.seed = int(seed if seed is not None else self.hparams.get("seed", 0))
         self.rank, self.world = rank_and_world()
         self.sharded = self.world > 1 and any(sharding.is_dtensor(p) for p in plist)
         self.items: list[_Recorded] = []
         self.blocks_per_tensor = blocks_per_tensor
-        for i, p in enumerate(plist):
-            name = names.get(id(p), f"param{i}")
-            if (inc and not inc.search(name)) or (exc and exc.search(name)) or p.numel() == 0:
-                continue
+        for i, name, p in chosen:  # include/exclude applied (groups.py)
             if self.world > 1 and self.rank != 0 and not sharding.is_dtensor(p):
                 continue  # replicated (DDP, or unsharded under FSDP2): rank 0 records it
             blocks = sample_blocks(p.numel(), blocks_per_tensor, self.seed, i)
@@ -174,11 +176,6 @@ class Recorder:
             self.items.append(_Recorded(p, name, i, blocks, idx))
         if not self.items and not (self.world > 1 and self.rank != 0):
             raise QstateError("no parameters selected to record (check include/exclude)")
-        differ = differing_groups(optimizer, {id(r.param) for r in self.items}) if hparams is None and optimizer else []
-        if differ:  # the trace keeps group 0's hyper-parameters, and the replay steps every tensor with them
-            print(f"qstate: the trace keeps the first parameter group's hyper-parameters, and the replay steps "
-                  f"every recorded tensor with them; these groups differ: {'; '.join(differ)} (record them "
-                  f"apart, with include=/exclude=, to replay each with its own)", file=sys.stderr)
         self.n_rec = sum(r.n_recorded for r in self.items)
         self.row_mib = self.n_rec * self.dtype.itemsize / 2**20
         self.max_mib, self.steps, self.record_params = max_mib, steps, record_params
@@ -191,7 +188,8 @@ class Recorder:
         self.init: list = []
         self.done = False
         self.meta = {"source": "Recorder", "qstate": __version__, "argv": list(sys.argv),
-                     "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **(meta or {})}
+                     "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **group_meta,
+                     **(meta or {})}
         if self.world > 1:
             self.meta.update(rank=self.rank, world_size=self.world)
         self._hook = None
@@ -312,6 +310,7 @@ class Recorder:
             return
         if self.step_start is None:
             self.step_start = self.step
+            window_note(self)  # a start before this run's first step (a resumed run): said on stderr
             self._sample_live_blocks()
             if self.record_params:
                 self.init = [_pick(sharding.local_tensor(r.param.detach()), r.elements, torch.float32)
@@ -374,7 +373,7 @@ class Recorder:
     def save(self, path) -> None:
         """Write this rank's recording (file_for(path)); nothing on a DDP rank other than 0."""
         if self.writes:
-            self.written = save_trace(self.trace(), self.file_for(path))
+            self.written = save_replacing(self.trace(), self.file_for(path))  # says what it replaces
 
 
 def _shard_item(p, name: str, index: int, blocks: torch.Tensor) -> _Recorded:
@@ -391,15 +390,6 @@ def _shard_item(p, name: str, index: int, blocks: torch.Tensor) -> _Recorded:
 
 def _names(names: list[str]) -> str:
     return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-
-
-def _regex(pattern: str | None, what: str):
-    if not pattern:
-        return None
-    try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise QstateError(f"{what}={pattern!r} is not a regular expression ({exc})") from None
 
 
 def _pick(t: torch.Tensor, idx, dtype) -> torch.Tensor:

@@ -7,7 +7,10 @@ started on the optimizer the trainer built and written when training ends, stops
     session.finish(type(exc))         # on Ctrl-C or an error: the steps so far (trace/partial.py)
 
 The options are the Recorder's (trace/recorder.py: include, exclude, blocks_per_tensor,
-start, steps, seed, grad_dtype, record_params, max_mib). The optimizer a trainer hands over
+start, steps, seed, grad_dtype, record_params, max_mib, hparams, optimizer_name). A run
+with no optimizer to record (None, or Lightning's stand-in when configure_optimizers
+returns None: no parameter groups) gets one line on stderr, `qstate: no optimizer to
+record: nothing recorded`, and trains on. The optimizer a trainer hands over
 may be a wrapper (accelerate's AcceleratedOptimizer, which Hugging Face's Trainer uses);
 the Recorder hooks the torch optimizer inside it, whose `step` the wrapper calls only when
 it really steps (not on gradient-accumulation micro-steps, not on a step skipped for
@@ -17,6 +20,7 @@ its shard's elements into `path/rank<r>.pt`.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -25,7 +29,7 @@ from ..errors import QstateError
 from .recorder import Recorder
 
 RECORDER_OPTIONS = ("include", "exclude", "blocks_per_tensor", "start", "steps", "seed", "grad_dtype",
-                    "record_params", "max_mib")
+                    "record_params", "max_mib", "hparams", "optimizer_name")
 
 
 def unwrap_optimizer(optimizer):
@@ -46,6 +50,21 @@ def _is_plain(optimizer) -> bool:
         getattr(optimizer, "optimizer", None), torch.optim.Optimizer)
 
 
+def pick_optimizer(optimizers: list, index: int):
+    """optimizers[index] (None where there is none: the session says so); one line on stderr
+    where there are several (which one is recorded); a QstateError for an index past the end."""
+    if not optimizers:
+        return None
+    if index >= len(optimizers):
+        raise QstateError(f"optimizer={index}: this run has {len(optimizers)} optimizer"
+                          f"{'' if len(optimizers) == 1 else 's'} (optimizer=0..{len(optimizers) - 1})")
+    if len(optimizers) > 1:
+        other = 1 if index == 0 else 0
+        print(f"qstate: records optimizer {index} of {len(optimizers)} ({type(optimizers[index]).__name__}); "
+              f"optimizer={other} picks another (start/steps count that optimizer's steps)", file=sys.stderr)
+    return optimizers[index]
+
+
 class RecordingSession:
     """A Recorder's life inside a trainer (see module docstring)."""
 
@@ -59,9 +78,15 @@ class RecordingSession:
         self.written: Path | None = None
 
     def start(self, optimizer, model=None) -> None:
+        """Hook `optimizer` (a trainer's wrapper is unwrapped); None, or one with no parameter
+        groups (Lightning's stand-in for no optimizer): one line on stderr, nothing recorded."""
         if self.recorder is not None:
             return
-        self.recorder = Recorder(unwrap_optimizer(optimizer), self.path, model=model, **self.options).__enter__()
+        torch_optimizer = unwrap_optimizer(optimizer) if optimizer is not None else None
+        if torch_optimizer is None or not torch_optimizer.param_groups:
+            print("qstate: no optimizer to record: nothing recorded", file=sys.stderr)
+            return
+        self.recorder = Recorder(torch_optimizer, self.path, model=model, **self.options).__enter__()
 
     def finish(self, exc_type: type | None = None) -> Path | None:
         """Unhook and write the trace atomically (nothing when no step was recorded). Given
