@@ -23,6 +23,7 @@ from ..progress import QUIET, Progress
 from ..results import Result
 from .against import compare
 from .checks import Finding, check_optimizer, v_counts
+from .folders import FolderSource, open_folder
 from .safeload import load_checkpoint
 from .states import OptimizerStates, find_optimizers
 
@@ -34,8 +35,10 @@ class DoctorOptions(Options):
     COMMAND = "doctor"
 
     checkpoint: str | None = option(None, "Optimizer checkpoint: a torch.save file (optimizer.pt, a Lightning "
-                                          ".ckpt, a dict holding an optimizer state dict) or a "
-                                          "torch.distributed.checkpoint directory.", argument=True)
+                                          ".ckpt, a dict holding an optimizer state dict), a "
+                                          "torch.distributed.checkpoint directory, or a training-checkpoint "
+                                          "folder (Hugging Face checkpoint-N/: its optimizer.pt; accelerate: "
+                                          "optimizer.bin).", argument=True)
     against: str | None = option(None, "A second checkpoint of the same run (e.g. saved before, loaded after a "
                                        "resume): every state compared element-wise.", type=str)
     max_gib: float = option(32.0, "Refuse checkpoints larger than this (GiB), before reading them.",
@@ -52,11 +55,17 @@ class DoctorOptions(Options):
         return opts
 
 
-def read(path: str, max_gib: float) -> list[OptimizerStates]:
+def read(path: str, max_gib: float) -> tuple[list[OptimizerStates], FolderSource | None]:
+    """The optimizers of a checkpoint; of a training-checkpoint folder (Hugging Face Trainer's
+    checkpoint-N/, accelerate's save_state), its optimizer file's, shaped by the model's
+    safetensors header beside it, with what was read (folders.py)."""
     p = Path(path)
     if not p.exists():
         raise QstateError(f"{p}: no such checkpoint")
-    return find_optimizers(load_checkpoint(p, int(max_gib * 2**30)), str(p))
+    if p.is_dir() and not (p / ".metadata").is_file():
+        src = open_folder(p)
+        return find_optimizers(load_checkpoint(src.file, int(max_gib * 2**30)), str(src.file), src.shapes), src
+    return find_optimizers(load_checkpoint(p, int(max_gib * 2**30)), str(p)), None
 
 
 def execute(opts: DoctorOptions, progress: Progress | None = None) -> Result:
@@ -65,9 +74,13 @@ def execute(opts: DoctorOptions, progress: Progress | None = None) -> Result:
         raise QstateError("doctor needs a CHECKPOINT")
     if opts.max_gib <= 0:
         raise QstateError(f"--max-gib {opts.max_gib}: must be > 0")
-    optimizers = read(opts.checkpoint, opts.max_gib)
-    others = read(opts.against, opts.max_gib) if opts.against else None
+    optimizers, src = read(opts.checkpoint, opts.max_gib)
+    others, other_src = read(opts.against, opts.max_gib) if opts.against else (None, None)
     meta = {"checkpoint": opts.checkpoint, "against": opts.against}
+    sources = source_findings(optimizers, src, "") + source_findings(optimizers, other_src, opts.against, others)
+    for key, s in (("checkpoint_file", src), ("against_file", other_src)):
+        if s is not None:
+            meta[key] = str(s.file)
     result = Result("doctor", meta=meta, extras={"findings": []})
     progress.begin(sum(len(o.params) for o in optimizers), result)
     findings: list[Finding] = []
@@ -75,7 +88,7 @@ def execute(opts: DoctorOptions, progress: Progress | None = None) -> Result:
     if any(a != b for a, b in partners.items()):
         result.meta["paired"] = dict(partners)
     for opt in optimizers:
-        found = check_optimizer(opt) + tensor_findings(opt)
+        found = [f for f in sources if f.optimizer == opt.path] + check_optimizer(opt) + tensor_findings(opt)
         stats: dict[str, dict] = {}
         if others is not None:
             other = next(o for o in others if o.path == partners[opt.path])
@@ -97,6 +110,17 @@ def execute(opts: DoctorOptions, progress: Progress | None = None) -> Result:
                                     "groups": len(o.groups), "unstepped": len(o.unstepped)} for o in optimizers],
                        summary=summary(result.records, findings))
     return result
+
+
+def source_findings(optimizers: list[OptimizerStates], src: FolderSource | None, against: str | None,
+                    read_there: list[OptimizerStates] | None = None) -> list[Finding]:
+    """One `info` finding per optimizer where a checkpoint (or the --against one) was a
+    folder: which file in it was read, and what shaped and named its parameters."""
+    if src is None:
+        return []
+    note = src.note(read_there if read_there is not None else optimizers)
+    check, where = ("against-source", f"--against {against}: ") if against else ("source", "")
+    return [Finding("info", check, o.path, "all", -1, None, where + note) for o in optimizers]
 
 
 def pair_optimizers(mine: list[OptimizerStates], others: list[OptimizerStates], name: str,

@@ -1,6 +1,7 @@
 """Read an optimizer checkpoint without running code from it.
 
-Two kinds of input:
+Two kinds of input (and a training-checkpoint folder, read as the optimizer file in it:
+folders.py):
 
 - a `torch.save` file (`optimizer.pt`, a Lightning `.ckpt`, `{"model": ..., "optimizer":
   ...}`): it must be a zip archive (a legacy raw pickle is refused before torch sees it)
@@ -47,6 +48,7 @@ import torch
 from ..errors import QstateError
 from ..trace.plain import tensor_problem
 from .dcpmeta import check_metadata, item_file, size_text, unflatten
+from .folders import open_folder, pass_instead, what_file
 
 DEFAULT_MAX_BYTES = 32 * 2**30
 
@@ -78,8 +80,8 @@ def load_checkpoint(path, max_bytes: int = DEFAULT_MAX_BYTES):
     """The checkpoint's contents (nested dicts/lists of tensors and plain values)."""
     path = Path(path)
     if path.is_dir():
-        if not (path / ".metadata").is_file():
-            raise QstateError(f"{path}: a folder, but not a torch.distributed.checkpoint directory (no .metadata)")
+        if not (path / ".metadata").is_file():  # a training-checkpoint folder: its optimizer file (folders.py)
+            return load_checkpoint(open_folder(path).file, max_bytes)
         return load_dcp(path, max_bytes)
     if not path.exists():
         raise QstateError(f"{path}: no such checkpoint")
@@ -92,6 +94,9 @@ def load_checkpoint(path, max_bytes: int = DEFAULT_MAX_BYTES):
         with path.open("rb") as fh:
             if fh.read(4) == b"PK\x03\x04":  # starts like a zip, but its directory (at the end) is gone
                 raise QstateError(f"{path}: corrupt or truncated checkpoint (a zip archive without its directory)")
+        what = what_file(path)  # a file of a checkpoint folder that is not its optimizer (folders.py)
+        if what:
+            raise QstateError(f"{path}: {what}: {pass_instead(path)}")
         raise QstateError(f"{path}: not a torch.save zip archive (raw pickles are refused because loading them "
                           f"can run code)")
     with path.open("rb") as fh:

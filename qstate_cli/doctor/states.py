@@ -32,7 +32,8 @@ Who stored what (read here without importing any of them; decode.py reads each b
 
 A parameter's shape is its states' where they keep it (torch, torchao, the per-element
 form); qstate's flat codes do not, so where the file also holds a model's state dict (a
-dict of named tensors, e.g. `{"model": ..., "optimizer": ...}`) the shape is taken from it:
+dict of named tensors, e.g. `{"model": ..., "optimizer": ...}`), or a checkpoint folder a
+model.safetensors (folders.py), the shape is taken from it:
 by the parameter's name, else the one shape the model's tensors of that many elements
 have. Otherwise only the element count is known (`shape_known` False).
 """
@@ -113,15 +114,18 @@ class OptimizerStates:
         return "" if not named else "mixed" if len(named) > 1 else "name" if named.pop() else "index"
 
 
-def find_optimizers(obj, source: str) -> list[OptimizerStates]:
-    """Every optimizer state dict in a loaded checkpoint (see module docstring)."""
+def find_optimizers(obj, source: str, model_shapes: dict | None = None) -> list[OptimizerStates]:
+    """Every optimizer state dict in a loaded checkpoint (see module docstring); `model_shapes`
+    ({name: shape}, e.g. a model.safetensors header beside it: folders.py) adds to the model
+    state dicts found in the file."""
     found, models = [], []
     _walk(obj, (), found, models, depth=0)
     if not found:
         raise QstateError(f"{source}: holds no optimizer state dict (a dict with 'state' and 'param_groups')")
     optimizers = [read_optimizer(sd, path, source) for path, sd in found]
-    if models:
-        shapes = {name: tuple(t.shape) for m in models for name, t in m.items() if not t.is_nested}  # no shape
+    shapes = {**(model_shapes or {}),
+              **{name: tuple(t.shape) for m in models for name, t in m.items() if not t.is_nested}}  # no shape
+    if shapes:
         for o in optimizers:
             for p in o.params:
                 if not p.shape_known:
