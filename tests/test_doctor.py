@@ -245,7 +245,7 @@ def test_hostile_and_broken_files_exit_2_and_run_nothing(tmp_path, ckpts):
     data = (d / "healthy.pt").read_bytes()
     (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
     torch.save({"model": {"w": torch.zeros(3)}}, tmp_path / "no_opt.pt")
-    cases = {"evil.pt": "refused", "raw.pkl": "not a torch.save zip", "cut.pt": "", "no_opt.pt": "no optimizer state",
+    cases = {"evil.pt": "refused", "raw.pkl": "a raw pickle, refused", "cut.pt": "", "no_opt.pt": "no optimizer state",
              "missing.pt": "no such checkpoint"}
     for name, words in cases.items():
         r = doctor(tmp_path / name)

@@ -46,6 +46,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 import torch
 
 from ..errors import QstateError
+from ..trace.io import not_zip_reason
 from ..trace.plain import tensor_problem
 from .dcpmeta import check_metadata, item_file, size_text, unflatten
 from .folders import open_folder, pass_instead, what_file
@@ -97,8 +98,7 @@ def load_checkpoint(path, max_bytes: int = DEFAULT_MAX_BYTES):
         what = what_file(path)  # a file of a checkpoint folder that is not its optimizer (folders.py)
         if what:
             raise QstateError(f"{path}: {what}: {pass_instead(path)}")
-        raise QstateError(f"{path}: not a torch.save zip archive (raw pickles are refused because loading them "
-                          f"can run code)")
+        raise QstateError(f"{path}: {not_zip_reason(path)}")
     with path.open("rb") as fh:
         obj = _torch_load(fh, str(path))
     return _whole_tensors(obj, str(path))

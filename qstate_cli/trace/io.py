@@ -142,6 +142,19 @@ def _cut(t: Trace, lo: int, hi: int) -> Trace:
     return Trace(t.optimizer, t.hparams, t.seed, lo, hi - lo, t.grad_dtype, tensors, dict(t.meta), t.source)
 
 
+def not_zip_reason(path: Path) -> str:
+    """Why a file that is not a zip archive is not read: a raw pickle (protocol 2+ starts with
+    0x80) is refused because loading it can run code; anything else is not a torch.save file."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(1)
+    except OSError:
+        head = b""
+    if head == b"\x80":
+        return "a raw pickle, refused because loading one can run code; torch.save writes a zip archive"
+    return "not a torch.save zip archive"
+
+
 def _load_file(path: Path) -> Trace:
     if path.stat().st_size == 0:
         raise QstateError(f"{path}: empty file, not a trace")
@@ -149,8 +162,7 @@ def _load_file(path: Path) -> Trace:
         with open(path, "rb") as fh:
             if fh.read(4) == b"PK\x03\x04":
                 raise QstateError(f"{path}: corrupt or truncated trace (a zip archive without its directory)")
-        raise QstateError(f"{path}: not a qstate trace (not a torch.save zip archive; "
-                          f"raw pickles are refused because loading them can run code)")
+        raise QstateError(f"{path}: not a qstate trace ({not_zip_reason(path)})")
     check_archive(path)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
