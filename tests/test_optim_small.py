@@ -90,11 +90,17 @@ def test_small_tensors_step_together_as_the_reference_steps_them_one_by_one(name
     ref = build(ref_ps, backend="reference", reset=3)
     opt = build(ps, backend="auto", reset=3)
 
-    def one_by_one(*args):
-        raise AssertionError("a small tensor stepped alone")
+    def alone_only_fp64(o):  # an fp64 parameter steps alone: the reference updates it in fp64
+        original = o._step_param
 
-    monkeypatch.setattr(opt, "_step_param", one_by_one)
-    assert all(small.steps_together(opt, opt.param_groups[0], p) for p in ps)
+        def one_by_one(group, p, tensor_id):
+            assert p.dtype == torch.float64, "a small tensor stepped alone"
+            return original(group, p, tensor_id)
+
+        monkeypatch.setattr(o, "_step_param", one_by_one)
+
+    alone_only_fp64(opt)
+    assert [small.steps_together(opt, opt.param_groups[0], p) for p in ps] == [p.dtype != torch.float64 for p in ps]
     for step in range(1, 9):
         _grads(ref_ps, step)
         _grads(ps, step)
@@ -105,7 +111,7 @@ def test_small_tensors_step_together_as_the_reference_steps_them_one_by_one(name
             torch.save(opt.state_dict(), buf)
             buf.seek(0)
             opt = build(ps, backend="auto", reset=3)
-            monkeypatch.setattr(opt, "_step_param", one_by_one)
+            alone_only_fp64(opt)
             opt.load_state_dict(torch.load(buf, weights_only=True))
         for a, b in zip(ref_ps, ps):
             assert torch.equal(_bits(a), _bits(b)), f"step {step}, parameter {tuple(a.shape)}"

@@ -47,7 +47,7 @@ from ..errors import QstateError
 from ..quant.config import MIN_QUANT_NUMEL, STATE_IDS, StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
-from . import aliasing, collectives, fused, sharded_state, sharding, small, steady
+from . import aliasing, collectives, fused, guards, hparams, sharded_state, sharding, small, steady
 from .checkpoint import check_saved, state_problem, to_device
 from .spec_checks import check_state_spec
 from .reset import ResetPolicy
@@ -75,6 +75,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, defaults: dict, states="bred-4bit", reset=None, seed: int = 0,
                  min_quant_numel: int = MIN_QUANT_NUMEL, backend: str = "auto"):
+        hparams.check(defaults, ValueError)  # as torch.optim's constructors (optim/hparams.py)
         defaults = dict(defaults, states=parse_config(states), seed=int(seed), min_quant_numel=int(min_quant_numel))
         for name in self.state_names:  # a configuration without a spec for one of them fails here, not at step 1
             check_state_spec(type(self).__name__, name, defaults["states"].spec(name))
@@ -154,14 +155,19 @@ class QuantizedOptimizer(torch.optim.Optimizer):
 
     # ---- configuration -------------------------------------------------------------
     def add_param_group(self, param_group: dict) -> None:
-        """As torch's; a group's `states` is held parsed (a StateConfig; a name is parsed here, once)."""
+        """As torch's, checked (optim/guards.py); its `states` held parsed (a name is parsed here, once)."""
         if "states" in param_group:
             param_group["states"] = parse_config(param_group["states"])
         super().add_param_group(param_group)
+        guards.check_new_group(self)  # the group just added (taken out again where refused)
         self.__dict__.pop(collectives.AGREED, None)  # checked across ranks again at the next step
 
     def config(self, group) -> StateConfig:
-        return group["states"]
+        states = group["states"]  # a name set by hand: parsed (base.step stores it parsed: optim/guards.py)
+        return states if isinstance(states, StateConfig) else parse_config(states)
+
+    __getstate__ = guards.getstate  # copies and pickles keep backend, reset_policy, ...; no caches
+    __setstate__ = guards.setstate
 
     def spec_for(self, group, p: torch.Tensor, name: str) -> StateSpec:
         if p.numel() < group["min_quant_numel"]:
@@ -273,13 +279,8 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         collectives.agree_once(self)  # sharded parameters: every rank the same configuration (first step)
         ids = self.tensor_ids()
         ready = [steady.ready(self, group, ids) for group in self.param_groups]  # each as its last step?
-        if any(r is None for r in ready):  # (a recorded parameter is no DTensor, its gradient dense)
-            if any(p.grad is not None and p.grad.is_sparse for g in self.param_groups for p in g["params"]):
-                # what torch.optim.AdamW says, before any parameter or state is touched
-                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients (e.g. "
-                                   "nn.Embedding(sparse=True)); use dense gradients or torch.optim.SparseAdam")
-            if not self.steps_shards:
-                self._refuse_shards()
+        if any(r is None for r in ready):  # before anything is written: sparse gradients, states that no
+            guards.before_routed_step(self, ready)  # longer fit, changed formats, DTensors for Muon (guards.py)
         for group, whole in zip(self.param_groups, ready):
             if whole is not None:  # as its last step, nothing routed
                 steady.step_ready(self, group, whole)
@@ -330,7 +331,8 @@ class QuantizedOptimizer(torch.optim.Optimizer):
             x_hat["v"] = x_hat["v"].clamp(min=0.0)  # a dithered v read back below 0
         first = {name: q.written == 0 for name, q in states.items()}
         local = sharding.local_tensor(p.detach())
-        p32, new = self.update(group, local.to(torch.float32), g, x_hat, since, first)
+        p_in = local if local.dtype == torch.float64 else local.to(torch.float32)  # fp64: updated in fp64
+        p32, new = self.update(group, p_in, g, x_hat, since, first)
         for name, q in states.items():
             q.encode(new[name], step)
             st[name] = q.to_tensors()
@@ -387,7 +389,8 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         group's `states` name is parsed back into a StateConfig, once. A state that does not
         fit its parameter (another size, block size or format; damaged) is a ValueError, and
         then nothing is replaced (optim/checkpoint.py)."""
-        check_saved(state_dict, self.param_groups, type(self).__name__, optional=self.later_hparams)
+        check_saved(state_dict, self.param_groups, type(self).__name__, optional=self.later_hparams,
+                    keeps=(self.defaults, self.state_names))
         sd = copy.deepcopy(state_dict)
         sd["param_groups"] = [{**self.later_hparams, **g} for g in sd["param_groups"]]
         saved_state = sd.pop("state")
@@ -415,8 +418,5 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         except BaseException:
             self.__dict__.update(before)
             raise
-        self.__dict__.pop("_kernel_batches", None)  # launch tables hold the old addresses
-        self.__dict__.pop("_plans", None)  # fused.SteadyPlan: the old groups and states
-        self.__dict__.pop("_wholes", None)  # steady.WholeGroup: the same
-        self.__dict__.pop(collectives.AGREED, None)  # the loaded configuration: checked at the next step
+        guards.drop_caches(self)  # launch tables, plans, records: the old addresses, groups and states
 

@@ -11,23 +11,33 @@ the parameter, the state and what differs, before anything is replaced.
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ..quant.config import StateSpec
 from ..quant.state import empty_storage
 
 COUNTERS = ("step", "since_reset")
+NOT_HPARAMS = ("self", "params", "defaults", "states", "reset", "seed", "min_quant_numel", "backend")
+KNOWN: dict = {}  # optimizer class name -> (its hyper-parameter names, state names): filled by optim/registry.py
 HOST_KEYS = ("step", "since_reset", "written")  # step counters live on the host: reading them never syncs
 
 
-def check_saved(state_dict, groups: list[dict] | None = None, name: str = "this optimizer", optional=()) -> None:
+def check_saved(state_dict, groups: list[dict] | None = None, name: str = "this optimizer", optional=(),
+                keeps: tuple | None = None) -> None:
     """Refuse what is not a qstate optimizer's state_dict, or one whose groups lack a
     hyper-parameter the optimizer's own `groups` hold (another optimizer's: a Lion
     checkpoint has no SGD momentum), before anything is loaded; `optional` names those a
-    checkpoint saved before they existed may lack (QuantizedOptimizer.later_hparams)."""
+    checkpoint saved before they existed may lack (QuantizedOptimizer.later_hparams).
+    `keeps` (the optimizer's hyper-parameter names, its state names) refuses a checkpoint
+    holding what another qstate optimizer keeps and this one does not: a group's hyper-parameter
+    (an AdamW checkpoint's eps loaded into Lion) or a parameter's state (AdamW's v); a user's
+    own group keys ("name") stay allowed."""
     if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= state_dict.keys():
         raise ValueError("load_state_dict: not an optimizer's state_dict (it needs 'state' and 'param_groups'; "
                          "a model's state_dict, or a checkpoint holding both, is not one)")
+    hp_owners, state_owners = _owners() if keeps is not None else ({}, {})
     for i, g in enumerate(state_dict["param_groups"]):
         if not isinstance(g, dict) or "states" not in g:
             raise ValueError(f"load_state_dict: param_groups[{i}] names no 'states': not the state_dict of a qstate "
@@ -37,6 +47,47 @@ def check_saved(state_dict, groups: list[dict] | None = None, name: str = "this 
         if missing:
             raise ValueError(f"load_state_dict: param_groups[{i}] has no {', '.join(map(repr, missing))}, which "
                              f"{name} keeps: the state_dict of another optimizer")
+        foreign = [k for k in g if k in hp_owners and k not in keeps[0]]
+        if foreign:
+            raise ValueError(f"load_state_dict: param_groups[{i}] holds {', '.join(map(repr, foreign))}, which "
+                             f"{name} does not take: the state_dict of {_whose(hp_owners, foreign)}")
+    for key, value in state_dict["state"].items() if keeps is not None and isinstance(state_dict["state"], dict) else ():
+        foreign = [k for k in value if k in state_owners and k not in keeps[1]] if isinstance(value, dict) else []
+        if foreign:
+            raise ValueError(f"load_state_dict: the state of parameter {key!r} holds {', '.join(map(repr, foreign))}, "
+                             f"which {name} does not keep: the state_dict of {_whose(state_owners, foreign)}")
+
+
+def _owners() -> tuple[dict, dict]:
+    """({hyper-parameter: the qstate optimizers that take it}, {state name: those that keep it})
+    over KNOWN (the registry's optimizers)."""
+    hp, states = {}, {}
+    for name, (keys, names) in KNOWN.items():
+        for key in keys:
+            hp.setdefault(key, []).append(name)
+        for key in names:
+            states.setdefault(key, []).append(name)
+    return hp, states
+
+
+def know(cls) -> None:
+    """Add cls (a qstate optimizer of optim/registry.py, which calls this) to KNOWN."""
+    KNOWN[cls.__name__] = (init_keys(cls), cls.state_names)
+
+
+def init_keys(cls) -> list:
+    """The keywords cls's constructor takes, with its base's where it passes **kw on (Adam)."""
+    params = inspect.signature(cls.__init__).parameters
+    keys = [k for k, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and k not in NOT_HPARAMS]
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()) and cls.__mro__[1] is not object:
+        keys += [k for k in init_keys(cls.__mro__[1]) if k not in keys]
+    return keys
+
+
+def _whose(owners: dict, keys: list) -> str:
+    """The optimizers that hold every one of `keys` (what the checkpoint looks like)."""
+    names = [n for n in owners[keys[0]] if all(n in owners[k] for k in keys)] or owners[keys[0]]
+    return " or ".join(dict.fromkeys(names))
 
 
 def to_device(key, value, device):

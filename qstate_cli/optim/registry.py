@@ -21,12 +21,11 @@ notes) and the recorder's names (a trace of torch.optim.AdamW replays as "adamw"
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass
 
-from ..errors import QstateError, clip
+from ..errors import QstateError
 from ..quant.formats import suggest
-from . import rules
+from . import checkpoint, hparams
 from .base import QuantizedOptimizer
 from .optimizers import SGD, Adam, AdamW, Lion, Muon
 
@@ -49,33 +48,11 @@ class OptimizerInfo:
         return {**defaults, **(given or {})}
 
     def check_hparams(self, given: dict) -> None:
-        """Refuse hyper-parameters no run can have (QstateError naming the first): lr, eps,
-        weight_decay finite with lr >= 0, eps > 0, weight_decay >= 0; betas two numbers
-        in [0, 1); momentum in [0, 1), dampening in [0, 1]; nesterov, maximize, decoupled
-        true or false; Muon's ns_steps in [0, 100), ns_coefficients three numbers, adjust_lr_fn
-        "original" or "match_rms_adamw". A beta of 1 would make the EMA never move (and 1/(1-beta) infinite);
-        names the optimizer does not take (amsgrad, foreach, ...) are left alone."""
-        hp = dict(given)
-        for key, low, high, closed in (("lr", 0.0, math.inf, True), ("eps", 0.0, math.inf, False),
-                                       ("weight_decay", 0.0, math.inf, True), ("momentum", 0.0, 1.0, True),
-                                       ("dampening", 0.0, 1.0, True)):
-            if key in hp:
-                _number(key, hp[key], low, high, closed, high_open=key == "momentum")
-        if "betas" in hp:
-            betas = hp["betas"]
-            if not isinstance(betas, (list, tuple)) or len(betas) != 2:
-                raise QstateError(f"hparams betas {betas!r}: give two numbers (beta1, beta2)")
-            for b in betas:
-                _number("betas", b, 0.0, 1.0, True, high_open=True, whole=betas)
-        for key in ("nesterov", "maximize", "decoupled"):
-            if key in hp and not isinstance(hp[key], bool):
-                raise QstateError(f"hparams {key} {hp[key]!r}: must be true or false")
-        if {"ns_steps", "ns_coefficients", "adjust_lr_fn"} & set(hp):  # Muon's Newton-Schulz settings
-            try:
-                rules.check_newton_schulz(hp.get("ns_steps", 5), hp.get("ns_coefficients", rules.NS_COEFFS),
-                                          hp.get("eps", 1e-7), hp.get("adjust_lr_fn"))
-            except ValueError as exc:
-                raise QstateError(f"hparams {exc}") from None
+        """Refuse hyper-parameters no run can have (QstateError naming the first): the rule
+        the optimizers' constructors apply too (optim/hparams.py: lr >= 0, eps > 0, betas in
+        [0, 1), SGD's Nesterov needs momentum and no dampening, ...); names the optimizer does
+        not take (amsgrad, foreach, ...) are left alone."""
+        hparams.check(given, QstateError)
 
     def betas(self, given: dict | None = None) -> dict[str, float]:
         """{state: the EMA beta that sets its memory} under these hyper-parameters."""
@@ -93,18 +70,8 @@ OPTIMIZERS: dict[str, OptimizerInfo] = {info.name: info for info in (
     OptimizerInfo("sgd", SGD, 0.3),
     OptimizerInfo("muon", Muon, 0.02),
 )}
-
-
-def _number(key: str, value, low: float, high: float, low_closed: bool, high_open: bool = False, whole=None):
-    shown = clip(f"{key} {whole if whole is not None else value!r}")
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2 ** 1023:  # past any float
-        raise QstateError(f"hparams {shown}: must be a finite number")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise QstateError(f"hparams {shown}: must be a finite number")
-    if value < low or (value == low and not low_closed) or value > high or (value == high and high_open):
-        lo, hi = "[" if low_closed else "(", ")" if high_open or high == math.inf else "]"
-        each = "each beta " if whole is not None else ""
-        raise QstateError(f"hparams {shown}: {each}must be in {lo}{low:g}, {high:g}{hi}")
+for _info in OPTIMIZERS.values():  # what a checkpoint of each holds (optim/checkpoint.py: another optimizer's)
+    checkpoint.know(_info.cls)
 
 
 def optimizer_info(name: str) -> OptimizerInfo:

@@ -73,8 +73,8 @@ def _pass_takes(opt, specs: list) -> bool:
 
 def steps_together(opt, group, p: torch.Tensor) -> bool:
     """True if p (routed to the reference) can step in a pass with the group's other such tensors."""
-    if opt.backend == "reference" or p.device.type != "cpu" or p.numel() == 0:
-        return False
+    if opt.backend == "reference" or p.device.type != "cpu" or p.numel() == 0 or p.dtype == torch.float64:
+        return False  # (an fp64 parameter: the reference updates it in fp64, base._step_param)
     if sharding.is_dtensor(p):
         return False
     return all(elementwise(opt.spec_for(group, p, n)) for n in opt.state_names)
