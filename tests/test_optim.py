@@ -449,8 +449,11 @@ def test_specs_that_train_badly_are_warned_of_and_the_hint_names_a_good_one():
     with pytest.raises(QstateError, match="v=lin4nz:bred:b128, as the 4-bit presets keep it") as hint:
         qoptim.AdamW([w], states="m=int4:bred:b128")
     assert "bare spec" not in str(hint.value)
-    with pytest.warns(UserWarning, match="AdamW v=int4:bred:b128: a 4-bit linear grid has a zero level"):
+    with pytest.warns(UserWarning, match=r"AdamW v=int4:bred:b128: a 4-bit linear grid with a zero level \(int4\)"):
         qoptim.AdamW([w], states="int4:bred:b128")
+    for spec, fmt in (("fp4", "e2m2"), ("m=de4:nearest:b128,v=de4u:nearest:b128", "de4u")):  # the demo: 601, 31
+        with pytest.warns(UserWarning, match=rf"v={fmt}:nearest:b128: a 4-bit \w+ grid with a zero level \({fmt}\)"):
+            qoptim.AdamW([w], states=spec)
     with pytest.warns(UserWarning, match="Lion m=lin4nz:bred:b128: lin4nz is unsigned.*negative values are lost"):
         qoptim.Lion([w], states="m=lin4nz:bred:b128")
     import warnings
