@@ -345,7 +345,7 @@ def test_a_verdict_whose_timing_rows_are_all_noisy_says_timing_was_not_judged(tm
     assert some.notes == ["1 of 3 timing rows could not be judged (1 timed on a shared CPU with cpu share below "
                           "0.75): status noisy, no verdict either way on their times",
                           "2 timing rows judged by separation of 3 rounds, each with a 1-in-20 chance of calling "
-                          "identical code slower: about 0.1 false regressions expected between identical code; "
+                          "identical code slower: about 0.1 false regressions expected between identical code if the machine keeps its speed from run to run (more where it drifts); "
                           "--rounds 5 makes it 1 in 252 a row"]
     assert "timing not judged" not in verdict_markdown(some).splitlines()[0]
     assert compare_docs([_diag()], [_diag()]).notes == []  # no timing rows: nothing to say

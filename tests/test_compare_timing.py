@@ -6,6 +6,7 @@ rows without rounds, runs on other machines or settings, and row names that grep
 Each test builds two results documents with chosen rounds, ratios and env blocks."""
 import html
 import math
+import random
 import re
 from statistics import median
 
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 from qstate_cli.cli import app
 from qstate_cli.compare import code_span, compare_docs, verdict_markdown
 from qstate_cli.compare.ab import ABOptions, verdict as ab_verdict
-from qstate_cli.compare.noise import judge_paired, rank_p
+from qstate_cli.compare.noise import judge_paired, rank_p, sign_p
 
 runner = CliRunner()
 ENV = {"device": "cpu", "device_name": "AMD EPYC", "cpu_count": 2, "torch_threads": 2, "cpu_isa": "AVX512",
@@ -134,7 +135,7 @@ def test_ab_reports_the_one_sided_sign_test_and_no_alpha():
     meta = v.document()["meta"]
     assert "alpha" not in meta and "one-sided sign test of the 5 paired round ratios" in meta["timing_test"]
     assert ("1 timing row judged by all 5 paired rounds of one sign, with a 1-in-32 chance of calling identical code "
-            "slower: about 0.031 false regressions expected between identical code; --rounds 8 makes it 1 in 256 "
+            "slower: about 0.031 false regressions expected between identical code if the machine keeps its speed from run to run (more where it drifts); --rounds 8 makes it 1 in 256 "
             "a row") in v.notes
     assert "A/B in one process: 5 paired rounds per size; cpu share 1.00" in v.notes
     files = compare_docs([kdoc([krow("k", [1.0, 1.01, 0.99])])], [kdoc([krow("k", [1.0, 1.01, 0.99])])])
@@ -156,13 +157,13 @@ def test_the_notes_give_the_false_regressions_expected_between_identical_code():
     v = compare_docs(*map(lambda d: [d], _aa(15)))
     assert {r["status"] for r in v.records} == {"same"}
     assert v.notes == ["15 timing rows judged by separation of 3 rounds, each with a 1-in-20 chance of calling "
-                       "identical code slower: about 0.75 false regressions expected between identical code; "
+                       "identical code slower: about 0.75 false regressions expected between identical code if the machine keeps its speed from run to run (more where it drifts); "
                        "--rounds 5 makes it 1 in 252 a row"]
     assert v.document()["meta"]["notes"] == v.notes
     assert "- 15 timing rows judged by separation of 3 rounds" in verdict_markdown(v)
     five = compare_docs(*map(lambda d: [d], _aa(60, rounds=5)))
     assert five.notes == ["60 timing rows judged by separation of 5 rounds, each with a 1-in-252 chance of calling "
-                          "identical code slower: about 0.24 false regressions expected between identical code"]
+                          "identical code slower: about 0.24 false regressions expected between identical code if the machine keeps its speed from run to run (more where it drifts)"]
     mixed = compare_docs(*map(lambda d: [d], _aa(4, rounds=3, base_rounds=5)))
     assert mixed.notes[0].startswith("4 timing rows judged by separation of 5 vs 3 rounds, each with a 1-in-56 ")
     noisy = [dict(r, cpu_share=0.3) for r in _aa(3)[1]["records"]]  # not judged: nothing to expect
@@ -255,3 +256,28 @@ def test_a_pipe_in_a_row_name_stays_in_its_cell():
     cells = re.split(r"(?<!\\)\|", row)[1:-1]  # GFM splits a row at the pipes not escaped
     assert len(cells) == head.count("|") - 1 == 11
     assert cells[1].strip() == "`kernels: evil \\| @octocat [reference] fp32 n=65536 @cpu`"
+
+
+def test_rank_p_counts_exactly_up_to_a_bound_then_takes_the_normal_approximation():
+    """A results file's rounds are not bounded: counted exactly, 1000 rounds a side cost about
+    two minutes a row; past EXACT_MAX (Rb * Rn) the p is scipy's asymptotic one."""
+    from scipy.stats import mannwhitneyu
+
+    from qstate_cli.compare.noise import EXACT_MAX
+
+    rng = random.Random(7)
+    small_b, small_n = [rng.random() for _ in range(6)], [rng.random() + 0.3 for _ in range(7)]
+    exact = mannwhitneyu(small_n, small_b, alternative="greater", method="exact").pvalue
+    assert rank_p(small_b, small_n, True) == pytest.approx(exact, abs=1e-12)
+    big = int(EXACT_MAX ** 0.5) + 1
+    big_b, big_n = [rng.random() for _ in range(big)], [rng.random() + 0.05 for _ in range(big)]
+    approx = mannwhitneyu(big_n, big_b, alternative="greater", method="asymptotic").pvalue
+    assert rank_p(big_b, big_n, True) == pytest.approx(approx, rel=1e-9)
+
+
+def test_sign_p_drops_ties_as_the_sign_test_does():
+    from scipy.stats import binomtest
+
+    q = [1.0, 1.1, 1.2]  # one tie, two slower: the test of 2 of 2
+    assert sign_p(q, True) == pytest.approx(binomtest(2, 2, alternative="greater").pvalue)
+    assert sign_p([1.0, 1.0], True) == 1.0

@@ -90,8 +90,8 @@ def chance_notes(records: list[dict]) -> list[str]:
             hint = "; --rounds 5 makes it 1 in 252 a row"
         elif any(t == "paired" and rb < 8 for t, rb, _ in groups):
             hint = "; --rounds 8 makes it 1 in 256 a row"
-        notes.append(f"{what}: about {expected:.2g} false regression{'s' * (expected != 1)} expected "
-                     f"between identical code{hint}")
+        notes.append(f"{what}: about {expected:.2g} false regression{'s' * (expected != 1)} expected between "
+                     f"identical code if the machine keeps its speed from run to run (more where it drifts){hint}")
     samples = sum(r.get("test") == "samples" for r in judged)
     if samples:
         notes.append(f"{_rows(samples)} without rounds (older files, or `bench kernels --rounds 1`) judged by "
