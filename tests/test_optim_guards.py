@@ -129,6 +129,22 @@ def test_a_state_format_changed_after_states_exist_is_refused(backend, change):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("new", ["nearest-4bit", "nearest-8bit"])  # the same storage as bred-4bit's, and another
+def test_a_group_dict_replaced_by_one_with_another_format_is_refused(backend, new):
+    """The group-level record cannot see a new dict; the per-parameter specs can (a review
+    found nearest-4bit stepped bred-4bit's codes without their dither, silently)."""
+    opt, (a, p, b) = two_groups(AdamW, backend)
+    opt.param_groups[1] = dict(opt.param_groups[1], states=new)
+    for t in (a, p, b):
+        t.grad = torch.randn_like(t)
+    before = snapshot(opt, (a, p, b))
+    with pytest.raises(RuntimeError, match=r"parameter 0 of group 1: its state format changed after its state was "
+                                           r"made \(m: int4:bred:b128 -> int\d:nearest"):
+        opt.step()
+    assert same(snapshot(opt, (a, p, b)), before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_configuration_change_that_keeps_every_format_steps_on(backend):
     """The same preset given again as a name (parsed, not an AttributeError), and a
     min_quant_numel every parameter stays above, change no state's format."""

@@ -25,6 +25,8 @@ any parameter or state is written:
     a parameter that changed size (p.data = a tensor of another size) or whose gradient has
     another size than it: RuntimeError naming the parameter, its group and both sizes (the
                            kernels trust the stored sizes; the reference raised a shape error)
+    a parameter whose state specs changed since they were checked (a group dict replaced
+    by another with other `states`, which the group-level record cannot see): RuntimeError
 
 The size check is one comparison per parameter while the parameter and its state dict are the
 ones the last routed step checked (FITS); a steady step (optim/steady.py) skips it: its
@@ -49,7 +51,7 @@ from . import collectives, hparams, sharding
 TORCH_ONLY = ("maximize", "amsgrad", "capturable", "differentiable", "foreach", "fused")
 HINTS = {"maximize": "step on the negated loss instead", "amsgrad": "use plain AdamW / Adam",
          "differentiable": "the step runs under torch.no_grad", "capturable": "the step is not CUDA-graph capturable"}
-FITS = "_state_fits"  # optimizer.__dict__: id(p) -> (numel, state dict or None: made then, group) as checked
+FITS = "_state_fits"  # optimizer.__dict__: id(p) -> (numel, state dict or None: made then, group, its state specs)
 MADE = "_made_with"  # optimizer.__dict__: id(group) -> (group, states, min_quant_numel) its states were made with
 CACHES = ("_kernel_batches", "_plans", "_wholes", "_routes", "_counter_tensors", "_kernel_workspaces", FITS,
           collectives.AGREED)  # what holds addresses or ids: dropped by load_state_dict and copies
@@ -120,13 +122,22 @@ def before_routed_step(opt, ready: list) -> None:
             st = state.get(p) or None  # None: made at this step, for this size
             known = fits.get(id(p))
             if known is None or known[1] is not st or known[0] != n or known[2] is not group:
+                specs = tuple(opt.spec_for(group, p, name) for name in opt.state_names)
                 if st is not None:
+                    if known is not None and known[1] in (st, None) and known[0] == n and known[3] != specs:
+                        # a group dict replaced (a size change, which also moves min_quant_numel's spec, is below)
+                        changed = ", ".join(f"{name}: {a} -> {b}" for name, a, b in zip(opt.state_names, known[3],
+                                                                                          specs) if a != b)
+                        raise RuntimeError(f"parameter {j} of group {i}: its state format changed after its state "
+                                           f"was made ({changed}): a parameter's state format is fixed once it has "
+                                           "states; build a new optimizer, or remove its state (del opt.state[p]) "
+                                           "first")
                     made = known[0] if known is not None and (known[1] is st or known[1] is None) else None
                     problem = _misfit(opt, group, p, st, made)
                     if problem:
                         raise RuntimeError(f"parameter {j} of group {i} {problem}: a parameter that changes size "
                                            "needs a new optimizer, or its state removed (del opt.state[p])")
-                known = (n, st, group)
+                known = (n, st, group, specs)
             checked[id(p)] = known
     opt.__dict__[FITS] = checked
     if not opt.steps_shards:
@@ -147,14 +158,10 @@ def _misfit(opt, group, p, st, made: int | None) -> str | None:
         want = _storage(spec, n)
         if (codes.dtype, codes.numel(), None if scales is None else scales.numel()) == want:
             continue
-        if made is not None:
+        if made is not None and made != n:
             return f"has {n:,} elements, its optimizer state was made for {made:,}"
-        if codes.dtype == want[0]:  # the size its codes hold (a 4-bit code byte: one element or two)
-            per = 8 // spec.fmt.bits if spec.fmt.kind != "identity" and spec.fmt.bits < 8 else 1
-            most = codes.numel() * per
-            return f"has {n:,} elements, its optimizer state was made for {most - per + 1:,}{f' to {most:,}' * (per > 1)}"
         return (f"has {n:,} elements, its optimizer state {name} holds {codes.numel():,} {codes.dtype} codes where "
-                f"{spec} needs {want[1]:,} {want[0]}")
+                f"{spec} needs {want[1]:,} {want[0]} (a state made for another size or format)")
     return None
 
 
