@@ -8,17 +8,27 @@ it over that file on success, so readers never see a half-written file, and:
 - a symlink's target is written, atomically; the link stays a link;
 - an existing output that is not a regular file (a character device such as /dev/null,
   a FIFO, a pipe such as /dev/fd/63) is opened and written where it is: replacing it with
-  a regular file would destroy it (as root, /dev/null itself).
+  a regular file would destroy it (as root, /dev/null itself);
+- a write that fails because of where it goes (WRITE_ERRNOS: a full disk, a quota, a file
+  size limit, an I/O error, a read-only file system, no permission) is a QstateError that
+  names the file, `PATH: cannot write (No space left on device)` (exit 2 in the CLI), and
+  the temporary file is removed; so is it on any other error and on Ctrl-C or SIGTERM
+  (cli/group.py raises a KeyboardInterrupt for it).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
 from pathlib import Path
 
 from .errors import QstateError
+
+# why a write fails that is about where it goes, not about the program: said in one line
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS, errno.EACCES,
+                          errno.EPERM})
 
 
 def umask() -> int:
@@ -70,7 +80,9 @@ def atomic_path(path):
         if old_mode is not None:  # after the write: a read-only file stays read-only
             os.chmod(tmp, old_mode)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+            raise QstateError(f"{path}: cannot write ({exc.strerror or exc})") from None
         raise

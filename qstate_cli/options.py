@@ -20,6 +20,9 @@ parser that is handed an already parsed value returns it unchanged.
   an error naming the closest ones; a list field takes a scalar or a comma-separated
   string too; a scalar is converted to the field's type.
 - `to_params()` is the inverse: plain JSON values (for result files' meta).
+- `MOST` bounds the counts that size a command's work (`bench train --seeds`, `--rounds`,
+  ...), by the command's COMMAND and the field: a value above it is refused when the
+  options are made, on the command line and in a suite alike, before any work.
 
 Nothing here imports Typer or an engine: engines import this module, never the CLI.
 """
@@ -36,6 +39,18 @@ from .quant.formats import suggest
 
 SCALAR_TYPES = (bool, int, float, str)
 MAX_SEED = 2**63 - 1  # torch's generators take a signed 64-bit seed (quant/hash.py keeps its low 32 bits)
+
+# Upper bounds of counts that size the work (and the lists built for it) before it starts:
+# (the command, as Options.COMMAND names it; the field) -> (the most, why). A typo's 10^9
+# was 10^9 training runs planned (24 GB of seed list), or a night of timing rounds.
+MOST = {
+    ("bench train", "seeds"): (1000, "one training run per seed and configuration"),
+    ("bench train", "steps"): (10**7, "the loss series keeps a point every --log-every steps"),
+    ("bench kernels", "rounds"): (1000, "each round times every row again"),
+    ("compare --ab", "rounds"): (1000, "each round times both configurations again"),
+    ("bench headline", "reps"): (10_000, "timed repetitions of each row"),
+    ("bench headline", "warmup"): (10_000, "warm-up calls of each row"),
+}
 
 
 def option(default: Any = None, help: str = "", *flags: str, parse: Callable | None = None,
@@ -162,6 +177,9 @@ class Options:
                 value = [_convert(f, v, what) for v in split_items(value)]
             elif value is not None:
                 value = _convert(f, value, what)
+            most = MOST.get((self.COMMAND, f.name))
+            if most is not None and isinstance(value, int) and value > most[0]:
+                raise QstateError(f"{flags_of(f)[0]} {_short(value)}: at most {most[0]:,} ({most[1]})")
             object.__setattr__(self, f.name, value)
 
     @classmethod

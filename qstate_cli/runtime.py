@@ -276,7 +276,10 @@ class Workers:
 
 def cache_dir() -> Path:
     """qstate's cache folder (demo and corpus traces, compiled CPU kernels): $QSTATE_CACHE,
-    else $XDG_CACHE_HOME/qstate, else ~/.cache/qstate."""
+    else $XDG_CACHE_HOME/qstate, else ~/.cache/qstate; always an absolute path (a relative
+    $QSTATE_CACHE is read from the working folder now, so a later chdir does not move it;
+    a relative $XDG_CACHE_HOME is ignored, as the XDG spec says)."""
     if os.environ.get("QSTATE_CACHE"):
-        return Path(os.environ["QSTATE_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qstate"
+        return Path(os.path.abspath(os.path.expanduser(os.environ["QSTATE_CACHE"])))
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg if xdg and os.path.isabs(xdg) else Path.home() / ".cache") / "qstate"

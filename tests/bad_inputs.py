@@ -165,6 +165,37 @@ def demo_output_unwritable(tmp):
     return ["trace", "demo", "-o", str(unwritable_dir(tmp) / "t.pt"), "--steps", "1"]
 
 
+@case(OUT, "`diagnose demo` with $QSTATE_CACHE naming a file (trained 44 s, then 'cannot write (File exists)'; "
+      "a relative $QSTATE_CACHE is read from the working folder)",
+      r"error: cache /.*/afile: is a file, not a folder; the demo trace is recorded there before use: set "
+      r"QSTATE_CACHE", env={"QSTATE_CACHE": "afile"})
+def demo_cache_is_a_file(tmp):
+    write(tmp, "afile", "keep me")
+    return ["diagnose", "demo", "-c", "bf16"]
+
+
+@case(OUT, "`trace info demo` with a cache folder that cannot be written (trained 38 s, then failed to write it)",
+      r"error: cache /proc/qstate-cache: cannot write in /proc .*; the demo trace is recorded there before use",
+      env={"QSTATE_CACHE": "/proc/qstate-cache"})
+def demo_cache_unwritable(tmp):
+    return ["trace", "info", "demo"]
+
+
+@case(OUT, "`trace corpus --record` with a cache folder that cannot be written",
+      r"error: cache /proc/qstate-cache: cannot write in /proc .*; corpus trace synthetic-heavy is recorded there",
+      env={"QSTATE_CACHE": "/proc/qstate-cache"})
+def corpus_cache_unwritable(tmp):
+    return ["trace", "corpus", "--record", "synthetic-heavy"]
+
+
+@case(OUT, "`report --markdown` with `--out` (--out was ignored: only the Markdown was written)",
+      r"error: --out .*rr: not used with --markdown \(--out is the folder of both reports when neither --html nor "
+      r"--markdown is given\)")
+def report_out_with_markdown(tmp):
+    return ["report", copy_result(tmp, "memory.json"), "--markdown", str(tmp / "sub" / "r.md"), "--out",
+            str(tmp / "rr")]
+
+
 def _trace_file(tmp: Path, name: str = "keep.pt") -> str:
     from qstate_cli.trace import save_trace
 
@@ -796,6 +827,57 @@ def config_m_without_v(tmp):
     return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "m=int4"]
 
 
+@case(FLAGS, "`bench train --seeds 1000000000` (built a list of 10^9 seeds: 24 GB)",
+      r"error: --seeds 1000000000: at most 1,000 \(one training run per seed and configuration\)")
+def train_seeds_huge(tmp):
+    return ["bench", "train", "-c", "bred-4bit", "--steps", "2", "--seeds", "1000000000"]
+
+
+@case(FLAGS, "`bench train --steps 1000000000`", r"error: --steps 1000000000: at most 10,000,000")
+def train_steps_huge(tmp):
+    return ["bench", "train", "-c", "bred-4bit", "--steps", "1000000000"]
+
+
+@case(FLAGS, "`bench train --seeds 0` (the message named no flag: 'seeds must be at least 1')",
+      r"error: --seeds 0: must be at least 1$")
+def train_seeds_zero(tmp):
+    return ["bench", "train", "-c", "bred-4bit", "--steps", "2", "--seeds", "0"]
+
+
+@case(FLAGS, "`bench kernels --rounds 1000000000`", r"error: --rounds 1000000000: at most 1,000")
+def kernels_rounds_huge(tmp):
+    return ["bench", "kernels", "--numel", "1024", "-c", "fp32", "--baseline", "none", "--rounds", "1000000000"]
+
+
+@case(FLAGS, "`compare --ab --rounds 1000000000`", r"error: --rounds 1000000000: at most 1,000")
+def ab_rounds_huge(tmp):
+    return ["compare", "--ab", "nearest-4bit", "sr-4bit", "--rounds", "1000000000"]
+
+
+@case(FLAGS, "`bench headline --reps 1000000000`", r"error: --reps 1000000000: at most 10,000")
+def headline_reps_huge(tmp):
+    return ["bench", "headline", "--reps", "1000000000"]
+
+
+@case(FLAGS, "`trace demo --steps 1000000000` (said 'over max_mib=2048', a setting with no option)",
+      r"error: --steps 1000000000: the trace would be [\d,]+ MiB, over the 2,048 MiB cap on a trace; use at most "
+      r"[\d,]+ steps$")
+def demo_steps_huge(tmp):
+    return ["trace", "demo", "-o", str(tmp / "t.pt"), "--steps", "1000000000"]
+
+
+@case(FLAGS, "`trace demo --grad-dtype fp8` (the message named no flag: 'grad_dtype')",
+      r"error: --grad-dtype 'fp8': choose from fp32, bf16")
+def demo_grad_dtype(tmp):
+    return ["trace", "demo", "-o", str(tmp / "t.pt"), "--grad-dtype", "fp8"]
+
+
+@case(FLAGS, "`diagnose` with no TRACE (the message spoke of suite points)",
+      r"error: diagnose needs a TRACE \(a trace file, `demo` or `corpus:NAME`\), or --theory")
+def diagnose_no_trace(tmp):
+    return ["diagnose"]
+
+
 HUGE = "99999999999999999999999"  # past 2^64
 
 
@@ -919,6 +1001,11 @@ def suite_numel_negative_run(tmp):
 def suite_block_size_zero(tmp):
     return ["suite", "validate", write(tmp, "db.yaml", "kind: diagnose\ndefaults: {trace: demo, block_size: 0, "
                                                        "steps_limit: -3}\n")]
+
+
+@case(SUITE, "a train run with `seeds: 1000000000`", r"st.yaml:2: defaults.seeds: --seeds 1000000000: at most 1,000")
+def suite_train_seeds_huge(tmp):
+    return ["suite", "validate", write(tmp, "st.yaml", "kind: train\ndefaults: {seeds: 1000000000, steps: 2}\n")]
 
 
 @case(SUITE, "`run --set seed=` past 2^63-1", r"error: --set seed=9+: defaults.seed: --seed 9+: must be a "

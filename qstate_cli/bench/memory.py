@@ -69,7 +69,7 @@ class MemoryOptions(Options):
     dtype: str = option("fp32", "Parameter dtype: fp32, bf16, fp16.")
     device: str = option("auto", "auto, cuda or cpu.")
     baseline: list[str] = many("Baselines (repeatable), all (default) or none.")
-    backend: str = option("auto", "Our optimizers' backend: auto, reference, triton.")
+    backend: str = option("auto", "Our optimizers' backend: auto, reference, triton or cpu (the numba path).")
     seed: int = seed_option("Seed of the parameters and gradients.")
 
     def check(self, here: bool = True) -> None:

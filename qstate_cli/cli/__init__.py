@@ -1,7 +1,8 @@
 """The `qstate` command line: the root wires command groups; one error boundary (group.py).
 
 Exit codes: 0 ok, 1 regression or failed check, 2 usage or input error (one line on
-stderr, no traceback), 130 interrupted.
+stderr, no traceback; an output or stdout that cannot be written too), 130 interrupted
+(Ctrl-C), 141 stdout's reader is gone (`| head`), 143 terminated (SIGTERM); group.py.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Each command is its engine's options (bench/*.py, train/study.py) plus output flags; the
 output layer (output.py) writes --json/--csv after every row, so Ctrl-C keeps finished
-rows (exit code 130), and prints the table (or the JSON with --json -). Progress and one
+rows (exit code 130; SIGTERM 143), and prints the table (or the JSON with --json -). Progress and one
 line per row go to stderr.
 """
 from __future__ import annotations

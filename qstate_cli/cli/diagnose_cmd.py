@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from ..diagnose import distributed
+from ..errors import QstateError
 from ..diagnose import run as engine
 from . import output
 from .commands import options_command
@@ -19,6 +20,9 @@ def register(app: typer.Typer) -> None:
     @options_command(app, "diagnose", engine.DiagnoseOptions, help=HELP, outputs=("json", "html", "markdown"),
                      inputs=("trace",), output_help={"json": "Write the full result document here ('-': stdout)."})
     def diagnose(opts: engine.DiagnoseOptions, out: Destinations) -> None:
+        if not opts.theory and not opts.trace:  # the engine's message also speaks of suite points
+            raise QstateError("diagnose needs a TRACE (a trace file, `demo` or `corpus:NAME`), or --theory; make "
+                              "one with `qstate trace demo`")
         if distributed.launched() and distributed.rank() != 0:
             if not opts.theory:
                 engine.execute(opts)  # under torchrun: replay this rank's share; rank 0 writes everything

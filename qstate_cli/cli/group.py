@@ -1,15 +1,122 @@
 """The error boundary every command group shares (hf CLI style): library exceptions become
 one line on stderr and an exit code.
 
-Exit codes: 0 ok, 1 regression or failed check (CheckFailed), 2 usage or input error
-(QstateError: one line, no traceback), 130 interrupted (rows already measured are kept).
+Exit codes:
+
+    0    ok
+    1    regression or failed check (CheckFailed)
+    2    usage or input error (QstateError: one line, no traceback), and an output that
+         cannot be written: a full disk, a quota, a read-only or failing device
+         (`error: FILE: cannot write (No space left on device)`; atomic.py names the file),
+         or stdout itself (`error: stdout: cannot write (...)`: `> /dev/full`, `>&-`)
+    130  interrupted by Ctrl-C (SIGINT): temporary files removed, what was already
+         finished kept and said (rows, points: `run --resume` continues)
+    141  stdout is a pipe whose reader is gone (`qstate audit | head -1`): what a tool
+         killed by SIGPIPE reports; no message, no traceback
+    143  terminated (SIGTERM: `kill`, a CI timeout, a scheduler): the same path as Ctrl-C,
+         with 128 + 15 as a signalled process reports it
 """
 from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+import threading
 
 import typer
 from typer.core import TyperGroup
 
 from ..errors import CheckFailed, QstateError
+
+SIGPIPE_EXIT = 128 + 13
+SIGTERM_EXIT = 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt, so every `except
+    KeyboardInterrupt` and `finally` on the way (atomic writes, the progress bar, the
+    "finished rows are kept" lines) runs for it too; the boundary exits 143."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+class StdoutError(Exception):
+    """A write or flush of stdout failed (not an OSError, so that no `except OSError` on the
+    way mistakes it for a file's, and click does not turn EPIPE into exit 1)."""
+
+    def __init__(self, code: int | None, strerror: str):
+        super().__init__(strerror)
+        self.errno, self.strerror = code, strerror
+
+
+class _Closed:
+    """stdout when the process started without one (`qstate formats >&-`: sys.stdout is
+    None): nothing to flush, and a write is an error."""
+
+    encoding, errors = "utf-8", "strict"
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "it is closed")
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, "it is closed")
+
+
+class _Stdout:
+    """sys.stdout while a command runs: the stream it was, whose failed write or flush is a
+    StdoutError (the boundary can then tell stdout from a file)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise StdoutError(exc.errno, exc.strerror or str(exc)) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise StdoutError(exc.errno, exc.strerror or str(exc)) from None
+        except ValueError:  # closed
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _silence_stdout() -> None:
+    """After stdout failed: later writes go nowhere, and so does what its buffer still holds
+    when the interpreter exits (no second traceback then)."""
+    out = sys.stdout
+    stream = out._stream if isinstance(out, _Stdout) else out
+    try:
+        fd = stream.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
+    if isinstance(out, _Stdout):
+        out._stream = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
+
+
+def _stdout_failed(exc: StdoutError) -> typer.Exit:
+    _silence_stdout()
+    if exc.errno == errno.EPIPE:  # the reader is gone (`| head`): as if killed by SIGPIPE, silently
+        return typer.Exit(SIGPIPE_EXIT)
+    return _fail("error", f"stdout: cannot write ({exc.strerror})", 2)
 
 
 def _fail(prefix: str, message: str, code: int):
@@ -20,6 +127,28 @@ def _fail(prefix: str, message: str, code: int):
 class QstateGroup(TyperGroup):
     """The error boundary: library exceptions become one-line messages and exit codes."""
 
+    def main(self, *args, **kwargs):
+        """The whole command line (the root group; CliRunner too): stdout guarded, SIGTERM
+        raised as Terminated while it runs, and stdout flushed before exit, so a failure to
+        write it is the boundary's one line, not a traceback at interpreter exit."""
+        saved = sys.stdout
+        sys.stdout = _Stdout(_Closed() if saved is None else saved)
+        main_thread = threading.current_thread() is threading.main_thread()
+        old_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+        old_term = signal.SIG_DFL if old_term is None else old_term  # one not set from Python
+        try:
+            try:
+                return super().main(*args, **kwargs)
+            finally:
+                sys.stdout.flush()
+        except StdoutError as exc:  # raised outside invoke (--help, --version) or by the last flush
+            raise SystemExit(_stdout_failed(exc).exit_code) from None
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, old_term)
+            if isinstance(sys.stdout, _Stdout):
+                sys.stdout = saved
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -27,6 +156,10 @@ class QstateGroup(TyperGroup):
             raise _fail("error", str(exc), 2) from None
         except CheckFailed as exc:
             raise _fail("check failed", str(exc), 1) from None
+        except StdoutError as exc:
+            raise _stdout_failed(exc) from None
+        except Terminated:
+            raise _fail("qstate", "terminated", SIGTERM_EXIT) from None
         except KeyboardInterrupt:
             raise _fail("qstate", "interrupted", 130) from None
 

@@ -274,7 +274,7 @@ def run_engine(execute: Callable, options, out: Destinations, show: Callable[[di
                                            on_log=log))
         sink.update(result, final=True)
         completed = True
-    except KeyboardInterrupt:  # say what was kept (the boundary then exits 130)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (group.Terminated): say what was kept (exit 130 or 143)
         if sink.records:
             sink.flush(final=True)  # a device or pipe gets the rows kept, once
         n, files = len(sink.records), ", ".join(str(p) for p in (out.json_file, out.csv) if p is not None)
@@ -285,7 +285,7 @@ def run_engine(execute: Callable, options, out: Destinations, show: Callable[[di
         else:
             say("interrupted before any row finished: nothing was written")
         raise
-    finally:  # also on Ctrl-C: show what was measured, then the boundary exits 130
+    finally:  # also on Ctrl-C or SIGTERM: show what was measured, then the boundary exits 130 or 143
         if started:
             bar.stop()
         sink.show(show)

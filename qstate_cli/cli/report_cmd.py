@@ -20,17 +20,24 @@ def report(
     results: List[Path] = typer.Argument(..., help="Results files, or folders of them (e.g. results/quick)."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write the HTML report here."),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Write the Markdown report here."),
-    out_dir: Path = typer.Option(Path("reports"), "--out", "-o", help="Folder for the reports not named by "
-                                 "--html/--markdown."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for both reports, STEM.html and "
+                                           "STEM.md (STEM: the first RESULTS' name), when neither --html nor "
+                                           "--markdown is given (default: reports).", show_default=False),
     plots: bool = typer.Option(False, "--plots", help="Also save the plots as PNG next to the Markdown and link them."),
     title: Optional[str] = typer.Option(None, "--title", help="Report title."),
 ):
     """Make one self-contained HTML report and a GitHub Markdown report from results."""
+    from ..atomic import WRITE_ERRNOS
     from ..report import load_documents, write_report
     from ..results import check_folder, check_writable, writes_in_place
 
     stem = results[0].stem if results[0].is_file() else results[0].name
+    if out_dir is not None and (html is not None or markdown is not None):  # it would be ignored
+        named = " and ".join(flag for flag, path in (("--html", html), ("--markdown", markdown)) if path is not None)
+        raise QstateError(f"--out {out_dir}: not used with {named} (--out is the folder of both reports when "
+                          f"neither --html nor --markdown is given): drop --out, or put the folder in {named}'s path")
     if html is None and markdown is None:
+        out_dir = Path("reports") if out_dir is None else out_dir
         html, markdown = out_dir / f"{stem}.html", out_dir / f"{stem}.md"
     if plots and (markdown is None or writes_in_place(markdown)):  # the PNGs go in MARKDOWN's folder, as MARKDOWN-plots/
         raise QstateError("--plots saves the PNGs beside the Markdown report: give --markdown a file in a folder"
@@ -44,7 +51,13 @@ def report(
     if plots_dir is not None:
         check_folder(plots_dir, "--plots")
     docs, sources = load_documents(results)
-    for path in write_report(docs, html, markdown, sources=sources, title=title, plots_dir=plots_dir):
+    try:
+        written = write_report(docs, html, markdown, sources=sources, title=title, plots_dir=plots_dir)
+    except OSError as exc:  # the PNGs (the reports themselves are atomic writes, which name their file)
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        raise QstateError(f"{exc.filename or plots_dir}: cannot write ({exc.strerror or exc})") from None
+    for path in written:
         output.stderr.print(f"wrote {path}")
 
 
@@ -98,7 +111,7 @@ def compare(
                                               "2^24 on CUDA)."),
     dtype: Optional[List[str]] = typer.Option(None, "--dtype", help="--ab: parameter dtype (default fp32)."),
     optimizer: str = typer.Option("adamw", "--optimizer", help="--ab: adamw, adam, lion, sgd or muon."),
-    backend: str = typer.Option("auto", "--backend", help="--ab: auto, reference or triton."),
+    backend: str = typer.Option("auto", "--backend", help="--ab: auto, reference, triton or cpu (the numba path)."),
     device: str = typer.Option("auto", "--device", help="--ab: auto, cuda or cpu."),
     rounds: int = typer.Option(5, "--rounds", help="--ab: paired rounds."),
     rep_ms: Optional[float] = typer.Option(None, "--rep-ms", help="--ab: timed ms per configuration (default 100)."),

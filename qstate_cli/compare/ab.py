@@ -45,7 +45,7 @@ class ABOptions(Options):
     numel: list[int] = many("Tensor sizes (default: 2^16 on CPU, 2^24 on CUDA).", "--numel", "-n", parse=parse_count)
     dtype: list[str] = many("Parameter and gradient dtype (default fp32).")
     optimizer: str = option("adamw", "adamw, adam, lion, sgd or muon.", parse=lower)
-    backend: str = option("auto", "Our optimizers' backend: auto, reference, triton.")
+    backend: str = option("auto", "Our optimizers' backend: auto, reference, triton or cpu (the numba path).")
     device: str = option("auto", "auto, cuda or cpu.")
     rounds: int = option(5, "Paired rounds (A B, B A, ...).")
     rep_ms: float | None = option(None, "Timed repetitions per configuration, ms over all rounds (default 100).",

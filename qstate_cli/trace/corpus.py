@@ -24,7 +24,7 @@ import torch
 from ..errors import QstateError
 from . import recipes
 from ..runtime import cache_dir
-from .demo import DEFAULT as DEMO_SETTINGS, cached_demo, demo_path
+from .demo import DEFAULT as DEMO_SETTINGS, cached_demo, check_cache, demo_path
 from .partial import cache_problem
 
 PREFIX = "corpus:"
@@ -93,6 +93,7 @@ def cached_trace(name: str, log: Callable[[str], None] | None = None) -> Path:
     problem = cache_problem(path, e.steps)
     if problem is not None:
         _check_needs(e)
+        check_cache(path, f"corpus trace {name}")  # before the recording, not after it
         if problem:  # a file, but not the whole trace: recorded again (atomically, over it)
             print(f"qstate: the cached corpus trace {path} {problem}: recording it again", file=sys.stderr)
         elif log:
@@ -113,13 +114,21 @@ def resolve(trace, log: Callable[[str], None] | None = None) -> Path:
 
 
 def check_can_make(trace) -> None:
-    """Refuse now, before any work, a `corpus:NAME` this machine cannot provide: an unknown
-    name, or a trace not cached yet whose recipe needs a package that is not installed."""
+    """Refuse now, before any work, a `demo` or `corpus:NAME` this machine cannot provide: an
+    unknown name, or a trace not cached yet whose recipe needs a package that is not
+    installed or whose cache folder cannot be written."""
     text = str(trace)
-    if text.startswith(PREFIX):
+    if text == DEMO:
+        path, what = demo_path(DEMO_SETTINGS), "the demo trace"
+    elif text.startswith(PREFIX):
         e = entry(text[len(PREFIX):])
-        if e.record is not None and not cached_path(e).exists():
+        path, what = cached_path(e), f"corpus trace {e.name}"
+        if not path.exists():
             _check_needs(e)
+    else:
+        return
+    if not path.exists():
+        check_cache(path, what)
 
 
 def _check_needs(e: CorpusEntry) -> None:

@@ -47,6 +47,8 @@ def cached_demo(settings: DemoSettings | None = None, log: Callable[[str], None]
     s = settings or DEFAULT
     path = demo_path(s)
     problem = cache_problem(path, s.steps)
+    if problem is not None:
+        check_cache(path, "the demo trace")  # before the training, not after it
     if problem:  # a file, but not the whole trace: recorded again (atomically, over it)
         print(f"qstate: the cached demo trace {path} {problem}: recording it again", file=sys.stderr)
     elif problem is not None and log:
@@ -54,6 +56,19 @@ def cached_demo(settings: DemoSettings | None = None, log: Callable[[str], None]
     if problem is not None:
         run_demo(path, s, log)
     return path
+
+
+def check_cache(path: Path, what: str) -> None:
+    """Refuse, before `what` is recorded into the cache file `path`, a cache folder it could
+    not be written in (a file, a read-only folder): one line now, not after the recording."""
+    from ..errors import QstateError
+    from ..results import check_folder
+
+    try:
+        check_folder(path.parent, "cache")
+    except QstateError as exc:
+        raise QstateError(f"{exc}; {what} is recorded there before use: set QSTATE_CACHE to a folder you can "
+                          f"write") from None
 
 
 def demo_path(settings: DemoSettings = DEFAULT) -> Path:

@@ -100,19 +100,19 @@ class TrainSettings(Options):
             raise QstateError(f"unknown model {self.model!r}{suggest(self.model, tiny_lm.SIZES)}")
         for name in ("steps", "batch_size", "eval_every", "eval_batches", "eval_batch_size", "log_every", "seeds"):
             if getattr(self, name) < 1:
-                raise QstateError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+                raise QstateError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
         if self.lr is not None and not 0 < self.lr < math.inf:
-            raise QstateError(f"lr must be a positive finite number, got {self.lr}")
+            raise QstateError(f"--lr {self.lr}: must be a positive finite number")
         for name, lo, hi in (("warmup_frac", 0.0, 1.0), ("min_lr_frac", 0.0, 1.0)):
             if not lo <= getattr(self, name) <= hi:  # NaN fails too
-                raise QstateError(f"{name.replace('_', '-')} must be from {lo:g} to {hi:g}, got {getattr(self, name)}")
+                raise QstateError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be from {lo:g} to {hi:g}")
         if not 1.0 < self.diverge_factor < math.inf:
-            raise QstateError(f"diverge-factor must be a finite number above 1 (a loss this many times the first "
-                              f"one is a divergence), got {self.diverge_factor}")
+            raise QstateError(f"--diverge-factor {self.diverge_factor}: must be a finite number above 1 (a loss this "
+                              f"many times the first one is a divergence)")
         if self.min_quant_numel < 0:
-            raise QstateError(f"min-quant-numel must be >= 0, got {self.min_quant_numel}")
+            raise QstateError(f"--min-quant-numel {self.min_quant_numel}: must be >= 0")
         if self.threads is not None and self.threads < 1:
-            raise QstateError(f"threads must be at least 1, got {self.threads}")
+            raise QstateError(f"--threads {self.threads}: must be at least 1")
         if self.seed + self.seeds - 1 > MAX_SEED:
             raise QstateError(f"--seed {self.seed} with --seeds {self.seeds}: the last seed is past 2^63-1")
         resolve_device(self.device, here)  # a usage error when CUDA is asked for where there is none
