@@ -41,10 +41,10 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import re
 from dataclasses import dataclass, field
 
 from ..errors import QstateError
+from ..report.markdown import code_span
 from . import evidence
 from .evidence import unreadable
 from .identity import keyed_rows, name as row_identity_name
@@ -262,33 +262,15 @@ def compare_paths(baseline, new, threshold: float = 1.10, alpha: float = 0.01, a
     return compare_docs(base_docs, new_docs, threshold, alpha, base_src, new_src, allow_missing, strict_timing)
 
 
-def code_span(text) -> str:
-    """`text` as a Markdown code span for a table cell: shown as it is and grep-able (no
-    mention, link, autolink or HTML inside one), its fence one backtick longer than any run
-    of backticks in it, `|` escaped for the table (GFM unescapes it inside the span) and
-    line breaks as spaces."""
-    text = str(text).replace("\r", " ").replace("\n", " ").replace("|", "\\|")
-    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
-    pad = " " if text[:1] in ("`", " ") or text[-1:] in ("`", " ") else ""  # CommonMark strips one space a side
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
 def _table_md(t, title: str = "") -> str:
-    """report.markdown.table_md, but the `row` column as code spans (`code_span`): a row name
-    such as `nearest-4bit [cpu] fp32 n=65536 @cpu` reads and greps as it is, and never
-    mentions anyone, where escaping put a WORD JOINER after its `@`."""
-    from ..report.markdown import _numeric_col, escape
+    """The verdict table, its `row` column as code spans (report.markdown.code_span): a row
+    name such as `nearest-4bit [cpu] fp32 n=65536 @cpu` reads and greps as it is, and never
+    mentions anyone, where escaping put a WORD JOINER after its `@`; folded under a title."""
+    from ..report.markdown import escape, folded, table_body
 
     name = t.headers.index("row") if "row" in t.headers else -1
-    lines = ["| " + " | ".join(escape(h) for h in t.headers) + " |",
-             "|" + "|".join(" ---: " if _numeric_col(t, i) else " --- " for i in range(len(t.headers))) + "|"]
-    lines += ["| " + " | ".join(code_span(c) if j == name else c if c in BOLD else escape(c) for j, c in enumerate(row))
-              + " |" for row in t.rows]
-    body = "\n".join(lines)
-    if not title:
-        return body
-    summary = f"{escape(title)} ({len(t.rows)} row{'s' * (len(t.rows) != 1)})"
-    return f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>"
+    body = table_body(t, lambda j, c: code_span(c) if j == name else c if c in BOLD else escape(c))
+    return folded(title, len(t.rows), body) if title else body
 
 
 BOLD = {f"**{s}**" for s in STATUSES}  # a status that is a regression, in bold

@@ -10,6 +10,8 @@ a WORD JOINER (U+2060, invisible) follows every `@` (no @mention) and breaks `:/
 """
 from __future__ import annotations
 
+import re
+
 from .model import Report, Table
 
 _HTML = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"})
@@ -21,17 +23,52 @@ _MARKDOWN = str.maketrans({"\\": "\\\\", "[": "\\[", "]": "\\]", "@": "@" + _WJ}
 
 def escape(text) -> str:
     out = str(text).translate(_HTML).translate(_MARKDOWN).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    return _no_links(out)
+
+
+def escape_in_html(text) -> str:
+    """escape() for text inside a raw HTML line (`<summary>`), where Markdown's backslash
+    escapes are not read and would show: HTML entities, the word joiners, no backslashes."""
+    out = str(text).translate(_HTML).replace("@", "@" + _WJ).replace("\r", " ").replace("\n", " ")
+    return _no_links(out)
+
+
+def _no_links(out: str) -> str:
     return out.replace("://", ":" + _WJ + "//").replace("www.", "www" + _WJ + ".")
 
 
-def table_md(t: Table, heading: str = "###") -> str:
+def code_span(text) -> str:
+    """`text` as a Markdown code span for a table cell: shown as it is and grep-able (no
+    mention, link, autolink or HTML inside one), its fence one backtick longer than any run
+    of backticks in it, `|` escaped for the table (GFM unescapes it inside the span) and
+    line breaks as spaces."""
+    text = str(text).replace("\r", " ").replace("\n", " ").replace("|", "\\|")
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text[:1] in ("`", " ") or text[-1:] in ("`", " ") else ""  # CommonMark strips one space a side
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def table_body(t: Table, cell=None) -> str:
+    """The table's Markdown lines: headers, alignment (numbers right), rows; each cell through
+    `cell(column, text)` (default: escape)."""
+    cell = cell or (lambda _, text: escape(text))
     lines = ["| " + " | ".join(escape(h) for h in t.headers) + " |",
              "|" + "|".join(" ---: " if _numeric_col(t, i) else " --- " for i in range(len(t.headers))) + "|"]
-    lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in t.rows]
-    body = "\n".join(lines)
+    lines += ["| " + " | ".join(cell(j, c) for j, c in enumerate(row)) + " |" for row in t.rows]
+    return "\n".join(lines)
+
+
+def folded(title: str, rows: int, body: str) -> str:
+    """A table folded under `<details>`, its summary the title and row count."""
+    return (f"<details><summary>{escape_in_html(title)} ({rows} row{'s' * (rows != 1)})</summary>\n\n{body}"
+            f"\n\n</details>")
+
+
+def table_md(t: Table, heading: str = "###") -> str:
+    body = table_body(t)
     note = f"\n\n{escape(t.note)}" if t.note else ""
     if t.long:
-        return f"<details><summary>{escape(t.title or 'Table')} ({len(t.rows)} row{'s' * (len(t.rows) != 1)})</summary>\n\n{body}{note}\n\n</details>"
+        return folded(t.title or "Table", len(t.rows), body + note)
     title = f"{heading} {escape(t.title)}\n\n" if t.title else ""
     return f"{title}{body}{note}"
 
