@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ..errors import QstateError
+from ..runtime import rank_and_world
 from .recorder import Recorder
 
 RECORDER_OPTIONS = ("include", "exclude", "blocks_per_tensor", "start", "steps", "seed", "grad_dtype",
@@ -58,7 +59,7 @@ def pick_optimizer(optimizers: list, index: int):
     if index >= len(optimizers):
         raise QstateError(f"optimizer={index}: this run has {len(optimizers)} optimizer"
                           f"{'' if len(optimizers) == 1 else 's'} (optimizer=0..{len(optimizers) - 1})")
-    if len(optimizers) > 1:
+    if len(optimizers) > 1 and rank_and_world()[0] == 0:  # said once, as the recorder's other notes
         other = 1 if index == 0 else 0
         print(f"qstate: records optimizer {index} of {len(optimizers)} ({type(optimizers[index]).__name__}); "
               f"optimizer={other} picks another (start/steps count that optimizer's steps)", file=sys.stderr)
