@@ -106,7 +106,7 @@ def test_fp32_muon_follows_torch_muon_settings(kw):
 
 @pytest.mark.parametrize("kw", [dict(ns_steps=100), dict(ns_steps=2.5), dict(ns_coefficients=(1.0, 2.0)),
                                 dict(adjust_lr_fn="rms"), dict(eps=0.0)])
-def test_muon_refuses_newton_schulz_settings_torch_refuses(kw):
+def test_muon_refuses_newton_schulz_settings_no_run_can_have(kw):
     p = torch.nn.Parameter(torch.zeros(8, 8))
     with pytest.raises(ValueError, match=next(iter(kw))):
         Muon([p], **kw)
