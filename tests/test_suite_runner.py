@@ -177,7 +177,8 @@ def test_run_command_prints_a_summary_and_writes_a_report(hooks, suite_file, tmp
 
 
 CHILD = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a test run in the background inherits SIGINT ignored
 from qstate_cli.suites import register_hook
 def slow(params):
     time.sleep(0.15)
