@@ -32,7 +32,7 @@ from ..errors import QstateError
 from ..options import Options, lower, many, option, seed_option
 from ..quant.config import ROUNDINGS, StateConfig, parse_config
 from ..optim.base import BACKENDS
-from ..optim.registry import optimizer_info
+from ..optim.registry import names_text, optimizer_info
 from ..progress import QUIET, Progress
 from ..results import Result, device_info
 from ..runtime import free_memory, is_oom, resolve_device, torch_threads
@@ -72,7 +72,7 @@ class KernelsOptions(Options):
 
     bits: int = option(4, "State bit width whose configs to time (4: nearest/sr/bred/torchao-4bit; "
                           "8: nearest/sr/bred/bnb-8bit).")
-    optimizer: str = option("adamw", "adamw, adam, lion, sgd or muon.", parse=lower)
+    optimizer: str = option("adamw", f"{names_text()}.", parse=lower)
     config: list[StateConfig] = many("Config or preset name (repeatable); overrides --bits/--rounding; 'none': "
                                      "the baselines only.", "--config", "-c", parse=config_or_none)
     rounding: list[str] = many("Keep configs with this rounding: nearest, stochastic, bred.", "--rounding", "-r")

@@ -35,7 +35,7 @@ from ..errors import QstateError
 from ..options import Options, lower, many, option, seed_option
 from ..quant.config import StateConfig
 from ..optim.base import BACKENDS
-from ..optim.registry import optimizer_info
+from ..optim.registry import names_text, optimizer_info
 from ..progress import Progress
 from ..results import Result, device_info
 from ..runtime import free_memory, is_oom, resolve_device
@@ -65,7 +65,7 @@ class MemoryOptions(Options):
                             parse=parse_count)
     config: list[StateConfig] = many("Configs (repeatable). Default: bred-4bit, torchao-4bit, bred-8bit, bnb-8bit; "
                                      "'none': the baselines only.", "--config", "-c", parse=config_or_none)
-    optimizer: str = option("adamw", "adamw, adam, lion, sgd or muon.", parse=lower)
+    optimizer: str = option("adamw", f"{names_text()}.", parse=lower)
     dtype: str = option("fp32", "Parameter dtype: fp32, bf16, fp16.")
     device: str = option("auto", "auto, cuda or cpu.")
     baseline: list[str] = many("Baselines (repeatable), all (default) or none.")

@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import CheckFailed, QstateError
+from ..optim.registry import names_text
 from . import output
 
 
@@ -110,7 +111,7 @@ def compare(
     numel: Optional[List[str]] = typer.Option(None, "--numel", "-n", help="--ab: tensor sizes (default 2^16 on CPU, "
                                               "2^24 on CUDA)."),
     dtype: Optional[List[str]] = typer.Option(None, "--dtype", help="--ab: parameter dtype (default fp32)."),
-    optimizer: str = typer.Option("adamw", "--optimizer", help="--ab: adamw, adam, lion, sgd or muon."),
+    optimizer: str = typer.Option("adamw", "--optimizer", help=f"--ab: {names_text()}."),
     backend: str = typer.Option("auto", "--backend", help="--ab: auto, reference, triton or cpu (the numba path)."),
     device: str = typer.Option("auto", "--device", help="--ab: auto, cuda or cpu."),
     rounds: int = typer.Option(5, "--rounds", help="--ab: paired rounds."),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from ..bench import kernels
 from ..bench.shapes import parse_count
 from ..errors import QstateError
+from ..optim.registry import names_text
 from ..options import Options, lower, many, option
 from ..quant.config import parse_config
 from ..runtime import resolve_device
@@ -44,7 +45,7 @@ class ABOptions(Options):
     new: str = option("", "Candidate configuration (preset or spec).", argument=True)
     numel: list[int] = many("Tensor sizes (default: 2^16 on CPU, 2^24 on CUDA).", "--numel", "-n", parse=parse_count)
     dtype: list[str] = many("Parameter and gradient dtype (default fp32).")
-    optimizer: str = option("adamw", "adamw, adam, lion, sgd or muon.", parse=lower)
+    optimizer: str = option("adamw", f"{names_text()}.", parse=lower)
     backend: str = option("auto", "Our optimizers' backend: auto, reference, triton or cpu (the numba path).")
     device: str = option("auto", "auto, cuda or cpu.")
     rounds: int = option(5, "Paired rounds (A B, B A, ...).")

@@ -74,6 +74,12 @@ for _info in OPTIMIZERS.values():  # what a checkpoint of each holds (optim/chec
     checkpoint.know(_info.cls)
 
 
+def names_text(last: str = " or ") -> str:
+    """The optimizers' names for a help text: "adamw, adam, lion, sgd or muon"."""
+    names = list(OPTIMIZERS)
+    return ", ".join(names[:-1]) + last + names[-1]
+
+
 def optimizer_info(name: str) -> OptimizerInfo:
     """The registry entry of `name` (case-insensitive); QstateError naming the closest ones."""
     key = str(name).strip().lower()

@@ -33,6 +33,7 @@ import torch
 from ..errors import QstateError
 from ..models import tiny_lm
 from ..optim import optimizer_info
+from ..optim.registry import names_text
 from ..options import MAX_SEED, Options, lower, many, option, seed_option
 from ..progress import QUIET, Progress
 from ..results import Result
@@ -67,7 +68,7 @@ class TrainSettings(Options):
     config: list[str] = many("Run CONFIG[@reset=none|N|auto][@lr=X]; repeat for several. "
                              f"Default: {' '.join(DEFAULT_CONFIGS)}. fp32 is always run: gaps are measured against it.",
                              "--config", "-c")
-    optimizer: str = option("adamw", "adamw | adam | lion | sgd | muon.", "--optimizer", "-o", parse=lower)
+    optimizer: str = option("adamw", f"{names_text(' | ').replace(', ', ' | ')}.", "--optimizer", "-o", parse=lower)
     steps: int = option(500, "Training steps per run.", "--steps", "-n")
     model: str = option("tiny-lm", "tiny-lm (0.14 M params) | small-lm (0.88 M).", "--model", "-m")
     seeds: int = option(1, "Seeds per run (init, data order, random streams).", "--seeds", "-k")
