@@ -451,3 +451,16 @@ def test_a_steps_limit_beyond_the_trace_is_said():
     doc, _ = diagnose(synthetic.gaussian(1000, 5), [parse_config("fp32")], steps_limit=1000, device="cpu")
     assert "--steps-limit 1000: the trace holds 5 steps, all replayed" in doc["meta"]["notes"]
     assert doc["meta"]["steps"] == 5
+
+
+def test_the_gaussian_model_follows_the_optimizer_class_not_its_name(monkeypatch):
+    """diagnose's Adam-only parts (the Gaussian model, theory's v curve, reset advice) read
+    the class's `adam_moments`: a new optimizer with Adam's moments sets it, nothing else."""
+    from qstate_cli.diagnose.recommend import adam_moments as recommends_adam
+    from qstate_cli.diagnose.recursions import adam_moments, recursion_for
+    from qstate_cli.optim import Lion
+
+    assert adam_moments("adamw") and adam_moments("adam") and not adam_moments("lion")
+    assert not recursion_for("lion", {}).adam_moments and recursion_for("adam", {}).adam_moments
+    monkeypatch.setattr(Lion, "adam_moments", True)
+    assert recommends_adam("lion") and recursion_for("lion", {}).adam_moments

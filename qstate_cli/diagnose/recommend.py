@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import theory
 from . import evidence
+from .recursions import adam_moments
 
 MIN_PLATEAU = 0.02
 MIN_STEPS = 20  # fewer steps before the first reset show no build-up
@@ -45,7 +46,7 @@ def recommend(spec, state: str, optimizer: str, beta: float, stall: np.ndarray,
                       f"stays put on {observed:.1%} of steps over the last quarter of the trace, but the value read back carries a fresh "
                       f"dither and is unbiased): no reset needed")
     p = theory.fraction_bits_of(spec)
-    if optimizer in ("adamw", "adam") and state == "v" and p is not None:
+    if adam_moments(optimizer) and state == "v" and p is not None:
         period = theory.reset_period(spec, beta)
         steady = float(theory.stall_probability(spec, beta, 1.0))
         rho = theory.rho(p, beta)

@@ -30,6 +30,12 @@ from ..optim import OPTIMIZERS, OptimizerInfo, rules
 SUPPORTED = tuple(OPTIMIZERS)
 
 
+def adam_moments(optimizer: str) -> bool:
+    """The optimizer's m and v are Adam's moments (its class's `adam_moments`, optim/optimizers.py)."""
+    info = OPTIMIZERS.get(optimizer)
+    return bool(info is not None and info.cls.adam_moments)
+
+
 @dataclass
 class Recursion:
     optimizer: str
@@ -39,6 +45,12 @@ class Recursion:
     notes: list = field(default_factory=list)
     info: OptimizerInfo | None = None
     _scalars: dict = field(default_factory=dict)
+
+    @property
+    def adam_moments(self) -> bool:
+        """m and v are Adam's moments: the Gaussian staleness model, theory.py's v curve and
+        the reset advice apply (adam_moments)."""
+        return self.info.cls.adam_moments if self.info is not None else adam_moments(self.optimizer)
 
     @property
     def slowest_state(self) -> str:

@@ -151,7 +151,7 @@ def store(q, x: torch.Tensor, step: int, clamp: bool, padding, fused: bool) -> t
 def gaussian_arg(rec: Recursion, spec, state: str, sh: Shadow):
     """The Gaussian model's argument for staleness.predict (Adam only; an unscaled float v
     keeps theory.py's curve): ("v", beta2, c_t) or ("m", beta1, sigma^2 = bias-corrected v)."""
-    if rec.optimizer not in ("adamw", "adam"):
+    if not rec.adam_moments:
         return None
     b2 = rec.betas["v"]
     c = 1.0 - b2 ** (sh.since - 1)
@@ -166,7 +166,7 @@ def model_inputs(rec: Recursion, sh: Shadow) -> None:
     step, made once (the replay's shadow phase of a model step): sigma^2 = v / c_t, the
     bias-corrected v before the step (Adam; a new fp32 [n] each time: ~1-3 ms at 2**20
     elements, which each configuration paid)."""
-    if sh.sigma2 is None and rec.optimizer in ("adamw", "adam"):
+    if sh.sigma2 is None and rec.adam_moments:
         c = 1.0 - rec.betas["v"] ** (sh.since - 1)
         sh.sigma2 = sh.prev["v"] / c if c > 0 else torch.zeros_like(sh.prev["v"])
 

@@ -66,7 +66,7 @@ def predicted_curve(c: ConfigReplay, state: str, rec, n_steps: int):
     elements sit in its coarse subnormals, and its top element has no neighbour above) the
     per-element model of the replay (staleness.py), or None."""
     spec = c.cfg.spec(state)
-    if rec.optimizer in ("adamw", "adam") and state == "v" and spec.fmt.kind == "float" and not spec.has_scales:
+    if rec.adam_moments and state == "v" and spec.fmt.kind == "float" and not spec.has_scales:
         return theory.stall_curve(spec, rec.betas[state], n_steps, c.period)
     model = c.models.get(state)
     if model is None or not np.isfinite(model["gaussian"]).any():
@@ -187,7 +187,7 @@ def build(raw: Replay) -> dict:
         advice = recommend(cfg.spec(slow), slow, rec.optimizer, rec.betas[slow], stall_slow, c.period)
         for s in c.states:
             _state_rows(out, raw, c, s, advice, checks)
-        if rec.optimizer in ("adamw", "adam"):
+        if rec.adam_moments:
             row = theory.theory_rows([cfg.spec("v")], rec.betas["v"])[0]
             out["theory"].append({"config": str(cfg), **row})
     _rank(out["records"])

@@ -71,6 +71,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     kernel: str | None = None  # the fused kernel module (kernels/<kernel>.py; fused.launcher)
     kernel_needs_out = False  # the kernel writes an fp32 update per parameter (Muon)
     steps_shards = True  # the rule is elementwise: a DTensor's local shard steps alone (sharding.py)
+    adam_moments = False  # m, v are Adam's moments: diagnose's Gaussian model applies (AdamW's docstring)
     later_hparams: dict = {}  # hyper-parameters added after checkpoints were saved: a group without one loads its default
 
     def __init__(self, params, defaults: dict, states="bred-4bit", reset=None, seed: int = 0,

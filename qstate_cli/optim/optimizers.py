@@ -32,6 +32,9 @@ class AdamW(QuantizedOptimizer):
 
     state_names = ("m", "v")
     kernel = "adamw"
+    # m an EMA of g (beta1), v an EMA of g^2 (beta2), bias-corrected: diagnose's Gaussian staleness
+    # model (sigma^2 = v / c_t), theory.py's stall curve of v and the reset advice apply (Adam too)
+    adam_moments = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, decoupled=True,
