@@ -442,3 +442,18 @@ def test_writing_over_an_earlier_trace_says_what_it_replaces(tmp_path, capsys):
     record(tmp_path, name="old.pt", steps=1)
     assert f"replacing {tmp_path / 'old.pt'} (a file that was there before this recording)" in capsys.readouterr().err
     assert load_trace(tmp_path / "old.pt").n_steps == 1
+
+
+def test_a_trace_keeps_every_hyper_parameter_a_registered_optimizer_takes(tmp_path):
+    """The recorded keys are torch's usual ones plus every registered optimizer's own (a hand
+    list missed Muon's Newton-Schulz settings, and would miss a new rule's)."""
+    from qstate_cli.optim import Muon
+    from qstate_cli.trace.hparams import HPARAM_KEYS
+
+    assert {"ns_steps", "ns_coefficients", "adjust_lr_fn", "betas", "momentum"} <= set(HPARAM_KEYS)
+    model = small_model()
+    opt = Muon(model.parameters(), ns_steps=3, adjust_lr_fn="match_rms_adamw", states="fp32")
+    with Recorder(opt, tmp_path / "m.pt", model=model):
+        train(model, opt, 2)
+    hp = load_trace(tmp_path / "m.pt").hparams
+    assert hp["ns_steps"] == 3 and hp["adjust_lr_fn"] == "match_rms_adamw" and hp["momentum"] == 0.95

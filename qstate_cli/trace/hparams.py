@@ -11,10 +11,20 @@ from __future__ import annotations
 
 import torch
 
+from ..optim.registry import OPTIMIZERS
 from ..quant.config import StateConfig
 
-HPARAM_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "decoupled",
-               "amsgrad", "maximize", "states", "seed")
+def _recorded_keys() -> tuple:
+    """torch's usual keys, then every hyper-parameter a registered optimizer's constructor
+    takes (a new rule's own, e.g. RMSprop's alpha, is recorded and so replayed as trained)."""
+    keys = ["lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "decoupled", "amsgrad",
+            "maximize", "states", "seed"]
+    for info in OPTIMIZERS.values():
+        keys += [k for k in info.hparams() if k not in keys and k not in ("min_quant_numel", "backend", "reset")]
+    return tuple(keys)
+
+
+HPARAM_KEYS = _recorded_keys()
 # the keys the replay's rules read (optim/optimizers.py, replay_notes): a recorded group differing in one is
 # replayed with values it did not train with. Not lr (the statistics are relative), not weight decay (the
 # replay has no parameters to decay), not states (diagnose picks the configurations).
