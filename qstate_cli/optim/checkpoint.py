@@ -12,6 +12,7 @@ the parameter, the state and what differs, before anything is replaced.
 from __future__ import annotations
 
 import inspect
+from functools import lru_cache
 
 import torch
 
@@ -115,18 +116,28 @@ def state_problem(value, specs: dict[str, StateSpec], numel: int) -> str | None:
         if not (isinstance(v, int) or (isinstance(v, torch.Tensor) and v.numel() == 1)):
             return f"'{key}' is {'missing' if v is None else type(v).__name__}, not one integer"
     for name, spec in specs.items():
-        problem = _stored_problem(value.get(name), spec, numel)
+        problem = stored_problem(value.get(name), spec, numel)
         if problem:
             return f"state {name} ({spec}): {problem}"
     return None
 
 
-def _stored_problem(stored, spec: StateSpec, numel: int) -> str | None:
+@lru_cache(maxsize=4096)
+def storage_of(spec: StateSpec, numel: int) -> tuple:
+    """(codes, scales or None) of a fresh state of `numel` elements in `spec`, as meta tensors."""
+    return empty_storage(spec, numel, "meta")
+
+
+def stored_problem(stored, spec: StateSpec, numel: int,
+                   origin: str = "saved for another parameter size, block size or format, or damaged") -> str | None:
+    """Why one state (`stored`: its codes, scales, written) cannot be stepped as `spec` at
+    `numel` elements, or None: its storage against a fresh state's (storage_of); `origin`
+    says what a mismatch means where it is found (a checkpoint: saved for another ...)."""
     if not isinstance(stored, dict) or not isinstance(stored.get("codes"), torch.Tensor):
         return "missing, or without its codes"
     if "written" not in stored:
         return "without 'written' (the step its codes were written at)"
-    codes, scales = empty_storage(spec, numel, "meta")
+    codes, scales = storage_of(spec, numel)
     for field, want, got in (("codes", codes, stored["codes"]), ("scales", scales, stored.get("scales"))):
         if want is None and got is None:
             continue
@@ -134,6 +145,5 @@ def _stored_problem(stored, spec: StateSpec, numel: int) -> str | None:
             return f"{field} {'present' if want is None else 'missing'}: the checkpoint was saved with another format"
         if got.dtype != want.dtype or got.numel() != want.numel():
             return (f"{field} hold {got.numel():,} {str(got.dtype).replace('torch.', '')} values where a parameter "
-                    f"of {numel:,} elements needs {want.numel():,} {str(want.dtype).replace('torch.', '')} (saved for "
-                    "another parameter size, block size or format, or damaged)")
+                    f"of {numel:,} elements needs {want.numel():,} {str(want.dtype).replace('torch.', '')} ({origin})")
     return None

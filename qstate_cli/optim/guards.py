@@ -45,8 +45,8 @@ from functools import lru_cache
 import torch
 
 from ..quant.config import StateConfig, parse_config
-from ..quant.state import empty_storage
 from . import collectives, hparams, sharding
+from .checkpoint import stored_problem
 
 TORCH_ONLY = ("maximize", "amsgrad", "capturable", "differentiable", "foreach", "fused")
 HINTS = {"maximize": "step on the negated loss instead", "amsgrad": "use plain AdamW / Adam",
@@ -150,26 +150,14 @@ def _misfit(opt, group, p, st, made: int | None) -> str | None:
     n = p.numel() if type(p) in (torch.nn.Parameter, torch.Tensor) else sharding.layout_of(p).local_numel
     made = made if n == p.numel() else None  # (a DTensor: `made` is its whole size)
     for name in opt.state_names:
-        stored = st.get(name)
         spec = opt.spec_for(group, p, name)
-        if not isinstance(stored, dict) or not isinstance(stored.get("codes"), torch.Tensor):
-            return f"has a state without {name} codes (its optimizer state was made by hand or damaged)"
-        codes, scales = stored["codes"], stored.get("scales")
-        want = _storage(spec, n)
-        if (codes.dtype, codes.numel(), None if scales is None else scales.numel()) == want:
+        problem = stored_problem(st.get(name), spec, n, "made for another size or format, or by hand")
+        if problem is None:
             continue
         if made is not None and made != n:
             return f"has {n:,} elements, its optimizer state was made for {made:,}"
-        return (f"has {n:,} elements, its optimizer state {name} holds {codes.numel():,} {codes.dtype} codes where "
-                f"{spec} needs {want[1]:,} {want[0]} (a state made for another size or format)")
+        return f"has {n:,} elements, and its optimizer state {name} ({spec}): {problem}"
     return None
-
-
-@lru_cache(maxsize=4096)
-def _storage(spec, n: int) -> tuple:
-    """(codes dtype, codes numel, scales numel or None) of a state of n elements in `spec`."""
-    codes, scales = empty_storage(spec, n, "meta")
-    return codes.dtype, codes.numel(), None if scales is None else scales.numel()
 
 
 def _check_config(opt, i: int, group: dict) -> None:
