@@ -11,6 +11,8 @@ from qstate_cli.errors import QstateError
 from qstate_cli.trace import BLOCK, Recorder, load_trace, sample_blocks, save_trace
 from qstate_cli.trace.schema import from_dict
 
+from test_trainers import NoGroups  # Lightning's stand-in when configure_optimizers returns None
+
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -389,19 +391,6 @@ def test_the_trace_keeps_the_hyper_parameters_of_the_recorded_group(tmp_path, ca
     with Recorder(opt, tmp_path / "a.pt", model=model, include=r"^a\."):
         steps(1)
     assert load_trace(tmp_path / "a.pt").hparams["betas"] == [0.9, 0.999]
-
-
-class NoGroups(torch.optim.Optimizer):
-    """Like Lightning's _MockOptimizer (configure_optimizers returned None): no parameter groups."""
-
-    def __init__(self):
-        super().__init__([torch.zeros(1)], {})
-
-    def add_param_group(self, param_group):
-        pass
-
-    def step(self, closure=None):
-        return closure() if closure is not None else None
 
 
 def test_an_optimizer_without_parameter_groups_is_refused_in_one_line(tmp_path):
