@@ -22,7 +22,9 @@ it is evaluated at model_points(n) steps spread evenly over the replay: MODEL_PO
 on a large layout (at most MODEL_ELEMENT_STEPS element evaluations per state, at least
 MODEL_MIN_POINTS steps), every step of a replay up to twice that. On CPU, an AdamW
 configuration whose rule, codec and statistics are all fused steps in one kernel call
-(fused_step.py), the same records.
+(fused_step.py), the same records. A trace whose tensors lack a gradient at some steps
+(`absent` rows: the optimizer skipped them) replays on the reference rule, each tensor at
+its own step count and held where absent (gaps.py).
 
 The configurations of a step run one after another, or up to ReplayOptions.config_threads
 at once (`--config-threads`, runtime.Workers): each writes only its own states and reads
@@ -56,6 +58,7 @@ from ..trace.schema import Trace
 from . import merge
 from .codec import check_backend, replay_rule, replay_state
 from . import fused_step
+from .gaps import Gaps
 from .layout import Layout
 from .step import ConfigState, Shadow, model_inputs, step_config, step_shadow, stream_for
 from .recursions import Recursion, recursion_for
@@ -241,9 +244,10 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     sign = -1.0 if rec.hparams.get("maximize") else 1.0
     if sign < 0:
         rec.notes.append("maximize: gradients negated, as the optimizer does")
-    rule = replay_rule(rec, opts.backend, device)
+    gaps = Gaps.of(trace, layout, n_steps)  # rows without a gradient: the reference rule skips them (gaps.py)
+    rule = replay_rule(rec, opts.backend, device) if gaps is None else rec.step
     configs, shadows = _setup(trace, opts, mine, rec, layout, n_steps, reduce_absmax, rule != rec.step)
-    for c in configs if opts.fused_step else ():
+    for c in configs if opts.fused_step and gaps is None else ():
         c.fused = fused_step.fused_step_for(c, rule, layout)
     model_every = max(1, n_steps // model_points(layout.total_valid))  # the model costs ~ one encode + decode
     timer = Timer(device, sync=opts.profile)
@@ -256,7 +260,7 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     t_start, cpu_start = time.perf_counter(), time.process_time()
     with Workers(workers) as pool, fused_step.torch_aside(configs, device):
         _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats, nonfinite, padding, sign,
-              model_every, rule, progress)
+              model_every, rule, progress, gaps)
         team = team_parts(layout.n) if any(c.fused is not None for c in configs) else 1  # the fused step's (after
         threads = max(kernel_threads(), team)  # the loop: off if its launch failed); or torch's, or the kernels'
     if device.type == "cuda":
@@ -275,7 +279,7 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
 
 
 def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats, nonfinite, padding, sign,
-          model_every, rule, progress) -> None:
+          model_every, rule, progress, gaps=None) -> None:
     """The step loop (module docstring): per step the gradients, the shadows, then the
     configurations, in parallel on pool's threads (they share only what they read)."""
     unit, cpu = layout.unit, layout.device.type == "cpu"
@@ -284,7 +288,7 @@ def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats
     def one(c, g, i):
         with timer(str(c.cfg)):
             step_config(c, shadows[c.shadow], rec, g, i, trace.step_start + i, padding, layout,
-                         bool(c.models) and i % model_every == 0, rule)  # no models: no step to split
+                         bool(c.models) and i % model_every == 0, rule, gaps)  # no models: no step to split
 
     for i in range(n_steps):
         with timer("gather"):
@@ -300,7 +304,7 @@ def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats
             grad_stats.observe(i, g)
         with timer("shadow"):
             for sh in shadows.values():
-                step_shadow(sh, rec, g, layout, rule)
+                step_shadow(sh, rec, g, layout, rule, gaps, i)
                 if models and i % model_every == 0:
                     model_inputs(rec, sh)
         pool.each(partial(one, g=g, i=i), configs)

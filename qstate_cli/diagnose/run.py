@@ -32,9 +32,10 @@ from ..quant.config import MAX_BLOCK, MIN_BLOCK, MIN_QUANT_NUMEL, ROUNDINGS, Sta
 from ..results import Result
 from ..runtime import resolve_device
 from ..trace import load_trace
-from ..trace.schema import Trace
+from ..trace.schema import Trace, digest
 from . import distributed
 from .codec import check_backend
+from .gaps import absent_counts
 from .replay import Replay, ReplayOptions, replay
 from .summary import build
 from .validate import replays_for, update_errors, validate
@@ -43,6 +44,7 @@ DEFAULT_CONFIGS = ("nearest-4bit", "sr-4bit", "bred-4bit", "bnb-8bit", "torchao-
 LINEAR_PRESET = {"nearest": "nearest", "stochastic": "sr", "bred": "bred"}
 THEORY_FORMATS = ("bf16", "e4m3", "e2m2")
 DEMO = "demo"
+ABSENT_NOTES = 10  # one note per tensor without a gradient at some steps, at most this many
 
 
 @dataclass
@@ -233,8 +235,9 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         meta_check_s = round(time.perf_counter() - t_check, 3)
     else:
         meta_check_s = None
+    trace_digest = digest(trace)  # what the replay read, not the file (schema.digest)
     meta = {
-        "trace": trace.source, "optimizer": trace.optimizer, "hparams": trace.hparams, "seed": trace.seed,
+        "trace": trace.source, "trace_digest": trace_digest, "optimizer": trace.optimizer, "hparams": trace.hparams, "seed": trace.seed,
         "step_start": trace.step_start, "steps": raw.n_steps, "trace_steps": trace.n_steps,
         "tensors": len(trace.tensors), "recorded_elements": trace.recorded_elements,
         "total_elements": trace.total_elements, "grad_dtype": trace.grad_dtype,
@@ -262,7 +265,20 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         meta["notes"].append(f"{len(small)} of {len(trace.tensors)} tensors hold under {MIN_QUANT_NUMEL} elements "
                              f"({share:.1%} of the recorded ones): the replay quantizes them too, while the optimizers "
                              f"keep them in fp32 (min_quant_numel), so B/param and the statistics count them quantized")
+    absent = absent_counts(trace, raw.n_steps)
+    if absent:
+        meta["absent_steps"] = absent
+        for name, k in list(absent.items())[:ABSENT_NOTES]:
+            meta["notes"].append(f"{name}: no gradient at {k} of {raw.n_steps} replayed steps (.grad None: the "
+                                 f"optimizer did not step it); the replay skips them too (its states and step "
+                                 f"count held, no update; the reference rule: diagnose/gaps.py)")
+        if len(absent) > ABSENT_NOTES:
+            meta["notes"].append(f"... and {len(absent) - ABSENT_NOTES} more tensors without a gradient at some "
+                                 f"steps, skipped alike (meta.absent_steps lists every one)")
     records = rows.pop("records")
+    for r in records:  # what ties a row to its trace when files are concatenated (pandas)
+        r.setdefault("seed", trace.seed)
+        r.setdefault("trace_digest", trace_digest)
     return Result("diagnose", records, meta, extras=rows, device=raw.device), raw
 
 

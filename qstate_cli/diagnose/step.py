@@ -43,6 +43,7 @@ class Shadow:
     ref2_units: torch.Tensor | None = None
     rows: list = field(default_factory=list)  # the fused step's two sets of output rows (shadow_rows)
     sigma2: torch.Tensor | None = None  # this step's bias-corrected v before it (gaussian_arg), once for all
+    counts: object = None  # a trace with absent rows: each tensor's own step count (gaps.py)
 
 
 @dataclass
@@ -63,18 +64,30 @@ class ConfigState:
     since: int = 0  # steps since the start or the last reset
     fused: object | None = None  # the whole step in one kernel call (fused_step.py), or None
     counted: bool = True  # the states' statistics taken (ReplayOptions.state_stats; else they stay at 0)
+    counts: object = None  # a trace with absent rows: each tensor's own step count (gaps.py)
 
 
-def step_shadow(sh: Shadow, rec: Recursion, g: torch.Tensor, layout: Layout, rule: Callable) -> None:
-    """fp32 states: reset when the schedule says so, then one step of the rule."""
+def step_shadow(sh: Shadow, rec: Recursion, g: torch.Tensor, layout: Layout, rule: Callable, gaps=None,
+                i: int = 0) -> None:
+    """fp32 states: reset when the schedule says so, then one step of the rule (with `gaps`,
+    a trace's absent rows: each tensor at its own step count, held where absent; gaps.py)."""
     sh.reset_now = sh.period is not None and sh.since >= sh.period
     if sh.reset_now:
         sh.x = {s: torch.zeros_like(x) for s, x in sh.x.items()}
         sh.since = 0
+        if sh.counts is not None:
+            sh.counts[:] = 0
     first = {s: sh.since == 0 for s in rec.states}
     sh.prev = sh.x
     sh.since += 1
     sh.sigma2 = None
+    if gaps is not None:  # the reference rule (gaps.py), then the sums as below
+        if sh.counts is None:
+            sh.counts = gaps.counts()
+        sh.update, sh.x = gaps.step(rule, g, sh.x, sh.counts, i)
+        sh.x2_units = {s: unit_sums(sh.x[s] * sh.x[s], layout.unit) for s in rec.states}
+        sh.ref2_units = unit_sums(sh.update * sh.update, layout.unit)
+        return
     owner = getattr(rule, "__self__", None)  # the fused rule: the step and its sums in one pass
     fused = owner.shadow_step(g, sh.x, sh.since, layout.unit, shadow_rows(sh, layout)) \
         if hasattr(owner, "shadow_step") else None
@@ -99,26 +112,36 @@ def shadow_rows(sh: Shadow, layout: Layout) -> tuple:
 
 
 def step_config(c: ConfigState, sh: Shadow, rec: Recursion, g: torch.Tensor, i: int, step: int,
-                 padding, layout: Layout, model: bool, rule: Callable) -> None:
+                 padding, layout: Layout, model: bool, rule: Callable, gaps=None) -> None:
     """One optimizer step of a quantized configuration, as QuantizedOptimizer._step_param
-    does it, then its statistics against the shadow."""
+    does it, then its statistics against the shadow (with `gaps`: each tensor at its own step
+    count, an absent tensor's states held as read back; gaps.py)."""
     if c.period is not None and c.since >= c.period:
         c.since = 0
         for s, q in c.states.items():
             c.stats[s].on_reset(i)
             q.reset()
             c.x_hat[s] = torch.zeros_like(c.x_hat[s])
+        if c.counts is not None:
+            c.counts[:] = 0
     c.since += 1
     if c.fused is not None:  # the whole step in one kernel call, the model's reads before it (fused_step.py)
         if model:
             observe_models(c, sh, rec, i, fused_step.rule(c, g))
         return fused_step.step(c, sh, g, i, step, ruled=model)
-    first = {s: q.written == 0 for s, q in c.states.items()}
-    u, new = rule(g, c.x_hat, c.since, first)
+    if gaps is not None:
+        if c.counts is None:
+            c.counts = gaps.counts()
+        u, new = gaps.step(rule, g, c.x_hat, c.counts, i)
+    else:
+        first = {s: q.written == 0 for s, q in c.states.items()}
+        u, new = rule(g, c.x_hat, c.since, first)
     if model:  # before x_hat moves on: the step's own nominal update
         observe_models(c, sh, rec, i, new)
     for s, q in c.states.items():
         x_hat = store(q, new[s], step, c.clamp[s], padding, c.codec[s][0] == CPU_PATH)
+        if gaps is not None:  # an absent tensor's state: the value read back before, bit for bit
+            gaps.hold(i, x_hat, c.x_hat[s])
         if c.counted:
             c.stats[s].observe(i, new[s], c.x_hat[s], x_hat, sh.x[s], sh.x2_units[s], q.codes)
         c.x_hat[s] = x_hat

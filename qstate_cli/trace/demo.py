@@ -20,7 +20,7 @@ from ..models import tiny_lm
 from ..runtime import cache_dir, torch_threads
 from .partial import cache_problem
 from .recorder import Recorder
-from .schema import BLOCK, Trace
+from .schema import BLOCK, Trace, digest
 
 
 @dataclass(frozen=True)
@@ -152,9 +152,13 @@ def info(trace: Trace) -> tuple[dict, list[dict]]:
         "recorded_fraction": round(trace.recorded_elements / max(1, trace.total_elements), 4),
         "grad_dtype": trace.grad_dtype, "element_steps": trace.recorded_elements * trace.n_steps,
         "nonfinite_grads": nonfinite_total,
+        "digest": digest(trace),  # what a replay reads, not the file (schema.digest; diagnose's meta.trace_digest)
         "dead_blocks": f"{dead_total} of {sum(t.blocks.numel() for t in trace.tensors)} recorded blocks "
                        f"(gradient zero at every step)",
     }
+    absent = {t.name: len(t.absent_rows) for t in trace.tensors if t.absent_rows}
+    if absent:
+        summary["absent_steps"] = ", ".join(f"{n} ({k})" for n, k in absent.items())
     if trace.meta.get("zero_tensors"):
         summary["meta.zero_tensors"] = ", ".join(trace.meta["zero_tensors"])
     shards = trace.meta.get("shards")

@@ -35,15 +35,23 @@ def check_groups(optimizer) -> None:
 def select(plist: list, model, include: str | None, exclude: str | None) -> list[tuple[int, str, object]]:
     """(index in the optimizer's parameter list, name, parameter) of each tensor `include` /
     `exclude` (regular expressions on the names `model` gives, else param0, param1, ...) keep;
-    empty tensors are left out."""
+    empty tensors are left out, and frozen ones (requires_grad=False: never a gradient, so
+    they would count toward the size cap and replay as no data), said once on stderr."""
     names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
     inc, exc = _regex(include, "include"), _regex(exclude, "exclude")
-    out = []
+    out, frozen = [], []
     for i, p in enumerate(plist):
         name = names.get(id(p), f"param{i}")
         if (inc and not inc.search(name)) or (exc and exc.search(name)) or p.numel() == 0:
             continue
+        if not getattr(p, "requires_grad", True):
+            frozen.append(name)
+            continue
         out.append((i, name, p))
+    if frozen:
+        shown = ", ".join(frozen[:5]) + (", ..." if len(frozen) > 5 else "")
+        print(f"qstate: not recording {len(frozen)} frozen parameter(s) in the optimizer (requires_grad=False: "
+              f"no gradient to record): {shown}", file=sys.stderr)
     return out
 
 

@@ -137,8 +137,8 @@ def _cut(t: Trace, lo: int, hi: int) -> Trace:
     if (t.step_start, t.n_steps) == (lo, hi - lo):
         return t
     a, b = lo - t.step_start, hi - t.step_start
-    tensors = [TraceTensor(x.name, x.index, x.shape, x.blocks, x.grads[a:b], x.init if a == 0 else None, x.elements)
-               for x in t.tensors]
+    tensors = [TraceTensor(x.name, x.index, x.shape, x.blocks, x.grads[a:b], x.init if a == 0 else None, x.elements,
+                           _rows(x.absent, a, b)) for x in t.tensors]
     return Trace(t.optimizer, t.hparams, t.seed, lo, hi - lo, t.grad_dtype, tensors, dict(t.meta), t.source)
 
 
@@ -291,7 +291,17 @@ def _join(name: str, parts: list, source: str):
     grads = torch.cat([t.grads for _, t in parts], dim=1)[:, order]
     inits = [t.init for _, t in parts]
     init = torch.cat(inits)[order] if all(i is not None for i in inits) else None
-    return TraceTensor(name, first.index, first.shape, first.blocks, grads, init)
+    absent = [t.absent for _, t in parts if t.absent is not None]  # .grad None: the same on every rank
+    absent = torch.unique(torch.cat(absent)) if absent else None
+    return TraceTensor(name, first.index, first.shape, first.blocks, grads, init, absent=absent)
+
+
+def _rows(absent, a: int, b: int):
+    """The absent rows (schema.py) among rows a..b-1, renumbered from a (None: none)."""
+    if absent is None:
+        return None
+    kept = absent[(absent >= a) & (absent < b)] - a
+    return kept if kept.numel() else None
 
 
 def _listed(path: Path) -> list[tuple[str, list[Path]]]:
@@ -338,7 +348,10 @@ def join_steps(parts: list[Trace], source: str) -> Trace:
     tensors = []
     for j, t in enumerate(first.tensors):
         grads = torch.cat([p.tensors[j].grads for p in parts])
-        tensors.append(TraceTensor(t.name, t.index, t.shape, t.blocks, grads, t.init, t.elements))
+        rows = [p.tensors[j].absent + (p.step_start - first.step_start) for p in parts
+                if p.tensors[j].absent is not None]
+        tensors.append(TraceTensor(t.name, t.index, t.shape, t.blocks, grads, t.init, t.elements,
+                                   torch.cat(rows) if rows else None))
     meta = _with_zero_tensors(dict(first.meta, files=[p.source for p in parts]), tensors)
     return Trace(first.optimizer, first.hparams, first.seed, first.step_start, step - first.step_start,
                  first.grad_dtype, tensors, meta, source)

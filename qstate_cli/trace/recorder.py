@@ -35,7 +35,10 @@ tensors; `blocks_per_tensor` caps how many 2048-element blocks of each are kept,
 by the project's counter hash (stream seed, tensor index, state id 2, step 0) so the same
 seed samples the same blocks, among the blocks that carry gradient at the first recorded
 step (an embedding's unused rows are zero: a dead block replays as no data at all), then
-dead ones only if too few are live. A tensor whose recorded gradient stays zero at every
+dead ones only if too few are live. A parameter whose `.grad` is None at a step (an MoE
+expert or a branch unused that step: the optimizer skips it, its step count unchanged) gets
+a zero row there and the row listed in its `absent` rows (schema.py), so the replay skips
+it too; frozen parameters (requires_grad=False) are not recorded (groups.py). A tensor whose recorded gradient stays zero at every
 recorded step gets a warning on stderr and is listed in the trace's meta (`zero_tensors`;
 under FSDP2 each rank judges the elements it holds, says so, and skips tensors it holds
 none of; the loader recomputes the list from the joined gradients); `start` (global optimizer step) and `steps` pick a
@@ -47,7 +50,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -62,6 +64,7 @@ from ..runtime import rank_and_world
 from .groups import check_groups, recorded_hparams, select
 from .hparams import name_of, optimizer_step
 from .io import MANIFEST_TAG, save_trace
+from .items import Recorded, names_text, pick, shard_item
 from .notes import save_replacing, window_note
 from .partial import write_partial
 from .schema import BLOCK, GRAD_DTYPES, SAMPLING_STATE_ID, Trace, TraceTensor, recorded_elements
@@ -88,22 +91,6 @@ def live_blocks(grad: torch.Tensor) -> torch.Tensor:
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
     return flat.view(-1, BLOCK).ne(0).any(1)
-
-
-@dataclass
-class _Recorded:
-    param: torch.Tensor
-    name: str
-    index: int  # position in the optimizer's parameter list
-    blocks: torch.Tensor
-    elements: torch.Tensor | None  # flat indices to copy (None: the whole tensor); local ones for a shard
-    rows: list = field(default_factory=list)
-    global_elements: torch.Tensor | None = None  # a shard's piece: the whole tensor's indices of `elements`
-    nonzero: bool = False  # any recorded gradient element was non-zero
-
-    @property
-    def n_recorded(self) -> int:
-        return self.param.numel() if self.elements is None else self.elements.numel()
 
 
 class Recorder:
@@ -162,18 +149,18 @@ class Recorder:
         self.seed = int(seed if seed is not None else self.hparams.get("seed", 0))
         self.rank, self.world = rank_and_world()
         self.sharded = self.world > 1 and any(sharding.is_dtensor(p) for p in plist)
-        self.items: list[_Recorded] = []
+        self.items: list[Recorded] = []
         self.blocks_per_tensor = blocks_per_tensor
         for i, name, p in chosen:  # include/exclude applied (groups.py)
             if self.world > 1 and self.rank != 0 and not sharding.is_dtensor(p):
                 continue  # replicated (DDP, or unsharded under FSDP2): rank 0 records it
             blocks = sample_blocks(p.numel(), blocks_per_tensor, self.seed, i)
             if sharding.is_dtensor(p):
-                self.items.append(_shard_item(p, name, i, blocks))
+                self.items.append(shard_item(p, name, i, blocks))
                 continue
             full = blocks.numel() == -(-p.numel() // BLOCK)
             idx = None if full else recorded_elements(blocks, p.numel()).to(p.device)
-            self.items.append(_Recorded(p, name, i, blocks, idx))
+            self.items.append(Recorded(p, name, i, blocks, idx))
         if not self.items and not (self.world > 1 and self.rank != 0):
             raise QstateError("no parameters selected to record (check include/exclude)")
         self.n_rec = sum(r.n_recorded for r in self.items)
@@ -261,6 +248,7 @@ class Recorder:
         self.init = []
         for r in self.items:
             r.rows.clear()
+            r.absent.clear()
 
     @property
     def buffered(self) -> int:
@@ -279,11 +267,11 @@ class Recorder:
         pieces = [r.name for r in self.items if r.name in zero and r.global_elements is not None]
         if whole:
             print(f"qstate: the recorded gradient of {len(whole)} tensor(s) was zero at every one of {self.n_steps} "
-                  f"steps ({_names(whole)}): they replay as no data; check they are trained, or leave them out "
+                  f"steps ({names_text(whole)}): they replay as no data; check they are trained, or leave them out "
                   f"with exclude=", file=sys.stderr)
         if pieces:  # a rank sees its own elements only: the others' may be live
             print(f"qstate: rank {self.rank}: the recorded gradient elements this rank holds of {len(pieces)} "
-                  f"sharded tensor(s) were zero at every one of {self.n_steps} steps ({_names(pieces)}); the other ranks' "
+                  f"sharded tensor(s) were zero at every one of {self.n_steps} steps ({names_text(pieces)}); the other ranks' "
                   f"pieces may not be: the joined trace lists the tensors zero on every rank in meta.zero_tensors "
                   f"(`qstate trace info {self.path}`)", file=sys.stderr)
         self._warned = self._warned or bool(zero)
@@ -313,14 +301,15 @@ class Recorder:
             window_note(self)  # a start before this run's first step (a resumed run): said on stderr
             self._sample_live_blocks()
             if self.record_params:
-                self.init = [_pick(sharding.local_tensor(r.param.detach()), r.elements, torch.float32)
+                self.init = [pick(sharding.local_tensor(r.param.detach()), r.elements, torch.float32)
                              for r in self.items]
         for r in self.items:
             g = r.param.grad
-            if g is None:  # unused this step: recorded as zeros
+            if g is None:  # unused this step (the optimizer skips it): zeros, and the row listed as absent
+                r.absent.append(len(r.rows))
                 r.rows.append(torch.zeros(r.n_recorded, dtype=self.dtype))
             else:
-                r.rows.append(_pick(sharding.local_tensor(g.detach()), r.elements, self.dtype))
+                r.rows.append(pick(sharding.local_tensor(g.detach()), r.elements, self.dtype))
                 r.nonzero = r.nonzero or bool(r.rows[-1].ne(0).any())
         if self.flush_steps and self.buffered >= self.flush_steps:
             self.flush()
@@ -340,7 +329,7 @@ class Recorder:
             live = live_blocks(g.full_tensor() if sharding.is_dtensor(g) else g)
             blocks = sample_blocks(r.param.numel(), self.blocks_per_tensor, self.seed, r.index, live)
             if sharding.is_dtensor(r.param):
-                self.items[k] = _shard_item(r.param, r.name, r.index, blocks)
+                self.items[k] = shard_item(r.param, r.name, r.index, blocks)
                 continue
             r.blocks = blocks
             r.elements = recorded_elements(r.blocks, r.param.numel()).to(r.param.device)
@@ -365,8 +354,9 @@ class Recorder:
         tensors = []
         for j, r in enumerate(self.items):
             init = self.init[j] if self.init else None
+            absent = torch.tensor(r.absent, dtype=torch.int64) if r.absent else None
             tensors.append(TraceTensor(r.name, r.index, tuple(r.param.shape), r.blocks, torch.stack(r.rows), init,
-                                       r.global_elements))
+                                       r.global_elements, absent))
         return Trace(self.name, self.hparams, self.seed, self.step_start + self.flushed, self.buffered,
                      self.grad_dtype, tensors, dict(self.meta))
 
@@ -374,26 +364,3 @@ class Recorder:
         """Write this rank's recording (file_for(path)); nothing on a DDP rank other than 0."""
         if self.writes:
             self.written = save_replacing(self.trace(), self.file_for(path))  # says what it replaces
-
-
-def _shard_item(p, name: str, index: int, blocks: torch.Tensor) -> _Recorded:
-    """This rank's piece of the sampled blocks of sharded parameter p (module docstring)."""
-    layout = sharding.layout_of(p)
-    if not layout.contiguous:
-        raise QstateError(f"cannot record {name}: its shard is not one range of the flattened tensor "
-                          f"(placements {p.placements}); FSDP2 shards dim 0")
-    wanted = recorded_elements(blocks, p.numel())
-    mine = wanted[(wanted >= layout.offset) & (wanted < layout.offset + layout.local_numel)]
-    local = (mine - layout.offset).to(sharding.local_tensor(p).device)
-    return _Recorded(p, name, index, blocks, local, global_elements=mine)
-
-
-def _names(names: list[str]) -> str:
-    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-
-
-def _pick(t: torch.Tensor, idx, dtype) -> torch.Tensor:
-    flat = t.reshape(-1)
-    if idx is not None:
-        flat = flat[idx]
-    return flat.to(device="cpu", dtype=dtype, copy=True)

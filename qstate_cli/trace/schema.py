@@ -24,8 +24,13 @@ code::
                                       # the recorded elements (flat indices in the whole
                                       # tensor, ascending) this rank held; grads/init are
                                       # [.., n_part]; io.merge_shards joins the pieces
-          "sha256": "<64 hex>",       # of the bytes of blocks, grads, init and elements
-                                      # (those present), in that order
+          "absent": int64 [k],        # optional: the rows (0-based, ascending) at which the
+                                      # parameter had no gradient (.grad None: an MoE expert
+                                      # or branch unused that step, which the optimizer did
+                                      # not step); its grads rows there are 0. Absent key:
+                                      # a gradient at every step (traces before it existed)
+          "sha256": "<64 hex>",       # of the bytes of blocks, grads, init, elements and
+                                      # absent (those present), in that order
       }, ...],
       "meta": {...}                   # free-form: source, created, qstate version, rank
     }
@@ -76,6 +81,12 @@ class TraceTensor:
     grads: torch.Tensor  # [n_steps, n_rec]
     init: torch.Tensor | None = None
     elements: torch.Tensor | None = None  # a rank's piece of a sharded tensor: its element indices
+    absent: torch.Tensor | None = None  # int64 rows without a gradient (module docstring); None: none
+
+    @property
+    def absent_rows(self) -> list[int]:
+        """The rows at which this tensor had no gradient (the optimizer did not step it)."""
+        return [] if self.absent is None else [int(r) for r in self.absent.tolist()]
 
     @property
     def partial(self) -> bool:
@@ -144,19 +155,47 @@ def _tensor_dict(t: TraceTensor) -> dict:
         out["init"] = t.init
     if t.elements is not None:
         out["elements"] = t.elements.to(torch.int64)
-    out["sha256"] = checksum(out["blocks"], t.grads, t.init, out.get("elements"))
+    if t.absent is not None and t.absent.numel():
+        out["absent"] = t.absent.to(torch.int64)
+    out["sha256"] = checksum(out["blocks"], t.grads, t.init, out.get("elements"), out.get("absent"))
     return out
 
 
 def checksum(blocks: torch.Tensor, grads: torch.Tensor, init: torch.Tensor | None,
-             elements: torch.Tensor | None = None) -> str:
-    """sha256 of the raw bytes of blocks, grads, init and elements (those present), in that order."""
+             elements: torch.Tensor | None = None, absent: torch.Tensor | None = None) -> str:
+    """sha256 of the raw bytes of blocks, grads, init, elements and absent (those present), in that order."""
     digest = hashlib.sha256()
-    for tensor in (blocks, grads, init, elements):
+    for tensor in (blocks, grads, init, elements, absent):
         if tensor is not None:
             flat = tensor.detach().cpu().contiguous().reshape(-1)
             digest.update(memoryview(flat.view(torch.uint8).numpy()))
     return digest.hexdigest()
+
+
+DIGEST_FIELDS = "optimizer name and hparams, seed, step_start, n_steps, grad_dtype; per tensor name, index, " \
+                "shape, blocks, grads, absent"
+
+
+def digest(trace: "Trace") -> str:
+    """sha256 of what determines a replay (DIGEST_FIELDS), not of the file: two recordings of
+    the same seeded run share it though their meta (created, argv) and paths differ. The
+    hyper-parameters as sorted JSON; each tensor's name, index and shape as JSON, then the
+    raw bytes of blocks, grads and absent (rows of a shard's pieces in joined order). It reads
+    each tensor's gradients once, as the replay does (memory-mapped; not `init` or meta)."""
+    import json
+
+    h = hashlib.sha256()
+    head = {"optimizer": trace.optimizer, "hparams": trace.hparams, "seed": int(trace.seed),
+            "step_start": int(trace.step_start), "n_steps": int(trace.n_steps), "grad_dtype": trace.grad_dtype}
+    h.update(json.dumps(head, sort_keys=True, default=str).encode())
+    for t in trace.tensors:
+        h.update(json.dumps({"name": t.name, "index": int(t.index), "shape": [int(s) for s in t.shape]}).encode())
+        for tensor in (t.blocks.to(torch.int64), t.grads, t.absent):
+            h.update(b"|")
+            if tensor is not None and tensor.numel():
+                flat = tensor.detach().cpu().contiguous().reshape(-1)
+                h.update(memoryview(flat.view(torch.uint8).numpy()))
+    return h.hexdigest()
 
 
 def recorded_elements(blocks: torch.Tensor, numel: int) -> torch.Tensor:
@@ -259,7 +298,7 @@ def _tensor(i: int, t, n_steps: int, dtype, bad, verify: bool = True) -> TraceTe
         raise bad(f"{where}: 'index' must be a non-negative int")
     numel = math.prod(shape)
     blocks, grads = t.get("blocks"), t.get("grads")
-    for key in ("blocks", "grads", "init", "elements"):
+    for key in ("blocks", "grads", "init", "elements", "absent"):
         value = t.get(key)
         problem = tensor_problem(value) if isinstance(value, torch.Tensor) else ""
         if problem:
@@ -288,10 +327,18 @@ def _tensor(i: int, t, n_steps: int, dtype, bad, verify: bool = True) -> TraceTe
     init = t.get("init")
     if init is not None and (not isinstance(init, torch.Tensor) or tuple(init.shape) != (n_rec,)):
         raise bad(f"{where}: 'init' must be a tensor of {n_rec} values")
+    absent = t.get("absent")
+    if absent is not None:
+        if not isinstance(absent, torch.Tensor) or absent.dtype != torch.int64 or absent.ndim != 1:
+            raise bad(f"{where}: 'absent' must be a 1-D int64 tensor of rows")
+        if absent.numel() and (int(absent.min()) < 0 or int(absent.max()) >= n_steps
+                               or (absent.numel() > 1 and not bool((absent.diff() > 0).all()))):
+            raise bad(f"{where}: 'absent' must be ascending, distinct rows below n_steps ({n_steps})")
     recorded = t.get("sha256")
     if recorded is not None and verify:
         if not isinstance(recorded, str) or len(recorded) != 64:
             raise bad(f"{where}: 'sha256' must be 64 hex digits")
-        if checksum(blocks, grads, init, elements) != recorded.lower():
+        if checksum(blocks, grads, init, elements, absent) != recorded.lower():
             raise bad(f"{where}: the data does not match its sha256: the file is corrupt")
-    return TraceTensor(name, index, tuple(shape), blocks, grads, init, elements)
+    return TraceTensor(name, index, tuple(shape), blocks, grads, init, elements,
+                       absent if absent is not None and absent.numel() else None)
