@@ -18,7 +18,8 @@ One definition of each, used by every engine (bench, diagnose, train, trace):
         of kernel compilation that ended inside each phase (COMPILES)
     COMPILES
         this process's kernel compilations (the CPU path's numba kernels report theirs):
-        seconds, count, and a one-time notice when the first one starts
+        seconds, count, a notice when the first one starts, and one more for each later
+        burst of compilations still running after LATER_NOTICE_S (another kernel family)
     Workers(n)
         fn(item) for every item of a list on n threads (this one among them), returning
         when all are done: independent pieces of work in one step of a loop
@@ -111,19 +112,31 @@ class CompileClock:
     only: compiling a kernel compiles the functions it calls inside it) and their `count`.
     A compiler reports each compilation by `begin()` and `end()` (kernels/cpu/compiling.py
     for numba, whose compiler lock runs one at a time). The first `begin()` calls
-    `notice(text)`, once per process: the CLI prints it on stderr, since a first use on a
-    machine compiles for minutes; else it is a CompileNotice warning (stderr, once).
+    `notice(text)`: the CLI prints it on stderr, since a first use on a machine compiles for
+    minutes; else it is a CompileNotice warning (stderr). Each kernel family (a preset,
+    format or replay path) compiles on its first use, ~40-50 s each on a first use here, so
+    a later burst of compilations (one starting QUIET_S or more after the last one ended: a
+    training script's second preset, say) says so too, once per burst, when a compilation
+    of it is still running LATER_NOTICE_S after the burst's first began (LATER_TEXT; from a
+    timer thread): a short compile says nothing, a long one is not a silent pause.
 
     `held`: wall seconds inside the compiler (outermost `enter()` .. `leave()`, numba's
     compiler lock), which holds the compilations and also the loads of compiled kernels from
     the disk cache: `held - seconds` is the loading, ~0.15 s in a process that replays
     (the first call of each kernel), which the replay profile leaves out of its rates too."""
 
+    LATER_NOTICE_S = 2.0  # a later burst still compiling after this long says so
+    QUIET_S = 5.0  # compilations closer than this to the last one's end are one burst
+    LATER_TEXT = ("qstate: compiling more CPU kernels (a kernel family this process has not used yet: another "
+                  "preset, format or replay path); about a minute each on a first use here, not a hang")
+
     def __init__(self):
         self.notice: Callable[[str], None] | None = None
         self._compiles, self._holds = _Outermost(), _Outermost()
         self._told = False
         self._lock = threading.Lock()
+        self._last_end = -float("inf")  # when the last outermost compilation ended (perf_counter)
+        self._burst, self._burst_told = 0, False
 
     seconds = property(lambda self: self._compiles.seconds)
     count = property(lambda self: self._compiles.count)
@@ -143,16 +156,36 @@ class CompileClock:
             if not self._compiles.open():
                 return
             tell, self._told = not self._told, True
+            if tell or time.perf_counter() - self._last_end >= self.QUIET_S:  # a new burst
+                self._burst, self._burst_told = self._burst + 1, tell
+            arm, burst = not self._burst_told, self._burst
         if tell:
-            if self.notice is not None:
-                self.notice(text)
-            else:  # a training script: a warning, shown once, that a filter can silence
-                import warnings
-                warnings.warn_explicit(text, CompileNotice, "qstate", 0)  # no source line: deep inside numba
+            self._tell(text)
+        elif arm:
+            timer = threading.Timer(self.LATER_NOTICE_S, self._later, (burst,))
+            timer.daemon = True
+            timer.start()
+
+    def _later(self, burst: int) -> None:
+        """LATER_NOTICE_S after a compilation of a later burst began: say so if it still runs."""
+        with self._lock:
+            if burst != self._burst or self._burst_told or self._compiles._depth == 0:
+                return
+            self._burst_told = True
+        self._tell(self.LATER_TEXT)
+
+    def _tell(self, text: str) -> None:
+        if self.notice is not None:
+            self.notice(text)
+        else:  # a training script: a warning that a filter can silence
+            import warnings
+            warnings.warn_explicit(text, CompileNotice, "qstate", 0)  # no source line: deep inside numba
 
     def end(self) -> None:
         with self._lock:
             self._compiles.close()
+            if self._compiles._depth == 0:
+                self._last_end = time.perf_counter()
 
 
 class _Outermost:
