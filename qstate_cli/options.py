@@ -19,6 +19,10 @@ parser that is handed an already parsed value returns it unchanged.
 - A suite point is a dict of the same field names (`from_params`): an unknown name is
   an error naming the closest ones; a list field takes a scalar or a comma-separated
   string too; a scalar is converted to the field's type.
+- A list field whose values may themselves hold commas is split by its own rule, named in
+  `SPLIT` by the command and the field: `--model` of bench kernels and bench memory, where
+  `4096x1024*2,1024*4` is one custom model and `gpt2-small,llama-1b` two built-in ones
+  (bench/shapes.py, split_models).
 - `to_params()` is the inverse: plain JSON values (for result files' meta).
 - `MOST` bounds the counts that size a command's work (`bench train --seeds`, `--rounds`,
   ...), by the command's COMMAND and the field: a value above it is refused when the
@@ -50,6 +54,20 @@ MOST = {
     ("compare --ab", "rounds"): (1000, "each round times both configurations again"),
     ("bench headline", "reps"): (10_000, "timed repetitions of each row"),
     ("bench headline", "warmup"): (10_000, "warm-up calls of each row"),
+}
+
+
+def _split_models(value) -> list:
+    from .bench.shapes import split_models  # here, not at the top: this module imports no engine
+
+    return split_models(value)
+
+
+# List fields that split their text by their own rule, not split_items's: (the command, the
+# field) -> the splitter. A custom model's shapes are separated by commas as models are.
+SPLIT: dict[tuple[str, str], Callable] = {
+    ("bench kernels", "model"): _split_models,
+    ("bench memory", "model"): _split_models,
 }
 
 
@@ -171,10 +189,11 @@ class Options:
         for f in option_fields(self):
             value = getattr(self, f.name)
             if f.metadata["many"]:
+                split = SPLIT.get((self.COMMAND, f.name), split_items)
                 for item in value if isinstance(value, (list, tuple)) else [value]:
-                    if isinstance(item, str) and not split_items(item):  # `-m ,,`: not the default
+                    if isinstance(item, str) and not split(item):  # `-m ,,`: not the default
                         raise QstateError(f"{flags_of(f)[0]} {item!r}: names nothing; give at least one value")
-                value = [_convert(f, v, what) for v in split_items(value)]
+                value = [_convert(f, v, what) for v in split(value)]
             elif value is not None:
                 value = _convert(f, value, what)
             most = MOST.get((self.COMMAND, f.name))

@@ -79,7 +79,9 @@ class KernelsOptions(Options):
     numel: list[int] = many("Tensor sizes (repeatable or comma list; 1e6, 2^20). Default: the device's sweep.",
                             "--numel", "-n", parse=parse_count)
     model: list[str] = many("Whole-model shapes: gpt2-small, gpt2-medium, llama-1b, tinyllama-1.1b, llama-7b, "
-                            "tiny-lm, small-lm, or 768x3072*12,768.", "--model", "-m")
+                            "tiny-lm, small-lm, or shapes such as 768x3072*12,768 (one model). Commas separate built-in "
+                            "names; shapes written one after another are one model; repeat --model for two shape "
+                            "lists.", "--model", "-m")
     dtype: list[str] = many("Parameter and gradient dtype: fp32, bf16, fp16 (repeatable). Default: fp32 on CPU; "
                             "fp32 and bf16 on CUDA.")
     device: str = option("auto", "auto, cuda or cpu.")

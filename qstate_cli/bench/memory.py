@@ -4,9 +4,14 @@ For each config or baseline, on a model's parameter shapes (or single tensors):
 
 - `state_bytes`: exact accounting of the optimizer's real state after one step: every
   tensor reachable from `optimizer.state` (tensor subclasses such as torchao's
-  quantized states are opened into their inner tensors), each storage counted once
-  (bitsandbytes shares its code book between parameters). Includes the per-tensor step
-  counters (a few bytes per tensor). A torch.compile'd peer (torchao) takes this step
+  quantized states are opened into their inner tensors), each storage of two or more
+  elements counted once (bitsandbytes shares its code book between parameters), and each
+  one-element tensor (a step counter) once for every parameter that holds it, even where
+  a path shares it: ours count 5 int64 counters (40 B) per tensor on every path, though
+  the fused paths hold only nonfinite per tensor and share step (= each state's written)
+  and since_reset between a group's tensors (32 B per tensor fewer held, plus 16 B), so
+  the count does not depend on whether numba is installed (docs/bench.md, "Counters:
+  counted per tensor, not as held"). A torch.compile'd peer (torchao) takes this step
   with torch.compiler.set_stance("force_eager"): its state is the same, and compiling
   every shape (seconds each on a CPU) is not what this command measures; the CUDA pass
   below compiles, as training does.
@@ -60,7 +65,10 @@ class MemoryOptions(Options):
 
     COMMAND = "bench memory"
 
-    model: list[str] = many("Model shapes (default: small-lm on CPU, gpt2-small on CUDA).", "--model", "-m")
+    model: list[str] = many("Models: gpt2-small, gpt2-medium, llama-1b, tinyllama-1.1b, llama-7b, tiny-lm, small-lm, "
+                            "or shapes such as 768x3072*12,768 (one model). Commas separate built-in names; shapes "
+                            "written one after another are one model; repeat --model for two shape lists. Default: "
+                            "small-lm on CPU, gpt2-small on CUDA.", "--model", "-m")
     numel: list[int] = many("Single tensors of these sizes instead of / besides --model.", "--numel", "-n",
                             parse=parse_count)
     config: list[StateConfig] = many("Configs (repeatable). Default: bred-4bit, torchao-4bit, bred-8bit, bnb-8bit; "

@@ -16,6 +16,14 @@ the published parameter counts (tests check them):
 plus qstate's own `tiny-lm` / `small-lm` (models/tiny_lm.py, built on the meta device),
 small enough for a CPU. A custom list is written `768x3072*12,3072*12,768` (shapes
 separated by commas, `*k` repeats one k times).
+
+`--model` (bench kernels, bench memory; a suite point's `model`) takes several models, and
+a comma separates models as well as a custom model's shapes, so `split_models` reads a value
+so: commas separate built-in names (`gpt2-small,llama-1b`: two models), and shapes written
+one after another are one custom model (`4096x1024*2,1024*4`: one model of 6 tensors;
+`gpt2-small,768x768,768`: two). Two custom models are two values (`--model 768x768
+--model 1024x1024`; a YAML list `[768x768, 1024x1024]`). `qstate audit --model` takes one
+model, so its value is always one.
 """
 from __future__ import annotations
 
@@ -81,6 +89,35 @@ MODELS = {
     "tiny-lm": lambda: _tiny_lm("tiny-lm"),
     "small-lm": lambda: _tiny_lm("small-lm"),
 }
+
+
+def _is_shape(part: str) -> bool:
+    """A piece of a custom shape list (`768x3072*12`, `768`), as model_named_shapes reads one."""
+    key = part.strip().lower()
+    return any(ch.isdigit() for ch in key) and all(ch in "0123456789x* " for ch in key)
+
+
+def split_models(value) -> list:
+    """The models a `--model` value names (see module doc): one value, a list of them, or
+    comma-separated text; a shape piece that follows a shape piece of the same value
+    continues that custom model, every other piece is a model of its own."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    out: list = []
+    for item in items:
+        if not isinstance(item, str):
+            if item is not None:
+                out.append(item)
+            continue
+        models: list[str] = []
+        for part in (p.strip() for p in item.split(",")):
+            if not part:
+                continue
+            if models and _is_shape(part) and _is_shape(models[-1].rpartition(",")[2]):
+                models[-1] += "," + part
+            else:
+                models.append(part)
+        out += models
+    return out
 
 
 def model_shapes(name: str) -> list[Shape]:
