@@ -1,5 +1,6 @@
 """`qstate --version`, `--help` and `formats`, through CliRunner and as a real subprocess."""
 import json
+import os
 import subprocess
 import sys
 
@@ -66,3 +67,26 @@ def test_the_command_line_starts_without_dynamo_or_scipy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_fp4_presets_say_they_reproduce_the_paper_and_diverge_in_training():
+    """fp4 / fp4-sr keep v on unsigned E2M2 with a zero level: AdamW diverges with them (a v
+    read back as 0 blows up m / sqrt(v); tiny-lm: loss past twice the first by steps 4 and
+    7), and the description said only "E2M1 m, unsigned E2M2 v (staleness paper)"."""
+    r = runner.invoke(app, ["formats", "--json"])
+    assert r.exit_code == 0, r.output
+    presets = {row["preset"]: row["purpose"] for row in json.loads(r.stdout)["presets"]}
+    for name in ("fp4", "fp4-sr"):
+        text = presets[name]
+        assert "staleness paper" in text and "diverges" in text and "read" in text and "as 0" in text, text
+        assert all(good in text for good in ("bred-4bit", "bred-sr-4bit", "nearest-4bit")), text
+        assert all(good in PRESETS for good in ("bred-4bit", "bred-sr-4bit", "nearest-4bit"))
+    # the consoles take their width when the CLI is imported: a real process at COLUMNS=100
+    out = subprocess.run([sys.executable, "-m", "qstate_cli", "formats"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "COLUMNS": "100"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    fp4_row = next(i for i, line in enumerate(lines) if line.startswith("│ fp4 ") and "staleness" in line)
+    text = " ".join(line.strip("│ ").split("│")[-1].strip() for line in lines[fp4_row:fp4_row + 4])
+    assert "AdamW diverges" in text  # wrapped at spaces in the purpose column, not cut

@@ -227,3 +227,39 @@ def test_normalize_multiplies_by_one_reciprocal_per_block():
     assert torch.equal(n[1], torch.zeros(64)) and torch.equal(n[2], torch.zeros(64)) and torch.isfinite(n).all()
     y, _, _, _ = roundtrip(torch.tensor([1e-40, -3e-39] * 64), "int4:bred:b128")
     assert torch.equal(y, torch.zeros(128))
+
+
+# ---- BReD on a float grid: uniform in code units, biased where the spacing changes -------
+@pytest.mark.parametrize("text, eps", [("bf16:bred", 2.0 ** -7), ("e4m3:bred", 2.0 ** -3)])
+@pytest.mark.parametrize("x0, a", [(1.0, 0.0), (1.0, 0.25), (1.0, -0.25), (2.0, 0.0), (1.5, None), (0.75, None)])
+def test_bred_on_a_minifloat_is_biased_at_a_binade_boundary(text, eps, x0, a):
+    """The dither is added to the ordinal and subtracted there (config.py), so the error is
+    uniform in code units: zero-mean in value mid-binade, but at a distance of a codes from a
+    binade boundary x0 = 2^e, where the spacing goes from s_down = eps*x0/2 to s_up = eps*x0,
+    its mean is (s_up - s_down) * (1/2 - |a|)^2 / 2: (s_up - s_down)/8 = eps*x0/16 at x0
+    itself (bf16 at 1.0: +4.9e-4, the numerics probe's +5.0e-4). a=None: a mid-binade code
+    (1.5, 0.75), where the mean is 0. One dither per block of 128 and step, so the samples
+    are one element per block over 16 steps x 2048 blocks: n = 32,768 independent errors,
+    each within (-s_up/2, s_up/2], so their standard deviation is at most s_up/sqrt(12) and
+    the mean lies within 6 standard errors of its expectation."""
+    blocks, block, steps = 2048, 128, 16
+    if a is None:
+        x, expected = x0, 0.0
+        s_up = eps * 2.0 ** math.floor(math.log2(x0))  # the binade's own spacing, both sides
+    else:
+        s_up, s_down = eps * x0, eps * x0 / 2
+        x = x0 + a * (s_up if a > 0 else s_down)
+        expected = (s_up - s_down) * (0.5 - abs(a)) ** 2 / 2
+    errors = []
+    for step in range(1, steps + 1):
+        xt = torch.full((blocks * block,), x)
+        y, _, _, _ = roundtrip(xt, text, step=step)
+        errors.append((y.double() - x).view(blocks, block)[:, 0])
+    err = torch.cat(errors)
+    n = err.numel()
+    assert err.abs().max().item() <= s_up / 2 + 1e-12  # within half a code (the larger spacing)
+    tolerance = 6 * (s_up / math.sqrt(12)) / math.sqrt(n)
+    mean = err.mean().item()
+    assert abs(mean - expected) <= tolerance, (text, x, mean, expected, tolerance)
+    if a == 0.0:
+        assert expected == pytest.approx(eps * x0 / 16) and expected > 6 * tolerance  # the bias is resolved

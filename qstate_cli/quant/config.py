@@ -52,7 +52,22 @@ How BReD treats what is not a uniform grid (design decision, documented in READM
   zero is clamped to 0 by the optimizers.
 - non-uniform grids (DE code books, minifloats): the dither is applied to the *ordinal*
   (the code index, linear in value between neighbouring codes) and subtracted there on
-  read, then mapped back by linear interpolation. Error is uniform in ordinal units.
+  read, then mapped back by linear interpolation. Error is uniform in ordinal units, so it
+  is zero-mean in value only where the spacing is the same on both sides. Where it
+  changes (a minifloat's binade boundary, between a DE code book's exponent ranges) the
+  mean error in value is not 0: with spacings s_down below and s_up above the code where they change, and x
+  at a (|a| < 1/2) codes from it, E[x_hat - x] = (s_up - s_down) * (1/2 - |a|)^2 / 2,
+  largest at the code itself: (s_up - s_down) / 8, which at a binade boundary x = 2^e
+  of a float with machine epsilon eps is (eps*x - eps*x/2) / 8 = eps*x/16 (1/16 of the
+  ulp above, 1/8 of the ulp below; half a code or more away, 0). Measured with
+  quantizer.encode/decode, unscaled, 65,536 dithers each (one per block, 16 steps x 4,096
+  blocks; tests/test_formats.py checks it): bf16:bred at x = 1.0 +4.94e-4 +- 0.07e-4
+  (predicted 2^-11 = 4.88e-4), at 2.0 +9.87e-4 (9.77e-4), at 1 + 2^-9 (a = 1/4)
+  +1.23e-4 (1.22e-4), at 1.5 and 0.75 +7e-6 and +4e-6 (0, within one standard error);
+  e4m3:bred at x = 1.0 +7.90e-3 +- 0.11e-3 (2^-7 = 7.81e-3), at 1.5 +1.2e-4 (0). A
+  block-scaled float puts the boundaries at absmax / top * 2^e instead. Nearest and
+  stochastic rounding differ here: stochastic rounding is unbiased on any grid; nearest
+  is biased everywhere between codes.
 - unscaled floats (no ``b``): dither blocks of DITHER_BLOCK elements.
 """
 from __future__ import annotations
@@ -67,7 +82,9 @@ ROUNDINGS = {"nearest": "nearest", "nr": "nearest", "rne": "nearest",
 ROUNDING_HELP = {
     "nearest": "round half to even (tables: ties up, as torchao); deterministic, biased, stalls",
     "stochastic": "round up with probability = position between codes; unbiased, one random number per element",
-    "bred": "subtractive dither, one per block per step, replayed from the hash; error uniform, zero mean, var = step^2/12",
+    "bred": "subtractive dither, one per block per step, replayed from the hash; error uniform, zero mean, "
+            "var = step^2/12 (float and DE grids: uniform in code units, so at a binade boundary x = 2^e "
+            "the mean is eps*x/16, not 0)",
 }
 DITHER_BLOCK = 128
 MIN_BLOCK, MAX_BLOCK = 32, 2048
@@ -225,8 +242,17 @@ PRESETS: dict[str, tuple[str, str]] = {
     "bf16-sr": ("m=bf16:stochastic,v=bf16:stochastic", "bf16 states, stochastic rounding"),
     "fp8": ("m=e4m3:nearest:b256,v=e4m3:nearest:b256", "fp8 E4M3 with block-256 scales (torchao AdamWFp8)"),
     "fp8-sr": ("m=e4m3:stochastic:b256,v=e4m3:stochastic:b256", "fp8 E4M3, stochastic rounding"),
-    "fp4": ("m=e2m1:nearest:b128,v=e2m2:nearest:b128", "fp4: E2M1 m, unsigned E2M2 v (staleness paper), block 128"),
-    "fp4-sr": ("m=e2m1:stochastic:b128,v=e2m2:stochastic:b128", "fp4, stochastic rounding"),
+    # fp4 / fp4-sr are kept to reproduce the staleness paper's storage, not to train with. tiny-lm, AdamW
+    # (2026-12-07): `qstate bench train -c fp4 -c fp4-sr --steps 60` stopped both as diverged (loss past twice
+    # the first, steps 4 and 7); at a constant lr 1e-3 the loss went 5.7 -> 3.0e4 (fp4) and 6.3e6 (fp4-sr) in
+    # 40 steps while nearest-4bit reached 3.5 (tests/test_cli_formats.py checks that the text says so)
+    "fp4": ("m=e2m1:nearest:b128,v=e2m2:nearest:b128", "the staleness paper's fp4, to reproduce it: E2M1 m, "
+            "unsigned E2M2 v, block 128. AdamW diverges with it here (E2M2 has a zero level: a small v reads "
+            "back as 0 and m / sqrt(v) blows up); to train in 4 bits use bred-4bit, bred-sr-4bit or "
+            "nearest-4bit (v on a grid without 0)"),
+    "fp4-sr": ("m=e2m1:stochastic:b128,v=e2m2:stochastic:b128", "as fp4 (the staleness paper's format), "
+               "stochastic rounding; AdamW diverges with it too (v read back as 0): train with bred-4bit, "
+               "bred-sr-4bit or nearest-4bit"),
     "bnb-8bit": ("m=de8:nearest:b256,v=de8u:nearest:b256", "bitsandbytes AdamW8bit: DE maps, block 256, nearest"),
     "torchao-8bit": ("m=de8:nearest:b256,v=de8u:nearest:b256", "torchao AdamW8bit: DE maps, block 256, nearest"),
     "torchao-4bit": ("m=de4:nearest:b128,v=lin4nz:nearest:b128", "torchao AdamW4bit: 4-bit DE m, no-zero linear v, block 128"),
