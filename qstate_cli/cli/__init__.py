@@ -14,7 +14,8 @@ from .group import QstateGroup, new_group
 __all__ = ["QstateGroup", "app", "main", "new_group"]
 
 
-app = new_group("qstate", "Benchmark and diagnose low-bit optimizer states (4/8-bit AdamW, Lion, SGD, Muon).")
+app = new_group("qstate", "Benchmark and diagnose low-bit optimizer states (4/8-bit AdamW, Lion, SGD, Muon).",
+                completion=True)
 
 
 def _version(value: bool):

@@ -19,24 +19,28 @@ from typing import Callable, List, Optional
 import typer
 
 from ..options import default_of, flags_of, option_fields
+from . import completion
 from .output import OUTPUT_FLAGS, Destinations
 
 
-def _parameter(f) -> inspect.Parameter:
+def _parameter(f, options_cls) -> inspect.Parameter:
     md = f.metadata
+    complete = completion.for_option(options_cls, f.name, flags_of(f))
     kind = md["type"]
     cli_type = str if md["parse"] is not None and kind is not bool else kind
     if md["argument"]:
         default = typer.Argument(default_of(f), help=md["help"], metavar=md["metavar"] or f.name.upper(),
-                                 show_default=False)
+                                 show_default=False, autocompletion=completion.BY_ARGUMENT.get(f.name))
         annotation = Optional[cli_type]
     elif md["many"]:
-        default = typer.Option(None, *flags_of(f), help=md["help"], metavar=md["metavar"], show_default=False)
+        default = typer.Option(None, *flags_of(f), help=md["help"], metavar=md["metavar"], show_default=False,
+                               autocompletion=complete)
         annotation = Optional[List[cli_type]]
     else:
         value = default_of(f)
         default = typer.Option(value, *flags_of(f), help=md["help"], metavar=md["metavar"],
-                               show_default=value is not None and value is not False)
+                               show_default=value is not None and value is not False,
+                               autocompletion=complete)
         annotation = cli_type if kind is bool else Optional[cli_type]
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
@@ -64,7 +68,7 @@ def options_command(group: typer.Typer, name: str, options_cls, *, help: str, ou
         unknown = set(inputs) - {f.name for f in fields}
         if unknown:
             raise TypeError(f"{name}: inputs {sorted(unknown)} are not fields of {options_cls.__name__}")
-        params = [_parameter(f) for f in fields] + [_output_parameter(o, output_help.get(o)) for o in outputs]
+        params = [_parameter(f, options_cls) for f in fields] + [_output_parameter(o, output_help.get(o)) for o in outputs]
 
         def command(**given):
             read = tuple((_input_label(f), given[f.name]) for f in fields if f.name in inputs)

@@ -164,7 +164,7 @@ class QstateGroup(TyperGroup):
             raise _fail("qstate", "interrupted", 130) from None
 
 
-def new_group(name: str, help: str) -> typer.Typer:
+def new_group(name: str, help: str, completion: bool = False) -> typer.Typer:
     return typer.Typer(name=name, help=help, cls=QstateGroup, no_args_is_help=True,
-                       add_completion=False, pretty_exceptions_enable=False,
+                       add_completion=completion, pretty_exceptions_enable=False,
                        context_settings={"help_option_names": ["-h", "--help"]})

@@ -9,7 +9,7 @@ import typer
 
 from ..errors import CheckFailed, QstateError
 from ..optim.registry import names_text
-from . import output
+from . import completion, output
 
 
 def register(app: typer.Typer) -> None:
@@ -110,10 +110,10 @@ def compare(
                             "process (paired rounds) instead of comparing result files."),
     numel: Optional[List[str]] = typer.Option(None, "--numel", "-n", help="--ab: tensor sizes (default 2^16 on CPU, "
                                               "2^24 on CUDA)."),
-    dtype: Optional[List[str]] = typer.Option(None, "--dtype", help="--ab: parameter dtype (default fp32)."),
-    optimizer: str = typer.Option("adamw", "--optimizer", help=f"--ab: {names_text()}."),
-    backend: str = typer.Option("auto", "--backend", help="--ab: auto, reference, triton or cpu (the numba path)."),
-    device: str = typer.Option("auto", "--device", help="--ab: auto, cuda or cpu."),
+    dtype: Optional[List[str]] = typer.Option(None, "--dtype", autocompletion=completion.dtypes, help="--ab: parameter dtype (default fp32)."),
+    optimizer: str = typer.Option("adamw", "--optimizer", autocompletion=completion.optimizers, help=f"--ab: {names_text()}."),
+    backend: str = typer.Option("auto", "--backend", autocompletion=completion.backends, help="--ab: auto, reference, triton or cpu (the numba path)."),
+    device: str = typer.Option("auto", "--device", autocompletion=completion.devices, help="--ab: auto, cuda or cpu."),
     rounds: int = typer.Option(5, "--rounds", help="--ab: paired rounds."),
     rep_ms: Optional[float] = typer.Option(None, "--rep-ms", help="--ab: timed ms per configuration (default 100)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="--ab: CPU threads for torch."),

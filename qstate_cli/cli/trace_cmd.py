@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from . import output
+from . import completion, output
 from .group import new_group
 
 trace_app = new_group("trace", "Gradient traces: record a demo trace, summarize a trace.")
@@ -19,9 +19,11 @@ def register(app: typer.Typer) -> None:
 def demo(
     out: Path = typer.Option(Path("trace.pt"), "--output", "-o", help="Where to write the trace."),
     steps: int = typer.Option(2000, "--steps", help="Training steps to run and record (~40-60 steps/s on one CPU core)."),
-    model: str = typer.Option("tiny-lm", "--model", help="Built-in model: tiny-lm or small-lm."),
+    model: str = typer.Option("tiny-lm", "--model", help="Built-in model: tiny-lm or small-lm.",
+                              autocompletion=completion.trained_models),
     blocks_per_tensor: int = typer.Option(1, "--blocks-per-tensor", help="2048-element blocks recorded per tensor."),
-    grad_dtype: str = typer.Option("bf16", "--grad-dtype", help="Recorded gradient precision: bf16 or fp32."),
+    grad_dtype: str = typer.Option("bf16", "--grad-dtype", help="Recorded gradient precision: bf16 or fp32.",
+                                   autocompletion=completion.grad_dtypes),
     seed: int = typer.Option(0, "--seed", help="Seed of the model, the data order and the block sampling."),
 ):
     """Train a tiny byte-level LM on Python's own help text (CPU) and record its gradients."""
@@ -74,7 +76,7 @@ def _check_demo(s) -> None:
 
 @trace_app.command("info")
 def info(
-    trace: Path = typer.Argument(..., help="Trace file or directory of shards; `demo` or `corpus:NAME` "
+    trace: Path = typer.Argument(..., autocompletion=completion.traces, help="Trace file or directory of shards; `demo` or `corpus:NAME` "
                                            "(recorded on first use)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary and tensor rows as JSON."),
 ):
