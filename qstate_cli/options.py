@@ -19,8 +19,8 @@ parser that is handed an already parsed value returns it unchanged.
 - A suite point is a dict of the same field names (`from_params`): an unknown name is
   an error naming the closest ones; a list field takes a scalar or a comma-separated
   string too; a scalar is converted to the field's type.
-- A list field whose values may themselves hold commas is split by its own rule, named in
-  `SPLIT` by the command and the field: `--model` of bench kernels and bench memory, where
+- A list field whose values may themselves hold commas is split by its own rule, given as
+  `many(..., split=)`: `--model` of bench kernels and bench memory, where
   `4096x1024*2,1024*4` is one custom model and `gpt2-small,llama-1b` two built-in ones
   (bench/shapes.py, split_models).
 - `to_params()` is the inverse: plain JSON values (for result files' meta).
@@ -57,20 +57,6 @@ MOST = {
 }
 
 
-def _split_models(value) -> list:
-    from .bench.shapes import split_models  # here, not at the top: this module imports no engine
-
-    return split_models(value)
-
-
-# List fields that split their text by their own rule, not split_items's: (the command, the
-# field) -> the splitter. A custom model's shapes are separated by commas as models are.
-SPLIT: dict[tuple[str, str], Callable] = {
-    ("bench kernels", "model"): _split_models,
-    ("bench memory", "model"): _split_models,
-}
-
-
 def option(default: Any = None, help: str = "", *flags: str, parse: Callable | None = None,
            type: type | None = None, argument: bool = False, metavar: str | None = None):
     """A scalar option. `type` is the value's type (default: the default's; give it when the
@@ -83,11 +69,12 @@ def option(default: Any = None, help: str = "", *flags: str, parse: Callable | N
 
 
 def many(help: str = "", *flags: str, parse: Callable | None = None, type: type = str,
-         default: tuple = (), metavar: str | None = None):
-    """A list option: repeatable on the command line, each value may be a comma list."""
+         default: tuple = (), metavar: str | None = None, split: Callable | None = None):
+    """A list option: repeatable on the command line, each value may be a comma list (split
+    by split_items, or by `split` where a value holds commas of its own)."""
     return field(default_factory=lambda: list(default),
                  metadata={"help": help, "flags": flags, "parse": parse, "type": type, "many": True,
-                           "argument": False, "metavar": metavar})
+                           "argument": False, "metavar": metavar, "split": split or split_items})
 
 
 def lower(text) -> str:
@@ -189,7 +176,7 @@ class Options:
         for f in option_fields(self):
             value = getattr(self, f.name)
             if f.metadata["many"]:
-                split = SPLIT.get((self.COMMAND, f.name), split_items)
+                split = f.metadata["split"]
                 for item in value if isinstance(value, (list, tuple)) else [value]:
                     if isinstance(item, str) and not split(item):  # `-m ,,`: not the default
                         raise QstateError(f"{flags_of(f)[0]} {item!r}: names nothing; give at least one value")

@@ -37,7 +37,7 @@ from ..progress import QUIET, Progress
 from ..results import Result, device_info
 from ..runtime import free_memory, is_oom, resolve_device, torch_threads
 from .bytes_model import DTYPE_NAMES, DTYPES
-from .shapes import model_shapes, numel as shapes_numel, parse_count, sweep_shape
+from .shapes import model_shapes, numel as shapes_numel, parse_count, split_models, sweep_shape
 from .group import failure, fill_timing, measure_group
 from .subjects import Context, Subject, chosen_configs, config_or_none, ours, select_baselines
 from .timing import copy_item, measure_rounds
@@ -81,7 +81,7 @@ class KernelsOptions(Options):
     model: list[str] = many("Whole-model shapes: gpt2-small, gpt2-medium, llama-1b, tinyllama-1.1b, llama-7b, "
                             "tiny-lm, small-lm, or shapes such as 768x3072*12,768 (one model). Commas separate built-in "
                             "names; shapes written one after another are one model; repeat --model for two shape "
-                            "lists.", "--model", "-m")
+                            "lists.", "--model", "-m", split=split_models)
     dtype: list[str] = many("Parameter and gradient dtype: fp32, bf16, fp16 (repeatable). Default: fp32 on CPU; "
                             "fp32 and bf16 on CUDA.")
     device: str = option("auto", "auto, cuda or cpu.")

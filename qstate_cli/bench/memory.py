@@ -46,7 +46,7 @@ from ..results import Result, device_info
 from ..runtime import free_memory, is_oom, resolve_device
 from .bytes_model import DTYPE_NAMES, DTYPES, tensor_state_bytes
 from .kernels import Target, Tensors, failure, streamed
-from .shapes import model_shapes, parse_count
+from .shapes import model_shapes, parse_count, split_models
 from .subjects import Context, Subject, Unavailable, chosen_configs, config_or_none, ours, select_baselines
 
 DEFAULT_CONFIGS = ("bred-4bit", "torchao-4bit", "bred-8bit", "bnb-8bit")
@@ -68,7 +68,7 @@ class MemoryOptions(Options):
     model: list[str] = many("Models: gpt2-small, gpt2-medium, llama-1b, tinyllama-1.1b, llama-7b, tiny-lm, small-lm, "
                             "or shapes such as 768x3072*12,768 (one model). Commas separate built-in names; shapes "
                             "written one after another are one model; repeat --model for two shape lists. Default: "
-                            "small-lm on CPU, gpt2-small on CUDA.", "--model", "-m")
+                            "small-lm on CPU, gpt2-small on CUDA.", "--model", "-m", split=split_models)
     numel: list[int] = many("Single tensors of these sizes instead of / besides --model.", "--numel", "-n",
                             parse=parse_count)
     config: list[StateConfig] = many("Configs (repeatable). Default: bred-4bit, torchao-4bit, bred-8bit, bnb-8bit; "
