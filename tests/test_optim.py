@@ -264,7 +264,7 @@ def test_checkpoint_resume_continues_bit_for_bit(cls, cfg):
 def test_states_are_parsed_once_and_checkpointed_as_names(monkeypatch):
     """A group holds its StateConfig (parsed at construction, never again per step); the
     state_dict holds its name, and loading parses it back into an equal StateConfig."""
-    from qstate_cli.optim import base
+    from qstate_cli.optim import base, checkpoint
     from qstate_cli.quant import config as qconfig
 
     p = torch.nn.Parameter(torch.randn(5000))
@@ -274,6 +274,7 @@ def test_states_are_parsed_once_and_checkpointed_as_names(monkeypatch):
     calls = []
     counting = lambda text: calls.append(text) or qconfig.parse_config(text)  # noqa: E731
     monkeypatch.setattr(base, "parse_config", counting)
+    monkeypatch.setattr(checkpoint, "parse_config", counting)  # load_state_dict's parsing (optim/checkpoint.load)
     for _ in range(3):
         p.grad = torch.randn_like(p)
         opt.step()

@@ -39,7 +39,6 @@ Muon's Newton-Schulz still per matrix, `update_flat`).
 """
 from __future__ import annotations
 
-import copy
 
 import torch
 
@@ -47,8 +46,8 @@ from ..errors import QstateError
 from ..quant.config import MIN_QUANT_NUMEL, STATE_IDS, StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
-from . import aliasing, collectives, fused, guards, hparams, sharded_state, sharding, small, steady
-from .checkpoint import check_saved, state_problem, to_device
+from . import aliasing, chunked, collectives, fused, guards, hparams, sharded_state, sharding, small, steady
+from .checkpoint import handed_out, load, unshare
 from .spec_checks import check_state_spec
 from .reset import ResetPolicy
 
@@ -64,6 +63,7 @@ _eager_only = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
 
 
 MAX_ROUTES = 256  # distinct (parameter kind, group) routes an optimizer remembers
+BORROWED = "_borrowed_states"  # __dict__ key: parameters whose loaded states share the loaded dict's storage
 
 
 class QuantizedOptimizer(torch.optim.Optimizer):
@@ -71,6 +71,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     kernel: str | None = None  # the fused kernel module (kernels/<kernel>.py; fused.launcher)
     kernel_needs_out = False  # the kernel writes an fp32 update per parameter (Muon)
     steps_shards = True  # the rule is elementwise: a DTensor's local shard steps alone (sharding.py)
+    steps_in_chunks = False  # `update` is elementwise: the reference steps a large tensor in chunks (chunked.py)
     adam_moments = False  # m, v are Adam's moments: diagnose's Gaussian model applies (AdamW's docstring)
     later_hparams: dict = {}  # hyper-parameters added after checkpoints were saved: a group without one loads its default
 
@@ -233,6 +234,24 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                                               self._stream(group, tensor_id, name, layout.offset), st[name])
             for name in self.state_names})
 
+    def decoded_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        """{state name ('m', and 'v' for AdamW / Adam): its value as the next step reads it}
+        for parameter p: fp32 in p's shape (a DTensor's: its local shard's), decoded from the
+        stored codes and scales as every path's step decodes them (a dithered v read back below
+        0 clamped to 0), zeros where never written (or p never stepped); a reset due at the next
+        step is not applied. For AdamW, m and v are torch's exp_avg and exp_avg_sq (before
+        bias correction). New tensors: changing them changes nothing stored."""
+        group = self._group_of(p)
+        st = self.state.get(p)
+        if not st:
+            local = sharding.local_tensor(p)
+            return {name: torch.zeros(sharding.layout_of(p).local_shape, dtype=torch.float32, device=local.device)
+                    for name in self.state_names}
+        states = self.load_states(group, p, self.tensor_ids()[id(p)])
+        values = chunked.read(states)
+        return {name: x.clone() if x.untyped_storage().data_ptr() == states[name].codes.untyped_storage().data_ptr()
+                else x for name, x in values.items()}
+
     def step_counters(self, group, p, tensor_id: int) -> tuple[int, int, tuple[int, ...]]:
         """(this step, steps since the last reset including this one, the step each state was
         written at, 0 if never or reset now) of p's next step: what a fused or batched pass keys
@@ -278,6 +297,8 @@ class QuantizedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         collectives.agree_once(self)  # sharded parameters: every rank the same configuration (first step)
+        if self.__dict__.get(BORROWED):
+            self._unshare_loaded()  # the first step after load_state_dict: never write into the loaded dict
         ids = self.tensor_ids()
         ready = [steady.ready(self, group, ids) for group in self.param_groups]  # each as its last step?
         if any(r is None for r in ready):  # before anything is written: sparse gradients, states that no
@@ -314,6 +335,8 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def _step_param(self, group, p, tensor_id: int) -> None:
+        """The reference step of p (optim/chunked.py): whole, or, for an elementwise rule
+        (`steps_in_chunks`) and a tensor above one chunk, in chunks that give the same bits."""
         states = self.load_states(group, p, tensor_id)
         st = self.state[p]
         step = int(st["step"]) + 1
@@ -323,23 +346,18 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                 q.reset()
             since = 0
         since += 1
-        g = sharding.local_tensor(p.grad.detach()).to(torch.float32)
-        finite = torch.isfinite(g)
-        st["nonfinite"] += (~finite).sum()
-        g = torch.where(finite, g, torch.zeros((), device=g.device))
-        x_hat = {name: q.decode() for name, q in states.items()}
-        if "v" in x_hat:
-            x_hat["v"] = x_hat["v"].clamp(min=0.0)  # a dithered v read back below 0
         first = {name: q.written == 0 for name, q in states.items()}
         local = sharding.local_tensor(p.detach())
-        p_in = local if local.dtype == torch.float64 else local.to(torch.float32)  # fp64: updated in fp64
-        p32, new = self.update(group, p_in, g, x_hat, since, first)
+        grad = sharding.local_tensor(p.grad.detach())
+        size = chunked.chunk_size(self, states, local, grad)
+        if size is None:
+            chunked.step_whole(self, group, states, st, local, grad, step, since, first)
+        else:
+            chunked.step_in_chunks(self, group, states, st, local, grad, step, since, first, size)
         for name, q in states.items():
-            q.encode(new[name], step)
             st[name] = q.to_tensors()
         st["step"] = torch.tensor(step, dtype=torch.int64)
         st["since_reset"] = torch.tensor(since, dtype=torch.int64)
-        local.copy_(p32)
 
     def update(self, group, p32, g, x_hat: dict, since_reset: int, first: dict):
         """The rule: returns (new fp32 parameter, {state name: new fp32 state})."""
@@ -373,6 +391,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         all-reduce of the non-finite counts)."""
         collectives.check_ranks_agree(self)
         sd = super().state_dict()
+        handed_out(sd["state"])  # live tensors: a load_state_dict of this dict copies them (optim/checkpoint.py)
         for group in sd["param_groups"]:
             group["states"] = str(group["states"])
         for idx, p in enumerate(p for g in self.param_groups for p in g["params"]):
@@ -385,39 +404,23 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         return {name: self.spec_for(group, p, name) for name in self.state_names}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Like torch's, but keeps every state tensor's dtype (codes are uint8, scales
-        fp32 whatever the parameter dtype); only the device follows the parameter. Each
-        group's `states` name is parsed back into a StateConfig, once. A state that does not
-        fit its parameter (another size, block size or format; damaged) is a ValueError, and
-        then nothing is replaced (optim/checkpoint.py)."""
-        check_saved(state_dict, self.param_groups, type(self).__name__, optional=self.later_hparams,
-                    keeps=(self.defaults, self.state_names))
-        sd = copy.deepcopy(state_dict)
-        sd["param_groups"] = [{**self.later_hparams, **g} for g in sd["param_groups"]]
-        saved_state = sd.pop("state")
-        # saved keys -> parameters by position, as torch does (ids, or FQNs from DCP's state_dict helpers)
-        saved_keys = [k for g in sd["param_groups"] for k in g["params"]]
-        before = {"state": self.state, "param_groups": self.param_groups}
-        try:  # nothing is replaced unless every state fits its parameter (optim/checkpoint.py)
-            super().load_state_dict({**sd, "state": {}})
-            for group in self.param_groups:
-                group["states"] = parse_config(group["states"])
-            params = dict(zip(saved_keys, (p for g in self.param_groups for p in g["params"])))
-            for key, value in saved_state.items():
-                p = params.get(key)
-                if p is None:
-                    raise ValueError(f"load_state_dict: a state for parameter {key!r}, which no param group lists")
-                if sharding.is_dtensor(p):
-                    value = sharded_state.from_saved(p, value, self._specs(p))
-                else:  # also a full state dict gathered from FSDP2 (either form)
-                    value = sharded_state.from_gathered(p, value, self._specs(p), key)
-                problem = state_problem(value, self._specs(p), sharding.layout_of(p).local_numel)
-                if problem:
-                    raise ValueError(f"load_state_dict: parameter {key!r} (shape {tuple(p.shape)}): {problem}")
-                device = sharding.local_tensor(p).device
-                self.state[p] = {k: to_device(k, v, device) for k, v in value.items()}
-        except BaseException:
-            self.__dict__.update(before)
-            raise
+        """Like torch's: the dict's structure and param_groups are copied, its tensors moved to
+        their parameter's device (shared where they are there already), each keeping its dtype
+        (codes are uint8, scales fp32 whatever the parameter dtype). Each group's `states` name
+        is parsed back into a StateConfig, once. A state that does not fit its parameter
+        (another size, block size or format; damaged) is a ValueError, and then nothing is
+        replaced (optim/checkpoint.py). A loaded tensor that a step writes in place (codes,
+        scales, the non-finite count) never shares storage with the dict once this optimizer
+        steps: one from another optimizer's state_dict() (live: its steps may write it in
+        place) is copied at the load; one from a dict of its own (torch.load) is not copied at
+        the load, but before this optimizer's next step, one parameter at a time (BORROWED)."""
+        borrowed = load(self, state_dict)  # checked, then loaded (optim/checkpoint.py)
         guards.drop_caches(self)  # launch tables, plans, records: the old addresses, groups and states
+        self.__dict__[BORROWED] = borrowed
 
+    def _unshare_loaded(self) -> None:
+        """Storage of their own for loaded states that share the loaded dict's (load_state_dict)."""
+        for p in self.__dict__.pop(BORROWED, None) or ():
+            st = self.state.get(p)
+            if st:
+                unshare(st)

@@ -11,18 +11,25 @@ the parameter, the state and what differs, before anything is replaced.
 """
 from __future__ import annotations
 
+import copy
 import inspect
+import weakref
 from functools import lru_cache
 
 import torch
 
-from ..quant.config import StateSpec
+from ..quant.config import StateSpec, parse_config
 from ..quant.state import empty_storage
+from . import sharded_state, sharding
 
 COUNTERS = ("step", "since_reset")
 NOT_HPARAMS = ("self", "params", "defaults", "states", "reset", "seed", "min_quant_numel", "backend")
 KNOWN: dict = {}  # optimizer class name -> (its hyper-parameter names, state names): filled by optim/registry.py
 HOST_KEYS = ("step", "since_reset", "written")  # step counters live on the host: reading them never syncs
+# storage address -> a tensor on it that a qstate optimizer's state_dict() handed out: its live
+# state, which its steps may go on writing in place (the fused paths do): a load copies it
+# (handed_out, load; held weakly: an address is in here only while its storage lives)
+_HANDED_OUT: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def check_saved(state_dict, groups: list[dict] | None = None, name: str = "this optimizer", optional=(),
@@ -147,3 +154,99 @@ def stored_problem(stored, spec: StateSpec, numel: int,
             return (f"{field} hold {got.numel():,} {str(got.dtype).replace('torch.', '')} values where a parameter "
                     f"of {numel:,} elements needs {want.numel():,} {str(want.dtype).replace('torch.', '')} ({origin})")
     return None
+
+
+def _written_in_place(value):
+    """The tensors of one parameter's state that a step writes in place (codes, scales and the
+    non-finite count; the host counters are replaced, never written)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if k not in HOST_KEYS:
+                yield from _written_in_place(v)
+
+
+def handed_out(state: dict) -> None:
+    """Note the tensors a step writes in place of state_dict()'s `state` ({key: one
+    parameter's state}: the optimizer's live tensors) as handed out (load copies them)."""
+    for value in state.values():
+        for t in _written_in_place(value):
+            if t.untyped_storage().data_ptr():
+                _HANDED_OUT[t.untyped_storage().data_ptr()] = t
+
+
+def live(saved) -> bool:
+    """Whether a saved state holds a tensor on storage a qstate optimizer's state_dict() handed out."""
+    return any(_local(t).untyped_storage().data_ptr() in _HANDED_OUT for t in _written_in_place(saved))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local tensor (a saved sharded state, optim/sharded_state.py), else t."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def shares_storage(loaded: dict, saved) -> bool:
+    """Whether a loaded state (to_device keeps a tensor already on its device and dtype, as
+    torch's load_state_dict does) writes in place into storage the saved state holds."""
+    saved_at = {_local(t).untyped_storage().data_ptr() for t in _written_in_place(saved)} - {0}
+    return any(t.untyped_storage().data_ptr() in saved_at for t in _written_in_place(loaded))
+
+
+def unshare(st: dict) -> None:
+    """Give one parameter's state tensors that a step writes in place storage of their own
+    (QuantizedOptimizer.step, before its first step after load_state_dict)."""
+    for k, v in st.items():
+        if k in HOST_KEYS:
+            continue
+        if isinstance(v, torch.Tensor):
+            st[k] = v.clone()
+        elif isinstance(v, dict):
+            unshare(v)
+
+
+def load(opt, state_dict: dict) -> list:
+    """QuantizedOptimizer.load_state_dict's work: check the dict (check_saved), then load its
+    param_groups (copied) and, per parameter, its state checked against the parameter
+    (state_problem) with its tensors on the parameter's device (to_device); nothing is replaced
+    where anything does not fit. A loaded tensor that a step writes in place and that shares
+    the dict's storage is copied now where the dict is an optimizer's live state (handed_out:
+    its steps may go on writing it), else later: returns the parameters whose loaded states
+    still share the dict's storage (unshare them before this optimizer's next step)."""
+    check_saved(state_dict, opt.param_groups, type(opt).__name__, optional=opt.later_hparams,
+                keeps=(opt.defaults, opt.state_names))
+    sd = {k: v for k, v in state_dict.items() if k not in ("state", "param_groups")}
+    sd["param_groups"] = [{**opt.later_hparams, **g} for g in copy.deepcopy(state_dict["param_groups"])]
+    saved_state = state_dict["state"]
+    # saved keys -> parameters by position, as torch does (ids, or FQNs from DCP's state_dict helpers)
+    saved_keys = [k for g in sd["param_groups"] for k in g["params"]]
+    before = {"state": opt.state, "param_groups": opt.param_groups}
+    borrowed = []
+    try:  # nothing is replaced unless every state fits its parameter (optim/checkpoint.py)
+        torch.optim.Optimizer.load_state_dict(opt, {**sd, "state": {}})
+        for group in opt.param_groups:
+            group["states"] = parse_config(group["states"])
+        params = dict(zip(saved_keys, (p for g in opt.param_groups for p in g["params"])))
+        for key, saved in saved_state.items():
+            p = params.get(key)
+            if p is None:
+                raise ValueError(f"load_state_dict: a state for parameter {key!r}, which no param group lists")
+            value = dict(saved) if isinstance(saved, dict) else saved
+            if sharding.is_dtensor(p):
+                value = sharded_state.from_saved(p, value, opt._specs(p))
+            else:  # also a full state dict gathered from FSDP2 (either form)
+                value = sharded_state.from_gathered(p, value, opt._specs(p), key)
+            problem = state_problem(value, opt._specs(p), sharding.layout_of(p).local_numel)
+            if problem:
+                raise ValueError(f"load_state_dict: parameter {key!r} (shape {tuple(p.shape)}): {problem}")
+            device = sharding.local_tensor(p).device
+            opt.state[p] = {k: to_device(k, v, device) for k, v in value.items()}
+            if shares_storage(opt.state[p], saved):
+                if live(saved):  # another optimizer's live state (its steps write it in place): a copy now
+                    unshare(opt.state[p])
+                else:  # a dict of its own (torch.load): copied, per parameter, before the next step
+                    borrowed.append(p)
+    except BaseException:
+        opt.__dict__.update(before)
+        raise
+    return borrowed

@@ -32,6 +32,7 @@ class AdamW(QuantizedOptimizer):
 
     state_names = ("m", "v")
     kernel = "adamw"
+    steps_in_chunks = True  # elementwise `update`: the reference steps a large tensor in chunks (optim/chunked.py)
     # m an EMA of g (beta1), v an EMA of g^2 (beta2), bias-corrected: diagnose's Gaussian staleness
     # model (sigma^2 = v / c_t), theory.py's stall curve of v and the reset advice apply (Adam too)
     adam_moments = True
@@ -107,6 +108,7 @@ class Lion(QuantizedOptimizer):
     """Lion with a quantized momentum m."""
 
     kernel = "lion"
+    steps_in_chunks = True  # elementwise `update`: the reference steps a large tensor in chunks (optim/chunked.py)
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0,
                  states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, backend="auto"):
@@ -157,6 +159,7 @@ class SGD(QuantizedOptimizer):
     """SGD with a quantized momentum buffer (torch.optim.SGD semantics)."""
 
     kernel = "sgd"
+    steps_in_chunks = True  # elementwise `update`: the reference steps a large tensor in chunks (optim/chunked.py)
 
     def __init__(self, params, lr=1e-2, momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=False,
                  states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, backend="auto"):

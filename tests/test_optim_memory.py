@@ -1,0 +1,131 @@
+"""load_state_dict copies the dict's structure, not its tensors (as torch's): loading makes no
+copy of the states, and stepping never writes into the loaded dict (another optimizer's live
+state_dict()), on either path (the fused CPU path writes codes and scales in place)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from qstate_cli.optim.optimizers import AdamW, Lion
+
+N = 5000  # above min_quant_numel: quantized states
+
+
+def _tensors(sd):
+    for k, v in sd["state"].items():
+        for name, t in sorted(v.items()):
+            if isinstance(t, dict):
+                for f, u in sorted(t.items()):
+                    yield (k, name, f), u
+            else:
+                yield (k, name), t
+
+
+def _equal(a, b) -> bool:
+    ta, tb = dict(_tensors(a)), dict(_tensors(b))
+    return ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+def _model(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(N, generator=gen)), torch.nn.Parameter(torch.randn(50, 100, generator=gen))]
+
+
+def _step(opt, params, seed, nan=False):
+    gen = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+        if nan:
+            p.grad.view(-1)[7] = float("nan")
+    opt.step()
+
+
+def _ptr(opt, p, name="m", field="codes"):
+    return opt.state[p][name][field].untyped_storage().data_ptr()
+
+
+PARAMS = [pytest.mark.parametrize("backend", ["reference", "auto"]),
+          pytest.mark.parametrize("states", ["bred-4bit", "fp32", "bf16", "bnb-8bit"]),
+          pytest.mark.parametrize("cls", [AdamW, Lion])]
+
+
+def _with(marks):
+    def wrap(fn):
+        for mark in reversed(marks):
+            fn = mark(fn)
+        return fn
+    return wrap
+
+
+@_with(PARAMS)
+def test_a_live_state_dict_is_copied_at_load(cls, states, backend):
+    """Another optimizer's state_dict() holds its live states (the fused paths write them in
+    place at its next step): both optimizers step on, each as if alone."""
+    a_params = _model()
+    a = cls(a_params, states=states, backend=backend)
+    for i in range(2):
+        _step(a, a_params, i)
+    sd = a.state_dict()
+    snapshot = copy.deepcopy(sd)
+    b_params = [torch.nn.Parameter(p.detach().clone()) for p in a_params]
+    b = cls(b_params, states=states, backend=backend)
+    b.load_state_dict(sd)
+    assert _ptr(b, b_params[0]) != _ptr(a, a_params[0])
+    c_params = [torch.nn.Parameter(p.detach().clone()) for p in a_params]  # the same, loaded from a copy
+    c = cls(c_params, states=states, backend=backend)
+    c.load_state_dict(copy.deepcopy(snapshot))
+    _step(b, b_params, 2, nan=True)
+    _step(c, c_params, 2, nan=True)
+    assert _equal(sd, snapshot) and _equal(a.state_dict(), snapshot)  # nothing written into the dict
+    for i in range(3, 5):  # a and b in turn
+        _step(a, a_params, i)
+        _step(b, b_params, i)
+        _step(c, c_params, i)
+    assert _equal(b.state_dict(), c.state_dict()) and b.nonfinite_count() == 2 and a.nonfinite_count() == 0
+    assert all(torch.equal(p, q) for p, q in zip(b_params, c_params))
+
+
+@_with(PARAMS)
+def test_a_dict_of_its_own_is_shared_at_load_and_never_written(cls, states, backend):
+    """A dict nobody steps (torch.load's, a deepcopy): its tensors become the states, with no
+    copy; each optimizer gets storage of its own before it writes, so two optimizers loaded
+    from one dict step as if alone and the dict stays as it was."""
+    a_params = _model()
+    a = cls(a_params, states=states, backend=backend)
+    for i in range(2):
+        _step(a, a_params, i)
+    sd = copy.deepcopy(a.state_dict())
+    snapshot = copy.deepcopy(sd)
+    twins = []
+    for _ in range(2):
+        params = [torch.nn.Parameter(p.detach().clone()) for p in a_params]
+        opt = cls(params, states=states, backend=backend)
+        opt.load_state_dict(sd)
+        assert _ptr(opt, params[0]) == sd["state"][0]["m"]["codes"].untyped_storage().data_ptr()  # no copy
+        twins.append((opt, params))
+    for i in range(2, 5):
+        for opt, params in twins:
+            _step(opt, params, i, nan=i == 3)
+        _step(a, a_params, i, nan=i == 3)
+    assert _equal(sd, snapshot)
+    for opt, params in twins:
+        assert _equal(opt.state_dict(), a.state_dict()) and opt.nonfinite_count() == 2
+        assert all(torch.equal(p, q) for p, q in zip(params, a_params))
+
+
+def test_a_checkpoint_from_disk_resumes_and_is_not_copied_at_load(tmp_path):
+    params = _model()
+    opt = AdamW(params, backend="reference")
+    _step(opt, params, 0)
+    torch.save(opt.state_dict(), tmp_path / "opt.pt")
+    sd = torch.load(tmp_path / "opt.pt", weights_only=True)
+    fresh = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    other = AdamW(fresh, backend="reference")
+    other.load_state_dict(sd)
+    assert other.state[fresh[1]]["v"]["codes"] is sd["state"][1]["v"]["codes"]
+    _step(opt, params, 1)
+    _step(other, fresh, 1)
+    assert all(torch.equal(p, q) for p, q in zip(params, fresh))
+    assert _equal(opt.state_dict(), other.state_dict())
