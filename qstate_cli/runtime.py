@@ -118,7 +118,10 @@ class CompileClock:
     a later burst of compilations (one starting QUIET_S or more after the last one ended: a
     training script's second preset, say) says so too, once per burst, when a compilation
     of it is still running LATER_NOTICE_S after the burst's first began (LATER_TEXT; from a
-    timer thread): a short compile says nothing, a long one is not a silent pause.
+    timer thread, one pending per burst at a time: a timer that finds no compilation running
+    lets the burst's next begin() arm the next): a short compile says nothing, a long one is
+    not a silent pause. The CLI's notice (cli/output.say) prints through the same rich
+    console as its progress bars, which prints it above a live bar from any thread.
 
     `held`: wall seconds inside the compiler (outermost `enter()` .. `leave()`, numba's
     compiler lock), which holds the compilations and also the loads of compiled kernels from
@@ -137,6 +140,7 @@ class CompileClock:
         self._lock = threading.Lock()
         self._last_end = -float("inf")  # when the last outermost compilation ended (perf_counter)
         self._burst, self._burst_told = 0, False
+        self._armed = 0  # the burst whose timer is pending (0: none): one timer at a time
 
     seconds = property(lambda self: self._compiles.seconds)
     count = property(lambda self: self._compiles.count)
@@ -158,7 +162,10 @@ class CompileClock:
             tell, self._told = not self._told, True
             if tell or time.perf_counter() - self._last_end >= self.QUIET_S:  # a new burst
                 self._burst, self._burst_told = self._burst + 1, tell
-            arm, burst = not self._burst_told, self._burst
+            burst = self._burst
+            arm = not self._burst_told and self._armed != burst
+            if arm:
+                self._armed = burst
         if tell:
             self._tell(text)
         elif arm:
@@ -167,8 +174,11 @@ class CompileClock:
             timer.start()
 
     def _later(self, burst: int) -> None:
-        """LATER_NOTICE_S after a compilation of a later burst began: say so if it still runs."""
+        """LATER_NOTICE_S after a compilation of a later burst began: say so if one still runs
+        (else the burst's next begin() arms the next timer: one pending at a time)."""
         with self._lock:
+            if self._armed == burst:
+                self._armed = 0
             if burst != self._burst or self._burst_told or self._compiles._depth == 0:
                 return
             self._burst_told = True

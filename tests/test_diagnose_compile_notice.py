@@ -50,3 +50,28 @@ def test_a_script_gets_warnings(monkeypatch):
         clock.end()
     texts = [str(w.message) for w in caught if issubclass(w.category, runtime.CompileNotice)]
     assert texts == ["compiling", clock.LATER_TEXT]
+
+
+def test_one_pending_timer_per_burst(monkeypatch):
+    """Many short compilations of a later burst arm one timer, not one each."""
+    told, started = [], []
+    clock = _clock(monkeypatch, told)
+    real = runtime.threading.Timer
+
+    def timer(*a, **k):
+        t = real(*a, **k)
+        started.append(t)
+        return t
+
+    monkeypatch.setattr(runtime.threading, "Timer", timer)
+    clock.begin("first"); clock.end()
+    time.sleep(0.3)
+    for _ in range(50):  # a later burst of short compilations, inside LATER_NOTICE_S
+        clock.begin("x"); clock.end()
+    assert len(started) == 1
+    time.sleep(0.1)  # the timer fired, found nothing compiling: the burst's next begin arms again
+    clock.begin("x")
+    assert len(started) == 2
+    time.sleep(0.15)
+    clock.end()
+    assert told == ["first", clock.LATER_TEXT]

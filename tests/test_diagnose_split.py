@@ -136,3 +136,24 @@ def test_auto_splits_elements_on_large_traces_and_configurations_on_small_ones()
     assert auto_mode(2 * AUTO_ELEMENTS_PER_RANK, 7, 2) == "elements"
     assert auto_mode(2 * AUTO_ELEMENTS_PER_RANK - 1, 7, 2) == "configs"
     assert auto_mode(24_320, 1, 2) == "elements"                     # one configuration: only elements split
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_element_split_with_absent_rows_equals_one_process(trace, ranks):
+    """A trace whose tensors lack a gradient at some steps (gaps.py): each rank holds its
+    pieces, resets each tensor on its own count, keeps the held codes; the gradient checks'
+    per-step counts of elements with a gradient add up across the ranks."""
+    from dataclasses import replace
+
+    rows = {1: [0, 3, 4], 2: [2, 5]}
+    tensors = []
+    for j, t in enumerate(trace.tensors):
+        grads = t.grads.clone()
+        grads[rows.get(j, [])] = 0
+        tensors.append(replace(t, grads=grads, absent=torch.tensor(rows[j]) if j in rows else None))
+    gappy = replace(trace, tensors=tensors)
+    configs = [parse_config(c) for c in ("bred-4bit", "nearest-4bit", "te-fp8", "bnb-8bit")]
+    kw = dict(reset="3", keep_states=True)
+    one = replay(gappy, ReplayOptions(configs, **kw))
+    assert "present" in one.gradients
+    assert_same_replay(one, split_replay(gappy, configs, ranks, **kw))

@@ -126,7 +126,7 @@ def _dict(tmp_path):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda d: d.update(schema_version=2), "newer than this qstate reads"),
+    (lambda d: d.update(schema_version=3), "newer than this qstate reads"),
     (lambda d: d.update(schema_version=0), "unsupported trace schema_version 0"),
     (lambda d: d.pop("seed"), "missing 'seed'"),
     (lambda d: d.update(format="other"), "not a qstate trace"),

@@ -19,6 +19,11 @@ sigma^2 constant over the run. On the trace (GradientStats, stats.py):
                (among live elements: those zero at every step, dead, never stall and
                are counted apart)
 
+A trace with absent rows (gaps.py: steps at which a tensor had no gradient) counts each
+element over its own steps only: the zero share over the element-steps that had a gradient,
+an element's kurtosis over its own T, and E[g^2] per step as the mean over the elements
+present then (GradientStats `present`).
+
 Heavy tails put more of g^2 far below its mean (a small g^2 against v stalls), a falling
 E[g^2] leaves v above the g^2 it now sees, and zero gradients decay v by beta2 alone: all
 three make a state stall more than the Gaussian model predicts. Where the Gaussian
@@ -41,12 +46,20 @@ def gradient_checks(grad: dict, n_steps: int) -> dict:
     """kurtosis, trend of E[g^2] and zero share of the replayed gradients, and which failed."""
     k = max(1, math.ceil(0.1 * n_steps))
     g2 = np.asarray(grad["g2_sum"][:n_steps], dtype=float)
-    first, last = g2[:k].mean(), g2[-k:].mean()
+    element_steps = grad["n"] * n_steps
+    if "present" in grad:  # absent rows (gaps.py): per step, the mean over the elements that had a gradient
+        present = np.asarray(grad["present"][:n_steps], dtype=float)
+        element_steps = float(present.sum())
+        with np.errstate(divide="ignore", invalid="ignore"):
+            g2 = np.where(present > 0, g2 / present, np.nan)
+        first, last = _finite_mean(g2[:k]), _finite_mean(g2[-k:])
+    else:
+        first, last = g2[:k].mean(), g2[-k:].mean()
     kurt = np.asarray(grad["kurtosis"], dtype=float)
     pooled = float(np.median(kurt)) if kurt.size else None
     out = {"grad_kurtosis": pooled / trend_share(g2) if kurt.size else None, "grad_kurtosis_pooled": pooled,
-           "grad_g2_trend": float(last / first) if first > 0 else None,
-           "grad_zero_share": float(np.sum(grad["zeros"][:n_steps]) / max(1, grad["n"] * n_steps)),
+           "grad_g2_trend": float(last / first) if first > 0 and not math.isnan(last) else None,
+           "grad_zero_share": float(np.sum(grad["zeros"][:n_steps]) / max(1, element_steps)),
            "grad_dead_elements": int(grad.get("dead", 0))}
     failed = []
     kurt = out["grad_kurtosis"]
@@ -65,6 +78,11 @@ def gradient_checks(grad: dict, n_steps: int) -> dict:
         failed.append(f"{out['grad_zero_share']:.1%} of gradient elements are exactly 0 (a Gaussian has none)")
     out["failed"] = failed
     return out
+
+
+def _finite_mean(x: np.ndarray) -> float:
+    x = x[np.isfinite(x)]
+    return float(x.mean()) if x.size else math.nan
 
 
 def trend_share(g2_sum: np.ndarray) -> float:

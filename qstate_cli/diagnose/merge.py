@@ -16,8 +16,9 @@ series, histograms and counts add. One process is the one-part case of the same 
                    (stats.fidelity), once, on the whole
     ModelStats     empirical, gaussian, nominal [steps]: sum (NaN where the model was not
                    evaluated: the same steps on every rank)
-    GradientStats  g2_sum, zeros [steps], n (live), dead: sum; kurtosis (per live
-                   element): concatenate (its median is then the single run's)
+    GradientStats  g2_sum, zeros [steps], n (live), dead, present [steps] (a trace with
+                   absent rows): sum; kurtosis (per live element): concatenate (its median
+                   is then the single run's)
     nonfinite      per unit: concatenate
     final states   per tensor: concatenate the pieces
 
@@ -68,6 +69,8 @@ def gradients(parts: list[dict]) -> dict:
     """GradientStats.collect() of every part (distinct unit ranges, in layout order)."""
     out = {k: _sum(parts, k) for k in ("g2_sum", "zeros", "n", "dead")}
     out["kurtosis"] = np.concatenate([p["kurtosis"] for p in parts])
+    if all("present" in p for p in parts):  # a trace with absent rows (GradientStats)
+        out["present"] = _sum(parts, "present")
     return out
 
 

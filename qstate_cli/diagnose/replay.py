@@ -58,7 +58,7 @@ from ..trace.schema import Trace
 from . import merge
 from .codec import check_backend, replay_rule, replay_state
 from . import fused_step
-from .gaps import Gaps
+from .gaps import Gaps, check_rule
 from .layout import Layout
 from .step import ConfigState, Shadow, model_inputs, step_config, step_shadow, stream_for
 from .recursions import Recursion, recursion_for
@@ -245,6 +245,8 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     if sign < 0:
         rec.notes.append("maximize: gradients negated, as the optimizer does")
     gaps = Gaps.of(trace, layout, n_steps)  # rows without a gradient: the reference rule skips them (gaps.py)
+    if gaps is not None:
+        check_rule(rec.optimizer)
     rule = replay_rule(rec, opts.backend, device) if gaps is None else rec.step
     configs, shadows = _setup(trace, opts, mine, rec, layout, n_steps, reduce_absmax, rule != rec.step)
     for c in configs if opts.fused_step and gaps is None else ():
@@ -256,7 +258,7 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     padding = (~layout.valid).nonzero().squeeze(1) if layout.valid is not None else None
     nonfinite = torch.zeros(layout.n_units, dtype=torch.float64, device=device)
     fused_cpu = check_backend(opts.backend) != "reference" and cpu_unavailable(device) is None
-    grad_stats = GradientStats(layout, n_steps, fused=fused_cpu)
+    grad_stats = GradientStats(layout, n_steps, fused=fused_cpu, gaps=gaps)
     t_start, cpu_start = time.perf_counter(), time.process_time()
     with Workers(workers) as pool, fused_step.torch_aside(configs, device):
         _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats, nonfinite, padding, sign,
@@ -301,6 +303,9 @@ def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats
                 g.masked_fill_(bad, 0.0)  # the optimizers' policy: count, then treat as 0
             if sign < 0:
                 g.neg_()
+            gone = gaps.missing(i) if gaps is not None else None
+            if gone is not None:  # no gradient there: 0 (as recorded), left out of the checks (GradientStats)
+                g.index_fill_(0, gone, 0.0)
             grad_stats.observe(i, g)
         with timer("shadow"):
             for sh in shadows.values():

@@ -235,7 +235,7 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         meta_check_s = round(time.perf_counter() - t_check, 3)
     else:
         meta_check_s = None
-    trace_digest = digest(trace)  # what the replay read, not the file (schema.digest)
+    trace_digest = digest(trace)  # the whole trace's content (every row, whatever --steps-limit), not the file's bytes (schema.digest)
     meta = {
         "trace": trace.source, "trace_digest": trace_digest, "optimizer": trace.optimizer, "hparams": trace.hparams, "seed": trace.seed,
         "step_start": trace.step_start, "steps": raw.n_steps, "trace_steps": trace.n_steps,
@@ -270,8 +270,9 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
         meta["absent_steps"] = absent
         for name, k in list(absent.items())[:ABSENT_NOTES]:
             meta["notes"].append(f"{name}: no gradient at {k} of {raw.n_steps} replayed steps (.grad None: the "
-                                 f"optimizer did not step it); the replay skips them too (its states and step "
-                                 f"count held, no update; the reference rule: diagnose/gaps.py)")
+                                 f"optimizer did not step it); the replay skips them too (its states, codes "
+                                 f"and step count held, no update, reset on its own count; the reference rule: "
+                                 f"diagnose/gaps.py)")
         if len(absent) > ABSENT_NOTES:
             meta["notes"].append(f"... and {len(absent) - ABSENT_NOTES} more tensors without a gradient at some "
                                  f"steps, skipped alike (meta.absent_steps lists every one)")

@@ -129,11 +129,17 @@ class StateStats:
         self.units += u
         self.series[:, i] = u.sum(1, dtype=torch.float64)
 
-    def on_reset(self, i: int) -> None:
+    def on_reset(self, i: int, positions: torch.Tensor | None = None) -> None:
         """A reset before replay step t = i + 1 puts every code back to the never-written
-        storage (all zero bits): codes that were not zero changed at step t."""
-        self.last_change.masked_fill_(self.prev_code != 0, i + 1)
-        self.prev_code = torch.zeros_like(self.prev_code)
+        storage (all zero bits): codes that were not zero changed at step t. positions: a
+        reset of those elements only (a tensor on its own count: gaps.py)."""
+        if positions is None:
+            self.last_change.masked_fill_(self.prev_code != 0, i + 1)
+            self.prev_code = torch.zeros_like(self.prev_code)
+            return
+        was = self.prev_code.index_select(0, positions)
+        self.last_change.index_fill_(0, positions[was != 0], i + 1)
+        self.prev_code.index_fill_(0, positions, 0)
 
     def _count_codes(self, code: torch.Tensor, nominal: torch.Tensor, stall: torch.Tensor,
                      code_stall: torch.Tensor) -> None:
@@ -346,13 +352,19 @@ class GradientStats:
     """What the Gaussian model assumes about the gradients, checked on the trace: per step
     sum of g^2 and count of exact zeros over the recorded elements; per element sums of g^2
     and g^4 over the steps (kurtosis n sum g^4 / (sum g^2)^2: 3 for a Gaussian of constant
-    variance)."""
+    variance).
 
-    def __init__(self, layout: Layout, n_steps: int, fused: bool = False):
+    gaps (a trace's absent rows, gaps.py): a tensor's absent steps are not gradients, so they
+    count nowhere: the caller zeroes those rows (replay._loop), observe takes their zeros
+    out of the step's count, and collect counts each element's kurtosis over its own steps
+    and adds `present`, per step the live elements that had a gradient (assumptions.py
+    divides by it)."""
+
+    def __init__(self, layout: Layout, n_steps: int, fused: bool = False, gaps=None):
         """fused: on CPU, the whole step in one numba pass (kernels/cpu/replay_stats.gradient_step,
         the same bits); else torch ops."""
         dev = layout.device
-        self.layout = layout
+        self.layout, self.gaps = layout, gaps
         self.series = torch.zeros(2, n_steps, dtype=torch.float64, device=dev)  # sum g^2, zeros
         self.g2 = torch.zeros(layout.n, dtype=torch.float64, device=dev)
         self.g4 = torch.zeros(layout.n, dtype=torch.float64, device=dev)
@@ -363,8 +375,12 @@ class GradientStats:
             self._step, self._rows = gradient_step, self.series.numpy()  # numpy stores: ~0.1 us, torch's ~20
 
     def observe(self, i: int, g: torch.Tensor) -> None:
+        """g: step i's gradients (with gaps: 0 at the tensors absent at step i)."""
+        gone = self.gaps.missing(i) if self.gaps is not None else None
+        gone = 0 if gone is None else gone.numel()  # zeros that were no gradient (class docstring)
         if self._sq is not None:
-            self._rows[0, i], self._rows[1, i] = self._step(g, self.layout.valid, self.g2, self.g4, self._sq)
+            self._rows[0, i], zeros = self._step(g, self.layout.valid, self.g2, self.g4, self._sq)
+            self._rows[1, i] = zeros - gone
             self.n_steps += 1
             return
         g2 = g.double() * g.double()
@@ -374,7 +390,7 @@ class GradientStats:
         if self.layout.valid is not None:
             zeros = zeros & self.layout.valid
         self.series[0, i] = g2.sum()
-        self.series[1, i] = zeros.sum(dtype=torch.float64)
+        self.series[1, i] = zeros.sum(dtype=torch.float64) - gone
         self.n_steps += 1
 
     def collect(self) -> dict:
@@ -382,8 +398,23 @@ class GradientStats:
         live = g2 > 0
         if self.layout.valid is not None:
             live &= self.layout.valid
-        kurt = (self.n_steps * g4[live] / (g2[live] * g2[live])).cpu().numpy()
         ser = self.series.cpu().numpy()
         n_live = int(live.sum())
         dead = self.layout.n_valid - n_live  # zero at every step: no nominal update, no stall
-        return {"g2_sum": ser[0], "zeros": ser[1] - dead, "kurtosis": kurt, "n": n_live, "dead": dead}
+        if self.gaps is None:
+            kurt = (self.n_steps * g4[live] / (g2[live] * g2[live])).cpu().numpy()
+            return {"g2_sum": ser[0], "zeros": ser[1] - dead, "kurtosis": kurt, "n": n_live, "dead": dead}
+        # each element over its own steps (class docstring); a dead element's zeros only where present
+        own = self.gaps.present_counts(self.n_steps)  # per tensor
+        steps = torch.zeros(self.layout.n, dtype=torch.float64, device=g2.device)
+        live_of, dead_of = np.zeros(len(own)), np.zeros(len(own))
+        for j, pieces in self.gaps.pieces.items():
+            for at, count in pieces:
+                steps[at: at + count] = float(own[j])
+                k = int(live[at: at + count].sum())
+                live_of[j] += k
+                dead_of[j] += count - k
+        kurt = (steps[live] * g4[live] / (g2[live] * g2[live])).cpu().numpy()
+        here = (~self.gaps.absent[:self.n_steps]).astype(np.float64)  # [steps, tensors]
+        return {"g2_sum": ser[0], "zeros": ser[1] - here @ dead_of, "kurtosis": kurt, "n": n_live, "dead": dead,
+                "present": here @ live_of}

@@ -61,7 +61,7 @@ class ConfigState:
     models: dict  # name -> ModelStats (quantized states only)
     shadow: int | None  # key of the fp32 shadow it is measured against
     codec: dict  # name -> [path, why the reference ran or None] (codec.py)
-    since: int = 0  # steps since the start or the last reset
+    since: int = 0  # steps since the start or the last reset (with gaps: replayed steps; c.counts resets)
     fused: object | None = None  # the whole step in one kernel call (fused_step.py), or None
     counted: bool = True  # the states' statistics taken (ReplayOptions.state_stats; else they stay at 0)
     counts: object = None  # a trace with absent rows: each tensor's own step count (gaps.py)
@@ -70,20 +70,25 @@ class ConfigState:
 def step_shadow(sh: Shadow, rec: Recursion, g: torch.Tensor, layout: Layout, rule: Callable, gaps=None,
                 i: int = 0) -> None:
     """fp32 states: reset when the schedule says so, then one step of the rule (with `gaps`,
-    a trace's absent rows: each tensor at its own step count, held where absent; gaps.py)."""
+    a trace's absent rows: each tensor at its own step count and reset on it, held where
+    absent; sh.since keeps the global schedule for the Gaussian model; gaps.py)."""
     sh.reset_now = sh.period is not None and sh.since >= sh.period
-    if sh.reset_now:
-        sh.x = {s: torch.zeros_like(x) for s, x in sh.x.items()}
+    if sh.reset_now:  # the global schedule (with gaps: the Gaussian model's build-up only, gaps.py)
         sh.since = 0
-        if sh.counts is not None:
-            sh.counts[:] = 0
+        if gaps is None:
+            sh.x = {s: torch.zeros_like(x) for s, x in sh.x.items()}
+    if gaps is not None:  # each tensor's own reset (gaps.py)
+        if sh.counts is None:
+            sh.counts = gaps.counts()
+        due = gaps.due(i, sh.counts, sh.period)
+        if due:
+            idx = gaps.index(due)
+            sh.x = {s: x.index_fill(0, idx, 0.0) for s, x in sh.x.items()}
     first = {s: sh.since == 0 for s in rec.states}
     sh.prev = sh.x
     sh.since += 1
     sh.sigma2 = None
     if gaps is not None:  # the reference rule (gaps.py), then the sums as below
-        if sh.counts is None:
-            sh.counts = gaps.counts()
         sh.update, sh.x = gaps.step(rule, g, sh.x, sh.counts, i)
         sh.x2_units = {s: unit_sums(sh.x[s] * sh.x[s], layout.unit) for s in rec.states}
         sh.ref2_units = unit_sums(sh.update * sh.update, layout.unit)
@@ -115,23 +120,29 @@ def step_config(c: ConfigState, sh: Shadow, rec: Recursion, g: torch.Tensor, i: 
                  padding, layout: Layout, model: bool, rule: Callable, gaps=None) -> None:
     """One optimizer step of a quantized configuration, as QuantizedOptimizer._step_param
     does it, then its statistics against the shadow (with `gaps`: each tensor at its own step
-    count, an absent tensor's states held as read back; gaps.py)."""
-    if c.period is not None and c.since >= c.period:
+    count and reset on it, an absent tensor's states and codes held as read back; gaps.py)."""
+    if gaps is not None:  # each tensor resets on its own count (gaps.py)
+        if c.counts is None:
+            c.counts = gaps.counts()
+        due = gaps.due(i, c.counts, c.period)
+        if due:
+            idx = gaps.index(due)
+            for s, q in c.states.items():
+                c.stats[s].on_reset(i, idx)
+                gaps.clear(q, due)
+                c.x_hat[s] = c.x_hat[s].index_fill(0, idx, 0.0)
+    elif c.period is not None and c.since >= c.period:
         c.since = 0
         for s, q in c.states.items():
             c.stats[s].on_reset(i)
             q.reset()
             c.x_hat[s] = torch.zeros_like(c.x_hat[s])
-        if c.counts is not None:
-            c.counts[:] = 0
-    c.since += 1
+    c.since += 1  # with gaps: replayed steps, unused (each tensor's count is c.counts)
     if c.fused is not None:  # the whole step in one kernel call, the model's reads before it (fused_step.py)
         if model:
             observe_models(c, sh, rec, i, fused_step.rule(c, g))
         return fused_step.step(c, sh, g, i, step, ruled=model)
     if gaps is not None:
-        if c.counts is None:
-            c.counts = gaps.counts()
         u, new = gaps.step(rule, g, c.x_hat, c.counts, i)
     else:
         first = {s: q.written == 0 for s, q in c.states.items()}
@@ -139,9 +150,11 @@ def step_config(c: ConfigState, sh: Shadow, rec: Recursion, g: torch.Tensor, i: 
     if model:  # before x_hat moves on: the step's own nominal update
         observe_models(c, sh, rec, i, new)
     for s, q in c.states.items():
+        saved = gaps.save(i, q) if gaps is not None else None
         x_hat = store(q, new[s], step, c.clamp[s], padding, c.codec[s][0] == CPU_PATH)
-        if gaps is not None:  # an absent tensor's state: the value read back before, bit for bit
+        if gaps is not None:  # an absent tensor's state: the value read back and the codes before, bit for bit
             gaps.hold(i, x_hat, c.x_hat[s])
+            gaps.restore(q, saved)
         if c.counted:
             c.stats[s].observe(i, new[s], c.x_hat[s], x_hat, sh.x[s], sh.x2_units[s], q.codes)
         c.x_hat[s] = x_hat

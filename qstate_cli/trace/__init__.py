@@ -1,4 +1,4 @@
-"""Gradient traces: format v1 (schema.py), safe loading and atomic writes (io.py), the
+"""Gradient traces: formats v1 and v2 (schema.py), safe loading and atomic writes (io.py), the
 recorder (recorder.py) and the built-in demo (demo.py)."""
 from .io import load_trace, merge_shards, save_trace
 from .recorder import Recorder, sample_blocks

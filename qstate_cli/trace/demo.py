@@ -144,7 +144,7 @@ def info(trace: Trace) -> tuple[dict, list[dict]]:
                      "nonfinite": nonfinite, "init": t.init is not None})
     hp = ", ".join(f"{k}={v}" for k, v in trace.hparams.items())
     summary = {
-        "trace": trace.source, "schema_version": 1, "optimizer": trace.optimizer, "hparams": hp,
+        "trace": trace.source, "schema_version": trace.schema_version, "optimizer": trace.optimizer, "hparams": hp,
         "seed": trace.seed, "steps": f"{trace.step_start}..{trace.step_start + trace.n_steps - 1} "
                                      f"({trace.n_steps})",
         "tensors": len(trace.tensors), "recorded_elements": trace.recorded_elements,

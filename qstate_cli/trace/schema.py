@@ -1,4 +1,4 @@
-"""Trace format v1: recorded gradients of a training run, as plain tensors and values.
+"""Trace format v1 and v2: recorded gradients of a training run, as plain tensors and values.
 
 A trace is one `torch.save` file holding only dicts, lists, strings, numbers and tensors,
 so it loads with `torch.load(weights_only=True)` and a trace from a stranger never runs
@@ -6,7 +6,7 @@ code::
 
     {
       "format": "qstate-trace",
-      "schema_version": 1,
+      "schema_version": 1 | 2,        # 2 where some tensor has `absent` rows, else 1
       "optimizer": {"name": "adamw", "hparams": {"lr": 0.003, "betas": [0.9, 0.999], ...}},
       "seed": 0,                      # keys the random streams (stochastic rounding, BReD)
       "step_start": 1,                # global optimizer step of gradient row 0 (1-based)
@@ -44,6 +44,13 @@ of at most MAX_NUMEL (2^48) elements; and each tensor's
 sha256, so flipped bytes in the data are refused instead of replayed. Traces written
 before the checksum existed (no "sha256") load unverified.
 
+Versions: a trace in which some tensor has `absent` rows is written as schema_version 2,
+any other as 1, byte for byte as before absent rows existed. So a qstate that reads only
+v1 (before absent rows) refuses a trace with absent rows as newer than it reads (it could
+not skip those rows, and the sha256 covers them) and still reads every other trace. This
+qstate reads both (and v1 files with `absent` rows, which the first qstate writing them
+wrote).
+
 Blocks are of the largest block size any format uses (2048), so every smaller
 power-of-two block size divides them and a replay quantizes the recorded elements in
 exactly the blocks the full tensor would have. A tensor's last block may be short
@@ -62,7 +69,8 @@ from ..optim.registry import OPTIMIZERS
 from .plain import tensor_problem
 
 FORMAT_TAG = "qstate-trace"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # the newest this qstate reads and writes (module docstring: v2 = absent rows)
+PLAIN_VERSION = 1  # what a trace without absent rows is written as
 BLOCK = 2048
 GRAD_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SAMPLING_STATE_ID = 2  # hash stream state id used to sample blocks (0 = m, 1 = v)
@@ -133,10 +141,16 @@ class Trace:
     def total_elements(self) -> int:
         return sum(t.numel for t in self.tensors)
 
+    @property
+    def schema_version(self) -> int:
+        """What this trace is written as (module docstring): 2 where some tensor has absent rows, else 1."""
+        gaps = any(t.absent is not None and t.absent.numel() for t in self.tensors)
+        return SCHEMA_VERSION if gaps else PLAIN_VERSION
+
     def to_dict(self) -> dict:
         return {
             "format": FORMAT_TAG,
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": self.schema_version,
             "optimizer": {"name": self.optimizer, "hparams": dict(self.hparams)},
             "seed": int(self.seed),
             "step_start": int(self.step_start),
@@ -227,8 +241,8 @@ def from_dict(obj, source: str, verify: bool = True) -> Trace:
         raise bad("trace has no integer schema_version")
     if version > SCHEMA_VERSION:
         raise bad(f"trace schema_version {version} is newer than this qstate reads ({SCHEMA_VERSION}); upgrade qstate")
-    if version != SCHEMA_VERSION:
-        raise bad(f"unsupported trace schema_version {version} (this qstate reads {SCHEMA_VERSION})")
+    if version < PLAIN_VERSION:
+        raise bad(f"unsupported trace schema_version {version} (this qstate reads {PLAIN_VERSION} to {SCHEMA_VERSION})")
     opt = _field(obj, "optimizer", dict, bad)
     name = opt.get("name")
     hparams = opt.get("hparams", {})
