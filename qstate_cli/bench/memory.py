@@ -25,8 +25,17 @@ For each config or baseline, on a model's parameter shapes (or single tensors):
 - CUDA only, in a separate pass with a fresh optimizer: `measured_state_bytes` =
   torch.cuda.memory_allocated() after the first step minus before it, and
   `peak_extra_mib` = torch.cuda.max_memory_allocated() during a second step minus the
-  memory allocated before it (the transient memory a step needs). On CPU both are null
-  and `measured_reason` says why.
+  memory allocated before it (the transient memory a step needs). On CPU both are null.
+- Measured on both, in that separate pass, per parameter of the row (as
+  `bytes_per_param`): `first_step_peak_bytes_per_param` = the peak while the optimizer
+  is built and takes its first step (which allocates the state) minus the memory before
+  it, and `step_peak_bytes_per_param` = the peak of a second step minus the memory before
+  it. `measured_by` says what "memory" is: "cuda-allocator"
+  (torch.cuda.max_memory_allocated; step_peak = peak_extra_mib per parameter) or
+  "process-rss" (a CPU on Linux: the process's VmHWM over its VmRSS, bench/rss.py; a
+  torch.compile'd peer steps with force_eager there, as in the accounting step). Where
+  neither can be measured they are null, and `measured_reason` says why; it also says
+  why the CUDA-only columns are null on a CPU.
 """
 from __future__ import annotations
 
@@ -44,6 +53,7 @@ from ..optim.registry import names_text, optimizer_info
 from ..progress import Progress
 from ..results import Result, device_info
 from ..runtime import free_memory, is_oom, resolve_device
+from . import rss
 from .bytes_model import DTYPE_NAMES, DTYPES, tensor_state_bytes
 from .kernels import Target, Tensors, failure, streamed
 from .shapes import model_shapes, parse_count, split_models
@@ -52,11 +62,15 @@ from .subjects import Context, Subject, Unavailable, chosen_configs, config_or_n
 DEFAULT_CONFIGS = ("bred-4bit", "torchao-4bit", "bred-8bit", "bnb-8bit")
 DEFAULT_MODEL = {"cpu": "small-lm", "cuda": "gpt2-small"}
 CPU_REASON = "accounting only: torch.cuda memory statistics need a CUDA device"
+RSS_REASON = ("peaks are process RSS (VmHWM over VmRSS): measured_state_bytes and peak_extra_mib are "
+              "torch.cuda allocator statistics and need a CUDA device")
+CUDA_SOURCE = "cuda-allocator"
 MIB = 2**20
 
 FIELDS = ("name", "role", "optimizer", "config", "model", "params", "n_tensors", "param_dtype", "device",
           "device_name", "path", "status", "reason", "state_bytes", "expected_state_bytes",
-          "bytes_per_param", "reduction_vs_fp32", "measured_state_bytes", "peak_extra_mib", "measured_reason")
+          "bytes_per_param", "reduction_vs_fp32", "measured_state_bytes", "peak_extra_mib",
+          "first_step_peak_bytes_per_param", "step_peak_bytes_per_param", "measured_by", "measured_reason")
 
 
 @dataclass
@@ -204,8 +218,16 @@ def base_row(subject: Subject, ctx: Context, target: Target, dtype, info: dict) 
                n_tensors=len(target.shapes), param_dtype=DTYPE_NAMES[dtype], device=ctx.device.type,
                device_name=info["device_name"], path=subject.nominal_path(ctx), status="ok",
                expected_state_bytes=expected_state_bytes(subject, ctx.optimizer, target.shapes, dtype),
-               measured_reason=None if ctx.device.type == "cuda" else CPU_REASON)
+               measured_reason=measured_reason(ctx.device))
     return row
+
+
+def measured_reason(device: torch.device) -> str | None:
+    """Why some measured columns are null on this device (None on CUDA: none are)."""
+    if device.type == "cuda":
+        return None
+    why = rss.unavailable()
+    return RSS_REASON if why is None else f"{CPU_REASON}; {why}"
 
 
 def measure_subject(row: dict, subject: Subject, ctx: Context, tensors: Tensors) -> None:
@@ -224,6 +246,8 @@ def measure_subject(row: dict, subject: Subject, ctx: Context, tensors: Tensors)
                    reduction_vs_fp32=1.0 - state / (n_states * 4 * row["params"] + counters))
         if ctx.device.type == "cuda":
             row.update(cuda_pass(subject, ctx, tensors))
+        elif ctx.device.type == "cpu" and rss.unavailable() is None:
+            row.update(rss_pass(subject, ctx, tensors))
     except (Unavailable, QstateError) as exc:
         row.update(status="unavailable", reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - one bad row must not end the run
@@ -238,17 +262,51 @@ def cuda_pass(subject: Subject, ctx: Context, tensors: Tensors) -> dict:
     free_memory(dev)
     torch.cuda.synchronize(dev)
     before = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
     opt, _ = subject.build(tensors.params, ctx)
     opt.step()
     torch.cuda.synchronize(dev)
     after_first = torch.cuda.memory_allocated(dev)
+    first_peak = torch.cuda.max_memory_allocated(dev)
     tensors.rotate()
     torch.cuda.reset_peak_memory_stats(dev)
     opt.step()
     torch.cuda.synchronize(dev)
     peak = torch.cuda.max_memory_allocated(dev)
     del opt
-    return {"measured_state_bytes": after_first - before, "peak_extra_mib": (peak - after_first) / MIB}
+    n = tensors_numel(tensors)
+    return {"measured_state_bytes": after_first - before, "peak_extra_mib": (peak - after_first) / MIB,
+            "first_step_peak_bytes_per_param": (first_peak - before) / n,
+            "step_peak_bytes_per_param": (peak - after_first) / n, "measured_by": CUDA_SOURCE}
+
+
+def rss_pass(subject: Subject, ctx: Context, tensors: Tensors) -> dict:
+    """As cuda_pass, in the process's resident memory (bench/rss.py): a fresh optimizer
+    built and stepped once, then a second step, each peak over the resident size before
+    it (after gc and malloc_trim); per parameter. Eager, as the accounting step."""
+    held = []
+
+    def first():
+        opt, _ = subject.build(tensors.params, ctx)
+        with eager_if(subject.compiles):
+            opt.step()
+        held.append(opt)
+
+    def second():
+        with eager_if(subject.compiles):
+            held[0].step()
+
+    first_peak = rss.peak_over(first)
+    tensors.rotate()
+    step_peak = rss.peak_over(second)
+    held.clear()
+    n = tensors_numel(tensors)
+    return {"first_step_peak_bytes_per_param": first_peak / n, "step_peak_bytes_per_param": step_peak / n,
+            "measured_by": rss.SOURCE}
+
+
+def tensors_numel(tensors: Tensors) -> int:
+    return sum(p.numel() for p in tensors.params)
 
 
 

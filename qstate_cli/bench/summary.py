@@ -19,11 +19,26 @@ KERNEL_HEADERS = {"param_dtype": "dtype", "time_ms": "ms (median)", "iqr_pct": "
                   "compile_ms": "compile ms"}
 
 MEMORY_COLUMNS = ["name", "path", "model", "params", "bytes_per_param", "reduction_pct", "state_mib",
-                  "measured_mib", "peak_extra_mib", "note"]
+                  "measured_mib", "peak_extra_mib", "first_step_peak_bytes_per_param", "step_peak_bytes_per_param",
+                  "note"]
+MEMORY_MEASURED = ("measured_mib", "peak_extra_mib", "first_step_peak_bytes_per_param", "step_peak_bytes_per_param")
 MEMORY_FORMATS = {"bytes_per_param": ".4f", "reduction_pct": lambda v: f"{v:.1f}" if abs(v) >= 0.05 else "0.0", "state_mib": ".3f", "measured_mib": ".3f",
-                  "peak_extra_mib": ".3f", "params": ","}
+                  "peak_extra_mib": ".3f", "params": ",", "first_step_peak_bytes_per_param": ".2f",
+                  "step_peak_bytes_per_param": ".2f"}
 MEMORY_HEADERS = {"bytes_per_param": "bytes/param", "reduction_pct": "% less than fp32",
-                  "state_mib": "state MiB", "measured_mib": "measured MiB", "peak_extra_mib": "peak extra MiB"}
+                  "state_mib": "state MiB", "measured_mib": "measured MiB", "peak_extra_mib": "peak extra MiB",
+                  "first_step_peak_bytes_per_param": "1st step peak B/param",
+                  "step_peak_bytes_per_param": "step peak B/param"}
+
+
+def memory_columns(rows: list[dict]) -> list[str]:
+    """MEMORY_COLUMNS less the measured ones that no row has (the CUDA-only ones on a CPU)."""
+    return [c for c in MEMORY_COLUMNS if c not in MEMORY_MEASURED or any(r.get(c) is not None for r in rows)]
+
+
+def memory_source(rows: list[dict]) -> str | None:
+    """What the measured peaks are: "cuda-allocator" or "process-rss" (rows' measured_by)."""
+    return next((r["measured_by"] for r in rows if r.get("measured_by")), None)
 
 
 NOTE_CHARS = 160  # the full reason is in the result file (the note column wraps: cli/tables.py)

@@ -78,8 +78,8 @@ def kernels(opts: kernels_engine.KernelsOptions, out: Destinations) -> None:
     output.run_engine(kernels_engine.execute, opts, out, show, row_line=row_line, header=head)
 
 
-MEMORY_HELP = ("Optimizer-state bytes per parameter (exact accounting; measured on CUDA) and the peak extra "
-               "memory of a step.")
+MEMORY_HELP = ("Optimizer-state bytes per parameter (exact accounting) and the peak memory of a step per "
+               "parameter (torch.cuda allocator on CUDA, process RSS on a Linux CPU).")
 
 
 @options_command(bench_app, "memory", memory_engine.MemoryOptions, help=MEMORY_HELP, outputs=("json", "csv"))
@@ -87,8 +87,15 @@ def memory(opts: memory_engine.MemoryOptions, out: Destinations) -> None:
     def show(doc: dict) -> None:
         device = doc["env"]["device"]
         title = f"Optimizer-state memory ({opts.optimizer}, {opts.dtype} parameters, {device}"
-        title += "; measured columns need CUDA)" if not device.startswith("cuda") else ")"
-        output.stdout.print(output.table(title, summary.memory_display_rows(doc["records"]), summary.MEMORY_COLUMNS,
+        rows = summary.memory_display_rows(doc["records"])
+        source = summary.memory_source(rows)
+        if source == "process-rss":
+            title += "; peaks: process RSS over RSS before, per parameter)"
+        elif source == "cuda-allocator":
+            title += "; peaks: torch.cuda allocated bytes over those before, per parameter)"
+        else:
+            title += "; measured columns need CUDA, or Linux /proc on a CPU)"
+        output.stdout.print(output.table(title, rows, summary.memory_columns(rows),
                                          summary.MEMORY_FORMATS, summary.MEMORY_HEADERS))
 
     output.run_engine(memory_engine.execute, opts, out, show, row_line=row_line, header=header("memory"))
