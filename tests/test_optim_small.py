@@ -5,6 +5,7 @@ momentum steps together too, its Newton-Schulz per matrix."""
 from __future__ import annotations
 
 import io
+import math
 
 import pytest
 import torch
@@ -211,3 +212,47 @@ def test_a_group_steps_again_unrouted_as_the_reference_steps_it(backend, monkeyp
             _same_state(ref.state[a], opt.state[b])
     assert routed == [True] + [False] * 4 + [True, True, True, False, True, True]
     assert opt.nonfinite_count() == ref.nonfinite_count() == 2 * len(ps)
+
+
+@pytest.mark.parametrize("states", ["bf16", "bf16-sr", "sr-mixed"])
+@pytest.mark.parametrize("name", ["adamw", "lion", "muon-nesterov"])
+def test_a_run_above_one_chunk_steps_in_batches_as_the_reference_steps_it(name, states, monkeypatch):
+    """Tensors laid end to end past chunked.CHUNK elements step in batches of at most a chunk,
+    and a tensor above one chunk steps alone in the reference's chunks (optim/chunked.py), where
+    the numba pass does not take them: the same bits as the reference, tensor by tensor."""
+    from qstate_cli.optim import chunked
+
+    monkeypatch.setattr(chunked, "CHUNK", 1024)  # SHAPES: 7, 1000, 99, (fp64), 4095, 10 elements
+    ref_ps, ps = _params(0), _params(0)
+    ref = BUILD[name](ref_ps, **STATES[states], backend="reference", reset=3)
+    opt = BUILD[name](ps, **STATES[states], backend="auto", reset=3)
+    batches = []  # per call of the torch rule over tensors laid end to end: their sizes
+    update_flat = opt.update_flat
+
+    def counting(group, shapes, *rest):
+        batches.append([math.prod(s) for s in shapes])
+        return update_flat(group, shapes, *rest)
+
+    opt.update_flat = counting
+    takes = small._pass_takes(opt, [opt.spec_for(opt.param_groups[0], ps[0], n) for n in opt.state_names])
+    assert small.steps_together(opt, opt.param_groups[0], ps[4]) == takes  # 4095 > 1024 elements
+    for step in range(1, 7):
+        _grads(ref_ps, step)
+        _grads(ps, step)
+        ref.step()
+        opt.step()
+        for a, b in zip(ref_ps, ps):
+            assert torch.equal(_bits(a), _bits(b)), f"step {step}, parameter {tuple(a.shape)}"
+    for a, b in zip(ref_ps, ps):
+        _same_state(ref.state[a], opt.state[b])
+    if not takes:  # the torch rule ran on at most a chunk's elements (or one tensor), never on 4095
+        assert batches and all(sum(b) <= 1024 or len(b) == 1 for b in batches) and any(len(b) > 1 for b in batches)
+        assert 4095 not in {n for b in batches for n in b}
+
+
+def test_batches_cover_every_tensor_once_within_the_cap():
+    sizes = [7, 1000, 99, 4095, 10, 300, 300, 300]
+    ranges = small._batches(sizes, 1024)
+    assert [k for a, b in ranges for k in range(a, b)] == list(range(len(sizes)))
+    assert all(sum(sizes[a:b]) <= 1024 or b - a == 1 for a, b in ranges)
+    assert ranges == [(0, 2), (2, 3), (3, 4), (4, 8)]

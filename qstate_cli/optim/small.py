@@ -46,7 +46,7 @@ from torch._utils import _flatten_dense_tensors as flatten, _unflatten_dense_ten
 from ..quant import hash as qhash
 from ..quant.quantizer import Stream, decode, encode
 from ..quant.config import STATE_IDS
-from . import sharding
+from . import chunked, sharding
 from .fused import counter_tensors
 
 
@@ -72,12 +72,18 @@ def _pass_takes(opt, specs: list) -> bool:
 
 
 def steps_together(opt, group, p: torch.Tensor) -> bool:
-    """True if p (routed to the reference) can step in a pass with the group's other such tensors."""
+    """True if p (routed to the reference) can step in a pass with the group's other such
+    tensors. A tensor above one chunk (chunked.CHUNK) that the numba pass does not take steps
+    alone, in the reference's chunks (optim/chunked.py): a flat copy of it would make the
+    torch rule's ~100 bytes of temporaries per element of the whole tensor."""
     if opt.backend == "reference" or p.device.type != "cpu" or p.numel() == 0 or p.dtype == torch.float64:
         return False  # (an fp64 parameter: the reference updates it in fp64, base._step_param)
     if sharding.is_dtensor(p):
         return False
-    return all(elementwise(opt.spec_for(group, p, n)) for n in opt.state_names)
+    specs = [opt.spec_for(group, p, n) for n in opt.state_names]
+    if not all(elementwise(spec) for spec in specs):
+        return False
+    return p.numel() <= chunked.CHUNK or _pass_takes(opt, specs)
 
 
 def elementwise(spec) -> bool:
@@ -176,6 +182,10 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
         _step_pass(opt, group, params, tensor_ids, step, since, written, specs)  # counts its non-finite g
         return
     sizes = [p.numel() for p in params]
+    if sum(sizes) > chunked.CHUNK and len(params) > 1:  # the torch rule's temporaries: a chunk's at most
+        for a, b in _batches(sizes, chunked.CHUNK):
+            _step_run(opt, group, params[a:b], tensor_ids[a:b], step, since, written, specs)
+        return
     # one flat copy of each list (torch's bucket flattening, as DDP uses): mixed dtypes are promoted
     # to one that holds them all exactly, so .to(fp32) rounds once, as the reference's p.to(fp32) does
     g = flatten([p.grad for p in params]).to(torch.float32)
@@ -209,6 +219,18 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
         torch._foreach_copy_([opt.state[p][name]["codes"] for p in params], codes.split(sizes))
     torch._foreach_copy_(params, unflatten(p32, params))  # rounds to each parameter's dtype, as copy_ does
     _count(opt, params, counts, step, since, list(new))
+
+
+def _batches(sizes: list, cap: int) -> list[tuple[int, int]]:
+    """Consecutive ranges [a, b) of the tensors, each holding at most `cap` elements (or one
+    tensor): every element's result is its own, so stepping them apart gives the same bits."""
+    out, a, total = [], 0, 0
+    for k, size in enumerate(sizes):
+        if k > a and total + size > cap:
+            out.append((a, k))
+            a, total = k, 0
+        total += size
+    return out + [(a, len(sizes))]
 
 
 def _step_pass(opt, group, params: list, tensor_ids: list, step: int, since: int, written: dict,
