@@ -488,6 +488,25 @@ def _edit_tensor(**fields):
     return edit
 
 
+@case(TRACE, "absent rows past the trace's steps (rows the replay would skip that do not exist)",
+      r"t.pt: tensor 0 \('w0'\): 'absent' must be ascending, distinct rows below n_steps")
+def trace_absent_out_of_range(tmp):
+    def edit(d):
+        d["schema_version"] = 2
+        d["tensors"][0]["absent"] = torch.tensor([0, d["n_steps"]])
+        del d["tensors"][0]["sha256"]
+    return ["diagnose", raw_trace(tmp, "t.pt", edit)]
+
+
+@case(TRACE, "absent rows as floats", r"t.pt: tensor 0 \('w0'\): 'absent' must be a 1-D int64 tensor of rows")
+def trace_absent_floats(tmp):
+    def edit(d):
+        d["schema_version"] = 2
+        d["tensors"][0]["absent"] = torch.tensor([0.0, 1.0])
+        del d["tensors"][0]["sha256"]
+    return ["trace", "info", raw_trace(tmp, "t.pt", edit)]
+
+
 @case(TRACE, "sparse gradients, no sha256 (a NotImplementedError traceback in `trace info`)",
       r"t.pt: tensor 0 \('w0'\): 'grads' is a sparse_coo tensor; a trace holds dense tensors")
 def trace_sparse_grads(tmp):
