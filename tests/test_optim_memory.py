@@ -115,6 +115,35 @@ def test_a_dict_of_its_own_is_shared_at_load_and_never_written(cls, states, back
         assert all(torch.equal(p, q) for p, q in zip(params, a_params))
 
 
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+def test_a_state_dict_taken_before_the_first_step_after_a_load_stays_apart(backend):
+    """b loads a dict of its own (shared, copied before b's first step); a state_dict() of b
+    taken before that step, loaded into c after it, must not share what b then writes in place."""
+    a_params = _model()
+    a = AdamW(a_params, states="bred-4bit", backend=backend)
+    for i in range(2):
+        _step(a, a_params, i)
+    b_params = [torch.nn.Parameter(p.detach().clone()) for p in a_params]
+    b = AdamW(b_params, states="bred-4bit", backend=backend)
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    sd2 = b.state_dict()
+    _step(b, b_params, 2)  # b's states get storage of their own
+    _step(a, a_params, 2)
+    ref = copy.deepcopy(sd2)
+    c_params = [torch.nn.Parameter(p.detach().clone()) for p in b_params]
+    r_params = [torch.nn.Parameter(p.detach().clone()) for p in b_params]
+    c, r = AdamW(c_params, states="bred-4bit", backend=backend), AdamW(r_params, states="bred-4bit", backend=backend)
+    c.load_state_dict(sd2)
+    r.load_state_dict(ref)
+    _step(b, b_params, 3)  # in place on the fused path: never into c's states
+    for name in ("m", "v"):
+        assert torch.equal(c.decoded_state(c_params[0])[name], r.decoded_state(r_params[0])[name])
+    _step(c, c_params, 4)
+    _step(r, r_params, 4)
+    assert _equal(c.state_dict(), r.state_dict())
+    assert all(torch.equal(p, q) for p, q in zip(c_params, r_params))
+
+
 def test_a_checkpoint_from_disk_resumes_and_is_not_copied_at_load(tmp_path):
     params = _model()
     opt = AdamW(params, backend="reference")

@@ -47,7 +47,7 @@ from ..quant.config import MIN_QUANT_NUMEL, STATE_IDS, StateConfig, StateSpec, p
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
 from . import aliasing, chunked, collectives, fused, guards, hparams, sharded_state, sharding, small, steady
-from .checkpoint import handed_out, load, unshare
+from .checkpoint import handed_out, load, own_dicts, unshare
 from .spec_checks import check_state_spec
 from .reset import ResetPolicy
 
@@ -391,6 +391,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         all-reduce of the non-finite counts)."""
         collectives.check_ranks_agree(self)
         sd = super().state_dict()
+        sd["state"] = {k: own_dicts(v) for k, v in sd["state"].items()}  # torch's are the live dicts
         handed_out(sd["state"])  # live tensors: a load_state_dict of this dict copies them (optim/checkpoint.py)
         for group in sd["param_groups"]:
             group["states"] = str(group["states"])

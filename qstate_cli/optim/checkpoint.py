@@ -167,6 +167,14 @@ def _written_in_place(value):
                 yield from _written_in_place(v)
 
 
+def own_dicts(value):
+    """value's nested dicts copied, its tensors not: state_dict() hands out dicts of its own,
+    so that what a step later puts in the optimizer's dicts (unshare's copies, a reset's fresh
+    storage) never shows in a dict handed out before it, which keeps the tensors handed_out
+    noted."""
+    return {k: own_dicts(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+
 def handed_out(state: dict) -> None:
     """Note the tensors a step writes in place of state_dict()'s `state` ({key: one
     parameter's state}: the optimizer's live tensors) as handed out (load copies them)."""
