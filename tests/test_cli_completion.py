@@ -50,6 +50,12 @@ def test_a_state_already_named_is_not_offered_again():
     assert completion.configs("m=int4,") == ["m=int4,v="]
 
 
+def test_after_a_whole_configuration_a_comma_offers_another():
+    assert completion.configs("bred-4bit,bn") == ["bred-4bit,bnb-8bit"]
+    assert "bred-4bit,m=" in completion.configs("bred-4bit,")
+    assert completion.configs("bred-4bit,m=int4,") == ["bred-4bit,m=int4,v="]
+
+
 def test_names_come_from_their_tables():
     assert completion.optimizers("") == list(OPTIMIZERS)
     assert completion.models("gpt2") == [m for m in MODELS if m.startswith("gpt2")]

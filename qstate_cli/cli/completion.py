@@ -27,17 +27,21 @@ def _starting(incomplete: str, names: Iterable[str]) -> list[str]:
 
 
 def configs(incomplete: str) -> list[str]:
-    """Presets and format names; within `m=...,v=...` or `FORMAT:...` the next part."""
+    """Presets and format names; within `m=...,v=...` or `FORMAT:...` the next part; after a
+    comma that ends a whole configuration (`bred-4bit,`: a comma list of them) another one."""
     from ..quant.config import PRESETS, STATE_NAMES
     from ..quant.formats import FORMATS
 
+    whole = [*PRESETS, *FORMATS, *(f"{s}=" for s in STATE_NAMES)]
     cut = max(incomplete.rfind(","), incomplete.rfind("="), incomplete.rfind(":"))
     if cut < 0:
-        return _starting(incomplete, [*PRESETS, *FORMATS, *(f"{s}=" for s in STATE_NAMES), "none"])
+        return _starting(incomplete, [*whole, "none"])
     head, word = incomplete[:cut + 1], incomplete[cut + 1:]
-    named = {part.partition("=")[0] for part in head.split(",")}
-    after = {",": [f"{s}=" for s in STATE_NAMES if s not in named], "=": list(FORMATS),
-             ":": _spec_parts(head)}[incomplete[cut]]
+    named = {part.partition("=")[0] for part in head.split(",") if "=" in part}
+    if incomplete[cut] == ",":  # inside m=...,v=... the other state; else the next configuration
+        after = [f"{s}=" for s in STATE_NAMES if s not in named] if "=" in head.rsplit(",", 2)[-2] else whole
+    else:
+        after = list(FORMATS) if incomplete[cut] == "=" else _spec_parts(head)
     return [head + n for n in _starting(word, after)]
 
 
