@@ -97,6 +97,9 @@ def test_zsh_gets_values_with_colons():
 
 
 def test_show_completion_prints_the_script_for_the_shell():
-    result = CliRunner().invoke(app, ["--show-completion", "bash"], prog_name="qstate")
-    assert result.exit_code == 0
-    assert "_QSTATE_COMPLETE=complete_bash" in result.output
+    """`qstate --show-completion` run from bash (the shell is detected from the parent process;
+    `; exit $?` keeps bash from exec-ing qstate in its place)."""
+    p = subprocess.run(["bash", "-c", '"$0" -c "$1" --show-completion; exit $?', sys.executable, AS_QSTATE],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "_QSTATE_COMPLETE=complete_bash" in p.stdout and "complete -o default -F _qstate_completion qstate" in p.stdout
