@@ -47,7 +47,8 @@ from ..quant.config import MIN_QUANT_NUMEL, STATE_IDS, StateConfig, StateSpec, p
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
 from . import aliasing, chunked, collectives, fused, guards, hparams, sharded_state, sharding, small, steady
-from .checkpoint import handed_out, load, own_dicts, unshare
+from .borrowed import handed_out, own_dicts, unshare
+from .checkpoint import load
 from .spec_checks import check_state_spec
 from .reset import ResetPolicy
 

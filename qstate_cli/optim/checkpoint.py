@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import weakref
 from functools import lru_cache
 
 import torch
@@ -21,15 +20,11 @@ import torch
 from ..quant.config import StateSpec, parse_config
 from ..quant.state import empty_storage
 from . import sharded_state, sharding
+from .borrowed import HOST_KEYS, live, shares_storage, unshare  # HOST_KEYS: the counters, kept on the host
 
 COUNTERS = ("step", "since_reset")
 NOT_HPARAMS = ("self", "params", "defaults", "states", "reset", "seed", "min_quant_numel", "backend")
 KNOWN: dict = {}  # optimizer class name -> (its hyper-parameter names, state names): filled by optim/registry.py
-HOST_KEYS = ("step", "since_reset", "written")  # step counters live on the host: reading them never syncs
-# storage address -> a tensor on it that a qstate optimizer's state_dict() handed out: its live
-# state, which its steps may go on writing in place (the fused paths do): a load copies it
-# (handed_out, load; held weakly: an address is in here only while its storage lives)
-_HANDED_OUT: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def check_saved(state_dict, groups: list[dict] | None = None, name: str = "this optimizer", optional=(),
@@ -154,63 +149,6 @@ def stored_problem(stored, spec: StateSpec, numel: int,
             return (f"{field} hold {got.numel():,} {str(got.dtype).replace('torch.', '')} values where a parameter "
                     f"of {numel:,} elements needs {want.numel():,} {str(want.dtype).replace('torch.', '')} ({origin})")
     return None
-
-
-def _written_in_place(value):
-    """The tensors of one parameter's state that a step writes in place (codes, scales and the
-    non-finite count; the host counters are replaced, never written)."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            if k not in HOST_KEYS:
-                yield from _written_in_place(v)
-
-
-def own_dicts(value):
-    """value's nested dicts copied, its tensors not: state_dict() hands out dicts of its own,
-    so that what a step later puts in the optimizer's dicts (unshare's copies, a reset's fresh
-    storage) never shows in a dict handed out before it, which keeps the tensors handed_out
-    noted."""
-    return {k: own_dicts(v) for k, v in value.items()} if isinstance(value, dict) else value
-
-
-def handed_out(state: dict) -> None:
-    """Note the tensors a step writes in place of state_dict()'s `state` ({key: one
-    parameter's state}: the optimizer's live tensors) as handed out (load copies them)."""
-    for value in state.values():
-        for t in _written_in_place(value):
-            if t.untyped_storage().data_ptr():
-                _HANDED_OUT[t.untyped_storage().data_ptr()] = t
-
-
-def live(saved) -> bool:
-    """Whether a saved state holds a tensor on storage a qstate optimizer's state_dict() handed out."""
-    return any(_local(t).untyped_storage().data_ptr() in _HANDED_OUT for t in _written_in_place(saved))
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local tensor (a saved sharded state, optim/sharded_state.py), else t."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def shares_storage(loaded: dict, saved) -> bool:
-    """Whether a loaded state (to_device keeps a tensor already on its device and dtype, as
-    torch's load_state_dict does) writes in place into storage the saved state holds."""
-    saved_at = {_local(t).untyped_storage().data_ptr() for t in _written_in_place(saved)} - {0}
-    return any(t.untyped_storage().data_ptr() in saved_at for t in _written_in_place(loaded))
-
-
-def unshare(st: dict) -> None:
-    """Give one parameter's state tensors that a step writes in place storage of their own
-    (QuantizedOptimizer.step, before its first step after load_state_dict)."""
-    for k, v in st.items():
-        if k in HOST_KEYS:
-            continue
-        if isinstance(v, torch.Tensor):
-            st[k] = v.clone()
-        elif isinstance(v, dict):
-            unshare(v)
 
 
 def load(opt, state_dict: dict) -> list:
