@@ -820,30 +820,22 @@ def train_run_lr_inf(tmp):
 @case(FLAGS, "`diagnose` with an unknown configuration (no progress line before the error)",
       r"unknown configuration 'nosuch-4bit'")
 def diagnose_unknown_config(tmp):
-    from qstate_cli.trace import save_trace
-
-    return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "nosuch-4bit"]
+    return ["diagnose", _trace_file(tmp, "t.pt"), "-c", "nosuch-4bit"]
 
 
 @case(FLAGS, "`diagnose --reset sometimes`", r"reset")
 def diagnose_bad_reset(tmp):
-    from qstate_cli.trace import save_trace
-
-    return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "bf16", "--reset", "sometimes"]
+    return ["diagnose", _trace_file(tmp, "t.pt"), "-c", "bf16", "--reset", "sometimes"]
 
 
 @case(FLAGS, "`diagnose --backend fused` (not a codec backend)", r"--backend fused: choose auto or reference")
 def diagnose_bad_backend(tmp):
-    from qstate_cli.trace import save_trace
-
-    return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "bf16", "--backend", "fused"]
+    return ["diagnose", _trace_file(tmp, "t.pt"), "-c", "bf16", "--backend", "fused"]
 
 
 @case(FLAGS, "`-c m=int4` (v was silently stored on m's signed grid)", r"the v state needs a spec too")
 def config_m_without_v(tmp):
-    from qstate_cli.trace import save_trace
-
-    return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "m=int4"]
+    return ["diagnose", _trace_file(tmp, "t.pt"), "-c", "m=int4"]
 
 
 @case(FLAGS, "`bench train --seeds 1000000000` (built a list of 10^9 seeds: 24 GB)",
@@ -963,9 +955,7 @@ def config_state_twice(tmp):
 
 def _diagnose_flag(flag: str, value: str):
     def make(tmp):
-        from qstate_cli.trace import save_trace
-
-        return ["diagnose", str(save_trace(small_trace(), tmp / "t.pt")), "-c", "sr-4bit", flag, value]
+        return ["diagnose", _trace_file(tmp, "t.pt"), "-c", "sr-4bit", flag, value]
     make.__name__ = "diagnose_" + flag.strip("-").replace("-", "_") + "_" + value.replace("-", "minus")
     return make
 

@@ -131,6 +131,18 @@ def _wait_for(predicate, seconds: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def _terminate_when(p: subprocess.Popen, ready, seconds: float, what: str) -> tuple[str, str]:
+    """SIGTERM to p once ready() (p still running), then its (stdout, stderr)."""
+    try:
+        _wait_for(lambda: ready() or p.poll() is not None, seconds, what)
+        assert p.poll() is None, p.stderr.read()
+        p.send_signal(signal.SIGTERM)
+        return p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
 def test_sigterm_during_bench_train_keeps_the_rows_shows_the_cursor_and_exits_143(tmp_path):
     """SIGTERM took the default action: the progress bar's hidden cursor stayed hidden, and no
     line said what was kept. Its stderr is a terminal here, so the bar really hides it
@@ -185,14 +197,7 @@ def test_sigterm_during_an_atomic_write_leaves_no_temporary_file(tmp_path):
     write is slowed down (json.dump waits halfway) so that the signal lands inside it."""
     p = subprocess.Popen([sys.executable, "-c", SLOW_WRITE, "audit", "--json", "a.json"], cwd=tmp_path, env=ENV,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(lambda: temp_files(tmp_path) or p.poll() is not None, 120, "the temporary file")
-        assert p.poll() is None, p.stderr.read()
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    out, err = _terminate_when(p, lambda: temp_files(tmp_path), 120, "the temporary file")
     assert p.returncode == 143, err
     assert err.strip().splitlines() == ["qstate: terminated"], err
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "a temporary or partial file was left"
@@ -205,13 +210,7 @@ def test_sigterm_during_run_says_how_to_resume_and_exits_143(tmp_path):
                      "axes:\n  seed: [" + ", ".join(str(i) for i in range(200)) + "]\n")
     p = subprocess.Popen([*QSTATE, "run", str(suite), "--out", "o", "--no-report"], cwd=tmp_path, env=ENV,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(lambda: list((tmp_path / "o").glob("*.json")) or p.poll() is not None, 180, "the first point")
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    out, err = _terminate_when(p, lambda: list((tmp_path / "o").glob("*.json")), 180, "the first point")
     assert p.returncode == 143, err
     assert "Traceback" not in err, err
     assert "interrupted: finished points are kept in o/; continue with" in err and "--resume" in err, err

@@ -108,6 +108,16 @@ CHANGES = {
 }
 
 
+def _refused_untouched(opt, params, match: str) -> None:
+    """A step with fresh gradients raises RuntimeError(match) and changes no parameter or state."""
+    for t in params:
+        t.grad = torch.randn_like(t)
+    before = snapshot(opt, params)
+    with pytest.raises(RuntimeError, match=match):
+        opt.step()
+    assert same(snapshot(opt, params), before)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("change", sorted(CHANGES))
 def test_a_state_format_changed_after_states_exist_is_refused(backend, change):
@@ -115,13 +125,8 @@ def test_a_state_format_changed_after_states_exist_is_refused(backend, change):
     opt, (a, p, b) = two_groups(AdamW, backend)
     key, value, message = CHANGES[change]
     opt.param_groups[1][key] = value()
-    for t in (a, p, b):
-        t.grad = torch.randn_like(t)
-    before = snapshot(opt, (a, p, b))
-    with pytest.raises(RuntimeError, match=f"param_groups\\[1\\]\\[{message} after its states were made "
-                                           r"\(parameter 0's m: int4:bred:b128 -> fp32\)"):
-        opt.step()
-    assert same(snapshot(opt, (a, p, b)), before)
+    _refused_untouched(opt, (a, p, b), f"param_groups\\[1\\]\\[{message} after its states were made "
+                                       r"\(parameter 0's m: int4:bred:b128 -> fp32\)")
     for t in (p, b):  # the way out the message names: states removed, then made in the new format
         del opt.state[t]
     opt.step()
@@ -135,13 +140,8 @@ def test_a_group_dict_replaced_by_one_with_another_format_is_refused(backend, ne
     found nearest-4bit stepped bred-4bit's codes without their dither, silently)."""
     opt, (a, p, b) = two_groups(AdamW, backend)
     opt.param_groups[1] = dict(opt.param_groups[1], states=new)
-    for t in (a, p, b):
-        t.grad = torch.randn_like(t)
-    before = snapshot(opt, (a, p, b))
-    with pytest.raises(RuntimeError, match=r"parameter 0 of group 1: its state format changed after its state was "
-                                           r"made \(m: int4:bred:b128 -> int\d:nearest"):
-        opt.step()
-    assert same(snapshot(opt, (a, p, b)), before)
+    _refused_untouched(opt, (a, p, b), r"parameter 0 of group 1: its state format changed after its state was "
+                                       r"made \(m: int4:bred:b128 -> int\d:nearest")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
