@@ -15,9 +15,10 @@ and every configuration alike:
   absent at half the steps independently, one configuration on one CPU thread: 3.9 s, where
   the whole rule once per distinct count took 15.3 s and the trace without absent rows,
   on the fused path, 1.6-2.4 s). Every replayed rule (AdamW, Adam, Lion, SGD and
-  Muon's momentum, which the replay takes before Newton-Schulz) is elementwise, so a group's
-  elements get the bits the rule gives them over the whole layout (tested; check_rule
-  refuses a trace with absent rows of an optimizer not in ELEMENTWISE_RULES);
+  Muon's momentum, which the replay takes before Newton-Schulz) is elementwise, as every
+  replay rule must be (it gets a trace's sampled blocks as one flat vector: optim/base.py
+  `replay_step`), so a group's elements get the bits the rule gives them over the whole
+  layout (tested);
 - resets each tensor on its own schedule, as optim/reset.py's ResetPolicy does per
   parameter (should_reset(step, since): since >= the period, checked before each of the
   tensor's own steps): a tensor present at a step with `period` own steps since its last
@@ -54,19 +55,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import QstateError
 from .layout import Layout
-
-
-ELEMENTWISE_RULES = ("adamw", "adam", "lion", "sgd", "muon")  # replay rules checked elementwise (Gaps.step)
-
-
-def check_rule(optimizer: str) -> None:
-    """Refuse a trace with absent rows of an optimizer whose replay rule is not known to be
-    elementwise: Gaps.step runs it on groups of elements."""
-    if optimizer.lower() not in ELEMENTWISE_RULES:
-        raise QstateError(f"a trace with absent rows (steps without a gradient) replays only optimizers whose "
-                          f"replay rule is elementwise ({', '.join(ELEMENTWISE_RULES)}), not {optimizer}")
 
 
 class Gaps:

@@ -58,7 +58,7 @@ from ..trace.schema import Trace
 from . import merge
 from .codec import check_backend, replay_rule, replay_state
 from . import fused_step
-from .gaps import Gaps, check_rule
+from .gaps import Gaps
 from .layout import Layout
 from .step import ConfigState, Shadow, model_inputs, step_config, step_shadow, stream_for
 from .recursions import Recursion, recursion_for
@@ -245,8 +245,6 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     if sign < 0:
         rec.notes.append("maximize: gradients negated, as the optimizer does")
     gaps = Gaps.of(trace, layout, n_steps)  # rows without a gradient: the reference rule skips them (gaps.py)
-    if gaps is not None:
-        check_rule(rec.optimizer)
     rule = replay_rule(rec, opts.backend, device) if gaps is None else rec.step
     configs, shadows = _setup(trace, opts, mine, rec, layout, n_steps, reduce_absmax, rule != rec.step)
     for c in configs if opts.fused_step and gaps is None else ():

@@ -206,7 +206,9 @@ class QuantizedOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def replay_step(hp: dict, g: torch.Tensor, x_hat: dict, s, first: dict):
-        """(update direction, {state: new fp32 state}) of one replayed step (optimizers.py)."""
+        """(update direction, {state: new fp32 state}) of one replayed step (optimizers.py): on
+        a trace's sampled elements as one flat vector, so elementwise (diagnose/gaps.py steps
+        groups of them apart)."""
         raise NotImplementedError
 
     @staticmethod
