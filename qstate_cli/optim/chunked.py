@@ -89,20 +89,29 @@ def chunk_size(opt, states: dict, local: torch.Tensor, grad: torch.Tensor) -> in
 def read(states: dict) -> dict[str, torch.Tensor]:
     """{name: fp32 value} of states ({name: QuantizedState}) as the rule reads them: decoded
     (zeros if never written), v clamped at 0 (a dithered v can read back below 0)."""
-    x_hat = {name: q.decode() for name, q in states.items()}
+    return clamp_v({name: q.decode() for name, q in states.items()})
+
+
+def clamp_v(x_hat: dict) -> dict:
+    """x_hat with v (if any) clamped at 0: a dithered v can read back below 0."""
     if "v" in x_hat:
         x_hat["v"] = x_hat["v"].clamp(min=0.0)
     return x_hat
+
+
+def finite_grad(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad as fp32 with its NaN/Inf elements set to 0, the mask of those elements)."""
+    g = grad.to(torch.float32)
+    bad = ~torch.isfinite(g)
+    return g.masked_fill(bad, 0.0), bad
 
 
 def update_piece(opt, group, local: torch.Tensor, grad: torch.Tensor, x_hat: dict, since: int,
                  first: dict, st: dict):
     """(new parameter values, {name: new fp32 state}) of one piece: `local` the parameter's
     values, `grad` its gradient's (NaN/Inf elements counted into st['nonfinite'] and read as 0)."""
-    g = grad.to(torch.float32)
-    finite = torch.isfinite(g)
-    st["nonfinite"] += (~finite).sum()
-    g = torch.where(finite, g, torch.zeros((), device=g.device))
+    g, bad = finite_grad(grad)
+    st["nonfinite"] += bad.sum()
     p_in = local if local.dtype == torch.float64 else local.to(torch.float32)  # fp64: updated in fp64
     return opt.update(group, p_in, g, x_hat, since, first)
 

@@ -188,13 +188,10 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
         return
     # one flat copy of each list (torch's bucket flattening, as DDP uses): mixed dtypes are promoted
     # to one that holds them all exactly, so .to(fp32) rounds once, as the reference's p.to(fp32) does
-    g = flatten([p.grad for p in params]).to(torch.float32)
+    g, bad = chunked.finite_grad(flatten([p.grad for p in params]))
+    counts = _segment_sums(bad, sizes) if bool(bad.any()) else [0] * len(params)
     # a 16-bit minifloat's encode and decode by the CPU path's kernels where numba runs (the same bits)
     fast = {name: cpu_elementwise(spec) for name, spec in specs.items()}
-    finite = torch.isfinite(g)
-    bad = ~finite
-    counts = _segment_sums(bad, sizes) if bool(bad.any()) else [0] * len(params)
-    g = torch.where(finite, g, torch.zeros((), device=g.device))
     x_hat, first = {}, {}
     for name, w in written.items():
         first[name] = w == 0
@@ -204,8 +201,7 @@ def _step_run(opt, group, params: list, tensor_ids: list, step: int, since: int,
             codes = flatten([opt.state[p][name]["codes"] for p in params])
             x_hat[name] = (_elementwise().decode(codes, specs[name]) if fast[name]
                            else decode(codes, None, specs[name], codes.numel(), w))
-    if "v" in x_hat:
-        x_hat["v"] = x_hat["v"].clamp(min=0.0)  # as the reference step
+    chunked.clamp_v(x_hat)  # as the reference step
     p32, new = opt.update_flat(group, [p.shape for p in params], flatten(params).to(torch.float32), g, x_hat,
                                since, first)
     for name in new:  # in place, as the kernels store their states
