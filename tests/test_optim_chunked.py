@@ -108,21 +108,14 @@ def test_nonfinite_elements_counted_once(monkeypatch):
     assert used and int(parts[-1][1]["nonfinite"]) == 3
 
 
-def test_what_steps_whole():
-    mu = Muon([torch.nn.Parameter(torch.randn(64, 64))], min_quant_numel=0)
-    assert not chunked.rule_in_chunks(Muon)  # Newton-Schulz needs the whole matrix
-    assert chunked.rule_in_chunks(AdamW) and chunked.rule_in_chunks(Adam)
-    assert chunked.rule_in_chunks(Lion) and chunked.rule_in_chunks(SGD)
-
-    class Rewritten(AdamW):  # rewrites the rule without saying it is elementwise
-        def update(self, group, p32, g, x_hat, since_reset, first):
-            return super().update(group, p32, g, x_hat, since_reset, first)
-
-    class Declared(Rewritten):
-        steps_in_chunks = True
-
-    assert not chunked.rule_in_chunks(Rewritten) and chunked.rule_in_chunks(Declared)
-    assert mu.steps_in_chunks is False
+def test_what_steps_whole(monkeypatch):
+    monkeypatch.setattr(chunked, "CHUNK", 256)
+    p = torch.nn.Parameter(torch.randn(64, 64))
+    p.grad = torch.randn_like(p)
+    sizes = {}
+    for name, opt in (("muon", Muon([p], min_quant_numel=0)), ("adamw", BUILD["adamw"]([p], min_quant_numel=0))):
+        sizes[name] = chunked.chunk_size(opt, opt.load_states(opt.param_groups[0], p, 0), p.detach(), p.grad)
+    assert sizes == {"muon": None, "adamw": 256}  # Newton-Schulz needs the whole matrix (rule_traits.elementwise)
     spec = parse_config("te-fp8").spec("m")
     assert chunked.chunk_elements([spec], 1 << 30) is None
 

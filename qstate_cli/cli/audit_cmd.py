@@ -12,6 +12,7 @@ import typer
 from ..bench.shapes import model_named_shapes
 from ..errors import QstateError
 from ..optim.audit import AuditOptions, plan_shapes, summary_line
+from ..optim import rule_traits
 from ..optim.registry import optimizer_info
 from ..results import document, environment, write_json_atomic, write_text_atomic
 from . import output
@@ -42,7 +43,7 @@ def register(app: typer.Typer) -> None:
                               f"{n_rows:,} rows; the limit is {MAX_ROWS:,}: show one rank with --rank")
         rows = [r for rank in ranks for r in plan_shapes(shapes, opts.states, states, opts.world_size, rank,
                                                          opts.min_quant_numel, names, optimizer=info.cls.__name__,
-                                                         steps_shards=info.cls.steps_shards)]
+                                                         elementwise=rule_traits.elementwise(info.cls))]
         records = [r.record() for r in rows]
         doc = document("audit", records, {"options": opts.to_params(), "summary": summary_line(rows)},
                        environment("cpu"))

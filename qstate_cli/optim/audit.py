@@ -26,7 +26,7 @@ from ..options import Options, lower, option
 from ..quant.config import StateConfig, parse_config, parse_spec
 from ..quant.formats import state_bytes
 from ..runtime import rank_and_world
-from . import aliasing, sharding
+from . import aliasing, rule_traits, sharding
 
 FP32_SPEC = parse_spec("fp32")
 FP32_REASON_SMALL = "{numel} elements < min_quant_numel={limit}: fp32 states (as bitsandbytes)"
@@ -135,7 +135,7 @@ def audit_optimizer(opt, names: dict | None = None) -> list[AuditRow]:
             layout = sharding.layout_of(p)
             path, why = opt._route_of(p, group, shared)[:2]  # opt.path_for(p), opt.why_reference(p)
             path_reason = why if path == "reference" and opt.backend != "reference" else None
-            if layout.sharded and not opt.steps_shards:
+            if layout.sharded and not rule_traits.elementwise(type(opt)):
                 path, path_reason = "refused", whole_tensor_reason(type(opt).__name__)
             tid = ids[id(p)]
             for state in opt.state_names:
@@ -149,17 +149,17 @@ def audit_optimizer(opt, names: dict | None = None) -> list[AuditRow]:
 
 def plan_shapes(shapes, config: StateConfig, state_names, world_size: int, rank: int = 0,
                 min_quant_numel: int = 4096, names=None, optimizer: str | None = None,
-                steps_shards: bool = True) -> list[AuditRow]:
+                elementwise: bool = True) -> list[AuditRow]:
     """The audit of tensors of `shapes` sharded on dim 0 over `world_size` ranks, as rank
     `rank` sees them (no process group; the reference path: CPU). An optimizer whose rule
-    needs whole tensors (`steps_shards` False: Muon) refuses every sharded one: its rows
+    needs whole tensors (`elementwise` False: Muon) refuses every sharded one: its rows
     say so."""
     rows = []
     for tid, shape in enumerate(shapes):
         layout = sharding.dim0_layout(shape, world_size, rank)
         name = names[tid] if names else f"param{tid}"
         path, why = "reference", None
-        if layout.sharded and not steps_shards:
+        if layout.sharded and not elementwise:
             path, why = "refused", whole_tensor_reason(optimizer or "this optimizer")
         for state in state_names:
             spec = FP32_SPEC if layout.numel < min_quant_numel else config.spec(state)

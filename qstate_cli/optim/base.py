@@ -46,7 +46,7 @@ from ..errors import QstateError
 from ..quant.config import MIN_QUANT_NUMEL, STATE_IDS, StateConfig, StateSpec, parse_config, parse_spec
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
-from . import aliasing, chunked, collectives, fused, guards, hparams, sharded_state, sharding, small, steady
+from . import aliasing, chunked, collectives, fused, guards, hparams, rule_traits, sharded_state, sharding, small, steady
 from .borrowed import handed_out, own_dicts, unshare
 from .checkpoint import load
 from .spec_checks import check_state_spec
@@ -71,8 +71,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     state_names: tuple[str, ...] = ("m",)
     kernel: str | None = None  # the fused kernel module (kernels/<kernel>.py; fused.launcher)
     kernel_needs_out = False  # the kernel writes an fp32 update per parameter (Muon)
-    steps_shards = True  # the rule is elementwise: a DTensor's local shard steps alone (sharding.py)
-    steps_in_chunks = False  # `update` is elementwise: the reference steps a large tensor in chunks (chunked.py)
+    elementwise = False  # `update` is elementwise (optim/rule_traits.py: counts only beside the `update` it describes)
     adam_moments = False  # m, v are Adam's moments: diagnose's Gaussian model applies (AdamW's docstring)
     later_hparams: dict = {}  # hyper-parameters added after checkpoints were saved: a group without one loads its default
 
@@ -83,7 +82,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         for name in self.state_names:  # a configuration without a spec for one of them fails here, not at step 1
             check_state_spec(type(self).__name__, name, defaults["states"].spec(name))
         super().__init__(params, defaults)
-        if not self.steps_shards:  # Muon: refused when built, not at the first step (after the others stepped)
+        if not rule_traits.elementwise(type(self)):  # Muon: refused when built, not at the first step (after the others stepped)
             self._refuse_shards()
         self.reset_policy = ResetPolicy.parse(reset)
         if self.reset_policy.auto:
@@ -339,7 +338,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
 
     def _step_param(self, group, p, tensor_id: int) -> None:
         """The reference step of p (optim/chunked.py): whole, or, for an elementwise rule
-        (`steps_in_chunks`) and a tensor above one chunk, in chunks that give the same bits."""
+        (`elementwise`) and a tensor above one chunk, in chunks that give the same bits."""
         states = self.load_states(group, p, tensor_id)
         st = self.state[p]
         step = int(st["step"]) + 1
@@ -380,8 +379,9 @@ class QuantizedOptimizer(torch.optim.Optimizer):
     def update_flat(self, group, shapes: list, p32, g, x_hat: dict, since_reset: int, first: dict):
         """The rule over tensors of these shapes laid end to end (flat p32, g and x_hat;
         optim/small.py): what `update` gives each tensor, concatenated. An elementwise rule
-        (steps_shards) gives it over the concatenation; a rule that is not overrides this."""
-        if not self.steps_shards:
+        (`elementwise`, optim/rule_traits.py) gives it over the concatenation; a rule that is not
+        overrides this (Muon)."""
+        if not rule_traits.elementwise(type(self)):
             raise NotImplementedError(f"{type(self).__name__}: a rule that is not elementwise needs its own update_flat")
         return self.update(group, p32, g, x_hat, since_reset, first)
 

@@ -7,7 +7,7 @@ One piece of a parameter steps as
     p, new <- the optimizer's rule (fp32; an fp64 parameter's values updated in fp64)
     codes  <- encode(new) per state;  parameter <- p (rounded to its dtype)
 
-An elementwise rule (AdamW, Adam, Lion, SGD: the class sets `steps_in_chunks`) gives each
+An elementwise rule (AdamW, Adam, Lion, SGD: `elementwise`, optim/rule_traits.py) gives each
 element's new parameter and states from that element's p, g and read-back states alone, and
 every random bit comes from a global counter (quant/quantizer.py: element offset + i, block
 offset // B + b). So a tensor of n elements may step as consecutive chunks [a, b) of its
@@ -25,7 +25,7 @@ in chunks of CHUNK elements they are ~CHUNK * that, plus the new codes and scale
 state's own size), whatever the tensor's size.
 
 Stepped whole: a tensor of at most one chunk; a rule that needs the whole tensor (Muon's
-Newton-Schulz; a subclass that rewrites `update` without setting `steps_in_chunks` itself);
+Newton-Schulz; a subclass that rewrites `update` without declaring `elementwise` beside it);
 a state with one scale for the whole tensor (`tensor`: te-fp8; its absmax needs every new
 value first); a non-contiguous parameter (no flat view to write its chunks to); a gradient
 sharing the parameter's storage (a chunk written before a later one is read).
@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from functools import lru_cache
 
 import torch
 
 from ..quant.config import DITHER_BLOCK
 from ..quant.quantizer import encode
 from ..quant.state import QuantizedState
+from . import rule_traits
 
 # Elements per chunk (rounded up to a multiple of L, module docstring). On a CPU (one thread),
 # one AdamW step of a 4,194,304-element fp32 tensor grew the process's peak RSS above the
@@ -50,19 +50,6 @@ from ..quant.state import QuantizedState
 # kernel launches: DEVICE_CHUNK keeps them few (an estimate, not measured: ~400 MB transient).
 CHUNK = 1 << 18
 DEVICE_CHUNK = 1 << 22
-
-
-@lru_cache(maxsize=None)
-def rule_in_chunks(cls) -> bool:
-    """Whether cls's `update` is elementwise: the class that sets `steps_in_chunks` True also
-    defines `update`, or inherits it from an ancestor (a subclass that rewrites `update`
-    without setting it again steps whole)."""
-    mro = cls.__mro__
-    flag = next((c for c in mro if "steps_in_chunks" in c.__dict__), None)
-    rule = next((c for c in mro if "update" in c.__dict__), None)
-    if flag is None or rule is None or not flag.__dict__["steps_in_chunks"]:
-        return False
-    return mro.index(rule) >= mro.index(flag)
 
 
 def chunk_elements(specs, numel: int, on_cpu: bool = True) -> int | None:
@@ -79,7 +66,7 @@ def chunk_elements(specs, numel: int, on_cpu: bool = True) -> int | None:
 
 def chunk_size(opt, states: dict, local: torch.Tensor, grad: torch.Tensor) -> int | None:
     """chunk_elements for this parameter's step, or None where it steps whole (module docstring)."""
-    if not rule_in_chunks(type(opt)) or not local.is_contiguous() or local.numel() <= 2:
+    if not rule_traits.elementwise(type(opt)) or not local.is_contiguous() or local.numel() <= 2:
         return None
     if grad.untyped_storage().data_ptr() == local.untyped_storage().data_ptr():
         return None

@@ -84,7 +84,7 @@ def with_tensor_scales(p, states: dict) -> dict:
 
 
 def refuse_shards(opt) -> None:
-    """An optimizer whose rule needs whole tensors (Muon: steps_shards False) refuses DTensors."""
+    """An optimizer whose rule needs whole tensors (Muon: not `elementwise`) refuses DTensors."""
     for group in opt.param_groups:
         for p in group["params"]:
             if sharding.is_dtensor(p):

@@ -36,6 +36,7 @@ import torch
 from .. import kernels
 from ..kernels import cpu, launch
 from ..kernels.cpu.host import CpuBatch, VALUE_DTYPES as CPU_VALUE_DTYPES
+from . import rule_traits
 
 MAX_CACHED_BATCHES = 16
 # kernels/<module>.py -> its launch function (the optimizers' `kernel` attribute names the module)
@@ -63,6 +64,8 @@ def why_reference(opt, group, p: torch.Tensor, on_cpu: bool = False) -> str | No
     reference steps it."""
     if opt.kernel is None:
         return f"{type(opt).__name__} has no kernel"
+    if not rule_traits.kernel_is_rule(type(opt)):
+        return rule_traits.rewritten_rule(type(opt))
     if on_cpu:
         if not cpu.covers(opt.kernel):
             return f"{type(opt).__name__} has no CPU kernel"

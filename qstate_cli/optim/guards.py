@@ -45,7 +45,7 @@ from functools import lru_cache
 import torch
 
 from ..quant.config import StateConfig, parse_config
-from . import collectives, hparams, sharding
+from . import collectives, hparams, rule_traits, sharding
 from .checkpoint import stored_problem
 
 TORCH_ONLY = ("maximize", "amsgrad", "capturable", "differentiable", "foreach", "fused")
@@ -140,7 +140,7 @@ def before_routed_step(opt, ready: list) -> None:
                 known = (n, st, group, specs)
             checked[id(p)] = known
     opt.__dict__[FITS] = checked
-    if not opt.steps_shards:
+    if not rule_traits.elementwise(type(opt)):
         opt._refuse_shards()
 
 

@@ -32,7 +32,7 @@ class AdamW(QuantizedOptimizer):
 
     state_names = ("m", "v")
     kernel = "adamw"
-    steps_in_chunks = True  # elementwise `update`: the reference steps a large tensor in chunks (optim/chunked.py)
+    elementwise = True  # `update` is elementwise: chunks, shards, tensors laid end to end (optim/rule_traits.py)
     # m an EMA of g (beta1), v an EMA of g^2 (beta2), bias-corrected: diagnose's Gaussian staleness
     # model (sigma^2 = v / c_t), theory.py's stall curve of v and the reset advice apply (Adam too)
     adam_moments = True
@@ -108,7 +108,7 @@ class Lion(QuantizedOptimizer):
     """Lion with a quantized momentum m."""
 
     kernel = "lion"
-    steps_in_chunks = True  # elementwise `update`: the reference steps a large tensor in chunks (optim/chunked.py)
+    elementwise = True  # `update` is elementwise: chunks, shards, tensors laid end to end (optim/rule_traits.py)
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0,
                  states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, backend="auto"):
@@ -159,7 +159,7 @@ class SGD(QuantizedOptimizer):
     """SGD with a quantized momentum buffer (torch.optim.SGD semantics)."""
 
     kernel = "sgd"
-    steps_in_chunks = True  # elementwise `update`: the reference steps a large tensor in chunks (optim/chunked.py)
+    elementwise = True  # `update` is elementwise: chunks, shards, tensors laid end to end (optim/rule_traits.py)
 
     def __init__(self, params, lr=1e-2, momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=False,
                  states="bred-4bit", reset=None, seed=0, min_quant_numel=4096, backend="auto"):
@@ -223,7 +223,7 @@ class Muon(QuantizedOptimizer):
 
     kernel = "muon"
     kernel_needs_out = True
-    steps_shards = False  # Newton-Schulz needs whole matrices: no sharded (DTensor) parameters
+    # not `elementwise`: Newton-Schulz needs whole matrices (no DTensor shards; its own update_flat)
     later_hparams = dict(ns_steps=5, ns_coefficients=rules.NS_COEFFS, eps=1e-7, adjust_lr_fn=None)  # 2026-12-07
 
     def __init__(self, params, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0,

@@ -8,7 +8,7 @@ thread (8 tensors of 1,024 elements: 6.2 ms, torch's fused AdamW 0.5 ms; docs/cp
 
     g   <- grad as fp32, non-finite elements counted and zeroed
     x   <- the stored states read back (zeros if never written or reset now), v clamped at 0
-    p, new <- the optimizer's rule (elementwise for every optimizer with `steps_shards`;
+    p, new <- the optimizer's rule (elementwise for every `elementwise` optimizer;
               Muon's momentum too, its Newton-Schulz per matrix: `update_flat`)
     store  <- new rounded to the format, one storage unit (8, 16 or 32 bits) per element,
               no scale (quantizer.encode); stochastic rounding's uniform for element i of a
@@ -46,7 +46,7 @@ from torch._utils import _flatten_dense_tensors as flatten, _unflatten_dense_ten
 from ..quant import hash as qhash
 from ..quant.quantizer import Stream, decode, encode
 from ..quant.config import STATE_IDS
-from . import chunked, sharding
+from . import chunked, rule_traits, sharding
 from .fused import counter_tensors
 
 
@@ -78,8 +78,8 @@ def steps_together(opt, group, p: torch.Tensor) -> bool:
     torch rule's ~100 bytes of temporaries per element of the whole tensor."""
     if opt.backend == "reference" or p.device.type != "cpu" or p.numel() == 0 or p.dtype == torch.float64:
         return False  # (an fp64 parameter: the reference updates it in fp64, base._step_param)
-    if sharding.is_dtensor(p):
-        return False
+    if sharding.is_dtensor(p) or not rule_traits.flat_rule(type(opt)):
+        return False  # (a rewritten rule that is not elementwise and has no update_flat of its own: one by one)
     specs = [opt.spec_for(group, p, n) for n in opt.state_names]
     if not all(elementwise(spec) for spec in specs):
         return False
