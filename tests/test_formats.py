@@ -1,6 +1,7 @@
 """Formats: code books, minifloats against torch dtypes, a brute-force nearest oracle,
 encode->decode error bounds (hypothesis), packing, short and zero blocks, NaN policy, bytes."""
 import math
+import re
 
 import pytest
 import torch
@@ -8,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qstate_cli.quant import FORMATS, QuantizedState, Stream, decode, encode, parse_spec, state_bytes
-from qstate_cli.quant.codebooks import codebook
+from qstate_cli.quant.codebooks import check_table, codebook
+from qstate_cli.quant.formats import Format, _register
 from qstate_cli.quant.packing import pack, unpack
 
 
@@ -263,3 +265,29 @@ def test_bred_on_a_minifloat_is_biased_at_a_binade_boundary(text, eps, x0, a):
     assert abs(mean - expected) <= tolerance, (text, x, mean, expected, tolerance)
     if a == 0.0:
         assert expected == pytest.approx(eps * x0 / 16) and expected > 6 * tolerance  # the bias is resolved
+
+
+# ---- what a new format is checked for (formats._register, codebooks.check_table) ------------
+def test_every_table_is_a_valid_code_book():
+    tables = {name: fmt.table for name, fmt in FORMATS.items() if fmt.kind == "table"}
+    assert len(tables) >= 10 and all(tables.values())
+
+
+@pytest.mark.parametrize("table,signed,why", [
+    ((-1.0, 0.5, 0.0, 1.0), True, "not strictly ascending"),
+    ((-1.0, 0.0, 0.0, 1.0), True, "not strictly ascending"),
+    ((-1.5, 0.0, 1.0), True, "values outside [-1, 1]"),
+    ((-0.5, 0.0, 1.0), False, "values outside [0, 1]"),
+    ((0.0, 0.5, 0.9), False, "its largest value is 0.9, not 1"),
+    (tuple(i / 16 for i in range(1, 18)), False, "17 entries; a 4-bit code indexes 1 to 16"),
+    ((), False, "0 entries"),
+])
+def test_a_wrong_code_book_is_refused(table, signed, why):
+    with pytest.raises(ValueError, match=re.escape(f"code book 'mine': {why}")):
+        check_table("mine", table, 4, signed)
+
+
+def test_a_code_width_packing_cannot_store_is_refused():
+    with pytest.raises(ValueError, match=r"format 'int3': 3-bit codes; quant/packing.py packs 4, 8, 16-bit codes"):
+        _register(Format("int3", "linear", 3, True, "3-bit", levels=3))
+    assert "int3" not in FORMATS

@@ -65,20 +65,49 @@ def linear_nozero_map(bits: int) -> tuple[float, ...]:
     return tuple(torch.linspace(0, 1, n + 1)[1:].tolist())
 
 
+def check_table(name: str, table, bits: int, signed: bool) -> tuple[float, ...]:
+    """`table` as a code book of a `bits`-bit format, or ValueError saying what is wrong
+    with it. Every path reads a table the same way, so a wrong table is not caught by the
+    kernels' parity tests (they agree on it); what can be checked is its shape:
+
+    - 1 .. 2**bits entries (a code is an index into it);
+    - strictly ascending (rounding searches it: an unsorted table rounds to wrong entries);
+    - within [-1, 1], and within [0, 1] for an unsigned format (values are table * absmax);
+    - holding 1 (the block's absmax reads back as itself: without it every block shrinks).
+    """
+    table = tuple(float(v) for v in table)
+    why = None
+    if not 1 <= len(table) <= 2 ** bits:
+        why = f"{len(table)} entries; a {bits}-bit code indexes 1 to {2 ** bits}"
+    elif any(b <= a for a, b in zip(table, table[1:])):
+        why = "not strictly ascending"
+    elif table[0] < (-1.0 if signed else 0.0) or table[-1] > 1.0:
+        why = f"values outside [{-1 if signed else 0}, 1]: {table[0]} .. {table[-1]}"
+    elif table[-1] != 1.0:
+        why = f"its largest value is {table[-1]}, not 1 (a block's absmax must read back as itself)"
+    if why:
+        raise ValueError(f"code book {name!r}: {why}")
+    return table
+
+
+# format name -> its code book's builder (a name ending in "nz" not here: its base's without the zero)
+BUILDERS = {
+    "de8": lambda: dynamic_map(True, 7, 8),
+    "de8u": lambda: dynamic_map(False, 7, 8),
+    "de4": lambda: dynamic_map(True, 3, 4),
+    "de4u": lambda: dynamic_map(False, 3, 4),
+    "lin4nz": lambda: linear_nozero_map(4),
+    "lin8nz": lambda: linear_nozero_map(8),
+}
+
+
 @lru_cache(maxsize=None)
 def codebook(name: str) -> tuple[float, ...]:
-    """Look up a code book by format name (de8, de8u, de4, de4u, their *nz, lin4nz)."""
-    builders = {
-        "de8": lambda: dynamic_map(True, 7, 8),
-        "de8u": lambda: dynamic_map(False, 7, 8),
-        "de4": lambda: dynamic_map(True, 3, 4),
-        "de4u": lambda: dynamic_map(False, 3, 4),
-        "lin4nz": lambda: linear_nozero_map(4),
-        "lin8nz": lambda: linear_nozero_map(8),
-    }
-    if name.endswith("nz") and name[:-2] in builders:
-        return without_zero(builders[name[:-2]]())
-    return builders[name]()
+    """Look up a code book by format name (`BUILDERS`: de8, de8u, de4, de4u, their *nz,
+    lin4nz, lin8nz)."""
+    if name.endswith("nz") and name[:-2] in BUILDERS:
+        return without_zero(BUILDERS[name[:-2]]())
+    return BUILDERS[name]()
 
 
 @lru_cache(maxsize=None)

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 
 from ..errors import QstateError
-from .codebooks import codebook, codebook_tensor
+from .codebooks import check_table, codebook, codebook_tensor
+from .packing import PACKED_BITS
 
 F32_MANTISSA = 23
 
@@ -54,7 +56,8 @@ class Format:
 
     @property
     def table(self) -> tuple[float, ...]:
-        return codebook(self.name) if self.kind == "table" else ()
+        """The code book (table formats; () otherwise), checked once (codebooks.check_table)."""
+        return _checked_table(self.name, self.bits, self.signed) if self.kind == "table" else ()
 
     @property
     def nozero_linear(self) -> bool:
@@ -176,10 +179,20 @@ def _minifloat(name, bits, exp_bits, man_bits, bias, max_ordinal, signed, purpos
                   max_ordinal=max_ordinal, aliases=tuple(aliases))
 
 
+@lru_cache(maxsize=None)
+def _checked_table(name: str, bits: int, signed: bool) -> tuple[float, ...]:
+    return check_table(name, codebook(name), bits, signed)
+
+
 FORMATS: dict[str, Format] = {}
 
 
 def _register(fmt: Format) -> None:
+    """Add a format. Its codes are packed by quant/packing.py, which packs 4, 8 and 16 bits
+    (fp32 is stored as is); a table format's code book is checked on first use (Format.table)."""
+    if fmt.kind != "identity" and fmt.bits not in PACKED_BITS:
+        raise ValueError(f"format {fmt.name!r}: {fmt.bits}-bit codes; quant/packing.py packs "
+                         f"{', '.join(map(str, PACKED_BITS))}-bit codes")
     FORMATS[fmt.name] = fmt
 
 

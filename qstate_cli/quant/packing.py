@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+PACKED_BITS = (4, 8, 16)  # the code widths pack and unpack take (formats._register refuses others)
+
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack int32 codes (already reduced to `bits` bits, i.e. 0 <= c < 2**bits)."""
