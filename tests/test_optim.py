@@ -1,5 +1,6 @@
 """Reference optimizers: fp32 states equal torch.optim; quantized states' bytes; resets;
 non-finite gradients; checkpoints that resume bit for bit."""
+import inspect
 import io
 
 import pytest
@@ -464,3 +465,17 @@ def test_specs_that_train_badly_are_warned_of_and_the_hint_names_a_good_one():
         for cls, preset in ((qoptim.AdamW, "bred-4bit"), (qoptim.AdamW, "bnb-8bit"), (qoptim.Lion, "m=int4:bred:b128"),
                             (qoptim.AdamW, "torchao-4bit"), (qoptim.AdamW, "fp32")):
             cls([w], states=preset)
+
+
+def test_a_spec_warning_points_at_the_line_that_built_the_optimizer():
+    """Adam's constructor calls AdamW's, which calls the base class's: the warning names the
+    caller's file and line, not a line inside qstate_cli/optim, whichever class it is."""
+    import qstate_cli.optim as qoptim
+
+    w = torch.nn.Parameter(torch.randn(64, 64))
+    for cls, spec in ((qoptim.AdamW, "int4:bred:b128"), (qoptim.Adam, "int4:bred:b128"),
+                      (qoptim.Lion, "m=uint4:bred:b128")):
+        with pytest.warns(UserWarning) as caught:
+            line = inspect.currentframe().f_lineno + 1
+            cls([w], states=spec)
+        assert {(rec.filename, rec.lineno) for rec in caught} == {(__file__, line)}, cls.__name__

@@ -2,6 +2,8 @@
 constructor): checked once, when the optimizer is built."""
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 from ..quant.config import StateSpec
@@ -32,4 +34,15 @@ def check_state_spec(optimizer: str, state: str, spec: StateSpec) -> None:
                f"m / (sqrt(v) + eps) blows up (the demo trace's update error vs fp32: v on lin4nz 0.85, de4u 31, "
                f"e2m2 601, int4 1437); the 4-bit presets keep v on lin4nz")
     if why:
-        warnings.warn(f"{optimizer} {state}={spec}: {why}", UserWarning, stacklevel=4)
+        warnings.warn(f"{optimizer} {state}={spec}: {why}", UserWarning, stacklevel=_first_caller_outside())
+
+
+def _first_caller_outside() -> int:
+    """warnings.warn's stacklevel (from check_state_spec) of the first frame outside optim/:
+    the call that built the optimizer (Adam's constructor calls AdamW's, which calls the
+    base class's: a fixed stacklevel pointed inside optim/ for some optimizers)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1  # check_state_spec's frame is stacklevel 1
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
+        frame, level = frame.f_back, level + 1
+    return level
