@@ -784,6 +784,12 @@ def copy_numel_zero(tmp):
     return ["bench", "kernels", "--copy-numel", "0", "--numel", "1024", "-c", "fp32", "--baseline", "none"]
 
 
+@case(FLAGS, "`--baseline torchao4` (a misspelt peer)",
+      r"unknown baseline 'torchao4' for adamw: choose from [a-z0-9, -]+, all, none; did you mean torchao-adamw4bit")
+def baseline_misspelt(tmp):
+    return ["bench", "kernels", "--numel", "1024", "-c", "fp32", "--baseline", "torchao4"]
+
+
 @case(FLAGS, "`--warmup-ms -1`", r"--warmup-ms -1: must be a finite number >= 0")
 def warmup_negative(tmp):
     return ["bench", "kernels", "--warmup-ms", "-1", "--numel", "1024", "-c", "fp32", "--baseline", "none"]
