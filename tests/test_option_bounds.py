@@ -91,7 +91,7 @@ def test_custom_shapes_within_bounds_and_builtins_are_fresh_lists():
 
 
 def test_audit_world_size_bounded():
-    from qstate_cli.optim.audit import AuditOptions
+    from qstate_cli.cli.audit_cmd import AuditOptions
 
     assert AuditOptions(world_size=65536).world_size == 65536
     for bad in (0, 65537, 10**9):

@@ -7,13 +7,17 @@ why (optim/audit.py). A live optimizer answers the same with `optimizer.audit()`
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import typer
 
 from ..bench.shapes import model_named_shapes
 from ..errors import QstateError
-from ..optim.audit import AuditOptions, plan_shapes, summary_line
+from ..options import Options, lower, option
+from ..quant.config import StateConfig, parse_config
+from ..optim.audit import plan_shapes, summary_line
 from ..optim import rule_traits
-from ..optim.registry import optimizer_info
+from ..optim.registry import names_text, optimizer_info
 from ..results import document, environment, write_json_atomic, write_text_atomic
 from . import output
 from .commands import options_command
@@ -26,6 +30,35 @@ COLUMNS = ["rank", "name", "state", "global_shape", "local_shape", "path", "form
 MAX_ROWS = 250_000  # every rank's rows (no --rank): ~20 s on one CPU core; more is unreadable and slow
 HEADERS = {"global_shape": "global", "local_shape": "local", "local_bytes": "bytes",
            "world_independent": "any world"}
+
+
+MAX_WORLD_SIZE = 65_536  # the largest training jobs shard over tens of thousands of ranks; more is a typo
+
+
+@dataclass
+class AuditOptions(Options):
+    """`qstate audit`: a model's parameters sharded on dim 0 (FSDP2) at a world size."""
+
+    COMMAND = "audit"
+
+    model: str = option("small-lm", "Built-in model (gpt2-small, llama-1b, small-lm, ...) or shapes such as "
+                                    "4096x4096*2,4096.", "--model", "-m")
+    states: StateConfig = option("bred-4bit", "State configuration (preset or m=...,v=...).", "--states", "-c",
+                                 parse=parse_config, type=str)
+    optimizer: str = option("adamw", f"{names_text()} (which states it keeps).", parse=lower)
+    world_size: int = option(2, "Ranks the parameters are sharded over (dim 0, as fully_shard does).",
+                             "--world-size", "-w")
+    rank: int = option(None, "Show this rank only (default: every rank).", type=int)
+    min_quant_numel: int = option(4096, "Tensors with fewer elements keep fp32 states (0: quantize all).")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 1 <= self.world_size <= MAX_WORLD_SIZE:
+            raise QstateError(f"audit: --world-size {self.world_size}: use 1 to {MAX_WORLD_SIZE:,} ranks")
+        if self.rank is not None and not 0 <= self.rank < self.world_size:
+            raise QstateError(f"audit: --rank {self.rank} is not a rank of world size {self.world_size}")
+        if self.min_quant_numel < 0:
+            raise QstateError(f"audit: --min-quant-numel must be >= 0, got {self.min_quant_numel}")
 
 
 def register(app: typer.Typer) -> None:

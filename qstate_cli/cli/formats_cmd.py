@@ -5,6 +5,7 @@ from typing import Optional
 
 import typer
 
+from ..optim.registry import keeps_text
 from ..quant.catalog import format_rows, preset_rows, rounding_rows
 from ..quant.config import MAX_BLOCK, MIN_BLOCK
 from ..errors import QstateError
@@ -32,7 +33,7 @@ def formats(
                                      {"bytes_per_element": ".4f", "signed": lambda v: "yes" if v else "no"},
                                      {"bytes_per_element": "bytes/elem", "block_size": "block"}))
     output.stdout.print(output.table("Rounding modes", rnds))
-    output.stdout.print(output.table("Presets (AdamW and Adam keep m and v; Lion, SGD and Muon the preset's m)",
+    output.stdout.print(output.table(f"Presets ({keeps_text()})",
                                      presets, formats={"adamw_bytes_per_param": ".4f", "m_only_bytes_per_param": ".4f"},
                                      headers={"adamw_bytes_per_param": "AdamW B/param",
                                               "m_only_bytes_per_param": "m-only B/param"}))

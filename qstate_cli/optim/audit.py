@@ -22,43 +22,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..errors import QstateError
-from ..options import Options, lower, option
-from ..quant.config import StateConfig, parse_config, parse_spec
+from ..quant.config import StateConfig, parse_spec
 from ..quant.formats import state_bytes
 from ..runtime import rank_and_world
 from . import aliasing, rule_traits, sharding
 
 FP32_SPEC = parse_spec("fp32")
 FP32_REASON_SMALL = "{numel} elements < min_quant_numel={limit}: fp32 states (as bitsandbytes)"
-
-
-MAX_WORLD_SIZE = 65_536  # the largest training jobs shard over tens of thousands of ranks; more is a typo
-
-
-@dataclass
-class AuditOptions(Options):
-    """`qstate audit`: a model's parameters sharded on dim 0 (FSDP2) at a world size."""
-
-    COMMAND = "audit"
-
-    model: str = option("small-lm", "Built-in model (gpt2-small, llama-1b, small-lm, ...) or shapes such as "
-                                    "4096x4096*2,4096.", "--model", "-m")
-    states: StateConfig = option("bred-4bit", "State configuration (preset or m=...,v=...).", "--states", "-c",
-                                 parse=parse_config, type=str)
-    optimizer: str = option("adamw", "adamw, adam, lion, sgd or muon (which states it keeps).", parse=lower)
-    world_size: int = option(2, "Ranks the parameters are sharded over (dim 0, as fully_shard does).",
-                             "--world-size", "-w")
-    rank: int = option(None, "Show this rank only (default: every rank).", type=int)
-    min_quant_numel: int = option(4096, "Tensors with fewer elements keep fp32 states (0: quantize all).")
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not 1 <= self.world_size <= MAX_WORLD_SIZE:
-            raise QstateError(f"audit: --world-size {self.world_size}: use 1 to {MAX_WORLD_SIZE:,} ranks")
-        if self.rank is not None and not 0 <= self.rank < self.world_size:
-            raise QstateError(f"audit: --rank {self.rank} is not a rank of world size {self.world_size}")
-        if self.min_quant_numel < 0:
-            raise QstateError(f"audit: --min-quant-numel must be >= 0, got {self.min_quant_numel}")
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,20 @@ for _info in OPTIMIZERS.values():  # what a checkpoint of each holds (optim/chec
     checkpoint.know(_info.cls)
 
 
+def keeps_text() -> str:
+    """Which states each optimizer keeps, for a table title: "AdamW and Adam keep m and v;
+    Lion, SGD and Muon the preset's m"."""
+    by_states: dict[tuple, list] = {}
+    for info in OPTIMIZERS.values():
+        by_states.setdefault(info.states, []).append(info.cls.__name__)
+    parts = []
+    for k, (states, classes) in enumerate(by_states.items()):
+        who = " and ".join([", ".join(classes[:-1]), classes[-1]] if len(classes) > 1 else classes)
+        keep = " and ".join(states) if len(states) > 1 else f"the preset's {states[0]}"
+        parts.append(f"{who} {'keep ' if k == 0 else ''}{keep}")
+    return "; ".join(parts)
+
+
 def names_text(last: str = " or ") -> str:
     """The optimizers' names for a help text: "adamw, adam, lion, sgd or muon"."""
     names = list(OPTIMIZERS)
