@@ -1,7 +1,8 @@
 """Atomic writes that respect what the output already is (results.py re-exports them).
 
 `atomic_path(path)` yields a temporary path in the folder of the file to write and renames
-it over that file on success, so readers never see a half-written file, and:
+it over that file on success, so readers never see a half-written file. A path the user
+typed (`--json out.json`) is written where it leads:
 
 - a new file gets the mode a plain open() would give (0666 less the umask), not
   mkstemp's 0600; a file replaced keeps its mode (a 0600 file stays 0600);
@@ -14,6 +15,22 @@ it over that file on success, so readers never see a half-written file, and:
   names the file, `PATH: cannot write (No space left on device)` (exit 2 in the CLI), and
   the temporary file is removed; so is it on any other error and on Ctrl-C or SIGTERM
   (cli/group.py raises a KeyboardInterrupt for it).
+
+A file whose name qstate picks inside a folder (`atomic_path(path, picked_in=FOLDER)`: a
+suite's OUT/<run>.json, OUT/report.html, reports/<stem>.md, the PNGs of a plots folder, a
+trace folder's manifest.json) is always a regular file at that name, inside that folder:
+
+- a symlink at the name is replaced by the file (the rename lands on the link itself; its
+  target is left as it was), and so is a FIFO or a device node there: nothing is written
+  through it or in place. Replaced, not refused: the name is qstate's own, in qstate's
+  folder, so nothing the user made is lost but a link, while a refusal would come after
+  the work (a suite's report is written when every point has run) and a link planted in
+  a results folder (one unpacked from a tarball, then `qstate run --resume` or `qstate
+  report`) could otherwise overwrite any file the user can write;
+- the folder holding the file (FOLDER itself, or a folder qstate makes inside it, such as
+  a plots folder) must lie inside FOLDER once links are resolved (`check_inside`): one
+  that leads elsewhere is refused, `HOLDER: this folder leads outside FOLDER (to ...)`
+  (exit 2), which the CLI checks before any work starts.
 """
 from __future__ import annotations
 
@@ -52,23 +69,41 @@ def writes_in_place(path) -> bool:
         return False
 
 
+def check_inside(holder, folder) -> Path:
+    """Refuse (QstateError) a folder `holder` that qstate writes files it names into, when
+    it does not lie inside `folder` once links are resolved (module docstring): a link
+    planted in a results folder must not carry qstate's files out of it. A holder that
+    does not exist yet resolves by its existing part, as the write would create it."""
+    holder, folder = Path(holder), Path(folder)
+    real_holder, real_folder = os.path.realpath(holder), os.path.realpath(folder)
+    if os.path.commonpath([real_holder, real_folder]) != real_folder:
+        raise QstateError(f"{holder}: this folder leads outside {folder} (to {real_holder}); qstate writes the "
+                          f"files it names only inside {folder}: remove the link")
+    return holder
+
+
 @contextlib.contextmanager
-def atomic_path(path):
+def atomic_path(path, picked_in=None):
     """Yield a temporary path in the folder of `path`'s target; on success rename it to
     that target (atomic on POSIX), on any error remove it; a device or FIFO: the path
-    itself is yielded and written in place (module docstring)."""
+    itself is yielded and written in place. With `picked_in` (a name qstate picked inside
+    that folder), the target is `path` itself, never a link's target or a device
+    (module docstring)."""
     path = Path(path)
-    if path.is_dir():
+    if picked_in is not None:
+        check_inside(path.parent, picked_in)
+    if path.is_dir() and (picked_in is None or not path.is_symlink()):
         raise QstateError(f"{path}: is a folder; name a file")
-    if writes_in_place(path):
+    if picked_in is None and writes_in_place(path):
         try:
             yield str(path)
         except OSError as exc:
             raise QstateError(f"{path}: cannot write ({exc.strerror or exc})") from None
         return
-    target = write_target(path)
+    target = path if picked_in is not None else write_target(path)
     try:
-        old_mode = stat.S_IMODE(os.stat(target).st_mode) if target.is_file() else None
+        old = os.lstat(target) if os.path.lexists(target) else None
+        old_mode = stat.S_IMODE(old.st_mode) if old is not None and stat.S_ISREG(old.st_mode) else None
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
@@ -86,3 +121,10 @@ def atomic_path(path):
         if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
             raise QstateError(f"{path}: cannot write ({exc.strerror or exc})") from None
         raise
+
+
+def write_bytes_atomic(path, data: bytes, picked_in=None) -> Path:
+    """Write `data` to `path` through atomic_path (a plot's PNG; results.py writes JSON and text)."""
+    with atomic_path(path, picked_in) as tmp, open(tmp, "wb") as fh:
+        fh.write(data)
+    return Path(path)

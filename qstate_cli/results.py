@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .atomic import atomic_path, write_target, writes_in_place
+from .atomic import atomic_path, check_inside, write_target, writes_in_place
 from .errors import QstateError, clip
 
 SCHEMA_VERSION = 1
@@ -106,6 +106,8 @@ def git_sha() -> str | None:
 
 
 def environment(device: str | None = None) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
     import torch
 
     try:
@@ -114,12 +116,17 @@ def environment(device: str | None = None) -> dict:
         triton_version = triton.__version__
     except Exception:  # noqa: BLE001 - triton is optional on CPU
         triton_version = None
+    try:  # installed, from its metadata: importing numba takes seconds (a kernels row's `path` says what ran)
+        numba = version("numba")
+    except PackageNotFoundError:
+        numba = None
     return {
         **device_info(device),
         "torch": torch.__version__,
         "triton": triton_version,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "numba": numba,
         "qstate": __version__,
         "git_sha": git_sha(),
         "argv": list(sys.argv),
@@ -157,13 +164,21 @@ class Result:
         return {"records": self.records, **self.extras, "meta": self.meta}
 
 
-def check_writable(path, what: str | None = None) -> Path:
+def check_writable(path, what: str | None = None, picked_in=None) -> Path:
     """Refuse, before any work, a file path that cannot be written (QstateError, exit 2):
     a folder, a path under a file, or a folder this process cannot create files in (tried
     for real with a temporary file, so it also holds for root and read-only mounts).
-    Missing folders on the way are fine: the write creates them."""
+    Missing folders on the way are fine: the write creates them. `picked_in`: a name qstate
+    picked in that folder, written there as a regular file whatever is at the name
+    (atomic.py), so its folder is checked, and must lie inside `picked_in`."""
     path = Path(path)
     label = f"{what} {path}" if what else str(path)
+    if picked_in is not None:
+        check_inside(path.parent, picked_in)
+        if path.is_dir() and not path.is_symlink():
+            raise QstateError(f"{label}: is a folder; name a file")
+        _check_folder(path.parent, label)
+        return path
     if str(path) == "-":  # only a --json that says so prints to stdout (output.Destinations); here it named a file
         raise QstateError(f"{label}: this output is a file, not stdout; name a file")
     if path.is_dir():
@@ -201,16 +216,16 @@ def _check_folder(folder: Path, label: str) -> Path:
     return folder
 
 
-def write_json_atomic(path, obj) -> Path:
-    """Write JSON to `path` atomically (temp file + rename)."""
-    with atomic_path(path) as tmp, open(tmp, "w") as fh:
+def write_json_atomic(path, obj, picked_in=None) -> Path:
+    """Write JSON to `path` atomically (temp file + rename); `picked_in`: atomic.atomic_path."""
+    with atomic_path(path, picked_in) as tmp, open(tmp, "w") as fh:
         json.dump(obj, fh, indent=1, default=json_default, allow_nan=True)
         fh.write("\n")
     return Path(path)
 
 
-def write_text_atomic(path, text: str) -> Path:
-    with atomic_path(path) as tmp, open(tmp, "w") as fh:
+def write_text_atomic(path, text: str, picked_in=None) -> Path:
+    with atomic_path(path, picked_in) as tmp, open(tmp, "w") as fh:
         fh.write(text)
     return Path(path)
 
@@ -225,15 +240,28 @@ def json_default(obj):
     return str(obj)
 
 
+def _unique_keys(path: Path):
+    """json's object_pairs_hook for `path`: a key twice in one object is refused (json keeps
+    the last of two "records"; a reviewer reads the first)."""
+    def hook(pairs: list[tuple]) -> dict:
+        keys = [k for k, _ in pairs]
+        if len(set(keys)) != len(keys):
+            key = next(k for k in keys if keys.count(k) > 1)
+            raise QstateError(f"{path}: not a results file: key {clip(repr(key))} appears twice in one object")
+        return dict(pairs)
+    return hook
+
+
 def load(path) -> dict:
     """Load and validate a results file; bad input raises QstateError (exit 2) naming the file:
-    not JSON, JSON nested too deep or with a number too long to read, or a document whose
-    structure or fields (`document_problem`) report and compare cannot rely on."""
+    not JSON, a key twice in one object, JSON nested too deep or with a number too long to
+    read, or a document whose structure or fields (`document_problem`) report and compare
+    cannot rely on."""
     path = Path(path)
     if not path.is_file():
         raise QstateError(f"{path}: no such results file")
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_text(), object_pairs_hook=_unique_keys(path))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise QstateError(f"{path}: not a JSON results file ({exc})") from None
     except ValueError:  # an integer past Python's digit limit (int_max_str_digits)
@@ -364,11 +392,13 @@ def frame(doc: dict):
 
 
 class ResultWriter:
-    """Collects rows and rewrites the JSON file atomically after each one."""
+    """Collects rows and rewrites the JSON file atomically after each one; `picked_in`: the
+    folder whose file this is, when qstate picked its name (atomic.atomic_path)."""
 
     def __init__(self, path, kind: str, meta: dict | None = None, env: dict | None = None,
-                 records: list[dict] | None = None):
+                 records: list[dict] | None = None, picked_in=None):
         self.path = Path(path) if path else None
+        self.picked_in = picked_in
         self.doc = document(kind, list(records or []), meta, env)
 
     @property
@@ -381,4 +411,4 @@ class ResultWriter:
 
     def flush(self) -> None:
         if self.path is not None:
-            write_json_atomic(self.path, self.doc)
+            write_json_atomic(self.path, self.doc, self.picked_in)

@@ -24,7 +24,8 @@ One definition of each, used by every engine (bench, diagnose, train, trace):
         fn(item) for every item of a list on n threads (this one among them), returning
         when all are done: independent pieces of work in one step of a loop
     cache_dir()
-        qstate's cache folder: $QSTATE_CACHE, else $XDG_CACHE_HOME/qstate, else ~/.cache/qstate
+        qstate's cache folder: $QSTATE_CACHE, else $XDG_CACHE_HOME/qstate, else ~/.cache/qstate;
+        made 0700, and refused when another user owns it or group or others may write in it
 
 The benchmark clock (repetitions, CUDA events, L2 flush) is bench/timing.py: a timer of
 phases and a measurement of a step's time are different things.
@@ -321,8 +322,29 @@ def cache_dir() -> Path:
     """qstate's cache folder (demo and corpus traces, compiled CPU kernels): $QSTATE_CACHE,
     else $XDG_CACHE_HOME/qstate, else ~/.cache/qstate; always an absolute path (a relative
     $QSTATE_CACHE is read from the working folder now, so a later chdir does not move it;
-    a relative $XDG_CACHE_HOME is ignored, as the XDG spec says)."""
+    a relative $XDG_CACHE_HOME is ignored, as the XDG spec says).
+
+    The folder holds pickles that numba loads (its compiled kernels: loading one runs code)
+    and traces that are replayed, so whoever can write in it runs code as us. It is made
+    mode 0700 when missing, and one that another user owns or that group or others may
+    write in (QSTATE_CACHE naming a shared folder such as /tmp) is refused (QstateError);
+    an existing 0755 folder of ours is fine. One that cannot be made (a file, /proc) is
+    returned as it is: its writer says why it cannot write there (docs/errors.md)."""
     if os.environ.get("QSTATE_CACHE"):
-        return Path(os.path.abspath(os.path.expanduser(os.environ["QSTATE_CACHE"])))
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg if xdg and os.path.isabs(xdg) else Path.home() / ".cache") / "qstate"
+        folder = Path(os.path.abspath(os.path.expanduser(os.environ["QSTATE_CACHE"])))
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        folder = Path(xdg if xdg and os.path.isabs(xdg) else Path.home() / ".cache") / "qstate"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.stat(folder)
+    except OSError:
+        return folder
+    if info.st_uid != os.geteuid():
+        raise QstateError(f"cache {folder}: owned by another user (uid {info.st_uid}); the cache holds compiled code "
+                          f"that qstate loads: set QSTATE_CACHE to a folder of your own")
+    if info.st_mode & 0o022:
+        raise QstateError(f"cache {folder}: group or others may write in it (mode {info.st_mode & 0o7777:o}); the "
+                          f"cache holds compiled code that qstate loads: chmod go-w {folder}, or set QSTATE_CACHE "
+                          f"to a folder of your own")
+    return folder

@@ -62,18 +62,35 @@ def say(text: str) -> None:
     stderr.print(text, highlight=False, markup=False)
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet reads a cell starting so as a formula
+
+
+def csv_text(value: str) -> str:
+    """A text cell as a spreadsheet shows it, never runs it (OWASP, CSV injection): one
+    starting with = + - @ tab or CR gets a leading single quote. A parameter name or a
+    reason from a checkpoint (`=HYPERLINK(...)`) would otherwise be a live formula when the
+    CSV is opened; numbers are written as they are (-0.5 stays a number)."""
+    return "'" + value if value.startswith(FORMULA_STARTS) else value
+
+
 def to_csv(rows: list[dict]) -> str:
     """Rows as CSV text; the header is the union of keys in first-seen order; list and
-    dict cells are JSON text."""
+    dict cells are JSON text; text cells and names pass through csv_text."""
     columns: list[str] = []
     for row in rows:
         columns += [k for k in row if k not in columns]
     buf = io.StringIO()
-    out = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    out = csv.DictWriter(buf, fieldnames=[_csv_cell(c) for c in columns], lineterminator="\n")
     out.writeheader()
     for row in rows:
-        out.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in row.items()})
+        out.writerow({_csv_cell(k): _csv_cell(v) for k, v in row.items()})
     return buf.getvalue()
+
+
+def _csv_cell(value):
+    if isinstance(value, (list, dict)):
+        value = json.dumps(value)
+    return csv_text(value) if isinstance(value, str) else value
 
 
 # -- destinations -----------------------------------------------------------------------------

@@ -30,30 +30,33 @@ def report(
     """Make one self-contained HTML report and a GitHub Markdown report from results."""
     from ..atomic import WRITE_ERRNOS
     from ..report import load_documents, write_report
-    from ..results import check_folder, check_writable, writes_in_place
+    from ..results import check_folder, check_inside, check_writable, writes_in_place
 
     stem = results[0].stem if results[0].is_file() else results[0].name
     if out_dir is not None and (html is not None or markdown is not None):  # it would be ignored
         named = " and ".join(flag for flag, path in (("--html", html), ("--markdown", markdown)) if path is not None)
         raise QstateError(f"--out {out_dir}: not used with {named} (--out is the folder of both reports when "
                           f"neither --html nor --markdown is given): drop --out, or put the folder in {named}'s path")
+    picked_in = None  # the folder in which qstate names the reports (atomic.py: written as regular files there)
     if html is None and markdown is None:
-        out_dir = Path("reports") if out_dir is None else out_dir
+        out_dir = picked_in = Path("reports") if out_dir is None else out_dir
         html, markdown = out_dir / f"{stem}.html", out_dir / f"{stem}.md"
-    if plots and (markdown is None or writes_in_place(markdown)):  # the PNGs go in MARKDOWN's folder, as MARKDOWN-plots/
+    # the PNGs go in MARKDOWN's folder, as MARKDOWN-plots/ (a device at a name qstate picked is replaced: atomic.py)
+    if plots and (markdown is None or (picked_in is None and writes_in_place(markdown))):
         raise QstateError("--plots saves the PNGs beside the Markdown report: give --markdown a file in a folder"
                           + ("" if markdown is None else f" ({markdown} is a device or a pipe)"))
     plots_dir = (Path(markdown).parent / f"{Path(markdown).stem}-plots") if plots and markdown else None
     for flag, path in (("--html", html), ("--markdown", markdown)):  # before any work
         if path is not None:
-            check_writable(path, flag)
+            check_writable(path, flag, picked_in)
     output.check_outputs((("--html", html), ("--markdown", markdown)),
                          [pair for path in results for pair in _read("RESULTS", path)])
     if plots_dir is not None:
-        check_folder(plots_dir, "--plots")
+        check_folder(check_inside(plots_dir, plots_dir.parent), "--plots")
     docs, sources = load_documents(results)
     try:
-        written = write_report(docs, html, markdown, sources=sources, title=title, plots_dir=plots_dir)
+        written = write_report(docs, html, markdown, sources=sources, title=title, plots_dir=plots_dir,
+                               picked_in=picked_in)
     except OSError as exc:  # the PNGs (the reports themselves are atomic writes, which name their file)
         if exc.errno not in WRITE_ERRNOS:
             raise

@@ -8,6 +8,12 @@ columns into as many tables as the console needs, one below the other, each repe
 key columns (the leading columns up to the first text one: rank and config, a name), the
 way pandas prints a wide frame. A column of free text wider than TEXT_WIDTH (a purpose, a
 note, a path) may still wrap at its spaces, within its table.
+
+Every cell, header and title passes through `visible`: the text comes from files a stranger
+may have made (a parameter name in a checkpoint, a run name in a suite), and a control
+character in it reached the terminal as it was, so `\\x1b]0;...` retitled the window and
+`\\x1b[2J` cleared it to print a fake `0 errors - healthy`. Each C0 and C1 control
+character (tab and newline too: a cell is one line) and DEL is shown as its escape, `\\x1b`.
 """
 from __future__ import annotations
 
@@ -18,6 +24,12 @@ from rich.text import Text
 TEXT_WIDTH = 32  # characters: a column whose longest cell is wider may wrap (and packs as this wide)
 BORDER = 3  # characters a column adds to a table: a rule and a space either side
 MAX_KEYS = 2  # leading key columns repeated in every part
+CONTROL_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]}  # C0, DEL, C1
+
+
+def visible(text: str) -> str:
+    """`text` with every control character shown as its escape (module docstring)."""
+    return text.translate(CONTROL_ESCAPES)
 
 
 class SplitTable:
@@ -25,8 +37,10 @@ class SplitTable:
     several, each with the key columns, where it does not (module docstring)."""
 
     def __init__(self, title: str | None, headers: list[str], numeric: list[bool], rows: list[list[str]]):
-        self.title, self.headers, self.numeric, self.rows = title, headers, numeric, rows
-        self.natural = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+        self.title = None if title is None else visible(title)
+        self.headers, self.numeric = [visible(h) for h in headers], numeric
+        self.rows = [[visible(cell) for cell in row] for row in rows]
+        self.natural = [max([len(h)] + [len(r[i]) for r in self.rows]) for i, h in enumerate(self.headers)]
         keys = 0
         while keys < min(MAX_KEYS, len(headers) - 1) and self.natural[keys] <= TEXT_WIDTH:
             keys += 1

@@ -18,6 +18,18 @@ path (torch's own unflatten builds that list). So, each a QstateError naming the
   is below the number of items stored (a list DCP saved holds at most one element per
   item), so no path builds a list longer than the checkpoint can fill; paths that
   collide (a name under a list, an index under a value) are refused.
+
+The checks cost what the file holds, not what it declares. Pickle shares one object
+wherever it recurs, so a 35 KB .metadata gave 3,000 keys one list of 3,000 chunks (as it
+could give them one size of 10,000 dimensions, or one path of 10,000 keys): checked key by
+key, 9 million chunk checks (36 s), growing with the square of the file. So, before any
+key is checked, each a QstateError naming the folder:
+
+- the chunks listed, summed over the keys, are at most the items stored (`storage_data`
+  has distinct keys, so their number grows only with the file): DCP reads each chunk
+  from its own stored item, so a loadable checkpoint never lists more;
+- a size has at most MAX_DIMS (64) dimensions, a planner_data path at most MAX_PATH (64)
+  keys (a state dict is a few levels deep).
 """
 from __future__ import annotations
 
@@ -27,6 +39,9 @@ from pathlib import Path
 import torch
 
 from ..errors import QstateError, clip
+
+MAX_DIMS = 64  # dimensions of a declared tensor size (module docstring)
+MAX_PATH = 64  # keys in a planner_data path
 
 
 def size_text(n: int) -> str:
@@ -69,6 +84,7 @@ def check_metadata(root: Path, md, max_bytes: int) -> None:
     if not isinstance(sdm, dict) or not isinstance(stored, dict):
         raise QstateError(f"{where}: not DCP metadata (state_dict_metadata is {type(sdm).__name__} and "
                           f"storage_data {type(stored).__name__}; both are dicts)")
+    _check_counts(where, sdm, stored)
     declared = 0
     for fqn, entry in sdm.items():
         if not isinstance(fqn, str):
@@ -84,8 +100,9 @@ def check_metadata(root: Path, md, max_bytes: int) -> None:
         chunks = entry.chunks if isinstance(entry.chunks, (list, tuple)) else None
         for chunk in chunks or ():
             offsets, sizes = getattr(chunk, "offsets", None), getattr(chunk, "sizes", None)
-            if not (_dims(offsets) and _dims(sizes) and len(offsets) == len(sizes) == len(size)
-                    and all(o + s <= d for o, s, d in zip(offsets, sizes, size))):
+            if not (isinstance(offsets, (tuple, list)) and isinstance(sizes, (tuple, list))
+                    and len(offsets) == len(sizes) == len(size)  # before reading them: at most MAX_DIMS
+                    and _dims(offsets) and _dims(sizes) and all(o + s <= d for o, s, d in zip(offsets, sizes, size))):
                 raise QstateError(f"{where}: {clip(fqn)!r}: a chunk at {_show(offsets)} of size {_show(sizes)} "
                                   f"does not lie within its size {_show(size)}")
         if chunks is None:
@@ -110,6 +127,21 @@ def check_metadata(root: Path, md, max_bytes: int) -> None:
                           f"{size_text(on_disk)}: a truncated or forged checkpoint (refused before allocating them)")
 
 
+def _check_counts(where: str, sdm: dict, stored: dict) -> None:
+    """The totals that bound the per-key checks, summed without looking inside a shared
+    object more than its length (module docstring)."""
+    listed, dims = 0, 0
+    for entry in sdm.values():
+        chunks, size = getattr(entry, "chunks", None), getattr(entry, "size", None)
+        listed += len(chunks) if isinstance(chunks, (list, tuple)) else 0
+        dims = max(dims, len(size) if isinstance(size, (list, tuple)) else 0)
+    if listed > len(stored):
+        raise QstateError(f"{where}: its tensors list {listed:,} chunks, but it stores {len(stored):,} items (each "
+                          f"chunk is read from an item of its own): a forged checkpoint")
+    if dims > MAX_DIMS:
+        raise QstateError(f"{where}: a tensor declares {dims:,} dimensions (at most {MAX_DIMS})")
+
+
 def unflatten(flat: dict, mapping, root: Path) -> dict:
     """Nested dicts/lists from DCP's flat keys and its planner_data paths (an int path
     element indexes a list, as torch's own unflatten does), bounded (module docstring)."""
@@ -120,6 +152,9 @@ def unflatten(flat: dict, mapping, root: Path) -> dict:
     out: dict = {}
     for fqn, value in flat.items():
         path = mapping.get(fqn, (fqn,))
+        if isinstance(path, (tuple, list)) and len(path) > MAX_PATH:
+            raise QstateError(f"{where}: the planner_data path of {clip(fqn)!r} is {len(path):,} keys long (at most "
+                              f"{MAX_PATH})")
         if not isinstance(path, (tuple, list)) or not path or not all(
                 isinstance(k, str) or (isinstance(k, int) and not isinstance(k, bool)) for k in path):
             raise QstateError(f"{where}: the planner_data path of {clip(fqn)!r} is {clip(repr(path))}, not a "

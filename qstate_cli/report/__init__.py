@@ -9,6 +9,10 @@ base64 PNG data URIs, inline CSS and a Content-Security-Policy that allows nothi
 data: images and the inline style, so the file opens offline and fetches nothing.
 Markdown: tables for PR comments, long ones folded in <details>; plots only as links to
 PNG files when `plots_dir` is given (a PR comment cannot embed data URIs).
+The PNGs' names are qstate's, so each is written as a regular file inside `plots_dir`, and
+`plots_dir` must lie inside its own parent folder (atomic.py, "picked" names): a link
+planted there never carries a write elsewhere. `picked_in` does the same for the reports
+whose names qstate picked (a suite's OUT/report.html, reports/<stem>.md).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import re
 from pathlib import Path
 
 from .. import __version__
+from ..atomic import check_inside, write_bytes_atomic
 from ..errors import QstateError
 from ..kinds import KINDS, load
 from ..results import NUMBER_FIELDS, TEXT_FIELDS, load as load_result, write_text_atomic
@@ -159,23 +164,24 @@ def render_markdown(docs: list[dict], sources: list[str] | None = None, title: s
 
 
 def write_report(docs: list[dict], html=None, markdown=None, *, sources: list[str] | None = None,
-                 title: str | None = None, plots_dir=None) -> list[Path]:
+                 title: str | None = None, plots_dir=None, picked_in=None) -> list[Path]:
     """Write the HTML and/or Markdown report (atomic writes); `plots_dir` also saves every
-    plot as PNG and links them from the Markdown. Returns the files written."""
+    plot as PNG and links them from the Markdown. `picked_in`: the folder in which qstate
+    named `html` and `markdown` (a suite's OUT; module docstring). Returns the files written."""
     report, written = build_report(docs, sources, title), []
     if html is not None:
-        written.append(write_text_atomic(Path(html), _html(report)))
+        written.append(write_text_atomic(Path(html), _html(report), picked_in))
     if markdown is not None:
         if plots_dir is not None:
-            plots_dir = Path(plots_dir)
+            plots_dir = check_inside(plots_dir, Path(plots_dir).parent)
             plots_dir.mkdir(parents=True, exist_ok=True)
             for sec in report.sections:
                 for plot in sec.plots:
                     target, n = plots_dir / f"{plot.name}.png", 2
                     while target in written:
                         target, n = plots_dir / f"{plot.name}-{n}.png", n + 1
-                    target.write_bytes(plot.png())
+                    write_bytes_atomic(target, plot.png(), picked_in=plots_dir.parent)
                     written.append(target)
                     plot.link = os.path.relpath(target.resolve(), Path(markdown).resolve().parent)
-        written.append(write_text_atomic(Path(markdown), markdown_text(report)))
+        written.append(write_text_atomic(Path(markdown), markdown_text(report), picked_in))
     return written

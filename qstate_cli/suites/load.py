@@ -4,17 +4,21 @@ Every problem is reported as `FILE:LINE: KEY: message`: the YAML is composed int
 nodes (yaml.SafeLoader, which keeps marks), and the location of a schema error (a path
 of keys and indices) is walked down the node tree to the line of the deepest key that
 exists (so a missing key points at the mapping that lacks it). A value given with
-`--set` is reported as `--set KEY` instead of a line.
+`--set` is reported as `--set KEY` instead of a line. A scalar that parses but is no
+value (an integer of 100,000 digits, past Python's int conversion limit; a date such as
+2024-13-45) raises ValueError, not a YAMLError, while the document is constructed: it is
+reported the same way, at the line of that scalar (`unreadable_scalar`).
 """
 from __future__ import annotations
 
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from ..errors import QstateError
+from ..errors import QstateError, clip
 from ..kinds import KINDS, runnable_kinds
 from ..options import option_fields
 from . import bounded_yaml
@@ -59,7 +63,7 @@ def read_yaml(path: Path):
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise QstateError(f"{path}: cannot read the suite ({exc})") from None
-    loader = None
+    node = loader = None
     try:
         node, loader = bounded_yaml.compose(text)  # limits: bounded_yaml.py
         if node is None:
@@ -69,10 +73,48 @@ def read_yaml(path: Path):
     except yaml.YAMLError as exc:
         raise SuiteError([f"{_where(exc, str(path), lambda m: f'{path}:{m.line + 1}')}: invalid YAML: "
                           f"{_problem(exc)}"]) from None
+    except ValueError as exc:
+        line, problem = unreadable_scalar(node, exc)
+        raise SuiteError([f"{path}:{line}: invalid YAML: {problem}"]) from None
     finally:
         if loader is not None:
             loader.dispose()
     return data, node
+
+
+def unreadable_scalar(node, exc: ValueError) -> tuple[int, str]:
+    """(1-based line, what is wrong) of the first scalar under `node`, in document order,
+    that SafeLoader cannot turn into a value (module docstring); each node once (aliases
+    share nodes; bounded_yaml limited their number). Line 1 and the error's own words when
+    no single scalar is to blame."""
+    reader = yaml.SafeLoader("")
+    stack, seen = [node], set()
+    try:
+        while stack:
+            n = stack.pop()
+            if n is None or id(n) in seen:
+                continue
+            seen.add(id(n))
+            if isinstance(n, yaml.ScalarNode):
+                try:
+                    reader.construct_object(n)
+                except ValueError as bad:
+                    return n.start_mark.line + 1, _scalar_problem(n, bad)
+            elif isinstance(n, (yaml.SequenceNode, yaml.MappingNode)):
+                children = n.value if isinstance(n, yaml.SequenceNode) else [x for pair in n.value for x in pair]
+                stack.extend(reversed(children))
+    finally:
+        reader.dispose()
+    return (node.start_mark.line + 1 if node is not None else 1), clip(" ".join(str(exc).split()), 160)
+
+
+def _scalar_problem(node, exc: ValueError) -> str:
+    """What is wrong with a scalar, in words a suite's author can act on (not Python's advice
+    to call sys.set_int_max_str_digits)."""
+    digits = sum(c.isdigit() for c in node.value)
+    if node.tag == "tag:yaml.org,2002:int" and digits > sys.get_int_max_str_digits() > 0:
+        return f"a number of {digits:,} digits (at most {sys.get_int_max_str_digits():,}; a suite's numbers are small)"
+    return f"{clip(node.value, 40)!r} is not a value: {clip(' '.join(str(exc).split()), 120)}"
 
 
 def _where(exc, default: str, at) -> str:
@@ -150,6 +192,11 @@ def apply_sets(data: dict, sets: list[str]) -> dict[tuple, str]:
         except yaml.YAMLError as exc:
             at = _where(exc, "", lambda m: f" at column {m.column + 1}")
             raise QstateError(f"--set {text!r}: the value is not valid YAML: {_problem(exc)}{at}") from None
+        except ValueError as exc:  # a scalar that is no value (module docstring)
+            node, loader = bounded_yaml.compose(raw)
+            loader.dispose()
+            raise QstateError(f"--set {clip(text, 60)!r}: the value is not valid YAML: "
+                              f"{unreadable_scalar(node, exc)[1]}") from None
         key = key.strip()
         if "." in key:
             where[_set_path(data, key.split("."), value, text)] = text

@@ -1,6 +1,7 @@
 """Run a suite: every point through its kind's hook, results written as each one finishes.
 
-One results document per run (`OUT/<run name>.json`, kind = the run's kind): the
+One results document per run (`OUT/<run name>.json`, kind = the run's kind; a name qstate
+picks, so always a regular file in OUT, never written through a link there: atomic.py): the
 documents returned by the hooks are merged (records concatenated, and each extra list
 such as `series` concatenated). Each record gets `point`, the key of the point that
 made it. The file is rewritten atomically after every point (results.ResultWriter), and
@@ -115,7 +116,7 @@ def _open_writer(path: Path, run: dict, suite: LoadedSuite, points: list[Point],
         resumes = [r for r in old.get("resumes") or [] if isinstance(r, dict)]
         resumes.append({k: env.get(k) for k in SESSION})
         writer = ResultWriter(path, run["kind"], env=doc["env"],
-                              records=[r for r in doc["records"] if r.get("point") in keep])
+                              records=[r for r in doc["records"] if r.get("point") in keep], picked_in=path.parent)
         for key, value in doc.items():
             if key not in ("schema_version", "kind", "env", "meta", "records") and isinstance(value, list):
                 writer.doc[key] = [r for r in value if not isinstance(r, dict) or r.get("point") in keep]
@@ -124,7 +125,7 @@ def _open_writer(path: Path, run: dict, suite: LoadedSuite, points: list[Point],
                                                                "resumes": resumes}}
         _run_meta(writer)
         return writer, keep
-    return ResultWriter(path, run["kind"], meta={"suite": suite_meta}, env=env), set()
+    return ResultWriter(path, run["kind"], meta={"suite": suite_meta}, env=env, picked_in=path.parent), set()
 
 
 STALE = ("report.html", "report.md")  # made from the run files: stale once those change

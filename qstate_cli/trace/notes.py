@@ -29,15 +29,15 @@ def window_note(rec) -> None:
           f"{rec.step}", file=sys.stderr)
 
 
-def save_replacing(trace, target) -> Path:
-    """save_trace(trace, target), saying first when it replaces a file (module docstring)."""
+def save_replacing(trace, target, picked_in=None) -> Path:
+    """save_trace(trace, target, picked_in), saying first when it replaces a file (module docstring)."""
     target = Path(target)
     key = str(target.resolve())
     if target.is_file():
         earlier = _WRITTEN.get(key)
         held = earlier or "a file that was there before this recording"
         print(f"qstate: replacing {target} ({held})", file=sys.stderr)
-    written = save_trace(trace, target)
+    written = save_trace(trace, target, picked_in)
     last = trace.step_start + trace.n_steps - 1
     _WRITTEN[key] = f"step {last}" if trace.n_steps == 1 else f"steps {trace.step_start}..{last}"
     return written

@@ -237,13 +237,14 @@ class Recorder:
         first = self.step_start + self.flushed
         rank = f"rank{self.rank}-" if self.sharded else ""
         name = f"{rank}steps{first:08d}-{first + self.buffered - 1:08d}.pt"
-        save_trace(self.trace(), Path(self.path) / name)
+        folder = Path(self.path)  # the names in it are ours: regular files there, never through a link (atomic.py)
+        save_trace(self.trace(), folder / name, picked_in=folder)
         self.written = Path(self.path)
         self.files.append(name)
         manifest = {"format": MANIFEST_TAG, "files": list(self.files), "steps": self.flushed + self.buffered,
                     "step_start": self.step_start}
-        write_json_atomic(Path(self.path) / (f"manifest-rank{self.rank}.json" if self.sharded else "manifest.json"),
-                          manifest)
+        write_json_atomic(folder / (f"manifest-rank{self.rank}.json" if self.sharded else "manifest.json"),
+                          manifest, picked_in=folder)
         self.flushed += self.buffered
         self.init = []
         for r in self.items:
@@ -363,4 +364,5 @@ class Recorder:
     def save(self, path) -> None:
         """Write this rank's recording (file_for(path)); nothing on a DDP rank other than 0."""
         if self.writes:
-            self.written = save_replacing(self.trace(), self.file_for(path))  # says what it replaces
+            self.written = save_replacing(self.trace(), self.file_for(path),  # says what it replaces
+                                          picked_in=Path(path) if self.sharded else None)  # rank<r>.pt: ours
