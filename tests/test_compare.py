@@ -196,9 +196,16 @@ def test_an_unreadable_baseline_metric_fails_closed(kind, edit):
 
 
 def test_rows_failed_or_unavailable_on_both_sides_do_not_regress():
+    ok = _timing_row([1.00, 1.01, 0.99, 1.02, 1.00, 0.98, 1.03], name="ok")
     for status in ("failed", "unavailable"):
-        v = compare_docs([_kernels(status=status, time_ms=None)], [_kernels(status=status, time_ms=None)])
-        assert v.records[0]["status"] in ("failed", "missing", "new") and not v.regressions
+        base, new = (_kernels(status=status, time_ms=None) for _ in "bn")
+        base["records"].append(ok)
+        new["records"].append(ok)
+        v = compare_docs([base], [new])
+        rec = by_name(v)[("k [triton] None n=1 @None", "time_ms")]
+        assert rec["status"] in ("failed", "missing") and not v.regressions
+        alone = compare_docs([_kernels(status=status, time_ms=None)], [_kernels(status=status, time_ms=None)])
+        assert [r["name"] for r in alone.regressions] == ["nothing compared"]  # compare_gate's tests
 
 
 def test_a_row_unavailable_in_new_that_ran_in_the_baseline_is_missing_and_regresses(tmp_path):
@@ -283,7 +290,8 @@ def test_verdict_markdown_ends_its_notes_before_a_table_and_counts_one_row():
     md = verdict_markdown(v)
     lines = md.splitlines()
     note = lines.index("- cpu share 0.71: the machine was shared")
-    assert lines[note + 1] == "" and lines[note + 2].startswith("| ")
+    table = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    assert lines[note + 1] == "" and lines[table - 1] == "" and table > note
     assert "<details>" not in md and md.count("`diagnose: c v` | drift_max_abs |") == 1  # 5 rows: one table
     from qstate_cli.report.markdown import table_md
     from qstate_cli.report.model import Table
@@ -420,11 +428,12 @@ def test_a_short_verdict_is_one_table_and_a_long_one_folds_the_rest():
                     "baseline": 1.0, "new": 1.5, "ratio": 1.5, "status": "regressed", "regression": True,
                     "why": "w"}], 1.1, 0.0, ["y"], ["x"], [], "A/B rule.")
     md = verdict_markdown(one)
-    assert md.count("kernels: x vs y") == 1 and "<details>" not in md
+    assert md.count("kernels: x vs y") == 1 and "All verdicts" not in md
     long = verdict_markdown(compare_paths(BASE, NEW))  # 67 rows, 16 changed
     assert "<details><summary>All verdicts (67 rows)</summary>" in long
     assert long.count("| **regressed** | `diagnose: nearest-4bit m` | drift_max_abs |") == 2  # changed, then all
-    assert long.count("| same |") == long.split("<details>")[1].count("| same |")  # "same" rows only folded
+    folded = long.split("<details><summary>All verdicts")[1]
+    assert long.count("| same |") == folded.count("| same |")  # "same" rows only folded
 
 
 def test_the_timing_rule_is_printed_only_when_timing_was_compared():

@@ -88,12 +88,13 @@ def test_a_point_with_a_failed_row_is_failed_and_resume_retries_it(hooks, suite_
     out = tmp_path / "out"
     register_hook("kernels", oom_at_4096)
     r = runner.invoke(app, ["run", str(suite_file), "--out", str(out), "--no-report"], env={"COLUMNS": "300"})
-    assert r.exit_code == 0, r.output  # the sweep went on: docs/reports.md
+    assert r.exit_code == 1, r.output  # the sweep went on, and says it failed: docs/reports.md
     state = load(out / "sweep.json")["meta"]["suite"]
     assert len(state["failed"]) == 3 and len(state["done"]) == 9  # config a, b and the baseline at 4096
     points_done_failed = r"sweep\s*│\s*kernels\s*│\s*12\s*│\s*9\s*│\s*3\s*│"
     assert re.search(points_done_failed, r.stdout), r.stdout
-    assert "3 of 14 points failed (their rows say why)" in r.stderr and "--resume` retries them" in r.stderr
+    assert f"3 of 14 points failed (3 in {out / 'sweep.json'}: rows with status failed" in r.stderr
+    assert "--resume` retries them" in r.stderr
     assert "failed sweep: config=a numel=4096: out of memory allocating 4,096 elements\n" in r.stderr
     healthy = Counting(fake_kernels)
     register_hook("kernels", healthy)
@@ -103,6 +104,35 @@ def test_a_point_with_a_failed_row_is_failed_and_resume_retries_it(hooks, suite_
     run_suite(load_suite(suite_file), tmp_path / "full")
     assert results(out) == results(tmp_path / "full")
     assert load(out / "sweep.json")["meta"]["suite"]["failed"] == []
+
+
+def test_run_exits_1_after_writing_everything_when_a_point_failed(hooks, suite_file, tmp_path):  # noqa: F811
+    """`qstate run suites/ci.yaml --out reports/ci-baseline` exited 0 with failed points: a
+    baseline with failed rows was written silently. Now exit 1, after every file and the
+    report are written, one stderr line naming how many and where; a row "unavailable" (a
+    peer not installed here) is no failure."""
+    def unavailable_at_4096(params):
+        out = fake_kernels(params)
+        if params["numel"] == 4096:
+            out["records"][0].update(status="unavailable", reason="not installed here", time_ms=None)
+        return out
+
+    register_hook("kernels", unavailable_at_4096)
+    r = runner.invoke(app, ["run", str(suite_file), "--out", str(tmp_path / "ok"), "--no-report"])
+    assert r.exit_code == 0 and "failed" not in r.stderr, r.output
+    register_hook("kernels", Counting(fake_kernels))
+    suite = load_suite(suite_file, ["runs.sweep.defaults.crash=4096"])
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["run", str(suite_file), "--set", "runs.sweep.defaults.crash=4096", "--out", str(out)],
+                      env={"COLUMNS": "300"})
+    assert r.exit_code == 1, r.output
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"check failed: 3 of 14 points failed (3 in {out / 'sweep.json'}: rows with status failed")
+    assert "--set runs.sweep.defaults.crash=4096 --out" in last and last.endswith("--resume` retries them")
+    assert (out / "report.html").is_file() and (out / "report.md").is_file()  # written before the exit
+    rows = load(out / "sweep.json")["records"]
+    assert len(rows) == 12 and sum(row["status"] == "failed" for row in rows) == 3
+    assert len(load(out / "diag.json")["records"]) == 4 and len(suite.runs) == 2
 
 
 # -- 5. a resume on another build -------------------------------------------------------------

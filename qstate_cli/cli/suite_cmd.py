@@ -83,17 +83,31 @@ def run(
     rows = [{"run": r.name, "kind": r.kind, "points": len(r.state["points"]), "done": len(r.state["done"]),
              "failed": len(r.state["failed"]), "rows": len(r.doc["records"]), "file": str(r.path)} for r in runs]
     output.stdout.print(output.table(f"Suite {loaded.name}", rows))
-    failed = sum(row["failed"] for row in rows)
-    if failed:  # the sweep went on (exit 0, as documented), but not silently
-        output.stderr.print(f"{failed} of {sum(row['points'] for row in rows)} points failed (their rows say why); "
-                            f"`{resume_command(suite, sets, out)}` retries them", markup=False, highlight=False,
-                            soft_wrap=True)
     if report:
         from ..report import write_report
 
         written = write_report([r.doc for r in runs], out / "report.html", out / "report.md",
-                               sources=[str(r.path) for r in runs], title=f"qstate suite {loaded.name}")
+                               sources=[str(r.path) for r in runs], title=f"qstate suite {loaded.name}",
+                               picked_in=out)  # names qstate picks: regular files in OUT (atomic.py)
         output.stderr.print("report: " + ", ".join(str(p) for p in written))
+    _exit_on_failed_points(rows, resume_command(suite, sets, out))
+
+
+def _exit_on_failed_points(rows: list[dict], retry: str) -> None:
+    """Exit 1 (CheckFailed), once every file is written, when a point failed (a row `status:
+    failed`: it crashed, or ran out of memory at one size), with one stderr line saying how
+    many and in which files. The sweep goes on past a failed point, but its exit code must not say all
+    is well: `qstate run suites/ci.yaml --out reports/ci-baseline` wrote a baseline with
+    failed rows, exit 0, and a CI step that runs a suite could not tell. A row "unavailable"
+    or "skipped" (a peer library not installed here) is expected, and no failure."""
+    failed = sum(row["failed"] for row in rows)
+    if not failed:
+        return
+    from ..errors import CheckFailed
+
+    where = ", ".join(f"{row['failed']} in {row['file']}" for row in rows if row["failed"])
+    raise CheckFailed(f"{failed} of {sum(row['points'] for row in rows)} points failed ({where}: rows with status "
+                      f"failed, whose reason says why); `{retry}` retries them")
 
 
 @suite_app.command("validate")

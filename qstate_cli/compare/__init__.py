@@ -15,27 +15,39 @@ Statuses (docs/results.md, kind "compare"):
   rows without rounds: p >= alpha), or within it on a row whose noise floor exceeds it
   (noise.py); with no samples and no rounds to test, a slower ratio beyond the threshold
   regresses (fail closed);
-- new: a row only NEW has (or the baseline's row had not run); missing: a row only the
-  baseline has (or NEW could not run it: status "unavailable");
-- failed: NEW's row failed, or has no finite value of the metric;
-- unjudged: both rows ran, but the baseline's value of the metric is missing or not finite
-  (NaN) while NEW has one: nothing to judge NEW against.
-The `copy` rows of kernels results (each run's reference: the machine's copy speed) are
-not subjects and get no verdict: a slower memory bus is no regression of ours.
-`regression` is true for regressed rows, and for failed, unjudged and missing rows where
-the baseline's row ran (status ok): a row the gate cannot judge is not a pass, unless it
-is missing and named by an `allow_missing` pattern (--allow-missing: a peer the CI machine
-does not install; fnmatch on the row's name or config, or its whole name). A noisy row is
-the exception by default (a shared runner is the normal case, and its timing is no
-evidence either way); with `strict_timing` it is a regression too. Any
+- new: a row only NEW has; missing: a row only the baseline has (or NEW could not run it:
+  status "unavailable"); where the other side has the row on another code path (kernels'
+  `path`), the reason says so (notes.moved_paths: numba missing?);
+- failed: NEW's row failed, or has no finite value of the metric while the baseline has one;
+- unjudged: the baseline cannot judge NEW's row: its row did not run (skipped, failed,
+  unavailable) while NEW's did (regenerate the baseline), its value of the metric is
+  missing or not finite (null, NaN; also where NEW's is), or (kernels) the row is a copy
+  row on one side and a subject on the other, or its `role` differs between the runs; and
+  `nothing compared`, one per kind of which no row was compared on both sides (only copy
+  rows, rows that ran on neither side) and none regressed: a gate that compared nothing is
+  no pass. Where both rows did not run, NEW's status decides (failed or missing), and that
+  is no regression.
+A metric that both sides lack because both rows diverged (train's final_val_loss) is left
+to the `diverged` metric, which judges those rows. The `copy` rows of kernels results (each
+run's reference: the machine's copy speed) are not subjects and get no verdict: a slower
+memory bus is no regression of ours; a `role: copy` anywhere else is an input error
+(evidence.check_roles). `regression` is true for regressed and unjudged rows, and for failed
+and missing rows where the baseline's row ran (status ok): a row the gate cannot judge is
+not a pass, unless it is missing and named by an `allow_missing` pattern (--allow-missing:
+a peer the CI machine does not install; fnmatch on the row's name or config, or its whole
+name). A noisy row is the exception by default (a shared runner is the normal case, and its
+timing is no evidence either way); with `strict_timing` it is a regression too. Any
 regression makes `qstate compare` exit 1. The notes (notes.py) add what the table cannot
 say: the false regressions to expect between identical code over the judged timing rows,
 rows judged without rounds, and differences between the runs' machines, versions or bench
-settings. The Markdown shows row names as code spans (greppable, never a mention). The gate fails closed (evidence.py): empty,
-mismatched or inconsistent inputs, and malformed fields (results.load), are an input error
-(exit 2), never a pass; so are rows of one side that nothing tells apart (identity.py: rows
-are matched on their kind's identity, extended where rows share it by the suite parameters
-or fields that tell them apart, never by their order in the files).
+settings, and rows that ran on another code path. The Markdown (markdown.py) opens with
+what decides, stays under GitHub's comment limit and shows row names as code spans
+(greppable, never a mention); no two rows of a verdict share a name (identity.names).
+The gate fails closed (evidence.py): empty, mismatched or inconsistent inputs, and
+malformed fields (results.load: a key twice in one object too), are an input error (exit
+2), never a pass; so are rows of one side that nothing tells apart (identity.py: rows are
+matched on their kind's identity, extended where rows share it by the suite parameters or
+fields that tell them apart, never by their order in the files).
 """
 from __future__ import annotations
 
@@ -47,12 +59,17 @@ from ..errors import QstateError
 from ..report.markdown import code_span
 from . import evidence
 from .evidence import unreadable
-from .identity import keyed_rows, name as row_identity_name
-from .metrics import Metric, compared_kinds, metrics
-from .noise import NOISY_CPU_SHARE, REFERENCE_MOVED, judge_rows
-from .notes import chance_notes, is_timing, missing_device, run_notes, timing_notes, timing_unjudged
+from .identity import keyed_rows, names
+from .markdown import verdict_markdown
+from .metrics import COMPARED, STATUSES, Metric, compared_kinds, metrics
+from .noise import judge_rows
+from .notes import (chance_notes, is_timing, missing_device, moved_paths, moved_reason, path_notes, run_notes,
+                    timing_notes)
 
-STATUSES = ("regressed", "failed", "unjudged", "missing", "new", "noisy", "insignificant", "improved", "same")
+__all__ = ["STATUSES", "Verdict", "apply_strict_timing", "check_threshold", "code_span", "compare_docs",
+           "compare_kind", "compare_paths", "verdict_markdown"]  # verdict_markdown, code_span: markdown.py's
+
+NOT_RUN = "baseline row "  # how the reason of a row NEW ran and the baseline did not begins
 
 
 def _num(v):
@@ -75,9 +92,9 @@ def _timing(metric: Metric, b: dict, n: dict, threshold: float, alpha: float) ->
     return judge_rows(b, n, metric.field, threshold, alpha)  # noise.py: rounds, references, noise floor
 
 
-def _quality(metric: Metric, b: dict, n: dict) -> dict:
+def _quality(kind: str, metric: Metric, b: dict, n: dict) -> dict:
     bv, nv = _num(b.get(metric.field)), _num(n.get(metric.field))
-    if bv is None and nv is None:  # e.g. no final loss on either side (both diverged): nothing to compare
+    if _diverged_without(kind, metric, (b, bv), (n, nv)):
         return {}
     if bv is None or nv is None:
         return unreadable(metric.field, bv, nv)
@@ -86,6 +103,14 @@ def _quality(metric: Metric, b: dict, n: dict) -> dict:
     status = "regressed" if worse > tol else "improved" if -worse > tol else "same"
     return {"baseline": bv, "new": nv, "ratio": nv / bv if bv else None, "p_value": None, "threshold": tol,
             "status": status, "regression": status == "regressed"}
+
+
+def _diverged_without(kind: str, metric: Metric, *sides) -> bool:
+    """Whether both sides lack the metric because both rows diverged, in a kind that judges
+    divergence as a metric of its own (train: a diverged run has no final loss by design,
+    and `diverged` compares the two rows); one side alone is failed or unjudged as usual."""
+    return (metric.field != "diverged" and any(m.field == "diverged" for m in metrics(kind))
+            and all(value is None and row.get("diverged") is True for row, value in sides))
 
 
 STRICT_WHY = "--strict-timing: a timing row that could not be judged fails the gate"
@@ -111,48 +136,80 @@ def allowed_by(patterns, kind: str, row: dict, name: str) -> str | None:
 
 
 def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], threshold: float, alpha: float,
-                 allow_missing=(), used: set | None = None, base_sources=(), new_sources=()) -> list[dict]:
+                 allow_missing=(), used: set | None = None, base_sources=(), new_sources=(),
+                 moves: list | None = None) -> list[dict]:
     """Verdicts of the rows of one kind, matched on their identity (identity.py: the kind's
-    fields, and what tells apart rows that share them; the copy rows are never judged)."""
-    sides, extras = keyed_rows(kind, {
+    fields, and what tells apart rows that share them; the copy rows are never judged).
+    `used` collects the --allow-missing patterns that named a row, `moves` (kind, baseline
+    path, NEW path) per row that ran on another code path (notes.path_notes)."""
+    sides, extras, copies = keyed_rows(kind, {
         "baseline": list(zip(base_docs, list(base_sources) or [f"#{i + 1}" for i in range(len(base_docs))])),
         "NEW": list(zip(new_docs, list(new_sources) or [f"#{i + 1}" for i in range(len(new_docs))]))})
     base = {k: _run_share(r.doc, r.row) for k, r in sides["baseline"].items()}
     new = {k: _run_share(r.doc, r.row) for k, r in sides["NEW"].items()}
-    new_devices = {str(r.get("device")) for r in new.values() if r.get("device") is not None}
+    shown = names(kind, sides, extras)
+    moved = moved_paths(kind, [k for k in base if k not in new], [k for k in new if k not in base])
+    if moves is not None:
+        moves += [(kind, path, ", ".join(others)) for k, (path, others) in moved.items() if k in base]
+    ctx = {"new_devices": {str(r.get("device")) for r in new.values() if r.get("device") is not None},
+           "allow_missing": allow_missing, "used": used, "copies": copies, "moved": moved}
     records = []
     for key in list(base) + [k for k in new if k not in base]:
         b, n = base.get(key), new.get(key)
-        name = row_identity_name(kind, sides["NEW"].get(key) or sides["baseline"][key], extras)
         for metric in metrics(kind):
-            rec = {"name": name, "kind": kind, "metric": metric.field, "unit": metric.unit, "better": metric.better,
-                   "baseline": None, "new": None, "ratio": None, "p_value": None, "threshold": None,
-                   "raw_ratio": None, "noise_floor": None, "why": None}
-            if n is None or n.get("status") == "unavailable":  # a row that ran and vanished is not a pass
-                reason = "not in NEW" if n is None else f"unavailable in NEW: {n.get('reason') or 'no reason given'}"
-                elsewhere = missing_device(b, new_devices) if n is None else None
-                reason += f"; {elsewhere}" if elsewhere else ""
-                allowed = allowed_by(allow_missing, kind, b, name)
-                if allowed:
-                    reason += f"; allowed by --allow-missing {allowed}"
-                    if used is not None:
-                        used.add(allowed)
-                rec.update(baseline=_num((b or {}).get(metric.field)), status="missing",
-                           regression=_ok(b) and not allowed, reason=reason, why=reason)
-            elif n.get("status", "ok") != "ok":
-                reason = f"{n.get('status')} in NEW: {n.get('reason') or 'no reason given'}"
-                rec.update(baseline=_num((b or {}).get(metric.field)), status="failed", regression=_ok(b),
-                           reason=reason, why=reason)
-            elif not _ok(b):
-                reason = "not in the baseline" if b is None else f"baseline row {b.get('status')}"
-                rec.update(new=_num(n.get(metric.field)), status="new", regression=False, reason=reason, why=reason)
-            else:
-                verdict = (_timing(metric, b, n, threshold, alpha) if metric.timing else _quality(metric, b, n))
-                if not verdict:
-                    continue
+            rec = {"name": shown[key], "kind": kind, "metric": metric.field, "unit": metric.unit,
+                   "better": metric.better, "baseline": None, "new": None, "ratio": None, "p_value": None,
+                   "threshold": None, "raw_ratio": None, "noise_floor": None, "why": None}
+            verdict = _unmatched(kind, key, metric, b, n, ctx, shown[key])
+            if verdict is None:
+                verdict = (_timing(metric, b, n, threshold, alpha) if metric.timing else _quality(kind, metric, b, n))
+            if verdict:
                 rec.update(verdict)
-            records.append(rec)
+                records.append(rec)
     return records
+
+
+def _unmatched(kind: str, key, metric: Metric, b: dict | None, n: dict | None, ctx: dict, name: str) -> dict | None:
+    """The verdict of a row that one side lacks or did not run (module docstring: missing,
+    failed, new, unjudged); None where both rows ran and their values decide."""
+    def say(status: str, regression: bool, reason: str, **values) -> dict:
+        return {**values, "status": status, "regression": regression, "reason": reason, "why": reason}
+
+    field_of = metric.field
+    other_role = (ctx["copies"]["NEW"].get(key) if n is None else
+                  ctx["copies"]["baseline"].get(key) if b is None else None)
+    roles = (b or {}).get("role"), (n or {}).get("role")  # kernels: config | baseline | copy (older files: none)
+    differ = kind == "kernels" and b is not None and n is not None and None not in roles and roles[0] != roles[1]
+    if other_role is not None or differ:
+        b_role, n_role = ("copy", roles[1]) if b is None else (roles[0], "copy") if n is None else roles
+        return say("unjudged", True, f"role {b_role} in the baseline, {n_role} in NEW: a row whose role differs "
+                   "between the runs cannot be compared", baseline=_num((b or {}).get(field_of)),
+                   new=_num((n or {}).get(field_of)))
+    if n is None or n.get("status") == "unavailable":  # a row that ran and vanished is not a pass
+        reason = "not in NEW" if n is None else f"unavailable in NEW: {n.get('reason') or 'no reason given'}"
+        elsewhere = None
+        if n is None and key in ctx["moved"]:
+            elsewhere = moved_reason("baseline", name, *ctx["moved"][key])
+        elif n is None:
+            elsewhere = missing_device(b, ctx["new_devices"])
+        reason += f"; {elsewhere}" if elsewhere else ""
+        allowed = allowed_by(ctx["allow_missing"], kind, b, name)
+        if allowed:
+            reason += f"; allowed by --allow-missing {allowed}"
+            if ctx["used"] is not None:
+                ctx["used"].add(allowed)
+        return say("missing", _ok(b) and not allowed, reason, baseline=_num((b or {}).get(field_of)))
+    if n.get("status", "ok") != "ok":
+        return say("failed", _ok(b), f"{n.get('status')} in NEW: {n.get('reason') or 'no reason given'}",
+                   baseline=_num((b or {}).get(field_of)))
+    if b is None:
+        moved = f"; {moved_reason('NEW', name, *ctx['moved'][key])}" if key in ctx["moved"] else ""
+        return say("new", False, f"not in the baseline{moved}", new=_num(n.get(field_of)))
+    if not _ok(b):  # a baseline made where the row could not run judges nothing it ran now
+        return say("unjudged", True, f"{NOT_RUN}{b.get('status')}" + (f" ({b['reason']})" if b.get("reason") else "")
+                   + " while NEW's ran: nothing to judge it against; regenerate the baseline",
+                   new=_num(n.get(field_of)))
+    return None
 
 
 @dataclass
@@ -235,21 +292,57 @@ def compare_docs(base_docs: list[dict], new_docs: list[dict], threshold: float =
     timing_kinds = {k for k in kinds if any(m.timing for m in metrics(k))}
     evidence.check_rows(base_docs, base_src, "baseline", timing_kinds)
     evidence.check_rows(new_docs, new_src, "NEW", timing_kinds)
-    records, used = [], set()
+    evidence.check_roles(base_docs, base_src, "baseline")
+    evidence.check_roles(new_docs, new_src, "NEW")
+    records, used, moves = [], set(), []
     for kind in kinds:
         base_kind = [(d, s) for d, s in zip(base_docs, base_src) if d.get("kind") == kind]
         new_kind = [(d, s) for d, s in zip(new_docs, new_src) if d.get("kind") == kind]
         records += compare_kind(kind, [d for d, _ in base_kind], [d for d, _ in new_kind], threshold, alpha,
-                                allow_missing, used, [s for _, s in base_kind], [s for _, s in new_kind])
+                                allow_missing, used, [s for _, s in base_kind], [s for _, s in new_kind], moves)
     notes += [f"--allow-missing {p} named no missing row" for p in allow_missing if p not in used]
     if strict_timing:
         apply_strict_timing(records)
-    notes = timing_notes(records, strict_timing) + chance_notes(records) + run_notes(
-        base_docs, new_docs, timing_kinds) + notes
+    empty = nothing_compared(kinds, records)
+    records += empty
+    notes = ([r["why"] for r in empty] + _baseline_notes(records) + timing_notes(records, strict_timing)
+             + chance_notes(records) + path_notes(moves, base_docs, new_docs)
+             + run_notes(base_docs, new_docs, timing_kinds) + notes)
     records.sort(key=lambda r: (STATUSES.index(r["status"]), r["kind"], r["name"], r["metric"]))
     test = FILES_TEST.format(alpha=alpha) if any(is_timing(r) for r in records) else None
     return Verdict(records, threshold, alpha, list(baseline_sources), list(new_sources), notes,
                    strict_timing=strict_timing, timing_test=test)
+
+
+def nothing_compared(kinds: list[str], records: list[dict]) -> list[dict]:
+    """A `nothing compared` record (unjudged, a regression) per kind of which no row was
+    compared on both sides and none regressed: a NaN NEW beside a null baseline, a kernels
+    file of copy rows only, or rows that ran on neither side passed as "no regression"."""
+    out = []
+    for kind in kinds:
+        mine = [r for r in records if r["kind"] == kind]
+        if any(r["status"] in COMPARED or r.get("regression") for r in mine):
+            continue
+        seen = ", ".join(f"{sum(r['status'] == s for r in mine)} {s}" for s in STATUSES
+                         if any(r["status"] == s for r in mine))
+        why = (f"no {kind} row was compared on both sides ({seen or 'no row to compare'}): a gate that compared "
+               "nothing is no pass")
+        out.append({"name": "nothing compared", "kind": kind, "metric": ", ".join(m.field for m in metrics(kind)),
+                    "unit": None, "better": None, "baseline": None, "new": None, "ratio": None, "p_value": None,
+                    "threshold": None, "raw_ratio": None, "noise_floor": None, "status": "unjudged",
+                    "regression": True, "reason": why, "why": why})
+    return out
+
+
+def _baseline_notes(records: list[dict]) -> list[str]:
+    """The note for rows NEW ran whose baseline row did not: what to do about them."""
+    rows = {(r["kind"], r["name"]) for r in records if r["status"] == "unjudged" and str(r["why"]).startswith(NOT_RUN)}
+    if not rows:
+        return []
+    return [f"{len(rows)} row{'s' * (len(rows) != 1)} ran in NEW but not in the baseline (skipped, failed or "
+            "unavailable there): unjudged, a regression, since the baseline cannot judge them; regenerate the "
+            "baseline where they can run now (.ci/run: `qstate run suites/ci.yaml --out reports/ci-baseline "
+            "--no-report`)"]
 
 
 def compare_paths(baseline, new, threshold: float = 1.10, alpha: float = 0.01, allow_missing=(),
@@ -260,60 +353,3 @@ def compare_paths(baseline, new, threshold: float = 1.10, alpha: float = 0.01, a
     base_docs, base_src = load_documents([baseline])
     new_docs, new_src = load_documents([new])
     return compare_docs(base_docs, new_docs, threshold, alpha, base_src, new_src, allow_missing, strict_timing)
-
-
-def _table_md(t, title: str = "") -> str:
-    """The verdict table, its `row` column as code spans (report.markdown.code_span): a row
-    name such as `nearest-4bit [cpu] fp32 n=65536 @cpu` reads and greps as it is, and never
-    mentions anyone, where escaping put a WORD JOINER after its `@`; folded under a title."""
-    from ..report.markdown import escape, folded, table_body
-
-    name = t.headers.index("row") if "row" in t.headers else -1
-    body = table_body(t, lambda j, c: code_span(c) if j == name else c if c in BOLD else escape(c))
-    return folded(title, len(t.rows), body) if title else body
-
-
-BOLD = {f"**{s}**" for s in STATUSES}  # a status that is a regression, in bold
-
-
-def verdict_markdown(verdict: Verdict) -> str:
-    """The verdict table for a PR comment or $GITHUB_STEP_SUMMARY. Up to LONG_TABLE (12)
-    rows, or when every row changed: one table. Longer: what changed first, then every row
-    folded in <details> (so no row is printed twice in sight). Row names are code spans."""
-    from ..report.markdown import escape
-    from ..report.model import LONG_TABLE
-    from ..report.sections import verdict_counts, verdict_table
-
-    rows = [{**r, "name": f"{r['kind']}: {r['name']}",
-             "status": f"**{r['status']}**" if r.get("regression") else r["status"]} for r in verdict.records]
-    changed = [r for r, orig in zip(rows, verdict.records) if orig["status"] != "same"]
-    head = "regression" if verdict.regressions else "no regression"
-    unjudged = "; timing not judged" if timing_unjudged(verdict.records) else ""
-    strict = " With --strict-timing a noisy row is a regression." if verdict.strict_timing else ""
-    if verdict.rule:
-        rule = escape(verdict.rule + strict)
-    else:
-        rule = ""
-        if any(is_timing(r) for r in verdict.records):
-            mw = f" (rows without rounds: Mann-Whitney p < {verdict.alpha:g})" if verdict.alpha is not None else ""
-            rule += (f" Timing regresses when the ratio (of the time relative to a same-run copy, where both runs "
-                     f"have it) exceeds {verdict.threshold:g} and the noise floor, every round apart (an exact "
-                     f"one-sided rank test: p = 1/C(Rb + Rn, Rb), 0.05 for 3 vs 3 rounds) and the raw time moved "
-                     f"the same way{mw}; a row within the "
-                     f"threshold whose rounds spread wider than it is insignificant; a row timed on a shared CPU "
-                     f"(cpu share below {NOISY_CPU_SHARE:g}), or whose same-run copy reference moved more than "
-                     f"{REFERENCE_MOVED:g}x, is noisy.{strict}")
-        if any(not is_timing(r) for r in verdict.records):
-            rule += " Quality metrics have their own tolerances (threshold column)."
-    out = [f"### qstate compare: {head} ({verdict_counts(verdict.records)}){unjudged}", "",
-           f"Baseline {escape(', '.join(verdict.baseline))}; new {escape(', '.join(verdict.new))}."
-           + (" " + rule.strip() if rule.strip() else ""), ""]
-    out += [f"- {escape(n)}" for n in verdict.notes] + ([""] if verdict.notes else [])  # a list ends before a table
-    full = verdict_table(rows)
-    if len(rows) <= LONG_TABLE or len(changed) == len(rows):
-        out.append(_table_md(full))
-    else:
-        if changed:
-            out += [_table_md(verdict_table(changed)), ""]
-        out.append(_table_md(full, "All verdicts"))
-    return "\n".join(out) + "\n"

@@ -12,9 +12,13 @@ Checked before anything is compared (QstateError, exit 2, one line naming the fi
 And in the verdicts (compare/__init__.py, noise.py): a timing ratio beyond the threshold
 with no samples to test it is a regression (the evidence cannot clear it); a row the
 baseline ran that NEW lacks, or says is "unavailable", is a regression (status
-"missing"), as is one NEW ran but failed; and a metric that either side of two rows that
-ran has no finite value for (`unreadable`) is a regression: "failed" when NEW lacks it,
-"unjudged" when the baseline does (nothing to judge NEW against).
+"missing"), as is one NEW ran but failed; a row NEW ran that the baseline's row did not
+(skipped, failed, unavailable) is "unjudged", a regression: the baseline cannot judge it;
+and a metric that either side of two rows that ran has no finite value for (`unreadable`)
+is a regression: "unjudged" when the baseline lacks it (also where NEW does), "failed"
+when only NEW does. A `role: copy` outside a kernels copy row is an input error
+(`check_roles`); a kind of which no row was compared on both sides fails the gate
+(compare_docs).
 """
 from __future__ import annotations
 
@@ -81,13 +85,36 @@ def check_rows(docs: list[dict], sources: list[str], side: str, timing_kinds: se
 
 
 def unreadable(field: str, bv, nv) -> dict | None:
-    """The verdict of a metric that one side of two rows that ran (status ok) does not have
-    as a finite number: failed (NEW lacks it) or unjudged (the baseline lacks it); both a
+    """The verdict of a metric that a side of two rows that ran (status ok) does not have
+    as a finite number (null, NaN, missing): unjudged where the baseline lacks it, whatever
+    NEW has (nothing to judge NEW against: a null baseline beside a NaN NEW was skipped as
+    "nothing compared" and passed a 3x regression), failed where only NEW lacks it; both a
     regression, since the gate cannot clear them. None when both sides have a value."""
-    if nv is None:
-        why = f"{field} is missing or not finite in NEW" + ("" if bv is not None else " and in the baseline")
-        return {"baseline": bv, "new": None, "status": "failed", "regression": True, "reason": why, "why": why}
     if bv is None:
-        why = f"{field} is missing or not finite in the baseline: nothing to judge NEW against"
+        why = (f"{field} is missing or not finite in the baseline"
+               + (" and in NEW" if nv is None else "") + ": nothing to judge NEW against; regenerate the baseline")
         return {"baseline": None, "new": nv, "status": "unjudged", "regression": True, "reason": why, "why": why}
+    if nv is None:
+        why = f"{field} is missing or not finite in NEW"
+        return {"baseline": bv, "new": None, "status": "failed", "regression": True, "reason": why, "why": why}
     return None
+
+
+def check_roles(docs: list[dict], sources: list[str], side: str) -> None:
+    """`role: copy` marks a kernels run's copy reference (name and path "copy"), which is
+    never judged: on any other row it would take that row out of the comparison (a baseline
+    whose rows all said copy passed a 3x regression), so it is an input error there, in any
+    kind (QstateError naming the file and the row)."""
+    for doc, src in zip(docs, sources):
+        for i, row in enumerate(doc["records"]):
+            if not isinstance(row, dict) or row.get("role") != "copy":
+                continue
+            if doc.get("kind") != "kernels":
+                where = "only kernels results have copy rows"
+            elif row.get("path") != "copy":
+                where = f"a copy row is the copy reference, path 'copy', not {row.get('path')!r}"
+            else:
+                continue
+            label = row.get("name") or row.get("config") or f"records[{i}]"
+            raise QstateError(f"{side} {src}: records[{i}] ({label}): role 'copy' on a {doc.get('kind')} row: "
+                              f"{where}; a copy row is never compared")

@@ -21,7 +21,9 @@ So the identity of rows that never collide is what the kinds table says (a basel
 before this matches as it did), and reordering an axis changes nothing. Rows that nothing
 tells apart (the same point twice in one file) are refused, exit 2: pairing them by their
 order in the files would judge one measurement against another. The added parameters are
-part of the row's compare name (`bf16 v reset=20`).
+part of the row's compare name (`bf16 v reset=20`), and so is each identity field that the
+short name leaves out where two rows of the comparison would otherwise print one name
+(`bf16 m numel=8192`: `names`): no two rows of a verdict share a name.
 """
 from __future__ import annotations
 
@@ -76,19 +78,20 @@ def _splitting(groups: list[list[_Row]], candidates, extras) -> list[tuple[str, 
             and any(len({r.value(k, src) for r in g}) > 1 for g in groups)]
 
 
-def keyed_rows(kind: str, sides: dict[str, list[tuple[dict, str]]]) -> tuple[dict, list]:
-    """{side: {key: _Row}} for sides {side: [(doc, source), ...]}, and the added identity
-    parameters as (key, source) pairs (`_Row.value`), for `name` (module docstring). The
-    copy rows of kernels results (no subjects) are left out. QstateError when two rows of
-    one side stay the same."""
+def keyed_rows(kind: str, sides: dict[str, list[tuple[dict, str]]]) -> tuple[dict, list, dict]:
+    """{side: {key: _Row}} for sides {side: [(doc, source), ...]}, the added identity
+    parameters as (key, source) pairs (`_Row.value`), for `name` (module docstring), and
+    {side: {key: _Row}} of the copy rows of kernels results (no subjects, never judged, and
+    left out of the first: keyed only so that a row that is a copy on one side and a
+    subject on the other is seen). QstateError when two rows of one side stay the same."""
     rows: list[_Row] = []
+    copy_rows: list[_Row] = []
     for side, docs in sides.items():
         for doc, source in docs:
             for row in doc["records"]:
                 if not isinstance(row, dict):
                     raise QstateError(f"a {kind} results file has a record that is not a mapping: {str(row)[:60]}")
-                if row.get("role") != "copy":  # the machine's reference, never judged
-                    rows.append(_Row(row, doc, source, side, kind))
+                (copy_rows if row.get("role") == "copy" else rows).append(_Row(row, doc, source, side, kind))
     extras: list[tuple[str, str]] = []
     groups = _collisions(rows, extras)
     for candidates in (lambda: [(k, "params") for k in sorted({k for g in groups for r in g for k in r.params})]
@@ -107,9 +110,11 @@ def keyed_rows(kind: str, sides: dict[str, list[tuple[dict, str]]]) -> tuple[dic
             f"in them or their suite points tells them apart (the same point run twice?); compare them in "
             f"separate files")
     out: dict[str, dict] = {side: {} for side in sides}
-    for r in rows:
-        out[r.side][(r.base, tuple(r.value(k, src) for k, src in extras))] = r
-    return out, extras
+    copies: dict[str, dict] = {side: {} for side in sides}
+    for found, group in ((out, rows), (copies, copy_rows)):
+        for r in group:
+            found[r.side][(r.base, tuple(r.value(k, src) for k, src in extras))] = r
+    return out, extras, copies
 
 
 def name(kind: str, r: _Row, extras) -> str:
@@ -121,3 +126,31 @@ def name(kind: str, r: _Row, extras) -> str:
             continue
         out += f" {key}={'-' if v is None else v}"
     return out
+
+
+def names(kind: str, sides: dict[str, dict], extras) -> dict:
+    """{key: compare name} for every key of `sides` (keyed_rows), each name unique in the
+    comparison. A row's short name (metrics.row_name) leaves out identity fields: diagnose's
+    says `config state`, not `numel` or `steps`, so the 4 traces of a corpus run printed
+    `bf16 m` 4 times, two regressed rows had one name and the exit line named 17 rows for 34
+    regressions. Where different keys would print one name, each gets the identity fields
+    in which they differ (`bf16 m numel=8192`); rows that never share a name keep the short
+    one (a benchmark series keeps its name)."""
+    rows = {**sides.get("baseline", {}), **sides.get("NEW", {})}  # NEW's row names a key both sides have
+    out = {key: name(kind, r, extras) for key, r in rows.items()}
+    fields = KINDS[kind].identity
+    for shown, keys in _same_name(out).items():
+        differ = [i for i, f in enumerate(fields) if len({k[0][i] for k in keys}) > 1]
+        for key in keys:
+            out[key] = " ".join([shown] + [f"{fields[i]}={key[0][i]}" for i in differ])
+    for shown, keys in _same_name(out).items():  # a name that is another row's name and fields: number them
+        for i, key in enumerate(sorted(keys, key=str)):
+            out[key] = f"{shown} #{i + 1}"
+    return out
+
+
+def _same_name(names_of: dict) -> dict[str, list]:
+    groups = defaultdict(list)
+    for key, shown in names_of.items():
+        groups[shown].append(key)
+    return {shown: keys for shown, keys in groups.items() if len(keys) > 1}

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from ..kinds import KINDS, Metric
 
-__all__ = ["Metric", "compared_kinds", "identity", "metrics", "row_name"]
+__all__ = ["COMPARED", "Metric", "STATUSES", "compared_kinds", "identity", "metrics", "row_name"]
+
+# A verdict record's statuses, worst first: the order of the verdict table and its counts.
+STATUSES = ("regressed", "failed", "unjudged", "missing", "new", "noisy", "insignificant", "improved", "same")
+# The statuses of a metric measured and compared on both sides (noisy: measured, not judged).
+# A kind with none of them and no regression compared nothing, and fails the gate.
+COMPARED = ("regressed", "improved", "same", "insignificant", "noisy")
 
 
 def compared_kinds() -> tuple[str, ...]:

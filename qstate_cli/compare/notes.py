@@ -11,12 +11,16 @@ does not say about how far its timing verdicts can be trusted.
   (a shared or drifting machine breaks that: an A/A probe failed 14 of 20 pairs);
 - `run_notes`: each difference between the runs' `env` or bench `meta` that changes timing
   (machine, versions, torch threads, bench options): a ratio then compares those too.
-  A different git_sha is the point of a compare, and says nothing.
+  A different git_sha is the point of a compare, and says nothing;
+- `moved_paths`, `moved_reason`, `path_notes`: rows that ran on another code path in NEW
+  (kernels' `path`: cpu-numba in the baseline, reference in NEW where numba is missing)
+  are missing and new, as rows match by path; these say so, and what env.numba says.
 """
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 
+from ..kinds import KINDS
 from ..report.labels import show
 from .metrics import compared_kinds, metrics
 from .noise import NOISY_CPU_SHARE, REFERENCE_MOVED, REFERENCE_WHY, null_chance
@@ -166,3 +170,64 @@ def missing_device(row: dict, new_devices: set) -> str | None:
         return None
     return f"NEW has no {show(device)} rows (it ran on {', '.join(sorted(new_devices))}): rows match by device"
 
+
+
+def moved_paths(kind: str, only_base: list, only_new: list) -> dict:
+    """{key: (path, the other side's paths)} for each key (identity.keyed_rows) that one side
+    has alone and that equals a key the other side has alone in every identity field but
+    `path` (kernels): the same measurement on another code path, which compare cannot pair
+    (rows match by path), but should not leave unexplained: a fresh run without numba gave
+    6 rows "not in NEW" beside 6 "not in the baseline"."""
+    fields = KINDS[kind].identity
+    if "path" not in fields:
+        return {}
+    i = fields.index("path")
+
+    def rest(key):
+        return key[0][:i] + key[0][i + 1:], key[1]
+
+    out = {}
+    for mine, other in ((only_base, only_new), (only_new, only_base)):
+        theirs = defaultdict(set)
+        for key in other:
+            theirs[rest(key)].add(key[0][i])
+        for key in mine:
+            if rest(key) in theirs:
+                out[key] = (key[0][i], sorted(theirs[rest(key)]))
+    return out
+
+
+def _numba_hint(base_paths, new_paths) -> str:
+    """Where only one side ran the fused CPU path (cpu-numba), the likely reason."""
+    if "cpu-numba" in base_paths and "cpu-numba" not in new_paths:
+        return ": numba missing in NEW?"
+    if "cpu-numba" in new_paths and "cpu-numba" not in base_paths:
+        return ": numba missing in the baseline?"
+    return ""
+
+
+def moved_reason(side: str, name: str, path: str, others: list[str]) -> str:
+    """Why a row of `side` (baseline: missing in NEW; NEW: new) has no counterpart: the
+    other side ran it on `others` (moved_paths)."""
+    base, new = ([path], others) if side == "baseline" else (others, [path])
+    subject = name.split(" [", 1)[0]
+    return (f"NEW ran {subject} on [{', '.join(new)}], the baseline on [{', '.join(base)}]"
+            f"{_numba_hint(base, new)} (rows match by path)")
+
+
+def path_notes(moves: list[tuple[str, str, str]], base_docs: list[dict], new_docs: list[dict]) -> list[str]:
+    """One note per (kind, baseline path, NEW paths) of the rows that moved (one per baseline
+    row), with each side's env.numba where the two differ (null: not installed)."""
+    notes = []
+    for (kind, b, n), count in sorted(Counter(moves).items()):
+        numba = ""
+        if "cpu-numba" in (b, n):
+            seen = [sorted({"null" if d["env"]["numba"] is None else show(d["env"]["numba"]) for d in docs
+                            if d.get("kind") == kind and "numba" in (d.get("env") or {})})
+                    for docs in (base_docs, new_docs)]
+            if all(seen) and seen[0] != seen[1]:
+                numba = f"; env.numba: baseline {', '.join(seen[0])}, NEW {', '.join(seen[1])}"
+        hint = f" ({_numba_hint([b], n.split(', '))[2:]})" if _numba_hint([b], n.split(", ")) else ""
+        notes.append(f"{count} {kind} row{'s' * (count != 1)} ran on another code path, [{b}] in the baseline and "
+                     f"[{n}] in NEW{hint}: each is missing in NEW and new, not compared, as rows match by path{numba}")
+    return notes
