@@ -345,3 +345,30 @@ def test_the_resume_hint_repeats_every_set(hooks, suite_file, tmp_path):
     r = runner.invoke(app, [*shlex.split(hint)[1:], "--no-report"])
     assert r.exit_code == 0, r.output
     assert len(load(out / "sweep.json")["meta"]["suite"]["done"]) == 12
+
+
+def test_a_pydantic_too_old_for_the_schema_is_named(monkeypatch):
+    """pydantic 2.0-2.4 has no Discriminator/Tag: the schema's import failed and the note said
+    'pydantic is not installed', which sent the user looking for the wrong fix."""
+    import builtins
+
+    from qstate_cli.suites import load as suite_load
+
+    real_import = builtins.__import__
+
+    def old_pydantic(name, globals=None, locals=None, fromlist=(), level=0):
+        if name == "pydantic" and fromlist and "Discriminator" in fromlist:
+            raise ImportError("cannot import name 'Discriminator' from 'pydantic'")
+        return real_import(name, globals, locals, fromlist, level)
+
+    import qstate_cli.suites as suites_package
+
+    monkeypatch.delitem(sys.modules, "qstate_cli.suites.schema", raising=False)  # imported afresh, as at first use
+    monkeypatch.delattr(suites_package, "schema", raising=False)
+    monkeypatch.setattr(builtins, "__import__", old_pydantic)
+    errors, note = suite_load._schema_errors({"kind": "kernels"})
+    import pydantic
+
+    assert note == (f"pydantic {pydantic.VERSION} cannot load the suite schema (cannot import name 'Discriminator' "
+                    "from 'pydantic'); it needs pydantic >= 2.5: the suite had a basic check only")
+    assert errors == []

@@ -250,9 +250,20 @@ def _schema_errors(data) -> tuple[list[tuple[tuple, str]], str | None]:
     """Errors from the pydantic schema, or a basic check where pydantic is not installed."""
     try:
         from . import schema
-    except ImportError:
-        return _basic_errors(data), "pydantic is not installed: the suite had a basic check only"
+    except ImportError as exc:
+        return _basic_errors(data), _no_schema(exc)
     return schema.validate(data), None
+
+
+def _no_schema(exc: ImportError) -> str:
+    """Why the pydantic schema could not load: pydantic missing, or one too old for it
+    (Discriminator and Tag arrived in pydantic 2.5)."""
+    try:
+        import pydantic
+    except ImportError:
+        return "pydantic is not installed: the suite had a basic check only"
+    return (f"pydantic {getattr(pydantic, 'VERSION', '?')} cannot load the suite schema ({exc}); it needs "
+            f"pydantic >= 2.5: the suite had a basic check only")
 
 
 def _basic_errors(data) -> list[tuple[tuple, str]]:
