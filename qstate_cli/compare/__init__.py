@@ -6,8 +6,9 @@ Statuses (docs/results.md, kind "compare"):
   metrics: a tolerance per metric, direction-aware);
 - noisy: a timing row measured while the machine was shared (cpu_share < 0.75), or whose
   same-run copy reference itself moved more than 4x between the runs (noise.py): never
-  improved or regressed, and no regression either, unless --strict-timing (for a
-  dedicated runner, where a shared CPU is itself a fault) makes it one; the verdict's notes
+  improved or regressed (but a one-thread step that NEW slowed beyond what its CPU share
+  explains regresses: noise.py rule 1b), and no regression either, unless --strict-timing
+  (for a dedicated runner, where a shared CPU is itself a fault) makes it one; the verdict's notes
   say how many timing rows could not be judged and why, and when none could, that the
   verdict says nothing about timing;
 - insignificant: a timing ratio beyond the threshold that the evidence does not support
@@ -62,7 +63,7 @@ from .evidence import unreadable
 from .identity import keyed_rows, names
 from .markdown import verdict_markdown
 from .metrics import COMPARED, STATUSES, Metric, compared_kinds, metrics
-from .noise import judge_rows
+from .noise import judge_rows, run_threads
 from .notes import (chance_notes, is_timing, missing_device, moved_paths, moved_reason, path_notes, run_notes,
                     timing_notes)
 
@@ -80,7 +81,10 @@ def _num(v):
 
 def _run_share(doc: dict, row: dict) -> dict:
     """A timing row judged with its run's lowest cpu_share (meta.cpu_share, kernels) when
-    that is lower: a run whose probes saw a shared CPU is noisy in every row."""
+    that is lower: a run whose probes saw a shared CPU is noisy in every row; and (kernels)
+    with the threads its step ran on (noise.run_threads: rule 1b's bound holds for one)."""
+    if doc.get("kind") == "kernels":
+        row = {**row, "threads": run_threads(doc, row)}
     run = _num((doc.get("meta") or {}).get("cpu_share"))
     own = _num(row.get("cpu_share"))
     if run is None or own is None or run >= own:

@@ -31,6 +31,32 @@ The rule, in order:
    the relative metric exists for), while the stalls seen were ~380x and more; and a change
    of the code that changes a row's own bytes (the copy's size) moves it by ~2x at most
    (fp32 states instead of 4-bit ones about double the bytes an AdamW step moves);
+   except (rule 1b, `shared_bound`) a slowdown that sharing cannot explain: a share s is
+   the fraction of a core the process got, so contention stretches the wall time of a
+   step that runs on one thread by about 1/s at most (it ran s of the time), and a
+   baseline timed on a shared CPU only ran slower itself. With s the lowest share of NEW
+   (its rows' and its run's), the raw ratio r (time_ms: the copy reference is distorted
+   under sharing too), F' the noise floor of the raw rounds or of the basis, the larger,
+   and c = NEW's copy reference over the baseline's (raw / ratio on `time_rel_copy`, at
+   least 1; else 1: the memory's own slowdown, which the share cannot see), the machine
+   explains a slowdown up to B = max(T, F') * c / s. A row whose raw rounds are all apart
+   (every NEW round slower than every baseline round) and whose r > B is `regressed` on a
+   shared run too, `why` giving the bound ("39.2x slower in time ..., beyond the 5.42x
+   that a 0.34 CPU share can explain"): the probe that planted a 39x and a 10x slowdown on
+   its shared 2-core runner (cpu share 0.34 in NEW, 0.29 in the baseline; floors 1.85 and
+   1.03, NEW's copy 1.01x the baseline's: bounds 5.42x and 3.20x) saw both pass as
+   `noisy`, exit 0, the heading of a run without the change. Only when NEW's step ran on
+   ONE thread (`threads`: the row's own, else its suite point's meta.threads, else the
+   document's meta.threads, which `bench kernels --threads` sets, else env.torch_threads,
+   the process's torch count the rows ran with; the cpu-numba path splits over the same
+   count; `run_threads`): with several, threads that spin-wait (OpenMP's, torch's and
+   numba's) on an oversubscribed CPU slow a step far beyond 1/s (docs/reports.md: 62 ms
+   against 10.7 ms on one thread, one busy process beside torch's 2 threads on 2 cores),
+   so such a row (or one whose thread count is not recorded) stays `noisy`, its `why`
+   saying it slowed `BEYOND_WHY` (notes.py names it: rerun on a quiet machine). Never
+   `improved` on a shared run: a quieter moment is not bounded the same way. Not applied
+   where the copy reference moved beyond 4x (above), nor to rows without rounds, nor to
+   A/B verdicts (ab.py: both configurations share each round's machine);
 2. within the threshold (1/T <= ratio <= T, T = --threshold): `same` when F <= T, else
    `insignificant` (the row moves by more than T within one run: a change below F cannot
    be seen, so "same" would claim what the row cannot resolve; an A/A probe on a 2-core
@@ -76,6 +102,7 @@ NOISY_CPU_SHARE = 0.75
 REFERENCE_MOVED = 4.0  # ratio vs raw ratio: beyond this the copy reference itself moved (docstring, rule 1)
 SHARED_WHY = "the machine was shared"
 REFERENCE_WHY = "the same-run copy reference moved"
+BEYOND_WHY = "beyond what sharing explains if single-threaded"  # rule 1b, several threads: notes.py counts it
 
 
 def _finite_float(v) -> float | None:
@@ -199,6 +226,67 @@ def reference_moved(ratio: float, raw: float) -> str | None:
             f"ratio {ratio:.3g} vs raw ratio {raw:.3g}): the time relative to it is no measure of the code")
 
 
+def _count(v) -> int | None:
+    """v as a thread count (a whole number >= 1, not a bool), else None."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
+
+
+def run_threads(doc: dict, row: dict) -> int | None:
+    """The CPU threads row's timed step ran on (rule 1b): the row's own `threads` where it has
+    one, else its suite point's meta.threads (meta.suite.points[row.point].meta), else the
+    document's meta.threads (`bench kernels --threads`; None there: the process's count was
+    left as it was), else env.torch_threads (torch's count in the process; `bench kernels
+    --threads` writes its own there). The fused CPU path (cpu-numba) splits a step over the
+    same count (kernels/cpu/host.threads: torch's). None where nothing says."""
+    own = _count(row.get("threads"))
+    if own is not None:
+        return own
+    meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
+    points = (meta.get("suite") or {}).get("points") if isinstance(meta.get("suite"), dict) else None
+    point = points.get(row.get("point")) if isinstance(points, dict) and isinstance(row.get("point"), str) else None
+    point_meta = point.get("meta") if isinstance(point, dict) and isinstance(point.get("meta"), dict) else None
+    if point_meta is not None and _count(point_meta.get("threads")) is not None:
+        return point_meta["threads"]
+    if point_meta is None and _count(meta.get("threads")) is not None:
+        return meta["threads"]
+    env = doc.get("env") if isinstance(doc.get("env"), dict) else {}
+    return _count(env.get("torch_threads"))
+
+
+def shared_bound(b: dict, n: dict, on: str, ratio: float, raw: float, floor: float,
+                 threshold: float) -> tuple[str, str] | None:
+    """Rule 1b of the module docstring, for a row that rule 1 found shared: (`regressed`, why)
+    where NEW's raw time slowed beyond what sharing explains and its step ran on one thread,
+    (`noisy`, why naming BEYOND_WHY) where it slowed that much on several threads (or an
+    unknown count); None where sharing can explain it, or nothing bounds it (no share of NEW,
+    no raw rounds, rounds that overlap, not slower): the row stays as rule 1 says."""
+    s = shares(n)
+    if s is None or s <= 0 or not raw > 1:
+        return None
+    br, nr = _values(b.get("round_ms")), _values(n.get("round_ms"))
+    if len(br) < 2 or len(nr) < 2 or min(nr) <= max(br):
+        return None
+    moved = raw / ratio if on == "time_rel_copy" and ratio > 0 else 1.0  # NEW's copy reference over the baseline's
+    if not 1 / REFERENCE_MOVED <= moved <= REFERENCE_MOVED:
+        return None  # the reference stalled: nothing here measures the machine's stretch
+    s = min(s, 1.0)
+    f = max(floor, 1 + max(dispersion(br), dispersion(nr)))
+    copy = max(1.0, moved)
+    bound = max(threshold, f) * copy / s
+    if raw <= bound:
+        return None
+    how = f"max(threshold {threshold:g}, noise floor {f:.3g})" + (f" x copy {copy:.3g}" if copy > 1 else "")
+    threads = n.get("threads")
+    if _count(threads) == 1:
+        return "regressed", (f"{raw:.3g}x slower in time, rounds apart ({len(nr)} vs {len(br)}), beyond the "
+                             f"{bound:.3g}x that a {s:.2f} CPU share can explain ({how} / {s:.2f}): the machine "
+                             "was shared, but not enough to slow one thread this much")
+    ran = f"NEW ran {threads} threads" if _count(threads) else "NEW's thread count is not recorded"
+    return "noisy", (f"cpu share {s:.2f} below {NOISY_CPU_SHARE}: {SHARED_WHY}; {raw:.3g}x slower in time, rounds "
+                     f"apart, {BEYOND_WHY} ({bound:.3g}x at that share), but {ran}, and threads that spin-wait on "
+                     "a shared CPU can slow a step further: rerun on a quiet machine")
+
+
 def raw_disagrees(status: str, ratio: float, raw: float) -> str | None:
     """Why a change on `time_rel_copy` is not one (rule 3): the raw time did not move its way."""
     if (status == "regressed" and raw <= 1) or (status == "improved" and raw >= 1):
@@ -232,7 +320,9 @@ def judge_rows(b: dict, n: dict, field: str, threshold: float, alpha: float) -> 
                              f"rounds apart ({len(nr)} vs {len(br)}, p = {p:.2g} one-sided)",
                              f"rounds overlap (p = {p:.2g} one-sided)")
         moved = reference_moved(ratio, raw) if on == "time_rel_copy" else None
-        if moved is not None and status != "noisy":
+        if status == "noisy" and moved is None:  # shared (rule 1): unless sharing cannot explain it (1b)
+            status, why = shared_bound(b, n, on, ratio, raw, floor, threshold) or (status, why)
+        elif moved is not None and status != "noisy":
             status, why = "noisy", moved
         elif on == "time_rel_copy" and raw_disagrees(status, ratio, raw):
             status, why = "insignificant", raw_disagrees(status, ratio, raw)

@@ -2,7 +2,9 @@
 does not say about how far its timing verdicts can be trusted.
 
 - `timing_notes`: how many timing rows were `noisy` (not judged) and why; when all were,
-  that the verdict says nothing about speed;
+  that the verdict says nothing about speed; first, by name, the noisy rows that slowed
+  beyond what sharing explains if single-threaded (noise.py, rule 1b) but ran on several
+  threads: not judged, but no run to pass quietly either (rerun on a quiet machine);
 - `chance_notes`: the false regressions to expect between identical code: each judged
   (not noisy) timing row's test has a fixed chance of calling identical code slower
   (noise.null_chance: 1 / C(Rb + Rn, Rb) for full separation of the rounds, 1 / 2^R for
@@ -23,7 +25,7 @@ from collections import Counter, defaultdict
 from ..kinds import KINDS
 from ..report.labels import show
 from .metrics import compared_kinds, metrics
-from .noise import NOISY_CPU_SHARE, REFERENCE_MOVED, REFERENCE_WHY, null_chance
+from .noise import BEYOND_WHY, NOISY_CPU_SHARE, REFERENCE_MOVED, REFERENCE_WHY, null_chance
 
 TIMED = ("regressed", "improved", "same", "insignificant", "noisy")  # a timing row measured on both sides
 JUDGED = ("regressed", "improved", "same", "insignificant")
@@ -42,6 +44,29 @@ def timing_notes(records: list[dict], strict: bool = False) -> list[str]:
     noisy = [r for r in timed if r["status"] == "noisy"]
     if not noisy:
         return []
+    return beyond_notes(noisy) + _noisy_notes(timed, noisy, strict)
+
+
+BEYOND_SHOWN = 3  # rows named in the note of rows slowed beyond what sharing explains
+
+
+def beyond_notes(noisy: list[dict]) -> list[str]:
+    """The note naming the noisy rows that slowed beyond what sharing explains if
+    single-threaded (noise.shared_bound) but ran on several threads."""
+    beyond = [r for r in noisy if BEYOND_WHY in str(r.get("why"))]
+    if not beyond:
+        return []
+    shown = [f"{r['kind']}: {r['name']}" + (f" ({r['raw_ratio']:.3g}x)" if r.get("raw_ratio") else "")
+             for r in beyond[:BEYOND_SHOWN]]
+    more = f" and {len(beyond) - BEYOND_SHOWN} more" if len(beyond) > BEYOND_SHOWN else ""
+    many = len(beyond) > 1
+    return [f"{_rows(len(beyond))} slowed {BEYOND_WHY}, every round apart: {'; '.join(shown)}{more}; but "
+            f"{'each' if many else 'it'} ran on several threads (or on a count not recorded), which spin-wait on a "
+            f"shared CPU and can slow a step further, so {'they stay' if many else 'it stays'} noisy, not judged: "
+            "rerun on a quiet machine (or bench with --threads 1, where the bound holds)"]
+
+
+def _noisy_notes(timed: list[dict], noisy: list[dict], strict: bool) -> list[str]:
     moved = sum(REFERENCE_WHY in str(r.get("why")) for r in noisy)
     why = ", ".join(f"{n} {what}" for n, what in (
         (len(noisy) - moved, f"timed on a shared CPU with cpu share below {NOISY_CPU_SHARE:g}"),
