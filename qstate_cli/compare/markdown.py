@@ -66,7 +66,9 @@ def timing_rule(verdict) -> str:
             f"p = 1/C(Rb + Rn, Rb), 0.05 for 3 vs 3 rounds) and the raw time moved the same way{mw}; a row within "
             f"the threshold whose rounds spread wider than it is insignificant; a row timed on a shared CPU (cpu "
             f"share below {NOISY_CPU_SHARE:g}), or whose same-run copy reference moved more than "
-            f"{REFERENCE_MOVED:g}x, is noisy.{strict}")
+            f"{REFERENCE_MOVED:g}x, is noisy, unless its step ran on one thread and NEW's raw time slowed, every "
+            f"round apart, beyond what its CPU share s can explain (max(threshold, noise floor) / s): then it "
+            f"regresses.{strict}")
 
 
 def opening(verdict) -> list[str]:
