@@ -137,8 +137,63 @@ def test_compare_results_render_as_a_verdict_table(tmp_path):
 
     verdict = compare_paths(DATA / "compare" / "baseline", DATA / "compare" / "new")
     html = render_html([verdict.document()])
-    assert "Compare: verdicts" in html and 'class="status-regressed"' in html
-    assert "compare: 8 regressed, 2 failed" in render_markdown([verdict.document()])
+    assert "qstate compare: regression (8 regressed, 2 failed" in html and 'class="status-regressed"' in html
+    assert "- compare: regression (8 regressed, 2 failed" in render_markdown([verdict.document()])
+
+
+def test_a_compare_results_file_reports_the_verdict_as_compare_prints_it(tmp_path):
+    """`qstate report x.json` of `qstate compare A B --results x.json` said only "compare: 1
+    missing, 4 same": no regression heading, the failing row not bold, meta.notes and
+    strict_timing dropped, names without their kind (and `@` followed by a word joiner), the
+    files as a Python list. Its section is now compare's own Markdown, heading and all."""
+    r = runner.invoke(app, ["compare", str(DATA / "compare" / "baseline"), str(DATA / "compare" / "new"),
+                            "--strict-timing", "--results", str(tmp_path / "x.json"), "--markdown",
+                            str(tmp_path / "v.md")])
+    assert r.exit_code == 1, r.output
+    own = (tmp_path / "v.md").read_text()
+    heading, _, body = own.partition("\n")
+    assert heading.startswith("### qstate compare: regression (") and "With --strict-timing" in body
+    r = runner.invoke(app, ["report", str(tmp_path / "x.json"), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "out" / "x.md").read_text()
+    assert heading in md.splitlines() and body.strip() in md  # the same heading, notes, files, rule, tables
+    assert "| **missing** | `kernels: torch-foreach [torch-foreach] fp32 n=65536 @cuda` |" in md
+    assert "- 1 of 22 timing rows could not be judged" in md and "['" not in md and "\u2060" not in md
+    assert f"- {heading.removeprefix('### qstate ')}" in md  # the summary line says regression too
+    html = (tmp_path / "out" / "x.html").read_text()
+    page = "".join(parse(html).text)
+    doc = json.loads((tmp_path / "x.json").read_text())
+    assert all(note in page for note in doc["meta"]["notes"]) and "With --strict-timing" in page
+    assert "Baseline tests/data/results/compare/baseline/diagnose.json, " in page and "['" not in page
+    bad = sum(bool(row.get("regression")) for row in doc["records"])
+    assert html.count('<tr class="regression">') == 2 * bad  # the changed rows, then all verdicts (folded)
+    assert "kernels: torch-foreach [torch-foreach] fp32 n=65536 @cuda" in page
+
+
+def test_an_ab_compare_file_shows_its_timing_test():
+    """An A/B verdict (compare --ab --results) writes no alpha and no rule: its timing test
+    is shown as the rule, not the files' rank test it was not judged by."""
+    doc = {"schema_version": 1, "kind": "compare", "env": None, "records": [
+        {"name": "sr-4bit vs bred-4bit [reference] fp32 n=65536 @cpu", "kind": "kernels", "metric": "time_ms",
+         "unit": "ms", "better": "lower", "baseline": 1.0, "new": 1.5, "ratio": 1.5, "status": "regressed",
+         "regression": True}],
+           "meta": {"baseline": ["bred-4bit"], "new": ["sr-4bit"], "threshold": 1.1, "strict_timing": False,
+                    "timing_test": "A/B: one-sided sign test of the 5 paired round ratios", "notes": ["A/B note"]}}
+    md = render_markdown([doc])
+    assert "### qstate compare: regression (1 regressed)" in md and "- A/B note" in md
+    assert "A/B: one-sided sign test of the 5 paired round ratios" in md and "rank test" not in md
+    assert "Baseline bred-4bit; new sr-4bit." in md
+
+
+def test_a_small_ratio_keeps_its_digits():
+    """q1 vs q2: a JSON ratio of 0.000384 printed as 0.000 (ratio, raw ratio and noise floor
+    were formatted .3f)."""
+    from qstate_cli.report.sections import verdict_table
+
+    t = verdict_table([{"status": "noisy", "name": "k", "metric": "time_ms", "baseline": 1004.05, "new": 244.2,
+                        "ratio": 0.0003836842, "raw_ratio": 0.2432192937, "noise_floor": 4.5702261755}])
+    row = dict(zip(t.headers, t.rows[0]))
+    assert (row["ratio"], row["raw ratio"], row["noise floor"]) == ("0.0003837", "0.2432", "4.57")
 
 
 def test_report_command_writes_both_files_by_default(tmp_path):
@@ -266,3 +321,67 @@ def test_markdown_backslashes_cannot_reopen_a_link(name):
     page = MarkdownIt("commonmark").render(escape(name))
     assert "<a " not in page and "<img" not in page
     assert "click" in page or "img" in page
+
+
+def test_html_tables_scroll_in_their_own_box_and_print_folded_rows(hostile_html):
+    """Without a browser (test_report_browser.py measures it in one): every table sits in a
+    box that scrolls sideways, and print CSS opens what <details> folds; still no script."""
+    assert hostile_html.count('<div class="scroll">') == hostile_html.count("<table>") > 0
+    assert ".scroll { overflow-x: auto" in hostile_html
+    css = hostile_html.split("@media print", 1)[1].split("</style>", 1)[0]
+    assert "details::details-content { content-visibility: visible" in css
+    assert "<script" not in hostile_html
+
+
+def test_sections_of_one_run_in_two_folders_get_their_folders(tmp_path):
+    """`report cmp.json q1/memory.json q2/memory.json`: both sections were titled "Memory:
+    optimizer-state bytes (memory)", the suite run's name they share."""
+    doc = json.loads((DATA / "memory.json").read_text())
+    doc.setdefault("meta", {})["suite"] = {"name": "quick", "run": "memory"}
+    for folder in ("q1", "q2"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "memory.json").write_text(json.dumps(doc))
+    docs, sources = load_documents([tmp_path / "q1" / "memory.json", tmp_path / "q2" / "memory.json",
+                                    tmp_path / "q1" / "memory.json"])
+    titles = [line for line in render_markdown(docs, sources).splitlines() if line.startswith("### ")]
+    assert titles == ["### Memory: optimizer-state bytes (q1/memory.json #1)",
+                      "### Memory: optimizer-state bytes (q2/memory.json)",
+                      "### Memory: optimizer-state bytes (q1/memory.json #2)"]
+    other = dict(doc, meta={**doc["meta"], "suite": {"name": "quick", "run": "memory-b"}})
+    titles = [s.title for s in __import__("qstate_cli.report", fromlist=["build_report"]).build_report(
+        [doc, other], ["a/m.json", "b/m.json"]).sections]
+    assert titles == ["Memory: optimizer-state bytes (memory)", "Memory: optimizer-state bytes (memory-b)"]
+
+
+# The probe's hostile names (a suite description, a run description, tensor names).
+FORMATTING = ["*star*_under_ **b** <script>alert(2)</script>", "p|ipe`tick`[x](http://e<dot>com)@bob",
+              "Run <b>bold</b> | `code` <!-- comment --> &amp; $\\frac{a}{ $", "~~struck~~ $x$ $$y$$ _it_ __b__",
+              "final_val_loss"]
+
+
+@pytest.mark.parametrize("text", FORMATTING)
+def test_markdown_text_cannot_format_the_comment(text):
+    """`*`, backticks and `$` from a file rendered as bold, code and (on GitHub) math; `~~` as
+    strikethrough, `_x_` as emphasis. Escaped, each reads as it was written."""
+    import html as html_lib
+
+    from markdown_it import MarkdownIt
+
+    from qstate_cli.report.markdown import escape
+
+    out = escape(text)
+    page = MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(out)
+    for tag in ("<em>", "<strong>", "<code>", "<s>", "<a ", "<script", "<b>"):
+        assert tag not in page, (tag, out)
+    shown = html_lib.unescape(page.removeprefix("<p>").removesuffix("</p>\n")).replace("\u2060", "")
+    assert shown == text.replace("\n", " ")
+    assert all(out[i - 1] == "\\" for i, c in enumerate(out) if c == "$")  # GitHub math: \$ is a dollar
+    assert ("final_val_loss" in out) == ("final_val_loss" in text)  # an `_` inside a word is left alone
+
+
+def test_a_hostile_suite_description_renders_as_text(docs):
+    doc = copy.deepcopy(next(d for d in docs if d["kind"] == "memory"))
+    doc["meta"]["suite"] = {"name": "evil", "run": "mem", "description": FORMATTING[0],
+                            "run_description": FORMATTING[2]}
+    md = render_markdown([doc])
+    assert "\\*star\\*\\_under\\_ \\*\\*b\\*\\*" in md and "\\`code\\`" in md and "\\$\\\\frac{a}{ \\$" in md

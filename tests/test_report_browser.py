@@ -38,3 +38,51 @@ def test_the_check_sees_a_fetch_and_a_broken_image(tmp_path):
     page = open_page(CHROMIUM, bad)
     assert page["widths"] == [0, 0]
     assert [u for u in page["requested"] if not _local(u, page["url"])] == ["http://127.0.0.1:9/plot.png"]
+
+
+LAYOUT_JS = """(() => ({
+  page: document.documentElement.scrollWidth, inner: window.innerWidth,
+  scrollers: [...document.querySelectorAll('table')].filter(t => {
+      const box = t.parentElement; return box.scrollWidth > box.clientWidth + 1
+        && getComputedStyle(box).overflowX === 'auto'; }).length,
+  rows: document.querySelectorAll('tr').length,
+  shown: [...document.querySelectorAll('tr')].filter(r => r.checkVisibility()).length,
+  folded: document.querySelectorAll('details:not([open])').length}))()"""
+
+
+def _layout(path, width: int | None = None, media: str | None = None) -> dict:
+    """The page's width, its tables that scroll in their own box, and how many table rows
+    are shown (checkVisibility: a row in a closed <details> is not), at `width` px (a phone) or for `media`."""
+    from chromium_cdp import Browser
+
+    browser = Browser(CHROMIUM)
+    try:
+        target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        browser.send("Page.enable", session=session)
+        if width:
+            browser.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": 844, "deviceScaleFactor": 1,
+                                                                "mobile": True}, session=session)
+        if media:
+            browser.send("Emulation.setEmulatedMedia", {"media": media}, session=session)
+        browser.send("Page.navigate", {"url": f"file://{path}"}, session=session)
+        browser.wait_for("Page.loadEventFired", session)
+        return browser.send("Runtime.evaluate", {"expression": LAYOUT_JS, "returnByValue": True},
+                            session=session)["result"]["value"]
+    finally:
+        browser.close()
+
+
+def test_report_fits_a_phone_and_prints_every_folded_row(tmp_path):
+    """At 390 px the page was 865 px wide (a 1190 px table, no box of its own to scroll in);
+    printed, the rows of every folded table (the diagnose summary among them) were left out."""
+    docs, sources = load_documents([DATA / f"{k}.json" for k in ("kernels", "memory", "diagnose", "train")])
+    html = tmp_path / "report.html"
+    write_report(docs, html=html, sources=sources)
+    phone = _layout(html, width=390)
+    assert phone["inner"] == 390 and phone["page"] <= 390, phone
+    assert phone["scrollers"] >= 1, phone  # the size sweep scrolls inside its own box
+    screen = _layout(html)
+    assert screen["folded"] >= 1 and screen["shown"] < screen["rows"], screen  # folded on screen
+    printed = _layout(html, media="print")
+    assert printed["folded"] == screen["folded"] and printed["shown"] == printed["rows"], printed

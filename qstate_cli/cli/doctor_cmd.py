@@ -12,6 +12,7 @@ from ..errors import CheckFailed
 from . import output
 from .commands import options_command
 from .output import Destinations
+from .tables import visible
 
 HELP = ("Check an optimizer checkpoint: state formats and bytes, v flushed to zero, non-finite values, shapes, "
         "missing states, step counters, low-bit states stored dequantized; --against compares two checkpoints "
@@ -68,7 +69,9 @@ def _count(n: int, noun: str) -> str:
 
 def finding_lines(findings: list[dict]) -> list[str]:
     """One line per (severity, optimizer, group, check, state): how many parameters and
-    elements, and the first parameter's own message."""
+    elements, and the first parameter's own message; its control characters shown as
+    escapes (tables.visible: a parameter name is a checkpoint's text, and `\\x1b[2J` in it
+    cleared the terminal)."""
     grouped = defaultdict(list)
     for f in findings:
         grouped[(f["severity"], f["optimizer"], f["group"], f["check"], f["state"])].append(f)
@@ -79,5 +82,5 @@ def finding_lines(findings: list[dict]) -> list[str]:
         elements = sum(f["count"] for f in fs)  # 0 for a finding about no element (a step, a group's setting)
         many = (f" [{len(fs)} parameters" + (f", {elements:,} elements in all]" if elements else "]")) if len(fs) > 1 else ""
         where = f" group {group}" if group >= 0 else ""  # -1: in no group (an orphan, the two files' keys)
-        lines.append(f"{sev:5s} {opt}{where} {check}: {first['param']}: {first['message']}{many}")
+        lines.append(visible(f"{sev:5s} {opt}{where} {check}: {first['param']}: {first['message']}{many}"))
     return lines

@@ -131,14 +131,32 @@ def build_report(docs: list[dict], sources: list[str] | None = None, title: str 
 
 
 def _distinct_titles(secs: list[Section], docs: list[dict], sources: list[str]) -> None:
-    """Sections of one title (two diagnose runs of a suite) get their suite run's name, else
-    their file's, after it."""
-    titles = [s.title for s in secs]
-    for sec, doc, src in zip(secs, docs, sources):
-        if titles.count(sec.title) > 1:
-            suite = (doc.get("meta") or {}).get("suite")
-            run = suite.get("run") if isinstance(suite, dict) else None
-            sec.title += f" ({run or Path(str(src).split(' (run ')[0]).name})"
+    """Sections of one title (two diagnose runs of a suite) get their suite run's name after
+    it; where that does not tell them apart (the same run of two suite folders: q1/memory.json,
+    q2/memory.json), the fewest last parts of their files' paths that do (a file given twice:
+    #1, #2)."""
+    groups: dict[str, list[int]] = {}
+    for i, sec in enumerate(secs):
+        groups.setdefault(sec.title, []).append(i)
+    for same in (g for g in groups.values() if len(g) > 1):
+        runs = [_run(docs[i]) for i in same]
+        if all(runs) and len(set(runs)) == len(runs):
+            labels = runs
+        else:
+            paths = [Path(str(sources[i]).split(" (run ")[0]).parts or (str(sources[i]),) for i in same]
+            distinct = set(paths)
+            k = next(k for k in range(1, max(map(len, paths)) + 1) if len({p[-k:] for p in distinct}) == len(distinct))
+            labels = [str(Path(*p[-k:])) for p in paths]
+            labels = [f"{label} #{labels[:n + 1].count(label)}" if labels.count(label) > 1 else label
+                      for n, label in enumerate(labels)]  # one file given twice
+        for i, label in zip(same, labels):
+            secs[i].title += f" ({label})"
+
+
+def _run(doc: dict) -> str | None:
+    suite = (doc.get("meta") or {}).get("suite")
+    run = suite.get("run") if isinstance(suite, dict) else None
+    return None if run in (None, "") else str(run)
 
 
 _NUMERIC = re.compile(r"^[+-]?(\d[\d,]*)(\.\d+)?([eE][+-]?\d+)?%?$|^(nan|inf|-inf|NaN)$")

@@ -6,7 +6,10 @@ the report is posted to pull requests, nothing from a file can become a link, an
 or a notification: `[`, `]` and `\\` are backslash-escaped (no `[text](url)` nor `![img](url)`,
 nor `\\[x\\](url)`, which an unescaped backslash would reopen),
 a WORD JOINER (U+2060, invisible) follows every `@` (no @mention) and breaks `://` and
-`www.` (no autolink). The text reads the same.
+`www.` (no autolink). Nor can it format the comment: `*`, a backtick, `$` (GitHub's math,
+`$...$` and `$$...$$`) and `~` (strikethrough) are backslash-escaped, and `_` wherever it
+could open or close emphasis (not between two letters or digits: `final_val_loss` stays as
+it is). The text reads the same.
 """
 from __future__ import annotations
 
@@ -18,12 +21,14 @@ _HTML = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"})
 
 
 _WJ = "\u2060"  # WORD JOINER: invisible, and breaks GitHub's mention and autolink detection
-_MARKDOWN = str.maketrans({"\\": "\\\\", "[": "\\[", "]": "\\]", "@": "@" + _WJ})
+_MARKDOWN = str.maketrans({"\\": "\\\\", "[": "\\[", "]": "\\]", "@": "@" + _WJ,
+                           "*": "\\*", "`": "\\`", "$": "\\$", "~": "\\~"})
+_UNDERSCORE = re.compile(r"(?<![^\W_])_|_(?![^\W_])")  # an `_` without a letter or digit on one side
 
 
 def escape(text) -> str:
     out = str(text).translate(_HTML).translate(_MARKDOWN).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
-    return _no_links(out)
+    return _no_links(_UNDERSCORE.sub(r"\\_", out))
 
 
 def escape_in_html(text) -> str:
@@ -89,6 +94,10 @@ def markdown_text(report: Report) -> str:
     for sec in report.sections:
         out += [f"### {escape(sec.title)}", "", f"<sub>from {escape(sec.source)}</sub>", ""]
         out += [escape(n) + "\n" for n in sec.notes]
+        if sec.markdown is not None:  # the kind's own (compare: the verdict as `qstate compare` prints it)
+            out += [sec.markdown, ""]
+            continue
+        out += [f"- {escape(line)}" for line in sec.lead] + ([""] if sec.lead else [])
         for plot in sec.plots:
             if plot.link:
                 out += [f"![{escape(plot.title)}]({plot.link.replace(' ', '%20')})", ""]

@@ -45,6 +45,7 @@ class Table:
     rows: list[list[str]]
     note: str = ""
     fold: bool | None = None  # None: fold when longer than LONG_TABLE rows
+    strong: list[bool] = field(default_factory=list)  # per row: shown in bold (a verdict that is a regression)
 
     @property
     def long(self) -> bool:
@@ -85,6 +86,8 @@ class Section:
     notes: list[str] = field(default_factory=list)
     plots: list[Plot] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
+    lead: list[str] = field(default_factory=list)  # what decides, after the notes: a list (compare's verdict notes)
+    markdown: str | None = None  # the kind's own Markdown, written after the notes in place of lead, plots, tables
 
 
 @dataclass
