@@ -108,9 +108,9 @@ def test_routing_follows_what_it_reads_after_it_is_memoized():
     # a small tensor's fp32 states: AdamW steps them in small.py's one numba pass (a route of 3)
     group = opt.param_groups[0]
     assert opt.path_for(p) == cpu.PATH and opt.why_reference(p) is None and len(opt._route(group, p)) == 3
-    # a subclass that rewrites the rule: the one pass cannot take it, so the reason stands
+    # a subclass that rewrites the rule: neither Lion's kernel nor its one pass is its rule (optim/rule_traits.py)
     rewritten = type("MyLion", (Lion,), {"update": lambda self, *a: Lion.update(self, *a)})
-    assert "small tensor (2048 < min_quant_numel=4096)" in rewritten([p], states="nearest-4bit").why_reference(p)
+    assert rewritten([p], states="nearest-4bit").why_reference(p) == "MyLion rewrites `update`: Lion's kernel is not its rule"
     assert Lion([p], states="nearest-4bit", min_quant_numel=4096).path_for(p) == cpu.PATH  # Lion's own pass
     group["min_quant_numel"] = 0
     assert opt.path_for(p) == cpu.PATH and opt.why_reference(p) is None and len(opt._route(group, p)) == 2
