@@ -697,6 +697,27 @@ def gate_empty_folder(tmp):
     return ["compare", str(tmp / "base"), _kernels(tmp, "new.json")]
 
 
+def _twice_records(tmp, name):
+    """A kernels result with a second "records" key (json.loads keeps the last; a reviewer reads the first)."""
+    path = Path(_kernels(tmp, name))
+    text = path.read_text()
+    path.write_text(text.replace('"records": [', '"records": [], "records": [', 1))
+    return str(path)
+
+
+@case(GATE, "a key twice in one object (was: the last one kept)", r"base.json: not a results file: key 'records' "
+      r"appears twice in one object")
+def gate_duplicate_key(tmp):
+    return ["compare", _twice_records(tmp, "base.json"), _kernels(tmp, "new.json")]
+
+
+@case(GATE, "a `role: copy` in a memory baseline (was: the row left out of the gate)",
+      r"base.json: records\[0\] \(fp32\): role 'copy' on a memory row: only kernels results have copy rows")
+def gate_copy_role_outside_kernels(tmp):
+    return ["compare", copy_result(tmp, "base.json", lambda d: d["records"][0].update(role="copy")),
+            copy_result(tmp, "new.json")]
+
+
 @case(GATE, "`--threshold inf` (every timing regression passed)", r"--threshold inf: use a finite ratio above 1")
 def gate_threshold_inf(tmp):
     return ["compare", _kernels(tmp, "base.json"), _kernels(tmp, "new.json"), "--threshold", "inf"]
