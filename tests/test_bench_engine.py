@@ -120,7 +120,21 @@ def test_one_state_optimizers_and_their_baselines(optimizer, baseline, states):
     ours = rows["bred-4bit"]
     assert ours["status"] == "ok" and ours["optimizer"] == optimizer
     assert ours["bytes_per_elem"] == 12 + states * 2 * (0.5 + 4 / 128)
+    if baseline == "torch-muon" and not hasattr(torch.optim, "Muon"):
+        assert rows[baseline]["status"] == "unavailable"  # test_torch_muon_missing_is_unavailable
+        pytest.skip(f"torch {torch.__version__} has no torch.optim.Muon (new in torch 2.9): the torch-muon "
+                    f"baseline cannot run")
     assert rows[baseline]["status"] == "ok", rows[baseline]["reason"]
+
+
+def test_torch_muon_missing_is_unavailable(monkeypatch):
+    """A torch without torch.optim.Muon (before 2.9): the torch-muon row says so, the sweep goes on."""
+    monkeypatch.delattr(torch.optim, "Muon", raising=False)
+    rows = by_name(run_kernels(optimizer="muon", numel=[4096], config=["bred-4bit"], baseline=["torch-muon"]))
+    assert rows["bred-4bit"]["status"] == "ok"
+    row = rows["torch-muon"]
+    assert row["status"] == "unavailable" and row["time_ms"] is None
+    assert row["reason"] == f"torch {torch.__version__} has no torch.optim.Muon"
 
 
 def test_default_baselines_follow_bits():

@@ -14,7 +14,9 @@ folders.py):
 - a `torch.distributed.checkpoint` (DCP) directory (`.metadata` plus `*.distcp` files):
   torch's own reader unpickles `.metadata` with plain `pickle` (it can run code), so the
   metadata is read here by an unpickler whose `find_class` allows only the DCP metadata
-  dataclasses, torch.Size, dtypes and layouts; every stored item is then one
+  dataclasses, torch.Size, dtypes and layouts (and `getattr` only as the member of an
+  allowed Enum: how some Pythons, e.g. Debian 12's 3.11.2, pickle `_MEM_FORMAT_ENCODING`'s
+  members); every stored item is then one
   `torch.save` blob at (file, offset, length), sliced out and read with
   `weights_only=True`. Sharded tensors are reassembled from their chunks. Items written
   with storage transforms (compression) are refused.
@@ -37,9 +39,11 @@ Every problem is a QstateError naming the path (exit 2).
 """
 from __future__ import annotations
 
+import enum
 import io
 import logging
 import pickle
+import sys
 import zipfile
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
@@ -202,18 +206,37 @@ _PATHS = {"PosixPath": PurePosixPath, "PurePosixPath": PurePosixPath, "WindowsPa
           "PureWindowsPath": PureWindowsPath}
 
 
+def _refused(module: str, name: str) -> pickle.UnpicklingError:
+    return pickle.UnpicklingError(f"global '{module}.{name}' is not allowed in DCP metadata")
+
+
+def _enum_member(cls, member):
+    """getattr(cls, member), only where cls is an allowed Enum (_DCP_CLASSES) and member one
+    of its members' names: the one use of `getattr` in DCP metadata. Python 3.11.2 (Debian 12's
+    python3.11) pickles an Enum member by name, as getattr(EnumClass, 'NAME'), whichever torch
+    writes it; 3.10.13, 3.11.7, 3.12.1 and 3.13.0 pickle it as EnumClass(value)."""
+    if (isinstance(cls, type) and issubclass(cls, enum.Enum) and (cls.__module__, cls.__qualname__) in _DCP_CLASSES
+            and getattr(sys.modules.get(cls.__module__), cls.__qualname__, None) is cls
+            and type(member) is str and member in cls.__members__):
+        return cls[member]
+    raise _refused("builtins", "getattr")
+
+
 class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP metadata: data classes, torch.Size, dtypes and layouts only."""
+    """Unpickles DCP metadata: data classes, torch.Size, dtypes and layouts only (and an
+    allowed Enum's member by name: _enum_member)."""
 
     def find_class(self, module, name):
         if (module, name) in _DCP_CLASSES:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
                                                                          torch.memory_format)):
             return getattr(torch, name)
         if module == "pathlib" and name in _PATHS:  # storage_meta.checkpoint_id: a path, kept as a pure path
             return _PATHS[name]
-        raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed in DCP metadata")
+        raise _refused(module, name)
 
 
 def load_dcp(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
