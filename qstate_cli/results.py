@@ -244,11 +244,12 @@ def _unique_keys(path: Path):
     """json's object_pairs_hook for `path`: a key twice in one object is refused (json keeps
     the last of two "records"; a reviewer reads the first)."""
     def hook(pairs: list[tuple]) -> dict:
-        keys = [k for k, _ in pairs]
-        if len(set(keys)) != len(keys):
-            key = next(k for k in keys if keys.count(k) > 1)
+        out = dict(pairs)
+        if len(out) != len(pairs):  # one pass to find the first key seen twice (a count per key was quadratic)
+            seen = set()
+            key = next(k for k, _ in pairs if k in seen or seen.add(k))
             raise QstateError(f"{path}: not a results file: key {clip(repr(key))} appears twice in one object")
-        return dict(pairs)
+        return out
     return hook
 
 

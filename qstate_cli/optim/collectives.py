@@ -89,7 +89,8 @@ def refuse_shards(opt) -> None:
         for p in group["params"]:
             if sharding.is_dtensor(p):
                 raise QstateError(f"{type(opt).__name__} cannot step a sharded (DTensor) parameter of shape "
-                                  f"{tuple(p.shape)}: its update needs the whole tensor")
+                                  f"{tuple(p.shape)}: its update needs the whole tensor (a rule that is elementwise "
+                                  f"says so with `elementwise = True` beside its `update`: optim/rule_traits.py)")
 
 
 def check_ranks_agree(opt) -> None:

@@ -28,7 +28,7 @@ def _declarer(cls, name: str):
 def _at_rule(cls, name: str) -> bool:
     """Whether `name` is declared by the class that defines `update` or by a subclass of it."""
     where, rule = _declarer(cls, name), _declarer(cls, "update")
-    return where is not None and rule is not None and cls.__mro__.index(where) <= cls.__mro__.index(rule)
+    return where is not None and rule is not None and issubclass(where, rule)
 
 
 @lru_cache(maxsize=None)
