@@ -65,10 +65,9 @@ def unavailable_reason(device) -> str | None:
     dev = torch.device(device)
     if dev.type == "cuda":
         return triton_version_problem(version) or (None if torch.cuda.is_available() else "CUDA is not available")
-    old = triton_version_problem(version, MIN_TRITON_INTERPRET, " in Triton's interpreter")
-    if old or os.environ.get("TRITON_INTERPRET") == "1":
-        return old
-    return f"tensors on {dev.type} need TRITON_INTERPRET=1 to run the kernels in Triton's interpreter"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return f"tensors on {dev.type} need TRITON_INTERPRET=1 to run the kernels in Triton's interpreter"
+    return triton_version_problem(version, MIN_TRITON_INTERPRET, " in Triton's interpreter")
 
 
 def available(device) -> bool:
