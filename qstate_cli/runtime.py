@@ -326,8 +326,9 @@ def cache_dir() -> Path:
 
     The folder holds pickles that numba loads (its compiled kernels: loading one runs code)
     and traces that are replayed, so whoever can write in it runs code as us. It is made
-    mode 0700 when missing, and one that another user owns or that group or others may
-    write in (QSTATE_CACHE naming a shared folder such as /tmp) is refused (QstateError);
+    mode 0700 when missing; one that another user owns (QSTATE_CACHE naming a shared folder
+    such as /tmp) is refused (QstateError); one of ours that group or others may write in
+    (made by an older qstate under umask 002) loses their write permission (chmod go-w);
     an existing 0755 folder of ours is fine. One that cannot be made (a file, /proc) is
     returned as it is: its writer says why it cannot write there (docs/errors.md)."""
     if os.environ.get("QSTATE_CACHE"):
@@ -343,8 +344,11 @@ def cache_dir() -> Path:
     if info.st_uid != os.geteuid():
         raise QstateError(f"cache {folder}: owned by another user (uid {info.st_uid}); the cache holds compiled code "
                           f"that qstate loads: set QSTATE_CACHE to a folder of your own")
-    if info.st_mode & 0o022:
-        raise QstateError(f"cache {folder}: group or others may write in it (mode {info.st_mode & 0o7777:o}); the "
-                          f"cache holds compiled code that qstate loads: chmod go-w {folder}, or set QSTATE_CACHE "
-                          f"to a folder of your own")
+    if info.st_mode & 0o022:  # ours (an older qstate made it under umask 002): group and others lose write
+        try:
+            os.chmod(folder, info.st_mode & 0o7755)
+        except OSError as exc:
+            raise QstateError(f"cache {folder}: group or others may write in it (mode {info.st_mode & 0o7777:o}) "
+                              f"and chmod go-w failed ({exc.strerror}); the cache holds compiled code that qstate "
+                              f"loads: set QSTATE_CACHE to a folder of your own") from None
     return folder
