@@ -1,6 +1,10 @@
-"""Shared test settings: deterministic threads, hypothesis profile, CUDA marker, and
-Triton's interpreter for the kernel tests when there is no GPU."""
+"""Shared test settings: deterministic threads, hypothesis profile, Triton's interpreter for
+the kernel tests when there is no GPU, and the markers that skip on a stack without what a
+test needs: cuda (a CUDA device), triton (a Triton that qstate_cli.kernels runs the kernels
+on) and fsdp2_on_gloo (torch >= 2.9)."""
+import functools
 import os
+import re
 
 import pytest
 import torch
@@ -72,10 +76,54 @@ def work_unit(nodeid: str) -> str:
     return "replay-cpu" if nodeid.split("::")[0].rsplit("/", 1)[-1] in REPLAY_CPU_FILES else nodeid
 
 
-def pytest_collection_modifyitems(config, items):
+# FSDP2 (fully_shard) on the CPU, over gloo, works from torch 2.9 (README): 2.6's CPU
+# Stream has no record_event, 2.7 refuses ReduceOp.AVG on gloo, 2.8 sums the gradients
+# where it should average them. Tests that run fully_shard on gloo carry this marker.
+FSDP2_ON_GLOO = (2, 9)
+TORCH = tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
+
+
+@functools.lru_cache(maxsize=None)
+def triton_problem() -> str | None:
+    """Why the Triton kernels cannot run in these tests, or None. qstate_cli.kernels decides
+    (triton_version_problem: MIN_TRITON compiled for CUDA, MIN_TRITON_INTERPRET in Triton's
+    interpreter), as its optimizers do when they fall back to the reference path. Tests that
+    need the kernels to run carry the `triton` marker; a module that imports the kernels at
+    import time skips itself with this (test_kernels_launch.py)."""
+    from qstate_cli import kernels
+
+    try:
+        import triton
+    except Exception as exc:  # noqa: BLE001 - as kernels._triton_import_error
+        return f"triton is not importable: {exc}"
+    version = getattr(triton, "__version__", None)
     if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+        return kernels.triton_version_problem(version, kernels.MIN_TRITON)
+    return kernels.triton_version_problem(version, kernels.MIN_TRITON_INTERPRET, " in Triton's interpreter")
+
+
+def fsdp2_on_gloo_problem() -> str | None:
+    """Why FSDP2 on gloo cannot run on this torch, or None (FSDP2_ON_GLOO)."""
+    if TORCH >= FSDP2_ON_GLOO:
+        return None
+    return (f"FSDP2 on the CPU (gloo) needs torch >= {'.'.join(map(str, FSDP2_ON_GLOO))}, this is torch "
+            f"{torch.__version__} (2.6: CPU Stream has no record_event; 2.7: gloo refuses ReduceOp.AVG; "
+            "2.8: gradients are summed, not averaged)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "triton: runs the Triton kernels (skipped where qstate_cli.kernels "
+                                       "refuses this Triton: conftest.triton_problem)")
+    config.addinivalue_line("markers", "fsdp2_on_gloo: runs FSDP2 (fully_shard) on gloo (skipped on torch < 2.9)")
+
+
+def pytest_collection_modifyitems(config, items):
+    cuda = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
+    fsdp2 = fsdp2_on_gloo_problem()
     for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+        if cuda is not None and "cuda" in item.keywords:
+            item.add_marker(cuda)
+        if fsdp2 is not None and item.get_closest_marker("fsdp2_on_gloo") is not None:
+            item.add_marker(pytest.mark.skip(reason=fsdp2))
+        if item.get_closest_marker("triton") is not None and triton_problem() is not None:
+            item.add_marker(pytest.mark.skip(reason=triton_problem()))

@@ -19,6 +19,7 @@ def test_bytes_model_matches_the_brief(p, g, spec, want):
     assert bytes_per_element(p, g, [parse_spec(spec)] * 2) == want
 
 
+@pytest.mark.triton
 def test_headline_writes_every_row_and_the_summary(tmp_path):
     r = CliRunner().invoke(app, ["bench", "headline", "--json", str(tmp_path / "headline.json"), "--numel", "3000",
                                  "--device", "cpu", "--dtype", "bf16", "--reps", "2", "--warmup", "1"])
@@ -45,6 +46,7 @@ def test_headline_writes_every_row_and_the_summary(tmp_path):
     assert set(summary["meets"]) == {"pct_of_copy", "bred_overhead", "speedup_vs_torch"}
 
 
+@pytest.mark.triton  # an older Triton is the first thing the line names (kernels.unavailable_reason)
 def test_headline_on_a_cpu_without_the_interpreter_is_a_one_line_error(tmp_path, monkeypatch):
     """Outside the tests (TRITON_INTERPRET unset) the Triton kernels cannot run on a CPU: the
     options are refused before anything is timed or written, and the line names the CPU path."""

@@ -79,13 +79,26 @@ def test_a_closed_stdout_is_one_line_exit_2(argv, tmp_path):
 
 # -- output files ----------------------------------------------------------------------------
 
-def _file_size_limit(limit: int):
-    """A real failing write: past `limit` bytes a write fails with EFBIG (Python ignores
-    SIGXFSZ). The process must not write .pyc files meanwhile: the import system keeps a
-    short write, and a truncated .pyc then breaks every later import of its module."""
-    def set_limit():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return set_limit
+# qstate under a file-size limit: past `limit` bytes a write fails with EFBIG (Python ignores
+# SIGXFSZ). The process must not write .pyc files meanwhile (PYTHONDONTWRITEBYTECODE): the
+# import system keeps a short write, and a truncated .pyc then breaks every later import of
+# its module. The limit is set once torch._dynamo is imported: torch 2.9 writes a generated
+# module to a temporary file (torch.distributed.nn.jit's instantiator) on that import, which
+# qstate's first nn.init under a device context makes, and past the limit that was torch's
+# traceback, not qstate's output failing.
+SIZE_LIMITED = """
+import resource, runpy, sys
+import torch._dynamo
+limit = int(sys.argv.pop(1))
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+runpy.run_module("qstate_cli", run_name="__main__", alter_sys=True)
+"""
+
+
+def qstate_size_limited(limit: int, *argv, cwd) -> subprocess.CompletedProcess:
+    """`python -m qstate_cli *argv` with writes limited to `limit` bytes (SIZE_LIMITED)."""
+    return subprocess.run([sys.executable, "-c", SIZE_LIMITED, str(limit), *argv], cwd=cwd, capture_output=True,
+                          env={**ENV, "PYTHONDONTWRITEBYTECODE": "1"}, text=True, timeout=240)
 
 
 @pytest.mark.parametrize("argv, name", [
@@ -97,7 +110,7 @@ def test_an_output_file_that_cannot_be_written_is_one_line_exit_2(argv, name, tm
     """A full disk, a quota or a file-size limit while writing --json/--html/--csv was a
     traceback and exit 1 (read by CI as a regression). Now one line naming the file (after
     bench's header and progress, which go to stderr too), and no temporary file left."""
-    r = qstate(*argv, cwd=tmp_path, preexec_fn=_file_size_limit(200), env={"PYTHONDONTWRITEBYTECODE": "1"})
+    r = qstate_size_limited(200, *argv, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
     lines = r.stderr.strip().splitlines()

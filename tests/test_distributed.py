@@ -19,7 +19,8 @@ except ImportError:
 
 import distributed_worker as worker  # noqa: E402
 
-pytestmark = pytest.mark.distributed
+# every test reads the one spawn, which runs FSDP2 on gloo before the DDP scenarios
+pytestmark = [pytest.mark.distributed, pytest.mark.fsdp2_on_gloo]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from qstate_cli.cli import app
 
-pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.distributed]
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.distributed, pytest.mark.fsdp2_on_gloo]
 ROOT = Path(__file__).resolve().parents[1]
 
 WORKER = r'''

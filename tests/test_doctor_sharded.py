@@ -64,6 +64,7 @@ def fsdp2_world_1(out: str) -> None:
     os._exit(0)  # see docs/distributed.md: gloo's threads can abort a normal exit
 
 
+@pytest.mark.fsdp2_on_gloo
 def test_fsdp2_dcp_checkpoint_reads_the_states_the_optimizer_decodes(tmp_path):
     pytest.importorskip("torch.distributed.fsdp")
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():

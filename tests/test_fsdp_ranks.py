@@ -200,7 +200,7 @@ def ranks(tmp_path_factory):
     return torch.load(out / "results.pt", weights_only=True)
 
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.fsdp2_on_gloo]
 
 
 def test_a_tensor_scale_is_the_whole_tensors_on_every_rank_and_equals_single_process(ranks):

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # as the FSDP2 run: the same sums (conftest.py)
+# one thread, as the FSDP2 run: the same sums (conftest.py)
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fsdp2_on_gloo]
 ROOT = Path(__file__).resolve().parents[1]
 LR = 1e-2
 

@@ -10,6 +10,8 @@ from kernel_parity import DEVICE, assert_same_state, make_pair, run_parity, step
 from qstate_cli.kernels import launch
 from qstate_cli.optim import Adam, AdamW
 
+pytestmark = pytest.mark.triton  # the kernel path: skipped where qstate_cli.kernels refuses this Triton (conftest.py)
+
 WEIRD = [(37, 29), (5,), (3, 128)]  # 1073 (odd, short last block), tiny, whole blocks
 
 CASES = [  # (states, parameter dtype)

@@ -30,6 +30,7 @@ def test_step_of_of_infinite_absmax_equals_reference(top):
     assert torch.equal(s.view(torch.int32), want.view(torch.int32)), f"{s.tolist()} vs {want.tolist()}"
 
 
+@pytest.mark.triton
 @pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
 @pytest.mark.parametrize("states", ["m=int4:bred:b128:sbf16,v=uint4:nearest:b128:sqrt:sbf16",
                                     "m=int4:nearest:b128:sbf16,v=uint4:nearest:b128:sqrt:sbf16"])

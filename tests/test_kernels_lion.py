@@ -5,6 +5,8 @@ import torch
 from kernel_parity import DEVICE, run_parity
 from qstate_cli.optim import Lion
 
+pytestmark = pytest.mark.triton  # the kernel path: skipped where qstate_cli.kernels refuses this Triton (conftest.py)
+
 CASES = [
     ("m=int4:bred:b128", torch.float32),
     ("m=de4:nearest:b64", torch.bfloat16),

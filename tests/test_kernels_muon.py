@@ -6,6 +6,8 @@ import torch
 from kernel_parity import DEVICE, run_parity
 from qstate_cli.optim import Muon
 
+pytestmark = pytest.mark.triton  # the kernel path: skipped where qstate_cli.kernels refuses this Triton (conftest.py)
+
 CASES = [
     ("m=int4:bred:b128", torch.float32, dict(nesterov=True)),
     ("m=lin4nz:stochastic:b64", torch.bfloat16, dict(nesterov=False, weight_decay=0.1)),

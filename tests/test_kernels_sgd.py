@@ -6,6 +6,8 @@ import torch
 from kernel_parity import DEVICE, run_parity
 from qstate_cli.optim import SGD
 
+pytestmark = pytest.mark.triton  # the kernel path: skipped where qstate_cli.kernels refuses this Triton (conftest.py)
+
 CASES = [  # (states, dtype, options)
     ("m=int4:bred:b128", torch.float32, dict(nesterov=True, weight_decay=0.01)),
     ("m=de8:stochastic:b64", torch.bfloat16, dict(dampening=0.1)),

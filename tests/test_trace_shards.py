@@ -209,6 +209,7 @@ os._exit(0)  # gloo's threads can abort a normal exit (docs/distributed.md)
 
 
 @pytest.mark.distributed
+@pytest.mark.fsdp2_on_gloo
 def test_fsdp2_recording_under_torchrun(tmp_path):
     """A real 2-rank FSDP2 recording: rank 0 holds none of the recorded elements of 'late'
     and prints nothing about it; 'dead' is the one tensor in meta.zero_tensors (the old
