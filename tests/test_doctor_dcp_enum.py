@@ -18,16 +18,9 @@ from qstate_cli.errors import QstateError
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 from torch.distributed.checkpoint import metadata as dcp_md  # noqa: E402
 
+from test_doctor_hostile import adamw_state  # noqa: E402  (a stepped AdamW's state dict)
+
 REFUSED = r"\.metadata: refused: global 'builtins\.getattr' is not allowed in DCP metadata$"
-
-
-def adamw_state() -> dict:
-    params = [torch.nn.Parameter(torch.ones(32, 64)), torch.nn.Parameter(torch.ones(32))]
-    opt = torch.optim.AdamW(params)
-    for p in params:
-        p.grad = torch.ones_like(p)
-    opt.step()
-    return opt.state_dict()
 
 
 def saved(tmp_path):
