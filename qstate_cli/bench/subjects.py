@@ -30,7 +30,6 @@ which the engine records as a row with status "unavailable".
 """
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,6 +38,7 @@ import torch
 from ..errors import QstateError
 from ..optim.registry import optimizer_info
 from ..quant.config import StateConfig, StateSpec, parse_config, parse_spec
+from ..quant.formats import close_to
 from .bytes_model import DTYPE_NAMES, dtype_bytes, step_bytes
 
 PEERS_HINT = "pip install 'qstate-cli[peers]'"
@@ -303,8 +303,6 @@ def select_baselines(optimizer: str, names, bits: int | None = None) -> list[Sub
         return []
     unknown = [n for n in names if n not in known]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], list(known), n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise QstateError(f"unknown baseline {unknown[0]!r} for {optimizer}: choose from {', '.join(known)}, all, "
-                          f"none{hint}")
+                          f"none{close_to(unknown[0], known)}")
     return [known[n] for n in names]

@@ -230,9 +230,15 @@ def get_format(name: str) -> Format:
 
 
 def suggest(word: str, choices) -> str:
+    """`; did you mean A, B?` for the choices close to `word`, else `; choose from ...` (all)."""
     choices = sorted(set(choices))  # a name listed twice (a preset and a format) is suggested once
-    close = difflib.get_close_matches(word.lower(), choices, n=3, cutoff=0.5)
-    return f"; did you mean {', '.join(close)}?" if close else f"; choose from {', '.join(choices)}"
+    return close_to(word, choices) or f"; choose from {', '.join(choices)}"
+
+
+def close_to(word: str, choices) -> str:
+    """`; did you mean A, B?` for up to 3 of `choices` close to `word` (lower-cased), else ''."""
+    close = difflib.get_close_matches(word.lower(), list(choices), n=3, cutoff=0.5)
+    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 def state_bytes(fmt: Format, numel: int, block: int | None, scale_bytes: int = 4) -> int:
