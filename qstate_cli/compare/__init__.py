@@ -327,9 +327,10 @@ def nothing_compared(kinds: list[str], records: list[dict]) -> list[dict]:
         mine = [r for r in records if r["kind"] == kind]
         if any(r["status"] in COMPARED or r.get("regression") for r in mine):
             continue
-        seen = ", ".join(f"{sum(r['status'] == s for r in mine)} {s}" for s in STATUSES
-                         if any(r["status"] == s for r in mine))
-        why = (f"no {kind} row was compared on both sides ({seen or 'no row to compare'}): a gate that compared "
+        from ..report.sections import verdict_counts  # (report pulls in matplotlib: only here)
+
+        seen = verdict_counts(mine) if mine else "no row to compare"
+        why = (f"no {kind} row was compared on both sides ({seen}): a gate that compared "
                "nothing is no pass")
         out.append({"name": "nothing compared", "kind": kind, "metric": ", ".join(m.field for m in metrics(kind)),
                     "unit": None, "better": None, "baseline": None, "new": None, "ratio": None, "p_value": None,

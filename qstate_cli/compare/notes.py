@@ -24,10 +24,9 @@ from collections import Counter, defaultdict
 
 from ..kinds import KINDS
 from ..report.labels import show
-from .metrics import compared_kinds, metrics
+from .metrics import COMPARED as TIMED, compared_kinds, metrics  # a timing row measured on both sides
 from .noise import BEYOND_WHY, NOISY_CPU_SHARE, REFERENCE_MOVED, REFERENCE_WHY, null_chance
 
-TIMED = ("regressed", "improved", "same", "insignificant", "noisy")  # a timing row measured on both sides
 JUDGED = ("regressed", "improved", "same", "insignificant")
 
 
