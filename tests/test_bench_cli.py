@@ -168,6 +168,41 @@ def test_ctrl_c_keeps_finished_rows(tmp_path, monkeypatch):
     assert "nearest-4bit" in r.stdout  # the finished rows are still shown
 
 
+def _oom_allocating(engine, monkeypatch, numel: int) -> None:
+    """Make the engine's tensors of `numel` elements run out of memory (the rows of that
+    size fail, the sweep goes on)."""
+    real = engine.Tensors
+
+    def tensors(shapes, *args):
+        if shapes == [(numel,)]:
+            raise RuntimeError("CUDA error: out of memory")
+        return real(shapes, *args)
+
+    monkeypatch.setattr(engine, "Tensors", tensors)
+
+
+@pytest.mark.parametrize("command", ["kernels", "memory"])
+def test_a_failed_row_exits_1_once_the_rows_are_written(command, tmp_path, monkeypatch):
+    """A bench run whose sweep went on past a failed row exited 0, so a CI step could not tell."""
+    from qstate_cli.bench import memory
+
+    _oom_allocating(kernels if command == "kernels" else memory, monkeypatch, 8192)
+    out = tmp_path / "b.json"
+    extra = FAST if command == "kernels" else ["--backend", "reference"]
+    r = runner.invoke(app, ["bench", command, "-n", "4096,8192", "-c", "nearest-4bit", "--baseline", "none",
+                            *extra, "--json", str(out)])
+    assert r.exit_code == 1, r.output
+    rows = json.loads(out.read_text())["records"]
+    failed = [x for x in rows if x["status"] == "failed"]
+    size = "numel" if command == "kernels" else "params"
+    assert [(x["name"], x[size]) for x in failed] == [("nearest-4bit", 8192)]
+    assert any(x["status"] == "ok" and x["name"] == "nearest-4bit" for x in rows)
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"check failed: bench {command}: 1 of {len(rows)} rows failed (nearest-4bit); each row's reason says why, "
+        "and the rows that ran are kept")
+    assert "nearest-4bit" in r.stdout and f"wrote {out}" in r.stderr  # table shown, file written, then exit 1
+
+
 @pytest.mark.parametrize("args, message", [
     (["bench", "kernels", "-c", "bred-4bitt"], "did you mean"),
     (["bench", "kernels", "--baseline", "torch-fusd"], "torch-fused"),

@@ -109,6 +109,21 @@ def test_a_run_that_raises_is_marked_failed_and_the_study_goes_on(monkeypatch):
     assert {r["config"]: r["failed"] for r in doc["summary"]}["bf16"] == 1
 
 
+def test_the_cli_exits_1_after_writing_when_a_run_failed(tmp_path, monkeypatch):
+    from qstate_cli.train import study
+
+    real = study.train_run
+    monkeypatch.setattr(study, "train_run", lambda run, *a, **kw: (_ for _ in ()).throw(ValueError("boom"))
+                        if run.label == "bf16" else real(run, *a, **kw))
+    out_json, out_png = tmp_path / "train.json", tmp_path / "curves.png"
+    r = CliRunner().invoke(app, ["bench", "train", "-c", "bf16", "--steps", "2", "--batch-size", "2",
+                                 "--eval-every", "2", "--device", "cpu", "--json", str(out_json), "--plot", str(out_png)])
+    assert r.exit_code == 1, r.output
+    assert [(x["config"], x["status"]) for x in load(out_json)["records"]] == [("fp32", "ok"), ("bf16", "failed")]
+    assert out_png.read_bytes()[:4] == b"\x89PNG"  # the plot is written before the exit
+    assert r.stderr.strip().splitlines()[-1].startswith("check failed: bench train: 1 of 2 rows failed (bf16)")
+
+
 def test_a_nan_loss_stops_the_run_at_that_step(monkeypatch):
     real_loss, calls = tiny_lm.TinyLM.loss, []
 

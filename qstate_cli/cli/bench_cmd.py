@@ -56,7 +56,8 @@ def header(command: str):
     return line
 
 
-KERNELS_HELP = "Time optimizer steps (ours and baselines) over a size sweep or a model's shapes, against the copy roofline."
+KERNELS_HELP = ("Time optimizer steps (ours and baselines) over a size sweep or a model's shapes, against the copy "
+                "roofline; exit 1 if a row failed.")
 
 
 ONE_ROUND_WARNING = ("warning: --rounds {rounds}: compare can then only test the samples as independent draws, "
@@ -75,11 +76,12 @@ def kernels(opts: kernels_engine.KernelsOptions, out: Destinations) -> None:
         line = header("kernels")(total, doc)
         return line + "\n" + ONE_ROUND_WARNING.format(rounds=opts.rounds) if opts.rounds < 2 else line
 
-    output.run_engine(kernels_engine.execute, opts, out, show, row_line=row_line, header=head)
+    doc = output.run_engine(kernels_engine.execute, opts, out, show, row_line=row_line, header=head)
+    output.exit_on_failed_rows(doc, "bench kernels")
 
 
 MEMORY_HELP = ("Optimizer-state bytes per parameter (exact accounting) and the peak memory of a step per "
-               "parameter (torch.cuda allocator on CUDA, process RSS on a Linux CPU).")
+               "parameter (torch.cuda allocator on CUDA, process RSS on a Linux CPU); exit 1 if a row failed.")
 
 
 @options_command(bench_app, "memory", memory_engine.MemoryOptions, help=MEMORY_HELP, outputs=("json", "csv"))
@@ -98,7 +100,8 @@ def memory(opts: memory_engine.MemoryOptions, out: Destinations) -> None:
         output.stdout.print(output.table(title, rows, summary.memory_columns(rows),
                                          summary.MEMORY_FORMATS, summary.MEMORY_HEADERS))
 
-    output.run_engine(memory_engine.execute, opts, out, show, row_line=row_line, header=header("memory"))
+    doc = output.run_engine(memory_engine.execute, opts, out, show, row_line=row_line, header=header("memory"))
+    output.exit_on_failed_rows(doc, "bench memory")
 
 
 HEADLINE_HELP = ("The headline preset: the fused 4-bit AdamW kernel at 1e8 elements (nearest, BReD, v on uint4) "

@@ -16,7 +16,7 @@ HEADERS = {"reset_period": "reset every", "final_val_loss_mean": "final val", "b
 FORMATS = {"final_val_loss_mean": ".4f", "best_val_loss_mean": ".4f", "gap_to_fp32_mean": "+.4f",
            "gap_to_fp32_std": ".4f", "steps_per_s_mean": ".1f", "bytes_per_param": ".3f"}
 HELP = ("Train the same model, init and data with each state configuration; report loss, gap to fp32, divergence, "
-        "speed and state bytes.")
+        "speed and state bytes; exit 1 if a run failed.")
 
 
 def register_train(bench_app: typer.Typer) -> None:
@@ -34,3 +34,4 @@ def register_train(bench_app: typer.Typer) -> None:
 
             plotting.save_loss_curves(doc, out.plot)
             output.say(f"plot written to {out.plot}")
+        output.exit_on_failed_rows(doc, "bench train")

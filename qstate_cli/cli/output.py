@@ -12,7 +12,8 @@ named; progress and logs go to stderr.
 `run_engine(execute, options, out, show)` runs an engine with a progress bar on stderr
 and a `Sink`: the JSON and CSV files are rewritten atomically after every row (so Ctrl-C
 keeps every finished row), and at the end `show(doc)` prints the table, or the JSON goes
-to stdout; HTML and Markdown are written once the run is complete. Output paths are
+to stdout; HTML and Markdown are written once the run is complete; `exit_on_failed_rows`
+then makes a bench run with a failed row exit 1, as `qstate run` does. Output paths are
 checked before any work starts: each must be writable, none may be an input of the
 command (`Destinations.inputs`, `check_outputs`) and no two may name the same file.
 """
@@ -30,7 +31,7 @@ from typing import Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
-from ..errors import QstateError
+from ..errors import CheckFailed, QstateError
 from ..progress import Progress
 from ..results import (Result, check_writable, environment, write_json_atomic, write_text_atomic,
                        writes_in_place)
@@ -311,3 +312,17 @@ def run_engine(execute: Callable, options, out: Destinations, show: Callable[[di
             if path is not None:
                 say(f"wrote {path}")
     return sink.doc
+
+
+def exit_on_failed_rows(doc: dict, command: str) -> None:
+    """Exit 1 (CheckFailed), once the files are written and the table shown, when a row
+    says `status: failed` (its step raised, or ran out of memory at one size): the sweep
+    goes on past it, but a CI step must be able to tell. A row "unavailable" or "skipped"
+    (a peer library not installed here) is expected, and no failure."""
+    failed = [r for r in doc["records"] if r.get("status") == "failed"]
+    if not failed:
+        return
+    names = [str(r.get("name") or r.get("config") or "?") for r in failed]
+    shown = ", ".join(dict.fromkeys(names[:3])) + (f" (+{len(names) - 3})" if len(names) > 3 else "")
+    raise CheckFailed(f"{command}: {len(failed)} of {len(doc['records'])} rows failed ({shown}); each row's "
+                      "reason says why, and the rows that ran are kept")
