@@ -6,7 +6,7 @@
     diagnose  diagnose        diagnose.run: DiagnoseOptions, execute    report.diagnose     drift, error, stalls, fidelity
     train     bench train     train.study: TrainSettings, execute       sections.train      final_val_loss, diverged
     doctor    doctor          doctor.run: DoctorOptions, execute        sections.doctor     errors
-    compare   compare         (made by `qstate compare`)                sections.compare    -
+    compare   compare         (made by `qstate compare`)                compare.section     -
 
 A suite runs the kinds that have an engine: a point's parameters fill the kind's options
 dataclass (options.py: the same fields as the command's flags) and `execute(options,
@@ -116,7 +116,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
           distinguish=("batch_size", "lr", "reset", "states", "steps_requested", "device", "path")),
     _kind("doctor", "doctor", "qstate_cli.doctor.run", "DoctorOptions", "doctor",
           metrics=(Metric("errors", "findings", "lower"),), identity=("checkpoint", "optimizer", "param")),
-    _kind("compare", "compare", None, None, "compare"),
+    _kind("compare", "compare", None, None, "qstate_cli.compare.section:compare"),
 )}
 
 

@@ -411,7 +411,7 @@ def test_baseline_and_new_that_differ_never_print_the_same():
     assert "| bytes_per_param | 1.1178 | 1.1185 |" in verdict_markdown(v)
     same = compare_docs([mem(1.1177884615384615)], [mem(1.1177884615384615)])
     assert "| bytes_per_param | 1.118 | 1.118 |" in verdict_markdown(same)  # equal: the usual 4 digits
-    from qstate_cli.report.sections import distinct_digits
+    from qstate_cli.compare.table import distinct_digits
 
     for a, b in ((1.0, 1.0 + 1e-12), (2.0795, 2.08), (1e-9, 1.0000000001e-9), (0.1, 0.1 + 2 ** -56)):
         d = distinct_digits(a, b)

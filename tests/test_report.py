@@ -188,7 +188,7 @@ def test_an_ab_compare_file_shows_its_timing_test():
 def test_a_small_ratio_keeps_its_digits():
     """q1 vs q2: a JSON ratio of 0.000384 printed as 0.000 (ratio, raw ratio and noise floor
     were formatted .3f)."""
-    from qstate_cli.report.sections import verdict_table
+    from qstate_cli.compare.table import verdict_table
 
     t = verdict_table([{"status": "noisy", "name": "k", "metric": "time_ms", "baseline": 1004.05, "new": 244.2,
                         "ratio": 0.0003836842, "raw_ratio": 0.2432192937, "noise_floor": 4.5702261755}])

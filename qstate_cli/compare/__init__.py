@@ -58,12 +58,14 @@ from dataclasses import dataclass, field
 
 from ..errors import QstateError
 from ..report.markdown import code_span
+from ..results import is_finite_number
 from . import evidence
 from .evidence import unreadable
 from .identity import keyed_rows, names
 from .markdown import verdict_markdown
 from .metrics import COMPARED, STATUSES, Metric, compared_kinds, metrics
 from .noise import judge_rows, run_threads
+from .table import verdict_counts
 from .notes import (chance_notes, is_timing, missing_device, moved_paths, moved_reason, path_notes, run_notes,
                     timing_notes)
 
@@ -115,6 +117,13 @@ def _diverged_without(kind: str, metric: Metric, *sides) -> bool:
     and `diverged` compares the two rows); one side alone is failed or unjudged as usual."""
     return (metric.field != "diverged" and any(m.field == "diverged" for m in metrics(kind))
             and all(value is None and row.get("diverged") is True for row, value in sides))
+
+
+def _paths(value) -> list[str]:
+    """meta.baseline / meta.new as a list of paths (a file written by hand may hold one)."""
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [] if value is None else [str(value)]
 
 
 STRICT_WHY = "--strict-timing: a timing row that could not be judged fails the gate"
@@ -236,6 +245,28 @@ class Verdict:
         return {s: sum(r["status"] == s for r in self.records) for s in STATUSES if any(r["status"] == s
                                                                                         for r in self.records)}
 
+    @classmethod
+    def from_document(cls, doc: dict) -> "Verdict":
+        """The verdict a results file of kind compare holds (`document`): its rows (a row
+        lacking its kind or name named `?`), meta's files, threshold, alpha, notes and
+        strict_timing. The A/B rule is not written, its timing_test is: shown in its place."""
+        meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
+        records = [{**r, "kind": str(r.get("kind") or "?"),
+                    "name": str(r.get("name") if r.get("name") is not None else "?"), "status": str(r.get("status"))}
+                   for r in doc.get("records") or [] if isinstance(r, dict)]
+        threshold, alpha = meta.get("threshold"), meta.get("alpha")
+        test = meta.get("timing_test") if isinstance(meta.get("timing_test"), str) else None
+        rule = None
+        if not is_finite_number(threshold):  # a file written by hand: no threshold to state a rule with
+            timed = any(map(is_timing, records))
+            threshold, rule = 0.0, test or ("not recorded in this results file (its meta has no threshold)"
+                                            if timed else None)
+        elif not is_finite_number(alpha):  # A/B (compare/ab.py) writes no alpha
+            alpha, rule = None, test
+        notes = [str(n) for n in meta["notes"]] if isinstance(meta.get("notes"), list) else []
+        return cls(records, threshold, alpha, _paths(meta.get("baseline")), _paths(meta.get("new")), notes, rule,
+                   meta.get("strict_timing") is True, test)
+
     def document(self) -> dict:
         from ..results import document
 
@@ -327,8 +358,6 @@ def nothing_compared(kinds: list[str], records: list[dict]) -> list[dict]:
         mine = [r for r in records if r["kind"] == kind]
         if any(r["status"] in COMPARED or r.get("regression") for r in mine):
             continue
-        from ..report.sections import verdict_counts  # (report pulls in matplotlib: only here)
-
         seen = verdict_counts(mine) if mine else "no row to compare"
         why = (f"no {kind} row was compared on both sides ({seen}): a gate that compared "
                "nothing is no pass")

@@ -22,9 +22,11 @@ from __future__ import annotations
 import os
 
 from ..report.markdown import code_span, escape, escape_in_html, folded, table_body
+from ..report.model import LONG_TABLE
 from .metrics import STATUSES
 from .noise import NOISY_CPU_SHARE, REFERENCE_MOVED
 from .notes import is_timing, timing_unjudged
+from .table import verdict_counts, verdict_table
 
 LIMIT = 60_000  # characters; GitHub's comment limit is 65,536
 BOLD = {f"**{s}**" for s in STATUSES}  # a status that is a regression, in bold
@@ -73,8 +75,6 @@ def timing_rule(verdict) -> str:
 
 def opening(verdict) -> list[str]:
     """The lines before the tables (module docstring: deciding notes first)."""
-    from ..report.sections import verdict_counts
-
     head = "regression" if verdict.regressions else "no regression"
     unjudged = "; timing not judged" if timing_unjudged(verdict.records) else ""
     out = [f"### qstate compare: {head} ({verdict_counts(verdict.records)}){unjudged}", ""]
@@ -94,9 +94,6 @@ def opening(verdict) -> list[str]:
 def verdict_markdown(verdict, limit: int = LIMIT) -> str:
     """The verdict for a PR comment or $GITHUB_STEP_SUMMARY, under `limit` characters
     (module docstring)."""
-    from ..report.model import LONG_TABLE
-    from ..report.sections import verdict_table
-
     records = verdict.records
     rows = [{**r, "name": f"{r['kind']}: {r['name']}",
              "status": f"**{r['status']}**" if r.get("regression") else r["status"]} for r in records]

@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..bench.roofline import classify
-from ..kinds import load
 from ..results import is_finite_number
 from . import labels, plots
-from .model import LONG_TABLE, Plot, Section, Table, cell, pct
+from .model import Plot, Section, Table, cell, pct
 
 OUR_PATHS = ("triton", "triton-interpreter", "cpu-numba", "reference")
 
@@ -230,112 +229,3 @@ def doctor(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
     if first:
         line += f"; first: {first.get('param')}: {first.get('message')}"
     return sec, [line]
-
-
-# -- compare ---------------------------------------------------------------------------
-
-STATUS_ORDER = ("regressed", "failed", "unjudged", "missing", "new", "noisy", "insignificant", "improved",
-                "same")
-
-
-def compare(doc: dict, source: str, palette) -> tuple[Section, list[str]]:
-    """The verdict as `qstate compare` gives it: its heading as the title (regression or not,
-    the counts), its notes, the files compared and how timing was judged, then the rows,
-    named `kind: name`, a regression in bold. The Markdown is compare/markdown.py's own
-    (verdict_markdown), so a report of a `--results` file reads as the comment CI posts."""
-    verdict = verdict_of(doc)
-    heading, _, body = _compare("qstate_cli.compare.markdown:verdict_markdown")(verdict).partition("\n")
-    title = heading.lstrip("#").strip()  # "qstate compare: regression (1 missing, 4 same)"
-    sec = Section(title, "compare", source, markdown=body.strip("\n"))
-    shown_path = _compare("qstate_cli.compare.markdown:shown_path")
-    sec.lead = [*verdict.notes,
-                f"Baseline {', '.join(map(shown_path, verdict.baseline)) or 'not recorded'}; "
-                f"new {', '.join(map(shown_path, verdict.new)) or 'not recorded'}."]
-    rule = _compare("qstate_cli.compare.markdown:timing_rule")(verdict)
-    if rule:
-        sec.lead.append(f"How timing was judged: {rule}")
-    rows = sorted(verdict.records, key=lambda r: (STATUS_ORDER.index(r["status"]) if r["status"] in STATUS_ORDER
-                                                  else 99, r["kind"], r["name"], str(r.get("metric"))))
-    named = [{**r, "name": f"{r['kind']}: {r['name']}"} for r in rows]
-    changed = [r for r in named if r["status"] != "same"]
-    if len(named) <= LONG_TABLE or len(changed) == len(named):  # as verdict_markdown lays them out
-        sec.tables.append(_strong(verdict_table(named), named, fold=False))
-    else:
-        if changed:
-            sec.tables.append(_strong(verdict_table(changed), changed, fold=False, title="Changed"))
-        sec.tables.append(_strong(verdict_table(named), named, fold=True, title="All verdicts"))
-    return sec, [title.removeprefix("qstate ")]
-
-
-def _compare(ref: str):
-    """An attribute of compare/ (a layer above the report), named and imported on first use
-    the way the kinds table names a kind's engine and section (kinds.load): the report
-    depends on no module above it, and a compare section still reads as compare writes it."""
-    return load(ref, "the report of a compare results file")
-
-
-def verdict_of(doc: dict):
-    """The compare.Verdict a results file of kind compare holds (Verdict.document): its rows
-    (a row lacking its kind or name named `?`), meta's files, threshold, alpha, notes and
-    strict_timing. The A/B rule is not written, its timing_test is: shown in its place."""
-    meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
-    records = [{**r, "kind": str(r.get("kind") or "?"), "name": str(r.get("name") if r.get("name") is not None
-                                                                      else "?"),
-                "status": str(r.get("status"))} for r in doc.get("records") or [] if isinstance(r, dict)]
-    threshold, alpha = meta.get("threshold"), meta.get("alpha")
-    test = meta.get("timing_test") if isinstance(meta.get("timing_test"), str) else None
-    rule = None
-    if not is_finite_number(threshold):  # a file written by hand: no threshold to state a rule with
-        timed = any(map(_compare("qstate_cli.compare.notes:is_timing"), records))
-        threshold, rule = 0.0, test or ("not recorded in this results file (its meta has no threshold)" if timed else None)
-    elif not is_finite_number(alpha):  # A/B (compare/ab.py) writes no alpha
-        alpha, rule = None, test
-    notes = [str(n) for n in meta.get("notes") or []] if isinstance(meta.get("notes"), list) else []
-    return _compare("qstate_cli.compare:Verdict")(
-        records, threshold, alpha, _paths(meta.get("baseline")), _paths(meta.get("new")), notes, rule,
-        meta.get("strict_timing") is True, test)
-
-
-def _paths(value) -> list[str]:
-    """meta.baseline / meta.new as a list of paths (a file written by hand may hold one)."""
-    if isinstance(value, (list, tuple)):
-        return [str(v) for v in value]
-    return [] if value is None else [str(value)]
-
-
-def _strong(t: Table, rows: list[dict], fold: bool, title: str = "") -> Table:
-    t.strong, t.fold = [r.get("regression") is True for r in rows], fold
-    t.title = title or t.title
-    return t
-
-
-def distinct_digits(a, b, least: int = 4, most: int = 17) -> int:
-    """The significant digits that print `a` and `b` differently when they differ (at least
-    `least`; 17 tells any two doubles apart): a bytes_per_param regressed by 7e-4 read
-    `1.118 | 1.118` at 4."""
-    if not (is_finite_number(a) and is_finite_number(b)) or a == b:
-        return least
-    return next((d for d in range(least, most + 1) if format(a, f".{d}g") != format(b, f".{d}g")), most)
-
-
-def _baseline_new(r: dict) -> dict:
-    """The row with baseline and new formatted to the digits that tell them apart."""
-    b, n = r.get("baseline"), r.get("new")
-    d = distinct_digits(b, n)
-    return {**r, **{k: format(v, f".{d}g") for k, v in (("baseline", b), ("new", n)) if is_finite_number(v)}}
-
-
-def verdict_table(rows: list[dict]) -> Table:
-    rows = [_baseline_new(r) for r in rows]
-    return Table.of("Verdicts", rows, [("status", "status"), ("name", "row"), ("metric", "metric"),
-                                       ("baseline", "baseline", ".4g"), ("new", "new", ".4g"),
-                                       ("ratio", "ratio", ".4g"), ("raw_ratio", "raw ratio", ".4g"),
-                                       ("noise_floor", "noise floor", ".4g"), ("p_value", "p", ".2g"),
-                                       ("threshold", "threshold"), ("why", "why")])
-
-
-def verdict_counts(rows: list[dict]) -> str:
-    counts = defaultdict(int)
-    for r in rows:
-        counts[r.get("status")] += 1
-    return ", ".join(f"{counts[s]} {s}" for s in STATUS_ORDER if counts[s]) or "nothing compared"
