@@ -117,6 +117,23 @@ def test_a_suite_run_replaces_links_planted_in_its_out_folder(hooks, suite_file,
     assert len(load(out / "sweep.json")["records"]) == 12
 
 
+def test_resume_does_not_read_through_a_link_at_a_run_file(hooks, suite_file, tmp_path):  # noqa: F811
+    """`--resume` read OUT/<run>.json through a link planted there (its finished points
+    taken from a file elsewhere); now it is refused before any point runs, nothing written."""
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["run", str(suite_file), "--out", str(out)], env={"COLUMNS": "300"}).exit_code == 0
+    elsewhere = tmp_path / "elsewhere.json"
+    os.replace(out / "sweep.json", elsewhere)
+    os.symlink(elsewhere, out / "sweep.json")
+    before = elsewhere.read_bytes()
+    r = runner.invoke(app, ["run", str(suite_file), "--out", str(out), "--resume"])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.strip() == (f"error: {out / 'sweep.json'}: a symbolic link where this run's results file "
+                                "should be; --resume reads only the file qstate wrote: remove the link, or run "
+                                "without --resume")
+    assert (out / "sweep.json").is_symlink() and elsewhere.read_bytes() == before
+
+
 def test_qstate_report_replaces_links_at_the_names_it_picks(tmp_path, monkeypatch):
     """`qstate report RESULTS` names reports/<stem>.html and .md itself."""
     monkeypatch.chdir(tmp_path)

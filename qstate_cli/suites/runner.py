@@ -95,6 +95,9 @@ def _open_writer(path: Path, run: dict, suite: LoadedSuite, points: list[Point],
                   "run_description": run["description"], "sets": suite.sets, "points": meta_points, "done": [],
                   "failed": []}
     env = _run_env(run)
+    if resume and path.is_symlink():  # qstate writes a regular file there (atomic.py): a link was put there since
+        raise QstateError(f"{path}: a symbolic link where this run's results file should be; --resume reads only "
+                          "the file qstate wrote: remove the link, or run without --resume")
     if resume and path.exists():
         doc = load_results(path)
         old = (doc.get("meta") or {}).get("suite") or {}
