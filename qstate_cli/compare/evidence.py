@@ -90,9 +90,13 @@ def unreadable(field: str, bv, nv) -> dict | None:
     NEW has (nothing to judge NEW against: a null baseline beside a NaN NEW was skipped as
     "nothing compared" and passed a 3x regression), failed where only NEW lacks it; both a
     regression, since the gate cannot clear them. None when both sides have a value."""
+    if bv is None and nv is None:
+        why = (f"{field} is missing or not finite in the baseline and in NEW: nothing to judge (undefined "
+               "for this row on both sides, or NaN written as null); regenerating the baseline cannot clear it: "
+               "gate on a row that has the metric")
+        return {"baseline": None, "new": None, "status": "unjudged", "regression": True, "reason": why, "why": why}
     if bv is None:
-        why = (f"{field} is missing or not finite in the baseline"
-               + (" and in NEW" if nv is None else "") + ": nothing to judge NEW against; regenerate the baseline")
+        why = f"{field} is missing or not finite in the baseline: nothing to judge NEW against; regenerate the baseline"
         return {"baseline": None, "new": nv, "status": "unjudged", "regression": True, "reason": why, "why": why}
     if nv is None:
         why = f"{field} is missing or not finite in NEW"
