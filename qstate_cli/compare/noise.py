@@ -95,6 +95,7 @@ from __future__ import annotations
 import math
 from statistics import median
 
+from ..report.labels import point_part
 from ..results import is_finite_number
 from .evidence import unreadable
 
@@ -242,9 +243,7 @@ def run_threads(doc: dict, row: dict) -> int | None:
     if own is not None:
         return own
     meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
-    points = (meta.get("suite") or {}).get("points") if isinstance(meta.get("suite"), dict) else None
-    point = points.get(row.get("point")) if isinstance(points, dict) and isinstance(row.get("point"), str) else None
-    point_meta = point.get("meta") if isinstance(point, dict) and isinstance(point.get("meta"), dict) else None
+    point_meta = point_part(doc, row, "meta")
     if point_meta is not None and _count(point_meta.get("threads")) is not None:
         return point_meta["threads"]
     if point_meta is None and _count(meta.get("threads")) is not None:

@@ -21,15 +21,25 @@ from ..results import is_finite_number
 
 
 def _points(doc: dict) -> dict:
-    points = ((doc.get("meta") or {}).get("suite") or {}).get("points")
+    """meta.suite.points ({} where a file, maybe written by hand, has none)."""
+    meta = doc.get("meta")
+    suite = meta.get("suite") if isinstance(meta, dict) else None
+    points = suite.get("points") if isinstance(suite, dict) else None
     return points if isinstance(points, dict) else {}
+
+
+def point_part(doc: dict, row: dict, part: str) -> dict | None:
+    """`part` ("params" or "meta") of the suite point that made `row`
+    (meta.suite.points[row.point]); None where there is no such point or part."""
+    key = row.get("point")
+    point = _points(doc).get(key) if isinstance(key, str) else None
+    value = point.get(part) if isinstance(point, dict) else None
+    return value if isinstance(value, dict) else None
 
 
 def point_params(doc: dict, row: dict) -> dict:
     """The parameters of the suite point that made `row` ({} when none)."""
-    point = _points(doc).get(row.get("point"))
-    params = point.get("params") if isinstance(point, dict) else None
-    return params if isinstance(params, dict) else {}
+    return point_part(doc, row, "params") or {}
 
 
 def show(value) -> str | None:
