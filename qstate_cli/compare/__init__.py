@@ -163,7 +163,7 @@ def compare_kind(kind: str, base_docs: list[dict], new_docs: list[dict], thresho
     shown = names(kind, sides, extras)
     moved = moved_paths(kind, [k for k in base if k not in new], [k for k in new if k not in base])
     if moves is not None:
-        moves += [(kind, path, ", ".join(others)) for k, (path, others) in moved.items() if k in base]
+        moves += [(kind, path, tuple(others)) for k, (path, others) in moved.items() if k in base]
     ctx = {"new_devices": {str(r.get("device")) for r in new.values() if r.get("device") is not None},
            "allow_missing": allow_missing, "used": used, "copies": copies, "moved": moved}
     records = []
@@ -202,7 +202,7 @@ def _unmatched(kind: str, key, metric: Metric, b: dict | None, n: dict | None, c
         reason = "not in NEW" if n is None else f"unavailable in NEW: {n.get('reason') or 'no reason given'}"
         elsewhere = None
         if n is None and key in ctx["moved"]:
-            elsewhere = moved_reason("baseline", name, *ctx["moved"][key])
+            elsewhere = moved_reason("baseline", str(b.get("name")), *ctx["moved"][key])
         elif n is None:
             elsewhere = missing_device(b, ctx["new_devices"])
         reason += f"; {elsewhere}" if elsewhere else ""
@@ -216,7 +216,7 @@ def _unmatched(kind: str, key, metric: Metric, b: dict | None, n: dict | None, c
         return say("failed", _ok(b), f"{n.get('status')} in NEW: {n.get('reason') or 'no reason given'}",
                    baseline=_num((b or {}).get(field_of)))
     if b is None:
-        moved = f"; {moved_reason('NEW', name, *ctx['moved'][key])}" if key in ctx["moved"] else ""
+        moved = f"; {moved_reason('NEW', str(n.get('name')), *ctx['moved'][key])}" if key in ctx["moved"] else ""
         return say("new", False, f"not in the baseline{moved}", new=_num(n.get(field_of)))
     if not _ok(b):  # a baseline made where the row could not run judges nothing it ran now
         return say("unjudged", True, f"{NOT_RUN}{b.get('status')}" + (f" ({b['reason']})" if b.get("reason") else "")

@@ -222,24 +222,25 @@ def moved_paths(kind: str, only_base: list, only_new: list) -> dict:
 
 
 def _numba_hint(base_paths, new_paths) -> str:
-    """Where only one side ran the fused CPU path (cpu-numba), the likely reason."""
+    """Where only one side ran the fused CPU path (cpu-numba), the likely reason ("" else)."""
     if "cpu-numba" in base_paths and "cpu-numba" not in new_paths:
-        return ": numba missing in NEW?"
+        return "numba missing in NEW?"
     if "cpu-numba" in new_paths and "cpu-numba" not in base_paths:
-        return ": numba missing in the baseline?"
+        return "numba missing in the baseline?"
     return ""
 
 
-def moved_reason(side: str, name: str, path: str, others: list[str]) -> str:
+def moved_reason(side: str, subject: str, path: str, others: list[str]) -> str:
     """Why a row of `side` (baseline: missing in NEW; NEW: new) has no counterpart: the
-    other side ran it on `others` (moved_paths)."""
+    other side ran `subject` (the row's name field) on `others` (moved_paths)."""
     base, new = ([path], others) if side == "baseline" else (others, [path])
-    subject = name.split(" [", 1)[0]
+    hint = _numba_hint(base, new)
     return (f"NEW ran {subject} on [{', '.join(new)}], the baseline on [{', '.join(base)}]"
-            f"{_numba_hint(base, new)} (rows match by path)")
+            f"{': ' + hint if hint else ''} (rows match by path)")
 
 
-def path_notes(moves: list[tuple[str, str, str]], base_docs: list[dict], new_docs: list[dict]) -> list[str]:
+def path_notes(moves: list[tuple[str, str, tuple[str, ...]]], base_docs: list[dict],
+               new_docs: list[dict]) -> list[str]:
     """One note per (kind, baseline path, NEW paths) of the rows that moved (one per baseline
     row), with each side's env.numba where the two differ (null: not installed)."""
     notes = []
@@ -251,7 +252,8 @@ def path_notes(moves: list[tuple[str, str, str]], base_docs: list[dict], new_doc
                     for docs in (base_docs, new_docs)]
             if all(seen) and seen[0] != seen[1]:
                 numba = f"; env.numba: baseline {', '.join(seen[0])}, NEW {', '.join(seen[1])}"
-        hint = f" ({_numba_hint([b], n.split(', '))[2:]})" if _numba_hint([b], n.split(", ")) else ""
+        hint = _numba_hint([b], n)
         notes.append(f"{count} {kind} row{'s' * (count != 1)} ran on another code path, [{b}] in the baseline and "
-                     f"[{n}] in NEW{hint}: each is missing in NEW and new, not compared, as rows match by path{numba}")
+                     f"[{', '.join(n)}] in NEW{f' ({hint})' if hint else ''}: each is missing in NEW and new, not "
+                     f"compared, as rows match by path{numba}")
     return notes
