@@ -127,3 +127,83 @@ def test_another_optimizers_checkpoint_is_refused(saved_by, loaded_by, missing):
                                          "state_dict of another optimizer"):
         target.load_state_dict(saved.state_dict())
 
+
+
+def test_a_live_groups_own_keys_do_not_make_a_checkpoint_foreign():
+    """A scheduler built before the load adds `initial_lr` to each group, a user adds "name":
+    a checkpoint saved without them was refused as "the state_dict of another optimizer".
+    Now it loads, as into torch's AdamW, and the saved groups replace the live ones."""
+    w, saved = stepped("reference")
+    target = qoptim.AdamW([w], lr=1e-3, states="bred-4bit", backend="reference")
+    target.param_groups[0]["name"] = "all"
+    torch.optim.lr_scheduler.CosineAnnealingLR(target, 10)
+    assert "initial_lr" in target.param_groups[0]
+    target.load_state_dict(saved.state_dict())
+    assert same_state(target.state[w], saved.state[w])
+    assert "initial_lr" not in target.param_groups[0] and "name" not in target.param_groups[0]  # as torch's
+
+
+@pytest.mark.parametrize("states, period", [("nearest-4bit", 33), ("sr-4bit", 55), ("bnb-8bit", 64),
+                                            ("torchao-4bit", 33), ("bred-4bit", None)])
+def test_auto_reset_is_the_studys_period(states, period):
+    """`AdamW(reset="auto")` never reset linear and code-book formats (no model), while
+    `qstate bench train -c X@reset=auto` used the float model of the same width: one rule now."""
+    from qstate_cli.train.runspec import resolve_reset
+
+    opt = qoptim.AdamW([torch.nn.Parameter(torch.zeros(8))], states=states, reset="auto")
+    spec = opt.config(opt.param_groups[0]).spec("v")
+    assert opt.reset_policy.period == period == resolve_reset(spec, "auto", 0.999)[0]
+    assert opt.reset_policy.basis == resolve_reset(spec, "auto", 0.999)[1] and opt.reset_policy.asked == "auto"
+
+
+@pytest.mark.parametrize("saved_reset, live_reset, restored", [
+    (50, None, "50"), ("auto", None, "auto"), (None, 7, "none"), (50, 50, "50")])
+def test_the_reset_policy_is_in_the_checkpoint(saved_reset, live_reset, restored, recwarn):
+    """A checkpoint saved with reset=50, loaded into AdamW(), kept reset=none silently; now
+    the checkpoint's policy comes back (as its lr does), with a warning where they differ."""
+    w = torch.nn.Parameter(torch.randn(SHAPE))
+    saved = qoptim.AdamW([w], states="nearest-4bit", reset=saved_reset)
+    w.grad = torch.ones(SHAPE)
+    saved.step()
+    sd = saved.state_dict()
+    assert torch.load(_saved(sd), weights_only=True)["param_groups"][0]["reset"] == restored
+    target = qoptim.AdamW([w], states="nearest-4bit", reset=live_reset)
+    target.load_state_dict(sd)
+    assert target.reset_policy.asked == restored and "reset" not in target.param_groups[0]
+    assert target.reset_policy.period == (33 if restored == "auto" else None if restored == "none" else 50)
+    messages = [str(x.message) for x in recwarn.list if "reset" in str(x.message)]
+    assert len(messages) == (saved_reset != live_reset)
+    if messages:
+        assert messages[0].startswith(f"load_state_dict: the checkpoint's reset={restored}")
+
+
+def test_auto_reset_is_resolved_again_for_the_loaded_states():
+    """`reset="auto"` was settled from the constructor's states: a checkpoint of another
+    format kept the constructor's period."""
+    w = torch.nn.Parameter(torch.randn(SHAPE))
+    saved = qoptim.AdamW([w], states="bnb-8bit", reset="auto")
+    w.grad = torch.ones(SHAPE)
+    saved.step()
+    target = qoptim.AdamW([w], states="nearest-4bit", reset="auto")
+    assert target.reset_policy.period == 33
+    target.load_state_dict(saved.state_dict())
+    assert target.reset_policy.period == 64 == saved.reset_policy.period
+
+
+def test_a_damaged_reset_is_refused_and_nothing_is_replaced():
+    w, opt = stepped("reference")
+    sd = opt.state_dict()
+    sd["param_groups"][0]["reset"] = "every other day"
+    target = qoptim.AdamW([w], states="bred-4bit", backend="reference", reset=5)
+    with pytest.raises(ValueError, match=r"param_groups\[0\]'s reset 'every other day' is not a reset policy"):
+        target.load_state_dict(sd)
+    assert target.reset_policy.period == 5 and not target.state
+
+
+def _saved(sd: dict):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    return buf

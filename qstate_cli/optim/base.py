@@ -50,7 +50,7 @@ from . import aliasing, chunked, collectives, fused, guards, hparams, rule_trait
 from .borrowed import handed_out, own_dicts, unshare
 from .checkpoint import load
 from .spec_checks import check_state_spec
-from .reset import ResetPolicy
+from .reset import ResetPolicy, auto_period
 
 FP32_SPEC = parse_spec("fp32")
 SHARDED_PATH_REASON = ("sharded (DTensor) parameter: the reference steps its local shard "
@@ -184,12 +184,13 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                 i += 1
         return ids
 
-    def _resolve_auto_reset(self) -> ResetPolicy:
-        from ..theory import reset_period  # theory-guided period (staleness model)
-
+    def _resolve_auto_reset(self, policy: ResetPolicy | None = None) -> ResetPolicy:
+        """`policy` (default: this optimizer's), if 'auto', with the theory-guided period of
+        group 0's reset state (reset.auto_period); `reset_policy.basis` says why."""
         group = self.param_groups[0]
         state = self.reset_state(group)
-        return self.reset_policy.resolved(reset_period(self.config(group).spec(state), self.state_betas(group)[state]))
+        return (policy or self.reset_policy).resolved(*auto_period(self.config(group).spec(state),
+                                                                   self.state_betas(group)[state]))
 
     # ---- the rule, per optimizer (optimizers.py) --------------------------------------
     @staticmethod
@@ -398,6 +399,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         handed_out(sd["state"])  # live tensors: a load_state_dict of this dict copies them (optim/checkpoint.py)
         for group in sd["param_groups"]:
             group["states"] = str(group["states"])
+            group["reset"] = self.reset_policy.asked  # restored by load_state_dict (checkpoint.restore_reset)
         for idx, p in enumerate(p for g in self.param_groups for p in g["params"]):
             if sharding.is_dtensor(p) and idx in sd["state"]:  # DTensors DCP can reshard (sharded_state.py)
                 sd["state"][idx] = sharded_state.to_saved(p, sd["state"][idx], self._specs(p))

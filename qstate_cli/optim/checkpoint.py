@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import copy
 import inspect
+import warnings
 from functools import lru_cache
 
 import torch
 
+from ..errors import QstateError
 from ..quant.config import StateSpec, parse_config
 from ..quant.state import empty_storage
 from . import sharded_state, sharding
 from .borrowed import HOST_KEYS, live, shares_storage, unshare  # HOST_KEYS: the counters, kept on the host
+from .reset import ResetPolicy
+from .spec_checks import _first_caller_outside
 
 COUNTERS = ("step", "since_reset")
 NOT_HPARAMS = ("self", "params", "defaults", "states", "reset", "seed", "min_quant_numel", "backend")
@@ -46,10 +50,15 @@ def check_saved(state_dict, groups: list[dict] | None = None, name: str = "this 
             raise ValueError(f"load_state_dict: param_groups[{i}] names no 'states': not the state_dict of a qstate "
                              "optimizer (a torch.optim one keeps fp32 exp_avg/exp_avg_sq, which this cannot load)")
         own = groups[i] if groups and i < len(groups) else {}
-        missing = [k for k in own if k not in g and k not in ("params", "param_names") and k not in optional]
+        mine = keeps[0] if keeps is not None else own  # a live group's other keys (a scheduler's initial_lr) may be absent
+        missing = [k for k in own if k in mine and k not in g and k not in ("params", "param_names")
+                   and k not in optional]
         if missing:
             raise ValueError(f"load_state_dict: param_groups[{i}] has no {', '.join(map(repr, missing))}, which "
                              f"{name} keeps: the state_dict of another optimizer")
+        if "reset" in g and not _reset_text(g["reset"]):
+            raise ValueError(f"load_state_dict: param_groups[{i}]'s reset {g['reset']!r} is not a reset policy "
+                             "(none, a number of steps, auto or custom): the checkpoint was edited or damaged")
         foreign = [k for k in g if k in hp_owners and k not in keeps[0]]
         if foreign:
             raise ValueError(f"load_state_dict: param_groups[{i}] holds {', '.join(map(repr, foreign))}, which "
@@ -59,6 +68,44 @@ def check_saved(state_dict, groups: list[dict] | None = None, name: str = "this 
         if foreign:
             raise ValueError(f"load_state_dict: the state of parameter {key!r} holds {', '.join(map(repr, foreign))}, "
                              f"which {name} does not keep: the state_dict of {_whose(state_owners, foreign)}")
+
+
+def _reset_text(value) -> bool:
+    """Whether `value` is a reset policy as state_dict writes it (ResetPolicy.asked)."""
+    if value == "custom":
+        return True
+    try:
+        ResetPolicy.parse(value if isinstance(value, str) else "?")
+    except QstateError:
+        return False
+    return True
+
+
+def restore_reset(opt, saved: str | None) -> None:
+    """After a load: the checkpoint's reset policy (`saved`, ResetPolicy.asked; None in a
+    checkpoint saved before qstate kept it) replaces the constructor's, as its lr and betas
+    do, with a warning where they differ; an 'auto' one is resolved again for the loaded
+    states (they may be another format than the constructor's). A custom policy (a
+    callable) cannot be saved: the constructor's stays, with a warning if it is not one."""
+    live = opt.reset_policy
+    if saved == "custom" or (saved is None and live.basis is None):
+        if saved == "custom" and live.fn is None:
+            warnings.warn(f"load_state_dict: the checkpoint was trained with a custom reset policy (a callable), "
+                          f"which it cannot hold: this optimizer's reset={live.asked} steps on",
+                          UserWarning, stacklevel=_first_caller_outside())
+        return
+    policy = ResetPolicy.parse("auto" if saved is None else saved)
+    policy = opt._resolve_auto_reset(policy) if policy.auto else policy
+    if saved is not None and policy.asked != live.asked:  # (auto's period follows the loaded states)
+        warnings.warn(f"load_state_dict: the checkpoint's reset={_shown(policy)} replaces this optimizer's "
+                      f"reset={_shown(live)}, as its lr and betas do (to change it after loading: "
+                      "opt.reset_policy = qstate_cli.optim.ResetPolicy.parse(...))", UserWarning,
+                      stacklevel=_first_caller_outside())
+    opt.reset_policy = policy
+
+
+def _shown(policy: ResetPolicy) -> str:
+    return f"auto (every {policy.period} steps)" if policy.asked == "auto" and policy.period else policy.asked
 
 
 def _owners() -> tuple[dict, dict]:
@@ -170,6 +217,7 @@ def load(opt, state_dict: dict) -> list:
     borrowed = []
     try:  # nothing is replaced unless every state fits its parameter (optim/checkpoint.py)
         torch.optim.Optimizer.load_state_dict(opt, {**sd, "state": {}})
+        saved_reset = [g.pop("reset", None) for g in opt.param_groups][:1] or [None]
         for group in opt.param_groups:
             group["states"] = parse_config(group["states"])
         params = dict(zip(saved_keys, (p for g in opt.param_groups for p in g["params"])))
@@ -195,4 +243,5 @@ def load(opt, state_dict: dict) -> list:
     except BaseException:
         opt.__dict__.update(before)
         raise
+    restore_reset(opt, saved_reset[0])
     return borrowed

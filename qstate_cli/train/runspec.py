@@ -9,24 +9,23 @@ in one, so the split is unambiguous. The run's label in results is normalised:
 the config's name, then `@reset=...` when the run resets (also when the policy came
 from `--reset`), then `@lr=...` when it has its own lr; so one label names one run.
 
-Theory-guided resets (`reset=auto`): the period is `theory.reset_period` for the stored
-state that the optimizer resets on (v for AdamW, the momentum m otherwise) at its beta.
-The staleness model is written for floating formats with p fraction bits; for linear,
-code-book (DE) and no-zero formats it has no model. There the study uses the model of
-the float format with the same storage width that the staleness paper uses for it
-(4 bits: unsigned fp4 e2m2, p = 2; 8 bits: fp8 e4m3, p = 3; 16 bits: bf16, p = 7), with
-the run's own rounding. BReD never stalls in the model (no reset); fp32 has no stalls.
+Theory-guided resets (`reset=auto`): the optimizers' own rule (optim/reset.py:
+auto_period), the staleness model's period for the stored state that the optimizer resets
+on (v for AdamW, the momentum m otherwise) at its beta; for linear, code-book (DE) and
+no-zero formats, which it has no model for, the model of the float format with the same
+storage width (4 bits: unsigned fp4 e2m2, p = 2; 8 bits: fp8 e4m3, p = 3; 16 bits: bf16,
+p = 7), with the run's own rounding. BReD never stalls in the model (no reset); fp32 has
+no stalls.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..errors import QstateError
-from ..optim.reset import ResetPolicy
-from ..quant.config import StateConfig, StateSpec, parse_config, parse_spec
+from ..optim.reset import ResetPolicy, auto_period
+from ..quant.config import StateConfig, StateSpec, parse_config
 
 RUN_KEYS = ("reset", "lr")
-STAND_IN_FLOAT = {4: "e2m2", 8: "e4m3", 16: "bf16"}  # same width, as the staleness paper stores v
 
 
 @dataclass(frozen=True)
@@ -65,22 +64,9 @@ class RunSpec:
 
 
 def resolve_reset(spec: StateSpec, reset: str, beta: float) -> tuple[int | None, str]:
-    """(period in steps or None, why) for a run's reset policy on the state `spec`."""
+    """(period in steps or None, why) for a run's reset policy on the state `spec`: the
+    optimizers' own rule (optim/reset.py: auto_period)."""
     policy = ResetPolicy.parse(reset)
     if not policy.auto:
         return policy.period, "none" if policy.period is None else "fixed period"
-    from ..theory import fraction_bits_of, reset_period
-
-    if spec.fmt.kind == "identity":
-        return None, "fp32 states do not stall"
-    if spec.rounding == "bred":
-        return None, "theory: BReD does not stall"
-    model_spec, basis = spec, f"theory: {spec.fmt.name} model"
-    if fraction_bits_of(spec) is None:
-        stand_in = STAND_IN_FLOAT.get(spec.fmt.bits)
-        if stand_in is None:
-            return None, f"theory: no model for {spec.fmt.name}"
-        model_spec = parse_spec(f"{stand_in}:{spec.rounding}")
-        basis = f"theory: {stand_in} model stands in for {spec.fmt.name} (same width)"
-    period = reset_period(model_spec, beta)
-    return period, basis + ("" if period else " predicts no stall build-up")
+    return auto_period(spec, beta)
