@@ -77,9 +77,14 @@ def test_a_checkpoint_of_another_width_or_format_is_refused(backend):
     the size), and a group's format edited from 4 to 8 bits over 4-bit storage."""
     _, wide = stepped(backend, shape=(128, 128))
     _, opt = stepped(backend)
+    saved = wide.state_dict()
+    with pytest.raises(ValueError, match=r"parameter 0 \(shape \(64, 128\)\): its state was saved for a parameter of "
+                                         r"shape \(128, 128\)$"):
+        opt.load_state_dict(saved)
+    del saved["state"][0]["shape"]  # a checkpoint saved before qstate kept the shape: its storage tells
     with pytest.raises(ValueError, match="codes hold 8,192 uint8 values where a parameter of 8,192 elements needs "
                                          "4,096 uint8 \\(saved for another parameter size"):
-        opt.load_state_dict(wide.state_dict())
+        opt.load_state_dict(saved)
     sd = stepped(backend)[1].state_dict()
     sd["param_groups"][0]["states"] = "nearest-8bit"
     with pytest.raises(ValueError, match="state m \\(int8:nearest:b256\\): codes hold 4,096 uint8 values where a "
@@ -207,3 +212,24 @@ def _saved(sd: dict):
     torch.save(sd, buf)
     buf.seek(0)
     return buf
+
+
+def test_states_of_a_parameter_of_another_shape_are_refused():
+    """The codes are flat: a (256, 64) weight's states loaded into a (64, 256) one (the same
+    element count) were accepted and stepped on the wrong blocks."""
+    w, opt = stepped("reference", shape=(256, 64))
+    sd = torch.load(_saved(opt.state_dict()), weights_only=True)
+    assert sd["state"][0]["shape"].tolist() == [256, 64] and sd["state"][0]["shape"].dtype == torch.int64
+    transposed = torch.nn.Parameter(torch.randn(64, 256))
+    target = qoptim.AdamW([transposed], lr=1e-3, states="bred-4bit", backend="reference")
+    with pytest.raises(ValueError, match=r"parameter 0 \(shape \(64, 256\)\): its state was saved for a parameter "
+                                         r"of shape \(256, 64\) \(the same number of elements"):
+        target.load_state_dict(sd)
+    assert not target.state
+    sd["state"][0]["shape"] = "wide"
+    with pytest.raises(ValueError, match=r"shape 'wide' \(not a shape: damaged\)"):
+        qoptim.AdamW([w], states="bred-4bit").load_state_dict(sd)
+    del sd["state"][0]["shape"]  # a checkpoint saved before qstate kept it loads as before
+    same = qoptim.AdamW([w], lr=1e-3, states="bred-4bit", backend="reference")
+    same.load_state_dict(sd)
+    assert "shape" not in same.state[w] and same_state(same.state[w], opt.state[w])

@@ -403,6 +403,8 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         for idx, p in enumerate(p for g in self.param_groups for p in g["params"]):
             if sharding.is_dtensor(p) and idx in sd["state"]:  # DTensors DCP can reshard (sharded_state.py)
                 sd["state"][idx] = sharded_state.to_saved(p, sd["state"][idx], self._specs(p))
+            elif sd["state"].get(idx):  # flat codes: the shape tells a (64, 256) weight from a (256, 64) one
+                sd["state"][idx]["shape"] = torch.tensor(p.shape, dtype=torch.int64)
         return sd
 
     def _specs(self, p) -> dict:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 import warnings
 from functools import lru_cache
 
 import torch
 
-from ..errors import QstateError
+from ..errors import QstateError, clip
 from ..quant.config import StateSpec, parse_config
 from ..quant.state import empty_storage
 from . import sharded_state, sharding
@@ -102,6 +103,30 @@ def restore_reset(opt, saved: str | None) -> None:
                       "opt.reset_policy = qstate_cli.optim.ResetPolicy.parse(...))", UserWarning,
                       stacklevel=_first_caller_outside())
     opt.reset_policy = policy
+
+
+def _dims(shape) -> list[int] | None:
+    """A saved shape (QuantizedOptimizer.state_dict: a 1-D int64 tensor) as a list of ints,
+    or None where it is not one."""
+    if isinstance(shape, torch.Tensor) and shape.dim() == 1 and shape.dtype == torch.int64:
+        return shape.tolist()
+    return None
+
+
+def _same_shape(shape, p) -> bool:
+    return _dims(shape) == list(p.shape)
+
+
+def _reordered(shape, p) -> str:
+    """What loading states of `shape` into p would do where the element counts agree."""
+    dims = _dims(shape)
+    same = dims is not None and math.prod(dims) == p.numel()
+    return " (the same number of elements: its flat codes would be read in another order)" if same else ""
+
+
+def _shown_shape(shape) -> str:
+    dims = _dims(shape)
+    return str(tuple(dims)) if dims is not None else f"{clip(repr(shape))} (not a shape: damaged)"
 
 
 def _shown(policy: ResetPolicy) -> str:
@@ -226,6 +251,10 @@ def load(opt, state_dict: dict) -> list:
             if p is None:
                 raise ValueError(f"load_state_dict: a state for parameter {key!r}, which no param group lists")
             value = dict(saved) if isinstance(saved, dict) else saved
+            shape = value.pop("shape", None) if isinstance(value, dict) else None
+            if shape is not None and not _same_shape(shape, p):
+                raise ValueError(f"load_state_dict: parameter {key!r} (shape {tuple(p.shape)}): its state was saved for "
+                                 f"a parameter of shape {_shown_shape(shape)}{_reordered(shape, p)}")
             if sharding.is_dtensor(p):
                 value = sharded_state.from_saved(p, value, opt._specs(p))
             else:  # also a full state dict gathered from FSDP2 (either form)
