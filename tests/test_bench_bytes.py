@@ -84,10 +84,24 @@ def test_published_models_name_every_parameter_once():
     assert model_named_shapes("3x4*2")[1] == ("param1", (3, 4))
 
 
-def test_tiny_lm_shapes_equal_the_real_module():
+@pytest.mark.parametrize("name", ["tiny-lm", "small-lm"])
+def test_tiny_lm_shapes_equal_the_real_module(name):
+    from qstate_cli.bench.shapes import model_named_shapes
     from qstate_cli.models.tiny_lm import build
 
-    assert model_shapes("tiny-lm") == [tuple(p.shape) for p in build("tiny-lm").parameters()]
+    assert model_named_shapes(name) == [(n, tuple(p.shape)) for n, p in build(name).named_parameters()]
+
+
+def test_tiny_lm_shapes_do_not_import_dynamo():
+    """Built on the meta device, tiny-lm's shapes imported torch._dynamo (and sympy): 1-2 s
+    more for every `bench memory`, `suite validate` and `qstate run` of a suite naming it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from qstate_cli.bench.shapes import model_shapes; model_shapes('small-lm'); "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_custom_shapes_and_errors():

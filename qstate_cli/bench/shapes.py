@@ -13,7 +13,7 @@ the published parameter counts (tests check them):
     tinyllama-1.1b 1,100,048,384   22 layers, d 2048, GQA 32/4, ffn 5632, vocab 32000, untied
     llama-7b      6,738,415,616    Llama-2-7B: 32 layers, d 4096, ffn 11008, vocab 32000, untied
 
-plus qstate's own `tiny-lm` / `small-lm` (models/tiny_lm.py, built on the meta device),
+plus qstate's own `tiny-lm` / `small-lm` (models/tiny_lm.py: named_shapes, from the config),
 small enough for a CPU. A custom list is written `768x3072*12,3072*12,768` (shapes
 separated by commas, `*k` repeats one k times).
 
@@ -69,13 +69,9 @@ def llama(n_layer: int, d: int, ffn: int, n_head: int, n_kv: int, vocab: int,
 
 
 def _tiny_lm(name: str) -> list[tuple[str, Shape]]:
-    import torch
+    from ..models.tiny_lm import SIZES, named_shapes
 
-    from ..models.tiny_lm import SIZES, TinyLM
-
-    with torch.device("meta"):
-        model = TinyLM(SIZES[name])
-    return [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    return named_shapes(SIZES[name])
 
 
 MODELS = {

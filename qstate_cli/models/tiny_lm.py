@@ -113,6 +113,19 @@ class TinyLM(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def named_shapes(cfg: TinyLMConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of TinyLM(cfg).named_parameters(), in its order, without building it
+    (a model on the meta device initializes through torch._refs, whose import of dynamo
+    cost `bench memory` and `suite validate` 1-2 s)."""
+    d, out = cfg.d_model, [("tok.weight", (cfg.vocab, cfg.d_model)), ("pos.weight", (cfg.seq_len, cfg.d_model))]
+    for i in range(cfg.n_layer):
+        out += [(f"blocks.{i}.{name}", shape) for name, shape in (
+            ("ln1.weight", (d,)), ("ln1.bias", (d,)), ("qkv.weight", (3 * d, d)), ("qkv.bias", (3 * d,)),
+            ("proj.weight", (d, d)), ("proj.bias", (d,)), ("ln2.weight", (d,)), ("ln2.bias", (d,)),
+            ("fc.weight", (4 * d, d)), ("fc.bias", (4 * d,)), ("out.weight", (d, 4 * d)), ("out.bias", (d,)))]
+    return out + [("ln.weight", (d,)), ("ln.bias", (d,)), ("head.weight", (cfg.vocab, d))]
+
+
 def build(name: str = "tiny-lm", seed: int = 0) -> TinyLM:
     """The model named `name` with a seeded initialization."""
     if name not in SIZES:
