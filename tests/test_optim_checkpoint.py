@@ -233,3 +233,36 @@ def test_states_of_a_parameter_of_another_shape_are_refused():
     same = qoptim.AdamW([w], lr=1e-3, states="bred-4bit", backend="reference")
     same.load_state_dict(sd)
     assert "shape" not in same.state[w] and same_state(same.state[w], opt.state[w])
+
+
+def test_a_dcp_checkpoint_saved_before_reset_and_shape_were_kept_loads_with_partial_load(tmp_path):
+    """DCP's load fills the live optimizer's state_dict, so a checkpoint written before qstate
+    kept `reset` (each group) and `shape` (each plain parameter's state) misses those keys:
+    docs/distributed.md's `allow_partial_load=True` keeps the live values for them, and the
+    states load bit for bit."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 128)
+    opt = qoptim.AdamW(model.parameters(), states="bred-4bit", min_quant_numel=0, reset=20)
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    model_sd, optim_sd = get_state_dict(model, opt)
+    for group in optim_sd["param_groups"]:
+        del group["reset"]
+    for state in optim_sd["state"].values():
+        del state["shape"]
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp_path)
+
+    fresh = torch.nn.Linear(64, 128)
+    target = qoptim.AdamW(fresh.parameters(), states="bred-4bit", min_quant_numel=0, reset=20)
+    model_sd2, optim_sd2 = get_state_dict(fresh, target)
+    with pytest.raises(BaseException, match="CheckpointException"):  # wraps "Missing key in checkpoint state_dict"
+        dcp.load({"model": model_sd2, "optim": optim_sd2}, checkpoint_id=tmp_path)
+    dcp.load({"model": model_sd2, "optim": optim_sd2}, checkpoint_id=tmp_path,
+             planner=DefaultLoadPlanner(allow_partial_load=True))
+    set_state_dict(fresh, target, model_state_dict=model_sd2, optim_state_dict=optim_sd2)
+    assert target.reset_policy.period == 20
+    assert same_state(target.state[fresh.weight], opt.state[model.weight])
