@@ -6,8 +6,12 @@ A fused step (kernels/cpu, Triton) trusts the storage it is handed: codes of
 ceil(numel * bits / 8) bytes (int16 or fp32 values for 16- and 32-bit states) and one scale
 per block. A checkpoint saved for another parameter size, block size or format, or one that
 was damaged, would be read out of bounds. `load_state_dict` checks every state against the
-storage a fresh state of the same spec holds (quant/state.py) and refuses a mismatch with
-the parameter, the state and what differs, before anything is replaced.
+storage a fresh state of the same spec holds (quant/state.py), and against the shape its
+parameter had when saved (QuantizedOptimizer.state_dict writes a plain parameter's `shape`:
+flat codes of a (256, 64) weight fit a (64, 256) one), and refuses a mismatch with the
+parameter, the state and what differs, before anything is replaced. Each saved group's
+`reset` (the policy as asked: none, N, auto, custom) is restored after the load
+(restore_reset); a checkpoint without these keys (an older qstate's) loads as before.
 """
 from __future__ import annotations
 
