@@ -9,13 +9,15 @@ named; progress and logs go to stderr.
     --markdown PATH   a GitHub Markdown report
     --plot PATH       a figure (commands that draw one)
 
-`run_engine(execute, options, out, show)` runs an engine with a progress bar on stderr
-and a `Sink`: the JSON and CSV files are rewritten atomically after every row (so Ctrl-C
-keeps every finished row), and at the end `show(doc)` prints the table, or the JSON goes
-to stdout; HTML and Markdown are written once the run is complete; `exit_on_failed_rows`
-then makes a bench run with a failed row exit 1, as `qstate run` does. Output paths are
-checked before any work starts: each must be writable, none may be an input of the
-command (`Destinations.inputs`, `check_outputs`) and no two may name the same file.
+`run_engine(execute, options, out, show)` runs an engine with its progress on stderr (a
+bar on a terminal, plain lines in a log: `progress_view`) and a `Sink`: the JSON and CSV
+files are rewritten atomically after every row (so Ctrl-C keeps every finished row), and
+at the end `show(doc)` prints the table, or the JSON goes to stdout; HTML and Markdown
+are written once the run is complete, before the table (a stdout that fails, `> /dev/full`
+or `| true`, still leaves them); `exit_on_failed_rows` then makes a bench run with a
+failed row exit 1, as `qstate run` does. Output paths are checked before any work starts:
+each must be writable, none may be an input of the command (`Destinations.inputs`,
+`check_outputs`) and no two may name the same file.
 """
 from __future__ import annotations
 
@@ -29,20 +31,44 @@ from pathlib import Path
 from typing import Callable
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
 from ..errors import CheckFailed, QstateError
 from ..progress import Progress
 from ..results import (Result, check_writable, environment, write_json_atomic, write_text_atomic,
                        writes_in_place)
+from . import progress_view as views
 from . import tables
 
 
+MIN_COLUMNS = 20  # a COLUMNS below this (0: rich printed nothing at all, exit 0) is ignored
+
+
+def _columns() -> int | None:
+    """COLUMNS when it is a whole number >= MIN_COLUMNS, else None (unset, `0`, `abc`, `5`)."""
+    text = os.environ.get("COLUMNS", "")
+    return int(text) if text.isascii() and text.isdigit() and int(text) >= MIN_COLUMNS else None
+
+
+def _terminal_width() -> int:
+    """The terminal's own width, as rich finds it without COLUMNS (80 when none answers)."""
+    for fd in (0, 1, 2):
+        try:
+            return os.get_terminal_size(fd).columns or 80
+        except (OSError, ValueError):
+            pass
+    return 80
+
+
 def _console(**kw) -> Console:
-    """Wide enough for our tables when output is piped (rich assumes 80 columns)."""
+    """Wide enough for our tables when output is piped (rich assumes 80 columns), and
+    COLUMNS used only when it is a usable width: `COLUMNS=0 qstate formats` printed nothing
+    and exited 0 (rich took the width 0); an unusable one is ignored, as if unset."""
     con = Console(**kw)
-    if not con.is_terminal and "COLUMNS" not in os.environ:
-        con = Console(width=160, **kw)
+    if _columns() is None:
+        if not con.is_terminal:
+            con = Console(width=160, **kw)
+        elif "COLUMNS" in os.environ:  # rich read it (`0`, `5`) or ignored it (`abc`): the terminal's width
+            con = Console(width=_terminal_width(), **kw)
     return con
 
 
@@ -247,49 +273,40 @@ class Sink:
         return write_report([self.doc], self.out.html, self.out.markdown)
 
 
-def progress_bar(label: str = "", transient: bool = False) -> Bar:
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    return Bar(*columns, console=stderr, transient=transient)
+def progress_view(label: str = "", transient: bool = False, units: bool = True):
+    """Progress on stderr: a bar on a terminal, plain lines in a log (progress_view.py)."""
+    return views.progress_view(stderr, label, transient, units)
 
 
 def run_engine(execute: Callable, options, out: Destinations, show: Callable[[dict], None],
                row_line: Callable[[dict], str] | None = None, transient: bool = False,
                header: Callable[[int, dict], str] | None = None) -> dict:
-    """Run `execute(options, progress)` with a progress bar on stderr (one line per row when
-    `row_line` is given), the files rewritten as it goes; then show the result (also after
-    Ctrl-C: the rows measured so far) and write the reports. Returns the document.
+    """Run `execute(options, progress)` with its progress on stderr (`progress_view`; one
+    line per row when `row_line` is given), the files rewritten as it goes; then write the
+    reports and show the result (also after Ctrl-C: the rows measured so far). Returns the
+    document.
 
-    The bar appears when the engine begins its work (`progress.begin`), so a usage error
-    found while the engine checks its options is one line on stderr, nothing else."""
+    The progress appears when the engine begins its work (`progress.begin`), so a usage
+    error found while the engine checks its options is one line on stderr, nothing else."""
     sink = Sink(out)
-    bar = progress_bar(transient=transient)
-    task = bar.add_task("", total=None)
-    started = []
+    view = progress_view(transient=transient, units=row_line is None)
 
     def begin(total: int, result: Result) -> None:
         sink.begin(result)
-        bar.update(task, total=total or None)
-        bar.start()
-        started.append(True)
+        view.begin(total or None)
         if header:
-            bar.console.print(header(total, sink.doc), highlight=False, markup=False)
-
-    def start(label: str, done: int) -> None:
-        bar.update(task, description=label, completed=done)
+            view.log(header(total, sink.doc))
 
     def row(record: dict) -> None:
         sink.add(record)
-        bar.update(task, advance=1)
+        view.advance()
         if row_line:
-            bar.console.print(row_line(record), highlight=False, markup=False)
-
-    def log(line: str) -> None:
-        bar.console.print(line, highlight=False, markup=False)
+            view.log(row_line(record))
 
     completed = False
     try:
-        result = execute(options, Progress(on_begin=begin, on_start=start, on_row=row, on_snapshot=sink.update,
-                                           on_log=log))
+        result = execute(options, Progress(on_begin=begin, on_start=view.unit, on_row=row,
+                                           on_snapshot=sink.update, on_log=view.log))
         sink.update(result, final=True)
         completed = True
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (group.Terminated): say what was kept (exit 130 or 143)
@@ -304,13 +321,14 @@ def run_engine(execute: Callable, options, out: Destinations, show: Callable[[di
             say("interrupted before any row finished: nothing was written")
         raise
     finally:  # also on Ctrl-C or SIGTERM: show what was measured, then the boundary exits 130 or 143
-        if started:
-            bar.stop()
-        sink.show(show)
-    if completed:
-        for path in (out.json_file, out.csv, *sink.reports()):
-            if path is not None:
-                say(f"wrote {path}")
+        view.stop(completed)
+        if not completed:
+            sink.show(show)
+    reports = sink.reports()  # before the table: a stdout that fails (`> /dev/full`, `| true`) keeps them
+    sink.show(show)
+    for path in (out.json_file, out.csv, *reports):
+        if path is not None:
+            say(f"wrote {path}")
     return sink.doc
 
 

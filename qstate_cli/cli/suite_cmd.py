@@ -60,35 +60,31 @@ def run(
     out = out or Path("results") / loaded.name
     check_folder(out, "--out")  # before any work
     _check_inputs_kept(loaded, suite, out, report)
-    bar = output.progress_bar()
-    task = bar.add_task(loaded.name, total=None)
-
-    def begin(total, _):  # the bar appears once the files are open: an input error is one line
-        bar.update(task, total=total)
-        bar.start()
-
-    progress = Progress(on_begin=begin,
-                        on_start=lambda label, done: bar.update(task, description=label, completed=done),
-                        on_log=lambda line: bar.console.print(line, highlight=False, markup=False))
+    view = output.progress_view(loaded.name)  # a bar on a terminal, a line per point in a log
+    progress = Progress(on_begin=lambda total, _: view.begin(total),  # once the files are open: an input
+                        on_start=view.unit, on_log=view.log)          # error is one line
+    finished = False
     try:
         try:
             runs = run_suite(loaded, out, resume=resume, progress=progress)
+            finished = True
         finally:
-            if bar.live.is_started:  # rich prints an empty line on stop, even unstarted
-                bar.stop()
+            view.stop(finished)
     except KeyboardInterrupt:
         output.stderr.print(f"interrupted: finished points are kept in {out}/; continue with "
                             f"`{resume_command(suite, sets, out)}`", markup=False, highlight=False, soft_wrap=True)
         raise
     rows = [{"run": r.name, "kind": r.kind, "points": len(r.state["points"]), "done": len(r.state["done"]),
              "failed": len(r.state["failed"]), "rows": len(r.doc["records"]), "file": str(r.path)} for r in runs]
-    output.stdout.print(output.table(f"Suite {loaded.name}", rows))
-    if report:
+    written = []
+    if report:  # before the table: a stdout that fails (`> /dev/full`, `| true`) still leaves the report
         from ..report import write_report
 
         written = write_report([r.doc for r in runs], out / "report.html", out / "report.md",
                                sources=[str(r.path) for r in runs], title=f"qstate suite {loaded.name}",
                                picked_in=out)  # names qstate picks: regular files in OUT (atomic.py)
+    output.stdout.print(output.table(f"Suite {loaded.name}", rows))
+    if report:
         output.stderr.print("report: " + ", ".join(str(p) for p in written))
     _exit_on_failed_points(rows, resume_command(suite, sets, out))
 
