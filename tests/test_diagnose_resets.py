@@ -153,3 +153,14 @@ def test_the_reset_check_replays_every_candidate_in_one_batch(monkeypatch):
     diagnose(trace, cfgs, reset="auto", check_resets=True)
     assert [len(c) for c in calls] == [2, 2]  # 4 runs, at most max(3, 2) at once: evenly, 2 + 2
     assert sorted(sum(calls, [])) == [("bf16", "1000"), ("bf16", "827"), ("bf16", "none"), ("nearest-4bit", "1000")]
+
+
+def test_the_reset_check_reports_its_steps():
+    """The check replays the trace again after the replay (a minute on the demo) and said
+    nothing meanwhile: a CI log went quiet. Each of its replays now reports every step."""
+    trace = synthetic.gaussian(512, 12, beta2=0.999, seed=3)
+    runs = [(parse_config("nearest-4bit"), p) for p in (4, 8, None)]
+    calls = []
+    update_errors(trace, runs, None, "cpu", batch=2, progress=lambda *a: calls.append(a))
+    assert [c[:2] for c in calls] == [(0, 2)] * 12 + [(1, 2)] * 12
+    assert [c[2:] for c in calls[:12]] == [(i, 12) for i in range(1, 13)]

@@ -180,12 +180,15 @@ def execute(opts: DiagnoseOptions, progress: Progress | None = None) -> Result:
     progress.begin(n_steps, Result("diagnose", meta={"trace": trace.source}))
 
     def advance(done: int, total: int) -> None:
-        progress.start(f"replaying {len(configs)} configurations", done)
+        progress.start(f"replaying {len(configs)} configuration{'s' * (len(configs) != 1)}", done)
+
+    def checking(group: int, groups: int, done: int, total: int) -> None:
+        progress.start(f"checking the reset advice: replay {group + 1} of {groups}", done)
 
     result, _ = replay_result(trace, configs, reset=opts.reset, steps_limit=opts.steps_limit, device=opts.device,
                               progress=advance, profile_phases=opts.profile,
                               check_resets=not opts.skip_reset_check, log=progress.log, split=opts.split,
-                              backend=opts.backend, config_threads=opts.config_threads)
+                              backend=opts.backend, config_threads=opts.config_threads, check_progress=checking)
     return result
 
 
@@ -206,7 +209,8 @@ def diagnose(trace: Trace | str | Path, configs: list[StateConfig], reset="none"
 def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="none",
                   steps_limit: int | None = None, device: str = "auto", progress=None, keep_states: bool = False,
                   profile_phases: bool = False, check_resets: bool = True, log=None,
-                  split: str = "auto", backend: str = "auto", config_threads: int = 1) -> tuple[Result, Replay]:
+                  split: str = "auto", backend: str = "auto", config_threads: int = 1,
+                  check_progress=None) -> tuple[Result, Replay]:
     """The replay (Replay) and its rows as a Result (kind "diagnose"). Under torchrun every
     rank replays its share (`split`: auto, elements or configs, distributed.py) and returns the
     same Result; rank 0 writes it."""
@@ -231,7 +235,8 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
     if check_resets:
         t_check = time.perf_counter()
         check_reset_advice(trace, raw, rows["records"], steps_limit, device, log,
-                           None if share is None else share.elements(), backend, opts.config_threads)
+                           None if share is None else share.elements(), backend, opts.config_threads,
+                           progress=check_progress)
         meta_check_s = round(time.perf_counter() - t_check, 3)
     else:
         meta_check_s = None
@@ -284,7 +289,7 @@ def replay_result(trace: Trace | str | Path, configs: list[StateConfig], reset="
 
 
 def check_reset_advice(trace: Trace, raw: Replay, records: list[dict], steps_limit, device, log=None,
-                       split=None, backend: str = "auto", config_threads: int = 1) -> None:
+                       split=None, backend: str = "auto", config_threads: int = 1, progress=None) -> None:
     """Replay every configuration's recommended reset period (validate.py) and rewrite its
     records' advice: kept where it lowers the update error against fp32, else no reset
     (through the same codec `backend` as the replay itself). Every configuration's candidate
@@ -306,7 +311,8 @@ def check_reset_advice(trace: Trace, raw: Replay, records: list[dict], steps_lim
         log("checking the reset advice by replay: " + ", ".join(
             f"{cfg} {f'every {p}' if p else 'without resets'}" for cfg, p in runs))
     errors = update_errors(trace, runs, steps_limit, device, split, backend, batch=max(3, len(raw.configs)),
-                           config_threads=config_threads, unit=raw.layout.unit)  # the baseline's unit
+                           config_threads=config_threads, unit=raw.layout.unit,  # the baseline's unit
+                           progress=progress)  # (group, groups, done, total) after each step
     for c, rows, advice, baseline in asks:
         replayed = {p: e for (cfg, p), e in zip(runs, errors) if cfg == c.cfg}
         verdict = validate(trace, c.cfg, c.cfg.spec(slow), rec.betas[slow], advice, raw.n_steps, baseline,

@@ -23,6 +23,7 @@ kept with a note saying so. BReD never gets a reset (nothing goes stale).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .. import theory
@@ -59,13 +60,14 @@ def update_error(trace, cfg, period: int | None, steps_limit, device, split=None
 
 
 def update_errors(trace, runs: list[tuple], steps_limit, device, split=None, backend: str = "auto",
-                  batch: int | None = None, config_threads: int = 1, unit: int | None = None) -> list[float | None]:
+                  batch: int | None = None, config_threads: int = 1, unit: int | None = None,
+                  progress=None) -> list[float | None]:
     """update_error of each (configuration, period) of `runs`, replayed together: one replay per
     `batch` runs (all in one by default), so they share each step's gradient gather and the fp32
     shadow that never resets, and step on `config_threads` threads (replay.config_threads_for).
     `unit`: the layout's (replay.layout_unit; by default the largest block of the batch). Each
     run writes only its own states, so with the same unit its error is the one it gets replayed
-    alone, bit for bit."""
+    alone, bit for bit. `progress(group, groups, done, total)` after each step of each replay."""
     size = len(runs) if batch is None else max(1, int(batch))
     groups = -(-len(runs) // size) if runs else 0
     out = []
@@ -75,7 +77,8 @@ def update_errors(trace, runs: list[tuple], steps_limit, device, split=None, bac
                                           steps_limit=steps_limit, device=device, reference_reset=False,
                                           models=False, state_stats=False, snapshots=1, split=split,
                                           backend=backend,
-                                          config_threads=config_threads, unit=unit))
+                                          config_threads=config_threads, unit=unit),
+                     progress=None if progress is None else functools.partial(progress, k, groups))
         for c in raw.configs:
             rel = c.update["rel_error"]
             rel = rel[rel == rel]
