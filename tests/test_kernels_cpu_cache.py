@@ -234,3 +234,46 @@ def test_the_cli_says_on_stderr_that_it_compiles(monkeypatch, capsys):
     runtime.COMPILES.begin("qstate: compiling the CPU kernels for this machine")
     runtime.COMPILES.end()
     assert "qstate: compiling the CPU kernels for this machine" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("code, fatal", [("ENOSPC", False), ("EDQUOT", False), ("EROFS", False), ("EFBIG", False),
+                                         ("EIO", True)])
+def test_a_kernel_that_cannot_be_saved_runs_from_memory(code, fatal, monkeypatch, tmp_path):
+    """A full cache disk: the kernel compiled, then numba's save raised ENOSPC out of the
+    first optimizer step (a training job's traceback, a bench row failed). Now a save that
+    cannot be written warns once and the step goes on; another OSError still raises, and a
+    function outside kernels/cpu keeps numba's behaviour."""
+    import errno
+    import types
+    import warnings
+
+    pytest.importorskip("numba")
+    from numba.core import caching
+
+    from qstate_cli.kernels.cpu import locator
+
+    locator.install()
+    monkeypatch.setattr(locator, "_warned", [])
+
+    def cache(loc):
+        obj = object.__new__(caching.FunctionCache)
+        obj._impl = types.SimpleNamespace(locator=loc)
+        obj._enabled = True
+
+        def refuse(sig, data):
+            raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+        obj._save_overload = refuse
+        return obj
+
+    ours = cache(locator.SourceLocator(test_a_kernel_that_cannot_be_saved_runs_from_memory, __file__, str(tmp_path)))
+    if fatal:
+        with pytest.raises(OSError):
+            caching.Cache.save_overload(ours, None, None)
+        return
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert caching.Cache.save_overload(ours, None, None) is None
+        caching.Cache.save_overload(ours, None, None)
+    assert len(seen) == 1 and "could not be saved" in str(seen[0].message)
+    with pytest.raises(OSError):  # numba's own locators: numba's behaviour
+        caching.Cache.save_overload(cache(types.SimpleNamespace()), None, None)

@@ -8,12 +8,19 @@ already one folder per version of these sources (numba_cache_dir), so SourceLoca
 the kernels of this folder directly in it and stamps them with their file's sha256: every
 checkout of the same sources on a machine shares one compiled copy. Functions elsewhere
 keep numba's own locators. Imports numba (codec.py installs it before any kernel compiles).
+
+A kernel of this folder that compiled but cannot be saved (a full disk, a quota, a
+read-only cache: numba raised from the first step, a training job's traceback) runs from
+memory, with one warning per process; the next process compiles it again (install: the
+save is guarded for this folder's kernels only).
 """
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 import numba
@@ -63,13 +70,45 @@ class SourceLocator(caching._CacheLocator):
         return self
 
 
+# what a save that cannot be written raises: no space, over quota, read-only, not allowed,
+# a file size limit (ulimit -f)
+UNSAVED = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
+_warned: list = []
+
+
+def _guarded(save):
+    """numba's Cache.save_overload, for a kernel of this folder (SourceLocator) not fatal
+    where the cache cannot be written (UNSAVED): the compiled kernel is in memory already."""
+    @functools.wraps(save)
+    def save_overload(self, sig, data):
+        if not isinstance(getattr(getattr(self, "_impl", None), "locator", None), SourceLocator):
+            return save(self, sig, data)
+        try:
+            return save(self, sig, data)
+        except OSError as exc:
+            if exc.errno not in UNSAVED:
+                raise
+            if not _warned:
+                _warned.append(exc)
+                warnings.warn(f"qstate: a compiled CPU kernel could not be saved in {numba.config.CACHE_DIR} "
+                              f"({exc.strerror or exc}): it runs from memory, and the next process compiles it "
+                              "again (free space there, or set NUMBA_CACHE_DIR)", RuntimeWarning, stacklevel=2)
+            return None
+    save_overload.qstate_guarded = True
+    return save_overload
+
+
 def install() -> bool:
-    """Put SourceLocator first among numba's locators (once); False where this numba has no
-    locator list to put it in (numba's own locators then cache by path, as before)."""
+    """Put SourceLocator first among numba's locators (once), and guard its kernels' cache
+    saves (_guarded); False where this numba has no locator list to put it in (numba's own
+    locators then cache by path, as before)."""
     impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)  # 0.68 / 0.59 names
     classes = getattr(impl, "_locator_classes", None)
     if not isinstance(classes, list):
         return False
     if SourceLocator not in classes:
         classes.insert(0, SourceLocator)
+    save = getattr(caching.Cache, "save_overload", None)
+    if save is not None and not getattr(save, "qstate_guarded", False):
+        caching.Cache.save_overload = _guarded(save)
     return True
