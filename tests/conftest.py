@@ -1,7 +1,7 @@
 """Shared test settings: deterministic threads, hypothesis profile, Triton's interpreter for
 the kernel tests when there is no GPU, and the markers that skip on a stack without what a
 test needs: cuda (a CUDA device), triton (a Triton that qstate_cli.kernels runs the kernels
-on) and fsdp2_on_gloo (torch >= 2.9)."""
+on), fsdp2_on_gloo (torch >= 2.9) and schema (pydantic >= 2.5)."""
 import functools
 import os
 import re
@@ -111,10 +111,21 @@ def fsdp2_on_gloo_problem() -> str | None:
             "2.8: gradients are summed, not averaged)")
 
 
+def schema_problem() -> str | None:
+    """Why the suite schema (pydantic's) cannot load here, or None: a test that asserts
+    pydantic's messages skips where suites get the basic check (the GPU machine: no pydantic)."""
+    try:
+        import qstate_cli.suites.schema  # noqa: F401
+    except ImportError as exc:
+        return f"the suite schema needs pydantic >= 2.5 ({exc})"
+    return None
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "triton: runs the Triton kernels (skipped where qstate_cli.kernels "
                                        "refuses this Triton: conftest.triton_problem)")
     config.addinivalue_line("markers", "fsdp2_on_gloo: runs FSDP2 (fully_shard) on gloo (skipped on torch < 2.9)")
+    config.addinivalue_line("markers", "schema: asserts the pydantic suite schema's messages (skipped without it)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -127,3 +138,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=fsdp2))
         if item.get_closest_marker("triton") is not None and triton_problem() is not None:
             item.add_marker(pytest.mark.skip(reason=triton_problem()))
+        if item.get_closest_marker("schema") is not None and schema_problem() is not None:
+            item.add_marker(pytest.mark.skip(reason=schema_problem()))

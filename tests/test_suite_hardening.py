@@ -137,6 +137,7 @@ def test_run_exits_1_after_writing_everything_when_a_point_failed(hooks, suite_f
 
 # -- 5. a resume on another build -------------------------------------------------------------
 
+@pytest.mark.schema
 def test_resume_refuses_another_build_and_records_its_session(hooks, suite_file, tmp_path, monkeypatch):  # noqa: F811
     out = tmp_path / "out"
     real = suite_runner.environment
@@ -321,6 +322,7 @@ def test_a_file_stem_that_cannot_name_a_folder_is_refused(tmp_path, monkeypatch)
     assert issue_of(write(tmp_path, "kind: memory\n", name="x" * 81 + ".yaml")).endswith("add a `name:` key")
 
 
+@pytest.mark.schema
 def test_validate_says_a_folder_is_a_folder_and_goes_on(tmp_path):
     good = write(tmp_path, "kind: memory\n", name="good.yaml")
     r = validate(tmp_path, good)

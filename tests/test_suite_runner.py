@@ -325,6 +325,7 @@ def test_a_suite_run_keeps_the_memory_engines_meta(tmp_path):
     assert sorted(m["subjects"][0] for m in points.values()) == ["bred-4bit", "fp32"]
 
 
+@pytest.mark.schema
 def test_the_resume_hint_repeats_every_set(hooks, suite_file, tmp_path):
     """The hint dropped --set, and the command it gave refused the finished points."""
     from qstate_cli.cli.suite_cmd import resume_command
@@ -347,6 +348,7 @@ def test_the_resume_hint_repeats_every_set(hooks, suite_file, tmp_path):
     assert len(load(out / "sweep.json")["meta"]["suite"]["done"]) == 12
 
 
+@pytest.mark.schema
 def test_a_pydantic_too_old_for_the_schema_is_named(monkeypatch):
     """pydantic 2.0-2.4 has no Discriminator/Tag: the schema's import failed and the note said
     'pydantic is not installed', which sent the user looking for the wrong fix."""
@@ -372,3 +374,47 @@ def test_a_pydantic_too_old_for_the_schema_is_named(monkeypatch):
     assert note == (f"pydantic {pydantic.VERSION} cannot load the suite schema (cannot import name 'Discriminator' "
                     "from 'pydantic'); it needs pydantic >= 2.5: the suite had a basic check only")
     assert errors == []
+
+
+NO_PYDANTIC_AXES = """
+import sys
+sys.modules["pydantic"] = None  # as on the GPU machine
+from qstate_cli.errors import QstateError
+from qstate_cli.suites import SuiteError, load_suite
+for path in sys.argv[1:]:
+    try:
+        load_suite(path)
+        print("accepted")
+    except SuiteError as exc:
+        print(exc.issues[0])
+from qstate_cli.cli import suite_cmd
+try:
+    suite_cmd.schema()
+except QstateError as exc:
+    print(exc)
+"""
+
+
+def test_without_pydantic_the_basic_check_refuses_what_the_schema_does(tmp_path):
+    """Without pydantic `numel: []` ran 0 points, a range with a step and a factor ignored
+    its factor, `baselines: torch-fused` was read as baselines 't', 'o', ..., and `qstate
+    suite schema` ended in a ModuleNotFoundError traceback."""
+    cases = {"empty": "kind: kernels\naxes:\n  numel: []\n",
+             "both": "kind: kernels\naxes:\n  numel: {start: 1, stop: 8, step: 1, factor: 2}\n",
+             "text": "kind: kernels\nbaselines: torch-fused\n",
+             "word": "kind: kernels\naxes:\n  numel: {start: one, stop: 8, step: 1}\n",
+             "good": "kind: kernels\naxes:\n  numel: {start: 1024, stop: 4096, factor: 2}\nbaselines: [torch-fused]\n"}
+    paths = []
+    for name, text in cases.items():
+        paths.append(tmp_path / f"{name}.yaml")
+        paths[-1].write_text(text)
+    out = subprocess.run([sys.executable, "-c", NO_PYDANTIC_AXES, *map(str, paths)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        f"{paths[0]}:3: axes.numel: an axis needs at least one value",
+        f"{paths[1]}:3: axes.numel: give exactly one of step or factor",
+        f"{paths[2]}:2: baselines: a list of baseline names (baselines: [torch-fused])",
+        f"{paths[3]}:3: axes.numel.start: must be a number (got 'one')",
+        "accepted",
+        "suite schema: pydantic is not installed; the schema is pydantic's (pip install 'pydantic>=2.5')"]

@@ -118,6 +118,7 @@ BROKEN = {
 }
 
 
+@pytest.mark.schema
 @pytest.mark.parametrize("case", list(BROKEN), ids=list(BROKEN))
 def test_broken_suite_names_file_line_and_key(tmp_path, case):
     text, line, key, words = BROKEN[case]
@@ -135,6 +136,7 @@ def test_invalid_yaml_names_the_line(tmp_path):
         load_suite(path)
 
 
+@pytest.mark.schema
 def test_every_problem_is_listed_by_validate(tmp_path):
     path = write(tmp_path, """
         runs:
@@ -152,6 +154,7 @@ def test_every_problem_is_listed_by_validate(tmp_path):
                      f"{path}:5: runs[1].kind: Input should be 'kernels', 'memory', 'diagnose', 'train' or 'doctor' (got 'trian')"]
 
 
+@pytest.mark.schema
 def test_set_override_errors_name_the_override(tmp_path):
     path = write(tmp_path, "kind: kernels\naxes: {numel: [1024]}\n")
     with pytest.raises(SuiteError, match=r"^--set device=tpu: defaults.device: use auto"):
@@ -174,6 +177,7 @@ def test_quick_suite_covers_kernels_memory_and_the_demo_trace():
     assert suite.runs[2]["defaults"]["trace"] == "demo"
 
 
+@pytest.mark.schema
 def test_committed_schema_is_current():
     from qstate_cli.suites.schema import json_schema
 

@@ -143,6 +143,12 @@ def validate(
 @suite_app.command("schema")
 def schema():
     """Print the suite JSON Schema (for editors: yaml-language-server, VS Code)."""
-    from ..suites.schema import json_schema
+    try:
+        from ..suites.schema import json_schema
+    except ImportError as exc:  # no pydantic, or one too old (the GPU machine has none)
+        from ..errors import QstateError
+        from ..suites.load import _no_schema
 
+        raise QstateError("suite schema: " + _no_schema(exc).split(":")[0] + "; the schema is pydantic's "
+                          "(pip install 'pydantic>=2.5')") from None
     output.print_json(json_schema())

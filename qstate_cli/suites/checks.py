@@ -150,17 +150,62 @@ def exclude_value_errors(data: dict, where: dict) -> list[tuple[tuple, str]]:
     return errs
 
 
-def range_errors(data: dict) -> list[tuple[tuple, str]]:
-    """Non-finite range bounds (where the schema did not check them: no pydantic)."""
+AXIS_SHAPE = "an axis is a list of values or a range {start, stop, step | factor}"
+
+
+def axis_errors(data: dict) -> list[tuple[tuple, str]]:
+    """Axes and baselines the schema refuses, found where it did not run (no pydantic: the
+    basic check let `numel: []` run 0 points, a range with both step and factor ignore its
+    factor, and `baselines: torch-fused` read as seven baselines 't', 'o', ...); with the
+    schema, what it leaves: non-finite range bounds."""
     errs = []
     runs = [(("runs", i), r) for i, r in enumerate(data["runs"])] if data.get("runs") is not None else [((), data)]
-    for prefix, run in runs:
-        for name, spec in (run.get("axes") if isinstance(run.get("axes"), dict) else {}).items():
-            if isinstance(spec, dict):
-                for key in ("start", "stop", "step", "factor"):
-                    if isinstance(spec.get(key), float) and not math.isfinite(spec[key]):
-                        errs.append((prefix + ("axes", name, key), f"must be a finite number (got {spec[key]})"))
+    for prefix, run in ([((), data)] if data.get("runs") is not None else []) + runs:
+        if not isinstance(run, dict):
+            continue
+        baselines = run.get("baselines")
+        if baselines is not None and not (isinstance(baselines, list) and all(isinstance(b, str) for b in baselines)):
+            errs.append((prefix + ("baselines",), "a list of baseline names (baselines: [torch-fused])"))
+        axes = run.get("axes")
+        if axes is not None and not isinstance(axes, dict):
+            errs.append((prefix + ("axes",), "a mapping of parameter names to axes"))
+            continue
+        for name, spec in (axes or {}).items():
+            problem = _axis_problem(spec)
+            if problem:
+                errs.append((prefix + ("axes", name) + problem[0], problem[1]))
     return errs
+
+
+def _axis_problem(spec) -> tuple[tuple, str] | None:
+    """(where in the axis, what) for an axis the schema (schema.AxisRange) refuses."""
+    if isinstance(spec, list):
+        return None if spec else ((), "an axis needs at least one value")
+    if not isinstance(spec, dict):
+        return (), AXIS_SHAPE
+    extra = [k for k in spec if k not in ("start", "stop", "step", "factor")]
+    if extra:
+        return (extra[0],), unknown_key(extra[0], {"start", "stop", "step", "factor"})
+    for key in ("start", "stop", "step", "factor"):
+        value = spec.get(key)
+        if value is None and key in ("start", "stop"):
+            return (), f"a range needs {key}"
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return (key,), f"must be a number (got {value!r})"
+        if isinstance(value, float) and not math.isfinite(value):
+            return (key,), f"must be a finite number (got {value})"
+    step, factor = spec.get("step"), spec.get("factor")
+    if (step is None) == (factor is None):
+        return (), "give exactly one of step or factor"
+    if step is not None and step <= 0:
+        return ("step",), "must be > 0"
+    if factor is not None and factor <= 1:
+        return ("factor",), "must be > 1"
+    if spec["stop"] < spec["start"]:
+        return (), f"stop ({spec['stop']}) is below start ({spec['start']})"
+    if factor is not None and spec["start"] <= 0:
+        return (), "a geometric range (factor) needs start > 0"
+    return None
 
 
 # -- point values ------------------------------------------------------------------------

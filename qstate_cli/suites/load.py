@@ -22,7 +22,7 @@ from ..errors import QstateError, clip
 from ..kinds import KINDS, runnable_kinds
 from ..options import option_fields
 from . import bounded_yaml
-from .checks import (closest, exclude_value_errors, point_errors, range_errors, resolve_paths,
+from .checks import (axis_errors, closest, exclude_value_errors, point_errors, resolve_paths,
                      stem_errors, unknown_key)
 from .kinds import CONFIG_AXES, is_overridden, options_class
 from .expand import Point, check_points, expand_run
@@ -374,7 +374,7 @@ def load_suite(path, sets: list[str] | None = None, check_params: bool = True) -
     errs, note = _schema_errors(data)
     notes = [note] if note else []
     if not errs:
-        errs = _semantic_errors(data) + stem_errors(data, path) + range_errors(data)
+        errs = _semantic_errors(data) + stem_errors(data, path) + axis_errors(data)
     if not errs:
         errs = exclude_value_errors(data, where)
     if not errs and check_params:
