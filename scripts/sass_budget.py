@@ -171,8 +171,9 @@ def main(argv=None) -> int:
             if args.json:
                 print(json.dumps(row), flush=True)
             else:
-                meas = row["measured_pct_of_copy"]
-                print(f"{row['name']:24} {row['param_dtype']:5} measured {meas:6.1f}% of copy   "
+                meas = row["measured_pct_of_copy"]  # None: cache-resident (no share of copy)
+                shown = "     -" if meas is None else f"{meas:6.1f}"
+                print(f"{row['name']:24} {row['param_dtype']:5} measured {shown}% of copy   "
                       f"PREDICTED {row['predicted_pct_of_copy']:6.1f}% ({row['predicted_sass_per_elem']:.1f} SASS/elem, "
                       f"budget {row['predicted_budget_per_elem']:.1f})  [{row['path']}, {row['timing']}]", flush=True)
         if not rows:

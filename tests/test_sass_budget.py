@@ -147,3 +147,21 @@ def test_measured_rows_are_printed_beside_the_prediction(tmp_path):
     assert 0 < row["predicted_pct_of_copy"] <= 100
     missing = _run("--beside", str(tmp_path / "none.json"), tmp_path=tmp_path)
     assert missing.returncode == 2 and "none.json" in missing.stderr
+
+
+def test_beside_takes_rows_the_compiled_kernels_stepped():
+    """A row that fell back to the reference (or ran in Triton's interpreter) was set beside
+    the sm_90 prediction; a cache-resident row (pct_of_copy None) then crashed the script's
+    print (TypeError on None's format), as on a CPU-only run of scripts/gpu_check.sh."""
+    from qstate_cli.quant import parse_config
+
+    config = parse_config("bred-4bit").canonical()
+    prediction = {"kernel": "adamw", "states": config, "param_dtype": "bf16", "predicted_copy_fraction": 0.5,
+                  "sass_per_elem": 40.0, "budget_per_elem": 80.0}
+    rows = [{"name": f"bred-4bit {path}", "optimizer": "adamw", "config": config, "param_dtype": "bf16",
+             "status": "ok", "pct_of_copy": pct, "path": path}
+            for path, pct in (("triton", None), ("reference", 3.0), ("triton-interpreter", 0.1), ("triton", 55.0))]
+    shown = budget.beside(rows, [prediction])
+    assert [(r["name"], r["measured_pct_of_copy"]) for r in shown] == [("bred-4bit triton", None),
+                                                                        ("bred-4bit triton", 55.0)]
+    assert shown[0]["predicted_pct_of_copy"] == 50.0

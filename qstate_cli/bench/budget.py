@@ -98,11 +98,14 @@ def prediction_key(kernel: str, states: str, param_dtype: str) -> tuple:
 def beside(measured: list[dict], predictions: list[dict]) -> list[dict]:
     """Measured `kernels` rows (bench headline / bench kernels) that a prediction covers,
     each with the measured share of copy and the predicted one side by side (the
-    prediction keeps its own columns: predicted_*)."""
+    prediction keeps its own columns: predicted_*). Only rows the compiled Triton kernels
+    stepped (path "triton"): a row that fell back to the reference, or ran in Triton's
+    interpreter, is not what the SASS counts predict. A cache-resident row has no measured
+    share (None)."""
     pred = {prediction_key(p["kernel"], p["states"], p["param_dtype"]): p for p in predictions}
     out = []
     for r in measured:
-        if r.get("status") != "ok" or not r.get("optimizer") or not r.get("config"):
+        if r.get("status") != "ok" or not r.get("optimizer") or not r.get("config") or r.get("path") != "triton":
             continue
         p = pred.get(prediction_key(r["optimizer"], r["config"], r.get("param_dtype")))
         if p is None:
