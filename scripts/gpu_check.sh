@@ -57,7 +57,7 @@ stage() {  # stage NAME LIMIT_S COMMAND...: run with a limit, log to OUT_DIR/NAM
     fi
 }
 
-stage env 60 "$PY" -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda); print('triton', triton.__version__); print('device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NO CUDA'); import importlib.util as u; print('peers', [m for m in ('bitsandbytes', 'torchao', 'flashoptim', 'transformer_engine') if u.find_spec(m)])"
+stage env 60 "$PY" -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda); print('triton', triton.__version__); print('device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NO CUDA'); import importlib.util as u; print('peers', [m for m in ('bitsandbytes', 'torchao', 'flashoptim', 'transformer_engine') if u.find_spec(m)]); import importlib.metadata as md; print('typer', md.version('typer'), 'pydantic', md.version('pydantic') if u.find_spec('pydantic') else None, 'numba', md.version('numba') if u.find_spec('numba') else None)"
 command -v nvidia-smi > /dev/null && stage nvidia_smi 30 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,power.draw --format=csv
 
 # 1. Headline: fused 4-bit AdamW kernel vs copy bandwidth, BReD vs nearest, vs torch fused AdamW.
