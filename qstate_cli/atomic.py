@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -128,3 +129,24 @@ def write_bytes_atomic(path, data: bytes, picked_in=None) -> Path:
     with atomic_path(path, picked_in) as tmp, open(tmp, "wb") as fh:
         fh.write(data)
     return Path(path)
+
+
+def remove_stale_temporaries(folder, names) -> list[Path]:
+    """Remove the temporary files atomic_path names for `names` in `folder` (`.NAME.XXXXXXXX.tmp`)
+    that a write stopped by SIGKILL, the OOM killer or a power cut left behind (the final
+    files are whole; the temporaries were never renamed); regular files only. Returns them."""
+    folder = Path(folder)
+    pattern = re.compile(r"\.(%s)\.[A-Za-z0-9_]{8}\.tmp" % "|".join(re.escape(n) for n in names))
+    removed = []
+    try:
+        entries = list(os.scandir(folder)) if names else []
+    except OSError:
+        return removed
+    for entry in entries:
+        if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+            try:
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+            except OSError:
+                pass
+    return removed

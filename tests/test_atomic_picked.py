@@ -164,3 +164,18 @@ def test_a_plots_folder_leading_outside_is_refused_before_any_work(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "r-plots: this folder leads outside" in lines[0], r.stderr
     assert list(elsewhere.iterdir()) == [] and sorted(p.name for p in md.iterdir()) == ["r-plots"]
+
+
+def test_a_run_removes_the_temporaries_a_killed_write_left(hooks, suite_file, tmp_path):  # noqa: F811
+    """SIGKILL (the OOM killer) during a write left `.sweep.json.XXXXXXXX.tmp` in OUT, which no
+    later run or --resume removed; now the next run does, and nothing it did not name."""
+    out = tmp_path / "out"
+    out.mkdir()
+    left = [out / ".sweep.json.k3_x9QaZ.tmp", out / ".report.html.abcdefgh.tmp"]
+    kept = [out / ".notes.json.abcdefgh.tmp", out / ".sweep.json.short.tmp", out / "mine.tmp"]
+    for path in left + kept:
+        path.write_text("{partial")
+    r = runner.invoke(app, ["run", str(suite_file), "--out", str(out)], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    assert not any(p.exists() for p in left) and all(p.exists() for p in kept)
+    assert f"{out}: removed 2 temporary file(s) an interrupted write left" in r.stderr

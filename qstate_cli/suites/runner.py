@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic import remove_stale_temporaries
 from ..errors import QstateError
 from ..kinds import KINDS
 from ..progress import QUIET, Progress
@@ -160,6 +161,10 @@ def _replace_earlier(out_dir: Path, suite: LoadedSuite, resume: bool, progress: 
                      "(use --resume to keep them)")
     for path in gone + ([out_dir / name for name in STALE] if ours else []):
         path.unlink(missing_ok=True)
+    left = remove_stale_temporaries(out_dir, [f"{name}.json" for name in names] + list(STALE))
+    if left:
+        progress.log(f"{out_dir}: removed {len(left)} temporary file(s) an interrupted write left "
+                     f"({', '.join(p.name for p in left[:3])}{', ...' if len(left) > 3 else ''})")
 
 
 def _in_point_order(writer: ResultWriter, order: dict[str, int]) -> None:
