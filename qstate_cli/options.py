@@ -43,6 +43,7 @@ from .quant.formats import suggest
 
 SCALAR_TYPES = (bool, int, float, str)
 MAX_SEED = 2**63 - 1  # torch's generators take a signed 64-bit seed (quant/hash.py keeps its low 32 bits)
+MAX_THREADS = 1024  # torch threads per run (--threads): more is a typo (10^6 segfaulted inside torch)
 
 # Upper bounds of counts that size the work (and the lists built for it) before it starts:
 # (the command, as Options.COMMAND names it; the field) -> (the most, why). A typo's 10^9
@@ -51,6 +52,7 @@ MOST = {
     ("bench train", "seeds"): (1000, "one training run per seed and configuration"),
     ("bench train", "steps"): (10**7, "the loss series keeps a point every --log-every steps"),
     ("bench kernels", "rounds"): (1000, "each round times every row again"),
+    ("bench kernels", "threads"): (MAX_THREADS, "torch CPU threads; more than the CPUs only adds waiting"),
     ("compare --ab", "rounds"): (1000, "each round times both configurations again"),
     ("bench headline", "reps"): (10_000, "timed repetitions of each row"),
     ("bench headline", "warmup"): (10_000, "warm-up calls of each row"),

@@ -3,7 +3,8 @@
     {
       "schema_version": 1,
       "kind": "kernels" | "memory" | "diagnose" | "train" | "compare" | ...,
-      "env": {device, device_name, cpu_cores, cpu_isa, torch, triton, python, qstate, git_sha, argv, created, ...},
+      "env": {device, device_name, cpu_count, cpu_cores, cpu_affinity, cpu_isa, torch, triton, python, qstate,
+              git_sha, argv, created, ...},
       "meta": {...free-form settings of the run...},
       "records": [{flat row}, ...]          # pandas.DataFrame(records) just works
     }
@@ -39,6 +40,7 @@ def device_info(device: str | None = None) -> dict:
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: None)
     info = {"device": dev, "device_name": cpu_name(), "cpu_count": os.cpu_count(), "cpu_cores": cpu_cores(),
+            "cpu_affinity": cpu_affinity(),  # the CPUs this process may run on (taskset, cpuset): <= cpu_count
             "torch_threads": torch.get_num_threads(),
             "cpu_isa": capability()}  # torch's CPU kernels' vector ISA: AVX512, AVX2, DEFAULT, ...
     if dev.startswith("cuda") and torch.cuda.is_available():
@@ -83,17 +85,37 @@ def cpu_cores(root: str = "/sys/devices/system/cpu") -> int | None:
     return len(cores) or None
 
 
-def cpus_on_cores(count: int | None, cores: int | None) -> str:
-    """"2 CPUs on 2 cores", or "" where either count is unknown (an env block's cpu_count, cpu_cores)."""
+def cpu_affinity() -> int | None:
+    """How many CPUs this process may run on: len(os.sched_getaffinity(0)) (Linux: taskset,
+    a cgroup cpuset), else os.cpu_count() where the platform has no affinity call. Under
+    `taskset -c 0` on a 2-CPU host it is 1 where os.cpu_count() still says 2."""
+    try:
+        return len(os.sched_getaffinity(0)) or None
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def cpus_on_cores(count: int | None, cores: int | None, usable: int | None = None) -> str:
+    """"2 CPUs on 2 cores", or "" where either count is unknown (an env block's cpu_count,
+    cpu_cores); with `usable` (its cpu_affinity) below count: "1 of 2 CPUs on 2 cores"."""
     if not count or not cores:
         return ""
-    return f"{count} CPU{'s' * (count != 1)} on {cores} core{'s' * (cores != 1)}"
+    of = f"{usable} of " if usable and usable < count else ""
+    return f"{of}{count} CPU{'s' * (count != 1)} on {cores} core{'s' * (cores != 1)}"
+
+
+def env_cpus(env: dict) -> str:
+    """The CPUs an env block says the run had, as cpus_on_cores writes them (an older file
+    without cpu_affinity: the host's count alone)."""
+    return cpus_on_cores(env.get("cpu_count"), env.get("cpu_cores"), env.get("cpu_affinity"))
 
 
 def host_cpus() -> str:
-    """This host's CPUs for a benchmark's header: "2 CPUs on 2 cores", or "2 CPUs" where sysfs
-    does not say which cores they sit on."""
-    return cpus_on_cores(os.cpu_count(), cpu_cores()) or f"{os.cpu_count()} CPUs"
+    """This process's CPUs for a benchmark's header: "2 CPUs on 2 cores", "1 of 2 CPUs on 2
+    cores" under taskset, or "2 CPUs" where sysfs does not say which cores they sit on."""
+    count, usable = os.cpu_count(), cpu_affinity()
+    return cpus_on_cores(count, cpu_cores(), usable) or (f"{usable} of {count} CPUs" if usable and count and
+                                                          usable < count else f"{count} CPUs")
 
 
 def git_sha() -> str | None:

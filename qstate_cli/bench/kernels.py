@@ -13,7 +13,10 @@ copy at cache speed): `cache_resident` true and `pct_of_copy` null.
 
 `bytes_moved` is the bytes model (bytes_model.py) for the states that subject really
 keeps on each tensor. A size that runs out of memory marks its rows "failed" and the
-sweep goes on; a baseline that cannot run here is "unavailable" with the reason.
+sweep goes on; a baseline that cannot run here is "unavailable" with the reason. So does
+a size whose estimated peak (group_bytes) is more than the memory available
+(runtime.available_memory), found before any of it is allocated (memory_shortfall): on
+Linux an allocation past it is not refused, the OOM killer ends the process later.
 The rows of one (dtype, size or model) are timed together, interleaved in `--rounds`
 rounds beside same-run references (group.py); they go to `on_row` as soon as their group
 is measured (the CLI writes them to disk), so Ctrl-C (KeyboardInterrupt, never caught
@@ -29,20 +32,21 @@ from typing import Callable
 import torch
 
 from ..errors import QstateError
-from ..options import Options, lower, many, option, seed_option
+from ..options import MAX_THREADS, Options, lower, many, option, seed_option
 from ..quant.config import ROUNDINGS, StateConfig, parse_config
 from ..optim.base import BACKENDS
 from ..optim.registry import names_text, optimizer_info
 from ..progress import QUIET, Progress
-from ..results import Result, device_info
-from ..runtime import free_memory, is_oom, resolve_device, torch_threads
-from .bytes_model import DTYPE_NAMES, DTYPES
+from ..results import Result, cpu_affinity, device_info
+from ..runtime import available_memory, free_memory, is_oom, resolve_device, torch_threads
+from .bytes_model import DTYPE_NAMES, DTYPES, dtype_bytes, tensor_state_bytes
 from .shapes import model_shapes, numel as shapes_numel, parse_count, split_models, sweep_shape
 from .group import failure, fill_timing, measure_group
 from .subjects import Context, Subject, chosen_configs, config_or_none, ours, select_baselines
 from .timing import copy_item, measure_rounds
 
-__all__ = ["KernelsOptions", "execute", "failure", "fill_timing", "plan", "run", "streamed"]
+__all__ = ["KernelsOptions", "execute", "failure", "fill_timing", "group_bytes", "memory_shortfall", "plan", "run",
+           "state_bytes", "streamed"]
 
 CONFIGS_BY_BITS = {
     4: ("nearest-4bit", "sr-4bit", "bred-4bit", "torchao-4bit"),
@@ -55,6 +59,11 @@ DEFAULTS = {
     "cuda": dict(numel=(1 << 20, 1 << 23, 1 << 26, 1 << 27), dtype=("fp32", "bf16"), warmup_ms=25.0,
                  rep_ms=100.0, copy_numel=1 << 28),
 }
+
+GIB = 2**30
+HEADROOM_BYTES = 256 * 2**20  # beyond the tensors: allocator slack, compiled kernels, a first step's buffers
+COPY_HEADROOM_BYTES = 64 * 2**20  # the copy row: two buffers and a timing loop, nothing else
+TEMP_FP32_COPIES = 4  # fp32 temporaries of a step on its largest tensor (dequantized m and v, the update, a cast)
 
 FIELDS = ("name", "role", "optimizer", "config", "rounding", "bits", "numel", "n_tensors", "model",
           "param_dtype", "grad_dtype", "device", "device_name", "path", "status", "reason",
@@ -99,8 +108,9 @@ class KernelsOptions(Options):
     seed: int = seed_option("Seed of the parameters and gradients.")
     rounds: int = option(3, "Rounds: the rows of one size and dtype are timed interleaved (A B C, C B A, ...) "
                             "this many times, beside same-run copy and torch-fused references.")
-    threads: int | None = option(None, "CPU threads for torch (default: unchanged; 1 is steadier on a shared "
-                                       "machine).", type=int)
+    threads: int | None = option(None, f"CPU threads for torch, 1 to {MAX_THREADS} (default: unchanged; 1 is "
+                                       "steadier on a shared machine; more than the CPUs this process may run on "
+                                       "warns).", type=int)
 
     def check(self, here: bool = True) -> None:
         plan(self, here)
@@ -192,8 +202,8 @@ def plan(opts: KernelsOptions, here: bool = True) -> Plan:
         raise QstateError("--cuda-graph needs a CUDA device")
     if opts.rounds < 1:
         raise QstateError(f"--rounds {opts.rounds}: use 1 or more")
-    if opts.threads is not None and opts.threads < 1:
-        raise QstateError(f"--threads {opts.threads}: use 1 or more")
+    if opts.threads is not None and not 1 <= opts.threads <= MAX_THREADS:
+        raise QstateError(f"--threads {opts.threads}: use 1 to {MAX_THREADS}")
     return Plan(device, opts.optimizer, subjects, dtypes, targets,
                 d["warmup_ms"] if opts.warmup_ms is None else float(opts.warmup_ms),
                 d["rep_ms"] if opts.rep_ms is None else float(opts.rep_ms),
@@ -218,6 +228,72 @@ class Tensors:
         for p, g in zip(self.params, self.grad_sets[self.turn % 2]):
             p.grad = g
         self.turn += 1
+
+
+def state_bytes(subject: Subject, optimizer: str, shapes, dtype: torch.dtype) -> int:
+    """Codes + scales of the states `subject` keeps on tensors of `shapes` (the bytes model;
+    no counters): bench memory's expected_state_bytes, and the states in group_bytes."""
+    total = 0
+    for s in shapes:
+        n = int(torch.Size(s).numel())
+        total += sum(tensor_state_bytes(spec, n) for spec in subject.specs_for(optimizer, n, dtype))
+    return total
+
+
+def group_bytes(shapes, dtype: torch.dtype, states: list[int], together: bool, extra: int = 0) -> int:
+    """The peak bytes of one group (a size or model, a dtype), estimated before any of it is
+    allocated; n elements of b bytes, the largest tensor n_max:
+
+        parameters and two gradient sets   3 n b, + 4 n_max (the fp32 draw a tensor is made from)
+        states                             all subjects' (`together`: bench kernels builds every
+                                           row's optimizer before timing them), else the largest
+        a step's temporaries               TEMP_FP32_COPIES fp32 copies of n_max, and one copy of the
+                                           largest subject's states (torch's foreach step sqrt()s
+                                           a whole state list at once)
+        extra                              the caller's (bench kernels: its references)
+        HEADROOM_BYTES
+
+    An estimate on the safe side: bench memory of llama-7b (6.7e9 fp32 parameters) with
+    bred-4bit ~91 GiB, of which 75 GiB parameters and gradients; the CPU sweep's 2^18 ~0.3 GiB."""
+    numels = [int(torch.Size(s).numel()) for s in shapes]
+    n, largest, b = sum(numels), max(numels, default=0), dtype_bytes(dtype)
+    held = sum(states) if together else max(states, default=0)
+    temps = TEMP_FP32_COPIES * 4 * largest + max(states, default=0)
+    return 3 * n * b + 4 * largest + held + temps + int(extra) + HEADROOM_BYTES
+
+
+def memory_shortfall(device: torch.device, needed: int) -> str | None:
+    """None when `needed` bytes fit in what `device` has available now (available_memory;
+    unknown: assumed to fit), else a row's reason: "needs ~X GiB, Y GiB available"."""
+    available = available_memory(device)
+    if available is None or needed <= available:
+        return None
+    return f"needs ~{needed / GIB:.3g} GiB, {available / GIB:.3g} GiB available on {device.type}: not allocated"
+
+
+def kernels_group_bytes(p: Plan, target: Target, dtype: torch.dtype) -> int:
+    """group_bytes of one bench kernels group: every subject's states held together, and the
+    references (group.py): torch's fused AdamW (two states of the parameters' dtype) and a
+    copy of each distinct bytes_moved (a source and a destination: bytes_moved in all)."""
+    numels = [int(torch.Size(s).numel()) for s in target.shapes]
+    states, footprints = [], set()
+    for subject, _ in p.subjects:
+        extra = subject.extra_bytes(dtype) / 2 if subject.extra_bytes else 0.0  # stored once, read + written
+        states.append(state_bytes(subject, p.optimizer, target.shapes, dtype) + int(extra * sum(numels)))
+        footprints.add(subject.bytes_moved(p.optimizer, numels, dtype))
+    refs = 2 * sum(numels) * dtype_bytes(dtype) + sum(footprints)
+    return group_bytes(target.shapes, dtype, states, together=True, extra=refs)
+
+
+def threads_warning(threads: int | None) -> str | None:
+    """A line for stderr when --threads asks for more threads than the CPUs this process may
+    run on (cpu_affinity): they then take turns on them, and every op waits at its
+    fork/join barrier for a descheduled one (4096 threads on 2 CPUs timed a copy ~100x slower)."""
+    cpus = cpu_affinity()
+    if threads is None or not cpus or threads <= cpus:
+        return None
+    return (f"warning: --threads {threads} is more than the {cpus} CPU{'s' * (cpus != 1)} this process may run on: "
+            f"threads take turns and times grow (use --threads {cpus} or fewer)")
 
 
 def run(p: Plan, on_row: Callable[[dict], None] | None = None,
@@ -248,8 +324,10 @@ def _run(p: Plan, on_row, on_start) -> list[dict]:
     for dt in p.dtypes:
         dtype = DTYPES[dt]
         for target in p.targets:
+            tensors, alloc_error = None, memory_shortfall(p.device, kernels_group_bytes(p, target, dtype))
             try:
-                tensors, alloc_error = Tensors(target.shapes, dtype, p.device, p.seed), None
+                if alloc_error is None:
+                    tensors = Tensors(target.shapes, dtype, p.device, p.seed)
             except Exception as exc:  # noqa: BLE001 - recorded on every row of this target
                 if not is_oom(exc):
                     raise
@@ -296,6 +374,10 @@ def measure_copy(p: Plan, info: dict) -> dict:
     row.update(name="copy", role="copy", optimizer=None, config="copy", numel=p.copy_numel, n_tensors=1,
                param_dtype="fp32", grad_dtype=None, device=p.device.type, device_name=info["device_name"],
                path="copy", status="ok", bytes_moved=8 * p.copy_numel, bytes_per_elem=8.0, cuda_graph=False)
+    short = memory_shortfall(p.device, 8 * p.copy_numel + COPY_HEADROOM_BYTES)  # a source and a destination
+    if short:
+        row.update(status="failed", reason=short)
+        return row
     try:
         measured = measure_rounds([copy_item(p.device, p.copy_numel)], p.device, p.rounds, p.warmup_ms, p.rep_ms)
         got = measured.items[0]
@@ -322,13 +404,17 @@ def options_meta(opts: KernelsOptions, p: Plan) -> dict:
 
 
 
-def streamed(kind: str, p, meta: dict, run_rows: Callable, progress: Progress | None) -> Result:
+def streamed(kind: str, p, meta: dict, run_rows: Callable, progress: Progress | None,
+             notes: tuple[str, ...] = ()) -> Result:
     """A bench engine's rows as a Result, each row reported to `progress` as soon as it is
-    measured (Ctrl-C keeps what was reported). `run_rows(p, on_row, on_start)` measures."""
+    measured (Ctrl-C keeps what was reported). `run_rows(p, on_row, on_start)` measures;
+    `notes`: lines for the log once the work begins (a warning)."""
     progress = progress or QUIET
     threads = getattr(p, "threads", None)  # --threads: the count the rows ran with, not the process's
     result = Result(kind, meta=meta, device=str(p.device), env={"torch_threads": threads} if threads else {})
     progress.begin(p.total_rows, result)
+    for line in notes:
+        progress.log(line)
     result.records = run_rows(p, on_row=progress.row,
                               on_start=lambda label, done, total: progress.start(label, done))
     return result
@@ -337,7 +423,8 @@ def streamed(kind: str, p, meta: dict, run_rows: Callable, progress: Progress | 
 def execute(opts: KernelsOptions, progress: Progress | None = None) -> Result:
     """`qstate bench kernels` as a library call (kinds.py)."""
     p = plan(opts)
-    result = streamed("kernels", p, options_meta(opts, p), run, progress)
+    warning = threads_warning(p.threads)
+    result = streamed("kernels", p, options_meta(opts, p), run, progress, notes=(warning,) if warning else ())
     shares = [r["cpu_share"] for r in result.records if r.get("cpu_share") is not None]
     result.meta["cpu_share"] = min(shares) if shares else None  # the most shared group of the run
     return result

@@ -36,6 +36,12 @@ For each config or baseline, on a model's parameter shapes (or single tensors):
   torch.compile'd peer steps with force_eager there, as in the accounting step). Where
   neither can be measured they are null, and `measured_reason` says why; it also says
   why the CUDA-only columns are null on a CPU.
+
+A model or size whose estimated peak (parameters, two gradient sets, the largest subject's
+states, a step's temporaries: kernels.group_bytes) is more than the memory available
+(runtime.available_memory) is not allocated: its rows are "failed" with the reason
+"needs ~X GiB, Y GiB available" and the run goes on (an allocation past what is available
+is not refused on Linux: the OOM killer ends the process later, with no file and no message).
 """
 from __future__ import annotations
 
@@ -54,8 +60,8 @@ from ..progress import Progress
 from ..results import Result, device_info
 from ..runtime import free_memory, is_oom, resolve_device
 from . import rss
-from .bytes_model import DTYPE_NAMES, DTYPES, tensor_state_bytes
-from .kernels import Target, Tensors, failure, streamed
+from .bytes_model import DTYPE_NAMES, DTYPES
+from .kernels import Target, Tensors, failure, group_bytes, memory_shortfall, state_bytes, streamed
 from .shapes import model_shapes, parse_count, split_models
 from .subjects import Context, Subject, Unavailable, chosen_configs, config_or_none, ours, select_baselines
 
@@ -169,11 +175,13 @@ def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
 
 def expected_state_bytes(subject: Subject, optimizer: str, shapes, dtype: torch.dtype) -> int:
     """Codes + scales of the states `subject` keeps on each tensor (bytes model)."""
-    total = 0
-    for s in shapes:
-        n = int(torch.Size(s).numel())
-        total += sum(tensor_state_bytes(spec, n) for spec in subject.specs_for(optimizer, n, dtype))
-    return total
+    return state_bytes(subject, optimizer, shapes, dtype)
+
+
+def target_bytes(p: MemoryPlan, target: Target, dtype: torch.dtype) -> int:
+    """The peak bytes of one target (kernels.group_bytes): its subjects step one at a time."""
+    states = [state_bytes(s, p.optimizer, target.shapes, dtype) for s in p.subjects]
+    return group_bytes(target.shapes, dtype, states, together=False)
 
 
 def eager_if(flag: bool):
@@ -187,8 +195,10 @@ def run(p: MemoryPlan, on_row: Callable[[dict], None] | None = None,
     info = device_info(str(p.device))
     dtype = DTYPES[p.dtype]
     for target in p.targets:
+        tensors, alloc_error = None, memory_shortfall(p.device, target_bytes(p, target, dtype))
         try:
-            tensors, alloc_error = Tensors(target.shapes, dtype, p.device, p.seed), None
+            if alloc_error is None:
+                tensors = Tensors(target.shapes, dtype, p.device, p.seed)
         except Exception as exc:  # noqa: BLE001
             if not is_oom(exc):
                 raise

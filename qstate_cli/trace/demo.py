@@ -8,6 +8,7 @@ every tensor, bf16 gradients (~95 MiB).
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Callable
@@ -116,31 +117,63 @@ def _run_demo(out: Path, settings: DemoSettings, log) -> dict:
             "train_s": round(time.perf_counter() - t0, 1)}
 
 
-def dead_blocks(t) -> int:
-    """Recorded 2048-element blocks of tensor `t` whose gradient is zero at every step."""
-    alive = t.grads.ne(0).any(0)  # [n_rec]: any step non-zero (NaN counts as alive)
+CHUNK_ELEMENTS = 1 << 24  # trace info reads this many gradient values at a time (a 128 MiB float64 temporary)
+
+
+def step_chunks(grads: torch.Tensor, chunk_elements: int = CHUNK_ELEMENTS):
+    """`grads` [n_steps, n_rec] as row slices (views, no copy) of about chunk_elements values,
+    at least one step each: a summary over them holds a few chunks, not several copies of
+    the whole tensor (an 800 MB bf16 trace peaked at 5.7 GB when read in one piece)."""
+    rows = max(1, chunk_elements // max(1, grads.shape[1]))
+    for start in range(0, grads.shape[0], rows):
+        yield grads[start:start + rows]
+
+
+def grad_stats(t, chunk_elements: int = CHUNK_ELEMENTS) -> tuple[int, float, torch.Tensor]:
+    """(non-finite gradient values, RMS of the finite ones counting each non-finite as 0,
+    alive [n_rec]: any step non-zero, NaN counting as alive) of tensor `t`, read a chunk of
+    steps at a time (step_chunks). The sum of squares is kept in float64, chunk by chunk, and
+    the RMS rounded to float32 as a float32 mean gave it: the chunk size does not change it."""
+    nonfinite, squares = 0, 0.0
+    alive = torch.zeros(t.grads.shape[1], dtype=torch.bool)
+    for chunk in step_chunks(t.grads, chunk_elements):
+        alive |= chunk.ne(0).any(0)
+        finite = torch.isfinite(chunk)
+        g = chunk.double().reshape(-1)  # float64: the square of a bf16, fp16 or fp32 value is exact
+        if not bool(finite.all()):
+            nonfinite += finite.numel() - int(finite.sum())
+            g.masked_fill_(~finite.reshape(-1), 0.0)
+        squares += float(torch.dot(g, g))
+        del g, finite
+    rms = math.sqrt(squares / t.grads.numel()) if t.grads.numel() else math.nan
+    return nonfinite, float(torch.tensor(rms, dtype=torch.float32)), alive
+
+
+def dead_blocks(t, alive: torch.Tensor | None = None) -> int:
+    """Recorded 2048-element blocks of tensor `t` whose gradient is zero at every step
+    (`alive`: grad_stats's, else read here)."""
+    if alive is None:
+        alive = grad_stats(t)[2]
     pad = (-alive.numel()) % BLOCK
     if pad:
         alive = torch.cat([alive, alive.new_zeros(pad)])
     return int((~alive.view(-1, BLOCK).any(1)).sum())
 
 
-def info(trace: Trace) -> tuple[dict, list[dict]]:
+def info(trace: Trace, chunk_elements: int = CHUNK_ELEMENTS) -> tuple[dict, list[dict]]:
     """A summary of the trace and one row per tensor (gradient RMS, non-finite counts, and
-    dead blocks: recorded blocks whose gradient is zero at every step)."""
+    dead blocks: recorded blocks whose gradient is zero at every step), each tensor's
+    gradients read `chunk_elements` values at a time (grad_stats)."""
     rows = []
     nonfinite_total = dead_total = 0
     for t in trace.tensors:
-        g = t.grads.float()
-        finite = torch.isfinite(g)
-        nonfinite = int((~finite).sum())
+        nonfinite, rms, alive = grad_stats(t, chunk_elements)
         nonfinite_total += nonfinite
-        gf = torch.where(finite, g, 0.0)
-        dead = dead_blocks(t)
+        dead = dead_blocks(t, alive)
         dead_total += dead
         rows.append({"tensor": t.name, "index": t.index, "shape": "x".join(map(str, t.shape)) or "scalar",
                      "numel": t.numel, "blocks": f"{t.blocks.numel()}/{t.n_blocks}",
-                     "recorded": t.n_recorded, "dead_blocks": dead, "grad_rms": float(gf.pow(2).mean().sqrt()),
+                     "recorded": t.n_recorded, "dead_blocks": dead, "grad_rms": rms,
                      "nonfinite": nonfinite, "init": t.init is not None})
     hp = ", ".join(f"{k}={v}" for k, v in trace.hparams.items())
     summary = {
