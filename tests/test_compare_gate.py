@@ -212,6 +212,11 @@ def test_rows_on_another_code_path_say_so_and_what_numba_was():
     note = next(n for n in v.notes if "another code path" in n)
     assert note.startswith("6 kernels rows ran on another code path, [cpu-numba] in the baseline and [reference] "
                            "in NEW (numba missing in NEW?)") and note.endswith("env.numba: baseline 0.60.0, NEW null")
+    back = compare_docs([new], [base])  # the other way: NEW ran the fused path (the note lost env.numba once)
+    note = next(n for n in back.notes if "another code path" in n)
+    assert note.startswith("6 kernels rows ran on another code path, [reference] in the baseline and [cpu-numba] "
+                           "in NEW (numba missing in the baseline?)")
+    assert note.endswith("env.numba: baseline null, NEW 0.60.0")
 
 
 def test_the_env_block_records_numba_without_importing_it():

@@ -150,9 +150,11 @@ def test_the_reset_check_replays_every_candidate_in_one_batch(monkeypatch):
         assert row["reset_update_error"] == min(alone.values())
         assert f"every {tried[-1]}: {alone[tried[-1]]:.4g}" in row["reset_reason"]
     calls.clear()  # replayed with resets, the diagnose has no error without them: those runs join the batch
-    diagnose(trace, cfgs, reset="auto", check_resets=True)
-    assert [len(c) for c in calls] == [2, 2]  # 4 runs, at most max(3, 2) at once: evenly, 2 + 2
-    assert sorted(sum(calls, [])) == [("bf16", "1000"), ("bf16", "827"), ("bf16", "none"), ("nearest-4bit", "1000")]
+    doc, _ = diagnose(trace, cfgs, reset="auto", check_resets=True)  # (nearest-4bit: every 33, as AdamW's auto)
+    assert {r["config"]: r["reset_applied"] for r in doc["records"]} == {"bf16": 827, "nearest-4bit": 33}
+    assert [len(c) for c in calls] == [2, 3]  # 5 runs, at most max(3, 2) at once: evenly, 2 + 3
+    assert sorted(sum(calls, [])) == [("bf16", "1000"), ("bf16", "827"), ("bf16", "none"), ("nearest-4bit", "1000"),
+                                      ("nearest-4bit", "none")]
 
 
 def test_the_reset_check_reports_its_steps():

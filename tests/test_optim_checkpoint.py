@@ -266,3 +266,35 @@ def test_a_dcp_checkpoint_saved_before_reset_and_shape_were_kept_loads_with_part
     set_state_dict(fresh, target, model_state_dict=model_sd2, optim_state_dict=optim_sd2)
     assert target.reset_policy.period == 20
     assert same_state(target.state[fresh.weight], opt.state[model.weight])
+
+
+def test_an_optimizer_pickled_before_reset_policies_had_a_basis_still_loads():
+    """A ResetPolicy unpickled from an older qstate has no `basis`: state_dict() raised
+    AttributeError, and load_state_dict() raised after the states were replaced."""
+    import pickle
+
+    w, opt = stepped("reference")
+    del opt.reset_policy.__dict__["basis"]  # as an older pickle restores it
+    old = pickle.loads(pickle.dumps(opt))
+    assert old.reset_policy.asked == "none"
+    sd = old.state_dict()
+    fresh = qoptim.AdamW([w], lr=1e-3, states="bred-4bit", backend="reference")
+    fresh.load_state_dict(sd)
+    assert same_state(fresh.state[w], opt.state[w])
+
+
+def test_a_reset_that_fails_to_restore_replaces_nothing(monkeypatch):
+    """The reset policy is restored inside the load's all-or-nothing: when that fails, the
+    optimizer keeps its states, groups and policy."""
+    from qstate_cli.optim import checkpoint
+
+    w, opt = stepped("reference")
+    target = qoptim.AdamW([w], lr=1e-3, states="bred-4bit", backend="reference", reset=7)
+
+    def boom(*args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(checkpoint, "restore_reset", boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        target.load_state_dict(opt.state_dict())
+    assert not target.state and target.reset_policy.period == 7 and target.param_groups[0]["lr"] == 1e-3

@@ -246,7 +246,7 @@ def path_notes(moves: list[tuple[str, str, tuple[str, ...]]], base_docs: list[di
     notes = []
     for (kind, b, n), count in sorted(Counter(moves).items()):
         numba = ""
-        if "cpu-numba" in (b, n):
+        if "cpu-numba" in (b, *n):
             seen = [sorted({"null" if d["env"]["numba"] is None else show(d["env"]["numba"]) for d in docs
                             if d.get("kind") == kind and "numba" in (d.get("env") or {})})
                     for docs in (base_docs, new_docs)]

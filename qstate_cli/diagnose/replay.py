@@ -50,10 +50,9 @@ from ..kernels.cpu import PATH as CPU_PATH  # the fused CPU codec's path (no num
 from ..kernels.cpu import unavailable_reason as cpu_unavailable
 from ..kernels.cpu.host import threads as kernel_threads  # no numba
 from ..kernels.cpu.team import team as kernel_team, team_parts  # no numba until a team is asked for
-from ..optim.reset import ResetPolicy
+from ..optim.reset import ResetPolicy, auto_period
 from ..quant.config import STATE_IDS, StateConfig  # streams keyed as the optimizers key them
 from ..runtime import Timer, Workers, resolve_device, torch_threads
-from ..theory import reset_period as theory_reset_period
 from ..trace.schema import Trace
 from . import merge
 from .codec import check_backend, replay_rule, replay_state
@@ -152,10 +151,9 @@ def reset_schedule(reset, cfg: StateConfig, rec: Recursion) -> tuple[int | None,
     policy = ResetPolicy.parse(reset)
     if not policy.auto:
         return policy.period, "none" if policy.period is None else f"every {policy.period} steps (--reset)"
-    state = rec.slowest_state
-    period = theory_reset_period(cfg.spec(state), rec.betas[state])
-    why = (f"auto: staleness model for {cfg.spec(state)} at beta={rec.betas[state]}"
-           if period else f"auto: no staleness model predicts stalling for {cfg.spec(state)}: no reset")
+    state = rec.slowest_state  # the state the optimizers reset on: AdamW's v, the momentum otherwise
+    period, basis = auto_period(cfg.spec(state), rec.betas[state])  # the optimizers' own reset="auto"
+    why = f"auto ({basis}) for {cfg.spec(state)} at beta={rec.betas[state]}" + ("" if period else ": no reset")
     return period, why
 
 

@@ -29,7 +29,7 @@ from ..quant.state import empty_storage
 from . import sharded_state, sharding
 from .borrowed import HOST_KEYS, live, shares_storage, unshare  # HOST_KEYS: the counters, kept on the host
 from .reset import ResetPolicy
-from .spec_checks import _first_caller_outside
+from .spec_checks import first_caller_outside
 
 COUNTERS = ("step", "since_reset")
 NOT_HPARAMS = ("self", "params", "defaults", "states", "reset", "seed", "min_quant_numel", "backend")
@@ -80,7 +80,7 @@ def _reset_text(value) -> bool:
     if value == "custom":
         return True
     try:
-        ResetPolicy.parse(value if isinstance(value, str) else "?")
+        ResetPolicy.parse(value if isinstance(value, (str, int)) and not isinstance(value, bool) else "?")
     except QstateError:
         return False
     return True
@@ -97,7 +97,7 @@ def restore_reset(opt, saved: str | None) -> None:
         if saved == "custom" and live.fn is None:
             warnings.warn(f"load_state_dict: the checkpoint was trained with a custom reset policy (a callable), "
                           f"which it cannot hold: this optimizer's reset={live.asked} steps on",
-                          UserWarning, stacklevel=_first_caller_outside())
+                          UserWarning, stacklevel=first_caller_outside())
         return
     policy = ResetPolicy.parse("auto" if saved is None else saved)
     policy = opt._resolve_auto_reset(policy) if policy.auto else policy
@@ -105,7 +105,7 @@ def restore_reset(opt, saved: str | None) -> None:
         warnings.warn(f"load_state_dict: the checkpoint's reset={_shown(policy)} replaces this optimizer's "
                       f"reset={_shown(live)}, as its lr and betas do (to change it after loading: "
                       "opt.reset_policy = qstate_cli.optim.ResetPolicy.parse(...))", UserWarning,
-                      stacklevel=_first_caller_outside())
+                      stacklevel=first_caller_outside())
     opt.reset_policy = policy
 
 
@@ -242,7 +242,7 @@ def load(opt, state_dict: dict) -> list:
     saved_state = state_dict["state"]
     # saved keys -> parameters by position, as torch does (ids, or FQNs from DCP's state_dict helpers)
     saved_keys = [k for g in sd["param_groups"] for k in g["params"]]
-    before = {"state": opt.state, "param_groups": opt.param_groups}
+    before = {"state": opt.state, "param_groups": opt.param_groups, "reset_policy": opt.reset_policy}
     borrowed = []
     try:  # nothing is replaced unless every state fits its parameter (optim/checkpoint.py)
         torch.optim.Optimizer.load_state_dict(opt, {**sd, "state": {}})
@@ -273,8 +273,8 @@ def load(opt, state_dict: dict) -> list:
                     unshare(opt.state[p])
                 else:  # a dict of its own (torch.load): copied, per parameter, before the next step
                     borrowed.append(p)
+        restore_reset(opt, saved_reset[0])
     except BaseException:
         opt.__dict__.update(before)
         raise
-    restore_reset(opt, saved_reset[0])
     return borrowed

@@ -51,6 +51,12 @@ def auto_period(spec, beta: float) -> tuple[int | None, str]:
 
 
 class ResetPolicy:
+    # class defaults: a policy unpickled from an older qstate (an optimizer pickled whole) lacks newer fields
+    period: int | None = None
+    fn: Callable[[int, int], bool] | None = None
+    auto: bool = False
+    basis: str | None = None
+
     def __init__(self, period: int | None = None, fn: Callable[[int, int], bool] | None = None,
                  auto: bool = False, basis: str | None = None):
         if period is not None and period < 1:

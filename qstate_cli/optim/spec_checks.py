@@ -34,10 +34,10 @@ def check_state_spec(optimizer: str, state: str, spec: StateSpec) -> None:
                f"m / (sqrt(v) + eps) blows up (the demo trace's update error vs fp32: v on lin4nz 0.85, de4u 31, "
                f"e2m2 601, int4 1437); the 4-bit presets keep v on lin4nz")
     if why:
-        warnings.warn(f"{optimizer} {state}={spec}: {why}", UserWarning, stacklevel=_first_caller_outside())
+        warnings.warn(f"{optimizer} {state}={spec}: {why}", UserWarning, stacklevel=first_caller_outside())
 
 
-def _first_caller_outside() -> int:
+def first_caller_outside() -> int:
     """warnings.warn's stacklevel (from check_state_spec) of the first frame outside optim/:
     the call that built the optimizer (Adam's constructor calls AdamW's, which calls the
     base class's: a fixed stacklevel pointed inside optim/ for some optimizers)."""
