@@ -40,6 +40,7 @@ import os
 import re
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 from .errors import QstateError
@@ -131,11 +132,13 @@ def write_bytes_atomic(path, data: bytes, picked_in=None) -> Path:
     return Path(path)
 
 
-def remove_stale_temporaries(folder, names) -> list[Path]:
+def remove_stale_temporaries(folder, names, idle_s: float = 10.0) -> list[Path]:
     """Remove the temporary files atomic_path names for `names` in `folder` (`.NAME.XXXXXXXX.tmp`)
     that a write stopped by SIGKILL, the OOM killer or a power cut left behind (the final
-    files are whole; the temporaries were never renamed); regular files only. Returns them."""
+    files are whole; the temporaries were never renamed): regular files not written for
+    `idle_s` seconds (a live write's grows as it goes). Returns them."""
     folder = Path(folder)
+    now = time.time()
     pattern = re.compile(r"\.(%s)\.[A-Za-z0-9_]{8}\.tmp" % "|".join(re.escape(n) for n in names))
     removed = []
     try:
@@ -145,6 +148,8 @@ def remove_stale_temporaries(folder, names) -> list[Path]:
     for entry in entries:
         if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
             try:
+                if now - entry.stat(follow_symlinks=False).st_mtime < idle_s:
+                    continue
                 os.unlink(entry.path)
                 removed.append(Path(entry.path))
             except OSError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -171,10 +172,14 @@ def test_a_run_removes_the_temporaries_a_killed_write_left(hooks, suite_file, tm
     later run or --resume removed; now the next run does, and nothing it did not name."""
     out = tmp_path / "out"
     out.mkdir()
+    (out / "sweep.json").write_text("{}")  # an earlier run of this suite: the folder is its
     left = [out / ".sweep.json.k3_x9QaZ.tmp", out / ".report.html.abcdefgh.tmp"]
-    kept = [out / ".notes.json.abcdefgh.tmp", out / ".sweep.json.short.tmp", out / "mine.tmp"]
+    kept = [out / ".notes.json.abcdefgh.tmp", out / ".sweep.json.short.tmp", out / "mine.tmp",
+            out / ".diag.json.justnow1.tmp"]  # the last: written a moment ago (a live write)
     for path in left + kept:
         path.write_text("{partial")
+        if path != kept[-1]:
+            os.utime(path, (time.time() - 60, time.time() - 60))
     r = runner.invoke(app, ["run", str(suite_file), "--out", str(out)], env={"COLUMNS": "300"})
     assert r.exit_code == 0, r.output
     assert not any(p.exists() for p in left) and all(p.exists() for p in kept)

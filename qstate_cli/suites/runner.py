@@ -161,7 +161,7 @@ def _replace_earlier(out_dir: Path, suite: LoadedSuite, resume: bool, progress: 
                      "(use --resume to keep them)")
     for path in gone + ([out_dir / name for name in STALE] if ours else []):
         path.unlink(missing_ok=True)
-    left = remove_stale_temporaries(out_dir, [f"{name}.json" for name in names] + list(STALE))
+    left = remove_stale_temporaries(out_dir, [f"{name}.json" for name in names] + list(STALE)) if ours else []
     if left:
         progress.log(f"{out_dir}: removed {len(left)} temporary file(s) an interrupted write left "
                      f"({', '.join(p.name for p in left[:3])}{', ...' if len(left) > 3 else ''})")

@@ -9,10 +9,11 @@ the kernels of this folder directly in it and stamps them with their file's sha2
 checkout of the same sources on a machine shares one compiled copy. Functions elsewhere
 keep numba's own locators. Imports numba (codec.py installs it before any kernel compiles).
 
-A kernel of this folder that compiled but cannot be saved (a full disk, a quota, a
-read-only cache: numba raised from the first step, a training job's traceback) runs from
-memory, with one warning per process; the next process compiles it again (install: the
-save is guarded for this folder's kernels only).
+A kernel of this folder that compiled but cannot be saved (a full disk, a quota, a file
+size limit: numba raised from the first step, a training job's traceback) runs from memory,
+with one warning per process; the next process compiles it again (install: the save is
+guarded for this folder's kernels only). A cache folder that cannot be written at all
+never gets here: SourceLocator steps aside and numba's own locators are asked.
 """
 from __future__ import annotations
 
