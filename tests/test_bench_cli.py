@@ -278,3 +278,17 @@ def test_the_env_block_says_the_threads_the_rows_ran_with(tmp_path):
                             "--baseline", "none", "--rep-ms", "5", "--threads", "1", "--json", str(out)])
     assert r.exit_code in (0, 1), r.output
     assert json.loads(out.read_text())["env"]["torch_threads"] == 1 and "torch threads 1" in r.output
+
+
+def test_a_baselines_failed_row_does_not_fail_the_run():
+    """torch's fp32 AdamW out of memory where a 4-bit state fits is what such a sweep shows:
+    only a failed row of ours (or one without a role: bench train) exits 1."""
+    from qstate_cli.cli.output import exit_on_failed_rows
+    from qstate_cli.errors import CheckFailed
+
+    rows = [{"name": "torch-fused", "role": "baseline", "status": "failed", "reason": "out of memory"},
+            {"name": "bred-4bit", "role": "config", "status": "ok"}, {"name": "bnb-8bit", "status": "unavailable"}]
+    exit_on_failed_rows({"records": rows}, "bench memory")
+    rows[1]["status"] = "failed"
+    with pytest.raises(CheckFailed, match=r"bench memory: 1 of 3 rows failed \(bred-4bit\)"):
+        exit_on_failed_rows({"records": rows}, "bench memory")

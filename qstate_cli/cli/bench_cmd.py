@@ -14,7 +14,7 @@ from ..bench import kernels as kernels_engine
 from ..bench import memory as memory_engine
 from ..bench import summary
 from ..errors import CheckFailed
-from ..results import cpus_on_cores
+from ..results import env_cpus
 from . import output
 from .group import new_group
 from .bench_train_cmd import register_train
@@ -49,7 +49,7 @@ def header(command: str):
     def line(total: int, doc: dict) -> str:
         env = doc["env"]
         isa = f", {env['cpu_isa']}" if env["device"] == "cpu" and env.get("cpu_isa") else ""
-        cpus = cpus_on_cores(env.get("cpu_count"), env.get("cpu_cores")) if env["device"] == "cpu" else ""
+        cpus = env_cpus(env) if env["device"] == "cpu" else ""  # "1 of 2 CPUs on 2 cores" under taskset
         isa += f", {cpus}" if cpus else ""
         return (f"bench {command} on {env['device']} ({env['device_name']}{isa}, torch threads "
                 f"{env['torch_threads']}, torch {env['torch']}): {total} rows")

@@ -333,11 +333,12 @@ def run_engine(execute: Callable, options, out: Destinations, show: Callable[[di
 
 
 def exit_on_failed_rows(doc: dict, command: str) -> None:
-    """Exit 1 (CheckFailed), once the files are written and the table shown, when a row
-    says `status: failed` (its step raised, or ran out of memory at one size): the sweep
-    goes on past it, but a CI step must be able to tell. A row "unavailable" or "skipped"
-    (a peer library not installed here) is expected, and no failure."""
-    failed = [r for r in doc["records"] if r.get("status") == "failed"]
+    """Exit 1 (CheckFailed), once the files are written and the table shown, when a row of
+    ours says `status: failed` (its step raised, or ran out of memory at one size): the
+    sweep goes on past it, but a CI step must be able to tell. A baseline's failed row (torch's
+    fp32 AdamW out of memory where a 4-bit state fits: what the sweep may be showing) and a
+    row "unavailable" or "skipped" (a peer library not installed here) are no failure."""
+    failed = [r for r in doc["records"] if r.get("status") == "failed" and r.get("role") != "baseline"]
     if not failed:
         return
     names = [str(r.get("name") or r.get("config") or "?") for r in failed]

@@ -34,7 +34,7 @@ from ..errors import QstateError
 from ..models import tiny_lm
 from ..optim import optimizer_info
 from ..optim.registry import names_text
-from ..options import MAX_SEED, Options, lower, many, option, seed_option
+from ..options import MAX_SEED, MAX_THREADS, Options, lower, many, option, seed_option
 from ..progress import QUIET, Progress
 from ..results import Result
 from ..runtime import Timer, free_memory, resolve_device, torch_threads
@@ -44,7 +44,6 @@ DEFAULT_CONFIGS = ("fp32", "bf16", "nearest-4bit", "sr-4bit", "bred-4bit", "bnb-
                    "nearest-4bit@reset=auto")
 
 
-MAX_THREADS = 1024  # torch threads per run: more is a typo (it overflowed inside torch, every row failed)
 
 
 def threads_option(value) -> int | None:
