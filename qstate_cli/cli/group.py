@@ -15,6 +15,13 @@ Exit codes:
          killed by SIGPIPE reports; no message, no traceback
     143  terminated (SIGTERM: `kill`, a CI timeout, a scheduler): the same path as Ctrl-C,
          with 128 + 15 as a signalled process reports it
+
+An interrupt while the command line is parsed is the same one line and code as one during
+the command. Once the exit is decided as 130 or 143, a second Ctrl-C or SIGTERM is ignored
+(in qstate's own process, until it is gone: `QstateGroup.exits_process`), so the finally
+blocks and torch's atexit callbacks still run and the code stays. Text that stdout's
+encoding cannot hold (a path with `é` under `PYTHONIOENCODING=ascii`, a file name that is
+not UTF-8) is written backslash-escaped (`\\xe9`, `\\udce9`), as stderr already is.
 """
 from __future__ import annotations
 
@@ -80,7 +87,10 @@ class _Stdout:
 
     def write(self, text: str) -> int:
         try:
-            return self._stream.write(text)
+            try:
+                return self._stream.write(text)
+            except UnicodeEncodeError:  # a character the encoding cannot hold: escaped, as stderr does
+                return self._stream.write(_escaped(text, getattr(self._stream, "encoding", None)))
         except OSError as exc:
             raise StdoutError(exc.errno, exc.strerror or str(exc)) from None
 
@@ -94,6 +104,15 @@ class _Stdout:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+def _escaped(text: str, encoding: str | None) -> str:
+    """text with what `encoding` cannot encode backslash-escaped (`é` in ASCII: `\\xe9`; a
+    lone surrogate, a non-UTF-8 byte of a file name, in UTF-8: `\\udce9`)."""
+    try:
+        return text.encode(encoding or "utf-8", "backslashreplace").decode(encoding or "utf-8")
+    except (LookupError, UnicodeError):
+        return text.encode("ascii", "backslashreplace").decode("ascii")
 
 
 def _silence_stdout() -> None:
@@ -124,30 +143,77 @@ def _fail(prefix: str, message: str, code: int):
     return typer.Exit(code)
 
 
+_held = False  # the exit is decided as 130 or 143: SIGINT and SIGTERM are ignored (_hold_signals)
+
+
+def _hold_signals() -> None:
+    """The exit is decided (130 or 143): a second Ctrl-C or SIGTERM while it runs (finally
+    blocks, torch's atexit callbacks, worker threads joined) is ignored. It printed a
+    traceback ("Exception ignored in atexit callback: dump_compile_times"), or the process
+    died by the signal (-2, not 130)."""
+    global _held
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _held = True
+
+
+def _interrupted(exc: KeyboardInterrupt) -> typer.Exit:
+    _hold_signals()
+    if isinstance(exc, Terminated):
+        return _fail("qstate", "terminated", SIGTERM_EXIT)
+    return _fail("qstate", "interrupted", 130)
+
+
 class QstateGroup(TyperGroup):
     """The error boundary: library exceptions become one-line messages and exit codes."""
+
+    #: qstate's own process (__main__ sets it): an exit decided as 130 or 143 leaves SIGINT
+    #: and SIGTERM ignored until the process is gone; a caller that goes on (CliRunner, a
+    #: test) gets its handlers back.
+    exits_process = False
 
     def main(self, *args, **kwargs):
         """The whole command line (the root group; CliRunner too): stdout guarded, SIGTERM
         raised as Terminated while it runs, and stdout flushed before exit, so a failure to
         write it is the boundary's one line, not a traceback at interpreter exit."""
+        global _held
         saved = sys.stdout
         sys.stdout = _Stdout(_Closed() if saved is None else saved)
         main_thread = threading.current_thread() is threading.main_thread()
-        old_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
-        old_term = signal.SIG_DFL if old_term is None else old_term  # one not set from Python
+        handlers = {}
+        if main_thread:
+            handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+            signal.signal(signal.SIGTERM, _on_sigterm)
+            _held = False
         try:
             try:
-                return super().main(*args, **kwargs)
-            finally:
-                sys.stdout.flush()
-        except StdoutError as exc:  # raised outside invoke (--help, --version) or by the last flush
-            raise SystemExit(_stdout_failed(exc).exit_code) from None
+                try:
+                    return super().main(*args, **kwargs)
+                finally:
+                    sys.stdout.flush()
+            except StdoutError as exc:  # raised outside invoke (--help, --version) or by the last flush
+                raise SystemExit(_stdout_failed(exc).exit_code) from None
+        except SystemExit as exc:
+            if exc.code == 130 and not _held:  # typer's own, silent: an interrupt after invoke (ctx.exit)
+                _hold_signals()
+                if isinstance(getattr(exc.__context__, "__cause__", None), Terminated):
+                    raise SystemExit(SIGTERM_EXIT) from None
+            raise
         finally:
-            if main_thread:
-                signal.signal(signal.SIGTERM, old_term)
+            if not (_held and self.exits_process):
+                for sig, handler in handlers.items():
+                    signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
             if isinstance(sys.stdout, _Stdout):
                 sys.stdout = saved
+
+    def make_context(self, *args, **kwargs):
+        """The command line parsed (--help and --version printed here): an interrupt is the
+        boundary's line and code, not typer's silent 130 (which a SIGTERM got too)."""
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            raise _interrupted(exc) from None
 
     def invoke(self, ctx):
         try:
@@ -158,10 +224,8 @@ class QstateGroup(TyperGroup):
             raise _fail("check failed", str(exc), 1) from None
         except StdoutError as exc:
             raise _stdout_failed(exc) from None
-        except Terminated:
-            raise _fail("qstate", "terminated", SIGTERM_EXIT) from None
-        except KeyboardInterrupt:
-            raise _fail("qstate", "interrupted", 130) from None
+        except KeyboardInterrupt as exc:  # Terminated too
+            raise _interrupted(exc) from None
 
 
 def new_group(name: str, help: str, completion: bool = False) -> typer.Typer:

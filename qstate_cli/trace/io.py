@@ -165,6 +165,9 @@ def _load_file(path: Path) -> Trace:
                 raise QstateError(f"{path}: corrupt or truncated trace (a zip archive without its directory)")
         raise QstateError(f"{path}: not a qstate trace ({not_zip_reason(path)})")
     check_archive(path)
+    if not _utf8(str(path)):  # torch opens it by its name, encoded as UTF-8: a ValueError read as "corrupt"
+        raise QstateError(f"{path}: torch cannot open a file by this name (it is not valid UTF-8): rename it or "
+                          f"its folder")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as exc:
@@ -177,6 +180,15 @@ def _load_file(path: Path) -> Trace:
         msg = " ".join(str(exc).split())[:200]
         raise QstateError(f"{path}: corrupt or truncated trace ({type(exc).__name__}: {msg})") from None
     return from_dict(obj, str(path))
+
+
+def _utf8(name: str) -> bool:
+    """Whether a file name is valid UTF-8 (one that is not holds surrogates: os.fsdecode)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_archive(path: Path) -> None:
