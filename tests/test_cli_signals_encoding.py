@@ -267,3 +267,17 @@ def test_without_a_writable_cache_matplotlib_gets_a_temporary_folder_quietly(tmp
     folder = Path(r.stdout.strip())
     assert folder.parent == tmp_path and folder.name.startswith("qstate-matplotlib-")
     assert not folder.exists(), "the temporary folder was left behind"
+
+
+def test_bench_trains_plot_under_a_read_only_home_is_quiet_too(tmp_path):
+    """train/plot.py imports matplotlib itself: it warned as report's plots did (mplconfig)."""
+    home = tmp_path / "home"
+    home.write_text("")
+    env = {**no_matplotlib_dirs(home), "QSTATE_CACHE": str(tmp_path / "cache")}
+    code = ("import json, sys; from qstate_cli.train import plot; "
+            "plot.save_loss_curves(json.load(open(sys.argv[1])), sys.argv[2])")
+    r = subprocess.run([sys.executable, "-c", code, str(RESULTS / "train.json"), str(tmp_path / "c.png")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    assert list((tmp_path / "cache" / "matplotlib").glob("fontlist-*.json"))

@@ -16,6 +16,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from .. import mplconfig
 from .study import BASELINE
 
 
@@ -46,6 +47,7 @@ def _mean_band(per_seed: dict[int, dict[int, float]]):
 
 def loss_figure(doc: dict):
     """A matplotlib Figure of the result document's loss curves."""
+    mplconfig.prepare()  # a read-only HOME: matplotlib's folder in qstate's cache, quietly
     from matplotlib.figure import Figure
 
     series, records = doc.get("series", []), doc.get("records", [])
@@ -119,6 +121,7 @@ def _upper(val, bottom: float) -> float:
 def save_loss_curves(doc: dict, path) -> Path:
     """Write the loss-curve figure to `path` (.png, .svg or .pdf), atomically
     (atomic.atomic_path: a symlink's target, a device in place, the old file's mode kept)."""
+    mplconfig.prepare()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from ..results import atomic_path
