@@ -281,3 +281,29 @@ def test_bench_trains_plot_under_a_read_only_home_is_quiet_too(tmp_path):
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
     assert list((tmp_path / "cache" / "matplotlib").glob("fontlist-*.json"))
+
+
+def test_out_of_memory_in_a_command_is_one_line(monkeypatch, tmp_path):
+    """A diagnose or trace info that ran out of memory printed torch's 60-line traceback
+    (DefaultCPUAllocator: can't allocate memory), exit 1."""
+    from typer.testing import CliRunner
+
+    from qstate_cli.cli import app
+    from qstate_cli.diagnose import run as diagnose_run
+
+    def too_big(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:118] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 11811160064 bytes. Error code 12 (Cannot allocate memory)")
+
+    from qstate_cli.trace import synthetic
+    from qstate_cli.trace.io import save_trace
+
+    trace = str(save_trace(synthetic.gaussian(256, 3, beta2=0.999, seed=1), tmp_path / "t.pt"))
+    monkeypatch.setattr(diagnose_run, "replay_result", too_big)
+    r = CliRunner().invoke(app, ["diagnose", trace, "--steps-limit", "2", "--skip-reset-check"])
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr.startswith("error: out of memory ([enforce fail at alloc_cpu.cpp:118] data. DefaultCPUAllocator")
+    assert r.stderr.rstrip().endswith("diagnose needs less: --steps-limit N, fewer --config, or more ranks under "
+                                      "torchrun (docs/distributed.md)") and len(r.stderr.splitlines()) == 1
+    monkeypatch.setattr(diagnose_run, "replay_result", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
+    assert isinstance(CliRunner().invoke(app, ["diagnose", trace, "--steps-limit", "2"]).exception, RuntimeError)

@@ -97,3 +97,17 @@ def test_every_other_getattr_is_refused_in_one_line(tmp_path, reduce_member):
     repickled(ck, reduce_member)
     with pytest.raises(QstateError, match=REFUSED):
         load_checkpoint(ck)
+
+
+def test_a_path_pickled_by_python_3_13_is_read():
+    """Python 3.13 moved PosixPath to pathlib._local and pickles storage_meta.checkpoint_id
+    from there: every DCP checkpoint saved under 3.13 was refused ("global
+    'pathlib._local.PosixPath' is not allowed"), whatever Python read it."""
+    from pathlib import PurePosixPath
+
+    from qstate_cli.doctor.safeload import _MetadataUnpickler
+
+    data = b"\x80\x02cpathlib._local\nPosixPath\nq\x00X\x05\x00\x00\x00/ckptq\x01\x85q\x02Rq\x03."
+    assert _MetadataUnpickler(io.BytesIO(data)).load() == PurePosixPath("/ckpt")
+    with pytest.raises(Exception, match="not allowed"):  # the module's other names stay refused
+        _MetadataUnpickler(io.BytesIO(data.replace(b"\nPosixPath\n", b"\nPath\n"))).load()

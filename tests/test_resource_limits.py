@@ -223,3 +223,25 @@ def test_results_doc_lists_cpu_affinity():
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
     assert "cpu_affinity" in doc
+
+
+def test_a_trace_written_to_a_full_disk_says_so(tmp_path, monkeypatch):
+    """torch's writer reports a short write on a full disk as "[enforce fail at
+    inline_container.cc:672] . unexpected pos 9152 vs 9048": the error now says what it means."""
+    from qstate_cli.errors import QstateError
+    from qstate_cli.trace import io as trace_io
+    from qstate_cli.trace import synthetic
+
+    trace = synthetic.gaussian(256, 3, beta2=0.999, seed=1)
+
+    def short_write(obj, fh):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 9152 vs 9048")
+
+    monkeypatch.setattr(trace_io.torch, "save", short_write)
+    monkeypatch.setattr(trace_io.shutil, "disk_usage", lambda p: type("U", (), {"free": 4096})())
+    with pytest.raises(QstateError, match=r"t\.pt: cannot write \(No space left on device\)$"):
+        trace_io.save_trace(trace, tmp_path / "t.pt")
+    monkeypatch.setattr(trace_io.shutil, "disk_usage", lambda p: type("U", (), {"free": 1 << 40})())
+    with pytest.raises(QstateError, match=r"cannot write \(\[enforce fail at inline_container"):
+        trace_io.save_trace(trace, tmp_path / "t.pt")  # space left: torch's own words
+    assert not list(tmp_path.iterdir())

@@ -35,6 +35,7 @@ import typer
 from typer.core import TyperGroup
 
 from ..errors import CheckFailed, QstateError
+from ..runtime import is_oom
 
 SIGPIPE_EXIT = 128 + 13
 SIGTERM_EXIT = 128 + signal.SIGTERM
@@ -226,6 +227,29 @@ class QstateGroup(TyperGroup):
             raise _stdout_failed(exc) from None
         except KeyboardInterrupt as exc:  # Terminated too
             raise _interrupted(exc) from None
+        except (RuntimeError, MemoryError) as exc:
+            if not is_oom(exc):
+                raise
+            raise _fail("error", _out_of_memory(ctx, exc), 1) from None
+
+
+def _out_of_memory(ctx, exc: BaseException) -> str:
+    """The one line of a command that ran out of memory (a traceback of 60 lines before):
+    what was said, and what makes the work smaller."""
+    said = " ".join(str(exc).split())[:160] or type(exc).__name__
+    command = " ".join(ctx.command_path.split()[1:] + ([ctx.invoked_subcommand] if ctx.invoked_subcommand else []))
+    less = SMALLER.get(command.split(" ")[0] if command else "", "a smaller input")
+    return f"out of memory ({said}): {command or 'qstate'} needs less: {less}"
+
+
+# what makes each command's work smaller, for the out-of-memory line
+SMALLER = {"diagnose": "--steps-limit N, fewer --config, or more ranks under torchrun (docs/distributed.md)",
+           "trace": "a trace with fewer steps or elements",
+           "bench": "a smaller --numel or --model, or fewer --config",
+           "run": "smaller sizes in the suite",
+           "report": "fewer results files at once",
+           "compare": "fewer results files at once",
+           "doctor": "a machine with more memory for this checkpoint"}
 
 
 def new_group(name: str, help: str, completion: bool = False) -> typer.Typer:

@@ -234,7 +234,8 @@ class _MetadataUnpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
                                                                          torch.memory_format)):
             return getattr(torch, name)
-        if module == "pathlib" and name in _PATHS:  # storage_meta.checkpoint_id: a path, kept as a pure path
+        if module in ("pathlib", "pathlib._local") and name in _PATHS:  # storage_meta.checkpoint_id: a path,
+            # kept as a pure path (Python 3.13 moved the classes to pathlib._local and pickles them from there)
             return _PATHS[name]
         raise _refused(module, name)
 

@@ -37,8 +37,11 @@ joined gradients (a rank's own list covers only the elements it held).
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
 import pickle
+import shutil
 import sys
 import zipfile
 from pathlib import Path
@@ -71,9 +74,20 @@ def save_trace(trace: Trace, path, picked_in=None) -> Path:
             torch.save(obj, fh)
     except OSError as exc:
         raise QstateError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    except RuntimeError as exc:  # torch's writer, whatever else it reports
-        raise QstateError(f"{path}: cannot write ({' '.join(str(exc).split())[:160]})") from None
+    except RuntimeError as exc:  # torch's writer, whatever else it reports: a short write on a full disk reads
+        # "[enforce fail at inline_container.cc:...] . unexpected pos 9152 vs 9048"
+        raise QstateError(f"{path}: cannot write ({_no_space(path) or ' '.join(str(exc).split())[:160]})") from None
     return Path(path)
+
+
+def _no_space(path) -> str | None:
+    """"No space left on device" where the folder `path` goes into has (almost) none left,
+    else None: what torch's writer meant by a short write it reports as an opaque error."""
+    try:
+        free = shutil.disk_usage(Path(path).resolve().parent).free
+    except OSError:
+        return None
+    return os.strerror(errno.ENOSPC) if free < (1 << 20) else None
 
 
 def load_trace(path) -> Trace:
