@@ -278,7 +278,9 @@ def test_reset_restarts_the_predicted_build_up_and_stale_values_reset():
     assert rec["reset_applied"] == 30 and rec["staleness_max"] <= 30
     auto, _ = diagnose(trace, select_configs(["bf16", "nearest-4bit"]), reset="auto")
     applied = {r["config"]: r["reset_applied"] for r in auto["records"]}
-    assert applied == {"bf16": theory.reset_period(parse_spec("bf16"), 0.99), "nearest-4bit": None}
+    stand_in = theory.reset_period(parse_spec("e2m2:nearest"), 0.99)  # lin4nz has no model: e2m2's (same width),
+    assert applied == {"bf16": theory.reset_period(parse_spec("bf16"), 0.99), "nearest-4bit": stand_in}  # as AdamW's
+    assert stand_in == 34
 
 
 def test_reset_recommendations_explain_themselves():
