@@ -26,7 +26,7 @@ LAYERS = [
     ("optim",),  # reference rules, optimizers, the one seam to the kernels (optim/fused.py)
     ("kernels",),  # Triton kernels and their launchers
     ("models", "theory", "options", "progress", "mplconfig"),
-    ("quant", "fp32_math", "runtime", "results", "kinds"),  # the math; where work runs; result files; the kinds table
+    ("quant", "fp32_math", "runtime", "hostmem", "results", "kinds"),  # the math; where work runs; result files; the kinds table
     ("atomic",),  # writes that a reader never sees half done
     ("errors", "__init__"),
 ]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from qstate_cli import results, runtime
+from qstate_cli import hostmem, results
 from qstate_cli.bench import kernels, memory
 from qstate_cli.cli import app
 from qstate_cli.errors import QstateError
@@ -75,9 +75,9 @@ def test_cgroup_v2_room_takes_the_tightest_limit_less_reclaimable_cache(tmp_path
     (tmp_path / "user.slice" / "memory.stat").write_text(f"anon 1\ninactive_file {GIB}\n")
     me = tmp_path / "cgroup"
     me.write_text("0::/user.slice/job\n")
-    assert runtime.cgroup_room(str(tmp_path), str(me)) == 2 * GIB  # 4 - (3 - 1 inactive cache)
+    assert hostmem.cgroup_room(str(tmp_path), str(me)) == 2 * GIB  # 4 - (3 - 1 inactive cache)
     (tmp_path / "user.slice" / "memory.max").write_text("max\n")
-    assert runtime.cgroup_room(str(tmp_path), str(me)) is None
+    assert hostmem.cgroup_room(str(tmp_path), str(me)) is None
 
 
 def test_cgroup_v1_room_and_its_no_limit_value(tmp_path):
@@ -90,20 +90,20 @@ def test_cgroup_v1_room_and_its_no_limit_value(tmp_path):
     (cg / "memory.stat").write_text("cache 5\ntotal_inactive_file 0\n")
     me = tmp_path / "cgroup"
     me.write_text("9:cpu,cpuacct:/\n4:memory:/cap\n0::/\n")
-    assert runtime.cgroup_room(str(tmp_path), str(me)) == GIB - GIB // 4
+    assert hostmem.cgroup_room(str(tmp_path), str(me)) == GIB - GIB // 4
     (cg / "memory.usage_in_bytes").write_text(f"{2 * GIB}\n")  # over the limit: no room, not negative
-    assert runtime.cgroup_room(str(tmp_path), str(me)) == 0
+    assert hostmem.cgroup_room(str(tmp_path), str(me)) == 0
 
 
 def test_available_memory_is_the_smaller_of_meminfo_and_the_cgroup(monkeypatch, tmp_path):
     info = tmp_path / "meminfo"
     info.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   2097152 kB\n")
-    assert runtime.meminfo_available(str(info)) == 2 * GIB
-    monkeypatch.setattr(runtime, "meminfo_available", lambda: 2 * GIB)
-    monkeypatch.setattr(runtime, "cgroup_room", lambda: GIB)
-    assert runtime.available_memory("cpu") == GIB
-    monkeypatch.setattr(runtime, "cgroup_room", lambda: None)
-    assert runtime.available_memory("cpu") == 2 * GIB
+    assert hostmem.meminfo_available(str(info)) == 2 * GIB
+    monkeypatch.setattr(hostmem, "meminfo_available", lambda: 2 * GIB)
+    monkeypatch.setattr(hostmem, "cgroup_room", lambda: GIB)
+    assert hostmem.available_memory("cpu") == GIB
+    monkeypatch.setattr(hostmem, "cgroup_room", lambda: None)
+    assert hostmem.available_memory("cpu") == 2 * GIB
 
 
 def test_the_quick_sizes_fit_here():

@@ -15,7 +15,7 @@ copy at cache speed): `cache_resident` true and `pct_of_copy` null.
 keeps on each tensor. A size that runs out of memory marks its rows "failed" and the
 sweep goes on; a baseline that cannot run here is "unavailable" with the reason. So does
 a size whose estimated peak (group_bytes) is more than the memory available
-(runtime.available_memory), found before any of it is allocated (memory_shortfall): on
+(hostmem.available_memory), found before any of it is allocated (memory_shortfall): on
 Linux an allocation past it is not refused, the OOM killer ends the process later.
 The rows of one (dtype, size or model) are timed together, interleaved in `--rounds`
 rounds beside same-run references (group.py); they go to `on_row` as soon as their group
@@ -38,7 +38,8 @@ from ..optim.base import BACKENDS
 from ..optim.registry import names_text, optimizer_info
 from ..progress import QUIET, Progress
 from ..results import Result, cpu_affinity, device_info
-from ..runtime import available_memory, free_memory, is_oom, resolve_device, torch_threads
+from ..hostmem import available_memory
+from ..runtime import free_memory, is_oom, resolve_device, torch_threads
 from .bytes_model import DTYPE_NAMES, DTYPES, dtype_bytes, tensor_state_bytes
 from .shapes import model_shapes, numel as shapes_numel, parse_count, split_models, sweep_shape
 from .group import failure, fill_timing, measure_group

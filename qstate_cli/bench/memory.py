@@ -39,7 +39,7 @@ For each config or baseline, on a model's parameter shapes (or single tensors):
 
 A model or size whose estimated peak (parameters, two gradient sets, the largest subject's
 states, a step's temporaries: kernels.group_bytes) is more than the memory available
-(runtime.available_memory) is not allocated: its rows are "failed" with the reason
+(hostmem.available_memory) is not allocated: its rows are "failed" with the reason
 "needs ~X GiB, Y GiB available" and the run goes on (an allocation past what is available
 is not refused on Linux: the OOM killer ends the process later, with no file and no message).
 """
