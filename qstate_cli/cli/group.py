@@ -198,7 +198,9 @@ class QstateGroup(TyperGroup):
         except SystemExit as exc:
             if exc.code == 130 and not _held:  # typer's own, silent: an interrupt after invoke (ctx.exit)
                 _hold_signals()
-                if isinstance(getattr(exc.__context__, "__cause__", None), Terminated):
+                terminated = isinstance(getattr(exc.__context__, "__cause__", None), Terminated)
+                typer.echo(f"qstate: {'terminated' if terminated else 'interrupted'}", err=True)
+                if terminated:
                     raise SystemExit(SIGTERM_EXIT) from None
             raise
         finally:
@@ -236,10 +238,10 @@ class QstateGroup(TyperGroup):
 def _out_of_memory(ctx, exc: BaseException) -> str:
     """The one line of a command that ran out of memory (a traceback of 60 lines before):
     what was said, and what makes the work smaller."""
-    said = " ".join(str(exc).split())[:160] or type(exc).__name__
-    command = " ".join(ctx.command_path.split()[1:] + ([ctx.invoked_subcommand] if ctx.invoked_subcommand else []))
-    less = SMALLER.get(command.split(" ")[0] if command else "", "a smaller input")
-    return f"out of memory ({said}): {command or 'qstate'} needs less: {less}"
+    said = " ".join(str(exc).split()) or type(exc).__name__  # whole: CUDA's names what is in use, and what helps
+    command = ctx.invoked_subcommand or ""  # (ctx.command_path is "python -m qstate_cli" under -m)
+    return f"out of memory ({said}): qstate {command} needs less: {SMALLER.get(command, 'a smaller input')}".replace(
+        "qstate  ", "qstate ")
 
 
 # what makes each command's work smaller, for the out-of-memory line

@@ -71,12 +71,15 @@ def save_trace(trace: Trace, path, picked_in=None) -> Path:
     from_dict(obj, str(path), verify=False)  # never write what we would refuse to read
     try:
         with atomic_path(path, picked_in) as tmp, open(tmp, "wb") as fh:
-            torch.save(obj, fh)
+            try:
+                torch.save(obj, fh)
+            except RuntimeError as exc:  # torch's writer, whatever else it reports: a short write on a full
+                # disk reads "[enforce fail at inline_container.cc:...] . unexpected pos 9152 vs 9048"; asked
+                # while the partial file still holds the space (atomic_path removes it next)
+                said = _no_space(tmp) or " ".join(str(exc).split())[:160]
+                raise QstateError(f"{path}: cannot write ({said})") from None
     except OSError as exc:
         raise QstateError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    except RuntimeError as exc:  # torch's writer, whatever else it reports: a short write on a full disk reads
-        # "[enforce fail at inline_container.cc:...] . unexpected pos 9152 vs 9048"
-        raise QstateError(f"{path}: cannot write ({_no_space(path) or ' '.join(str(exc).split())[:160]})") from None
     return Path(path)
 
 
