@@ -165,14 +165,16 @@ def test_auto_reset_is_the_studys_period(states, period):
     (50, None, "50"), ("auto", None, "auto"), (None, 7, "none"), (50, 50, "50")])
 def test_the_reset_policy_is_in_the_checkpoint(saved_reset, live_reset, restored, recwarn):
     """A checkpoint saved with reset=50, loaded into AdamW(), kept reset=none silently; now
-    the checkpoint's policy comes back (as its lr does), with a warning where they differ."""
+    the checkpoint's policy comes back (as its lr does), with a warning where they differ.
+    (The reference path: the load is the same on every path, and a numba run of the CPU-path
+    subset would compile nearest-4bit's and bnb-8bit's kernels for these alone.)"""
     w = torch.nn.Parameter(torch.randn(SHAPE))
-    saved = qoptim.AdamW([w], states="nearest-4bit", reset=saved_reset)
+    saved = qoptim.AdamW([w], states="nearest-4bit", reset=saved_reset, backend="reference")
     w.grad = torch.ones(SHAPE)
     saved.step()
     sd = saved.state_dict()
     assert torch.load(_saved(sd), weights_only=True)["param_groups"][0]["reset"] == restored
-    target = qoptim.AdamW([w], states="nearest-4bit", reset=live_reset)
+    target = qoptim.AdamW([w], states="nearest-4bit", reset=live_reset, backend="reference")
     target.load_state_dict(sd)
     assert target.reset_policy.asked == restored and "reset" not in target.param_groups[0]
     assert target.reset_policy.period == (33 if restored == "auto" else None if restored == "none" else 50)
@@ -186,10 +188,10 @@ def test_auto_reset_is_resolved_again_for_the_loaded_states():
     """`reset="auto"` was settled from the constructor's states: a checkpoint of another
     format kept the constructor's period."""
     w = torch.nn.Parameter(torch.randn(SHAPE))
-    saved = qoptim.AdamW([w], states="bnb-8bit", reset="auto")
+    saved = qoptim.AdamW([w], states="bnb-8bit", reset="auto", backend="reference")
     w.grad = torch.ones(SHAPE)
     saved.step()
-    target = qoptim.AdamW([w], states="nearest-4bit", reset="auto")
+    target = qoptim.AdamW([w], states="nearest-4bit", reset="auto", backend="reference")
     assert target.reset_policy.period == 33
     target.load_state_dict(saved.state_dict())
     assert target.reset_policy.period == 64 == saved.reset_policy.period
@@ -228,7 +230,7 @@ def test_states_of_a_parameter_of_another_shape_are_refused():
     assert not target.state
     sd["state"][0]["shape"] = "wide"
     with pytest.raises(ValueError, match=r"shape 'wide' \(not a shape: damaged\)"):
-        qoptim.AdamW([w], states="bred-4bit").load_state_dict(sd)
+        qoptim.AdamW([w], states="bred-4bit", backend="reference").load_state_dict(sd)
     del sd["state"][0]["shape"]  # a checkpoint saved before qstate kept it loads as before
     same = qoptim.AdamW([w], lr=1e-3, states="bred-4bit", backend="reference")
     same.load_state_dict(sd)
@@ -246,7 +248,7 @@ def test_a_dcp_checkpoint_saved_before_reset_and_shape_were_kept_loads_with_part
 
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 128)
-    opt = qoptim.AdamW(model.parameters(), states="bred-4bit", min_quant_numel=0, reset=20)
+    opt = qoptim.AdamW(model.parameters(), states="bred-4bit", min_quant_numel=0, reset=20, backend="reference")
     model(torch.randn(4, 64)).sum().backward()
     opt.step()
     model_sd, optim_sd = get_state_dict(model, opt)
@@ -257,7 +259,8 @@ def test_a_dcp_checkpoint_saved_before_reset_and_shape_were_kept_loads_with_part
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp_path)
 
     fresh = torch.nn.Linear(64, 128)
-    target = qoptim.AdamW(fresh.parameters(), states="bred-4bit", min_quant_numel=0, reset=20)
+    target = qoptim.AdamW(fresh.parameters(), states="bred-4bit", min_quant_numel=0, reset=20,
+                          backend="reference")
     model_sd2, optim_sd2 = get_state_dict(fresh, target)
     with pytest.raises(BaseException, match="CheckpointException"):  # wraps "Missing key in checkpoint state_dict"
         dcp.load({"model": model_sd2, "optim": optim_sd2}, checkpoint_id=tmp_path)
