@@ -168,25 +168,25 @@ def test_ctrl_c_keeps_finished_rows(tmp_path, monkeypatch):
     assert "nearest-4bit" in r.stdout  # the finished rows are still shown
 
 
-def _oom_allocating(engine, monkeypatch, numel: int) -> None:
-    """Make the engine's tensors of `numel` elements run out of memory (the rows of that
-    size fail, the sweep goes on)."""
-    real = engine.Tensors
+def _oom_allocating(monkeypatch, numel: int) -> None:
+    """Make the bench engines' tensors of `numel` elements run out of memory (the rows of
+    that size fail, the sweep goes on)."""
+    from qstate_cli.bench import workset
+
+    real = workset.Tensors
 
     def tensors(shapes, *args):
         if shapes == [(numel,)]:
             raise RuntimeError("CUDA error: out of memory")
         return real(shapes, *args)
 
-    monkeypatch.setattr(engine, "Tensors", tensors)
+    monkeypatch.setattr(workset, "Tensors", tensors)
 
 
 @pytest.mark.parametrize("command", ["kernels", "memory"])
 def test_a_failed_row_exits_1_once_the_rows_are_written(command, tmp_path, monkeypatch):
     """A bench run whose sweep went on past a failed row exited 0, so a CI step could not tell."""
-    from qstate_cli.bench import memory
-
-    _oom_allocating(kernels if command == "kernels" else memory, monkeypatch, 8192)
+    _oom_allocating(monkeypatch, 8192)
     out = tmp_path / "b.json"
     extra = FAST if command == "kernels" else ["--backend", "reference"]
     r = runner.invoke(app, ["bench", command, "-n", "4096,8192", "-c", "nearest-4bit", "--baseline", "none",

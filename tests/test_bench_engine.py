@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from qstate_cli.bench import group, kernels, memory
+from qstate_cli.bench import group, kernels, memory, workset
 from qstate_cli.bench.timing import Item
 from qstate_cli.bench.kernels import KernelsOptions
 from qstate_cli.bench.memory import MemoryOptions
@@ -89,14 +89,14 @@ def test_out_of_memory_marks_the_row_failed_and_the_sweep_goes_on(monkeypatch):
 
 
 def test_out_of_memory_allocating_a_size_fails_its_rows_only(monkeypatch):
-    real = kernels.Tensors
+    real = workset.Tensors
 
     def tensors(shapes, *args):
         if shapes == [(8192,)]:
             raise RuntimeError("CUDA error: out of memory")
         return real(shapes, *args)
 
-    monkeypatch.setattr(kernels, "Tensors", tensors)
+    monkeypatch.setattr(workset, "Tensors", tensors)
     rows = run_kernels(numel=[8192, 4096], config=["nearest-4bit"], baseline=["torch-fused"])
     assert [(r["name"], r["numel"], r["status"]) for r in rows[1:]] == [
         ("nearest-4bit", 8192, "failed"), ("torch-fused", 8192, "failed"),

@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 import torch
 
-from qstate_cli.bench.kernels import Tensors
+from qstate_cli.bench.workset import Tensors
 from qstate_cli.bench.memory import MemoryOptions, optimizer_state_bytes, plan
 from qstate_cli.bench.subjects import Context
 

@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from qstate_cli import hostmem, results
-from qstate_cli.bench import kernels, memory
+from qstate_cli.bench import kernels, memory, workset
 from qstate_cli.cli import app
 from qstate_cli.errors import QstateError
 from qstate_cli.options import MAX_THREADS
@@ -111,9 +111,9 @@ def test_the_quick_sizes_fit_here():
     p = kernels.plan(kernels.KernelsOptions(device="cpu"))
     for target in p.targets:
         need = kernels.kernels_group_bytes(p, target, torch.float32)
-        assert need < GIB and kernels.memory_shortfall(p.device, need) is None
+        assert need < GIB and workset.memory_shortfall(p.device, need) is None
     mp = memory.plan(memory.MemoryOptions(device="cpu"))
-    assert memory.memory_shortfall(mp.device, memory.target_bytes(mp, mp.targets[0], torch.float32)) is None
+    assert workset.memory_shortfall(mp.device, memory.target_bytes(mp, mp.targets[0], torch.float32)) is None
 
 
 def test_the_estimate_counts_parameters_gradients_and_states():
@@ -125,10 +125,10 @@ def test_the_estimate_counts_parameters_gradients_and_states():
 
 def test_bench_memory_refuses_a_model_that_cannot_fit_without_allocating_it(monkeypatch, tmp_path):
     """llama-7b under a 1 GiB cgroup was SIGKILLed at 6 s: no file, no message (exit 137)."""
-    monkeypatch.setattr(kernels, "available_memory", lambda device: GIB)
+    monkeypatch.setattr(workset, "available_memory", lambda device: GIB)
     made = []
-    real = memory.Tensors
-    monkeypatch.setattr(memory, "Tensors", lambda shapes, *a: made.append(shapes) or real(shapes, *a))
+    real = workset.Tensors
+    monkeypatch.setattr(workset, "Tensors", lambda shapes, *a: made.append(shapes) or real(shapes, *a))
     out = tmp_path / "m.json"
     r = runner.invoke(app, ["bench", "memory", "--device", "cpu", "--model", "llama-7b", "--numel", "4096",
                             "-c", "bred-4bit", "--baseline", "none", "--json", str(out)])
@@ -141,7 +141,7 @@ def test_bench_memory_refuses_a_model_that_cannot_fit_without_allocating_it(monk
 
 
 def test_bench_kernels_refuses_a_size_that_cannot_fit_and_goes_on(monkeypatch, tmp_path):
-    monkeypatch.setattr(kernels, "available_memory", lambda device: GIB)
+    monkeypatch.setattr(workset, "available_memory", lambda device: GIB)
     out = tmp_path / "k.json"
     r = runner.invoke(app, ["bench", "kernels", "--device", "cpu", "--numel", "2^28,4096", "-c", "nearest-4bit",
                             "--baseline", "none", *FAST, "--json", str(out)])
@@ -153,7 +153,7 @@ def test_bench_kernels_refuses_a_size_that_cannot_fit_and_goes_on(monkeypatch, t
 
 
 def test_the_copy_row_is_estimated_too(monkeypatch):
-    monkeypatch.setattr(kernels, "available_memory", lambda device: 2**20)
+    monkeypatch.setattr(workset, "available_memory", lambda device: 2**20)
     p = kernels.plan(kernels.KernelsOptions(device="cpu", copy_numel=2**26))
     row = kernels.measure_copy(p, results.device_info("cpu"))
     assert row["status"] == "failed" and row["reason"].startswith("needs ~0.562 GiB")  # 2 x 256 MiB + 64

@@ -14,9 +14,8 @@ copy at cache speed): `cache_resident` true and `pct_of_copy` null.
 `bytes_moved` is the bytes model (bytes_model.py) for the states that subject really
 keeps on each tensor. A size that runs out of memory marks its rows "failed" and the
 sweep goes on; a baseline that cannot run here is "unavailable" with the reason. So does
-a size whose estimated peak (group_bytes) is more than the memory available
-(hostmem.available_memory), found before any of it is allocated (memory_shortfall): on
-Linux an allocation past it is not refused, the OOM killer ends the process later.
+a size whose estimated peak (kernels_group_bytes) is more than the memory available,
+found before any of it is allocated (workset.py).
 The rows of one (dtype, size or model) are timed together, interleaved in `--rounds`
 rounds beside same-run references (group.py); they go to `on_row` as soon as their group
 is measured (the CLI writes them to disk), so Ctrl-C (KeyboardInterrupt, never caught
@@ -38,16 +37,16 @@ from ..optim.base import BACKENDS
 from ..optim.registry import names_text, optimizer_info
 from ..progress import QUIET, Progress
 from ..results import Result, cpu_affinity, device_info
-from ..hostmem import available_memory
 from ..runtime import free_memory, is_oom, resolve_device, torch_threads
-from .bytes_model import DTYPE_NAMES, DTYPES, dtype_bytes, tensor_state_bytes
+from . import workset
+from .bytes_model import DTYPE_NAMES, DTYPES, dtype_bytes
 from .shapes import model_shapes, numel as shapes_numel, parse_count, split_models, sweep_shape
 from .group import failure, fill_timing, measure_group
 from .subjects import Context, Subject, chosen_configs, config_or_none, ours, select_baselines
 from .timing import copy_item, measure_rounds
+from .workset import COPY_HEADROOM_BYTES, group_bytes, memory_shortfall, state_bytes
 
-__all__ = ["KernelsOptions", "execute", "failure", "fill_timing", "group_bytes", "memory_shortfall", "plan", "run",
-           "state_bytes", "streamed"]
+__all__ = ["KernelsOptions", "execute", "failure", "fill_timing", "plan", "run", "streamed"]
 
 CONFIGS_BY_BITS = {
     4: ("nearest-4bit", "sr-4bit", "bred-4bit", "torchao-4bit"),
@@ -60,11 +59,6 @@ DEFAULTS = {
     "cuda": dict(numel=(1 << 20, 1 << 23, 1 << 26, 1 << 27), dtype=("fp32", "bf16"), warmup_ms=25.0,
                  rep_ms=100.0, copy_numel=1 << 28),
 }
-
-GIB = 2**30
-HEADROOM_BYTES = 256 * 2**20  # beyond the tensors: allocator slack, compiled kernels, a first step's buffers
-COPY_HEADROOM_BYTES = 64 * 2**20  # the copy row: two buffers and a timing loop, nothing else
-TEMP_FP32_COPIES = 4  # fp32 temporaries of a step on its largest tensor (dequantized m and v, the update, a cast)
 
 FIELDS = ("name", "role", "optimizer", "config", "rounding", "bits", "numel", "n_tensors", "model",
           "param_dtype", "grad_dtype", "device", "device_name", "path", "status", "reason",
@@ -212,66 +206,6 @@ def plan(opts: KernelsOptions, here: bool = True) -> Plan:
                 int(opts.rounds), opts.threads)
 
 
-class Tensors:
-    """Parameters (random, std 0.02) and two random gradient sets for one target."""
-
-    def __init__(self, shapes, dtype: torch.dtype, device: torch.device, seed: int):
-        gen = torch.Generator(device=device).manual_seed(seed)
-        self.params = [torch.nn.Parameter(torch.randn(s, generator=gen, device=device).mul_(0.02).to(dtype))
-                       for s in shapes]
-        self.grad_sets = [[torch.randn(s, generator=gen, device=device).mul_(0.01).to(dtype) for s in shapes]
-                          for _ in range(2)]
-        self.turn = 0
-        self.rotate()
-
-    def rotate(self) -> None:
-        """Hand the next gradient set to the parameters (a pointer swap, no copy)."""
-        for p, g in zip(self.params, self.grad_sets[self.turn % 2]):
-            p.grad = g
-        self.turn += 1
-
-
-def state_bytes(subject: Subject, optimizer: str, shapes, dtype: torch.dtype) -> int:
-    """Codes + scales of the states `subject` keeps on tensors of `shapes` (the bytes model;
-    no counters): bench memory's expected_state_bytes, and the states in group_bytes."""
-    total = 0
-    for s in shapes:
-        n = int(torch.Size(s).numel())
-        total += sum(tensor_state_bytes(spec, n) for spec in subject.specs_for(optimizer, n, dtype))
-    return total
-
-
-def group_bytes(shapes, dtype: torch.dtype, states: list[int], together: bool, extra: int = 0) -> int:
-    """The peak bytes of one group (a size or model, a dtype), estimated before any of it is
-    allocated; n elements of b bytes, the largest tensor n_max:
-
-        parameters and two gradient sets   3 n b, + 4 n_max (the fp32 draw a tensor is made from)
-        states                             all subjects' (`together`: bench kernels builds every
-                                           row's optimizer before timing them), else the largest
-        a step's temporaries               TEMP_FP32_COPIES fp32 copies of n_max, and one copy of the
-                                           largest subject's states (torch's foreach step sqrt()s
-                                           a whole state list at once)
-        extra                              the caller's (bench kernels: its references)
-        HEADROOM_BYTES
-
-    An estimate on the safe side: bench memory of llama-7b (6.7e9 fp32 parameters) with
-    bred-4bit ~91 GiB, of which 75 GiB parameters and gradients; the CPU sweep's 2^18 ~0.3 GiB."""
-    numels = [int(torch.Size(s).numel()) for s in shapes]
-    n, largest, b = sum(numels), max(numels, default=0), dtype_bytes(dtype)
-    held = sum(states) if together else max(states, default=0)
-    temps = TEMP_FP32_COPIES * 4 * largest + max(states, default=0)
-    return 3 * n * b + 4 * largest + held + temps + int(extra) + HEADROOM_BYTES
-
-
-def memory_shortfall(device: torch.device, needed: int) -> str | None:
-    """None when `needed` bytes fit in what `device` has available now (available_memory;
-    unknown: assumed to fit), else a row's reason: "needs ~X GiB, Y GiB available"."""
-    available = available_memory(device)
-    if available is None or needed <= available:
-        return None
-    return f"needs ~{needed / GIB:.3g} GiB, {available / GIB:.3g} GiB available on {device.type}: not allocated"
-
-
 def kernels_group_bytes(p: Plan, target: Target, dtype: torch.dtype) -> int:
     """group_bytes of one bench kernels group: every subject's states held together, and the
     references (group.py): torch's fused AdamW (two states of the parameters' dtype) and a
@@ -325,15 +259,8 @@ def _run(p: Plan, on_row, on_start) -> list[dict]:
     for dt in p.dtypes:
         dtype = DTYPES[dt]
         for target in p.targets:
-            tensors, alloc_error = None, memory_shortfall(p.device, kernels_group_bytes(p, target, dtype))
-            try:
-                if alloc_error is None:
-                    tensors = Tensors(target.shapes, dtype, p.device, p.seed)
-            except Exception as exc:  # noqa: BLE001 - recorded on every row of this target
-                if not is_oom(exc):
-                    raise
-                tensors, alloc_error = None, f"out of memory allocating {target.numel:,} elements: {exc}"
-                free_memory(p.device)
+            tensors, alloc_error = workset.allocate(target.shapes, target.numel, dtype, p.device, p.seed,
+                                                    kernels_group_bytes(p, target, dtype))
             start(f"{len(p.subjects)} rows x {p.rounds} rounds, {target.model or f'{target.numel:,}'} {dt}")
             jobs = []
             for subject, backend in p.subjects:

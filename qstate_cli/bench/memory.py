@@ -38,7 +38,7 @@ For each config or baseline, on a model's parameter shapes (or single tensors):
   why the CUDA-only columns are null on a CPU.
 
 A model or size whose estimated peak (parameters, two gradient sets, the largest subject's
-states, a step's temporaries: kernels.group_bytes) is more than the memory available
+states, a step's temporaries: workset.group_bytes) is more than the memory available
 (hostmem.available_memory) is not allocated: its rows are "failed" with the reason
 "needs ~X GiB, Y GiB available" and the run goes on (an allocation past what is available
 is not refused on Linux: the OOM killer ends the process later, with no file and no message).
@@ -58,10 +58,11 @@ from ..optim.base import BACKENDS
 from ..optim.registry import names_text, optimizer_info
 from ..progress import Progress
 from ..results import Result, device_info
-from ..runtime import free_memory, is_oom, resolve_device
-from . import rss
+from ..runtime import free_memory, resolve_device
+from . import rss, workset
 from .bytes_model import DTYPE_NAMES, DTYPES
-from .kernels import Target, Tensors, failure, group_bytes, memory_shortfall, state_bytes, streamed
+from .kernels import Target, failure, streamed
+from .workset import Tensors, group_bytes, state_bytes
 from .shapes import model_shapes, parse_count, split_models
 from .subjects import Context, Subject, Unavailable, chosen_configs, config_or_none, ours, select_baselines
 
@@ -179,7 +180,7 @@ def expected_state_bytes(subject: Subject, optimizer: str, shapes, dtype: torch.
 
 
 def target_bytes(p: MemoryPlan, target: Target, dtype: torch.dtype) -> int:
-    """The peak bytes of one target (kernels.group_bytes): its subjects step one at a time."""
+    """The peak bytes of one target (workset.group_bytes): its subjects step one at a time."""
     states = [state_bytes(s, p.optimizer, target.shapes, dtype) for s in p.subjects]
     return group_bytes(target.shapes, dtype, states, together=False)
 
@@ -195,15 +196,8 @@ def run(p: MemoryPlan, on_row: Callable[[dict], None] | None = None,
     info = device_info(str(p.device))
     dtype = DTYPES[p.dtype]
     for target in p.targets:
-        tensors, alloc_error = None, memory_shortfall(p.device, target_bytes(p, target, dtype))
-        try:
-            if alloc_error is None:
-                tensors = Tensors(target.shapes, dtype, p.device, p.seed)
-        except Exception as exc:  # noqa: BLE001
-            if not is_oom(exc):
-                raise
-            tensors, alloc_error = None, f"out of memory allocating {target.numel:,} elements: {exc}"
-            free_memory(p.device)
+        tensors, alloc_error = workset.allocate(target.shapes, target.numel, dtype, p.device, p.seed,
+                                                target_bytes(p, target, dtype))
         for subject in p.subjects:
             if on_start:
                 on_start(f"{subject.name} {target.model or f'{target.numel:,}'}", len(rows), p.total_rows)
