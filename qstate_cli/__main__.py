@@ -9,7 +9,10 @@ line's boundary (cli/group.py) takes both over: the same lines and codes.
 
 Once the command line is over, whatever its code, the process ignores SIGINT and SIGTERM
 while it exits (finally blocks, torch's atexit callbacks and finalizers: a second Ctrl-C
-there printed "Exception ignored in atexit callback" or killed it, -2 instead of 130)."""
+there printed "Exception ignored in atexit callback" or killed it, -2 instead of 130;
+group.ignore_signals). About 1 Ctrl-C in 30 landing as a command starts still ends the
+process by SIGINT, -2, where CPython kept a mark of the interrupt qstate caught: a shell
+reports that as 130 too."""
 import os
 import signal
 import sys
@@ -35,15 +38,6 @@ def _on_sigterm(signum, frame):
     raise _Terminated()
 
 
-def _exiting() -> None:
-    """The process exits with the code already decided: SIGINT and SIGTERM are ignored from
-    here on. (About 1 Ctrl-C in 30 landing as a command starts still ends the process by
-    SIGINT, -2, where CPython kept a mark of the interrupt qstate caught: a shell reports
-    that as 130 too.)"""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
 def main() -> None:
     main_thread = threading.current_thread() is threading.main_thread()
     ours = {sig: default for sig, default in ((signal.SIGINT, signal.default_int_handler),
@@ -63,8 +57,8 @@ def main() -> None:
         group.QstateGroup.exits_process = True
         cli()
     except KeyboardInterrupt as exc:  # while typer builds the command, or outside its boundary
-        if main_thread and boundary is not None:
-            _exiting()
+        if boundary is not None:
+            boundary.ignore_signals()
         terminated = isinstance(exc, (_Terminated, boundary.Terminated) if boundary else _Terminated)
         line, code = _LINE[signal.SIGTERM if terminated else signal.SIGINT]
         sys.stderr.write(line)
@@ -72,8 +66,7 @@ def main() -> None:
     finally:
         if boundary is not None:
             boundary.QstateGroup.exits_process = False
-            if main_thread:
-                _exiting()
+            boundary.ignore_signals()
         elif signal.SIGTERM in ours and signal.getsignal(signal.SIGTERM) is _on_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 

@@ -147,6 +147,14 @@ def _fail(prefix: str, message: str, code: int):
 _held = False  # the exit is decided as 130 or 143: SIGINT and SIGTERM are ignored (_hold_signals)
 
 
+def ignore_signals() -> None:
+    """SIGINT and SIGTERM ignored from here on, in the main thread (elsewhere signal.signal
+    raises): the process's exit code is decided (here, and in __main__ whatever the code)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _hold_signals() -> None:
     """The exit is decided (130 or 143): a second Ctrl-C or SIGTERM while it runs (finally
     blocks, torch's atexit callbacks, worker threads joined) is ignored. It printed a
@@ -154,8 +162,7 @@ def _hold_signals() -> None:
     died by the signal (-2, not 130)."""
     global _held
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_signals()
         _held = True
 
 
