@@ -42,18 +42,41 @@ def test_peak_sees_a_written_temporary_after_earlier_ones_were_freed():
     assert rss.peak_over(lambda: None) < nbytes // 4  # nothing done: far less than the temporary
 
 
+def tries(measure, done, most: int = 3) -> list:
+    """measure() until done(results) holds or `most` results are in. A resident-size read is
+    disturbed one way per cause: memory released meanwhile hides growth (so a lower bound is
+    asserted on the largest read), another thread's allocation adds to it (an upper bound on
+    the smallest); a bound that no read meets fails."""
+    got = []
+    while len(got) < most and not (got and done(got)):
+        got.append(measure())
+    return got
+
+
+def highest(got, name, key):
+    return max(g[name][key] for g in got)
+
+
+def lowest(got, name, key):
+    return min(g[name][key] for g in got)
+
+
 @needs_rss
 def test_cpu_rows_carry_peaks_per_parameter_from_process_rss():
-    got = rows()
-    for r in got.values():
+    # the first step writes the whole state, which stays resident: at least its bytes per param
+    def state_seen(got):
+        return all(highest(got, n, "first_step_peak_bytes_per_param") >= 0.9 * got[0][n]["bytes_per_param"]
+                   for n in got[0])
+
+    got = tries(rows, state_seen)
+    for r in (r for g in got for r in g.values()):
         assert r["status"] == "ok", r["reason"]
         assert r["measured_by"] == "process-rss"
         assert all(r[k] is not None and r[k] >= 0 for k in PEAKS), r
         # the CUDA allocator's columns keep their meaning: null on a CPU, and the reason says so
         assert r["measured_state_bytes"] is None and r["peak_extra_mib"] is None
         assert "CUDA" in r["measured_reason"] and "RSS" in r["measured_reason"]
-        # the first step writes the whole state, which stays resident: at least its bytes per param
-        assert r["first_step_peak_bytes_per_param"] >= 0.9 * r["bytes_per_param"], r
+    assert state_seen(got), got
 
 
 @needs_rss
@@ -72,13 +95,17 @@ def test_a_step_with_a_known_temporary_shows_it_per_parameter():
     fat = dataclasses.replace(fused, name="fat", build=lambda params, ctx: (Fat(params, lr=1e-3, fused=True), "fat"))
     plan = memory.plan(MemoryOptions(device="cpu", numel=[N], config=["none"], baseline=["torch-fused"]))
     plan.subjects = [fat, fused]
-    got = {r["name"]: r for r in memory.run(plan)}
-    assert got["fat"]["status"] == "ok", got["fat"]["reason"]
-    assert got["fat"]["step_peak_bytes_per_param"] >= 0.9 * extra
-    # torch's fused AdamW itself adds little beside it: the temporary is what shows
-    assert got["fat"]["step_peak_bytes_per_param"] < 2 * extra
-    assert got["fat"]["first_step_peak_bytes_per_param"] >= 0.9 * extra
-    assert got["fat"]["step_peak_bytes_per_param"] > got["torch-fused"]["step_peak_bytes_per_param"] + 0.5 * extra
+    step, first = "step_peak_bytes_per_param", "first_step_peak_bytes_per_param"
+
+    def bounds(got):
+        return [highest(got, "fat", step) >= 0.9 * extra,
+                lowest(got, "fat", step) < 2 * extra,  # torch's fused AdamW itself adds little beside it
+                highest(got, "fat", first) >= 0.9 * extra,
+                highest(got, "fat", step) > lowest(got, "torch-fused", step) + 0.5 * extra]  # the temporary shows
+
+    got = tries(lambda: {r["name"]: r for r in memory.run(plan)}, lambda got: all(bounds(got)))
+    assert all(g["fat"]["status"] == "ok" for g in got), got[-1]["fat"]["reason"]
+    assert bounds(got) == [True] * 4, got
 
 
 def test_no_proc_leaves_the_peaks_null_with_the_reason(tmp_path, monkeypatch):
