@@ -223,7 +223,8 @@ def test_the_env_block_records_numba_without_importing_it():
     code = ("import sys; from qstate_cli.results import environment; e = environment(); "
             "print(repr(e['numba']), 'numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get(
+                             "PYTHONPATH"))))})  # this process's path kept: numba beside .venv (make test-cpu-path)
     from importlib.metadata import PackageNotFoundError, version
 
     try:
