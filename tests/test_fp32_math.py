@@ -20,17 +20,28 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32)
 
 
+# The largest errors over every fp32 input (exhaustive search, 2026-12-07: erf over |x| < 4,
+# exp over [-104, 89]; fp32_math's docstring states them): erf 2.5498 ulp and 1.5198e-7 at
+# 0.99074990, exp 1.2206 ulp at 59.265224 (1.2122 at -71.045616), its subnormal results
+# 0.7771 of 2^-149 at -87.817528. A 2^20 random sample never met the first two (2.37-2.52 ulp
+# and 1.17-1.19 ulp over four seeds, above the 2.5 and 1.2 stated before), so they are here.
+WORST = (0.9907498955726624, 59.26522445678711, -71.04561614990234, -87.8175277709961)
+
+
 def values() -> torch.Tensor:
     """Every binade's ends (normal and subnormal), both signs, the branch edges (erf's 1 and
-    4, exp's -104 and 89, its overflow and underflow thresholds) with their fp32 neighbours,
-    the specials, and 2^20 random values spread over all binades and over [-110, 95]."""
+    4, exp's -104 and 89, its overflow and underflow thresholds) and the worst inputs (WORST)
+    with their fp32 neighbours, the specials, and 2^20 random bit patterns (every binade
+    alike) and 2^18 uniform values over [-110, 95]. Drawn from integers only (randint, and
+    uniform_ scales 24 random bits): the same values on every CPU, where torch's randn and
+    exp give other bits per instruction set."""
     gen = torch.Generator().manual_seed(0)
     ends = torch.arange(0, 255, dtype=torch.int32) << 23
     ends = torch.cat([ends, ends + (1 << 23) - 1, torch.arange(1, 1 << 12, dtype=torch.int32)]).view(torch.float32)
-    edges = torch.tensor([1.0, 4.0, -104.0, 89.0, 88.72284, -87.33655, -103.27893, 0.5, 2.0, 0.3465736])
+    edges = torch.tensor([1.0, 4.0, -104.0, 89.0, 88.72284, -87.33655, -103.27893, 0.5, 2.0, 0.3465736, *WORST])
     up, down = torch.full_like(edges, math.inf), torch.full_like(edges, -math.inf)
     edges = torch.cat([edges, torch.nextafter(edges, up), torch.nextafter(edges, down)])
-    spread = torch.randn(1 << 20, generator=gen) * torch.exp(20 * torch.randn(1 << 20, generator=gen))
+    spread = torch.randint(0, 255 << 23, (1 << 20,), dtype=torch.int32, generator=gen).view(torch.float32)
     near = torch.empty(1 << 18).uniform_(-110, 95, generator=gen)
     x = torch.cat([ends, edges, spread, near, torch.tensor([0.0, math.inf, math.nan])])
     return torch.cat([x, -x])
@@ -48,7 +59,7 @@ def test_exp_is_within_its_stated_error():
     with np.errstate(over="ignore"):
         got, want = F.exp32(x), np.exp(x.double().numpy())
     normal = (want >= 2.0 ** -126) & (want < 3.4e38)
-    assert normal.sum() > 500_000 and ulps(got[normal], want[normal]).max() <= 1.2
+    assert normal.sum() > 500_000 and ulps(got[normal], want[normal]).max() <= 1.221
     sub = want < 2.0 ** -126
     assert sub.sum() > 1000 and (np.abs(got[sub].double().numpy() - want[sub]) <= 0.78 * 2.0 ** -149).all()
     assert (got[torch.from_numpy(want >= 3.5e38)] == math.inf).all()
@@ -58,7 +69,7 @@ def test_erf_is_within_its_stated_error():
     x = values()
     x = x[x.isfinite()]
     got, want = F.erf32(x), special.erf(x.double().numpy())
-    assert ulps(got, want).max() <= 2.5 and np.abs(got.double().numpy() - want).max() <= 1.5e-7
+    assert ulps(got, want).max() <= 2.55 and np.abs(got.double().numpy() - want).max() <= 1.52e-7
     for lo, hi in ((0, 1), (1, 4), (4, math.inf)):  # each branch met
         assert ((x.abs() >= lo) & (x.abs() < hi)).sum() > 10_000
 
