@@ -278,3 +278,52 @@ def test_an_engine_command_to_dev_full_still_writes_its_report(tmp_path):
                              cwd=ROOT, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120, env=_env())
     assert out.returncode == 2, out.stderr
     assert html.read_text().startswith("<!")
+
+
+def test_a_suite_points_phases_are_lines_every_few_seconds():
+    """Inside a point the count stays (points done) and the label names the engine's phase:
+    more of the same unit, a line per 5 s; the next point is a new unit again."""
+    view, clock, timers, written = _lines()
+    view.begin(16)
+    view.unit("diagnose: defaults", 15)
+    for step in range(1, 1281):  # the replay's steps, 128 a second
+        clock.now += 1 / 128
+        view.unit(f"diagnose: defaults: replaying 7 configurations ({step}/2000)", 15)
+    clock.now += 1.5
+    view.unit("memory: config=fp32", 16)
+    assert written == ["[15/16 0:00:00] diagnose: defaults",
+                       "[15/16 0:00:05] diagnose: defaults: replaying 7 configurations (640/2000)",
+                       "[15/16 0:00:10] diagnose: defaults: replaying 7 configurations (1280/2000)",
+                       "[16/16 0:00:11] memory: config=fp32"]  # a new point: a new unit, a second after
+
+
+def test_run_suite_passes_the_engines_phases_and_logs_on(tmp_path):
+    """A diagnose point that replays for minutes wrote nothing to a CI log between its start
+    and the suite's end: the engine's progress went nowhere. Its phases and log lines are now
+    the suite's, under the point's label and count."""
+    from bad_inputs import small_trace
+
+    from qstate_cli.suites import load_suite
+    from qstate_cli.suites.runner import run_suite
+    from qstate_cli.trace.io import save_trace
+
+    save_trace(small_trace(), tmp_path / "t.pt")
+    (tmp_path / "s.yaml").write_text(textwrap.dedent(f"""\
+        name: s
+        runs:
+          - name: diag
+            kind: diagnose
+            defaults: {{trace: {tmp_path / "t.pt"}, config: [nearest-4bit], backend: reference}}
+          - name: k
+            kind: kernels
+            defaults: {{numel: 4096, config: nearest-4bit, device: cpu, backend: reference,
+                        threads: {os.cpu_count() + 1}, rounds: 2, warmup_ms: 1, rep_ms: 1, copy_numel: 4096}}
+        """))
+    starts, logs = [], []
+    run_suite(load_suite(tmp_path / "s.yaml"), tmp_path / "out",
+              progress=Progress(on_start=lambda label, done: starts.append((label, done)), on_log=logs.append))
+    assert starts[0] == ("diag: defaults", 0) and starts[-1] == ("done", 2)
+    assert starts[1:5] == [(f"diag: defaults: replaying 1 configuration ({k}/4)", 0) for k in range(1, 5)]
+    assert starts[5] == ("k: defaults", 1)
+    assert starts[6:-1] and all(done == 1 and label.startswith("k: defaults: ") for label, done in starts[6:-1])
+    assert len(logs) == 1 and logs[0].startswith(f"warning: --threads {os.cpu_count() + 1} is more than the")

@@ -45,8 +45,9 @@ class Lines:
     a CI job with a no-output timeout could kill it. One line per unit begun (a suite point,
     a row, a training run), `[done/total elapsed] label`, and a last `[n/n elapsed] done`.
 
-    Sane for any number of units: a line for a new unit waits until `unit_every_s` after
-    the one before, a line for more of the same unit (a replayed step) `step_every_s`; what
+    Sane for any number of units: a line for a new unit (another label and another count)
+    waits until `unit_every_s` after the one before, a line for more of the same unit (a
+    replayed step: the same label; a suite point's phases: the same count) `step_every_s`; what
     waits is written when its time comes (a timer), if no newer state replaced it, so a
     long unit after quick ones is still named while it runs. `units=False` (bench: its
     rows have a line each) writes only the log lines and the last line."""
@@ -72,7 +73,7 @@ class Lines:
 
     def unit(self, label: str, done: int) -> None:
         with self._lock:
-            new = label != self.label
+            new = label != self.label and done != self.done  # a suite point's phases keep its count
             self.label, self.done = label, done
             if not self.units or self._t0 is None:
                 return

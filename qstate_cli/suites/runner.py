@@ -20,7 +20,10 @@ Every point's options are checked (kinds.check_point) before any file is created
 that raises QstateError still stops the run (the suite asked for something the engine
 does not know); any other exception marks that point failed and the suite goes on.
 Progress goes to a `Progress` (progress.py): begin(total points), start(label, done)
-before each point, log(line) for a failed point; the CLI draws it.
+before each point, log(line) for a failed point; the CLI draws it. Inside a point the
+engine's own progress is the suite's too (`_PointProgress`): its phases as
+start("run: point: phase (step/steps)", points done), its log lines as log(line), so a
+diagnose point that replays for minutes is not silent in a CI log.
 """
 from __future__ import annotations
 
@@ -258,12 +261,33 @@ def _check_traces(plans) -> None:
                 load_trace(trace)
 
 
+class _PointProgress(Progress):
+    """An engine's progress inside the suite's current point, as the suite's: a phase
+    start(label, step) is start("<point>: <label> (step/steps)", points done), a log line
+    the suite's log line; its rows and results stay the runner's business."""
+
+    def __init__(self, suite: Progress):
+        super().__init__(on_begin=self._begin, on_start=self._start, on_log=suite.log)
+        self.suite, self.point, self.done, self.steps = suite, "", 0, None
+
+    def enter(self, point: str, done: int) -> None:
+        self.point, self.done, self.steps = point, done, None
+
+    def _begin(self, total: int, result) -> None:
+        self.steps = total
+
+    def _start(self, label: str, step: int) -> None:
+        count = f" ({step}/{self.steps})" if self.steps else ""
+        self.suite.start(f"{self.point}: {label}{count}", self.done)
+
+
 def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, progress: Progress | None = None) -> list[SuiteRun]:
     """Run every point of every run; returns each run's file and document."""
     out_dir = Path(out_dir)
     progress = progress or QUIET
     plans = suite.points()
-    hooks = {run["kind"]: hook_for(run["kind"]) for run, _ in plans}  # fail before measuring anything
+    inner = _PointProgress(progress)
+    hooks = {run["kind"]: hook_for(run["kind"], inner) for run, _ in plans}  # fail before measuring anything
     for run, points in plans:  # every point's options checked before any file is created
         for point in points:
             try:
@@ -291,6 +315,7 @@ def run_suite(suite: LoadedSuite, out_dir, resume: bool = False, progress: Progr
             if point.key in done:
                 continue
             progress.start(f"{run['name']}: {point.label}", done_so_far)
+            inner.enter(f"{run['name']}: {point.label}", done_so_far)
             state["points"][point.key]["session"] = session
             try:
                 failed = _merge(writer, point, hook(json.loads(json.dumps(point.params))), hook_name)
