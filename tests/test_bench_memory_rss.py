@@ -33,20 +33,21 @@ def test_peak_sees_a_written_temporary_after_earlier_ones_were_freed():
     for _ in range(3):  # earlier rows' temporaries, freed: they must not hide this one
         t = torch.full((nbytes // 4,), 1.0)
         del t
-    # Best of 3: memory the process releases meanwhile (another thread of an earlier test in this
-    # worker, file pages the kernel reclaims) lowers the resident size the high-water mark was
-    # reset to and hides growth, never invents it; CI's parallel suite once read 0 here (on a
-    # 2-core Xeon; 0 of 200 tries alone). A peak that is not seen at all fails all three.
+    # Best of 3, a deliberately lenient lower bound: memory the process releases during the work
+    # (another thread of an earlier test in this worker, file pages the kernel reclaims) hides
+    # growth; CI's parallel suite once read 0 here (on a 2-core Xeon; 0 of 200 tries alone). A
+    # peak that is not seen at all fails all three.
     peak = max(rss.peak_over(lambda: torch.full((nbytes // 4,), 2.0).sum()) for _ in range(3))
     assert peak >= 0.9 * nbytes
     assert rss.peak_over(lambda: None) < nbytes // 4  # nothing done: far less than the temporary
 
 
 def tries(measure, done, most: int = 3) -> list:
-    """measure() until done(results) holds or `most` results are in. A resident-size read is
-    disturbed one way per cause: memory released meanwhile hides growth (so a lower bound is
-    asserted on the largest read), another thread's allocation adds to it (an upper bound on
-    the smallest); a bound that no read meets fails."""
+    """measure() until done(results) holds or `most` results are in. Deliberately lenient: a
+    resident-size read is disturbed by what the process does meanwhile (memory released during
+    the work hides growth, another thread's allocation adds to it), so each bound is asserted
+    on the read that favours it (a lower bound on the largest, an upper bound on the smallest);
+    a bound that no read meets fails."""
     got = []
     while len(got) < most and not (got and done(got)):
         got.append(measure())

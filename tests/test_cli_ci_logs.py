@@ -297,6 +297,18 @@ def test_a_suite_points_phases_are_lines_every_few_seconds():
                        "[16/16 0:00:11] memory: config=fp32"]  # a new point: a new unit, a second after
 
 
+def test_a_unit_after_rows_advanced_the_count_is_a_new_unit():
+    """run_engine's rows advance the count before the engine's next start (a training run, a
+    doctor row): the next label is a new unit, its line a second after, not five."""
+    view, clock, timers, written = _lines()
+    view.begin(4)
+    view.unit("A seed 0", 0)
+    clock.now += 1.5
+    view.advance()  # A's row
+    view.unit("B seed 0", 1)
+    assert written[-1] == "[1/4 0:00:01] B seed 0"
+
+
 def test_run_suite_passes_the_engines_phases_and_logs_on(tmp_path):
     """A diagnose point that replays for minutes wrote nothing to a CI log between its start
     and the suite's end: the engine's progress went nowhere. Its phases and log lines are now

@@ -38,13 +38,12 @@ from ..optim.registry import names_text, optimizer_info
 from ..progress import QUIET, Progress
 from ..results import Result, cpu_affinity, device_info
 from ..runtime import free_memory, is_oom, resolve_device, torch_threads
-from . import workset
 from .bytes_model import DTYPE_NAMES, DTYPES, dtype_bytes
 from .shapes import model_shapes, numel as shapes_numel, parse_count, split_models, sweep_shape
 from .group import failure, fill_timing, measure_group
 from .subjects import Context, Subject, chosen_configs, config_or_none, ours, select_baselines
 from .timing import copy_item, measure_rounds
-from .workset import COPY_HEADROOM_BYTES, group_bytes, memory_shortfall, state_bytes
+from .workset import COPY_HEADROOM_BYTES, allocate, group_bytes, memory_shortfall, state_bytes
 
 __all__ = ["KernelsOptions", "execute", "failure", "fill_timing", "plan", "run", "streamed"]
 
@@ -259,8 +258,8 @@ def _run(p: Plan, on_row, on_start) -> list[dict]:
     for dt in p.dtypes:
         dtype = DTYPES[dt]
         for target in p.targets:
-            tensors, alloc_error = workset.allocate(target.shapes, target.numel, dtype, p.device, p.seed,
-                                                    kernels_group_bytes(p, target, dtype))
+            tensors, alloc_error = allocate(target.shapes, target.numel, dtype, p.device, p.seed,
+                                            kernels_group_bytes(p, target, dtype))
             start(f"{len(p.subjects)} rows x {p.rounds} rounds, {target.model or f'{target.numel:,}'} {dt}")
             jobs = []
             for subject, backend in p.subjects:

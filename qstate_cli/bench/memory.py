@@ -59,10 +59,10 @@ from ..optim.registry import names_text, optimizer_info
 from ..progress import Progress
 from ..results import Result, device_info
 from ..runtime import free_memory, resolve_device
-from . import rss, workset
+from . import rss
 from .bytes_model import DTYPE_NAMES, DTYPES
 from .kernels import Target, failure, streamed
-from .workset import Tensors, group_bytes, state_bytes
+from .workset import Tensors, allocate, group_bytes, state_bytes
 from .shapes import model_shapes, parse_count, split_models
 from .subjects import Context, Subject, Unavailable, chosen_configs, config_or_none, ours, select_baselines
 
@@ -196,8 +196,8 @@ def run(p: MemoryPlan, on_row: Callable[[dict], None] | None = None,
     info = device_info(str(p.device))
     dtype = DTYPES[p.dtype]
     for target in p.targets:
-        tensors, alloc_error = workset.allocate(target.shapes, target.numel, dtype, p.device, p.seed,
-                                                target_bytes(p, target, dtype))
+        tensors, alloc_error = allocate(target.shapes, target.numel, dtype, p.device, p.seed,
+                                        target_bytes(p, target, dtype))
         for subject in p.subjects:
             if on_start:
                 on_start(f"{subject.name} {target.model or f'{target.numel:,}'}", len(rows), p.total_rows)

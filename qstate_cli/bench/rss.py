@@ -10,8 +10,8 @@ raises to the resident size before it unmaps or trims memory, so a temporary fre
 the work returns still counts.
 
 This is the process's resident memory, not an allocator's: other threads allocating
-meanwhile count, memory released meanwhile (another thread's frees, file pages the kernel
-reclaims) hides as much growth, memory the allocator keeps after a free (and reuses) counts once, pages
+meanwhile count, memory released during the work (another thread's frees, file pages the
+kernel reclaims) hides as much growth, memory the allocator keeps after a free (and reuses) counts once, pages
 are 4 KiB, and memory allocated but never written counts not at all. torch's CPU
 allocator caches nothing, so a step's temporaries do show (docs/bench.md).
 

@@ -96,5 +96,6 @@ def allocate(shapes, numel: int, dtype: torch.dtype, device: torch.device, seed:
     except Exception as exc:  # noqa: BLE001 - recorded on every row of this group
         if not is_oom(exc):
             raise
-        free_memory(device)
-        return None, f"out of memory allocating {numel:,} elements: {exc}"
+        why = f"out of memory allocating {numel:,} elements: {exc}"
+    free_memory(device)  # out of the except: its traceback held the partly made tensors
+    return None, why

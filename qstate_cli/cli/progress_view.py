@@ -56,6 +56,7 @@ class Lines:
                  clock: Callable[[], float] = time.monotonic, write: Callable[[str], None] | None = None,
                  arm: Callable[[float, Callable[[], None]], object] | None = None):
         self.label, self.units, self.total, self.done = label, units, None, 0
+        self._unit_done = 0  # the count the last unit() brought (advance() moves `done`, not this)
         self._every = (unit_every_s, step_every_s)
         self._clock, self._write = clock, write or plain_lines(Console(stderr=True))
         self._arm = arm or _timer
@@ -73,8 +74,8 @@ class Lines:
 
     def unit(self, label: str, done: int) -> None:
         with self._lock:
-            new = label != self.label and done != self.done  # a suite point's phases keep its count
-            self.label, self.done = label, done
+            new = label != self.label and done != self._unit_done  # a suite point's phases keep its count
+            self.label, self.done, self._unit_done = label, done, done
             if not self.units or self._t0 is None:
                 return
             every = self._every[0] if new or self._shown is None else self._every[1]

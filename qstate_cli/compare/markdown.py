@@ -69,7 +69,7 @@ def timing_rule(verdict) -> str:
             f"the threshold whose rounds spread wider than it is insignificant; a row timed on a shared CPU (cpu "
             f"share below {NOISY_CPU_SHARE:g}), or whose same-run copy reference moved more than "
             f"{REFERENCE_MOVED:g}x, is noisy, unless its step ran on one thread and NEW's raw time slowed, every "
-            f"round apart, beyond what its CPU share s can explain (max(threshold, noise floor) x (2/s - 1)): then it "
+            f"round apart, beyond what its CPU share s can explain (max(threshold, noise floor) x its copy's slowdown x (2/s - 1)): then it "
             f"regresses.{strict}")
 
 

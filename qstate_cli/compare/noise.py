@@ -37,9 +37,9 @@ The rule, in order:
    q, each turn of the others (1/s - 1) q) a call of d CPU-ms waits one turn per slice it
    crosses, so a median call takes at most d (2/s - 1): d/s + (1/s - 1) q with q <= d, and
    for d < q the median call waits a turn only when more than half of the calls do, i.e.
-   when d > q/2. Not 1/s: a 2-core Xeon (stop 75) timed the same commit pinned beside one
+   when d > q/2. Not 1/s: a 2-core Xeon (2026-12-07) timed the same commit pinned beside one
    to five busy loops at shares 0.48, 0.36, 0.25 and 0.14 with raw ratios 2.24, 3.53, 4.85
-   and 8.44 (1.17-1.27x beyond 1/s: the turns, and the caches the others disturb; 2/s - 1
+   and 8.44 (1.07-1.27x beyond 1/s: the turns, and the caches the others disturb; 2/s - 1
    is 3.20, 4.56, 7.03 and 12.9), and the 1/s bound called the unchanged code regressed.
    With s the lowest share of NEW
    (its rows' and its run's), the raw ratio r (time_ms: the copy reference is distorted

@@ -263,8 +263,9 @@ def _check_traces(plans) -> None:
 
 class _PointProgress(Progress):
     """An engine's progress inside the suite's current point, as the suite's: a phase
-    start(label, step) is start("<point>: <label> (step/steps)", points done), a log line
-    the suite's log line; its rows and results stay the runner's business."""
+    start(label, n) is start("<point>: <label> (n/total)", points done), n and total the
+    engine's own units (diagnose: replayed steps; bench: rows), a log line the suite's log
+    line; its rows and results stay the runner's business."""
 
     def __init__(self, suite: Progress):
         super().__init__(on_begin=self._begin, on_start=self._start, on_log=suite.log)
