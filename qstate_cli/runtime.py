@@ -134,9 +134,13 @@ class CompileClock:
     LATER_TEXT = ("qstate: compiling more CPU kernels (a kernel family this process has not used yet: another "
                   "preset, format or replay path); about a minute each on a first use here, not a hang")
 
-    def __init__(self):
+    def __init__(self, clock: Callable[[], float] | None = None, timer: Callable | None = None):
+        """`clock` (seconds; time.perf_counter, looked up at each call) and `timer`
+        (threading.Timer's signature) are the wall clock and the notice's timer; a test gives fakes."""
         self.notice: Callable[[str], None] | None = None
-        self._compiles, self._holds = _Outermost(), _Outermost()
+        self._clock = clock or (lambda: time.perf_counter())
+        self._timer = timer or (lambda *args: threading.Timer(*args))
+        self._compiles, self._holds = _Outermost(self._clock), _Outermost(self._clock)
         self._told = False
         self._lock = threading.Lock()
         self._last_end = -float("inf")  # when the last outermost compilation ended (perf_counter)
@@ -161,7 +165,7 @@ class CompileClock:
             if not self._compiles.open():
                 return
             tell, self._told = not self._told, True
-            if tell or time.perf_counter() - self._last_end >= self.QUIET_S:  # a new burst
+            if tell or self._clock() - self._last_end >= self.QUIET_S:  # a new burst
                 self._burst, self._burst_told = self._burst + 1, tell
             burst = self._burst
             arm = not self._burst_told and self._armed != burst
@@ -170,7 +174,7 @@ class CompileClock:
         if tell:
             self._tell(text)
         elif arm:
-            timer = threading.Timer(self.LATER_NOTICE_S, self._later, (burst,))
+            timer = self._timer(self.LATER_NOTICE_S, self._later, (burst,))
             timer.daemon = True
             timer.start()
 
@@ -196,26 +200,27 @@ class CompileClock:
         with self._lock:
             self._compiles.close()
             if self._compiles._depth == 0:
-                self._last_end = time.perf_counter()
+                self._last_end = self._clock()
 
 
 class _Outermost:
     """Wall `seconds` and `count` of the outermost of nested open() .. close() intervals."""
 
-    def __init__(self):
+    def __init__(self, clock: Callable[[], float]):
         self.seconds, self.count, self._depth, self._t0 = 0.0, 0, 0, 0.0
+        self._clock = clock
 
     def open(self) -> bool:
         """Returns whether this interval is an outermost one."""
         self._depth += 1
         if self._depth == 1:
-            self._t0 = time.perf_counter()
+            self._t0 = self._clock()
         return self._depth == 1
 
     def close(self) -> None:
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
-            self.seconds += time.perf_counter() - self._t0
+            self.seconds += self._clock() - self._t0
             self.count += 1
 
 

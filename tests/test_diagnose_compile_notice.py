@@ -1,7 +1,7 @@
 """runtime.CompileClock's notices: the first compilation of a process says so at once; a later
 burst of compilations (another kernel family) says so when one is still running after
 LATER_NOTICE_S; a short one says nothing (no minutes of numba: begin/end driven by hand, on a
-fake clock, and the notice timer fired by hand when the fake clock reaches it: real sleeps
+fake clock, and the notice timer fired by hand when the fake clock reaches it, both given to the clock: real sleeps
 and timer threads gave these tests 50-100 ms of slack on a loaded 2-core CI runner)."""
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ from qstate_cli import runtime
 
 
 class FakeTimers:
-    """runtime.time.perf_counter and runtime.threading.Timer on a clock moved by `wait`: a
-    timer armed at t with delay d fires (its function runs, as the thread would) when the
-    clock reaches t + d."""
+    """A CompileClock's wall clock and notice timer, on a clock moved by `wait`: a timer
+    armed at t with delay d fires (its function runs, as the thread would) when the clock
+    reaches t + d."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self):
         self.now, self.pending, self.started = 0.0, [], 0
-        monkeypatch.setattr(runtime.time, "perf_counter", lambda: self.now)
-        monkeypatch.setattr(runtime.threading, "Timer", self.timer)
+
+    def clock(self) -> float:
+        return self.now
 
     def timer(self, delay, fn, args=()):
         self.started += 1
@@ -35,15 +36,15 @@ class FakeTimers:
             item[1](*item[2])
 
 
-def _clock(told):
-    clock = runtime.CompileClock()  # LATER_NOTICE_S 2 s, QUIET_S 5 s, as in use
+def _clock(t: FakeTimers, told):
+    clock = runtime.CompileClock(t.clock, t.timer)  # LATER_NOTICE_S 2 s, QUIET_S 5 s, as in use
     clock.notice = told.append
     return clock
 
 
-def test_first_and_each_later_long_burst_say_so(monkeypatch):
-    t, told = FakeTimers(monkeypatch), []
-    clock = _clock(told)
+def test_first_and_each_later_long_burst_say_so():
+    t, told = FakeTimers(), []
+    clock = _clock(t, told)
     clock.begin("first")
     clock.begin("nested")  # a kernel's compilation compiles what it calls: one compilation
     clock.end(); clock.end()
@@ -65,9 +66,9 @@ def test_first_and_each_later_long_burst_say_so(monkeypatch):
     assert clock.count == 5 and clock.seconds == pytest.approx(1 + 2.1 + 3)  # outermost compilations' fake seconds
 
 
-def test_a_script_gets_warnings(monkeypatch):
-    t = FakeTimers(monkeypatch)
-    clock = _clock([])
+def test_a_script_gets_warnings():
+    t = FakeTimers()
+    clock = _clock(t, [])
     clock.notice = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
@@ -80,10 +81,10 @@ def test_a_script_gets_warnings(monkeypatch):
     assert texts == ["compiling", clock.LATER_TEXT]
 
 
-def test_one_pending_timer_per_burst(monkeypatch):
+def test_one_pending_timer_per_burst():
     """Many short compilations of a later burst arm one timer, not one each."""
-    t, told = FakeTimers(monkeypatch), []
-    clock = _clock(told)
+    t, told = FakeTimers(), []
+    clock = _clock(t, told)
     clock.begin("first"); clock.end()
     t.wait(6)
     for _ in range(50):  # a later burst of short compilations, inside LATER_NOTICE_S
