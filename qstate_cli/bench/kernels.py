@@ -258,7 +258,7 @@ def _run(p: Plan, on_row, on_start) -> list[dict]:
     for dt in p.dtypes:
         dtype = DTYPES[dt]
         for target in p.targets:
-            tensors, alloc_error = allocate(target.shapes, target.numel, dtype, p.device, p.seed,
+            tensors, alloc_error = allocate(target.shapes, dtype, p.device, p.seed,
                                             kernels_group_bytes(p, target, dtype))
             start(f"{len(p.subjects)} rows x {p.rounds} rounds, {target.model or f'{target.numel:,}'} {dt}")
             jobs = []

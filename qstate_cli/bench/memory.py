@@ -196,7 +196,7 @@ def run(p: MemoryPlan, on_row: Callable[[dict], None] | None = None,
     info = device_info(str(p.device))
     dtype = DTYPES[p.dtype]
     for target in p.targets:
-        tensors, alloc_error = allocate(target.shapes, target.numel, dtype, p.device, p.seed,
+        tensors, alloc_error = allocate(target.shapes, dtype, p.device, p.seed,
                                         target_bytes(p, target, dtype))
         for subject in p.subjects:
             if on_start:

@@ -83,9 +83,9 @@ def memory_shortfall(device: torch.device, needed: int) -> str | None:
     return f"needs ~{needed / GIB:.3g} GiB, {available / GIB:.3g} GiB available on {device.type}: not allocated"
 
 
-def allocate(shapes, numel: int, dtype: torch.dtype, device: torch.device, seed: int,
+def allocate(shapes, dtype: torch.dtype, device: torch.device, seed: int,
              needed: int) -> tuple[Tensors | None, str | None]:
-    """(Tensors, None) for one group of `numel` elements whose estimated peak is `needed`
+    """(Tensors, None) for one group of tensors of `shapes` whose estimated peak is `needed`
     bytes, or (None, why) when it does not fit (memory_shortfall) or its allocation ran out
     of memory (the device's cache freed after); any other error is raised."""
     short = memory_shortfall(device, needed)
@@ -96,6 +96,7 @@ def allocate(shapes, numel: int, dtype: torch.dtype, device: torch.device, seed:
     except Exception as exc:  # noqa: BLE001 - recorded on every row of this group
         if not is_oom(exc):
             raise
+        numel = sum(int(torch.Size(s).numel()) for s in shapes)
         why = f"out of memory allocating {numel:,} elements: {exc}"
     free_memory(device)  # out of the except: its traceback held the partly made tensors
     return None, why
