@@ -79,4 +79,8 @@ def main(what: str = "all") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    what = sys.argv[1:]
+    if len(what) > 1 or (what and what[0] not in ("erf", "exp", "all")):
+        print(f"usage: python scripts/fp32_math_exhaustive.py [erf|exp|all] (got {' '.join(what)!r})", file=sys.stderr)
+        sys.exit(2)
+    main(*what)
