@@ -23,6 +23,11 @@ thread on a Zen 4, 18% of a stochastic-rounding replay's time (docs/diagnose.md)
              (fit to erfc(a) exp(a^2) a, 5e-9 relative); |x| >= 4: sign(x) (erfc(4) =
              1.5e-8 is below half an ulp of 1). Error <= 2.55 ulp and 1.52e-7 absolute
              (both at x = +-0.99074990: 2.5498 ulp, 1.5198e-7; every fp32 |x| < 4 searched).
+    exp_tail(x)  e^x, and +0 below TAIL_LO = -80 (e^-80 = 1.8e-35): for a tail factor of
+             a sum that a term this small cannot move (the staleness model's phi and chi2_3).
+             It never computes a subnormal: an x86 core runs a microcode assist (~100+
+             cycles) for each vector instruction that makes or reads one (docs/diagnose.md,
+             "Subnormal tails"). NaN stays.
 Every constant is an fp32 value (torch takes a Python scalar as fp32 in t * c and t + c).
 Measured errors, and the parity with the kernels: tests/test_fp32_math.py.
 """
@@ -42,6 +47,7 @@ ERF_TAIL = (0.5642388463020325, -0.00153559900354594, -0.26221272349357605, -0.1
             1.0590035915374756, -1.7566924095153809, 1.6511377096176147, -0.9528606534004211,
             0.3163394331932068, -0.04649612680077553)  # R(t), 1 <= |x| < 4
 ERF_ONE = 4.0  # erf rounds to +-1 from here
+TAIL_LO = -80.0  # exp_tail is +0 below: e^-80 = 1.8e-35, fp32 subnormals start at e^-87.3
 
 
 def ours(x: torch.Tensor) -> bool:
@@ -103,6 +109,11 @@ def sqrt(x: torch.Tensor) -> torch.Tensor:
 def exp(x: torch.Tensor) -> torch.Tensor:
     """e^x: exp32 for fp32 on CPU, else torch's."""
     return exp32(x) if ours(x) else torch.exp(x)
+
+
+def exp_tail(x: torch.Tensor) -> torch.Tensor:
+    """e^x, +0 below TAIL_LO (module docstring): exp's bits elsewhere, NaN included."""
+    return torch.where(x < TAIL_LO, 0.0, exp(torch.where(x < TAIL_LO, 0.0, x)))
 
 
 def erf(x: torch.Tensor) -> torch.Tensor:

@@ -91,21 +91,38 @@ def test_special_values_and_symmetry():
     assert torch.equal(bits(F.erf32(-x)), bits(-F.erf32(x)))  # odd, bit for bit
 
 
+def test_exp_tail_is_exp_down_to_its_floor_and_zero_below():
+    """exp_tail: exp32's bits from TAIL_LO up (the floor itself included), +0 (not -0) below
+    it down to -inf, NaN kept; and it never makes a subnormal (exp32 does from -87.34)."""
+    x = values()
+    want = torch.where(x < F.TAIL_LO, 0.0, F.exp32(x))
+    got = F.exp_tail(x)
+    assert torch.equal(bits(got), bits(want))
+    assert F.exp_tail(torch.tensor([F.TAIL_LO])).item() == F.exp32(torch.tensor([F.TAIL_LO])).item() > 0
+    below = torch.nextafter(torch.tensor([F.TAIL_LO]), torch.tensor([-math.inf]))
+    assert bits(F.exp_tail(torch.cat([below, torch.tensor([-90.0, -math.inf])]))).tolist() == [0, 0, 0]
+    assert F.exp_tail(torch.tensor([math.nan])).isnan().all()
+    tiny = torch.finfo(torch.float32).tiny
+    assert not ((got != 0) & (got.abs() < tiny)).any()
+    assert ((F.exp32(x) != 0) & (F.exp32(x) < tiny)).any()  # what it leaves out: exp's subnormals
+
+
 def test_other_dtypes_keep_torchs_functions():
     x = torch.linspace(-5, 5, 1001, dtype=torch.float64)
     assert torch.equal(F.erf(x), torch.special.erf(x)) and torch.equal(F.exp(x), torch.exp(x))
+    assert torch.equal(F.exp_tail(x * 20), torch.where(x * 20 < F.TAIL_LO, 0.0, torch.exp(x * 20)))
     assert torch.equal(F.sqrt(x.abs()), x.abs().sqrt())
     assert not F.ours(x) and F.ours(x.float())
 
 
 @needs_numba
-@pytest.mark.parametrize("which,name", [(0, "sqrt"), (1, "exp"), (2, "erf")])
+@pytest.mark.parametrize("which,name", [(0, "sqrt"), (1, "exp"), (2, "erf"), (3, "exp_tail")])
 def test_numba_functions_give_the_same_bits(which, name):
     from qstate_cli.kernels.cpu.fp32_math_kernel import apply
     x = values()
     if name == "sqrt":
         x = x.abs()
-    want = {"sqrt": F.sqrt, "exp": F.exp32, "erf": F.erf32}[name](x)
+    want = {"sqrt": F.sqrt, "exp": F.exp32, "erf": F.erf32, "exp_tail": F.exp_tail}[name](x)
     out = np.empty(x.numel(), np.float32)
     apply(which, x.numpy(), out)
     got = torch.from_numpy(out)

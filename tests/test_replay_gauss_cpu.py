@@ -188,3 +188,35 @@ def test_fused_gaussian_refuses_what_it_cannot_read():
         masked_gaussian(False, ("v", 0.999, 1.0), s, torch.zeros(2 * N)[::2], up, nominal)  # strided
     with pytest.raises(ValueError, match="a bool mask"):
         masked_gaussian(False, ("v", 0.999, 1.0), s, down, up, nominal.float())
+
+
+@pytest.mark.parametrize("g", [g for g in GAUSSIANS if g[2] != 0.0], ids=lambda g: f"{g[0]}-{g[1]}-{g[2]}")
+def test_the_tail_floor_moves_p_by_no_more_than_what_it_drops(g, monkeypatch):
+    """The stochastic formulas take their tail factors as +0 below e^-80 (fp32_math.exp_tail).
+    Against the model with exp's every value (exp32 there), p moves by at most the dropped
+    terms, bounded from the formulas, plus 2 ulps of p for the sum's roundings: m:
+    sigma (da - dz) / lo and sigma (dz - db) / hi, each phi dropped <= e^-80 / sqrt(2 pi);
+    v: (f3c - f3a) / w_lo and (f3b - f3c) / w_hi, each F3 term dropped <= sqrt(2 x / pi) e^-80
+    with x <= 208 (exp is +0 from -104 on). And on these cells it moves almost no bits."""
+    from qstate_cli import fp32_math as F
+    for seed in (1, 2):
+        s, m, sigma2, down, up, nominal = args = cells(seed)
+        floored = reference(True, g, *args)
+        monkeypatch.setattr(F, "exp_tail", F.exp32)
+        exact = reference(True, g, *args)
+        monkeypatch.undo()
+        fine = ~(floored.isnan() | exact.isnan())
+        assert torch.equal(floored.isnan(), exact.isnan())
+        drop = math.exp(-80.0)
+        if g[0] == "m":
+            sigma = sigma2.clamp(min=0.0).sqrt()
+            lo, hi = (down / (1 - g[1])).clamp(max=1e30), (up / (1 - g[1])).clamp(max=1e30)
+            bound = 2 * drop / math.sqrt(2 * math.pi) * sigma.double() * (1 / lo.double().abs() + 1 / hi.double().abs())
+        else:
+            scale = (1 - g[1]) * s
+            w_lo, w_hi = (g[2] * down / scale).clamp(max=1e30), (g[2] * up / scale).clamp(max=1e30)
+            bound = 2 * math.sqrt(2 * 208 / math.pi) * drop * (1 / w_lo.double().abs() + 1 / w_hi.double().abs())
+        bound = bound.nan_to_num(nan=math.inf) + 2 * torch.finfo(torch.float32).eps * floored.abs().double()
+        moved = (floored.double() - exact.double()).abs()
+        assert (moved[fine] <= bound[fine]).all(), f"{g} seed {seed}: {moved[fine].max()}"
+        assert (bits(floored) != bits(exact)).sum() <= 10  # measured: 0 for v, 3-8 for m (p <= 1e-36)

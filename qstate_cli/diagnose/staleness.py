@@ -35,7 +35,9 @@ Two predictions, each a rate over the element-steps with a non-zero nominal upda
   E[z; z <= x] = F3(x) for z ~ chi^2_1; for a normal, E[g; a < g < b] = sigma (phi(a/sigma)
   - phi(b/sigma))).
 The Gaussian formulas' sqrt, erf and exp are fp32_math's on fp32 CPU tensors (IEEE basic
-operations, so the fused replay's numba kernels give the same bits) and torch's elsewhere.
+operations, so the fused replay's numba kernels give the same bits) and torch's elsewhere;
+the stochastic formulas' tail factors (phi, and chi2_3's exp(-x / 2)) are +0 below e^-80
+(fp32_math.exp_tail: no subnormal computed, docs/diagnose.md "Subnormal tails").
 """
 from __future__ import annotations
 
@@ -151,14 +153,16 @@ def _chi2_1(x: torch.Tensor) -> torch.Tensor:
 
 
 def _chi2_3(x: torch.Tensor, f1: torch.Tensor | None = None) -> torch.Tensor:
-    """F3(x) = F1(x) - sqrt(2 x / pi) exp(-x / 2), x clamped to >= 0; f1: F1(x) where the
-    caller has it (the same values: the clamp is idempotent)."""
+    """F3(x) = F1(x) - sqrt(2 x / pi) exp(-x / 2), x clamped to >= 0, exp(-x / 2) taken as
+    +0 below e^-80 (fp32_math.exp_tail); f1: F1(x) where the caller has it (the same values:
+    the clamp is idempotent)."""
     x = x.clamp(min=0.0)
-    return (_chi2_1(x) if f1 is None else f1) - F.sqrt(2 * x / math.pi) * F.exp(-x / 2)
+    return (_chi2_1(x) if f1 is None else f1) - F.sqrt(2 * x / math.pi) * F.exp_tail(-x / 2)
 
 
 def _phi(x):
-    return F.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    """The normal density, +0 where it is below e^-80 / sqrt(2 pi) (fp32_math.exp_tail)."""
+    return F.exp_tail(-x * x / 2) / math.sqrt(2 * math.pi)
 
 
 def _Phi(x):

@@ -16,6 +16,7 @@ E0, E1, E2, E3, E4, E5, E6, E7 = (f32(v) for v in F.EXP_TAYLOR)
 S0, S1, S2, S3, S4, S5, S6 = (f32(v) for v in F.ERF_SMALL)
 T0, T1, T2, T3, T4, T5, T6, T7, T8, T9 = (f32(v) for v in F.ERF_TAIL)
 ERF_ONE, SIXTEEN = f32(F.ERF_ONE), f32(F.ERF_ONE * F.ERF_ONE)
+TAIL_LO = f32(F.TAIL_LO)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -41,6 +42,15 @@ def exp32(x):
     core = (p * pow2(k1)) * pow2(k - k1)
     y = core if ok else (c.ZERO if x < EXP_LO else x)
     return c.INF if x > EXP_HI else y
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def exp_tail32(x):
+    """e^x, +0 below TAIL_LO (fp32_math.exp_tail): exp32 takes 0 there, so no lane of a
+    vector computes a subnormal."""
+    low = x < TAIL_LO
+    e = exp32(c.ZERO if low else x)
+    return c.ZERO if low else e
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -71,7 +81,14 @@ def sqrt32(x):
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def apply(which, x, out):
-    """out[i] = sqrt32 (0), exp32 (1) or erf32 (2) of x[i]: for the tests."""
+    """out[i] = sqrt32 (0), exp32 (1), erf32 (2) or exp_tail32 (3) of x[i]: for the tests."""
     for i in range(x.size):
-        out[i] = sqrt32(x[i]) if which == 0 else (exp32(x[i]) if which == 1 else erf32(x[i]))
+        if which == 0:
+            out[i] = sqrt32(x[i])
+        elif which == 1:
+            out[i] = exp32(x[i])
+        elif which == 2:
+            out[i] = erf32(x[i])
+        else:
+            out[i] = exp_tail32(x[i])
     return 0

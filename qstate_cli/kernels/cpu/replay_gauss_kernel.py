@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
-from .fp32_math_kernel import erf32, exp32, sqrt32
+from .fp32_math_kernel import erf32, exp_tail32, sqrt32
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -71,8 +71,9 @@ def chi2_1(x):
 
 @njit(cache=True, inline="always", error_model="numpy")
 def chi2_3(x, f1, pi):
-    """staleness._chi2_3 of x >= 0 (or NaN), f1 = chi2_1(x): f1 - sqrt(2 x / pi) exp(-x / 2)."""
-    return f1 - sqrt32((c.TWO * x) / pi) * exp32((-x) / c.TWO)
+    """staleness._chi2_3 of x >= 0 (or NaN), f1 = chi2_1(x): f1 - sqrt(2 x / pi) exp(-x / 2),
+    the exp +0 below e^-80 (exp_tail32)."""
+    return f1 - sqrt32((c.TWO * x) / pi) * exp_tail32((-x) / c.TWO)
 
 
 @njit(cache=True, forceinline=True, error_model="numpy")
@@ -131,8 +132,8 @@ def Phi(x, sq2):
 
 @njit(cache=True, inline="always", error_model="numpy")
 def phi(x, sq2pi):
-    """staleness._phi: exp(-x x / 2) / sqrt(2 pi)."""
-    return exp32(((-x) * x) / c.TWO) / sq2pi
+    """staleness._phi: exp(-x x / 2) / sqrt(2 pi), the exp +0 below e^-80 (exp_tail32)."""
+    return exp_tail32(((-x) * x) / c.TWO) / sq2pi
 
 
 @njit(cache=True, inline="always", error_model="numpy")
