@@ -49,7 +49,7 @@ imported on first use only: this package's __init__ and host.py never import it.
 code is cached on disk (`cache=True`; numba caches these closures too, keyed by their
 constants), so only the first call with a new layout and dtype on a machine pays the
 compile (docs/cpu.md states the cost). The cache lives in
-`<NUMBA_CACHE_DIR or cache_dir()/numba>/<sha256 of this folder's sources>`:
+`<NUMBA_CACHE_DIR or cache_dir()/numba>/<sha256 of this folder's sources and fp32_math.py>`:
 numba invalidates a cached kernel only when its own file changes, not when an inlined
 helper in codec.py does, so a folder per source version keeps an edited checkout from
 loading stale kernels; a version's folder unused for 30 days goes when another version
@@ -109,13 +109,17 @@ def covers(kernel: str | None) -> bool:
     return kernel in LAUNCHERS
 
 
+COMPILED_IN = Path(__file__).parents[2] / "fp32_math.py"  # outside this folder, compiled into its kernels
+
+
 def numba_cache_dir() -> Path:
     """Where compiled kernels are cached: one folder per version of this folder's sources
     (a sha256 of them), under NUMBA_CACHE_DIR if set, else under cache_dir()/numba (codec.py
     points numba there before any kernel is compiled). Under NUMBA_CACHE_DIR too: numba
     checks only a kernel's own file, so an edited inlined helper (rounding.py, pairs.py,
-    codec.py) would otherwise load the kernel compiled before the edit."""
-    sources = sorted(Path(__file__).parent.glob("*.py"))
+    codec.py) would otherwise load the kernel compiled before the edit. The digest also reads
+    qstate_cli/fp32_math.py, whose constants the kernels compile in (fp32_math_kernel.py)."""
+    sources = sorted(Path(__file__).parent.glob("*.py")) + [COMPILED_IN]
     digest = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in sources)).hexdigest()[:16]
     root = Path(os.environ["NUMBA_CACHE_DIR"]) if os.environ.get("NUMBA_CACHE_DIR") else cache_dir() / "numba"
     return root / digest
