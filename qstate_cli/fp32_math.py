@@ -23,11 +23,11 @@ thread on a Zen 4, 18% of a stochastic-rounding replay's time (docs/diagnose.md)
              (fit to erfc(a) exp(a^2) a, 5e-9 relative); |x| >= 4: sign(x) (erfc(4) =
              1.5e-8 is below half an ulp of 1). Error <= 2.55 ulp and 1.52e-7 absolute
              (both at x = +-0.99074990: 2.5498 ulp, 1.5198e-7; every fp32 |x| < 4 searched).
-    exp_tail(x)  e^x, and +0 below TAIL_LO = -80 (e^-80 = 1.8e-35): for a tail factor of
-             a sum that a term this small cannot move (the staleness model's phi and chi2_3).
-             It never computes a subnormal: an x86 core runs a microcode assist (~100+
-             cycles) for each vector instruction that makes or reads one (docs/diagnose.md,
-             "Subnormal tails"). NaN stays.
+    exp_tail(x)  e^x, and +0 below TAIL_LO = -80 (e^-80 = 1.8e-35): for a tail factor whose
+             values this small do not matter to the result (the staleness model's phi and
+             chi2_3: p moves by < 1e-34, docs/diagnose.md, "Subnormal tails"). Its own result
+             is never subnormal, which an Intel core (the Xeon measured) pays a microcode
+             assist for, per vector instruction that makes or reads one. NaN stays.
 Every constant is an fp32 value (torch takes a Python scalar as fp32 in t * c and t + c).
 Measured errors, and the parity with the kernels: tests/test_fp32_math.py.
 """

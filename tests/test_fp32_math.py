@@ -31,14 +31,15 @@ WORST = (0.9907498955726624, 59.26522445678711, -71.04561614990234, -87.81752777
 
 def values() -> torch.Tensor:
     """Every binade's ends (normal and subnormal), both signs, the branch edges (erf's 1 and
-    4, exp's -104 and 89, its overflow and underflow thresholds) and the worst inputs (WORST)
+    4, exp's -104 and 89, its overflow and underflow thresholds, exp_tail's -80) and the worst inputs (WORST)
     with their fp32 neighbours, the specials, and 2^20 random bit patterns (every binade
     alike) and 2^18 values over [-110, 95], all drawn from random integers (randint): the same
     values on every CPU, where torch's randn and exp give other bits per instruction set."""
     gen = torch.Generator().manual_seed(0)
     ends = torch.arange(0, 255, dtype=torch.int32) << 23
     ends = torch.cat([ends, ends + (1 << 23) - 1, torch.arange(1, 1 << 12, dtype=torch.int32)]).view(torch.float32)
-    edges = torch.tensor([1.0, 4.0, -104.0, 89.0, 88.72284, -87.33655, -103.27893, 0.5, 2.0, 0.3465736, *WORST])
+    edges = torch.tensor([1.0, 4.0, -104.0, 89.0, 88.72284, -87.33655, -103.27893, 0.5, 2.0, 0.3465736, F.TAIL_LO,
+                          *WORST])
     up, down = torch.full_like(edges, math.inf), torch.full_like(edges, -math.inf)
     edges = torch.cat([edges, torch.nextafter(edges, up), torch.nextafter(edges, down)])
     spread = torch.randint(0, 255 << 23, (1 << 20,), dtype=torch.int32, generator=gen).view(torch.float32)

@@ -91,7 +91,7 @@ def test_fused_gaussian_equals_the_reference_bit_for_bit(sr, g):
 @needs_numba
 def test_the_inputs_reach_every_branch_of_the_functions():
     """The cells do reach what fp32_math's functions treat apart: a = +0 (sqrt(+0)), exp
-    arguments below its floor, in its subnormal band and normal, and erf arguments on both
+    arguments below its floor (-104), in its subnormal band and normal, and erf arguments on both
     sides of 1 and beyond 4 (its tail and its +-1)."""
     from qstate_cli.fp32_math import EXP_LO
     s, m, sigma2, down, up, _ = cells(1)
@@ -194,7 +194,8 @@ def test_fused_gaussian_refuses_what_it_cannot_read():
 def test_the_tail_floor_moves_p_by_no_more_than_what_it_drops(g, monkeypatch):
     """The stochastic formulas take their tail factors as +0 below e^-80 (fp32_math.exp_tail).
     Against the model with exp's every value (exp32 there), p moves by at most the dropped
-    terms, bounded from the formulas, plus 2 ulps of p for the sum's roundings: m:
+    terms, bounded from the formulas, plus 2 ulps of p (a margin for the roundings, not
+    derived): m:
     sigma (da - dz) / lo and sigma (dz - db) / hi, each phi dropped <= e^-80 / sqrt(2 pi);
     v: (f3c - f3a) / w_lo and (f3b - f3c) / w_hi, each F3 term dropped <= sqrt(2 x / pi) e^-80
     with x <= 208 (exp is +0 from -104 on). And no bit moves where no tail argument lies in

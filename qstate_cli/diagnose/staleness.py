@@ -37,7 +37,7 @@ Two predictions, each a rate over the element-steps with a non-zero nominal upda
 The Gaussian formulas' sqrt, erf and exp are fp32_math's on fp32 CPU tensors (IEEE basic
 operations, so the fused replay's numba kernels give the same bits) and torch's elsewhere;
 the stochastic formulas' tail factors (phi, and chi2_3's exp(-x / 2)) are +0 below e^-80
-(fp32_math.exp_tail: no subnormal computed, docs/diagnose.md "Subnormal tails").
+(fp32_math.exp_tail: exp computes no subnormal there, docs/diagnose.md "Subnormal tails").
 """
 from __future__ import annotations
 
