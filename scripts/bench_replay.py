@@ -11,7 +11,8 @@ Traces: `demo` (the cached demo trace, `qstate trace demo`) and a synthetic-heav
 cached in qstate's cache folder (runtime.cache_dir) next to the demo trace.
 
 For each trace and backend, diagnose.run.diagnose replays the configurations together
-(profile on: every statistic and the staleness model, as `qstate diagnose --profile`);
+(profile on: every statistic and the staleness model, as `qstate diagnose --profile`), each
+repeat in another order (`rotated`: the first configuration of a replay step is slower);
 a configuration's throughput is
 
     M element-steps/s = recorded elements x steps / (seconds of its own phase) / 1e6
@@ -91,9 +92,19 @@ def time_replay(trace, configs, backend: str, steps: int | None, config_threads:
             "codec": {str(c.cfg): c.codec for c in raw.configs}}
 
 
+def rotated(configs: list, r: int) -> list:
+    """The configurations starting at the r-th (mod their count): repeat r's order."""
+    k = r % len(configs)
+    return configs[k:] + configs[:k]
+
+
 def bench(trace, name: str, configs, backends, steps, repeats: int, config_threads: int = 1) -> list[dict]:
-    """Rows: per phase and backend, the median seconds and M element-steps/s."""
-    runs = {b: [time_replay(trace, configs, b, steps, config_threads) for _ in range(repeats)] for b in backends}
+    """Rows: per phase and backend, the median seconds and M element-steps/s. Repeat r replays
+    the configurations in `rotated(configs, r)`'s order: a replay step's first configuration
+    runs ~20 us a step slower on the demo for its place alone (docs/diagnose.md, "Subnormal
+    tails"), so with --repeats 3 or more no configuration's median is a first place's."""
+    runs = {b: [time_replay(trace, rotated(configs, r), b, steps, config_threads) for r in range(repeats)]
+            for b in backends}
     rows = []
     el = runs[backends[0]][0]["element_steps"]
     for phase in ["gather", "shadow"] + [str(c) for c in configs] + ["loop"]:

@@ -24,3 +24,22 @@ def test_bench_replay_prints_rates_and_ratios_on_a_toy_trace(tmp_path, capsys):
     assert all(rates[k] > 0 for k in (0, 1, 4, 5, 8))  # the wall times (CPU time ticks may read 0 at this size)
     assert bench.main(args) == 0  # the second run reuses the cached trace
     assert len(list(tmp_path.glob("*.pt"))) == 1
+
+
+def test_each_repeat_replays_the_configurations_in_another_order(tmp_path, capsys, monkeypatch):
+    """A replay step's first configuration is slower for its place alone: repeat r starts at
+    the r-th configuration, so with 3 repeats none of 3 configurations has a first place's median."""
+    bench = load_script("bench_replay")
+    assert bench.rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert bench.rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+    orders, replay = [], bench.time_replay
+    monkeypatch.setattr(bench, "time_replay", lambda trace, configs, *a: orders.append(
+        [str(c) for c in configs]) or replay(trace, configs, *a))
+    args = ["--traces", "synthetic", "--numel", "256", "--steps", "3", "--cache", str(tmp_path), "--repeats", "3",
+            "--configs", "bred-4bit", "nearest-4bit", "bf16", "--backends", "auto"]
+    assert bench.main(args) == 0
+    timed = orders[1:]  # after the warm-up replay
+    assert [o[0] for o in timed] == ["bred-4bit", "nearest-4bit", "bf16"]
+    assert all(sorted(o) == sorted(timed[0]) for o in timed)
+    rows = {line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("synth-1k")}
+    assert rows >= {"bred-4bit", "nearest-4bit", "bf16"}
