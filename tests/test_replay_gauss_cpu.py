@@ -153,6 +153,33 @@ def test_fused_gaussian_over_threads(monkeypatch):
 
 
 @needs_numba
+def test_fused_gaussian_on_numbas_team(monkeypatch):
+    """A small layout (one run_parts thread, torch on one thread) inside team(2): each pass
+    splits over numba's OpenMP team (here from 1,024 elements a thread), m's sigma in the
+    same launch where it is new; the reference's bits, for v and m under both roundings."""
+    from qstate_cli.kernels.cpu import replay_gauss, team
+    from qstate_cli.runtime import torch_threads
+    if not team.team_ready(2):
+        pytest.skip("numba's threading layer is not OpenMP (or has fewer than 2 threads)")
+    monkeypatch.setattr(team, "TEAM_MIN_ELEMENTS", 1024)
+    monkeypatch.setattr(team, "_OFF", [])  # a failed launch turns the team off: for this test only
+    launches = []
+    real = replay_gauss._team_launch
+    monkeypatch.setattr(replay_gauss, "_team_launch", lambda job, n_team, n: launches.append(
+        (job.kind, job.sigma, n_team)) or real(job, n_team, n))
+    args = cells(7)
+    with torch_threads(1), team.team(2):
+        assert replay_gauss.range_parts(N) == 1
+        for sr in (False, True):
+            for g in (("v", 0.999, 1.0), ("m", 0.9, None), ("m", 0.5, None), ("v", 0.999, 0.0)):
+                assert_same(fused(sr, g, *args), reference(sr, g, *args), f"{g} sr={sr} team")
+    # c <= 0: zeros, no launch; sigma once for the one sigma^2 tensor
+    assert launches == [("v", False, 2), ("m", True, 2), ("m", False, 2), ("v", False, 2), ("m", False, 2),
+                        ("m", False, 2)]
+    assert team._OFF == []  # every launch ran on the team (a failure would have fallen back to one thread)
+
+
+@needs_numba
 def test_threads_of_one_process_get_their_own_scratch():
     """Replays side by side in one process (tests/test_diagnose_split.py runs ranks as threads)
     each write their own rows: every result equals the lone one."""

@@ -11,7 +11,10 @@ torch's calls on scratch rows, with their slow arguments (sqrt(+0), exp's underf
 worked around; on AMD those run MKL's generic code (docs/diagnose.md, "Replay throughput").
 
 Threads: one range per thread (host.run_parts); replay_model.StalenessModel.sums runs each
-thread's range of its pass, this model (gauss_range) and the sums in one handoff.
+thread's range of its pass, this model (gauss_range) and the sums in one handoff. A small
+layout (one run_parts thread, inside team.team) splits each pass over numba's team instead
+(_team_launch): on the demo's 24,320 elements at one thread sr-4bit's m and v took ~200 and
+~140 us a model step while the other core waited.
 Per state and model step: v: one pass; m: m_sigma once per sigma^2 (the replay's: one per
 step, for every configuration), then one pass. Rows: SIG, G: 2 fp32 per element per layout
 size and calling thread (Outputs; replay_model.py's rule).
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 
 from .host import parts_of, run_parts
+from .team import launched, team_parts
 
 RANGE = 4096  # elements per range of run_parts (threads from host.MIN_THREAD_ELEMENTS)
 _KERNELS: dict = {}
@@ -56,7 +60,7 @@ def _kernels():
     if not _KERNELS:
         from . import replay_gauss_kernel as k
         _KERNELS.update(v_nearest=k.v_nearest, v_stochastic=k.v_stochastic, m_sigma=k.m_sigma,
-                        m_nearest=k.m_nearest, m_stochastic=k.m_stochastic)
+                        m_nearest=k.m_nearest, m_stochastic=k.m_stochastic, v_team=k.v_team, m_team=k.m_team)
     return _KERNELS
 
 
@@ -139,6 +143,36 @@ def masked_gaussian(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up:
     row: valid until its next call on a layout of n elements. One range per thread (gauss_range)."""
     job, G = gauss_job(sr, gaussian, s, down, up, nominal)
     n = s.numel()
-    run_parts(lambda b0, b1, part: gauss_range(job, b0 * RANGE, min(b1 * RANGE, n)) or 0, n, RANGE, (),
-              parts=range_parts(n))
+    parts = range_parts(n)
+    team = team_parts(n) if parts == 1 and not job.zero else 1  # a small layout: numba's team (team.py)
+    if not (team > 1 and launched(lambda: _team_launch(job, team, n))):
+        run_parts(lambda b0, b1, part: gauss_range(job, b0 * RANGE, min(b1 * RANGE, n)) or 0, n, RANGE, (),
+                  parts=parts)
     return G
+
+
+_ADDRESS: dict = {}  # kernel name -> the address of its code for the full rows' types (native.compiled_address)
+
+
+def _team_launch(job: Job, team: int, n: int) -> bool:
+    """The job's kernels over `team` threads of numba's team, RANGE-element blocks split into
+    contiguous ranges (the same values as gauss_range over the whole row), each kernel called
+    by its address, taken on first use."""
+    k = _kernels()
+    rounding = "stochastic" if job.sr else "nearest"
+    nblocks = -(-n // RANGE)
+    if job.kind == "v":
+        args = (job.x, job.down, job.up, job.nominal, job.cst, job.G, RANGE, n)
+        k["v_team"](_address("v_" + rounding, args), team, nblocks, *args)
+        return True
+    args = (job.x, job.down, job.up, job.sigma2, job.SIG, job.nominal, job.cst, job.G, RANGE, n)
+    k["m_team"](_address("m_sigma", (job.sigma2, job.SIG, RANGE, n)), _address("m_" + rounding, args),
+                bool(job.sigma), team, nblocks, *args)
+    return True
+
+
+def _address(name: str, args: tuple) -> int:
+    if name not in _ADDRESS:
+        from .native import compiled_address
+        _ADDRESS[name] = compiled_address(_kernels()[name], (0, 0, 0) + args)
+    return _ADDRESS[name]

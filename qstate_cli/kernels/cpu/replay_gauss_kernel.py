@@ -8,9 +8,10 @@ Each kernel steps elements [b0 B, min(b1 B, n)) (host.run_parts)."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
+from . import native as nv
 from .fp32_math_kernel import erf32, exp_tail32, sqrt32
 
 
@@ -190,3 +191,30 @@ def m_nearest(b0, b1, part, m, down, up, sigma2, SIG, nominal, cst, G, B, n):
 def m_stochastic(b0, b1, part, m, down, up, sigma2, SIG, nominal, cst, G, B, n):
     """m_gauss under stochastic rounding."""
     return m_gauss(b0, b1, True, m, down, up, sigma2, SIG, nominal, cst, G, B, n)
+
+
+# ---- team launches: a small layout's pass split over numba's OpenMP threads (team.py) -----------
+# Each kernel is called by its address (native.call_compiled: the one compiled for these argument
+# types, as run_parts calls it), not linked in: linking would compile its code again.
+
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def v_team(kernel, nparts, nblocks, s, down, up, nominal, cst, G, B, n):
+    """v_nearest or v_stochastic (`kernel`, by its address) over blocks 0 .. nblocks - 1 in
+    nparts contiguous ranges, one per thread: the same values as one call."""
+    for p in prange(nparts):
+        nv.call_compiled(kernel, (nblocks * p // nparts, nblocks * (p + 1) // nparts, p, s, down, up, nominal, cst,
+                                  G, B, n))
+    return 0
+
+
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def m_team(sigma_kernel, kernel, with_sigma, nparts, nblocks, m, down, up, sigma2, SIG, nominal, cst, G, B, n):
+    """m_nearest or m_stochastic (`kernel`) over blocks 0 .. nblocks - 1 in nparts contiguous
+    ranges, one per thread, each range's sigma first (m_sigma, `sigma_kernel`) where with_sigma:
+    the same values as one call of each."""
+    for p in prange(nparts):
+        b0, b1 = nblocks * p // nparts, nblocks * (p + 1) // nparts
+        if with_sigma:
+            nv.call_compiled(sigma_kernel, (b0, b1, p, sigma2, SIG, B, n))
+        nv.call_compiled(kernel, (b0, b1, p, m, down, up, sigma2, SIG, nominal, cst, G, B, n))
+    return 0
