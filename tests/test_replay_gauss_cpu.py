@@ -167,15 +167,18 @@ def test_fused_gaussian_on_numbas_team(monkeypatch):
     real = replay_gauss._team_launch
     monkeypatch.setattr(replay_gauss, "_team_launch", lambda job, n_team, n: launches.append(
         (job.kind, job.sigma, n_team)) or real(job, n_team, n))
-    args = cells(7)
+    one_block = cells(7)  # 2 blocks of replay_gauss.RANGE: one a thread
+    three_blocks = [torch.cat([a, b]) for a, b in zip(cells(7), cells(8))]  # 4 blocks, the last of 14 elements
     with torch_threads(1), team.team(2):
-        assert replay_gauss.range_parts(N) == 1
-        for sr in (False, True):
-            for g in (("v", 0.999, 1.0), ("m", 0.9, None), ("m", 0.5, None), ("v", 0.999, 0.0)):
-                assert_same(fused(sr, g, *args), reference(sr, g, *args), f"{g} sr={sr} team")
-    # c <= 0: zeros, no launch; sigma once for the one sigma^2 tensor
-    assert launches == [("v", False, 2), ("m", True, 2), ("m", False, 2), ("v", False, 2), ("m", False, 2),
-                        ("m", False, 2)]
+        assert replay_gauss.range_parts(2 * N) == 1
+        for args in (one_block, three_blocks):
+            launches.clear()
+            for sr in (False, True):
+                for g in (("v", 0.999, 1.0), ("m", 0.9, None), ("m", 0.5, None), ("v", 0.999, 0.0)):
+                    assert_same(fused(sr, g, *args), reference(sr, g, *args), f"{g} sr={sr} team {len(args[0])}")
+            # c <= 0: zeros, no launch; sigma once for the one sigma^2 tensor
+            assert launches == [("v", False, 2), ("m", True, 2), ("m", False, 2), ("v", False, 2), ("m", False, 2),
+                                ("m", False, 2)]
     assert team._OFF == []  # every launch ran on the team (a failure would have fallen back to one thread)
 
 
@@ -213,6 +216,8 @@ def test_fused_gaussian_refuses_what_it_cannot_read():
         masked_gaussian(False, ("m", 0.9, sigma2[:-1]), m, down, up, nominal)
     with pytest.raises(ValueError, match="contiguous fp32 CPU tensors"):
         masked_gaussian(False, ("v", 0.999, 1.0), s, torch.zeros(2 * N)[::2], up, nominal)  # strided
+    with pytest.raises(ValueError, match="contiguous fp32 CPU tensors"):
+        masked_gaussian(False, ("v", 0.999, 1.0), s.view(1, N), down, up, nominal)  # 2-D: the kernels read 1-D rows
     with pytest.raises(ValueError, match="a bool mask"):
         masked_gaussian(False, ("v", 0.999, 1.0), s, down, up, nominal.float())
 

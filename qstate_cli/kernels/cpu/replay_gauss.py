@@ -88,7 +88,7 @@ def gauss_job(sr: bool, gaussian, x: torch.Tensor, down: torch.Tensor, up: torch
     holding it here already: a range that fails raises out of the replay."""
     n = x.numel()
     for t in (x, down, up, nominal) + ((gaussian[2],) if gaussian[0] == "m" else ()):
-        if t.device.type != "cpu" or t.numel() != n or not t.is_contiguous() \
+        if t.device.type != "cpu" or t.numel() != n or not t.is_contiguous() or t.dim() != 1 \
                 or t.dtype != (torch.bool if t is nominal else torch.float32):
             raise ValueError(f"the fused Gaussian model needs contiguous fp32 CPU tensors of {n} elements "
                              f"and a bool mask (got {t.dtype} {t.device.type} {t.numel()})")  # no bound checks
@@ -151,7 +151,8 @@ def masked_gaussian(sr: bool, gaussian, s: torch.Tensor, down: torch.Tensor, up:
     return G
 
 
-_ADDRESS: dict = {}  # kernel name -> the address of its code for the full rows' types (native.compiled_address)
+_ADDRESS: dict = {}  # kernel name -> the address of its code for the full rows' types (native.compiled_address):
+# one set of types (gauss_job admits 1-D contiguous fp32 / bool rows only; constants' fp32 [6]; int64 counts)
 
 
 def _team_launch(job: Job, team: int, n: int) -> bool:
