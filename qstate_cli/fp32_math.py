@@ -113,7 +113,8 @@ def exp(x: torch.Tensor) -> torch.Tensor:
 
 def exp_tail(x: torch.Tensor) -> torch.Tensor:
     """e^x, +0 below TAIL_LO (module docstring): exp's bits elsewhere, NaN included."""
-    return torch.where(x < TAIL_LO, 0.0, exp(torch.where(x < TAIL_LO, 0.0, x)))
+    low = x < TAIL_LO
+    return torch.where(low, 0.0, exp(torch.where(low, 0.0, x)))
 
 
 def erf(x: torch.Tensor) -> torch.Tensor:

@@ -102,7 +102,8 @@ def bench(trace, name: str, configs, backends, steps, repeats: int, config_threa
     """Rows: per phase and backend, the median seconds and M element-steps/s. Repeat r replays
     the configurations in `rotated(configs, r)`'s order: a replay step's first configuration
     runs ~20 us a step slower on the demo for its place alone (docs/diagnose.md, "Subnormal
-    tails"), so with --repeats 3 or more no configuration's median is a first place's."""
+    tails"). With R >= 3 repeats of at least R configurations none is first more than once,
+    so no configuration's median is a first place's."""
     runs = {b: [time_replay(trace, rotated(configs, r), b, steps, config_threads) for r in range(repeats)]
             for b in backends}
     rows = []
