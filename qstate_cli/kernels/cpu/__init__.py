@@ -3,9 +3,12 @@
     codec.py     numba helpers: bit casts, the hash, bf16 casts, decode/encode of one block
     rounding.py  one element's code, a numba overload that picks the layout's branch-free
                  function in Python (layout.py: the layout tuple's columns and constants)
+    native.py    numba intrinsics: fp32 bit casts, arrays without reference counts, a kernel
+                 called by its address (the team launches), the vector width (wide_features)
     pairs.py     the 4-bit encoder by code bytes (two elements per byte, AdamW: m and v at once)
     search.py    the floor code of a code book (bucketed search, or a scan of <= 16 entries),
                  shared with the replay kernel; host.search_table prepares its buckets
+    book_rows.py a searched code book's rounding a row at a time, in stages (bnb-8bit's de8)
     members.py   a multi-tensor launch's members: the ones a range of blocks meets, their own
                  blocks in it, a state's arrays at the table's addresses (host.MemberTable)
     adamw.py     fused AdamW/Adam step (two states)
@@ -18,7 +21,11 @@
                  the fused codec's codes, a snapshot's staleness histogram and dimension sums,
                  the gradients' statistics; kernels in replay_stats_kernel.py (no numba until used)
     replay_model.py  the replay's staleness model (diagnose/staleness.predict's per-element part:
-                 empirical P(stall), nominal mask, the shadow's cells), kernel in replay_model_kernel.py
+                 empirical P(stall), nominal mask, the shadow's cells), kernel in replay_model_kernel.py;
+                 thresholds.py: its rounding to the nearest code-book entry as a threshold search
+    replay_gauss.py  the model's Gaussian P(stall) of m and v (staleness.gaussian_m / gaussian_v),
+                 kernels in replay_gauss_kernel.py, with fp32_math_kernel.py: fp32_math's sqrt,
+                 erf and exp (and exp_tail) in numba, the same bits as the torch reference
     replay_rule.py   the replay's AdamW/Adam rule and UpdateStats' per-unit sums in one pass each,
                  bit for bit the torch ops (diagnose/codec.replay_rule), kernels in replay_rule_kernel.py
     replay_step.py   one AdamW configuration's whole replay step (the rule, both states'
@@ -26,6 +33,7 @@
                  kernels above (diagnose/fused_step.py), kernel in replay_step_kernel.py
     elementwise.py  encode and decode of unscaled 16-bit minifloat states (bf16, fp16) laid end
                  to end, where optim/small.py steps them together; kernels in elementwise_kernel.py
+    team.py      numba's OpenMP team for a small layout's replay (threads that spin between launches)
     compiling.py numba's compilations reported to runtime.COMPILES (seconds, the first-use notice)
     locator.py   numba's disk cache of these kernels filed by source version, not checkout path
     torch_sum.py torch's CPU sum in torch's own order of additions (the statistics' per-unit and
