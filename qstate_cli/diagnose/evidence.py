@@ -6,7 +6,7 @@ comes out 1.2-6x shorter than the periods the paper reports at beta2 = 0.999 (bf
 each row below is one `qstate diagnose corpus:NAME -c PRESET` (validate.py replays no reset,
 the model's period and the published one against the fp32 optimizer without resets) and
 records the mean relative update error |u - u_fp32| / |u_fp32| of each. docs/diagnose.md
-("Which period: the model's or the published one") shows the runs.
+("Which period for minifloats: the model's or the published one") shows the runs.
 
 `supported(spec, beta)` counts, per option (no reset, the model's period, the published
 one), the traces on which it had the lowest error, a period counting only where it beat no
