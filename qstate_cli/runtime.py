@@ -245,6 +245,8 @@ class Timer:
         self.totals: dict[str, float] = {}
         self.compiled: dict[str, float] = {}  # seconds of COMPILES that ended inside each phase
         self.loaded: dict[str, float] = {}  # and of its loads (COMPILES.held less its compilations)
+        self.calls: dict[str, int] = {}  # calls of each phase
+        self.first: dict[str, float] = {}  # its first call's seconds, less what that call compiled or loaded
 
     @property
     def exact(self) -> bool:
@@ -265,12 +267,33 @@ class Timer:
         finally:
             if self.sync:
                 torch.cuda.synchronize(self.device)
-            self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            self.totals[name] = self.totals.get(name, 0.0) + took
             compiled, loaded = COMPILES.seconds - c0, (COMPILES.held - h0) - (COMPILES.seconds - c0)
             if compiled > 0:
                 self.compiled[name] = self.compiled.get(name, 0.0) + compiled
             if loaded > 0:
                 self.loaded[name] = self.loaded.get(name, 0.0) + loaded
+            if name not in self.calls:
+                self.first[name] = max(0.0, took - max(0.0, compiled) - max(0.0, loaded))
+            self.calls[name] = self.calls.get(name, 0) + 1
+
+    @property
+    def setup(self) -> dict[str, float]:
+        """Per phase called more than once, the seconds its first call took beyond the mean of
+        its other calls (each less what it compiled and loaded), where positive: the one-time
+        work a process or a loop does in its first call (imports, probes, starting threads,
+        first touches of new buffers). The replay's profile leaves it out of its rates, as it
+        does compiling and loading (diagnose/run.profile)."""
+        out = {}
+        for name, n in self.calls.items():
+            if n < 2:
+                continue
+            rest = self.totals[name] - self.compiled.get(name, 0.0) - self.loaded.get(name, 0.0) - self.first[name]
+            extra = self.first[name] - max(0.0, rest) / (n - 1)
+            if extra > 0:
+                out[name] = extra
+        return out
 
 
 class Workers:

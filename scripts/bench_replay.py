@@ -12,7 +12,8 @@ cached in qstate's cache folder (runtime.cache_dir) next to the demo trace.
 
 For each trace and backend, diagnose.run.diagnose replays the configurations together
 (profile on: every statistic and the staleness model, as `qstate diagnose --profile`), each
-repeat in another order (`rotated`: the first configuration of a replay step is slower);
+repeat in another order (`rotated`: the first configuration of a replay step is slower; since
+2026-12-07 the replay also starts each step at the next configuration, replay.step_order);
 a configuration's throughput is
 
     M element-steps/s = recorded elements x steps / (seconds of its own phase) / 1e6

@@ -190,3 +190,12 @@ def test_profile_leaves_the_first_use_compilation_out_of_the_rates():
     assert [r["loading_s"] for r in rows] == [0.25, 0.0, 0.0, 0.5] and "compiling_s" not in rows[0]
     assert rows[3]["M_element_steps_per_s"] == pytest.approx(0.05)
     assert "0.75 s loading the CPU kernels from the cache (once per process) left out" in title
+    assert "first_step_setup_s" not in rows[0] and "one-time work" not in title
+    raw.timings_s["a"], raw.setup_s = 2.25, {"a": 0.25, "shadow": 0.5}  # Timer.setup: first calls' one-time work
+    prof = profile(raw, 15.0)
+    assert prof["setup_s"] == 0.75 and prof["phases_setup_s"] == {"a": 0.25, "shadow": 0.5}
+    assert prof["replay_s"] == 12.5 and prof["config_element_steps_per_s"] == {"a": 50_000, "b": 50_000}
+    rows, title = profile_rows(prof)
+    assert [r["first_step_setup_s"] for r in rows] == [0.0, 0.5, 0.25, 0.0]
+    assert rows[2]["M_element_steps_per_s"] == pytest.approx(0.05)
+    assert "0.750 s of one-time work in the phases' first steps" in title

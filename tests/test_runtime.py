@@ -163,6 +163,33 @@ def test_compile_clock_holds_count_the_loads_apart_from_the_compiles(monkeypatch
     assert timer.loaded == {"loads": 0.75, "compiles": 0.5} and timer.compiled == {"compiles": 4.0}
 
 
+def test_timer_setup_is_the_first_call_beyond_the_mean_of_the_others(monkeypatch):
+    """Timer.setup: a phase's first call (less what it loaded) beyond the mean of its other
+    calls (less theirs); nothing for a phase called once or whose first call was no slower."""
+    now = [0.0]
+    monkeypatch.setattr(runtime.time, "perf_counter", lambda: now[0])
+    clock = runtime.CompileClock()
+    clock.notice = lambda text: None
+    monkeypatch.setattr(runtime, "COMPILES", clock)
+    timer = runtime.Timer("cpu")
+    with timer("step"):
+        clock.enter()
+        now[0] += 0.5  # a load: left to Timer.loaded
+        clock.leave()
+        now[0] += 1.25  # 1.0 of one-time work beside a step's 0.25
+    for dt in (0.25, 0.375, 0.125):  # mean 0.25
+        with timer("step"):
+            now[0] += dt
+    with timer("once"):
+        now[0] += 3.0
+    for dt in (0.5, 0.5):
+        with timer("even"):
+            now[0] += dt
+    assert timer.loaded == {"step": 0.5} and timer.first == {"step": 1.25, "once": 3.0, "even": 0.5}
+    assert timer.calls == {"step": 4, "once": 1, "even": 2}
+    assert timer.setup == {"step": 1.0}
+
+
 def test_compile_clock_warns_once_without_a_notice():
     """A training script (no CLI notice) sees one CompileNotice warning on the first compile:
     it had gone to an INFO log nobody reads while the first step compiled for 24 s."""

@@ -56,7 +56,8 @@ def _print_summary(doc: dict, profile: bool) -> None:
     if profile:
         prof_rows, prof_title = profile_rows(meta["profile"])
         output.stdout.print(prof_title)
-        formats = {"seconds": ".2f", "compiling_s": ".2f", "loading_s": ".2f", "M_element_steps_per_s": ".2f"}
+        formats = {"seconds": ".2f", "compiling_s": ".2f", "loading_s": ".2f", "first_step_setup_s": ".3f",
+                   "M_element_steps_per_s": ".2f"}
         output.stdout.print(output.table(None, prof_rows, formats=formats))
 
 

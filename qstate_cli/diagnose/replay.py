@@ -28,7 +28,10 @@ its own step count and held where absent (gaps.py).
 
 The configurations of a step run one after another, or up to ReplayOptions.config_threads
 at once (`--config-threads`, runtime.Workers): each writes only its own states and reads
-the step's gradients and shadow, so the records are the same.
+the step's gradients and shadow, so the records are the same. Step i starts at the
+(i mod k)-th of the k configurations (`step_order`): the first configuration of a step runs
+slower for its place alone (~25 us a step on the demo, docs/diagnose.md, "Subnormal tails"),
+so each pays that 1/k of the time and `--profile` charges it to none in particular.
 
 Under torchrun (`ReplayOptions.split`, distributed.py) each rank runs this loop on its
 part of the layout (layout.py) or on its configurations, and the parts are merged
@@ -114,6 +117,7 @@ class ReplayPart:
     timings_synchronized: bool
     compile_s: dict[str, float] = field(default_factory=dict)  # of timings_s: kernel compilation (Timer.compiled)
     load_s: dict[str, float] = field(default_factory=dict)  # of timings_s: loading compiled kernels (Timer.loaded)
+    setup_s: dict[str, float] = field(default_factory=dict)  # of timings_s: first calls' one-time work (Timer.setup)
     final_states: dict | None = None  # keep_states: {config: {state: [per-tensor piece]}}
     config_threads: int = 1  # configurations stepped at once (config_threads_for)
 
@@ -140,6 +144,7 @@ class Replay:
     gradients: dict = field(default_factory=dict)  # GradientStats.collect(): the Gaussian model's assumptions
     final_states: dict | None = None  # keep_states: {config: {state: [per-tensor stored values]}}
     config_threads: int = 1  # configurations stepped in parallel (config_threads_for; the most of any rank)
+    setup_s: dict[str, float] = field(default_factory=dict)  # of timings_s: first calls' one-time work (Timer.setup)
 
     @property
     def nonfinite_grads(self) -> int:
@@ -266,7 +271,7 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
     return ReplayPart(
         units=layout.units, wall_s=wall, cpu_s=cpu, threads=threads, timings_s=timer.totals,
-        timings_synchronized=timer.exact, compile_s=timer.compiled, load_s=timer.loaded,
+        timings_synchronized=timer.exact, compile_s=timer.compiled, load_s=timer.loaded, setup_s=timer.setup,
         nonfinite_units=nonfinite.cpu().numpy(),
         configs=[ConfigReplay(c.cfg, c.period, c.period_reason, {s: c.stats[s].collect() for s in rec.states},
                               c.update.collect(), {s: m.collect() for s, m in c.models.items()}, c.codec)
@@ -308,9 +313,16 @@ def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats
                 step_shadow(sh, rec, g, layout, rule, gaps, i)
                 if models and i % model_every == 0:
                     model_inputs(rec, sh)
-        pool.each(partial(one, g=g, i=i), configs)
+        pool.each(partial(one, g=g, i=i), step_order(configs, i))
         if progress is not None:
             progress(i + 1, n_steps)
+
+
+def step_order(configs: list, i: int) -> list:
+    """The configurations in the order step i steps them: from the (i mod k)-th of the k,
+    round (module docstring)."""
+    k = i % len(configs) if configs else 0
+    return configs[k:] + configs[:k]
 
 
 def _slowest(per_rank: list[dict], start: dict | None = None) -> dict:
@@ -345,6 +357,7 @@ def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout,
     order = {k: 0.0 for k in ["gather", "shadow"] + [str(c) for c in opts.configs]}  # the phases' order
     timings = _slowest([p.timings_s for p in parts], order)
     compiled, loaded = _slowest([p.compile_s for p in parts]), _slowest([p.load_s for p in parts])
+    setup = _slowest([p.setup_s for p in parts])
     final = None
     if opts.keep_states:
         final = {str(c): {s: merge.tensors([p.final_states[str(c)][s] for p in parts if str(c) in p.final_states])
@@ -356,7 +369,7 @@ def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout,
         load_s=loaded,
         nonfinite_units=np.concatenate([p.nonfinite_units for p in ran]), configs=configs,
         gradients=merge.gradients([p.gradients for p in ran]), final_states=final,
-        config_threads=max(p.config_threads for p in parts))
+        config_threads=max(p.config_threads for p in parts), setup_s=setup)
 
 
 def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout: Layout, n_steps: int,

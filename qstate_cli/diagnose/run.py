@@ -333,17 +333,23 @@ def resolve_trace(trace, log=None) -> Path:
 def profile(raw: Replay, total_s: float) -> dict:
     """Replay throughput: element-steps (recorded elements x steps) per second of wall time,
     and per CPU-second (what the replay gets on a machine that other work also uses). A
-    phase's seconds spent compiling kernels (a first use on the machine: Timer.compiled) and
+    phase's seconds spent compiling kernels (a first use on the machine: Timer.compiled),
     loading them from the disk cache (the first call of each in this process: Timer.loaded)
-    are left out of every rate and reported as compile_s and load_s, per phase and in all;
-    phases_s stays as measured."""
+    and the rest of its first call's one-time work (imports, probes, starting threads:
+    Timer.setup, the first call beyond the mean of the others) are left out of every rate
+    and reported as compile_s, load_s and setup_s, per phase and in all; phases_s stays as
+    measured."""
     n_cfg = len(raw.configs)
     element_steps = raw.layout.n_valid * raw.n_steps
     compiled = {k: v for k, v in raw.compile_s.items() if v > 0}
     loaded = {k: v for k, v in raw.load_s.items() if v > 0}
+    setup = {k: v for k, v in (getattr(raw, "setup_s", None) or {}).items() if v > 0}
     compile_s, load_s = sum(compiled.values()), sum(loaded.values())  # one at a time (numba's lock)
-    net = {k: max(0.0, v - compiled.get(k, 0.0) - loaded.get(k, 0.0)) for k, v in raw.timings_s.items()}
-    wall, cpu = max(0.0, raw.wall_s - compile_s - load_s), max(0.0, raw.cpu_s - compile_s - load_s)
+    setup_s = sum(setup.values())
+    net = {k: max(0.0, v - compiled.get(k, 0.0) - loaded.get(k, 0.0) - setup.get(k, 0.0))
+           for k, v in raw.timings_s.items()}
+    left_out = compile_s + load_s + setup_s
+    wall, cpu = max(0.0, raw.wall_s - left_out), max(0.0, raw.cpu_s - left_out)
     per_cfg = {k: v for k, v in net.items() if k not in ("gather", "shadow")}
     return {
         "device": raw.device, "threads": raw.threads, "config_threads": raw.config_threads,
@@ -357,6 +363,8 @@ def profile(raw: Replay, total_s: float) -> dict:
         "phases_compile_s": {k: round(v, 3) for k, v in compiled.items()},
         "load_s": round(load_s, 3),
         "phases_load_s": {k: round(v, 3) for k, v in loaded.items()},
+        "setup_s": round(setup_s, 3),
+        "phases_setup_s": {k: round(v, 3) for k, v in setup.items()},
         "config_element_steps_per_s": {k: round(element_steps / v) for k, v in per_cfg.items() if v > 0},
         "layout": {"unit": raw.layout.unit, "padded_elements": raw.layout.n},
     }

@@ -54,19 +54,23 @@ def summary_columns(rows: list[dict]):
 
 def profile_rows(prof: dict) -> tuple[list[dict], str]:
     """Per phase: seconds and element-steps per second (recorded elements x steps / s), the
-    seconds a first use spent compiling kernels in it and this process loading them from the
-    disk cache (a column each, only when there were any) left out of the rate."""
+    seconds a first use spent compiling kernels in it, this process loading them from the
+    disk cache and the first call's other one-time work (a column each, only when there were
+    any) left out of the rate."""
     es = prof["element_steps"]
     compiled = prof.get("phases_compile_s") or {}
     loaded = prof.get("phases_load_s") or {}
+    setup = prof.get("phases_setup_s") or {}
     rows = []
     for phase, sec in prof["phases_s"].items():
-        net = sec - compiled.get(phase, 0.0) - loaded.get(phase, 0.0)
+        net = sec - compiled.get(phase, 0.0) - loaded.get(phase, 0.0) - setup.get(phase, 0.0)
         row = {"phase": phase, "seconds": sec}
         if compiled:
             row["compiling_s"] = compiled.get(phase, 0.0)
         if loaded:
             row["loading_s"] = loaded.get(phase, 0.0)
+        if setup:
+            row["first_step_setup_s"] = setup.get(phase, 0.0)
         row["M_element_steps_per_s"] = (es / net / 1e6) if net > 0 and phase not in ("gather", "shadow") else None
         rows.append(row)
     rate, cpu_rate = prof["element_steps_per_s_per_config"], prof.get("element_steps_per_cpu_s_per_config")
@@ -79,4 +83,7 @@ def profile_rows(prof: dict) -> tuple[list[dict], str]:
                   "cached for later runs) left out")
     if prof.get("load_s"):
         title += f"; {prof['load_s']:.2f} s loading the CPU kernels from the cache (once per process) left out"
+    if prof.get("setup_s"):
+        title += (f"; {prof['setup_s']:.3f} s of one-time work in the phases' first steps (imports, probes, "
+                  "starting threads) left out")
     return rows, title
