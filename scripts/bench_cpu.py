@@ -12,7 +12,10 @@ time, not CPU time), so its ratio is the steadier measure of the work each subje
                                 [--optimizer adamw|lion|sgd]
 
 Prints ms/step and the ratio to the torch baseline (the first row); peers that do not import are skipped
-with the reason. The machine may be shared: the load average is printed with the numbers.
+with the reason. The machine may be shared: the load average is printed with the numbers. For
+AdamW a last line checks the issue's targets on the minimums (`targets`): each 4-bit preset
+timed (nearest-4bit, sr-4bit, bred-4bit) at <= 2x torch fused AdamW, and faster than each peer
+timed.
 """
 from __future__ import annotations
 
@@ -50,6 +53,30 @@ def subjects(presets, peers: bool, optimizer: str = "adamw"):
         return
     yield "torchao AdamW4bit (compiled)", lambda ps: __import__("torchao.optim").optim.AdamW4bit(ps), "torchao"
     yield "bitsandbytes AdamW8bit", lambda ps: __import__("bitsandbytes").optim.AdamW8bit(ps), "bnb"
+
+
+TARGET_PRESETS = ("nearest-4bit", "sr-4bit", "bred-4bit")
+TARGET_RATIO = 2.0
+PEERS = ("torchao", "bnb")
+
+
+def targets(rows: list[tuple[str, str, float]]) -> str | None:
+    """The AdamW targets on rows of (name, path, minimum ms), the torch baseline first: the
+    4-bit presets' worst ratio to it against TARGET_RATIO, and the slowest of them against the
+    fastest peer; None when no target preset was timed."""
+    base = rows[0][2]
+    ours = [(n, ms) for n, path, ms in rows if path not in PEERS and n.split()[-1] in TARGET_PRESETS]
+    if not ours:
+        return None
+    worst, worst_ms = max(ours, key=lambda r: r[1])
+    line = (f"targets: 4-bit presets <= {TARGET_RATIO:g}x torch fused: "
+            f"{'yes' if worst_ms / base <= TARGET_RATIO else 'NO'} (slowest {worst.split()[-1]} {worst_ms / base:.2f}x)")
+    peers = [(n, ms) for n, path, ms in rows if path in PEERS]
+    if peers:
+        peer, peer_ms = min(peers, key=lambda r: r[1])
+        line += (f"; faster than the peers: {'yes' if worst_ms < peer_ms else 'NO'} "
+                 f"(fastest peer {peer} {peer_ms / worst_ms:.1f}x the slowest preset's time)")
+    return line
 
 
 def main() -> None:
@@ -90,6 +117,10 @@ def main() -> None:
         wall, cpu = [w for w, _ in times], [c for _, c in times]
         print(f"{name:34s} {path:12s} {min(wall):8.1f} {statistics.median(wall):8.1f} {min(wall) / base:20.2f}"
               f" {min(cpu):10.1f} {min(cpu) / base_cpu:13.2f}")
+    verdict = targets([(name, path, min(w for w, _ in times)) for name, path, _, times in runs]) \
+        if args.optimizer == "adamw" else None
+    if verdict:
+        print(verdict)
     print(f"load average after {os.getloadavg()}")
 
 

@@ -27,7 +27,9 @@ give the machine's state before and after the timed replays (host_now: copy band
 CPU share): the same code's M/s moved 20-30% from run to run on one host. numba's first compilation (cached on disk) is
 paid by a short warm-up replay of each trace before anything is timed (warming up on the demo
 alone left the large trace's own kernels to load or compile inside its first timed replay,
-charged to its first configuration: nearest-4bit read 55-58 M instead of ~100).
+charged to its first configuration: nearest-4bit read 55-58 M instead of ~100). A last line
+per trace checks the issue's target on the `auto` backend's wall rates (`targets`): every
+configuration at >= 100 M element-steps/s.
 """
 from __future__ import annotations
 
@@ -181,7 +183,28 @@ def main(argv=None) -> int:
         rows += bench(trace, name, configs, args.backends, steps, args.repeats, args.config_threads)
     print(f"# host after:  {host_now()}")
     show(rows, args.backends)
+    for line in targets(rows):
+        print(line)
     return 0
+
+
+TARGET_M = 100.0  # M element-steps/s per configuration, every statistic on
+
+
+def targets(rows: list[dict], backend: str = "auto") -> list[str]:
+    """Per trace, whether every configuration's wall rate on `backend` (bench's rows: the
+    shared gather, shadow and loop rows and the codec lines left aside) reaches TARGET_M,
+    with the lowest; nothing where the backend was not run."""
+    out = {}
+    for r in rows:
+        if "paths" in r or r["phase"] in ("gather", "shadow", "loop") or backend not in r or r[backend] <= 0:
+            continue
+        rate = r["element_steps"] / r[backend] / 1e6
+        if r["trace"] not in out or rate < out[r["trace"]][1]:
+            out[r["trace"]] = (r["phase"], rate)
+    return [f"targets, {trace}: every configuration >= {TARGET_M:g} M element-steps/s ({backend}): "
+            f"{'yes' if rate >= TARGET_M else 'NO'} (lowest {phase} {rate:.3g})"
+            for trace, (phase, rate) in out.items()]
 
 
 def host_now() -> str:

@@ -43,3 +43,18 @@ def test_each_repeat_replays_the_configurations_in_another_order(tmp_path, capsy
     assert all(sorted(o) == sorted(timed[0]) for o in timed)
     rows = {line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("synth-1k")}
     assert rows >= {"bred-4bit", "nearest-4bit", "bf16"}
+
+
+def test_the_last_lines_check_the_replay_target_per_trace():
+    """Per trace, every configuration's wall rate on the auto backend against 100 M
+    element-steps/s, with the lowest; the shared phases and the codec lines do not count."""
+    bench = load_script("bench_replay")
+    rows = [{"trace": "demo", "phase": p, "element_steps": 48_640_000, "auto": s, "reference": 9.0}
+            for p, s in (("gather", 2.0), ("shadow", 1.0), ("sr-4bit", 0.45), ("bred-4bit", 0.3), ("loop", 4.0))]
+    rows.append({"trace": "demo", "phase": "  codec of sr-4bit", "paths": {}})
+    rows += [{"trace": "synth-1024k", "phase": "bnb-8bit", "element_steps": 104_857_600, "auto": 1.1}]
+    assert bench.targets(rows) == [
+        "targets, demo: every configuration >= 100 M element-steps/s (auto): yes (lowest sr-4bit 108)",
+        "targets, synth-1024k: every configuration >= 100 M element-steps/s (auto): NO (lowest bnb-8bit 95.3)"]
+    assert bench.targets(rows, "reference")[0].endswith("NO (lowest sr-4bit 5.4)")
+    assert bench.targets([{"trace": "demo", "phase": "sr-4bit", "element_steps": 1, "reference": 1.0}]) == []
