@@ -6,11 +6,11 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = re.compile(r'docs/([a-z_\-]+\.md)(?:[,;:]\s*\(?|\s*\(|\s)\s*"([^"]{3,160})"')
+REFERENCE = re.compile(r'docs/([a-z_\-]+\.md)\)?(?:[,;:]\s*\(?|\s*\(|\s)\s*"([^"]{2,160})"')
 
 
 def sections(doc: Path) -> list[str]:
-    text = doc.read_text()
+    text = re.sub(r"\n```.*?\n```", "\n", doc.read_text(), flags=re.S)  # a `#` line in a code block is no heading
     heads = [re.sub(r"^#+\s*", "", line).strip() for line in text.splitlines() if line.startswith("#")]
     titles = re.findall(r"(?:^|\n)\*\*([^*]+)\*\*", text)
     return [" ".join(s.split()) for s in heads + titles]
@@ -19,7 +19,8 @@ def sections(doc: Path) -> list[str]:
 def references() -> list[tuple[str, str, str]]:
     """(file, doc, section) of each reference; a reference may wrap over lines (and comment markers)."""
     files = [*ROOT.glob("qstate_cli/**/*.py"), *ROOT.glob("scripts/*"), *ROOT.glob("tests/*.py"),
-             *ROOT.glob("docs/*.md"), ROOT / "README.md"]
+             *ROOT.glob("docs/*.md"), ROOT / "README.md", ROOT / "Makefile", ROOT / ".ci" / "run"]
+    files = [f for f in files if f.is_file()]  # scripts/__pycache__ is a folder
     found = []
     for f in files:
         joined = re.sub(r"\n\s*(?:#\s*)?", " ", f.read_text(errors="ignore"))

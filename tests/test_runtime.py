@@ -180,14 +180,44 @@ def test_timer_setup_is_the_first_call_beyond_the_mean_of_the_others(monkeypatch
     for dt in (0.25, 0.375, 0.125):  # mean 0.25
         with timer("step"):
             now[0] += dt
+            if dt == 0.375:  # a compilation in a later call: left to Timer.compiled
+                clock.begin("compiling")
+                now[0] += 2.0
+                clock.end()
     with timer("once"):
         now[0] += 3.0
     for dt in (0.5, 0.5):
         with timer("even"):
             now[0] += dt
-    assert timer.loaded == {"step": 0.5} and timer.first == {"step": 1.25, "once": 3.0, "even": 0.5}
-    assert timer.calls == {"step": 4, "once": 1, "even": 2}
+    assert timer.loaded == {"step": 0.5} and timer.compiled == {"step": 2.0}
+    assert timer.first == {"step": 1.25, "once": 3.0, "even": 0.5} and timer.calls == {"step": 4, "once": 1, "even": 2}
     assert timer.setup == {"step": 1.0}
+
+
+def test_step_clock_counts_what_the_steps_held_once_and_the_first_steps_extra(monkeypatch):
+    """StepClock: per step its wall seconds and what of them numba's compiler was held
+    (compiling, or loading), each counted once whatever ran inside; setup_s, the first step
+    (less what it held) beyond the mean of the others (less theirs)."""
+    now = [0.0]
+    monkeypatch.setattr(runtime.time, "perf_counter", lambda: now[0])
+    clock = runtime.CompileClock()
+    clock.notice = lambda text: None
+    monkeypatch.setattr(runtime, "COMPILES", clock)
+    steps = runtime.StepClock()
+    assert steps.setup_s == 0.0
+    with steps():
+        clock.enter()
+        now[0] += 0.5  # a load
+        clock.begin("compiling")
+        now[0] += 3.0
+        clock.end()
+        clock.leave()
+        now[0] += 1.5  # 1.0 of one-time work beside a step's 0.5
+    assert steps.setup_s == 0.0  # one step: nothing to compare with
+    for dt in (0.5, 0.75, 0.25):
+        with steps():
+            now[0] += dt
+    assert steps.compiled_s == 3.0 and steps.loaded_s == 0.5 and steps.setup_s == 1.0
 
 
 def test_compile_clock_warns_once_without_a_notice():

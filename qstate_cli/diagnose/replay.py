@@ -55,7 +55,7 @@ from ..kernels.cpu.host import threads as kernel_threads  # no numba
 from ..kernels.cpu.team import team as kernel_team, team_parts  # no numba until a team is asked for
 from ..optim.reset import ResetPolicy, auto_period
 from ..quant.config import STATE_IDS, StateConfig  # streams keyed as the optimizers key them
-from ..runtime import Timer, Workers, resolve_device, torch_threads
+from ..runtime import StepClock, Timer, Workers, resolve_device, torch_threads
 from ..trace.schema import Trace
 from . import merge
 from .codec import check_backend, replay_rule, replay_state
@@ -118,6 +118,7 @@ class ReplayPart:
     compile_s: dict[str, float] = field(default_factory=dict)  # of timings_s: kernel compilation (Timer.compiled)
     load_s: dict[str, float] = field(default_factory=dict)  # of timings_s: loading compiled kernels (Timer.loaded)
     setup_s: dict[str, float] = field(default_factory=dict)  # of timings_s: first calls' one-time work (Timer.setup)
+    left_out_s: dict[str, float] = field(default_factory=dict)  # of wall_s: compile, load, setup (StepClock)
     final_states: dict | None = None  # keep_states: {config: {state: [per-tensor piece]}}
     config_threads: int = 1  # configurations stepped at once (config_threads_for)
 
@@ -145,6 +146,9 @@ class Replay:
     final_states: dict | None = None  # keep_states: {config: {state: [per-tensor stored values]}}
     config_threads: int = 1  # configurations stepped in parallel (config_threads_for; the most of any rank)
     setup_s: dict[str, float] = field(default_factory=dict)  # of timings_s: first calls' one-time work (Timer.setup)
+    left_out_s: dict[str, float] = field(default_factory=dict)  # of the loop: compile, load, setup (StepClock; the
+    net_wall_s: float | None = None  # slowest rank's) and wall_s / cpu_s less them (the slowest rank's net wall,
+    net_cpu_s: float | None = None  # every rank's net CPU seconds)
 
     @property
     def nonfinite_grads(self) -> int:
@@ -260,10 +264,11 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     nonfinite = torch.zeros(layout.n_units, dtype=torch.float64, device=device)
     fused_cpu = check_backend(opts.backend) != "reference" and cpu_unavailable(device) is None
     grad_stats = GradientStats(layout, n_steps, fused=fused_cpu, gaps=gaps)
+    clock = StepClock()
     t_start, cpu_start = time.perf_counter(), time.process_time()
     with Workers(workers) as pool, fused_step.torch_aside(configs, device):
         _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats, nonfinite, padding, sign,
-              model_every, rule, progress, gaps)
+              model_every, rule, progress, gaps, clock)
         team = team_parts(layout.n) if any(c.fused is not None for c in configs) else 1  # the fused step's (after
         threads = max(kernel_threads(), team)  # the loop: off if its launch failed); or torch's, or the kernels'
     if device.type == "cuda":
@@ -272,6 +277,7 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
     return ReplayPart(
         units=layout.units, wall_s=wall, cpu_s=cpu, threads=threads, timings_s=timer.totals,
         timings_synchronized=timer.exact, compile_s=timer.compiled, load_s=timer.loaded, setup_s=timer.setup,
+        left_out_s={"compile": clock.compiled_s, "load": clock.loaded_s, "setup": clock.setup_s},
         nonfinite_units=nonfinite.cpu().numpy(),
         configs=[ConfigReplay(c.cfg, c.period, c.period_reason, {s: c.stats[s].collect() for s in rec.states},
                               c.update.collect(), {s: m.collect() for s, m in c.models.items()}, c.codec)
@@ -282,9 +288,10 @@ def _replay(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layou
 
 
 def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats, nonfinite, padding, sign,
-          model_every, rule, progress, gaps=None) -> None:
+          model_every, rule, progress, gaps=None, clock=None) -> None:
     """The step loop (module docstring): per step the gradients, the shadows, then the
-    configurations, in parallel on pool's threads (they share only what they read)."""
+    configurations, in parallel on pool's threads (they share only what they read); each
+    step timed whole by `clock` (runtime.StepClock) where given."""
     unit, cpu = layout.unit, layout.device.type == "cpu"
     models = any(c.models for c in configs)
 
@@ -293,27 +300,29 @@ def _loop(trace, configs, shadows, rec, layout, n_steps, timer, pool, grad_stats
             step_config(c, shadows[c.shadow], rec, g, i, trace.step_start + i, padding, layout,
                          bool(c.models) and i % model_every == 0, rule, gaps)  # no models: no step to split
 
+    clock = clock or StepClock()
     for i in range(n_steps):
-        with timer("gather"):
-            g = layout.gradients(i)
-            # a finite sum: every element finite (an inf or NaN makes the sum one), so nothing to
-            # count or zero (~10 us against ~160 for the three ops on the demo; CUDA: no host sync)
-            if not (cpu and math.isfinite(g.sum().item())):
-                bad = ~torch.isfinite(g)
-                nonfinite += unit_sums(bad, unit)
-                g.masked_fill_(bad, 0.0)  # the optimizers' policy: count, then treat as 0
-            if sign < 0:
-                g.neg_()
-            gone = gaps.missing(i) if gaps is not None else None
-            if gone is not None:  # no gradient there: 0 (as recorded), left out of the checks (GradientStats)
-                g.index_fill_(0, gone, 0.0)
-            grad_stats.observe(i, g)
-        with timer("shadow"):
-            for sh in shadows.values():
-                step_shadow(sh, rec, g, layout, rule, gaps, i)
-                if models and i % model_every == 0:
-                    model_inputs(rec, sh)
-        pool.each(partial(one, g=g, i=i), step_order(configs, i))
+        with clock():
+            with timer("gather"):
+                g = layout.gradients(i)
+                # a finite sum: every element finite (an inf or NaN makes the sum one), so nothing to
+                # count or zero (~10 us against ~160 for the three ops on the demo; CUDA: no host sync)
+                if not (cpu and math.isfinite(g.sum().item())):
+                    bad = ~torch.isfinite(g)
+                    nonfinite += unit_sums(bad, unit)
+                    g.masked_fill_(bad, 0.0)  # the optimizers' policy: count, then treat as 0
+                if sign < 0:
+                    g.neg_()
+                gone = gaps.missing(i) if gaps is not None else None
+                if gone is not None:  # no gradient there: 0 (as recorded), left out of the checks (GradientStats)
+                    g.index_fill_(0, gone, 0.0)
+                grad_stats.observe(i, g)
+            with timer("shadow"):
+                for sh in shadows.values():
+                    step_shadow(sh, rec, g, layout, rule, gaps, i)
+                    if models and i % model_every == 0:
+                        model_inputs(rec, sh)
+            pool.each(partial(one, g=g, i=i), step_order(configs, i))
         if progress is not None:
             progress(i + 1, n_steps)
 
@@ -358,6 +367,7 @@ def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout,
     timings = _slowest([p.timings_s for p in parts], order)
     compiled, loaded = _slowest([p.compile_s for p in parts]), _slowest([p.load_s for p in parts])
     setup = _slowest([p.setup_s for p in parts])
+    net = max(parts, key=lambda p: p.wall_s - sum(p.left_out_s.values()))  # the slowest rank, net of its one-time
     final = None
     if opts.keep_states:
         final = {str(c): {s: merge.tensors([p.final_states[str(c)][s] for p in parts if str(c) in p.final_states])
@@ -369,7 +379,9 @@ def _assemble(trace: Trace, opts: ReplayOptions, rec: Recursion, layout: Layout,
         load_s=loaded,
         nonfinite_units=np.concatenate([p.nonfinite_units for p in ran]), configs=configs,
         gradients=merge.gradients([p.gradients for p in ran]), final_states=final,
-        config_threads=max(p.config_threads for p in parts), setup_s=setup)
+        config_threads=max(p.config_threads for p in parts), setup_s=setup, left_out_s=dict(net.left_out_s),
+        net_wall_s=max(0.0, net.wall_s - sum(net.left_out_s.values())),
+        net_cpu_s=sum(max(0.0, p.cpu_s - sum(p.left_out_s.values())) for p in parts))
 
 
 def _setup(trace: Trace, opts: ReplayOptions, mine: list, rec: Recursion, layout: Layout, n_steps: int,
