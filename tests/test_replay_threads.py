@@ -72,7 +72,8 @@ def test_a_bad_thread_count_is_a_usage_error(bad, tmp_path):
     "reference",
     pytest.param("auto", marks=pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None,
                                                   reason="numba is not installed"))])
-def test_each_step_starts_at_the_next_configuration_with_the_same_records(backend, monkeypatch):
+@pytest.mark.parametrize("reset", ["4", "auto"])  # auto: a shadow per period, sigma^2 cached per shadow
+def test_each_step_starts_at_the_next_configuration_with_the_same_records(backend, reset, monkeypatch):
     """Step i steps the configurations from the (i mod k)-th (replay.step_order: the first
     place of a step is slower, and --profile charges it to none in particular); the records
     and final states equal those of the configurations in a fixed order."""
@@ -82,12 +83,12 @@ def test_each_step_starts_at_the_next_configuration_with_the_same_records(backen
     order = []
     real = replay_mod.step_config
     monkeypatch.setattr(replay_mod, "step_config", lambda c, *a, **kw: order.append(str(c.cfg)) or real(c, *a, **kw))
-    rotated, raw_rotated = diagnose(trace, cfgs, reset="4", backend=backend, keep_states=True)
+    rotated, raw_rotated = diagnose(trace, cfgs, reset=reset, backend=backend, keep_states=True)
     names = [str(c) for c in cfgs]
     assert [order[3 * i] for i in range(7)] == [names[i % 3] for i in range(7)]  # each step's first
     assert order[3:6] == names[1:] + names[:1]
     monkeypatch.setattr(replay_mod, "step_order", lambda configs, i: configs)
-    fixed, raw_fixed = diagnose(trace, cfgs, reset="4", backend=backend, keep_states=True)
+    fixed, raw_fixed = diagnose(trace, cfgs, reset=reset, backend=backend, keep_states=True)
     assert comparable(rotated) == comparable(fixed)
     for name, states in raw_fixed.final_states.items():
         for s, pieces in states.items():
