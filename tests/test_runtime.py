@@ -134,15 +134,21 @@ def test_compile_clock_counts_outermost_compiles_and_tells_once(monkeypatch):
     assert timer.compiled == {"first": 5.0, "second": 0.5}
 
 
-def test_compile_clock_holds_count_the_loads_apart_from_the_compiles(monkeypatch):
-    """The compiler's holds (numba's lock: a compilation, or a load from the disk cache)
-    count once when nested, in `held`; Timer charges a phase with what of them was no
-    compilation (a load)."""
+def fake_clocks(monkeypatch):
+    """([now]: perf_counter's reading, moved by hand; a quiet CompileClock as runtime.COMPILES)."""
     now = [0.0]
     monkeypatch.setattr(runtime.time, "perf_counter", lambda: now[0])
     clock = runtime.CompileClock()
     clock.notice = lambda text: None
     monkeypatch.setattr(runtime, "COMPILES", clock)
+    return now, clock
+
+
+def test_compile_clock_holds_count_the_loads_apart_from_the_compiles(monkeypatch):
+    """The compiler's holds (numba's lock: a compilation, or a load from the disk cache)
+    count once when nested, in `held`; Timer charges a phase with what of them was no
+    compilation (a load)."""
+    now, clock = fake_clocks(monkeypatch)
     timer = runtime.Timer("cpu")
     with timer("loads"):
         clock.enter()
@@ -166,11 +172,7 @@ def test_compile_clock_holds_count_the_loads_apart_from_the_compiles(monkeypatch
 def test_timer_setup_is_the_first_call_beyond_the_mean_of_the_others(monkeypatch):
     """Timer.setup: a phase's first call (less what it loaded) beyond the mean of its other
     calls (less theirs); nothing for a phase called once or whose first call was no slower."""
-    now = [0.0]
-    monkeypatch.setattr(runtime.time, "perf_counter", lambda: now[0])
-    clock = runtime.CompileClock()
-    clock.notice = lambda text: None
-    monkeypatch.setattr(runtime, "COMPILES", clock)
+    now, clock = fake_clocks(monkeypatch)
     timer = runtime.Timer("cpu")
     with timer("step"):
         clock.enter()
@@ -198,11 +200,7 @@ def test_step_clock_counts_what_the_steps_held_once_and_the_first_steps_extra(mo
     """StepClock: per step its wall seconds and what of them numba's compiler was held
     (compiling, or loading), each counted once whatever ran inside; setup_s, the first step
     (less what it held) beyond the mean of the others (less theirs)."""
-    now = [0.0]
-    monkeypatch.setattr(runtime.time, "perf_counter", lambda: now[0])
-    clock = runtime.CompileClock()
-    clock.notice = lambda text: None
-    monkeypatch.setattr(runtime, "COMPILES", clock)
+    now, clock = fake_clocks(monkeypatch)
     steps = runtime.StepClock()
     assert steps.setup_s == 0.0
     with steps():
