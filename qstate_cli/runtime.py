@@ -332,7 +332,7 @@ class StepClock:
 
     @property
     def setup_s(self) -> float:
-        net = [s - h for s, h, _ in self.steps]
+        net = [s - max(h, c) for s, h, c in self.steps]  # held holds the compile time (never below it)
         if len(net) < 2:
             return 0.0
         return max(0.0, net[0] - max(0.0, sum(net[1:])) / (len(net) - 1))

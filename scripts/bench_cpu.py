@@ -117,11 +117,11 @@ def main() -> None:
         wall, cpu = [w for w, _ in times], [c for _, c in times]
         print(f"{name:34s} {path:12s} {min(wall):8.1f} {statistics.median(wall):8.1f} {min(wall) / base:20.2f}"
               f" {min(cpu):10.1f} {min(cpu) / base_cpu:13.2f}")
+    print(f"load average after {os.getloadavg()}")
     verdict = targets([(name, path, min(w for w, _ in times)) for name, path, _, times in runs]) \
         if args.optimizer == "adamw" else None
     if verdict:
         print(verdict)
-    print(f"load average after {os.getloadavg()}")
 
 
 if __name__ == "__main__":

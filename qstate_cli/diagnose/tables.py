@@ -84,6 +84,6 @@ def profile_rows(prof: dict) -> tuple[list[dict], str]:
     if prof.get("load_s"):
         title += f"; {prof['load_s']:.2f} s loading the CPU kernels from the cache (once per process) left out"
     if prof.get("setup_s"):
-        title += (f"; {prof['setup_s']:.3f} s of one-time work in the phases' first steps (imports, probes, "
+        title += (f"; {prof['setup_s']:.3f} s of one-time work in the first step (imports, probes, "
                   "starting threads) left out")
     return rows, title
