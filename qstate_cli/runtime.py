@@ -296,46 +296,38 @@ class Timer:
         return out
 
 
-class StepClock:
-    """A loop's steps timed whole: each step's wall seconds and how much of them the process
-    held numba's compiler (COMPILES: compiling, or loading from the disk cache), counted once
-    however many threads worked inside the step (Timer's phases each count what happened
-    while they were open, so phases that run side by side count it again):
+class StepClock(Timer):
+    """A loop's steps timed whole, as one Timer phase ("step"): each step's wall seconds and
+    how much of them the process held numba's compiler (COMPILES: compiling, or loading from
+    the disk cache), counted once however many threads worked inside the step (Timer's
+    phases each count what happened while they were open, so phases that run side by side
+    count it again):
 
         clock = StepClock()
         for ...:
             with clock(): ...
         clock.compiled_s, clock.loaded_s   # in all
-        clock.setup_s                      # the first step beyond the mean of the others
+        clock.setup_s                      # the first step beyond the mean of the others (Timer.setup)
 
     setup_s, each step less what it held: the loop's one-time work (imports, probes,
     starting threads). A profile leaves all three out of the loop's wall and CPU seconds."""
 
-    def __init__(self):
-        self.steps: list[tuple[float, float, float]] = []  # (seconds, held, compiled) per step
+    STEP = "step"
 
-    @contextmanager
     def __call__(self):
-        t0, h0, c0 = time.perf_counter(), COMPILES.held, COMPILES.seconds
-        try:
-            yield
-        finally:
-            self.steps.append((time.perf_counter() - t0, COMPILES.held - h0, COMPILES.seconds - c0))
+        return super().__call__(self.STEP)
 
     @property
     def compiled_s(self) -> float:
-        return sum(c for _, _, c in self.steps)
+        return self.compiled.get(self.STEP, 0.0)
 
     @property
     def loaded_s(self) -> float:
-        return sum(max(0.0, h - c) for _, h, c in self.steps)
+        return self.loaded.get(self.STEP, 0.0)
 
     @property
     def setup_s(self) -> float:
-        net = [s - max(h, c) for s, h, c in self.steps]  # held holds the compile time (never below it)
-        if len(net) < 2:
-            return 0.0
-        return max(0.0, net[0] - max(0.0, sum(net[1:])) / (len(net) - 1))
+        return self.setup.get(self.STEP, 0.0)
 
 
 class Workers:

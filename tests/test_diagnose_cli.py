@@ -218,7 +218,7 @@ def test_the_profile_carries_the_replays_own_count_of_one_time_work(monkeypatch)
     from qstate_cli.trace import synthetic
 
     monkeypatch.setattr(Timer, "setup", property(lambda self: {"shadow": 0.25, "bf16": 0.5}))
-    monkeypatch.setattr(StepClock, "setup_s", property(lambda self: 1e-3 * len(self.steps)))  # steps timed
+    monkeypatch.setattr(StepClock, "setup_s", property(lambda self: 1e-3 * self.calls.get(self.STEP, 0)))  # steps timed
     trace = synthetic.heavy_tailed(256, 4, df=3, decay=10, beta2=0.999)
     doc, raw = diagnose(trace, [parse_config("bf16"), parse_config("bred-4bit")], profile_phases=True,
                         backend="reference", config_threads=2)
