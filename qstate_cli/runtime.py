@@ -247,6 +247,7 @@ class Timer:
         self.loaded: dict[str, float] = {}  # and of its loads (COMPILES.held less its compilations)
         self.calls: dict[str, int] = {}  # calls of each phase
         self.first: dict[str, float] = {}  # its first call's seconds, less what that call compiled or loaded
+        self._lock = threading.Lock()  # threads may time one phase side by side (validate.py's runs)
 
     @property
     def exact(self) -> bool:
@@ -268,15 +269,16 @@ class Timer:
             if self.sync:
                 torch.cuda.synchronize(self.device)
             took = time.perf_counter() - t0
-            self.totals[name] = self.totals.get(name, 0.0) + took
             compiled, loaded = COMPILES.seconds - c0, (COMPILES.held - h0) - (COMPILES.seconds - c0)
-            if compiled > 0:
-                self.compiled[name] = self.compiled.get(name, 0.0) + compiled
-            if loaded > 0:
-                self.loaded[name] = self.loaded.get(name, 0.0) + loaded
-            if name not in self.calls:
-                self.first[name] = max(0.0, took - max(0.0, compiled) - max(0.0, loaded))
-            self.calls[name] = self.calls.get(name, 0) + 1
+            with self._lock:
+                self.totals[name] = self.totals.get(name, 0.0) + took
+                if compiled > 0:
+                    self.compiled[name] = self.compiled.get(name, 0.0) + compiled
+                if loaded > 0:
+                    self.loaded[name] = self.loaded.get(name, 0.0) + loaded
+                if name not in self.calls:
+                    self.first[name] = max(0.0, took - max(0.0, compiled) - max(0.0, loaded))
+                self.calls[name] = self.calls.get(name, 0) + 1
 
     @property
     def setup(self) -> dict[str, float]:

@@ -234,3 +234,32 @@ def test_compile_clock_warns_once_without_a_notice():
         clock.begin("second")
         clock.end()
     assert [str(w.message) for w in seen] == ["compiling the kernels"] and clock.count == 2
+
+
+def test_timer_counts_every_call_of_one_phase_timed_by_threads_side_by_side():
+    """validate.py's runs time one configuration's phase from two threads at once: no call or
+    second is lost (each update is a read-modify-write of the phase's entries)."""
+    import sys
+    import threading
+
+    timer, calls, threads = runtime.Timer(), 20000, 4
+    go = threading.Barrier(threads)
+
+    def work():
+        go.wait()
+        for _ in range(calls):
+            with timer("config"):
+                pass
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as it can, inside the updates too
+    try:
+        pool = [threading.Thread(target=work) for _ in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert timer.calls == {"config": threads * calls}
+    assert timer.totals["config"] > 0
