@@ -128,6 +128,49 @@ def test_cpu_scratch_rows_are_cache_line_aligned():
 
 
 @needs_numba
+def test_cpu_shifts32_are_the_widened_shifts_truncated_and_pack_on_32_bit_lanes():
+    """native.shl32 / shr32 / sar32 give the bits of numba's own (64-bit) shift of the same
+    operands truncated to 32, for every shift in [0, 31] and operands of each width and sign;
+    and a loop of shifts by a run-time amount packs on 32-bit lanes (vpsllvd), where numba's
+    widened shift took 64-bit ones (vpsllvq) and the conversions between (docs/cpu.md, "32-bit shifts")."""
+    import re
+
+    import numpy as np
+    from numba import njit
+    from qstate_cli.kernels.cpu import native as nv
+
+    @njit
+    def ours(x, s):
+        return nv.shl32(x, s), nv.shr32(x, s), nv.sar32(x, s)
+
+    @njit
+    def widened(x, s):
+        return np.uint32(np.uint32(x) << np.uint32(s)), np.uint32(np.uint32(x) >> np.uint32(s)), \
+            np.int32(np.int32(x) >> np.int32(s))
+
+    rng = np.random.default_rng(0)
+    words = np.concatenate([rng.integers(0, 2**32, 64), [0, 1, 2**31 - 1, 2**31, 2**32 - 1]]).astype(np.uint32)
+    for x in words:
+        for s in range(32):
+            want = widened(x, np.int64(s))
+            for typed in (np.uint32(x), np.int32(x.view(np.int32)), np.int64(x)):
+                assert ours(typed, np.int32(s)) == want, (x, s, typed.dtype)
+
+    @njit
+    def row_shift(a, s, out):
+        for i in range(a.size):
+            out[i] = nv.shl32(a[i], s[i])  # s unmasked: numba's own shift of these packs on 64-bit lanes
+
+    a = words[:64].copy()
+    s = np.arange(64, dtype=np.uint32) % 32
+    out = np.empty(64, np.uint32)
+    row_shift(a, s, out)
+    assert np.array_equal(out, (a.astype(np.uint64) << s).astype(np.uint32))
+    asm = next(iter(row_shift.inspect_asm().values()))
+    assert re.search(r"vpsllvd", asm) and not re.search(r"vpsllvq", asm)
+
+
+@needs_numba
 def test_cpu_code_of_needs_the_layout_as_a_compile_time_constant():
     """rounding.code_of picks one format's branch-free rounding from lay's literal values; a
     lay known only at run time (an argument) is a typing error that says so, not a silent

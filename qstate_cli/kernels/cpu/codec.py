@@ -52,7 +52,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from . import cache_in_use, compiling, locator
-from .native import bits_of_f32, f32_from_bits, wide_features
+from .native import bits_of_f32, f32_from_bits, sar32, shl32, shr32, wide_features
 
 # Every kernel module imports this one before it compiles anything: point numba's disk
 # cache at a folder per source version (package docstring: an inlined helper's change
@@ -194,7 +194,7 @@ def uniform16(counter, k1, k2):
     16 (i & 1) .. 16 (i & 1) + 15 of hash32(hash32((i >> 1) ^ k1) ^ k2), times 2**-16."""
     i = np.int64(counter)
     bits = hash32(np.uint32(hash32(np.uint32(np.uint32(i >> 1) ^ k1)) ^ k2))
-    return np.float32((bits >> np.uint32((i & 1) * 16)) & np.uint32(0xFFFF)) * TWO_M16
+    return np.float32(shr32(bits, (i & 1) * 16) & np.uint32(0xFFFF)) * TWO_M16
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -309,14 +309,14 @@ def float_value(k, lay):
     """The magnitude of minifloat ordinal k (int32 >= 0, one past the largest included):
     formats._float_value, the normal value's bits built from k, else k on the subnormal grid."""
     man, emin = lay[MAN], lay[EMIN]
-    normal = f32_from_bits(np.uint32(np.int32(k + np.int32((126 + emin) << man)) << np.int32(23 - man)))
+    normal = f32_from_bits(shl32(np.int32(k + np.int32((126 + emin) << man)), 23 - man))  # 32-bit shifts (native.shl32)
     # k * 2**(emin - man), exact. emin <= -126 (bf16): an fp32 subnormal, whose bits are k shifted
     # to 2**-149's place; multiplying by the subnormal 2**-133 gave the same bits, but a subnormal
     # operand costs a microcode assist per element on x86 (~40 ns: replay_codec16's bf16 decode).
-    by_bits = f32_from_bits(np.uint32(k) << np.uint32(min(max(emin + 149 - man, 0), 31)))
+    by_bits = f32_from_bits(shl32(k, min(max(emin + 149 - man, 0), 31)))
     by_mul = np.float32(k) * pow2(emin - man if emin > -126 else 0)  # bf16: no subnormal factor either
     sub = by_bits if emin <= -126 else by_mul
-    return normal if (k >> np.int32(man)) > np.int32(0) else sub
+    return normal if sar32(k, man) > np.int32(0) else sub
 
 
 @njit(cache=True, inline="always", error_model="numpy")

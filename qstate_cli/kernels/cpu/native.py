@@ -61,6 +61,51 @@ def pair_at(typingctx, arr, i):
     return types.uint64(arr, i), codegen
 
 
+# ---- 32-bit shifts -------------------------------------------------------------------------------
+# numba widens a shift of int32 / uint32 operands to 64 bits, and LLVM keeps a shift by a run-time
+# amount there: a vector loop then runs half as many lanes and converts each row to 64 bits and
+# back (replay_model_kernel.float_gaps, whose minifloat's mantissa width is an argument: a bf16
+# state's model pass took 4.1-4.7 ns an element with them, 2.4-2.8 with these; docs/cpu.md,
+# "32-bit shifts"). These shift the low 32 bits of x by s in
+# [0, 31] (LLVM's shl / lshr / ashr on i32, undefined from 32 on: callers clamp), the same bits
+# as the widened shift truncated to 32.
+def _low32(builder, value, ty):
+    if ty.bitwidth > 32:
+        return builder.trunc(value, ir.IntType(32))
+    if ty.bitwidth < 32:
+        return (builder.sext if ty.signed else builder.zext)(value, ir.IntType(32))
+    return value
+
+
+def _shift32(op: str, result, x, s):
+    """The signature and codegen of a 32-bit shift `op` of integers x by s, typed `result`."""
+    if not (isinstance(x, types.Integer) and isinstance(s, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        a, b = (_low32(builder, v, t) for v, t in zip(args, signature.args))
+        return getattr(builder, op)(a, b)
+    return result(x, s), codegen
+
+
+@intrinsic
+def shl32(typingctx, x, s):
+    """(x << s) mod 2**32 as uint32: x's low 32 bits shifted left by s in [0, 31]."""
+    return _shift32("shl", types.uint32, x, s)
+
+
+@intrinsic
+def shr32(typingctx, x, s):
+    """x's low 32 bits, as unsigned, shifted right by s in [0, 31] (zeros shifted in): uint32."""
+    return _shift32("lshr", types.uint32, x, s)
+
+
+@intrinsic
+def sar32(typingctx, x, s):
+    """x's low 32 bits, as signed, shifted right by s in [0, 31] (the sign shifted in): int32."""
+    return _shift32("ashr", types.int32, x, s)
+
+
 # ---- arrays without reference counts -----------------------------------------------------------
 def _borrow(context, builder, aty, value):
     src = context.make_array(aty)(context, builder, value=value)

@@ -39,7 +39,7 @@ from numba.core.errors import TypingError
 from numba.extending import overload
 
 from . import layout as c
-from .native import bits_of_f32, f32_from_bits
+from .native import bits_of_f32, f32_from_bits, shl32, shr32
 from .search import SCAN_MAX, floor_code, scan_code
 
 
@@ -150,7 +150,7 @@ def pow2(e):
     """2**e in fp32 for an integer e in [-149, 127], exactly, built from its bits (below
     2**-126 a subnormal: the one bit e + 149). No pow call, so a loop over a runtime e packs."""
     normal = pow2_normal(max(e, -126))
-    sub = f32_from_bits(np.uint32(1) << np.uint32(min(max(e + 149, 0), 31)))
+    sub = f32_from_bits(shl32(1, min(max(e + 149, 0), 31)))
     return normal if e >= -126 else sub
 
 
@@ -163,7 +163,7 @@ def float_floor_frac(mag, man, emin):
     (bf16): the bits alone, fp32 subnormals and NaN included. Else mag must not be NaN."""
     drop = np.int32(23 - man)
     b = bits_of_f32(mag)
-    kn = np.int32(np.int32(b >> np.uint32(drop)) - np.int32((126 + emin) << man))
+    kn = np.int32(np.int32(shr32(b, drop)) - np.int32((126 + emin) << man))  # 32-bit shifts (native.shl32)
     fn = np.float32(np.int32(b & np.uint32((1 << drop) - 1))) * pow2(-drop)
     y = mag * pow2(min(man - emin, 127))  # exact: a power-of-two scaling (not used if emin <= -126)
     ks = np.floor(y)
@@ -176,7 +176,7 @@ def float_code(n, q, bits, signed, maxord):
     """The minifloat code of magnitude ordinal q for the element n: clamp(q, 0, maxord), with
     n's sign bit as bit bits - 1 if the format is signed (quantizer.encode's _store); no
     branch, so a loop over it packs with `signed` known only at run time (the replay)."""
-    sign = np.int32((bits_of_f32(n) >> np.uint32(31)) << np.uint32(bits - 1))
+    sign = np.int32(shl32(bits_of_f32(n) >> np.uint32(31), bits - 1))
     return np.int32(min(max(q, np.int32(0)), np.int32(maxord)) | (sign & -np.int32(signed)))  # signed: 0 or 1
 
 
