@@ -3,7 +3,7 @@
     codec.py     numba helpers: bit casts, the hash, bf16 casts, decode/encode of one block
     rounding.py  one element's code, a numba overload that picks the layout's branch-free
                  function in Python (layout.py: the layout tuple's columns and constants)
-    native.py    numba intrinsics: fp32 bit casts, arrays without reference counts, a kernel
+    native.py    numba intrinsics: fp32 bit casts, 32-bit shifts, arrays without reference counts, a kernel
                  called by its address (the team launches), the vector width (wide_features)
     pairs.py     the 4-bit encoder by code bytes (two elements per byte, AdamW: m and v at once)
     search.py    the floor code of a code book (bucketed search, or a scan of <= 16 entries),

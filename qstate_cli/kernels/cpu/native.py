@@ -1,5 +1,6 @@
-"""numba intrinsics of the CPU path: fp32 bit casts, two fp32 entries in one load, arrays
-without reference counts, and the vector width it compiles for (wide_features).
+"""numba intrinsics of the CPU path: fp32 bit casts, two fp32 entries in one load, 32-bit
+shifts by run-time amounts, arrays without reference counts, and the vector width it compiles
+for (wide_features).
 
 numba keeps a reference count on every array and increfs / decrefs it (an atomic op, through
 a call) each time a variable binds it, which includes every argument of an inlined helper;
