@@ -6,9 +6,9 @@
 On an AVX-512 host it sets, for the command only:
     NUMBA_CPU_NAME=haswell            the CPU path's kernels compiled for an AVX2 core (LLVM's
                                       `haswell`: 256-bit vectors, FMA, BMI2)
-    NUMBA_CPU_FEATURES=<the host's, every AVX-512, AMX, AVX10 and AVX-VNNI/IFMA/NE feature and
-                                      GFNI off>: no instruction an AVX2 core (Zen 3, Haswell
-                                      .. Skylake client) lacks
+    NUMBA_CPU_FEATURES=<the host's, each off unless LLVM's haswell has it>: no AVX-512,
+                                      AMX, AVX10, APX, GFNI, VAES, SHA ... instruction, none
+                                      that a Haswell-class AVX2 core lacks (HASWELL)
     ATEN_CPU_CAPABILITY=avx2          torch's own CPU kernels (its fused AdamW, the reductions)
                                       dispatched to their AVX2 build, as on such a host
 
@@ -23,16 +23,19 @@ from __future__ import annotations
 import os
 import sys
 
-# features an AVX2-only core lacks (by prefix): AVX-512 (every subset), AMX, AVX10, the VEX-coded
-# VNNI / IFMA / NE-convert extensions of later cores, GFNI (not on Zen 3 nor Haswell .. Skylake)
-AVX512_ONLY = ("avx512", "amx", "avx10", "evex512", "avxvnni", "avxifma", "avxneconvert", "gfni")
+# the features an AVX2 core of LLVM's `haswell` has (its definition in X86.td, and what both a
+# Haswell and a Zen 3 report): every other host feature is turned off, so nothing later (AVX-512,
+# AMX, AVX10, APX, AVX-VNNI, GFNI, VAES, SHA, ADX, SSE4a ...) reaches the code
+HASWELL = frozenset({"64bit", "cmov", "cx8", "cx16", "mmx", "fxsr", "sse", "sse2", "sse3", "ssse3", "sse4.1",
+                     "sse4.2", "crc32", "popcnt", "sahf", "avx", "avx2", "fma", "f16c", "bmi", "bmi2", "lzcnt",
+                     "movbe", "aes", "pclmul", "rdrnd", "fsgsbase", "invpcid", "xsave", "xsaveopt", "nopl"})
 
 
 def avx2_env(features: dict[str, bool]) -> dict[str, str]:
     """The environment that builds and dispatches for AVX2 (module docstring), from the host's
-    features as llvmlite reports them ({name: present})."""
-    flags = [("-" if name.startswith(AVX512_ONLY) or not on else "+") + name
-             for name, on in sorted(features.items())]
+    features as llvmlite reports them ({name: present}): each on only where the host has it and
+    `haswell` does (HASWELL)."""
+    flags = [("+" if on and name in HASWELL else "-") + name for name, on in sorted(features.items())]
     return {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": ",".join(flags), "ATEN_CPU_CAPABILITY": "avx2"}
 
 

@@ -82,7 +82,9 @@ class CpuTimer(runtime.Timer):
         c0 = clock()
         with super().__call__(name):
             yield
-        self.cpu[name] = self.cpu.get(name, 0.0) + clock() - c0
+        took = clock() - c0
+        with self._lock:  # --config-threads > 1 times phases side by side (runtime.Timer's lock)
+            self.cpu[name] = self.cpu.get(name, 0.0) + took
 
 
 def time_replay(trace, configs, backend: str, steps: int | None, config_threads: int = 1) -> dict:

@@ -163,7 +163,7 @@ def float_floor_frac(mag, man, emin):
     (bf16): the bits alone, fp32 subnormals and NaN included. Else mag must not be NaN."""
     drop = np.int32(23 - man)
     b = bits_of_f32(mag)
-    kn = np.int32(np.int32(shr32(b, drop)) - np.int32((126 + emin) << man))  # 32-bit shifts (native.shl32)
+    kn = np.int32(np.int32(shr32(b, drop)) - np.int32((126 + emin) << man))  # a 32-bit shift (native.shr32)
     fn = np.float32(np.int32(b & np.uint32((1 << drop) - 1))) * pow2(-drop)
     y = mag * pow2(min(man - emin, 127))  # exact: a power-of-two scaling (not used if emin <= -126)
     ks = np.floor(y)
