@@ -117,8 +117,8 @@ def state_counts(u0, u1, part, x, prev, new, codes, bits, prev_code, last_change
                 for j in range(unit):
                     e1[i0 + np.uint64(j)] = eb[j]
         n_stall, n_nominal, n_cstall = np.int32(0), np.int32(0), np.int32(0)
-        for j in range(unit):  # a loop of its own: numba's shifts are int64, and a variable one kept
-            shifted[j] = np.int32(q[j] >> sh)  # the comparison loop's bin arithmetic 64-bit
+        for j in range(unit):  # a loop of its own: numba's shift (int64) kept the comparison loop's bin
+            shifted[j] = nv.sar32(q[j], sh)  # arithmetic 64-bit; this one 32-bit (shift < bits <= 16)
         for j in range(unit):  # int32 counts (numba widens an int32 sum to int64: half the lanes)
             i = i0 + np.uint64(j)
             p = prev[i]
