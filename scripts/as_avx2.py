@@ -6,7 +6,7 @@
 On an AVX-512 host it sets, for the command only:
     NUMBA_CPU_NAME=haswell            the CPU path's kernels compiled for an AVX2 core (LLVM's
                                       `haswell`: 256-bit vectors, FMA, BMI2)
-    NUMBA_CPU_FEATURES=<the host's, each off unless LLVM's haswell has it>: no AVX-512,
+    NUMBA_CPU_FEATURES=<the host's, each off unless LLVM's haswell has it, or AES>: no AVX-512,
                                       AMX, AVX10, APX, GFNI, VAES, SHA ... instruction, none
                                       that a Haswell-class AVX2 core lacks (HASWELL)
     ATEN_CPU_CAPABILITY=avx2          torch's own CPU kernels (its fused AdamW, the reductions)
@@ -23,9 +23,10 @@ from __future__ import annotations
 import os
 import sys
 
-# the features an AVX2 core of LLVM's `haswell` has (its definition in X86.td, and what both a
-# Haswell and a Zen 3 report): every other host feature is turned off, so nothing later (AVX-512,
-# AMX, AVX10, APX, AVX-VNNI, GFNI, VAES, SHA, ADX, SSE4a ...) reaches the code
+# the features of LLVM's `haswell` (its definition in X86.td) as llvmlite names them, and AES, which
+# haswell's definition leaves out and Haswell i5/i7 and Zen 3 cores have (LLVM emits it only from
+# intrinsics, which the kernels do not use); every other host feature is turned off, so nothing
+# later (AVX-512, AMX, AVX10, APX, AVX-VNNI, GFNI, VAES, SHA, ADX, SSE4a ...) reaches the code
 HASWELL = frozenset({"64bit", "cmov", "cx8", "cx16", "mmx", "fxsr", "sse", "sse2", "sse3", "ssse3", "sse4.1",
                      "sse4.2", "crc32", "popcnt", "sahf", "avx", "avx2", "fma", "f16c", "bmi", "bmi2", "lzcnt",
                      "movbe", "aes", "pclmul", "rdrnd", "fsgsbase", "invpcid", "xsave", "xsaveopt", "nopl"})

@@ -131,7 +131,8 @@ def test_cpu_scratch_rows_are_cache_line_aligned():
 def test_cpu_shifts32_are_the_widened_shifts_truncated_and_pack_on_32_bit_lanes():
     """native.shl32 / shr32 / sar32 give the bits of numba's own (64-bit) shift of the same
     operands truncated to 32, for every shift in [0, 31] and operands of each width and sign;
-    and a loop of shifts by a run-time amount packs on 32-bit lanes (vpsllvd), where numba's
+    and, on an AVX2 (or later) x86 build, a loop of shifts by a run-time amount packs on 32-bit
+    lanes (vpsllvd), where numba's
     widened shift took 64-bit ones (vpsllvq) and the conversions between (docs/cpu.md, "32-bit shifts")."""
     import re
 

@@ -68,8 +68,9 @@ def pair_at(typingctx, arr, i):
 # back (replay_model_kernel.float_gaps, whose minifloat's mantissa width is an argument: a bf16
 # state's model pass took 4.1-4.7 ns an element with them, 2.4-2.8 with these; docs/cpu.md,
 # "32-bit shifts"). These shift the low 32 bits of x by s in
-# [0, 31] (LLVM's shl / lshr / ashr on i32, undefined from 32 on: callers clamp): for operands of
-# at most 32 bits, as every caller's, the same bits as the widened shift truncated to 32.
+# [0, 31] (LLVM's shl / lshr / ashr on i32, undefined from 32 on: callers clamp): the same bits as
+# the widened shift truncated to 32, for shl32 at any width of x, for shr32 and sar32 where x has
+# at most 32 bits (as every caller's: a uint32 or int32 value, if typed int64).
 def _low32(builder, value, ty):
     if ty.bitwidth > 32:
         return builder.trunc(value, ir.IntType(32))
