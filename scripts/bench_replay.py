@@ -98,9 +98,9 @@ def time_replay(trace, configs, backend: str, steps: int | None, config_threads:
 
 
 def rotated(configs: list, r: int) -> list:
-    """The configurations starting at the r-th (mod their count): repeat r's order."""
-    k = r % len(configs)
-    return configs[k:] + configs[:k]
+    """The configurations starting at the r-th (mod their count): repeat r's order (the
+    rotation replay.step_order gives step r)."""
+    return replay_module.step_order(configs, r)
 
 
 def bench(trace, name: str, configs, backends, steps, repeats: int, config_threads: int = 1) -> list[dict]:
