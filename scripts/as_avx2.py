@@ -47,12 +47,18 @@ def main(argv: list[str]) -> None:
     try:
         import llvmlite.binding as llvm
     except ImportError:
-        raise SystemExit("as_avx2: needs numba's llvmlite (pip install 'qstate-cli[cpu]')")
+        _fail("needs numba's llvmlite (pip install 'qstate-cli[cpu]')")
     env = dict(os.environ, **avx2_env(dict(llvm.get_host_cpu_features())))
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as exc:
-        raise SystemExit(f"as_avx2: cannot run {argv[0]!r}: {exc.strerror}")
+        _fail(f"cannot run {argv[0]!r}: {exc.strerror}")
+
+
+def _fail(why: str) -> None:
+    """One line on stderr, exit 2: nothing has run."""
+    sys.stderr.write(f"as_avx2: {why}\n")
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":

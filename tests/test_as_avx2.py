@@ -30,6 +30,14 @@ def test_without_a_command_it_prints_its_use_and_exits_2():
     assert run.returncode == 2 and "NUMBA_CPU_NAME=haswell" in run.stdout
 
 
+def test_a_command_that_cannot_run_is_one_line_and_exit_2():
+    pytest.importorskip("llvmlite")
+    run = subprocess.run([sys.executable, str(SCRIPTS / "as_avx2.py"), "no-such-command-qstate"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr == "as_avx2: cannot run 'no-such-command-qstate': No such file or directory\n"
+
+
 PROBE = """
 import numba, numpy as np, torch
 import qstate_cli.kernels.cpu.codec  # the CPU path's own target (512-bit on an AVX-512 host unless told)
