@@ -117,13 +117,21 @@ def test_other_dtypes_keep_torchs_functions():
 
 
 @needs_numba
-@pytest.mark.parametrize("which,name", [(0, "sqrt"), (1, "exp"), (2, "erf"), (3, "exp_tail")])
+@pytest.mark.parametrize("which,name", [(0, "sqrt"), (1, "exp"), (2, "erf"), (3, "exp_tail"), (4, "erf_row")])
 def test_numba_functions_give_the_same_bits(which, name):
-    from qstate_cli.kernels.cpu.fp32_math_kernel import apply
+    """erf_row: erf over rows of ROW values, each row's tail computed only where one of its
+    values is in [1, 4) (the replay's Gaussian model): the rows of values() take both ways."""
+    from qstate_cli.kernels.cpu.fp32_math_kernel import ROW, apply
     x = values()
     if name == "sqrt":
         x = x.abs()
-    want = {"sqrt": F.sqrt, "exp": F.exp32, "erf": F.erf32, "exp_tail": F.exp_tail}[name](x)
+    if name == "erf_row":
+        a = x[: x.numel() // ROW * ROW].abs().view(-1, ROW)
+        tails = ((a >= 1) & (a < 4)).any(1)
+        assert tails.sum() > 1000 and (~tails).sum() > 10_000  # rows with a tail value and rows without
+        for lo, hi in ((0, 1), (4, math.inf)):  # rows without: both of erf32_outer's branches
+            assert ((a[~tails] >= lo) & (a[~tails] < hi)).sum() > 100_000
+    want = {"sqrt": F.sqrt, "exp": F.exp32, "erf": F.erf32, "exp_tail": F.exp_tail, "erf_row": F.erf32}[name](x)
     out = np.empty(x.numel(), np.float32)
     apply(which, x.numpy(), out)
     got = torch.from_numpy(out)

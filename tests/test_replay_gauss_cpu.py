@@ -182,6 +182,52 @@ def test_fused_gaussian_on_numbas_team(monkeypatch):
     assert team._OFF == []  # every launch ran on the team (a failure would have fallen back to one thread)
 
 
+def row_cells(seed: int):
+    """cells(seed) with two rows' worth of tiny windows (every erf argument of v's a and b and
+    of m's a, b and z below 1) and two of huge ones (m's a and b at 4 or more, v's a 0 and b
+    beyond 4): rows that skip erf's tail, next to the mixed rows of cells()."""
+    from qstate_cli.kernels.cpu.fp32_math_kernel import ROW
+    s, m, sigma2, down, up, nominal = cells(seed)
+    tiny, huge = slice(16 * ROW, 18 * ROW), slice(18 * ROW, 20 * ROW)
+    s[tiny], s[huge] = 1e-3, 1e-3
+    sigma2[tiny], sigma2[huge] = 1e-6, 1e-6
+    m[tiny], m[huge] = 1e-4, 1e-4  # z = 0.1
+    down[tiny], up[tiny] = 1e-12, 1e-12
+    down[huge], up[huge] = 1e-2, 1e-2
+    return s, m, sigma2, down, up, nominal
+
+
+@needs_numba
+@pytest.mark.parametrize("sr", [False, True], ids=["nearest", "stochastic"])
+def test_rows_of_every_kind_and_ranges_of_any_length(sr):
+    """The kernels step ROW elements at a time (replay_gauss_kernel.py, "Rows"): rows whose
+    erf arguments all lie below 1, all at 4 or more, or on both sides; a range whose last row
+    overlaps the row before; ranges shorter than a row (copied into a padded row). Each range
+    alone (replay_gauss.gauss_range) writes the reference's bits there and nothing else."""
+    from qstate_cli.kernels.cpu import replay_gauss as rg
+    from qstate_cli.kernels.cpu.fp32_math_kernel import ROW
+    args = row_cells(9)
+    s, m, sigma2, down, up, nominal = args
+    rows = slice(16 * ROW, 20 * ROW)
+    sig = sigma2[rows].sqrt()
+    a, b, z = (m[rows] - down[rows] / 0.1) / sig, (m[rows] + up[rows] / 0.1) / sig, m[rows] / sig  # m, beta 0.9
+    x = (torch.stack([a, b, z]) / math.sqrt(2)).abs().view(3, 4, ROW)
+    assert (x[:, :2] < 1).all() and (x[:2, 2:] >= 4).all()  # m: tiny rows all below 1, huge rows' a, b beyond 4
+    w_lo, w_hi = down[rows] / ((1 - 0.999) * s[rows]), up[rows] / ((1 - 0.999) * s[rows])  # v at c = 1
+    x = torch.stack([((1 - w_lo).clamp(min=0.0) / 2).sqrt(), ((1 + w_hi) / 2).sqrt()]).view(2, 4, ROW)
+    assert (x[:, :2] < 1).all() and (x[0, 2:] < 1).all() and (x[1, 2:] >= 4).all()  # v: huge rows' b beyond 4
+    edges = [0, 1, 6, 6 + ROW - 1, 6 + 2 * ROW, 6 + 4 * ROW + 5, 16 * ROW, 20 * ROW, N - 3, N]
+    for g in (("v", 0.999, 1.0), ("m", 0.9, None)):
+        want = reference(sr, g, *args)
+        job, G = rg.gauss_job(sr, (g[0], g[1], sigma2 if g[0] == "m" else g[2]), m if g[0] == "m" else s, down, up,
+                              nominal)
+        for i0, i1 in zip(edges, edges[1:]):
+            G.fill_(-7.0)
+            rg.gauss_range(job, i0, i1)
+            assert_same(G[i0:i1], want[i0:i1], f"{g} sr={sr} elements {i0}..{i1}")
+            assert (G[:i0] == -7.0).all() and (G[i1:] == -7.0).all(), f"{g} sr={sr}: written outside {i0}..{i1}"
+
+
 @needs_numba
 def test_threads_of_one_process_get_their_own_scratch():
     """Replays side by side in one process (tests/test_diagnose_split.py runs ranks as threads)

@@ -17,6 +17,10 @@ S0, S1, S2, S3, S4, S5, S6 = (f32(v) for v in F.ERF_SMALL)
 T0, T1, T2, T3, T4, T5, T6, T7, T8, T9 = (f32(v) for v in F.ERF_TAIL)
 ERF_ONE, SIXTEEN = f32(F.ERF_ONE), f32(F.ERF_ONE * F.ERF_ONE)
 TAIL_LO = f32(F.TAIL_LO)
+# elements of an erf_row: at 16 the replay's m_nearest ran at 5.6 instead of 2.75 ns per element
+# where every row takes the tail (4-bit m, this Xeon; short loops vectorized worse), at 64 it
+# skipped fewer tails (docs/diagnose.md, "Replay throughput")
+ROW = 32
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -74,6 +78,41 @@ def erf32(x):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
+def erf32_outer(x):
+    """erf32(x) wherever |x| is not in [1, 4) (NaN included): the polynomial of |x| < 1, and
+    +-1 at |x| >= 4, the same bits, without the tail's exp, division and polynomial."""
+    u = x * x
+    small = x * ((((((S6 * u + S5) * u + S4) * u + S3) * u + S2) * u + S1) * u + S0)
+    return (-c.ONE if x < c.ZERO else c.ONE) if abs(x) >= c.ONE else small
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def erf_tail_lane(x):
+    """1 where erf32(x) takes its tail (1 <= |x| < 4, erf32_outer's exception), else 0 (int32)."""
+    a = abs(x)
+    return np.int32((a >= c.ONE) & (a < ERF_ONE))
+
+
+
+@njit(cache=True, forceinline=True, error_model="numpy")
+def erf_row(xs, out, tail):
+    """out[k] = erf32(xs[k]) for the ROW elements of xs, given tail = whether erf_tail_lane
+    is 1 for any of them: erf32 where so, else erf32_outer, the same bits. A vector computes
+    both of erf32's branches in every lane; the staleness model's arguments mostly fall on
+    one side for a whole row (bf16-sr's m: |x| < 1 for all three), so a row of the replay's
+    Gaussian model (replay_gauss_kernel.py) skips the tail's ~35 fp32 ops per element.
+    forceinline: numba compiles it once for all its callers, LLVM inlines it (inlined by numba
+    at each of the model's seven call sites, the kernels took 5.6 s longer to compile, and
+    ran 2-4% faster)."""
+    if tail:
+        for k in range(ROW):
+            out[k] = erf32(xs[k])
+    else:
+        for k in range(ROW):
+            out[k] = erf32_outer(xs[k])
+
+
+@njit(cache=True, inline="always", error_model="numpy")
 def sqrt32(x):
     """sqrt(x), correctly rounded (fp32_math.sqrt)."""
     return np.sqrt(x)
@@ -81,7 +120,18 @@ def sqrt32(x):
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def apply(which, x, out):
-    """out[i] = sqrt32 (0), exp32 (1), erf32 (2) or exp_tail32 (3) of x[i]: for the tests."""
+    """out[i] = sqrt32 (0), exp32 (1), erf32 (2) or exp_tail32 (3) of x[i], or erf32 by
+    erf_row (4; rows of ROW consecutive values, the last ones by erf32): for the tests."""
+    if which == 4:
+        whole = x.size - x.size % ROW
+        for r0 in range(0, whole, ROW):
+            tail = np.int32(0)
+            for k in range(ROW):
+                tail |= erf_tail_lane(x[r0 + k])
+            erf_row(x[r0:r0 + ROW], out[r0:r0 + ROW], tail)
+        for i in range(whole, x.size):
+            out[i] = erf32(x[i])
+        return 0
     for i in range(x.size):
         if which == 0:
             out[i] = sqrt32(x[i])

@@ -4,7 +4,17 @@ op is the one diagnose/staleness.py's torch code makes, in its order (fastmath o
 with torch's rules for a Python scalar c: t * c, t + c, c - t and t / c take fp32(c); c / t
 is torch's reciprocal(t) * fp32(c). sqrt, erf and exp are fp32_math's, which staleness.py
 takes on CPU (fp32_math_kernel.py: the same bits). Clamps keep NaN and -0.0 as torch's do.
-Each kernel steps elements [b0 B, min(b1 B, n)) (host.run_parts)."""
+Each kernel steps elements [b0 B, min(b1 B, n)) (host.run_parts).
+
+Rows: v_gauss and m_gauss step ROW (32) elements at a time, in three loops that vectorize:
+the arguments of the row's erfs, then each erf over the row (fp32_math_kernel.erf_row), then
+the rest. A vector loop computes both of erf32's branches in every lane; a row whose
+arguments all lie outside [1, 4) skips the tail's branch (exp, a division, a degree-9
+polynomial), the same bits. On the 1 M synthetic trace's states a row's z = m / sigma is
+below 1 throughout, v's a below 1 and its b mostly 4 or more, and a 16-bit float's m
+arguments all below 1 (docs/diagnose.md, "Replay throughput"). The last row of a range ends
+at its end (it may cover elements of the row before again: the same values); a range of
+fewer than ROW elements is copied into a row padded with zeros."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +22,7 @@ from numba import njit, prange
 
 from . import codec as c  # sets numba's cache folder before anything here compiles
 from . import native as nv
-from .fp32_math_kernel import erf32, exp_tail32, sqrt32
+from .fp32_math_kernel import ROW, erf32, erf_row, erf_tail_lane, exp_tail32, sqrt32
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -83,24 +93,62 @@ def v_gauss(b0, b1, sr, s, down, up, nominal, cst, G, B, n):
     of c <= 0). Nearest: chi2_1(c + w_hi) - chi2_1(c - w_lo); stochastic: the tent's
     expectation from chi2_1 and chi2_3 at a, b and c (c's once per call). sr is a constant
     of each caller (v_nearest, v_stochastic): a run-time sr left both bodies in the one
-    vector loop, selected per lane (nearest 4.5 instead of 2.5 ns per element on the Zen 4)."""
+    vector loop, selected per lane (nearest 4.5 instead of 2.5 ns per element on the Zen 4).
+    By rows (module docstring): a row's a is mostly below 1 and its b 4 or more."""
     kb, cf, big, pi, sq2, sq2pi = columns(cst)  # once: no refcounts in the loop
     cc = clamp0(cf)
     f1c = chi2_1(cc)
     f3c = chi2_3(cc, f1c, pi)
-    for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
-        ok, w_lo, w_hi, a, b = v_terms(s[i], down[i], up[i], kb, cf, big, sr)
-        f1a, f1b = chi2_1(a), chi2_1(b)
-        if sr:
-            f3a, f3b = chi2_3(a, f1a, pi), chi2_3(b, f1b, pi)
-            p = ((c.ONE - (c.ONE / w_lo) * cf) * (f1c - f1a) + (f3c - f3a) / w_lo
-                 + (c.ONE + (c.ONE / w_hi) * cf) * (f1b - f1c) - (f3b - f3c) / w_hi)
-            p = clamp01(p)
-            p = p if ok & (w_lo > c.ZERO) & (w_hi > c.ZERO) else c.ZERO
-        else:
-            p = f1b - f1a
-            p = p if ok else c.ZERO
-        G[i] = p if nominal[i] else c.ZERO
+    i0, i1 = np.uint64(b0 * B), np.uint64(min(b1 * B, n))
+    if i1 <= i0:
+        return 0
+    out, tiny = G, i1 - i0 < np.uint64(ROW)
+    if tiny:  # fewer than ROW elements: a row of copies, padded with zeros
+        ps, pd, pu, pn = np.zeros(ROW, np.float32), np.zeros(ROW, np.float32), np.zeros(ROW, np.float32), \
+            np.zeros(ROW, np.bool_)
+        for k in range(i1 - i0):
+            ps[k], pd[k], pu[k], pn[k] = s[i0 + k], down[i0 + k], up[i0 + k], nominal[i0 + k]
+        s, down, up, nominal, G = ps, pd, pu, pn, np.zeros(ROW, np.float32)
+        j0, j1 = np.uint64(0), np.uint64(ROW)
+    else:
+        j0, j1 = i0, i1
+    wl, wh, ra, rb = nv.scratch_f32(ROW), nv.scratch_f32(ROW), nv.scratch_f32(ROW), nv.scratch_f32(ROW)
+    xa, xb, fa, fb = nv.scratch_f32(ROW), nv.scratch_f32(ROW), nv.scratch_f32(ROW), nv.scratch_f32(ROW)
+    r0 = j0
+    while True:
+        r0 = min(r0, j1 - np.uint64(ROW))  # the last row ends at j1
+        ta, tb = np.int32(0), np.int32(0)
+        for k in range(ROW):  # the cells and chi2_1's erf arguments sqrt(x / 2)
+            i = r0 + np.uint64(k)
+            _, w_lo, w_hi, a, b = v_terms(s[i], down[i], up[i], kb, cf, big, sr)
+            wl[k], wh[k], ra[k], rb[k] = w_lo, w_hi, a, b
+            xa[k] = sqrt32(a / c.TWO)
+            xb[k] = sqrt32(b / c.TWO)
+            ta |= erf_tail_lane(xa[k])
+            tb |= erf_tail_lane(xb[k])
+        erf_row(xa, fa, ta)
+        erf_row(xb, fb, tb)
+        for k in range(ROW):
+            i = r0 + np.uint64(k)
+            ok = kb * s[i] > c.ZERO  # v_cell's
+            f1a, f1b = fa[k], fb[k]
+            if sr:
+                w_lo, w_hi = wl[k], wh[k]
+                f3a, f3b = chi2_3(ra[k], f1a, pi), chi2_3(rb[k], f1b, pi)
+                p = ((c.ONE - (c.ONE / w_lo) * cf) * (f1c - f1a) + (f3c - f3a) / w_lo
+                     + (c.ONE + (c.ONE / w_hi) * cf) * (f1b - f1c) - (f3b - f3c) / w_hi)
+                p = clamp01(p)
+                p = p if ok & (w_lo > c.ZERO) & (w_hi > c.ZERO) else c.ZERO
+            else:
+                p = f1b - f1a
+                p = p if ok else c.ZERO
+            G[i] = p if nominal[i] else c.ZERO
+        if r0 + np.uint64(ROW) >= j1:
+            break
+        r0 += np.uint64(ROW)
+    if tiny:
+        for k in range(i1 - i0):
+            out[i0 + k] = G[k]
     return 0
 
 
@@ -126,9 +174,9 @@ def m_sigma(b0, b1, part, sigma2, SIG, B, n):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def Phi(x, sq2):
-    """staleness._Phi: 1/2 (1 + erf(x / sqrt 2))."""
-    return c.HALF * (c.ONE + erf32(x / sq2))
+def Phi_of(e):
+    """staleness._Phi(x) = 1/2 (1 + erf(x / sqrt 2)), given e = erf(x / sqrt 2)."""
+    return c.HALF * (c.ONE + e)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -160,24 +208,71 @@ def m_gauss(b0, b1, sr, m, down, up, sigma2, SIG, nominal, cst, G, B, n):
     """G = where(nominal, gaussian_m(m, sigma2, down, up), 0), SIG holding sigma (m_sigma).
     Nearest: Phi(b) - Phi(a), a = (m - lo) / sigma, b = (m + hi) / sigma; stochastic: the
     tent's expectation from Phi and phi at a, b and z = m / sigma. sr: a constant of each
-    caller (m_nearest, m_stochastic; v_gauss says why)."""
+    caller (m_nearest, m_stochastic; v_gauss says why). By rows (module docstring): a row's
+    z is mostly below sqrt 2, and a 16-bit float's a and b too."""
     kb, cf, big, pi, sq2, sq2pi = columns(cst)  # once: no refcounts in the loop
-    for i in range(np.uint64(b0 * B), np.uint64(min(b1 * B, n))):
-        ok = sigma2[i] > c.ZERO
-        lo, hi = m_cell(down[i], up[i], kb, big, sr)
-        sigma, mi = SIG[i], m[i]
-        b = (mi + hi) / sigma
-        a = (mi - lo) / sigma
+    i0, i1 = np.uint64(b0 * B), np.uint64(min(b1 * B, n))
+    if i1 <= i0:
+        return 0
+    out, tiny = G, i1 - i0 < np.uint64(ROW)
+    if tiny:  # fewer than ROW elements: a row of copies, padded with zeros (sigma 1)
+        pm, pd, pu, ps2 = np.zeros(ROW, np.float32), np.zeros(ROW, np.float32), np.zeros(ROW, np.float32), \
+            np.zeros(ROW, np.float32)
+        psig, pn = np.ones(ROW, np.float32), np.zeros(ROW, np.bool_)
+        for k in range(i1 - i0):
+            i = i0 + k
+            pm[k], pd[k], pu[k], ps2[k], psig[k], pn[k] = m[i], down[i], up[i], sigma2[i], SIG[i], nominal[i]
+        m, down, up, sigma2, SIG, nominal, G = pm, pd, pu, ps2, psig, pn, np.zeros(ROW, np.float32)
+        j0, j1 = np.uint64(0), np.uint64(ROW)
+    else:
+        j0, j1 = i0, i1
+    rl, rh, ra, rb, rz = nv.scratch_f32(ROW), nv.scratch_f32(ROW), nv.scratch_f32(ROW), nv.scratch_f32(ROW), \
+        nv.scratch_f32(ROW)
+    xa, xb, xz = nv.scratch_f32(ROW), nv.scratch_f32(ROW), nv.scratch_f32(ROW)
+    fa, fb, fz = nv.scratch_f32(ROW), nv.scratch_f32(ROW), nv.scratch_f32(ROW)
+    r0 = j0
+    while True:
+        r0 = min(r0, j1 - np.uint64(ROW))  # the last row ends at j1
+        ta, tb, tz = np.int32(0), np.int32(0), np.int32(0)
+        for k in range(ROW):  # the window, a, b (and z) and Phi's erf arguments x / sqrt 2
+            i = r0 + np.uint64(k)
+            lo, hi = m_cell(down[i], up[i], kb, big, sr)
+            sigma, mi = SIG[i], m[i]
+            b = (mi + hi) / sigma
+            a = (mi - lo) / sigma
+            rl[k], rh[k], ra[k], rb[k] = lo, hi, a, b
+            xa[k] = a / sq2
+            xb[k] = b / sq2
+            ta |= erf_tail_lane(xa[k])
+            tb |= erf_tail_lane(xb[k])
+            if sr:
+                z = mi / sigma
+                rz[k] = z
+                xz[k] = z / sq2
+                tz |= erf_tail_lane(xz[k])
+        erf_row(xa, fa, ta)
+        erf_row(xb, fb, tb)
         if sr:
-            z = mi / sigma
-            cz, ca, cb = Phi(z, sq2), Phi(a, sq2), Phi(b, sq2)
-            dz, da, db = phi(z, sq2pi), phi(a, sq2pi), phi(b, sq2pi)
-            p = clamp01(m_tent(mi, sigma, lo, hi, cz, ca, cb, dz, da, db))
-            p = p if ok & (lo > c.ZERO) & (hi > c.ZERO) else c.ZERO
-        else:
-            p = Phi(b, sq2) - Phi(a, sq2)
-            p = p if ok else c.ZERO
-        G[i] = p if nominal[i] else c.ZERO
+            erf_row(xz, fz, tz)
+        for k in range(ROW):
+            i = r0 + np.uint64(k)
+            ok = sigma2[i] > c.ZERO
+            ca, cb = Phi_of(fa[k]), Phi_of(fb[k])
+            if sr:
+                lo, hi, sigma, mi = rl[k], rh[k], SIG[i], m[i]
+                dz, da, db = phi(rz[k], sq2pi), phi(ra[k], sq2pi), phi(rb[k], sq2pi)
+                p = clamp01(m_tent(mi, sigma, lo, hi, Phi_of(fz[k]), ca, cb, dz, da, db))
+                p = p if ok & (lo > c.ZERO) & (hi > c.ZERO) else c.ZERO
+            else:
+                p = cb - ca
+                p = p if ok else c.ZERO
+            G[i] = p if nominal[i] else c.ZERO
+        if r0 + np.uint64(ROW) >= j1:
+            break
+        r0 += np.uint64(ROW)
+    if tiny:
+        for k in range(i1 - i0):
+            out[i0 + k] = G[k]
     return 0
 
 
