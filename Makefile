@@ -40,12 +40,13 @@ CPU_PATH_TESTS := tests/test_replay_codec_cpu.py tests/test_replay_stats_cpu.py 
     tests/test_codebook_search_cpu.py tests/test_kernels_cpu_minifloat.py tests/test_replay_threads.py \
     tests/test_kernels_cpu_launch.py tests/test_kernels_cpu_elementwise.py tests/test_optim_small.py \
     tests/test_optim_aliasing.py tests/test_optim_checkpoint.py \
-    tests/test_kernels_cpu_unit_book.py tests/test_fp32_math.py tests/test_cpu_compile_time.py tests/test_as_avx2.py
+    tests/test_kernels_cpu_unit_book.py tests/test_fp32_math.py tests/test_cpu_compile_time.py tests/test_as_avx2.py \
+    tests/test_optim_memory.py
 CPU_PATH_SELECT := replay_codec_cpu or replay_stats or torch_sum or replay_model or replay_gauss or replay_rule or replay_step or codebook_search or adamw_presets or one-state-sr or lion-bred or sgd-sr \
     or replay_threads or muon-nearest or nonfinite or auto_picks or without_numba or fp16 or cpu_cache \
     or (minifloat_codec and (nearest-e4m3 or bred-e2m2)) or minifloats_stay or kernels_cpu_launch \
     or kernels_cpu_elementwise or (optim_small and adamw) or unit_book or scratch_rows or fp32_math or cpu_compile_time \
-    or optim_aliasing or optim_checkpoint or as_avx2 or shifts32
+    or optim_aliasing or optim_checkpoint or as_avx2 or shifts32 or keeps_the_states
 
 .PHONY: quick test test-cpu-path venv clean-venv
 

@@ -87,6 +87,47 @@ def test_a_live_state_dict_is_copied_at_load(cls, states, backend):
     assert all(torch.equal(p, q) for p, q in zip(b_params, c_params))
 
 
+@pytest.mark.parametrize("states", ["nearest-4bit", "sr-4bit", "bred-4bit", "bf16"])
+def test_a_state_dict_keeps_the_states_of_when_it_was_taken(states):
+    """A dict from state_dict() at step 2, two steps on, loaded back (a roll-back): it held the
+    step-2 states all along on either path (the fused ones write codes and scales in place: its
+    next step copies them first, borrowed.copy_on_write), so both paths step on from there to
+    the same parameters and states, those of a roll-back from a deep copy. Before, the fused
+    path's dict held step 4's codes with step 2's counters (SR and BReD read them back with the
+    wrong random keys)."""
+    runs = {}
+    for backend in ("reference", "auto"):
+        params = _model()
+        opt = AdamW(params, states=states, backend=backend)
+        for i in range(2):
+            _step(opt, params, i, nan=i == 1)
+        sd = opt.state_dict()
+        snapshot = copy.deepcopy(sd)
+        at2 = [p.detach().clone() for p in params]
+        for i in range(2, 4):
+            _step(opt, params, i, nan=True)
+        assert _equal(sd, snapshot), backend  # nothing written into the dict since
+        assert opt.nonfinite_count() == 6  # one NaN a parameter on steps 1, 2 and 3
+        opt.load_state_dict(sd)
+        assert opt.nonfinite_count() == 2
+        with torch.no_grad():
+            for p, q in zip(params, at2):
+                p.copy_(q)
+        for i in range(4, 6):
+            _step(opt, params, i)
+        runs[backend] = ([p.detach().clone() for p in params], copy.deepcopy(opt.state_dict()))
+        # the same roll-back from a deep copy
+        twin = [torch.nn.Parameter(q.clone()) for q in at2]
+        other = AdamW(twin, states=states, backend=backend)
+        other.load_state_dict(snapshot)
+        for i in range(4, 6):
+            _step(other, twin, i)
+        assert all(torch.equal(p, q) for p, q in zip(runs[backend][0], twin)), backend
+        assert _equal(runs[backend][1], other.state_dict()), backend
+    assert all(torch.equal(p, q) for p, q in zip(runs["reference"][0], runs["auto"][0]))
+    assert _equal(runs["reference"][1], runs["auto"][1])
+
+
 @_with(PARAMS)
 def test_a_dict_of_its_own_is_shared_at_load_and_never_written(cls, states, backend):
     """A dict nobody steps (torch.load's, a deepcopy): its tensors become the states, with no

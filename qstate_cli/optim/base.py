@@ -47,7 +47,7 @@ from ..quant.config import MIN_QUANT_NUMEL, STATE_IDS, StateConfig, StateSpec, p
 from ..quant.quantizer import Stream
 from ..quant.state import QuantizedState
 from . import aliasing, chunked, collectives, fused, guards, hparams, rule_traits, sharded_state, sharding, small, steady
-from .borrowed import handed_out, own_dicts, unshare
+from .borrowed import HANDED, copy_on_write, handed_out, own_dicts, unshare
 from .checkpoint import load
 from .spec_checks import check_state_spec
 from .reset import ResetPolicy, auto_period
@@ -302,6 +302,8 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         collectives.agree_once(self)  # sharded parameters: every rank the same configuration (first step)
         if self.__dict__.get(BORROWED):
             self._unshare_loaded()  # the first step after load_state_dict: never write into the loaded dict
+        if copy_on_write(self):  # the first step after state_dict(): never write into the dict handed out
+            guards.drop_caches(self)
         ids = self.tensor_ids()
         ready = [steady.ready(self, group, ids) for group in self.param_groups]  # each as its last step?
         if any(r is None for r in ready):  # before anything is written: sparse gradients, states that no
@@ -392,11 +394,14 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         with `torch.load(..., weights_only=True)`). A sharded (DTensor) parameter's states
         are DTensors for torch.distributed.checkpoint (optim/sharded_state.py); for them
         this call is collective (the ranks' configurations compared, optim/collectives.py; one
-        all-reduce of the non-finite counts)."""
+        all-reduce of the non-finite counts). The dict keeps the states as they are now, on
+        every path: the next step first copies the tensors it writes in place (torch's
+        optimizers hand out their live tensors; optim/borrowed.py)."""
         collectives.check_ranks_agree(self)
         sd = super().state_dict()
         sd["state"] = {k: own_dicts(v) for k, v in sd["state"].items()}  # torch's are the live dicts
         handed_out(sd["state"])  # live tensors: a load_state_dict of this dict copies them (optim/checkpoint.py)
+        self.__dict__[HANDED] = True  # and the next step copies them before it writes (borrowed.copy_on_write)
         for group in sd["param_groups"]:
             group["states"] = str(group["states"])
             group["reset"] = self.reset_policy.asked  # restored by load_state_dict (checkpoint.restore_reset)
@@ -424,6 +429,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         the load, but before this optimizer's next step, one parameter at a time (BORROWED)."""
         borrowed = load(self, state_dict)  # checked, then loaded (optim/checkpoint.py)
         guards.drop_caches(self)  # launch tables, plans, records: the old addresses, groups and states
+        self.__dict__.pop(HANDED, None)  # the states handed out before are replaced
         self.__dict__[BORROWED] = borrowed
 
     def _unshare_loaded(self) -> None:

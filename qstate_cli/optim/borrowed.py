@@ -11,7 +11,12 @@ have storage of its own before a step writes it:
                                             before this optimizer's next step (`unshare`)
 
 state_dict() hands out dicts of its own (`own_dicts`; torch's are the optimizer's live dicts),
-so what a later step puts in the optimizer's dicts never shows in one handed out before.
+so what a later step puts in the optimizer's dicts never shows in one handed out before; and
+the optimizer's next step gives the tensors it writes in place storage of their own first
+(`copy_on_write`), so a dict handed out keeps the states as they were when it was taken, on
+every path: the reference replaces codes and scales each step, the fused paths wrote them in
+place, and a dict taken at step 3, loaded back after step 5, held step 5's codes with step 3's
+counters (a stochastic or BReD state then decoded with the wrong random keys).
 """
 from __future__ import annotations
 
@@ -43,6 +48,22 @@ def own_dicts(value):
     storage) never shows in a dict handed out before it, which keeps the tensors handed_out
     noted."""
     return {k: own_dicts(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+
+HANDED = "_states_handed_out"  # an optimizer's __dict__ key: its state_dict() handed out its live states
+
+
+def copy_on_write(opt) -> bool:
+    """Before opt's first step after its state_dict(): every state tensor a step writes in
+    place gets storage of its own (`unshare`; module docstring). True where it did (the
+    launch plans hold the old addresses: the caller drops them). One copy of the states per
+    state_dict() call that a step follows."""
+    if not opt.__dict__.pop(HANDED, False):
+        return False
+    for st in opt.state.values():
+        if st:
+            unshare(st)
+    return True
 
 
 def handed_out(state: dict) -> None:
