@@ -11,7 +11,7 @@ import torch
 from kernel_parity import make_pair, run_parity, step_both
 from qstate_cli.errors import QstateError
 from qstate_cli.kernels import cpu
-from qstate_cli.optim import Adam, AdamW
+from qstate_cli.optim import Adam, AdamW, Lion
 from test_kernels_adamw import CASES, WEIRD
 
 needs_numba = pytest.mark.skipif(cpu.unavailable_reason("cpu") is not None, reason="numba is not installed")
@@ -76,6 +76,53 @@ def test_cpu_nonfinite_gradients_are_zeroed_and_counted():
     ref, ker = run_parity(AdamW, "bred-4bit", [(37, 29), (300,)], steps=2, poison_step=1, backend="cpu",
                           device="cpu")
     assert ker.nonfinite_count() == ref.nonfinite_count() == 6
+
+
+@needs_numba
+@pytest.mark.parametrize("cls,states", [(AdamW, "nearest-4bit"), (AdamW, "bf16"), (Lion, "bred-4bit")])
+def test_cpu_bf16_nan_parameters_equal_reference(cls, states):
+    """A bf16 parameter holding NaN and +-inf (a diverged run), and one that an inf gradient
+    turns to NaN (Lion's sign(NaN)): the kernels store torch's NaN bits (kernels/cpu.bf16_nan:
+    0xFFFF from torch's vectorized cast on x86, where they stored 0x7FC0 before), the
+    reference's parameters and states bit for bit."""
+    from qstate_cli.kernels.cpu import bf16_nan
+    assert bf16_nan() is not None
+    runs = []
+    for backend in ("reference", "cpu"):
+        p0 = torch.full((300,), 0.5)
+        p0[:4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0])
+        p = torch.nn.Parameter(p0.to(torch.bfloat16))
+        opt = cls([p], lr=1e-3, states=states, min_quant_numel=0, backend=backend)
+        for step in range(3):
+            g = torch.linspace(-1, 1, 300)
+            if step == 1:
+                g[10] = float("inf")
+            p.grad = g.to(torch.bfloat16)
+            opt.step()
+        runs.append((p.detach().view(torch.int16).clone(), opt))
+    (a, ref), (b, ker) = runs
+    assert ker.path_for(ker.param_groups[0]["params"][0]) == cpu.PATH
+    assert (a == int(torch.tensor(bf16_nan()).to(torch.int16))).any()  # a NaN stored
+    assert torch.equal(a, b)
+    for name in ref.state_names:
+        assert torch.equal(ref.decoded_state(ref.param_groups[0]["params"][0])[name],
+                           ker.decoded_state(ker.param_groups[0]["params"][0])[name])
+
+
+def test_bf16_parameters_take_the_reference_where_torch_keeps_a_nans_payload(monkeypatch):
+    """Where torch's bf16 cast gives NaNs of other signs or payloads other bits (bf16_nan None),
+    the kernels could not match it: bf16 parameters take the reference, and say why."""
+    from qstate_cli.optim import fused
+    monkeypatch.setattr(cpu, "bf16_nan", lambda: None)
+    monkeypatch.setattr(cpu, "unavailable_reason", lambda device: None)
+    p = torch.nn.Parameter(torch.randn(300, dtype=torch.bfloat16))
+    p.grad = torch.randn(300, dtype=torch.bfloat16)
+    opt = AdamW([p], states="bred-4bit", min_quant_numel=0)
+    why = fused.why_reference(opt, opt.param_groups[0], p, on_cpu=True)
+    assert why is not None and "NaN" in why
+    q = torch.nn.Parameter(torch.randn(300))
+    q.grad = torch.randn(300)
+    assert fused.why_reference(opt, opt.param_groups[0], q, on_cpu=True) is None
 
 
 @needs_numba

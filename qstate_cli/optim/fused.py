@@ -72,6 +72,8 @@ def why_reference(opt, group, p: torch.Tensor, on_cpu: bool = False) -> str | No
         wrong = [t.dtype for t in (p, p.grad) if t is not None and t.dtype not in CPU_VALUE_DTYPES]
         if wrong:
             return f"dtype {wrong[0]} has no CPU kernel (fp32 and bf16 do)"
+        if p.dtype == torch.bfloat16 and cpu.bf16_nan() is None:
+            return "torch's bf16 cast keeps a NaN's sign or payload here; the CPU kernels store one NaN pattern"
     if p.dtype not in launch.VALUE_KINDS:
         return f"parameter dtype {p.dtype} has no kernel (fp32, bf16, fp16 do)"
     if not p.is_contiguous():

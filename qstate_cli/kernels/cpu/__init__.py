@@ -79,6 +79,7 @@ Three ways to call a helper (docs/cpu.md, "Compile time: LLVM's inlining"):
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import os
@@ -118,6 +119,27 @@ def covers(kernel: str | None) -> bool:
 
 
 COMPILED_IN = Path(__file__).parents[2] / "fp32_math.py"  # outside this folder, compiled into its kernels
+# fp32 NaNs of both signs, quiet and signalling, with and without payloads (bf16_nan)
+NAN_PATTERNS = (0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FA5A5A5)
+
+
+@functools.lru_cache(maxsize=None)
+def bf16_nan() -> int | None:
+    """The bf16 bits torch's CPU cast gives every fp32 NaN, which the kernels store for a NaN
+    in a bf16 parameter (codec.f32_to_bf16_bits): 0xFFFF from torch's vectorized cast (AVX2,
+    AVX-512), 0x7FC0 from its scalar one (ATEN_CPU_CAPABILITY=default), whatever the NaN's
+    sign and payload; None where those cast to other bits (then a bf16 parameter takes the
+    reference: optim/fused.why_reference). Probed on a row of one and of 67 elements (a vector
+    loop and its remainder); the numba cache's folder depends on it (numba_cache_dir: the
+    kernels compile it in)."""
+    import numpy as np
+
+    nans = torch.from_numpy(np.array(NAN_PATTERNS, np.uint32).view(np.int32)).view(torch.float32)
+    seen = set()
+    for row in (nans[:1], nans, nans.repeat(10)[:67]):
+        seen |= set((row.to(torch.bfloat16).view(torch.int16).int() & 0xFFFF).tolist())
+        seen |= set((torch.empty(row.numel(), dtype=torch.bfloat16).copy_(row).view(torch.int16).int() & 0xFFFF).tolist())
+    return seen.pop() if len(seen) == 1 else None
 
 
 def numba_cache_dir() -> Path:
@@ -126,9 +148,12 @@ def numba_cache_dir() -> Path:
     points numba there before any kernel is compiled). Under NUMBA_CACHE_DIR too: numba
     checks only a kernel's own file, so an edited inlined helper (rounding.py, pairs.py,
     codec.py) would otherwise load the kernel compiled before the edit. The digest also reads
-    qstate_cli/fp32_math.py, whose constants the kernels compile in (fp32_math_kernel.py)."""
+    qstate_cli/fp32_math.py, whose constants the kernels compile in (fp32_math_kernel.py),
+    and torch's bf16 NaN (bf16_nan: another torch build or ATEN_CPU_CAPABILITY may cast NaN
+    to other bits)."""
     sources = sorted(Path(__file__).parent.glob("*.py")) + [COMPILED_IN]
-    digest = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in sources)).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in sources)
+                            + f"bf16 NaN {bf16_nan()}".encode()).hexdigest()[:16]
     root = Path(os.environ["NUMBA_CACHE_DIR"]) if os.environ.get("NUMBA_CACHE_DIR") else cache_dir() / "numba"
     return root / digest
 

@@ -5,7 +5,7 @@ Each helper reproduces one piece of the spec (qstate_cli/quant, optim/rules.py) 
 as kernels/common.py, memory.py and codes.py do in Triton:
 
     hash32, uniform, uniform16  quant/hash.py (uint32 arithmetic; uniform_bits: uniform16 of a block)
-    value_at / store_value      torch's exact casts fp32 <-> bf16 (round half to even, NaN -> 0x7FC0)
+    value_at / store_value      torch's exact casts fp32 <-> bf16 (round half to even, NaN -> torch's: BF16_NAN)
     decode_value                quant/quantizer.decode of one code (decode_params: the block's)
     decode_block                quant/quantizer.decode (+ packing.unpack) of one block
     read_state                  decode_block with its scale, or zeros for a fresh state
@@ -51,7 +51,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from . import cache_in_use, compiling, locator
+from . import bf16_nan, cache_in_use, compiling, locator
 from .native import bits_of_f32, f32_from_bits, sar32, shl32, shr32, wide_features
 
 # Every kernel module imports this one before it compiles anything: point numba's disk
@@ -94,11 +94,15 @@ def bf16_bits_to_f32(h):
     return f32_from_bits(np.uint32(np.uint32(h) << np.uint32(16)))
 
 
+BF16_NAN = np.uint16(0x7FC0 if bf16_nan() is None else bf16_nan())  # torch's cast of every NaN (bf16_nan)
+
+
 @njit(cache=True, inline="always", error_model="numpy")
 def f32_to_bf16_bits(x):
-    """Round to nearest even, NaN -> 0x7FC0 (torch's fp32 -> bf16 cast on CPU)."""
+    """Round to nearest even, NaN -> BF16_NAN (torch's fp32 -> bf16 cast on CPU: 0xFFFF from
+    its vectorized cast, 0x7FC0 from its scalar one; kernels/cpu.bf16_nan)."""
     if x != x:
-        return np.uint16(0x7FC0)
+        return BF16_NAN
     b = bits_of_f32(x)
     return np.uint16(np.uint32(b + np.uint32(0x7FFF) + ((b >> U16) & np.uint32(1))) >> U16)
 
