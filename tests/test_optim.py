@@ -105,6 +105,28 @@ def test_fp32_muon_follows_torch_muon_settings(kw):
     assert (a - b).norm() < 0.03 * moved
 
 
+@pytest.mark.parametrize("shape", [(0, 5), (4, 0, 3)])
+@pytest.mark.parametrize("states", ["nearest-4bit", "bf16"])
+def test_muon_steps_an_empty_matrix_beside_a_full_one(shape, states):
+    """An empty >= 2-D weight (torch.optim.Muon steps it) has nothing to orthogonalize: it
+    steps and stays empty, and the matrix beside it steps as it does alone. Before, the
+    Newton-Schulz reshape (0, -1) raised, or muon_lr_ratio divided by 0 columns."""
+    g = torch.Generator().manual_seed(0)
+    w0, grads = torch.randn(32, 16, generator=g), [torch.randn(32, 16, generator=g) for _ in range(3)]
+    moved = []
+    for with_empty in (False, True):
+        full = torch.nn.Parameter(w0.clone())
+        params = [full] + ([torch.nn.Parameter(torch.randn(shape))] if with_empty else [])
+        opt = Muon(params, states=states, min_quant_numel=0)
+        for grad in grads:
+            for p in params:
+                p.grad = grad if p is full else torch.randn(p.shape)
+            opt.step()
+        moved.append(full.detach().clone())
+        assert all(p.shape == torch.Size(shape) for p in params[1:])
+    assert torch.equal(moved[0], moved[1])
+
+
 @pytest.mark.parametrize("kw", [dict(ns_steps=100), dict(ns_steps=2.5), dict(ns_coefficients=(1.0, 2.0)),
                                 dict(adjust_lr_fn="rms"), dict(eps=0.0)])
 def test_muon_refuses_newton_schulz_settings_no_run_can_have(kw):

@@ -208,8 +208,10 @@ def check_newton_schulz(ns_steps, coefficients, eps, adjust_lr_fn) -> None:
 def muon_direction(upd: torch.Tensor, ns_steps: int = 5, eps: float = 1e-7, coefficients=NS_COEFFS,
                    adjust_lr_fn: str | None = None) -> torch.Tensor:
     """Orthogonalized update for a >= 2-D parameter (flattened to (rows, -1)), times
-    muon_lr_ratio(rows, cols, adjust_lr_fn); 1-D parameters keep the momentum update itself."""
-    if upd.ndim < 2:
+    muon_lr_ratio(rows, cols, adjust_lr_fn); 1-D parameters keep the momentum update itself, and
+    an empty one (a (0, 5) weight) is its own: there is nothing to orthogonalize (torch.optim.Muon
+    steps it too)."""
+    if upd.ndim < 2 or upd.numel() == 0:
         return upd
     mat = upd.reshape(upd.shape[0], -1)
     o = newton_schulz(mat, ns_steps, eps, coefficients) * muon_lr_ratio(mat.shape[0], mat.shape[1], adjust_lr_fn)
