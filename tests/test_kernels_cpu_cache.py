@@ -22,8 +22,21 @@ def test_folder_is_named_by_the_sources_digest_under_the_qstate_cache(monkeypatc
     monkeypatch.setenv("QSTATE_CACHE", str(tmp_path))
     files = sorted(SOURCES.glob("*.py")) + [SOURCES.parents[1] / "fp32_math.py"]  # its constants compile in
     assert {f.name for f in files} >= {"codec.py", "adamw.py", "host.py", "fp32_math.py"}
-    digest = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in files)).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in files)
+                            + f"bf16 NaN {cpu.bf16_nan()}".encode()).hexdigest()[:16]
     assert cpu.numba_cache_dir() == tmp_path / "numba" / digest
+
+
+def test_another_bf16_nan_of_torchs_is_another_folder(monkeypatch, tmp_path):
+    """The kernels compile torch's bf16 NaN in (codec.BF16_NAN): a torch that casts NaN to
+    other bits (ATEN_CPU_CAPABILITY=default: 0x7FC0) loads kernels of its own."""
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("QSTATE_CACHE", str(tmp_path))
+    folders = set()
+    for nan in (0xFFFF, 0x7FC0, None):
+        monkeypatch.setattr(cpu, "bf16_nan", lambda nan=nan: nan)
+        folders.add(cpu.numba_cache_dir())
+    assert len(folders) == 3
 
 
 def test_numba_cache_dir_is_the_root_of_the_per_version_folders(monkeypatch, tmp_path):
