@@ -119,11 +119,16 @@ def _refused_untouched(opt, params, match: str) -> None:
     assert same(snapshot(opt, params), before)
 
 
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["", "after-state_dict"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("change", sorted(CHANGES))
-def test_a_state_format_changed_after_states_exist_is_refused(backend, change):
-    """The numba path segfaulted; the reference raised KeyError: 'scales'."""
+def test_a_state_format_changed_after_states_exist_is_refused(backend, change, checkpointed):
+    """The numba path segfaulted; the reference raised KeyError: 'scales'. After a
+    state_dict() too: the copy-on-write of its next step (optim/borrowed.py) once dropped the
+    guards' records with the launch caches, and the change became the new baseline."""
     opt, (a, p, b) = two_groups(AdamW, backend)
+    if checkpointed:
+        opt.state_dict()
     key, value, message = CHANGES[change]
     opt.param_groups[1][key] = value()
     _refused_untouched(opt, (a, p, b), f"param_groups\\[1\\]\\[{message} after its states were made "
@@ -134,12 +139,16 @@ def test_a_state_format_changed_after_states_exist_is_refused(backend, change):
     assert opt.state[p]["m"]["codes"].dtype == torch.float32 and opt.state[p]["step"].item() == 1
 
 
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["", "after-state_dict"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("new", ["nearest-4bit", "nearest-8bit"])  # the same storage as bred-4bit's, and another
-def test_a_group_dict_replaced_by_one_with_another_format_is_refused(backend, new):
+def test_a_group_dict_replaced_by_one_with_another_format_is_refused(backend, new, checkpointed):
     """The group-level record cannot see a new dict; the per-parameter specs can (a review
-    found nearest-4bit stepped bred-4bit's codes without their dither, silently)."""
+    found nearest-4bit stepped bred-4bit's codes without their dither, silently). After a
+    state_dict() too (the test above)."""
     opt, (a, p, b) = two_groups(AdamW, backend)
+    if checkpointed:
+        opt.state_dict()
     opt.param_groups[1] = dict(opt.param_groups[1], states=new)
     _refused_untouched(opt, (a, p, b), r"parameter 0 of group 1: its state format changed after its state was "
                                        r"made \(m: int4:bred:b128 -> int\d:nearest")

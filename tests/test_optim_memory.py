@@ -128,6 +128,20 @@ def test_a_state_dict_keeps_the_states_of_when_it_was_taken(states):
     assert _equal(runs["reference"][1], runs["auto"][1])
 
 
+def test_a_copy_of_the_optimizer_does_not_copy_its_states_again():
+    """The note that state_dict() handed the states out (its next step copies them first)
+    stays with the optimizer: a deepcopy's tensors are its own already."""
+    from qstate_cli.optim.borrowed import HANDED
+    params = _model()
+    opt = AdamW(params, states="bred-4bit")
+    _step(opt, params, 0)
+    opt.state_dict()
+    twin = copy.deepcopy(opt)
+    assert opt.__dict__.get(HANDED) and HANDED not in twin.__dict__
+    _step(opt, params, 1)
+    assert HANDED not in opt.__dict__
+
+
 @_with(PARAMS)
 def test_a_dict_of_its_own_is_shared_at_load_and_never_written(cls, states, backend):
     """A dict nobody steps (torch.load's, a deepcopy): its tensors become the states, with no

@@ -302,8 +302,9 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         collectives.agree_once(self)  # sharded parameters: every rank the same configuration (first step)
         if self.__dict__.get(BORROWED):
             self._unshare_loaded()  # the first step after load_state_dict: never write into the loaded dict
-        if copy_on_write(self):  # the first step after state_dict(): never write into the dict handed out
-            guards.drop_caches(self)
+        if self.__dict__.get(HANDED):  # the first step after state_dict(): never write into the dict handed out
+            guards.forget_state_tensors(self)  # first: each old tensor goes as its copy replaces it
+            copy_on_write(self)
         ids = self.tensor_ids()
         ready = [steady.ready(self, group, ids) for group in self.param_groups]  # each as its last step?
         if any(r is None for r in ready):  # before anything is written: sparse gradients, states that no

@@ -53,17 +53,15 @@ def own_dicts(value):
 HANDED = "_states_handed_out"  # an optimizer's __dict__ key: its state_dict() handed out its live states
 
 
-def copy_on_write(opt) -> bool:
+def copy_on_write(opt) -> None:
     """Before opt's first step after its state_dict(): every state tensor a step writes in
-    place gets storage of its own (`unshare`; module docstring). True where it did (the
-    launch plans hold the old addresses: the caller drops them). One copy of the states per
-    state_dict() call that a step follows."""
-    if not opt.__dict__.pop(HANDED, False):
-        return False
-    for st in opt.state.values():
-        if st:
-            unshare(st)
-    return True
+    place gets storage of its own (`unshare`; module docstring), the launch plans that held
+    the old ones dropped first (guards.forget_state_tensors), so a dict saved and let go costs
+    one parameter's state at a time. One copy of the states per state_dict() a step follows."""
+    if opt.__dict__.pop(HANDED, False):
+        for st in opt.state.values():
+            if st:
+                unshare(st)
 
 
 def handed_out(state: dict) -> None:

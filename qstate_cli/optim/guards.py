@@ -46,6 +46,7 @@ import torch
 
 from ..quant.config import StateConfig, parse_config
 from . import collectives, hparams, rule_traits, sharding
+from .borrowed import HANDED
 from .checkpoint import stored_problem
 
 TORCH_ONLY = ("maximize", "amsgrad", "capturable", "differentiable", "foreach", "fused")
@@ -191,6 +192,17 @@ def remember_config(opt, group: dict) -> None:
 
 
 # ---- caches and copies -------------------------------------------------------------------
+STATE_TENSORS = ("_kernel_batches", "_plans", "_wholes")  # the caches that hold state tensors or their addresses
+
+
+def forget_state_tensors(opt) -> None:
+    """Drop the launch caches that hold the states' tensors (before borrowed.copy_on_write
+    gives them new storage); the records the guards check (FITS, MADE) and the ranks'
+    agreement stay: the state dicts are the same objects."""
+    for key in STATE_TENSORS:
+        opt.__dict__.pop(key, None)
+
+
 def drop_caches(opt) -> None:
     """Forget what holds the old groups, states, addresses or ids (after load_state_dict),
     and note the groups' configurations as they are now."""
@@ -203,9 +215,10 @@ def drop_caches(opt) -> None:
 
 def getstate(opt) -> dict:
     """The optimizer for copy / pickle: torch's defaults, state and param_groups and the
-    optimizer's own attributes; no caches (CACHES) and, as torch's, no hooks."""
+    optimizer's own attributes; no caches (CACHES), no note of a state_dict() handed out (a
+    copy's tensors are its own: borrowed.copy_on_write) and, as torch's, no hooks."""
     kept = {k: v for k, v in opt.__dict__.items()
-            if k not in CACHES and not (k.startswith("_optimizer_") and k.endswith("_hooks"))}
+            if k not in CACHES and k != HANDED and not (k.startswith("_optimizer_") and k.endswith("_hooks"))}
     kept[MADE] = list(kept.get(MADE, {}).values())  # keyed by id: re-keyed in the copy
     return kept
 
