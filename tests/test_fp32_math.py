@@ -125,8 +125,15 @@ def test_numba_functions_give_the_same_bits(which, name):
     x = values()
     if name == "sqrt":
         x = x.abs()
-    if name == "erf_row":
+    if name == "erf_row":  # first a row of specials, none with a tail: NaNs, infinities, zeros, subnormals, +-4
+        nans = torch.tensor([0x7FC00000, 0x7F800001, 0x7FA5A5A5, 0x7FFFFFFF], dtype=torch.int64)
+        nans = torch.cat([nans, nans | 0x80000000]).to(torch.int32).view(torch.float32)
+        odd = torch.tensor([math.inf, -math.inf, 0.0, -0.0, 1e-45, -1e-45, 1e-40, -1.17e-38, 4.0, -4.0, 1e30, -1e30,
+                            0.5, -0.99999994, 4.0000005, -3e38])
+        specials = torch.cat([nans, odd, torch.linspace(-0.9, 0.9, ROW - nans.numel() - odd.numel())])
+        x = torch.cat([specials, x])
         a = x[: x.numel() // ROW * ROW].abs().view(-1, ROW)
+        assert not ((a[0] >= 1) & (a[0] < 4)).any() and a[0].isnan().sum() == 8
         tails = ((a >= 1) & (a < 4)).any(1)
         assert tails.sum() > 1000 and (~tails).sum() > 10_000  # rows with a tail value and rows without
         for lo, hi in ((0, 1), (4, math.inf)):  # rows without: both of erf32_outer's branches

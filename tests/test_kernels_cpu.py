@@ -81,18 +81,20 @@ def test_cpu_nonfinite_gradients_are_zeroed_and_counted():
 @needs_numba
 @pytest.mark.parametrize("cls,states", [(AdamW, "nearest-4bit"), (AdamW, "bf16"), (Lion, "bred-4bit")])
 def test_cpu_bf16_nan_parameters_equal_reference(cls, states):
-    """A bf16 parameter holding NaN and +-inf (a diverged run), and one that an inf gradient
-    turns to NaN (Lion's sign(NaN)): the kernels store torch's NaN bits (kernels/cpu.bf16_nan:
-    0xFFFF from torch's vectorized cast on x86, where they stored 0x7FC0 before), the
-    reference's parameters and states bit for bit."""
+    """A bf16 parameter holding NaN and +-inf (a diverged run), where the step makes NaNs of
+    its own (lr x weight decay = 1: inf x 0, x86's negative NaN), and an inf gradient (zeroed,
+    counted): the kernels store torch's NaN bits (kernels/cpu.bf16_nan: 0xFFFF from torch's
+    vectorized cast on x86, where they stored 0x7FC0 before), the reference's parameters and
+    states bit for bit."""
     from qstate_cli.kernels.cpu import bf16_nan
-    assert bf16_nan() is not None
+    if bf16_nan() is None:
+        pytest.skip("this torch casts NaNs to more than one bf16 pattern (the next test's case)")
     runs = []
     for backend in ("reference", "cpu"):
         p0 = torch.full((300,), 0.5)
         p0[:4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0])
         p = torch.nn.Parameter(p0.to(torch.bfloat16))
-        opt = cls([p], lr=1e-3, states=states, min_quant_numel=0, backend=backend)
+        opt = cls([p], lr=0.5, weight_decay=2.0, states=states, min_quant_numel=0, backend=backend)
         for step in range(3):
             g = torch.linspace(-1, 1, 300)
             if step == 1:
@@ -102,7 +104,7 @@ def test_cpu_bf16_nan_parameters_equal_reference(cls, states):
         runs.append((p.detach().view(torch.int16).clone(), opt))
     (a, ref), (b, ker) = runs
     assert ker.path_for(ker.param_groups[0]["params"][0]) == cpu.PATH
-    assert (a == int(torch.tensor(bf16_nan()).to(torch.int16))).any()  # a NaN stored
+    assert (a[:3] == torch.tensor(bf16_nan(), dtype=torch.int32).to(torch.int16)).all()  # NaN: given and made
     assert torch.equal(a, b)
     for name in ref.state_names:
         assert torch.equal(ref.decoded_state(ref.param_groups[0]["params"][0])[name],

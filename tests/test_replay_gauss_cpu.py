@@ -229,6 +229,37 @@ def test_rows_of_every_kind_and_ranges_of_any_length(sr):
 
 
 @needs_numba
+@pytest.mark.parametrize("sr", [False, True], ids=["nearest", "stochastic"])
+def test_a_kernels_range_may_start_anywhere_and_be_shorter_than_a_row(sr):
+    """The kernels called with their own range [b0 B, min(b1 B, n)) (as run_parts and the team
+    call them), not on a slice: short ranges (copied into a padded row and back) and longer
+    ones, starting past 0, write the reference's bits there and nothing else."""
+    import numpy as np
+    from qstate_cli.kernels.cpu import replay_gauss as rg
+    from qstate_cli.kernels.cpu import replay_gauss_kernel as k
+    from qstate_cli.kernels.cpu.fp32_math_kernel import ROW
+    s, m, sigma2, down, up, nominal = args = row_cells(10)
+    n = 20 * ROW
+    rows = [t[:n].contiguous().numpy() for t in (s, m, sigma2, down, up, nominal)]
+    sig = np.empty(n, np.float32)
+    k.m_sigma(0, 1, 0, rows[2], sig, n, n)
+    for g in (("v", 0.999, 1.0), ("m", 0.9, None)):
+        want = reference(sr, g, *args)[:n]
+        for b0, b1, B in ((1, 3, 5), (3, 4, 7), (1, 2, ROW + 5), (2, 5, ROW - 1), (9, 12, 2 * ROW), (0, 99, ROW)):
+            G = np.full(n, -7.0, np.float32)
+            if g[0] == "v":
+                kernel = k.v_stochastic if sr else k.v_nearest
+                kernel(b0, b1, 0, rows[0], rows[3], rows[4], rows[5], rg.constants(g[1], g[2]), G, B, n)
+            else:
+                kernel = k.m_stochastic if sr else k.m_nearest
+                kernel(b0, b1, 0, rows[1], rows[3], rows[4], rows[2], sig, rows[5], rg.constants(g[1]), G, B, n)
+            i0, i1 = b0 * B, min(b1 * B, n)
+            got = torch.from_numpy(G)
+            assert_same(got[i0:i1], want[i0:i1], f"{g} sr={sr} blocks {b0}..{b1} of {B}")
+            assert (got[:i0] == -7.0).all() and (got[i1:] == -7.0).all()
+
+
+@needs_numba
 def test_threads_of_one_process_get_their_own_scratch():
     """Replays side by side in one process (tests/test_diagnose_split.py runs ranks as threads)
     each write their own rows: every result equals the lone one."""
