@@ -184,7 +184,9 @@ def store_values(ptr, x, rem, KIND: tl.constexpr, INTERPRET: tl.constexpr, B: tl
                  ALIGNED: tl.constexpr = False):
     """Write fp32 x as the tensor's dtype, rounding to nearest even as torch's copy_ does on
     the same device (bf16 on GPU: cvt.rn, NaN -> 0x7FFF; the interpreter's cast truncates,
-    so there it is done with integer ops, NaN -> 0x7FC0 as torch on CPU). ALIGNED, bf16, a
+    so there it is done with integer ops, NaN -> 0x7FC0 as torch's scalar CPU cast; its
+    vectorized one gives 0xFFFF on x86, kernels/cpu.bf16_nan: a NaN parameter's bits differ
+    from the CPU reference's under the interpreter). ALIGNED, bf16, a
     full tile, on the GPU: written as the 32-bit words load_values(..., ALIGNED) reads, each
     two elements rounded by one cvt.rn.bf16x2.f32 (the F2FP ptxas makes of two cvt.rn.bf16),
     through the same tensor of pointers as that load (one address and induction variable

@@ -73,7 +73,7 @@ def why_reference(opt, group, p: torch.Tensor, on_cpu: bool = False) -> str | No
         if wrong:
             return f"dtype {wrong[0]} has no CPU kernel (fp32 and bf16 do)"
         if p.dtype == torch.bfloat16 and cpu.bf16_nan() is None:
-            return "torch's bf16 cast keeps a NaN's sign or payload here; the CPU kernels store one NaN pattern"
+            return "torch's bf16 cast gives NaNs more than one bit pattern here; the CPU kernels store one"
     if p.dtype not in launch.VALUE_KINDS:
         return f"parameter dtype {p.dtype} has no kernel (fp32, bf16, fp16 do)"
     if not p.is_contiguous():

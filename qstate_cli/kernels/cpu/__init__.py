@@ -128,8 +128,8 @@ def bf16_nan() -> int | None:
     """The bf16 bits torch's CPU cast gives every fp32 NaN, which the kernels store for a NaN
     in a bf16 parameter (codec.f32_to_bf16_bits): 0xFFFF from torch's vectorized cast (AVX2,
     AVX-512), 0x7FC0 from its scalar one (ATEN_CPU_CAPABILITY=default), whatever the NaN's
-    sign and payload; None where those cast to other bits (then a bf16 parameter takes the
-    reference: optim/fused.why_reference). Probed on a row of one and of 67 elements (a vector
+    sign and payload; None where NaNs cast to more than one pattern (then a bf16 parameter
+    takes the reference: optim/fused.why_reference). Probed on a row of one and of 67 elements (a vector
     loop and its remainder); the numba cache's folder depends on it (numba_cache_dir: the
     kernels compile it in)."""
     import numpy as np
@@ -138,7 +138,8 @@ def bf16_nan() -> int | None:
     seen = set()
     for row in (nans[:1], nans, nans.repeat(10)[:67]):
         seen |= set((row.to(torch.bfloat16).view(torch.int16).int() & 0xFFFF).tolist())
-        seen |= set((torch.empty(row.numel(), dtype=torch.bfloat16).copy_(row).view(torch.int16).int() & 0xFFFF).tolist())
+        copied = torch.empty(row.numel(), dtype=torch.bfloat16).copy_(row)
+        seen |= set((copied.view(torch.int16).int() & 0xFFFF).tolist())
     return seen.pop() if len(seen) == 1 else None
 
 

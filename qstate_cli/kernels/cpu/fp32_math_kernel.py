@@ -93,7 +93,6 @@ def erf_tail_lane(x):
     return np.int32((a >= c.ONE) & (a < ERF_ONE))
 
 
-
 @njit(cache=True, forceinline=True, error_model="numpy")
 def erf_row(xs, out, tail):
     """out[k] = erf32(xs[k]) for the ROW elements of xs, given tail = whether erf_tail_lane

@@ -10,9 +10,11 @@ Rows: v_gauss and m_gauss step ROW (32) elements at a time, in three loops that 
 the arguments of the row's erfs, then each erf over the row (fp32_math_kernel.erf_row), then
 the rest. A vector loop computes both of erf32's branches in every lane; a row whose
 arguments all lie outside [1, 4) skips the tail's branch (exp, a division, a degree-9
-polynomial), the same bits. On the 1 M synthetic trace's states a row's z = m / sigma is
-below 1 throughout, v's a below 1 and its b mostly 4 or more, and a 16-bit float's m
-arguments all below 1 (docs/diagnose.md, "Replay throughput"). The last row of a range ends
+polynomial), the same bits. On the 1 M synthetic trace's states the erf argument z / sqrt 2
+(z = m / sigma) is below 1 throughout, v's sqrt(a / 2) below 1 and its sqrt(b / 2) mostly 4 or
+more (b >= 32), and a 16-bit float's m arguments all below 1; 4-bit m's a and b mostly need
+the tail, and there rows cost a little (m_nearest at AVX2 5.1 against 4.6 ns per element;
+docs/diagnose.md, "Replay throughput"). The last row of a range ends
 at its end (it may cover elements of the row before again: the same values); a range of
 fewer than ROW elements is copied into a row padded with zeros."""
 from __future__ import annotations
@@ -94,7 +96,7 @@ def v_gauss(b0, b1, sr, s, down, up, nominal, cst, G, B, n):
     expectation from chi2_1 and chi2_3 at a, b and c (c's once per call). sr is a constant
     of each caller (v_nearest, v_stochastic): a run-time sr left both bodies in the one
     vector loop, selected per lane (nearest 4.5 instead of 2.5 ns per element on the Zen 4).
-    By rows (module docstring): a row's a is mostly below 1 and its b 4 or more."""
+    By rows (module docstring): a row's sqrt(a / 2) is mostly below 1 and its sqrt(b / 2) 4 or more."""
     kb, cf, big, pi, sq2, sq2pi = columns(cst)  # once: no refcounts in the loop
     cc = clamp0(cf)
     f1c = chi2_1(cc)
