@@ -15,8 +15,8 @@ polynomial), the same bits. On the 1 M synthetic trace's states the erf argument
 more (b >= 32), and a 16-bit float's m arguments all below 1; 4-bit m's a and b mostly need
 the tail, and there rows cost a little (m_nearest at AVX2 5.1 against 4.6 ns per element;
 docs/diagnose.md, "Replay throughput"). The last row of a range ends
-at its end (it may cover elements of the row before again: the same values); a range of
-fewer than ROW elements is copied into a row padded with zeros."""
+at its end (row_at); a range of fewer than ROW elements is copied into a row padded with
+zeros (padded_row)."""
 from __future__ import annotations
 
 import numpy as np
@@ -52,6 +52,37 @@ def clamp01(p):
 def clamp_big(x, big):
     """torch's clamp(max=big): NaN stays."""
     return big if x > big else x
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def padded_row(a, i0, i1, fill):
+    """fp32 [ROW]: a[i0:i1] (fewer than ROW elements), then `fill` (a short range's row)."""
+    row = np.full(ROW, fill, np.float32)
+    for k in range(i1 - i0):
+        row[k] = a[i0 + k]
+    return row
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def padded_mask(a, i0, i1):
+    """bool [ROW]: a[i0:i1] (fewer than ROW elements), then False."""
+    row = np.zeros(ROW, np.bool_)
+    for k in range(i1 - i0):
+        row[k] = a[i0 + k]
+    return row
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def row_count(j0, j1):
+    """Rows of the range [j0, j1) (at least ROW elements): ceil((j1 - j0) / ROW)."""
+    return (j1 - j0 + np.uint64(ROW - 1)) // np.uint64(ROW)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def row_at(j0, r, j1):
+    """Where row r starts: j0 + r ROW, the last one moved back to end at j1 (it may cover
+    elements of the row before again: the same values)."""
+    return min(j0 + np.uint64(r) * np.uint64(ROW), j1 - np.uint64(ROW))
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -106,19 +137,15 @@ def v_gauss(b0, b1, sr, s, down, up, nominal, cst, G, B, n):
         return 0
     out, tiny = G, i1 - i0 < np.uint64(ROW)
     if tiny:  # fewer than ROW elements: a row of copies, padded with zeros
-        ps, pd, pu, pn = np.zeros(ROW, np.float32), np.zeros(ROW, np.float32), np.zeros(ROW, np.float32), \
-            np.zeros(ROW, np.bool_)
-        for k in range(i1 - i0):
-            ps[k], pd[k], pu[k], pn[k] = s[i0 + k], down[i0 + k], up[i0 + k], nominal[i0 + k]
-        s, down, up, nominal, G = ps, pd, pu, pn, np.zeros(ROW, np.float32)
+        s, down, up = padded_row(s, i0, i1, c.ZERO), padded_row(down, i0, i1, c.ZERO), padded_row(up, i0, i1, c.ZERO)
+        nominal, G = padded_mask(nominal, i0, i1), np.zeros(ROW, np.float32)
         j0, j1 = np.uint64(0), np.uint64(ROW)
     else:
         j0, j1 = i0, i1
     wl, wh, ra, rb = nv.scratch_f32(ROW), nv.scratch_f32(ROW), nv.scratch_f32(ROW), nv.scratch_f32(ROW)
     xa, xb, fa, fb = nv.scratch_f32(ROW), nv.scratch_f32(ROW), nv.scratch_f32(ROW), nv.scratch_f32(ROW)
-    r0 = j0
-    while True:
-        r0 = min(r0, j1 - np.uint64(ROW))  # the last row ends at j1
+    for r in range(row_count(j0, j1)):
+        r0 = row_at(j0, r, j1)
         ta, tb = np.int32(0), np.int32(0)
         for k in range(ROW):  # the cells and chi2_1's erf arguments sqrt(x / 2)
             i = r0 + np.uint64(k)
@@ -145,12 +172,8 @@ def v_gauss(b0, b1, sr, s, down, up, nominal, cst, G, B, n):
                 p = f1b - f1a
                 p = p if ok else c.ZERO
             G[i] = p if nominal[i] else c.ZERO
-        if r0 + np.uint64(ROW) >= j1:
-            break
-        r0 += np.uint64(ROW)
     if tiny:
-        for k in range(i1 - i0):
-            out[i0 + k] = G[k]
+        out[i0:i1] = G[:i1 - i0]
     return 0
 
 
@@ -218,13 +241,9 @@ def m_gauss(b0, b1, sr, m, down, up, sigma2, SIG, nominal, cst, G, B, n):
         return 0
     out, tiny = G, i1 - i0 < np.uint64(ROW)
     if tiny:  # fewer than ROW elements: a row of copies, padded with zeros (sigma 1)
-        pm, pd, pu, ps2 = np.zeros(ROW, np.float32), np.zeros(ROW, np.float32), np.zeros(ROW, np.float32), \
-            np.zeros(ROW, np.float32)
-        psig, pn = np.ones(ROW, np.float32), np.zeros(ROW, np.bool_)
-        for k in range(i1 - i0):
-            i = i0 + k
-            pm[k], pd[k], pu[k], ps2[k], psig[k], pn[k] = m[i], down[i], up[i], sigma2[i], SIG[i], nominal[i]
-        m, down, up, sigma2, SIG, nominal, G = pm, pd, pu, ps2, psig, pn, np.zeros(ROW, np.float32)
+        m, down, up = padded_row(m, i0, i1, c.ZERO), padded_row(down, i0, i1, c.ZERO), padded_row(up, i0, i1, c.ZERO)
+        sigma2, SIG = padded_row(sigma2, i0, i1, c.ZERO), padded_row(SIG, i0, i1, c.ONE)
+        nominal, G = padded_mask(nominal, i0, i1), np.zeros(ROW, np.float32)
         j0, j1 = np.uint64(0), np.uint64(ROW)
     else:
         j0, j1 = i0, i1
@@ -232,9 +251,8 @@ def m_gauss(b0, b1, sr, m, down, up, sigma2, SIG, nominal, cst, G, B, n):
         nv.scratch_f32(ROW)
     xa, xb, xz = nv.scratch_f32(ROW), nv.scratch_f32(ROW), nv.scratch_f32(ROW)
     fa, fb, fz = nv.scratch_f32(ROW), nv.scratch_f32(ROW), nv.scratch_f32(ROW)
-    r0 = j0
-    while True:
-        r0 = min(r0, j1 - np.uint64(ROW))  # the last row ends at j1
+    for r in range(row_count(j0, j1)):
+        r0 = row_at(j0, r, j1)
         ta, tb, tz = np.int32(0), np.int32(0), np.int32(0)
         for k in range(ROW):  # the window, a, b (and z) and Phi's erf arguments x / sqrt 2
             i = r0 + np.uint64(k)
@@ -269,12 +287,8 @@ def m_gauss(b0, b1, sr, m, down, up, sigma2, SIG, nominal, cst, G, B, n):
                 p = cb - ca
                 p = p if ok else c.ZERO
             G[i] = p if nominal[i] else c.ZERO
-        if r0 + np.uint64(ROW) >= j1:
-            break
-        r0 += np.uint64(ROW)
     if tiny:
-        for k in range(i1 - i0):
-            out[i0 + k] = G[k]
+        out[i0:i1] = G[:i1 - i0]
     return 0
 
 
