@@ -46,7 +46,7 @@ CPU_PATH_SELECT := replay_codec_cpu or replay_stats or torch_sum or replay_model
     or replay_threads or muon-nearest or nonfinite or auto_picks or without_numba or fp16 or cpu_cache \
     or (minifloat_codec and (nearest-e4m3 or bred-e2m2)) or minifloats_stay or kernels_cpu_launch \
     or kernels_cpu_elementwise or (optim_small and adamw) or unit_book or scratch_rows or fp32_math or cpu_compile_time \
-    or optim_aliasing or optim_checkpoint or as_avx2 or shifts32 or keeps_the_states or bf16_nan or nans_payload
+    or optim_aliasing or optim_checkpoint or as_avx2 or shifts32 or keeps_the_states or (bf16_nan and AdamW-nearest) or nans_payload
 
 .PHONY: quick test test-cpu-path venv clean-venv
 

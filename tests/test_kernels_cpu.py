@@ -79,7 +79,8 @@ def test_cpu_nonfinite_gradients_are_zeroed_and_counted():
 
 
 @needs_numba
-@pytest.mark.parametrize("cls,states", [(AdamW, "nearest-4bit"), (AdamW, "bf16"), (Lion, "bred-4bit")])
+@pytest.mark.parametrize("cls,states", [(AdamW, "nearest-4bit"), (AdamW, "bf16"), (Lion, "bred-4bit")],
+                         ids=["AdamW-nearest-4bit", "AdamW-bf16", "Lion/bred-4bit"])  # make test-cpu-path: the first
 def test_cpu_bf16_nan_parameters_equal_reference(cls, states):
     """A bf16 parameter holding NaN and +-inf (a diverged run), where the step makes NaNs of
     its own (lr x weight decay = 1: inf x 0, x86's negative NaN), and an inf gradient (zeroed,
