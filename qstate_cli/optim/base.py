@@ -300,11 +300,12 @@ class QuantizedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         collectives.agree_once(self)  # sharded parameters: every rank the same configuration (first step)
-        if self.__dict__.get(BORROWED):
-            self._unshare_loaded()  # the first step after load_state_dict: never write into the loaded dict
-        if self.__dict__.get(HANDED):  # the first step after state_dict(): never write into the dict handed out
+        if self.__dict__.pop(HANDED, False):  # the first step after state_dict(): never write into the dict handed out
+            self.__dict__.pop(BORROWED, None)  # (every state is copied: the loaded ones too)
             guards.forget_state_tensors(self)  # first: each old tensor goes as its copy replaces it
             copy_on_write(self)
+        elif self.__dict__.get(BORROWED):
+            self._unshare_loaded()  # the first step after load_state_dict: never write into the loaded dict
         ids = self.tensor_ids()
         ready = [steady.ready(self, group, ids) for group in self.param_groups]  # each as its last step?
         if any(r is None for r in ready):  # before anything is written: sparse gradients, states that no

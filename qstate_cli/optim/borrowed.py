@@ -54,14 +54,14 @@ HANDED = "_states_handed_out"  # an optimizer's __dict__ key: its state_dict() h
 
 
 def copy_on_write(opt) -> None:
-    """Before opt's first step after its state_dict(): every state tensor a step writes in
-    place gets storage of its own (`unshare`; module docstring), the launch plans that held
-    the old ones dropped first (guards.forget_state_tensors), so a dict saved and let go costs
-    one parameter's state at a time. One copy of the states per state_dict() a step follows."""
-    if opt.__dict__.pop(HANDED, False):
-        for st in opt.state.values():
-            if st:
-                unshare(st)
+    """Before opt's first step after its state_dict() (HANDED): every state tensor a step
+    writes in place gets storage of its own (`unshare`; module docstring). The caller drops
+    the launch plans that held the old ones first (guards.forget_state_tensors), so a dict
+    saved and let go costs one parameter's state at a time. One copy of the states per
+    state_dict() a step follows."""
+    for st in opt.state.values():
+        if st:
+            unshare(st)
 
 
 def handed_out(state: dict) -> None:

@@ -65,11 +65,18 @@ def exp_normal(x):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
+def erf_small(x):
+    """erf32's |x| < 1 branch: x P(x^2) (fp32_math.erf32)."""
+    u = x * x
+    return x * ((((((S6 * u + S5) * u + S4) * u + S3) * u + S2) * u + S1) * u + S0)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
 def erf32(x):
     """erf(x) (fp32_math.erf32)."""
     a = abs(x)
     u = x * x
-    small = x * ((((((S6 * u + S5) * u + S4) * u + S3) * u + S2) * u + S1) * u + S0)
+    small = erf_small(x)
     t = c.ONE / (c.ONE if a < c.ONE else a)  # the clamp's value wherever the tail is taken
     r = ((((((((T9 * t + T8) * t + T7) * t + T6) * t + T5) * t + T4) * t + T3) * t + T2) * t + T1) * t + T0
     e = exp_normal(-(u if u < SIXTEEN else SIXTEEN))  # fp32_math.erf32's clamp (NaN: any value, unused)
@@ -81,9 +88,7 @@ def erf32(x):
 def erf32_outer(x):
     """erf32(x) wherever |x| is not in [1, 4) (NaN included): the polynomial of |x| < 1, and
     +-1 at |x| >= 4, the same bits, without the tail's exp, division and polynomial."""
-    u = x * x
-    small = x * ((((((S6 * u + S5) * u + S4) * u + S3) * u + S2) * u + S1) * u + S0)
-    return (-c.ONE if x < c.ZERO else c.ONE) if abs(x) >= c.ONE else small
+    return (-c.ONE if x < c.ZERO else c.ONE) if abs(x) >= c.ONE else erf_small(x)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
